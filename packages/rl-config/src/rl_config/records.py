@@ -1,0 +1,203 @@
+"""Records that flow between components (msgspec Structs).
+
+These are the wire format of the stack: generation requests and results between the agent loop and
+an engine, and trajectories from rollout to the trainer. They are plain data (lists, not tensors) so
+any process can decode them without torch; the runtime collates them into ``[B, T]`` tensors.
+
+Token alignment: ``Trajectory.token_ids`` is the whole conversation (prompt, model turns, env
+turns). ``response_mask[t]`` is True iff token ``t`` was sampled by the model and is trained on.
+``rollout_log_probs[t]`` is the engine's log-prob of token ``t`` under the raw (temperature 1,
+untruncated) model distribution, and ``0.0`` wherever ``response_mask`` is False.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+FinishReason = Literal["stop", "length", "abort"]
+TerminationReason = Literal[
+    "success",  # the env reported success and terminated
+    "terminated",  # the env terminated without success (e.g. fell into a hole)
+    "max_steps",  # the env's step budget ran out (truncated)
+    "max_length",  # the sequence budget (sequence_length / max_tokens) ran out
+    "aborted",  # the engine aborted the request (partial rollout)
+    "error",  # the env or engine raised or timed out; the trajectory is marked failed
+]
+
+T = TypeVar("T")
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
+    """How to sample one request. ``top_k=-1`` and ``top_p=1.0`` disable truncation.
+
+    ``temperature=0`` means greedy. ``seed`` makes sampling reproducible per request.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 128
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(
+                f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}"
+            )
+
+
+class GenerationRequest(msgspec.Struct, kw_only=True, frozen=True):
+    """One prompt to complete. ``prompt_ids`` are token ids; engines never re-tokenise."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams = SamplingParams()
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError(f"GenerationRequest {self.request_id!r}: prompt_ids is empty")
+
+
+class GenerationResult(msgspec.Struct, kw_only=True):
+    """One sampled completion. With ``n > 1`` an engine returns ``n`` results per request,
+    same ``request_id``, ``sample_index`` 0..n-1, in request order.
+
+    ``output_log_probs[i]`` is log p(output_ids[i] | prompt, output_ids[:i]) under the raw model
+    distribution at temperature 1 (what a teacher-forced trainer forward computes).
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_log_probs: list[float]
+    finish_reason: FinishReason
+    weight_version: int
+    sample_index: int = 0
+    stop_reason: str | int | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.output_ids) != len(self.output_log_probs):
+            raise ValueError(
+                f"GenerationResult {self.request_id!r}: {len(self.output_ids)} output_ids but "
+                f"{len(self.output_log_probs)} output_log_probs"
+            )
+
+
+class Turn(msgspec.Struct, kw_only=True):
+    """One model action and the env's answer. ``[start, end)`` indexes the model tokens of this
+    turn in the trajectory's ``token_ids``; ``reward`` is the env reward of this step."""
+
+    turn_idx: int
+    start: int
+    end: int
+    action_text: str = ""
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    format_ok: bool = True
+    info: dict[str, Any] = {}
+
+
+class Trajectory(msgspec.Struct, kw_only=True):
+    """A whole episode as the model saw and produced it, token-exact.
+
+    ``prompt_length`` is the length of the first prompt; everything after it is the "response"
+    (model and env turns). ``group_id`` is the GRPO group (ROLL's ``traj_group_id``): trajectories
+    sharing it started from the same env config and seed.
+    """
+
+    traj_id: str
+    group_id: str
+    tag: str
+    env_seed: int
+    token_ids: list[int]
+    prompt_length: int
+    response_mask: list[bool]
+    rollout_log_probs: list[float]
+    turns: list[Turn] = []
+    episode_reward: float = 0.0
+    success: bool = False
+    termination_reason: TerminationReason = "terminated"
+    weight_version: int = 0
+    failed: bool = False
+    error: str | None = None
+    timing: dict[str, float] = {}
+    metrics: dict[str, float] = {}
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.response_mask) != n or len(self.rollout_log_probs) != n:
+            raise ValueError(
+                f"Trajectory {self.traj_id!r}: token_ids ({n}), response_mask "
+                f"({len(self.response_mask)}) and rollout_log_probs "
+                f"({len(self.rollout_log_probs)}) must have equal lengths"
+            )
+        if not 0 <= self.prompt_length <= n:
+            raise ValueError(
+                f"Trajectory {self.traj_id!r}: prompt_length {self.prompt_length} outside [0, {n}]"
+            )
+        if any(self.response_mask[: self.prompt_length]):
+            raise ValueError(f"Trajectory {self.traj_id!r}: response_mask is True inside the prompt")
+        for turn in self.turns:
+            if not self.prompt_length <= turn.start <= turn.end <= n:
+                raise ValueError(
+                    f"Trajectory {self.traj_id!r}: turn {turn.turn_idx} span "
+                    f"[{turn.start}, {turn.end}) outside the response [{self.prompt_length}, {n})"
+                )
+        if not math.isfinite(self.episode_reward):
+            raise ValueError(
+                f"Trajectory {self.traj_id!r}: episode_reward is {self.episode_reward}"
+            )
+
+    @property
+    def num_response_tokens(self) -> int:
+        """Number of model-generated (trained) tokens."""
+        return sum(self.response_mask)
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_JSON_ENCODER = msgspec.json.Encoder()
+
+
+def encode(obj: msgspec.Struct | list[Any]) -> bytes:
+    """Encode a record (or a list of records) as msgpack bytes."""
+    return _ENCODER.encode(obj)
+
+
+def decode(data: bytes, type: type[T]) -> T:  # noqa: A002 - mirrors msgspec's own argument name
+    """Decode msgpack bytes into ``type`` (e.g. ``Trajectory`` or ``list[Trajectory]``), validating
+    field types and the record's own invariants."""
+    return msgspec.msgpack.decode(data, type=type)
+
+
+def to_jsonl(records: Iterable[msgspec.Struct]) -> bytes:
+    """One JSON object per line, for dumps a person reads (rollout-only mode)."""
+    return b"".join(_JSON_ENCODER.encode(r) + b"\n" for r in records)
+
+
+def iter_jsonl(data: bytes, type: type[T]) -> Iterator[T]:  # noqa: A002
+    """Decode the lines of :func:`to_jsonl` output; an invalid line names its line number."""
+    decoder = msgspec.json.Decoder(type)
+    for lineno, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield decoder.decode(line)
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+            raise ValueError(f"line {lineno}: {exc}") from exc

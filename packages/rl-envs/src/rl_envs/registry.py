@@ -1,0 +1,98 @@
+"""Registry of env types (factories) and tags (an env type plus a config), both by name.
+
+``make_env("SimpleSokoban", max_steps=20)`` looks up the tag, merges the overrides into its config
+and calls the factory of its env type; ``make_env("sokoban", dim_room=(7, 7))`` calls the factory
+directly. Duplicate names are an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_envs.base import Env
+
+EnvFactory = Callable[..., Env]
+
+_ENV_TYPES: dict[str, EnvFactory] = {}
+_TAGS: dict[str, EnvTag] = {}
+
+
+@dataclass(frozen=True)
+class EnvTag:
+    """A named configuration of an env type (ROLL's ``custom_envs`` entry)."""
+
+    name: str
+    env_type: str
+    env_config: Mapping[str, Any] = field(default_factory=dict)
+    max_tokens_per_step: int | None = None
+
+
+def register_env(name: str, factory: EnvFactory | None = None) -> Any:
+    """Register an env factory under ``name``; usable as ``@register_env("name")``."""
+
+    def _register(fn: EnvFactory) -> EnvFactory:
+        if name in _ENV_TYPES or name in _TAGS:
+            raise ValueError(f"env name {name!r} is already registered")
+        _ENV_TYPES[name] = fn
+        return fn
+
+    return _register(factory) if factory is not None else _register
+
+
+def register_tag(
+    name: str,
+    env_type: str,
+    env_config: Mapping[str, Any] | None = None,
+    *,
+    max_tokens_per_step: int | None = None,
+) -> EnvTag:
+    """Register a tag: an env type with a fixed config. Duplicate or clashing names are errors."""
+    if name in _TAGS or name in _ENV_TYPES:
+        raise ValueError(f"env tag {name!r} is already registered")
+    tag = EnvTag(name, env_type, dict(env_config or {}), max_tokens_per_step)
+    _TAGS[name] = tag
+    return tag
+
+
+def _ensure_builtins() -> None:
+    import rl_envs.builtin  # noqa: F401  (registers the built-in envs and tags)
+
+
+def get_tag(name: str) -> EnvTag:
+    _ensure_builtins()
+    if name not in _TAGS:
+        raise KeyError(f"unknown env tag {name!r}; known tags: {sorted(_TAGS)}")
+    return _TAGS[name]
+
+
+def list_env_types() -> list[str]:
+    _ensure_builtins()
+    return sorted(_ENV_TYPES)
+
+
+def list_tags() -> list[str]:
+    _ensure_builtins()
+    return sorted(_TAGS)
+
+
+def resolve_config(tag_or_type: str, **config: Any) -> tuple[str, dict[str, Any]]:
+    """Return ``(env_type, merged_config)`` for a tag or env type name."""
+    _ensure_builtins()
+    if tag_or_type in _TAGS:
+        tag = _TAGS[tag_or_type]
+        return tag.env_type, {**tag.env_config, **config}
+    if tag_or_type in _ENV_TYPES:
+        return tag_or_type, dict(config)
+    raise KeyError(
+        f"unknown env {tag_or_type!r}; tags: {sorted(_TAGS)}, env types: {sorted(_ENV_TYPES)}"
+    )
+
+
+def make_env(tag_or_type: str, **config: Any) -> Env:
+    """Build an env from a tag (``SimpleSokoban``) or an env type (``sokoban``) plus overrides."""
+    env_type, merged = resolve_config(tag_or_type, **config)
+    if env_type not in _ENV_TYPES:
+        raise KeyError(f"tag {tag_or_type!r} names unknown env type {env_type!r}")
+    return _ENV_TYPES[env_type](**merged)

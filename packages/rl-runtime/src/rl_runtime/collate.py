@@ -1,0 +1,120 @@
+"""Collate `Trajectory` records into right-padded `[B, T]` training tensors.
+
+Alignment (CONTRACT.md): row b holds the whole episode `token_ids` (prompt, model turns, env turns);
+per-token tensors are aligned with `input_ids` (`rollout_log_probs[b, t]` is the log-prob of
+`input_ids[b, t]`); `response_mask[b, t]` is True for model tokens only. Each turn's reward sits on
+the last model token of that turn in the token-level `rewards [B, T]`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from rl_config.records import Trajectory
+
+
+@dataclass
+class CollatedBatch:
+    """Tensors for the trainer plus per-row metadata that stays on the driver.
+
+    tensors:
+      input_ids [B, T] long, attention_mask [B, T] long (1 = real), response_mask [B, T] bool,
+      rollout_log_probs [B, T] float32 (0 off the response), rewards [B, T] float32 (token-level,
+      turn reward on the turn's last model token), turn_index [B, T] long (turn of each model
+      token, -1 elsewhere), episode_rewards [B] float32, success [B] float32,
+      group_index [B] long (dense id of `group_id`), weight_version [B] long.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    group_ids: list[str]
+    tags: list[str]
+    traj_ids: list[str]
+    num_truncated: int = 0
+    turn_spans: list[list[tuple[int, int]]] = field(default_factory=list)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.tensors["input_ids"].shape[0])
+
+
+def collate_trajectories(
+    trajectories: Sequence[Trajectory],
+    *,
+    pad_token_id: int,
+    max_length: int | None = None,
+    pad_to_multiple_of: int = 1,
+) -> CollatedBatch:
+    """Stack trajectories into right-padded `[B, T]` tensors.
+
+    `max_length` truncates longer rows on the right (their response_mask after the cut is lost;
+    a reward whose token was cut moves to the last kept model token); `num_truncated` counts them.
+    `T` is the longest kept row rounded up to `pad_to_multiple_of`.
+    """
+    if not trajectories:
+        raise ValueError("collate_trajectories: no trajectories to collate")
+    if max_length is not None and max_length < 1:
+        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    lengths = [len(t.token_ids) for t in trajectories]
+    kept = [min(n, max_length) if max_length else n for n in lengths]
+    width = max(kept)
+    if pad_to_multiple_of > 1:
+        width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+    b = len(trajectories)
+    input_ids = torch.full((b, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((b, width), dtype=torch.long)
+    response_mask = torch.zeros((b, width), dtype=torch.bool)
+    rollout_log_probs = torch.zeros((b, width), dtype=torch.float32)
+    rewards = torch.zeros((b, width), dtype=torch.float32)
+    turn_index = torch.full((b, width), -1, dtype=torch.long)
+    group_dense: dict[str, int] = {}
+    group_index = torch.empty(b, dtype=torch.long)
+    turn_spans: list[list[tuple[int, int]]] = []
+    num_truncated = 0
+    for i, traj in enumerate(trajectories):
+        n = kept[i]
+        if n < lengths[i]:
+            num_truncated += 1
+        input_ids[i, :n] = torch.tensor(traj.token_ids[:n], dtype=torch.long)
+        attention_mask[i, :n] = 1
+        response_mask[i, :n] = torch.tensor(traj.response_mask[:n], dtype=torch.bool)
+        rollout_log_probs[i, :n] = torch.tensor(traj.rollout_log_probs[:n], dtype=torch.float32)
+        rollout_log_probs[i] = rollout_log_probs[i] * response_mask[i]
+        spans = []
+        model_positions = response_mask[i].nonzero().flatten()
+        last_model = int(model_positions[-1]) if model_positions.numel() else None
+        for turn in traj.turns:
+            start, end = turn.start, min(turn.end, n)
+            if end > start:
+                turn_index[i, start:end] = torch.where(
+                    response_mask[i, start:end], turn.turn_idx, -1
+                )
+                spans.append((start, end))
+                rewards[i, end - 1] += float(turn.reward)
+            elif last_model is not None:  # the turn was cut off: keep its reward
+                rewards[i, last_model] += float(turn.reward)
+        turn_spans.append(spans)
+        group_index[i] = group_dense.setdefault(traj.group_id, len(group_dense))
+    tensors = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "response_mask": response_mask,
+        "rollout_log_probs": rollout_log_probs,
+        "rewards": rewards,
+        "turn_index": turn_index,
+        "episode_rewards": torch.tensor(
+            [t.episode_reward for t in trajectories], dtype=torch.float32
+        ),
+        "success": torch.tensor([float(t.success) for t in trajectories], dtype=torch.float32),
+        "group_index": group_index,
+        "weight_version": torch.tensor([t.weight_version for t in trajectories], dtype=torch.long),
+    }
+    return CollatedBatch(
+        tensors=tensors,
+        group_ids=[t.group_id for t in trajectories],
+        tags=[t.tag for t in trajectories],
+        traj_ids=[t.traj_id for t in trajectories],
+        num_truncated=num_truncated,
+        turn_spans=turn_spans,
+    )

@@ -1,0 +1,87 @@
+"""Per-phase wall-clock timing and the rich progress display."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+
+class PhaseTimer:
+    """Accumulates seconds per phase within one step: `with timer.phase("rollout"): ...`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        """`timing/<phase>` seconds plus `timing/step` (their sum)."""
+        out = {f"timing/{k}": v for k, v in self.seconds.items()}
+        out["timing/step"] = sum(self.seconds.values())
+        return out
+
+    def reset(self) -> None:
+        self.seconds = {}
+
+
+class StepProgress:
+    """A rich progress bar over training steps with the last step's phase timings."""
+
+    def __init__(self, total_steps: int, start_step: int = 0, *, enabled: bool = True) -> None:
+        self.console = Console(stderr=True)
+        self.enabled = enabled and self.console.is_terminal
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[phases]}"),
+            console=self.console,
+            disable=not self.enabled,
+        )
+        self.task = self.progress.add_task(
+            "train", total=total_steps, completed=start_step, phases=""
+        )
+
+    def __enter__(self) -> StepProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def advance(self, timings: Mapping[str, float], extra: str = "") -> None:
+        phases = " ".join(
+            f"{k.removeprefix('timing/')}={v:.1f}s" for k, v in timings.items() if k != "timing/step"
+        )
+        self.progress.update(self.task, advance=1, phases=f"{phases} {extra}".strip())
+
+
+def summary_table(title: str, rows: Mapping[str, Mapping[str, float | str]]) -> Table:
+    """A rich table: one row per key, columns from the first row's keys."""
+    table = Table(title=title)
+    columns: list[str] = []
+    for values in rows.values():
+        columns = list(values)
+        break
+    table.add_column("")
+    for c in columns:
+        table.add_column(c, justify="right")
+    for name, values in rows.items():
+        cells = []
+        for c in columns:
+            v = values.get(c, "")
+            cells.append(f"{v:.3f}" if isinstance(v, float) else str(v))
+        table.add_row(name, *cells)
+    return table

@@ -1,0 +1,184 @@
+"""Experiment tracking by `track_with`: stdout, jsonl, tensorboard, wandb (optional, offline-friendly).
+
+Metric names are namespaced so every backend shows the same families:
+`rollout/*` (generation), `env/*` (episode outcomes), `train/*` (losses, grad norm, lr),
+`timing/*` (seconds per phase), `sync/*` (weight transfer), `val/*` (evaluation), `critic/*`,
+`warmup/*` (supervised warm-up). `Tracker.log` rejects a name outside these families and a
+non-finite value is logged as-is (NaN shows up in the curves instead of vanishing).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+METRIC_PREFIXES = ("rollout/", "env/", "train/", "timing/", "sync/", "val/", "critic/", "warmup/")
+
+
+def check_metric_names(metrics: Mapping[str, Any]) -> None:
+    """Raise ValueError for a metric name outside the known families."""
+    for name in metrics:
+        if not name.startswith(METRIC_PREFIXES) or name.endswith("/"):
+            raise ValueError(
+                f"metric {name!r} has no known prefix; use one of "
+                f"{', '.join(p + '*' for p in METRIC_PREFIXES)}"
+            )
+
+
+class TrackerBackend(Protocol):
+    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class StdoutBackend:
+    """One compact line per step: `step 3 | env/success=0.50 train/loss=0.12 ...`."""
+
+    def __init__(self, stream: TextIO | None = None, keys: Sequence[str] | None = None) -> None:
+        self.stream = stream or sys.stdout
+        self.keys = list(keys) if keys else None
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        names = self.keys if self.keys is not None else sorted(metrics)
+        parts = [f"{k}={_fmt(metrics[k])}" for k in names if k in metrics]
+        print(f"step {step} | " + " ".join(parts), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        return None
+
+
+def _fmt(value: float) -> str:
+    if isinstance(value, float) and math.isfinite(value) and value != 0 and abs(value) < 1e-3:
+        return f"{value:.2e}"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+class JsonlBackend:
+    """Appends `{"step": n, ...metrics}` lines to `<log_dir>/metrics.jsonl` (machine-readable)."""
+
+    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(log_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(row, allow_nan=True) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorboardBackend:
+    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = str(log_dir)
+        self.writer = SummaryWriter(log_dir=self.log_dir)
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, float(value), global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbBackend:
+    """Weights & Biases; offline unless `mode="online"` and an API key are configured."""
+
+    def __init__(self, log_dir: str | os.PathLike[str], **kwargs: Any) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise ImportError(
+                "track_with: wandb needs the wandb package: install rl-runtime[wandb] "
+                "(or use track_with: tensorboard)"
+            ) from exc
+        kwargs = dict(kwargs)
+        api_key = kwargs.pop("api_key", None)
+        if api_key:
+            os.environ.setdefault("WANDB_API_KEY", str(api_key))
+        kwargs.setdefault("mode", "online" if os.environ.get("WANDB_API_KEY") else "offline")
+        kwargs.setdefault("dir", str(log_dir))
+        self.run = wandb.init(**kwargs)
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+BACKENDS = ("stdout", "jsonl", "tensorboard", "wandb")
+
+
+class Tracker:
+    """Fan-out of metrics to the backends named by `track_with`.
+
+    `track_with`: one name or a list (`stdout`, `jsonl`, `tensorboard`, `wandb`); `jsonl` is always
+    added so runs stay machine-readable. `tracker_kwargs.log_dir` overrides `log_dir`.
+    """
+
+    def __init__(
+        self,
+        track_with: str | Sequence[str] | None,
+        log_dir: str | os.PathLike[str],
+        tracker_kwargs: Mapping[str, Any] | None = None,
+        *,
+        stdout_keys: Sequence[str] | None = None,
+        stream: TextIO | None = None,
+    ) -> None:
+        names = [track_with] if isinstance(track_with, str) else list(track_with or ["stdout"])
+        kwargs = dict(tracker_kwargs or {})
+        self.log_dir = Path(kwargs.pop("log_dir", None) or log_dir)
+        self.backends: list[TrackerBackend] = []
+        unknown = [n for n in names if n not in BACKENDS]
+        if unknown:
+            raise ValueError(f"track_with: unknown backend(s) {unknown}; choose from {BACKENDS}")
+        if "jsonl" not in names:
+            names.append("jsonl")
+        for name in dict.fromkeys(names):
+            if name == "stdout":
+                self.backends.append(StdoutBackend(stream, stdout_keys))
+            elif name == "jsonl":
+                self.backends.append(JsonlBackend(self.log_dir))
+            elif name == "tensorboard":
+                self.backends.append(TensorboardBackend(self.log_dir / "tensorboard"))
+            elif name == "wandb":
+                self.backends.append(WandbBackend(self.log_dir, **kwargs))
+        self.history: list[dict[str, float]] = []
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        check_metric_names(metrics)
+        clean = {k: float(v) for k, v in metrics.items()}
+        self.history.append({"step": float(step), **clean})
+        for backend in self.backends:
+            backend.log(clean, step)
+
+    def close(self) -> None:
+        for backend in self.backends:
+            backend.close()
+        self.backends = []
+
+
+def read_metrics(log_dir: str | os.PathLike[str]) -> list[dict[str, float]]:
+    """Rows of `<log_dir>/metrics.jsonl` (what `JsonlBackend` wrote)."""
+    path = Path(log_dir) / "metrics.jsonl"
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not JSON: {exc}") from exc
+    return rows

@@ -1,0 +1,177 @@
+"""Worker groups: the workers of one role, as Ray actors in placement groups or in-process.
+
+`WorkerGroup.create(role, cls, placement, ...)` starts one worker per `WorkerSlot` of the role.
+Ray mode places each actor in its colocation group's placement group at its slot's bundle with a
+fraction of the device (GPU via `num_gpus`, NPU via the custom `NPU` resource, CPU otherwise).
+Local mode (`mode="local"`) builds the same classes in this process, for `--no-ray` runs and
+unit tests. Every wait goes through `rl_runtime.rpc.call` with the group's `rpc_timeout`.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from rl_runtime.placement import PlacementPlan, RolePlacement
+from rl_runtime.rpc import call
+
+Mode = Literal["ray", "local"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class PlacementGroups:
+    """One Ray placement group per colocation group of a plan."""
+
+    def __init__(self, plan: PlacementPlan, *, timeout_s: float, strategy: str = "PACK") -> None:
+        from ray.util.placement_group import placement_group
+
+        self.plan = plan
+        self.groups = []
+        for index in range(len(plan.groups)):
+            pg = placement_group(plan.bundles(index), strategy=strategy)
+            self.groups.append(pg)
+        import ray
+
+        ready = [pg.ready() for pg in self.groups]
+        _done, pending = ray.wait(ready, num_returns=len(ready), timeout=timeout_s)
+        if pending:
+            wanted = [plan.bundles(i) for i in range(len(plan.groups))]
+            raise RuntimeError(
+                f"Ray could not reserve the placement groups {wanted} within {timeout_s:g} s; "
+                f"cluster has {ray.cluster_resources()}. Check device_mapping against the "
+                f"devices Ray sees (num_cpus / num_gpus / NPU resources)."
+            )
+
+    def remove(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self.groups:
+            remove_placement_group(pg)
+        self.groups = []
+
+
+class WorkerGroup:
+    """The workers of one role; call methods on all of them with a bounded wait."""
+
+    def __init__(self, role: str, workers: list[Any], mode: Mode, rpc_timeout: float) -> None:
+        self.role = role
+        self.workers = workers
+        self.mode = mode
+        self.rpc_timeout = rpc_timeout
+
+    @classmethod
+    def create(
+        cls,
+        role: str,
+        worker_cls: type,
+        placement: RolePlacement,
+        *,
+        plan: PlacementPlan | None = None,
+        pgs: PlacementGroups | None = None,
+        mode: Mode = "ray",
+        rpc_timeout: float = 600.0,
+        init_kwargs: dict[str, Any] | None = None,
+        env_vars: dict[str, str] | None = None,
+        master_port: int | None = None,
+    ) -> WorkerGroup:
+        """Start `placement.num_workers` workers of `worker_cls(rank=, world_size=, **init_kwargs)`.
+
+        Each worker also gets the torch.distributed env (RANK, WORLD_SIZE, LOCAL_RANK,
+        MASTER_ADDR, MASTER_PORT) for process groups inside the role.
+        """
+        world = placement.num_workers
+        port = master_port or free_port()
+        workers: list[Any] = []
+        for slot in placement.workers:
+            dist_env = {
+                "RANK": str(slot.rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+            kwargs = dict(init_kwargs or {})
+            kwargs.update(rank=slot.rank, world_size=world, dist_env=dist_env)
+            if mode == "local":
+                workers.append(worker_cls(**kwargs))
+                continue
+            import ray
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            if pgs is None or plan is None:
+                raise ValueError("ray mode needs the plan and its placement groups")
+            options: dict[str, Any] = {
+                "num_cpus": slot.cpus,
+                "name": f"{role}-{slot.rank}-{port}",
+                "runtime_env": {"env_vars": {**(env_vars or {}), **dist_env}},
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement_group=pgs.groups[placement.colocation_group],
+                    placement_group_bundle_index=slot.bundle_index,
+                ),
+                "max_restarts": 0,
+            }
+            amount = slot.device_fraction * len(slot.devices)
+            if plan.resource_name == "GPU":
+                options["num_gpus"] = amount
+            elif plan.resource_name is not None:
+                options["resources"] = {plan.resource_name: amount}
+            actor_cls = ray.remote(worker_cls)
+            workers.append(actor_cls.options(**options).remote(**kwargs))
+        return cls(role, workers, mode, rpc_timeout)
+
+    # -- calls -------------------------------------------------------------------------------
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Start `method` on every worker; returns refs (Ray) or results (local)."""
+        return [self._submit_one(w, method, args, kwargs) for w in self.workers]
+
+    def submit_each(self, method: str, per_worker_args: Sequence[tuple]) -> list[Any]:
+        """Start `method` on worker i with `per_worker_args[i]`."""
+        if len(per_worker_args) != len(self.workers):
+            raise ValueError(
+                f"{self.role}.{method}: {len(per_worker_args)} argument tuples for "
+                f"{len(self.workers)} workers"
+            )
+        return [
+            self._submit_one(w, method, tuple(a), {})
+            for w, a in zip(self.workers, per_worker_args)
+        ]
+
+    def wait(self, refs: list[Any], method: str, timeout: float | None = None) -> list[Any]:
+        return call(refs, timeout=timeout or self.rpc_timeout, role=self.role, method=method)
+
+    def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run `method` on every worker and return their results (bounded by rpc_timeout)."""
+        return self.wait(self.submit(method, *args, **kwargs), method)
+
+    def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self.wait([self._submit_one(self.workers[0], method, args, kwargs)], method)[0]
+
+    def _submit_one(self, worker: Any, method: str, args: tuple, kwargs: dict) -> Any:
+        if self.mode == "local":
+            return getattr(worker, method)(*args, **kwargs)
+        return getattr(worker, method).remote(*args, **kwargs)
+
+    def shutdown(self) -> None:
+        """Kill Ray actors (after a bounded `shutdown` call if the worker has one)."""
+        if self.mode == "local":
+            for w in self.workers:
+                if hasattr(w, "shutdown"):
+                    w.shutdown()
+            self.workers = []
+            return
+        import ray
+
+        try:
+            self.wait(self.submit("shutdown"), "shutdown", timeout=60.0)
+        except Exception:  # noqa: S110 - best effort before the kill below
+            pass
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+        self.workers = []

@@ -1,0 +1,147 @@
+"""Training arguments (ROLL's ``training_args`` names) read from a dict or a config object.
+
+Units: ``per_device_train_batch_size`` is SAMPLES per micro-batch per rank; one optimizer step
+(a mini-batch) consumes ``per_device_train_batch_size * gradient_accumulation_steps`` samples per
+rank, i.e. that times ``world_size`` samples globally. ``ppo_epochs`` passes are made over each
+batch given to ``train_step``. With dynamic batching, micro-batches are formed by a TOKEN budget
+(``max_tokens_per_microbatch`` real tokens per rank) inside each mini-batch instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+SchedulerName = Literal["constant", "constant_with_warmup", "linear", "cosine"]
+_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
+
+
+@dataclass
+class TrainingArgs:
+    learning_rate: float = 1e-6
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    lr_scheduler_type: str = "constant_with_warmup"
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    max_steps: int = 1000
+    """Total optimizer steps the scheduler plans for (cosine/linear decay horizon)."""
+    min_lr_ratio: float = 0.0
+    max_grad_norm: float = 1.0
+    per_device_train_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    ppo_epochs: int = 1
+    shuffle_mini_batches: bool = False
+    use_dynamic_batching: bool = False
+    max_tokens_per_microbatch: int = 4096
+    use_sequence_packing: bool = False
+    max_consecutive_nonfinite: int = 3
+    """Stop training with an error after this many optimizer steps in a row were skipped."""
+    seed: int = 42
+    infer_batch_size: int = 8
+    """Samples per micro-batch in :meth:`forward` (no grad)."""
+
+    def __post_init__(self) -> None:
+        if self.lr_scheduler_type not in _SCHEDULERS:
+            raise ValueError(
+                f"training_args.lr_scheduler_type={self.lr_scheduler_type!r}; expected one of {_SCHEDULERS}"
+            )
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "ppo_epochs",
+                     "max_tokens_per_microbatch", "max_consecutive_nonfinite", "infer_batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"training_args.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.max_steps < 1:
+            raise ValueError(f"training_args.max_steps must be >= 1, got {self.max_steps}")
+
+    @property
+    def mini_batch_size(self) -> int:
+        """Samples per optimizer step per rank."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+
+_ALIASES = {
+    "use_dynamic_batching_in_train": "use_dynamic_batching",
+    "max_tokens_per_microbatch_in_train": "max_tokens_per_microbatch",
+    "lr_scheduler": "lr_scheduler_type",
+    "num_training_steps": "max_steps",
+}
+
+
+def as_mapping(obj: Any) -> dict[str, Any]:
+    """A plain dict from a mapping, a pydantic model (``model_dump``), a dataclass or None."""
+    if obj is None:
+        return {}
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):
+        return dict(dump())  # type: ignore[arg-type]
+    if hasattr(obj, "__dataclass_fields__"):
+        return {f.name: getattr(obj, f.name) for f in fields(obj)}
+    if hasattr(obj, "__dict__"):
+        return {k: v for k, v in vars(obj).items() if not k.startswith("_")}
+    raise TypeError(f"cannot read training arguments from {type(obj).__name__}")
+
+
+def parse_training_args(obj: Any = None, **overrides: Any) -> TrainingArgs:
+    """Build :class:`TrainingArgs`; unknown keys (other HF TrainingArguments) are ignored, known
+    ones are type-checked. ``None`` values fall back to the defaults."""
+    if isinstance(obj, TrainingArgs) and not overrides:
+        return obj
+    raw = as_mapping(obj)
+    raw.update(overrides)
+    known = {f.name: f for f in fields(TrainingArgs)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        key = _ALIASES.get(key, key)
+        if key not in known or value is None:
+            continue
+        default = known[key].default
+        try:
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise TypeError("expected a bool")
+            elif isinstance(default, int):
+                if isinstance(value, bool) or int(value) != value:
+                    raise TypeError("expected an integer")
+                value = int(value)
+            elif isinstance(default, float):
+                value = float(value)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"training_args.{key}={value!r}: {err}") from None
+        values[key] = value
+    return TrainingArgs(**values)
+
+
+@dataclass
+class ModelArgs:
+    """``model_args``: dtype of the trained weights' compute, attention kernel, checkpointing."""
+
+    dtype: str = "fp32"
+    attn_implementation: str | None = "sdpa"
+    disable_gradient_checkpointing: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16",
+                "fp16": "fp16", "float16": "fp16"}
+_ATTN = {"fa2": "flash_attention_2", "flash_attn": "flash_attention_2"}
+
+
+def parse_model_args(obj: Any = None) -> ModelArgs:
+    raw = as_mapping(obj)
+    dtype = str(raw.get("dtype") or "fp32").lower()
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"model_args.dtype={dtype!r}; expected one of fp32, bf16, fp16")
+    attn = raw.get("attn_implementation") or "sdpa"
+    attn = _ATTN.get(attn, attn)
+    disable_gc = raw.get("disable_gradient_checkpointing")
+    return ModelArgs(
+        dtype=_DTYPE_NAMES[dtype],
+        attn_implementation=attn,
+        disable_gradient_checkpointing=True if disable_gc is None else bool(disable_gc),
+        extra=raw,
+    )

@@ -1,0 +1,137 @@
+"""Loading HF models per role and computing aligned per-token outputs from a forward pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rl_train.args import ModelArgs
+from rl_train.batching import pack, trim_padding, unpack
+from rl_train.types import Batch, ForwardOutput
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+ROLES = ("actor", "critic", "reference")
+
+
+def check_role(role: str) -> str:
+    if role not in ROLES:
+        raise ValueError(f"role={role!r}; expected one of {ROLES}")
+    return role
+
+
+def load_model(
+    model_path: str | Path,
+    role: str,
+    model_args: ModelArgs,
+    *,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> nn.Module:
+    """``Qwen2ForCausalLM``-style LM for actor/reference; the same backbone with a 1-unit token
+    classification head (``score``, the value head) for the critic. Loaded on CPU in ``dtype``;
+    the value head is initialised from ``seed`` so every rank builds the same critic."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    check_role(role)
+    kwargs: dict = {"dtype": dtype, "trust_remote_code": False}
+    if model_args.attn_implementation:
+        kwargs["attn_implementation"] = model_args.attn_implementation
+    torch.manual_seed(seed)
+    if role == "critic":
+        model = AutoModelForTokenClassification.from_pretrained(
+            str(model_path), num_labels=1, classifier_dropout=0.0, **kwargs
+        )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), **kwargs)
+    model.config.use_cache = False
+    return model
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer (works under FSDP2/ZeRO)."""
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is None:
+        raise TypeError(f"{type(model).__name__} does not support gradient checkpointing")
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def _shift_right(x: torch.Tensor) -> torch.Tensor:
+    """``[B, T-1]`` predictions for tokens 1..T-1 -> ``[B, T]`` aligned with the tokens (col 0 = 0)."""
+    return torch.cat([x.new_zeros(x.shape[0], 1), x], dim=1)
+
+
+def _per_token(
+    logits: torch.Tensor, labels: torch.Tensor, need_entropy: bool, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(labels) and entropy from ``logits [B, L, V]`` / ``labels [B, L]`` -> ``[B, L]`` each."""
+    from rl_algos.logprobs import entropy_from_logits, log_probs_from_logits
+
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_probs = log_probs_from_logits(logits, labels).float()
+    entropy = entropy_from_logits(logits).float() if need_entropy else None
+    return log_probs, entropy
+
+
+def token_outputs(
+    model: nn.Module,
+    batch: Batch,
+    *,
+    role: str,
+    packed: bool = False,
+    need_entropy: bool = False,
+    temperature: float = 1.0,
+) -> ForwardOutput:
+    """Forward ``batch`` through ``model`` and return aligned ``[B, T]`` outputs (with grad).
+
+    Actor/reference give ``log_probs`` (and ``entropy``); the critic gives ``values``. Padding
+    columns (``attention_mask == 0``) are 0. With ``packed=True`` the padding is removed and rows are
+    concatenated into one ``[1, N]`` stream whose ``position_ids`` restart per row (HF attention
+    then masks across rows: varlen kernels with flash-attention, a block mask with sdpa/eager).
+    """
+    full_t = int(batch["input_ids"].shape[1])
+    trimmed = trim_padding(batch)
+    ids = trimmed["input_ids"]
+    mask = trimmed.get("attention_mask")
+    if mask is None:
+        mask = torch.ones_like(ids)
+    b, t = ids.shape
+    if packed:
+        packed_ids, position_ids, layout = pack(ids, mask)
+        out = model(input_ids=packed_ids, position_ids=position_ids, use_cache=False)
+        logits = out.logits  # [1, N, V] or [1, N, 1]
+        starts = layout.cu_seqlens[:-1].long()
+        if role == "critic":
+            v = logits[..., 0].float().reshape(-1)
+            shifted = torch.cat([v.new_zeros(1), v[:-1]])
+            shifted = shifted.index_fill(0, starts, 0.0)
+            result = ForwardOutput(values=unpack(shifted, layout))
+        else:
+            labels = torch.cat([packed_ids[:, 1:], packed_ids.new_zeros(1, 1)], dim=1)
+            lp, ent = _per_token(logits, labels, need_entropy, temperature)
+            lp = torch.cat([lp.new_zeros(1), lp.reshape(-1)[:-1]]).index_fill(0, starts, 0.0)
+            ent_aligned = None
+            if ent is not None:
+                ent_aligned = torch.cat([ent.new_zeros(1), ent.reshape(-1)[:-1]]).index_fill(0, starts, 0.0)
+                ent_aligned = unpack(ent_aligned, layout)
+            result = ForwardOutput(log_probs=unpack(lp, layout), entropy=ent_aligned)
+    else:
+        out = model(input_ids=ids, attention_mask=mask, use_cache=False)
+        logits = out.logits
+        valid = mask.to(torch.float32)
+        if role == "critic":
+            values = _shift_right(logits[:, :-1, 0].float()) * valid
+            result = ForwardOutput(values=values)
+        else:
+            lp, ent = _per_token(logits[:, :-1], ids[:, 1:], need_entropy, temperature)
+            result = ForwardOutput(
+                log_probs=_shift_right(lp) * valid,
+                entropy=None if ent is None else _shift_right(ent) * valid,
+            )
+    if t < full_t:
+        result = ForwardOutput(*(None if x is None else nn.functional.pad(x, (0, full_t - t))
+                                 for x in (result.log_probs, result.entropy, result.values)))
+    del b
+    return result

@@ -1,0 +1,52 @@
+"""AdamW and learning-rate schedules (warmup then constant / linear / cosine decay)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from rl_train.args import TrainingArgs
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], args: TrainingArgs) -> torch.optim.AdamW:
+    """AdamW over trainable params; no weight decay on biases and norms (1-D params)."""
+    params = [p for p in params if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": args.weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return torch.optim.AdamW(
+        groups,
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+        foreach=False,
+    )
+
+
+def warmup_steps(args: TrainingArgs) -> int:
+    return args.warmup_steps if args.warmup_steps > 0 else int(math.ceil(args.warmup_ratio * args.max_steps))
+
+
+def lr_multiplier(step: int, args: TrainingArgs) -> float:
+    """LR factor at optimizer step ``step`` (0-based): linear warmup, then the named decay down to
+    ``min_lr_ratio`` at ``max_steps``."""
+    warm = warmup_steps(args)
+    name = args.lr_scheduler_type
+    if name != "constant" and step < warm:
+        return float(step + 1) / float(warm + 1) if warm else 1.0
+    if name in ("constant", "constant_with_warmup"):
+        return 1.0
+    progress = min(1.0, (step - warm) / max(1, args.max_steps - warm))
+    floor = args.min_lr_ratio
+    if name == "linear":
+        return floor + (1.0 - floor) * (1.0 - progress)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, args: TrainingArgs) -> LambdaLR:
+    return LambdaLR(optimizer, lambda step: lr_multiplier(step, args))

@@ -1,0 +1,151 @@
+"""The dependency rule of DESIGN.md, enforced on the sources.
+
+For every package: each top-level module its ``src/`` imports (at module level or lazily inside a
+function) is the package itself, the standard library, or a distribution the package declares
+(dependencies or optional extras), and never one the dependency rule forbids. And the light
+packages stay light at import time in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import tomllib
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ROOT / "packages"
+
+# DESIGN.md: which workspace packages and frameworks each package may import.
+WORKSPACE = {"rl_config", "rl_algos", "rl_envs", "rl_sync", "rl_rollout", "rl_train", "rl_runtime"}
+HEAVY = {"torch", "transformers", "ray", "vllm", "deepspeed", "torch_npu", "vllm_ascend"}
+ALLOWED = {
+    "rl-config": set(),
+    "rl-algos": {"torch"},
+    "rl-envs": set(),
+    "rl-sync": {"torch", "torch_npu"},
+    "rl-rollout": {"rl_config", "rl_envs", "rl_sync", "torch", "transformers", "vllm", "torch_npu"},
+    "rl-train": {"rl_config", "rl_algos", "rl_sync", "torch", "transformers", "deepspeed"},
+    "rl-runtime": WORKSPACE | {"torch", "transformers", "ray"},
+}
+# Platform plugins installed from vendor channels on their hosts, never declared (DESIGN.md).
+VENDOR_CHANNEL = {"torch_npu", "vllm_ascend"}
+
+
+def _requirement_name(req: str) -> str:
+    return re.split(r"[\s\[<>=!~;@]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def declared_distributions(pyproject: Path) -> set[str]:
+    project = tomllib.loads(pyproject.read_text())["project"]
+    reqs = list(project.get("dependencies", []))
+    for extra in project.get("optional-dependencies", {}).values():
+        reqs.extend(extra)
+    return {_requirement_name(r) for r in reqs}
+
+
+def imported_top_level_modules(source: str) -> set[str]:
+    """Top-level names of every absolute import in ``source`` (lazy ones included)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def boundary_violations(package: str, module: str, imports: set[str], declared: set[str]) -> list[str]:
+    """Human-readable violations of the rule for one package's set of imported modules."""
+    dists_of = packages_distributions()
+    problems = []
+    for name in sorted(imports - {module} - set(sys.stdlib_module_names) - {"__future__"}):
+        if name in WORKSPACE or name in HEAVY:
+            if name not in ALLOWED[package]:
+                problems.append(f"{package} imports {name}: forbidden by the dependency rule")
+                continue
+        if name in VENDOR_CHANNEL:
+            continue
+        dists = {d.lower().replace("_", "-") for d in dists_of.get(name, [name.replace("_", "-")])}
+        if not dists & declared:
+            problems.append(f"{package} imports {name} but declares none of {sorted(dists)}")
+    return problems
+
+
+def _packages() -> list[Path]:
+    return sorted(p for p in PACKAGES.iterdir() if (p / "pyproject.toml").exists())
+
+
+def test_every_package_of_the_design_exists():
+    assert {p.name for p in _packages()} == set(ALLOWED)
+
+
+@pytest.mark.parametrize("package_dir", _packages(), ids=lambda p: p.name)
+def test_imports_respect_declared_dependencies_and_the_rule(package_dir: Path):
+    module = package_dir.name.replace("-", "_")
+    src = package_dir / "src" / module
+    assert src.is_dir(), f"{package_dir.name}: missing src/{module}"
+    declared = declared_distributions(package_dir / "pyproject.toml")
+    problems = []
+    for path in sorted(src.rglob("*.py")):
+        imports = imported_top_level_modules(path.read_text())
+        problems += [
+            f"{path.relative_to(ROOT)}: {p}"
+            for p in boundary_violations(package_dir.name, module, imports, declared)
+        ]
+    assert not problems, "\n".join(problems)
+
+
+def test_checker_catches_a_forbidden_and_an_undeclared_import():
+    imports = imported_top_level_modules(
+        "import torch\nfrom transformers import AutoModel\n"
+        "def f():\n    import rl_train\n    import yaml\n"
+    )
+    problems = boundary_violations("rl-algos", "rl_algos", imports, {"torch"})
+    assert any("imports transformers: forbidden" in p for p in problems)
+    assert any("imports rl_train: forbidden" in p for p in problems)
+    assert any("imports yaml but declares none" in p for p in problems)
+    assert boundary_violations("rl-algos", "rl_algos", {"torch", "math"}, {"torch"}) == []
+
+
+def test_workspace_dependencies_follow_the_rule():
+    for package_dir in _packages():
+        declared = declared_distributions(package_dir / "pyproject.toml")
+        workspace_deps = {d.replace("-", "_") for d in declared if d.startswith("rl-")}
+        forbidden = workspace_deps - ALLOWED[package_dir.name]
+        assert not forbidden, f"{package_dir.name} depends on {sorted(forbidden)}"
+
+
+def _new_modules_after(import_line: str, baseline: str = "") -> set[str]:
+    code = (
+        "import sys\n"
+        f"{baseline}\n"
+        "before = set(sys.modules)\n"
+        f"{import_line}\n"
+        "print('\\n'.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    return set(out.split()) - set(sys.stdlib_module_names)
+
+
+def test_import_rl_config_stays_light():
+    new = _new_modules_after("import rl_config")
+    assert not new & (HEAVY | {"numpy"}), sorted(new & (HEAVY | {"numpy"}))
+
+
+def test_import_rl_algos_pulls_in_nothing_but_torch():
+    # Whatever torch itself imports is allowed; rl_algos must add nothing beyond itself.
+    extra = _new_modules_after("import rl_algos", baseline="import torch")
+    assert extra <= {"rl_algos"}, sorted(extra)
+
+
+def test_import_rl_envs_needs_only_numpy():
+    new = _new_modules_after("import rl_envs")
+    assert not new & (HEAVY | {"PIL", "pyarrow", "math_verify"}), sorted(new)
