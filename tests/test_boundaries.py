@@ -60,15 +60,16 @@ def imported_top_level_modules(source: str) -> set[str]:
     return names
 
 
-def boundary_violations(package: str, module: str, imports: set[str], declared: set[str]) -> list[str]:
+def boundary_violations(
+    package: str, module: str, imports: set[str], declared: set[str]
+) -> list[str]:
     """Human-readable violations of the rule for one package's set of imported modules."""
     dists_of = packages_distributions()
     problems = []
     for name in sorted(imports - {module} - set(sys.stdlib_module_names) - {"__future__"}):
-        if name in WORKSPACE or name in HEAVY:
-            if name not in ALLOWED[package]:
-                problems.append(f"{package} imports {name}: forbidden by the dependency rule")
-                continue
+        if (name in WORKSPACE or name in HEAVY) and name not in ALLOWED[package]:
+            problems.append(f"{package} imports {name}: forbidden by the dependency rule")
+            continue
         if name in VENDOR_CHANNEL:
             continue
         dists = {d.lower().replace("_", "-") for d in dists_of.get(name, [name.replace("_", "-")])}

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,8 +75,16 @@ def bump(pkg: Path, part: str, notes: list[str], today: dt.date | None = None) -
     text = pyproject.read_text()
     pyproject.write_text(VERSION_LINE.sub(f'version = "{new}"', text, count=1))
     changelog = pkg / "CHANGELOG.md"
-    lines = changelog.read_text().splitlines() if changelog.exists() else [f"# Changelog of {pkg.name}", ""]
-    entry = [f"## {new} ({(today or dt.date.today()).isoformat()})", ""] + [f"- {n}" for n in notes] + [""]
+    lines = (
+        changelog.read_text().splitlines()
+        if changelog.exists()
+        else [f"# Changelog of {pkg.name}", ""]
+    )
+    entry = (
+        [f"## {new} ({(today or dt.date.today()).isoformat()})", ""]
+        + [f"- {n}" for n in notes]
+        + [""]
+    )
     first_section = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
     changelog.write_text("\n".join(lines[:first_section] + entry + lines[first_section:]) + "\n")
     return new
@@ -101,7 +110,9 @@ def workspace_deps(pkg: Path, packages: Path = PACKAGES) -> list[Path]:
     seen: dict[str, Path] = {}
 
     def visit(p: Path) -> None:
-        for req in tomllib.loads((p / "pyproject.toml").read_text())["project"].get("dependencies", []):
+        for req in tomllib.loads((p / "pyproject.toml").read_text())["project"].get(
+            "dependencies", []
+        ):
             name = re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0]
             candidate = packages / name
             if (candidate / "pyproject.toml").is_file() and name not in seen:
@@ -121,7 +132,9 @@ def _run(cmd: list[str], what: str, cwd: Path | None = None) -> str:
 
 def build(pkg: Path, out_dir: Path) -> Path:
     """Build sdist and wheel with ``--no-sources``; returns the wheel."""
-    _run(["uv", "build", str(pkg), "--no-sources", "--out-dir", str(out_dir)], f"building {pkg.name}")
+    _run(
+        ["uv", "build", str(pkg), "--no-sources", "--out-dir", str(out_dir)], f"building {pkg.name}"
+    )
     stem = pkg.name.replace("-", "_")
     wheels = sorted(out_dir.glob(f"{stem}-{read_version(pkg)}-*.whl"))
     if not wheels:
@@ -159,7 +172,9 @@ def _extra_modules(pkg: Path) -> list[str]:
     return sorted(names)
 
 
-def verify(pkg: Path, work: Path | None = None, constraints: list[str] = ("torch==2.13.0",)) -> dict:
+def verify(
+    pkg: Path, work: Path | None = None, constraints: Sequence[str] = ("torch==2.13.0",)
+) -> dict:
     """Build ``pkg`` (and its workspace dependencies), install the wheel alone in a fresh venv,
     import every module. Returns the import report; raises ReleaseError on any failure."""
     import json
@@ -170,25 +185,48 @@ def verify(pkg: Path, work: Path | None = None, constraints: list[str] = ("torch
     for dep in workspace_deps(pkg, pkg.parent):
         build(dep, dist)
     venv = work / "venv"
-    _run(["uv", "venv", str(venv), "--python", f"{sys.version_info.major}.{sys.version_info.minor}"], "creating the venv")
+    _run(
+        ["uv", "venv", str(venv), "--python", f"{sys.version_info.major}.{sys.version_info.minor}"],
+        "creating the venv",
+    )
     python = venv / "bin" / "python"
     constraint_file = work / "constraints.txt"
     constraint_file.write_text("\n".join(constraints) + "\n")
     _run(
-        ["uv", "pip", "install", "--python", str(python), "--find-links", str(dist),
-         "--constraint", str(constraint_file), str(wheel)],
+        [
+            "uv",
+            "pip",
+            "install",
+            "--python",
+            str(python),
+            "--find-links",
+            str(dist),
+            "--constraint",
+            str(constraint_file),
+            str(wheel),
+        ],
         f"installing {wheel.name} alone",
     )
     proc = subprocess.run(
-        [str(python), "-c", VERIFY_SCRIPT, pkg.name.replace("-", "_"), json.dumps(_extra_modules(pkg))],
-        capture_output=True, text=True, cwd=work,
+        [
+            str(python),
+            "-c",
+            VERIFY_SCRIPT,
+            pkg.name.replace("-", "_"),
+            json.dumps(_extra_modules(pkg)),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=work,
     )
     try:
         report = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         raise ReleaseError(f"importing {pkg.name} from its wheel failed:\n{proc.stderr}") from None
     if proc.returncode != 0:
-        raise ReleaseError(f"{pkg.name}: modules fail to import from the wheel:\n" + "\n".join(report["failed"]))
+        raise ReleaseError(
+            f"{pkg.name}: modules fail to import from the wheel:\n" + "\n".join(report["failed"])
+        )
     report["wheel"] = str(wheel)
     return report
 
@@ -196,12 +234,18 @@ def verify(pkg: Path, work: Path | None = None, constraints: list[str] = ("torch
 def tag(pkg: Path) -> str:
     name = f"{pkg.name}/v{read_version(pkg)}"
     check_tag(name, pkg.parent)
-    _run(["git", "tag", "-a", name, "-m", f"{pkg.name} {read_version(pkg)}"], f"tagging {name}", cwd=ROOT)
+    _run(
+        ["git", "tag", "-a", name, "-m", f"{pkg.name} {read_version(pkg)}"],
+        f"tagging {name}",
+        cwd=ROOT,
+    )
     return name
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p_bump = sub.add_parser("bump", help="set a new version and add a CHANGELOG entry")
     p_bump.add_argument("package")
@@ -220,12 +264,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bump":
             pkg = package_dir(args.package)
             version = bump(pkg, args.part, args.message)
-            print(f"{pkg.name} -> {version}; run `uv lock`, commit, then `tools/release.py tag {pkg.name}`")
+            print(
+                f"{pkg.name} -> {version}; run `uv lock`, commit, then `tools/release.py tag {pkg.name}`"
+            )
         elif args.command == "verify":
             for name in args.package:
                 work = args.keep / name if args.keep else None
                 report = verify(package_dir(name), work)
-                print(f"{name}: OK, {len(report['ok'])} modules import from {Path(report['wheel']).name}")
+                print(
+                    f"{name}: OK, {len(report['ok'])} modules import from {Path(report['wheel']).name}"
+                )
                 for line in report["needs_extra"]:
                     print(f"  needs an optional extra: {line}")
         elif args.command == "tag":

@@ -4,6 +4,7 @@ import math
 
 import msgspec
 import pytest
+
 from rl_config.records import (
     GenerationRequest,
     GenerationResult,
@@ -138,4 +139,3 @@ def test_generation_records_round_trip():
         )
     with pytest.raises(ValueError, match="prompt_ids is empty"):
         GenerationRequest(request_id="r", prompt_ids=[])
-

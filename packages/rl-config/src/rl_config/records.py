@@ -153,7 +153,9 @@ class Trajectory(msgspec.Struct, kw_only=True):
                 f"Trajectory {self.traj_id!r}: prompt_length {self.prompt_length} outside [0, {n}]"
             )
         if any(self.response_mask[: self.prompt_length]):
-            raise ValueError(f"Trajectory {self.traj_id!r}: response_mask is True inside the prompt")
+            raise ValueError(
+                f"Trajectory {self.traj_id!r}: response_mask is True inside the prompt"
+            )
         for turn in self.turns:
             if not self.prompt_length <= turn.start <= turn.end <= n:
                 raise ValueError(
@@ -180,7 +182,7 @@ def encode(obj: msgspec.Struct | list[Any]) -> bytes:
     return _ENCODER.encode(obj)
 
 
-def decode(data: bytes, type: type[T]) -> T:  # noqa: A002 - mirrors msgspec's own argument name
+def decode(data: bytes, type: type[T]) -> T:
     """Decode msgpack bytes into ``type`` (e.g. ``Trajectory`` or ``list[Trajectory]``), validating
     field types and the record's own invariants."""
     return msgspec.msgpack.decode(data, type=type)
@@ -191,7 +193,7 @@ def to_jsonl(records: Iterable[msgspec.Struct]) -> bytes:
     return b"".join(_JSON_ENCODER.encode(r) + b"\n" for r in records)
 
 
-def iter_jsonl(data: bytes, type: type[T]) -> Iterator[T]:  # noqa: A002
+def iter_jsonl(data: bytes, type: type[T]) -> Iterator[T]:
     """Decode the lines of :func:`to_jsonl` output; an invalid line names its line number."""
     decoder = msgspec.json.Decoder(type)
     for lineno, line in enumerate(data.splitlines(), start=1):
