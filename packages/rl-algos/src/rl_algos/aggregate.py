@@ -41,7 +41,7 @@ LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
 def _mask_like(values: Tensor, mask: Tensor) -> Tensor:
     if mask.shape != values.shape:
         raise ValueError(f"mask shape {tuple(mask.shape)} != values shape {tuple(values.shape)}")
-    return mask.to(values.dtype) if mask.dtype == torch.bool else mask.to(values.dtype)
+    return mask.to(values.dtype)
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -55,7 +55,9 @@ def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
         scalar, or ``values`` with ``dim`` reduced.
     """
     m = _mask_like(values, mask)
-    prod = torch.where(m != 0, values * m, torch.zeros((), dtype=values.dtype, device=values.device))
+    prod = torch.where(
+        m != 0, values * m, torch.zeros((), dtype=values.dtype, device=values.device)
+    )
     return prod.sum() if dim is None else prod.sum(dim)
 
 
@@ -91,7 +93,9 @@ def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     return torch.where(denom > 0, sq / denom.clamp(min=1.0), torch.zeros_like(sq))
 
 
-def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def masked_whiten(
+    values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> Tensor:
     """Whitening ``(x - mean) / sqrt(var + eps)`` with statistics over masked entries.
 
     This is the ``masked_whiten`` of the PPO-for-LMs lineage (Ziegler et al. 2019; verl, ROLL).
@@ -141,7 +145,9 @@ def aggregate(
     m = _mask_like(loss_mat, mask)
     if mode == "token-mean":
         denom = m.sum() if global_token_count is None else global_token_count
-        out = masked_sum(loss_mat, mask) / torch.as_tensor(denom, dtype=loss_mat.dtype).clamp(min=1.0)
+        out = masked_sum(loss_mat, mask) / torch.as_tensor(denom, dtype=loss_mat.dtype).clamp(
+            min=1.0
+        )
     elif mode in ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
         tokens_per_seq = m.sum(-1)
         seq_sum = masked_sum(loss_mat, mask, dim=-1)
@@ -156,7 +162,9 @@ def aggregate(
             seq_loss = seq_sum
         nonempty = tokens_per_seq > 0
         denom = nonempty.sum() if global_seq_count is None else global_seq_count
-        out = (seq_loss * nonempty).sum() / torch.as_tensor(denom, dtype=loss_mat.dtype).clamp(min=1.0)
+        out = (seq_loss * nonempty).sum() / torch.as_tensor(denom, dtype=loss_mat.dtype).clamp(
+            min=1.0
+        )
     else:
         raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {LOSS_AGG_MODES}")
     return out * world_size if world_size != 1 else out

@@ -6,3 +6,44 @@ try:
     __version__ = version("rl-config")
 except PackageNotFoundError:  # running from a source tree without installation
     __version__ = "0.0.0"
+
+from rl_config.errors import ConfigError, ConfigIssue
+from rl_config.explain import FieldDoc, explain
+from rl_config.loading import LIBRARY_DIR, compose_config, load_config, load_yaml_dict
+from rl_config.ranges import parse_device_list
+from rl_config.redact import dump_resolved, redact
+from rl_config.schema import (
+    AsyncConfig,
+    CustomEnv,
+    EnvManagerConfig,
+    ExperimentConfig,
+    GeneratingArgs,
+    ModelArgs,
+    StrategyArgs,
+    TrainingArgs,
+    WorkerConfig,
+)
+
+__all__ = [
+    "LIBRARY_DIR",
+    "AsyncConfig",
+    "ConfigError",
+    "ConfigIssue",
+    "CustomEnv",
+    "EnvManagerConfig",
+    "ExperimentConfig",
+    "FieldDoc",
+    "GeneratingArgs",
+    "ModelArgs",
+    "StrategyArgs",
+    "TrainingArgs",
+    "WorkerConfig",
+    "__version__",
+    "compose_config",
+    "dump_resolved",
+    "explain",
+    "load_config",
+    "load_yaml_dict",
+    "parse_device_list",
+    "redact",
+]

@@ -87,7 +87,9 @@ class TextGameEnv:
         self.env_instruction = env_instruction
         self._system_prompt = system_prompt or DEFAULT_SYSTEM_PROMPT
         thinks = self._pattern.groups >= 2
-        self.turn_template = turn_template or (THINK_TURN_TEMPLATE if thinks else ANSWER_TURN_TEMPLATE)
+        self.turn_template = turn_template or (
+            THINK_TURN_TEMPLATE if thinks else ANSWER_TURN_TEMPLATE
+        )
         validate_template(self.turn_template)
         self.render_save_dir = render_save_dir
         if render_save_dir is not None:
@@ -158,7 +160,9 @@ class TextGameEnv:
         return self._system_prompt
 
     def instruction(self) -> str:
-        base = self.env_instruction if self.env_instruction is not None else self.default_instruction
+        base = (
+            self.env_instruction if self.env_instruction is not None else self.default_instruction
+        )
         actions = ", ".join(self.action_names)
         return f"{base}\n{self._legend()}\nYour available actions are: {actions}.".strip()
 

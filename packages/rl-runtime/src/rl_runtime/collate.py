@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+
 from rl_config.records import Trajectory
 
 
@@ -118,3 +119,24 @@ def collate_trajectories(
         num_truncated=num_truncated,
         turn_spans=turn_spans,
     )
+
+
+def shard_rows(data, num_shards: int) -> list:
+    """Split a list, or a dict of tensors along dim 0, into `num_shards` contiguous parts
+    (sizes differ by at most one) for the data-parallel ranks of a role."""
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    n = next(iter(data.values())).shape[0] if isinstance(data, dict) else len(data)
+    bounds = [n * i // num_shards for i in range(num_shards + 1)]
+    if isinstance(data, dict):
+        return [
+            {k: v[bounds[i] : bounds[i + 1]] for k, v in data.items()} for i in range(num_shards)
+        ]
+    return [list(data[bounds[i] : bounds[i + 1]]) for i in range(num_shards)]
+
+
+def merge_rows(parts: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Inverse of `shard_rows` for dicts of `[b_i, T]` tensors (same keys and T in every part)."""
+    if not parts:
+        raise ValueError("merge_rows: nothing to merge")
+    return {k: torch.cat([p[k] for p in parts], dim=0) for k in parts[0]}

@@ -63,7 +63,9 @@ class StepProgress:
 
     def advance(self, timings: Mapping[str, float], extra: str = "") -> None:
         phases = " ".join(
-            f"{k.removeprefix('timing/')}={v:.1f}s" for k, v in timings.items() if k != "timing/step"
+            f"{k.removeprefix('timing/')}={v:.1f}s"
+            for k, v in timings.items()
+            if k != "timing/step"
         )
         self.progress.update(self.task, advance=1, phases=f"{phases} {extra}".strip())
 

@@ -9,6 +9,7 @@ unit tests. Every wait goes through `rl_runtime.rpc.call` with the group's `rpc_
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -139,8 +140,7 @@ class WorkerGroup:
                 f"{len(self.workers)} workers"
             )
         return [
-            self._submit_one(w, method, tuple(a), {})
-            for w, a in zip(self.workers, per_worker_args)
+            self._submit_one(w, method, tuple(a), {}) for w, a in zip(self.workers, per_worker_args)
         ]
 
     def wait(self, refs: list[Any], method: str, timeout: float | None = None) -> list[Any]:
@@ -168,10 +168,8 @@ class WorkerGroup:
             return
         import ray
 
-        try:
+        with contextlib.suppress(Exception):
             self.wait(self.submit("shutdown"), "shutdown", timeout=60.0)
-        except Exception:  # noqa: S110 - best effort before the kill below
-            pass
         for w in self.workers:
             ray.kill(w, no_restart=True)
         self.workers = []

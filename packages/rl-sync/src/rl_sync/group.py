@@ -144,7 +144,9 @@ class CommGroup:
         options.rootTensor = 0
         options.timeout = timedelta(seconds=seconds)
         work = self._backend.broadcast([tensor], options)
-        self._wait(work, f"broadcast of {tensor.numel() * tensor.element_size()} bytes from {src}", seconds)
+        self._wait(
+            work, f"broadcast of {tensor.numel() * tensor.element_size()} bytes from {src}", seconds
+        )
 
     def all_reduce(
         self, tensor: torch.Tensor, op: str = "sum", timeout_s: float | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from rl_algos.logprobs import log_probs_from_logits_chunked
 from torch import nn
 
 from rl_train.args import ModelArgs
@@ -40,9 +41,11 @@ def load_model(
         kwargs["attn_implementation"] = model_args.attn_implementation
     torch.manual_seed(seed)
     if role == "critic":
-        model = AutoModelForTokenClassification.from_pretrained(
-            str(model_path), num_labels=1, classifier_dropout=0.0, **kwargs
-        )
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(model_path), num_labels=1, trust_remote_code=False)
+        config.classifier_dropout = 0.0
+        model = AutoModelForTokenClassification.from_pretrained(str(model_path), config=config, **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(str(model_path), **kwargs)
     model.config.use_cache = False
@@ -66,12 +69,9 @@ def _per_token(
     logits: torch.Tensor, labels: torch.Tensor, need_entropy: bool, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(labels) and entropy from ``logits [B, L, V]`` / ``labels [B, L]`` -> ``[B, L]`` each."""
-    from rl_algos.logprobs import entropy_from_logits, log_probs_from_logits
-
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_probs = log_probs_from_logits(logits, labels).float()
-    entropy = entropy_from_logits(logits).float() if need_entropy else None
+    log_probs, entropy = log_probs_from_logits_chunked(
+        logits, labels, temperature=temperature, with_entropy=need_entropy
+    )
     return log_probs, entropy
 
 

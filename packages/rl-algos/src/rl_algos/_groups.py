@@ -1,0 +1,60 @@
+"""Group bookkeeping for outcome estimators: ids from any index, vectorised group statistics."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Union
+
+import torch
+from torch import Tensor
+
+GroupIndex = Union[Tensor, Sequence[Hashable]]  # noqa: UP007 - readable alias
+
+
+def group_ids(index: GroupIndex, batch_size: int, device: torch.device) -> tuple[Tensor, int]:
+    """Map a per-row group key to dense-enough int64 ids.
+
+    Args:
+        index: ``[B]`` int tensor, or a length-``B`` sequence of hashables (str, int, tuple...).
+        batch_size: ``B``; a length mismatch raises ``ValueError``.
+    Returns:
+        ``(ids [B] int64 on device, num_groups)`` with ``0 <= ids < num_groups`` (some ids may be
+        unused when a non-negative int tensor is passed through unchanged).
+    """
+    if isinstance(index, Tensor):
+        if index.dim() != 1 or index.shape[0] != batch_size:
+            raise ValueError(f"index must be [B={batch_size}], got shape {tuple(index.shape)}")
+        if batch_size == 0:
+            return index.to(device=device, dtype=torch.long), 0
+        if not index.is_floating_point() and not index.is_complex() and index.dtype != torch.bool:
+            lo, hi = int(index.min()), int(index.max())
+            if lo >= 0 and hi < 4 * batch_size + 1024:
+                return index.to(device=device, dtype=torch.long), hi + 1
+        uniq, inv = torch.unique(index, return_inverse=True)
+        return inv.to(device=device, dtype=torch.long), int(uniq.numel())
+    if isinstance(index, (str, bytes)):
+        raise TypeError("index must be a tensor or a sequence of per-row group keys, not a string")
+    keys = list(index)
+    if len(keys) != batch_size:
+        raise ValueError(f"index has {len(keys)} entries but the batch has B={batch_size} rows")
+    mapping: dict[Hashable, int] = {}
+    ids = [mapping.setdefault(k, len(mapping)) for k in keys]
+    return torch.tensor(ids, dtype=torch.long, device=device), len(mapping)
+
+
+def group_sum(x: Tensor, ids: Tensor, num_groups: int) -> Tensor:
+    """Per-group sum of ``x`` [B] -> ``[G]``."""
+    return x.new_zeros(num_groups).index_add_(0, ids, x)
+
+
+def group_stats(x: Tensor, ids: Tensor, num_groups: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-group (count, mean, unbiased std) of ``x`` [B], two-pass for accuracy.
+
+    Returns:
+        ``(count [G], mean [G], std [G])``; std is 0 for groups of one row.
+    """
+    count = torch.bincount(ids, minlength=num_groups).to(x.dtype)
+    mean = group_sum(x, ids, num_groups) / count.clamp(min=1.0)
+    dev = x - mean[ids]
+    var = group_sum(dev * dev, ids, num_groups) / (count - 1.0).clamp(min=1.0)
+    return count, mean, var.sqrt()

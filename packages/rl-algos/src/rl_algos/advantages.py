@@ -1,0 +1,566 @@
+"""Advantage estimators.  All return ``(advantages [B, T], returns [B, T])`` zeroed outside
+``response_mask``.
+
+Token-level: ``gae`` (critic) and the discounted-return estimators.  Outcome estimators take
+``scores`` — one outcome reward per row ``[B]``, or token-level rewards ``[B, T]`` that are summed
+over the response — and ``index``, the group (prompt) of each row as a ``[B]`` int tensor or any
+sequence of hashables.  Group statistics are vectorised (``bincount``/``index_add``), no Python
+loop over groups or rows (a list of hashable keys is mapped to ids once).  For outcome estimators
+``returns`` is the *same tensor* as ``advantages`` (as in verl); do not modify one in place.
+
+Multi-turn rows: tokens outside ``response_mask`` (env/tool tokens, prompt, padding) are skipped by
+the token-level recursions, i.e. the masked tokens of a row are treated as one contiguous episode.
+
+Registry: ``get_estimator(name)``, ``register_estimator(name)`` (duplicate name = error),
+``list_estimators()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from functools import partial
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor
+
+from rl_algos._groups import GroupIndex, group_ids, group_stats, group_sum
+from rl_algos._scan import compact, compaction, discounted_reverse_cumsum, masked_discounted_returns
+from rl_algos.aggregate import masked_whiten
+
+__all__ = [
+    "dr_grpo",
+    "gae",
+    "get_estimator",
+    "gigpo",
+    "gpg",
+    "grpo",
+    "grpo_passk",
+    "list_estimators",
+    "opo",
+    "register_estimator",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "reinforce_returns",
+    "remax",
+    "rloo",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {}
+
+
+def register_estimator(name: str) -> Callable[[F], F]:
+    """Decorator registering an advantage estimator under ``name``; a duplicate name raises."""
+
+    def deco(fn: F) -> F:
+        if name in _ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        _ESTIMATORS[name] = fn
+        return fn
+
+    return deco
+
+
+def get_estimator(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
+    """Return the estimator registered as ``name`` (``KeyError`` lists the known names)."""
+    try:
+        return _ESTIMATORS[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown advantage estimator {name!r}; known: {sorted(_ESTIMATORS)}"
+        ) from None
+
+
+def list_estimators() -> list[str]:
+    """Names of all registered estimators, sorted."""
+    return sorted(_ESTIMATORS)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_mask(response_mask: Tensor, name: str = "response_mask") -> Tensor:
+    if response_mask.dim() != 2:
+        raise ValueError(f"{name} must be [B, T], got shape {tuple(response_mask.shape)}")
+    return response_mask.bool()
+
+
+def _float_dtype(*tensors: Tensor) -> torch.dtype:
+    dt = torch.float32
+    for t in tensors:
+        if t.is_floating_point():
+            dt = torch.promote_types(dt, t.dtype)
+    return dt
+
+
+def _outcome_scores(scores: Tensor, mask: Tensor) -> Tensor:
+    """``[B]`` outcome rewards from ``scores`` [B] or token-level rewards [B, T] (masked sum)."""
+    b = mask.shape[0]
+    dt = _float_dtype(scores)
+    if scores.dim() == 1:
+        if scores.shape[0] != b:
+            raise ValueError(f"scores has {scores.shape[0]} rows, response_mask has {b}")
+        return scores.to(dt)
+    if scores.dim() == 2:
+        if scores.shape != mask.shape:
+            raise ValueError(
+                f"token-level scores {tuple(scores.shape)} != response_mask {tuple(mask.shape)}"
+            )
+        return torch.where(mask, scores.to(dt), torch.zeros((), dtype=dt)).sum(-1)
+    raise ValueError(f"scores must be [B] or [B, T], got shape {tuple(scores.shape)}")
+
+
+def _broadcast(per_row: Tensor, mask: Tensor) -> Tensor:
+    """``[B]`` -> ``[B, T]``, one fused pass, 0 outside ``mask``."""
+    return per_row.unsqueeze(-1) * mask
+
+
+def _token_rewards(scores: Tensor, mask: Tensor) -> Tensor:
+    """Token-level rewards ``[B, T]``: 2-D passes through; 1-D goes on each row's last response token."""
+    dt = _float_dtype(scores)
+    if scores.dim() == 2:
+        if scores.shape != mask.shape:
+            raise ValueError(
+                f"token-level scores {tuple(scores.shape)} != response_mask {tuple(mask.shape)}"
+            )
+        return scores.to(dt)
+    if scores.dim() != 1 or scores.shape[0] != mask.shape[0]:
+        raise ValueError(f"scores must be [B] or [B, T], got shape {tuple(scores.shape)}")
+    t = mask.shape[1]
+    pos = torch.arange(t, device=mask.device).expand_as(mask)
+    last = torch.where(mask, pos, torch.full_like(pos, -1)).amax(-1)  # [B], -1 for empty rows
+    out = torch.zeros(mask.shape, dtype=dt, device=mask.device)
+    has = last >= 0
+    rows = torch.arange(mask.shape[0], device=mask.device)[has]
+    out[rows, last[has]] = scores.to(dt)[has]
+    return out
+
+
+def _mean_std_per_row(
+    s: Tensor, index: GroupIndex, singleton_mean_zero: bool = True
+) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    ids, g = group_ids(index, s.shape[0], s.device)
+    count, mean, std = group_stats(s, ids, g)
+    n = count[ids]
+    mean_r, std_r = mean[ids], std[ids]
+    if singleton_mean_zero:  # verl's convention: a group of one keeps its raw score
+        single = n <= 1
+        mean_r = torch.where(single, torch.zeros_like(mean_r), mean_r)
+        std_r = torch.where(single, torch.ones_like(std_r), std_r)
+    return mean_r, std_r, n, ids, g
+
+
+# --------------------------------------------------------------------------- token-level
+
+
+@register_estimator("gae")
+@torch.no_grad()
+def gae(
+    rewards: Tensor,
+    values: Tensor,
+    response_mask: Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Generalised Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438).
+
+    ``delta_t = r_t + gamma * V_{t'} - V_t`` with ``t'`` the next response token (``V = 0`` after
+    the last), ``A_t = sum_k (gamma * lam)**k * delta_{t+k}`` over response tokens, ``R_t = A_t +
+    V_t``.  Tokens outside the mask are skipped (multi-turn env tokens do not break the recursion)
+    and their rewards ignored.  Vectorised over B and T (blocked scan, see ``_scan``).
+
+    Args:
+        rewards: ``[B, T]`` token-level rewards.
+        values: ``[B, T]`` critic values.
+        response_mask: ``[B, T]`` bool.
+    Returns:
+        ``(advantages [B, T], returns [B, T])``.
+    """
+    mask = _check_mask(response_mask)
+    if rewards.shape != mask.shape or values.shape != mask.shape:
+        raise ValueError(
+            f"rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and response_mask "
+            f"{tuple(mask.shape)} must all be [B, T]"
+        )
+    dt = _float_dtype(rewards, values)
+    slot, rank = compaction(mask)
+    r_c = compact(rewards.to(dt), slot)
+    v_c = compact(values.to(dt), slot)
+    next_v = torch.zeros_like(v_c)
+    next_v[:, :-1] = v_c[:, 1:]
+    delta = r_c + gamma * next_v - v_c
+    adv = discounted_reverse_cumsum(delta, gamma * lam).gather(1, rank)
+    zero = torch.zeros((), dtype=dt, device=adv.device)
+    adv = torch.where(mask, adv, zero)
+    returns = torch.where(mask, adv + values.to(dt), zero)
+    return adv, returns
+
+
+@register_estimator("reinforce")
+@torch.no_grad()
+def reinforce_returns(
+    scores: Tensor,
+    response_mask: Tensor,
+    index: GroupIndex | None = None,
+    *,
+    gamma: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Plain REINFORCE (Williams 1992): advantage = discounted reward-to-go, no baseline.
+
+    Args:
+        scores: ``[B]`` outcome (placed on the last response token) or ``[B, T]`` token rewards.
+        response_mask: ``[B, T]``.  index: unused.
+    Returns:
+        ``(advantages, returns)``, both the reward-to-go ``[B, T]``.
+    """
+    mask = _check_mask(response_mask)
+    ret = masked_discounted_returns(_token_rewards(scores, mask), mask, gamma)
+    return ret, ret
+
+
+@register_estimator("reinforce_plus_plus")
+@torch.no_grad()
+def reinforce_pp(
+    scores: Tensor,
+    response_mask: Tensor,
+    index: GroupIndex | None = None,
+    *,
+    gamma: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): reward-to-go whitened over the whole batch.
+
+    ``G_t = sum_{s >= t} gamma**(s-t) r_s``; ``A = (G - mean(G)) / std(G)`` over all masked tokens.
+
+    Args:
+        scores: ``[B]`` outcome (placed on the last response token) or ``[B, T]`` token rewards.
+        response_mask: ``[B, T]``.  index: unused (batch-level baseline).
+    Returns:
+        ``(advantages [B, T], returns [B, T])``.
+    """
+    mask = _check_mask(response_mask)
+    ret = masked_discounted_returns(_token_rewards(scores, mask), mask, gamma)
+    return masked_whiten(ret, mask), ret
+
+
+# --------------------------------------------------------------------------- outcome / group
+
+
+@register_estimator("grpo")
+@torch.no_grad()
+def grpo(
+    scores: Tensor,
+    response_mask: Tensor,
+    index: GroupIndex,
+    *,
+    epsilon: float = 1e-6,
+    norm_by_std: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
+
+    ``A_i = (r_i - mean_g(r)) / (std_g(r) + epsilon)`` with the unbiased group std; with
+    ``norm_by_std=False`` it is ``r_i - mean_g(r)`` — Dr.GRPO (Liu et al. 2025, arXiv:2503.20783).
+    A group of one row keeps its raw score (mean 0, std 1; verl's convention).
+
+    Args:
+        scores: ``[B]`` or ``[B, T]`` (summed over the response).
+        response_mask: ``[B, T]``.  index: ``[B]`` group key per row.
+    Returns:
+        ``(advantages [B, T], returns [B, T])`` (same tensor).
+    """
+    mask = _check_mask(response_mask)
+    s = _outcome_scores(scores, mask)
+    mean_r, std_r, _, _, _ = _mean_std_per_row(s, index)
+    a = s - mean_r
+    if norm_by_std:
+        a = a / (std_r + epsilon)
+    adv = _broadcast(a, mask)
+    return adv, adv
+
+
+dr_grpo = partial(grpo, norm_by_std=False)
+dr_grpo.__doc__ = "Dr.GRPO (arXiv:2503.20783): ``grpo`` with ``norm_by_std=False``."
+register_estimator("dr_grpo")(dr_grpo)
+
+
+@register_estimator("rloo")
+@torch.no_grad()
+def rloo(scores: Tensor, response_mask: Tensor, index: GroupIndex) -> tuple[Tensor, Tensor]:
+    """RLOO leave-one-out baseline (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740).
+
+    ``A_i = r_i - (1/(n-1)) sum_{j != i} r_j = n/(n-1) (r_i - mean_g(r))``; a group of one keeps
+    its raw score.
+
+    Args:
+        scores: ``[B]`` or ``[B, T]``.  response_mask: ``[B, T]``.  index: ``[B]``.
+    Returns:
+        ``(advantages [B, T], returns [B, T])`` (same tensor).
+    """
+    mask = _check_mask(response_mask)
+    s = _outcome_scores(scores, mask)
+    ids, g = group_ids(index, s.shape[0], s.device)
+    count, mean, _ = group_stats(s, ids, g)
+    n = count[ids]
+    a = torch.where(n > 1, (s - mean[ids]) * n / (n - 1.0).clamp(min=1.0), s)
+    adv = _broadcast(a, mask)
+    return adv, adv
+
+
+@register_estimator("reinforce_plus_plus_baseline")
+@torch.no_grad()
+def reinforce_pp_baseline(
+    scores: Tensor, response_mask: Tensor, index: GroupIndex
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++-baseline (Hu 2025, arXiv:2501.03262 v3): group-mean baseline, batch whitening.
+
+    ``a_i = r_i - mean_g(r)`` (a group of one keeps its score), broadcast over the response, then
+    whitened over all masked tokens of the batch.
+
+    Args:
+        scores: ``[B]`` or ``[B, T]``.  response_mask: ``[B, T]``.  index: ``[B]``.
+    Returns:
+        ``(advantages [B, T], returns [B, T])`` (same tensor).
+    """
+    mask = _check_mask(response_mask)
+    s = _outcome_scores(scores, mask)
+    mean_r, _, _, _, _ = _mean_std_per_row(s, index)
+    adv = masked_whiten(_broadcast(s - mean_r, mask), mask)
+    return adv, adv
+
+
+@register_estimator("remax")
+@torch.no_grad()
+def remax(
+    scores: Tensor,
+    response_mask: Tensor,
+    index: GroupIndex | None = None,
+    *,
+    baseline_scores: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """ReMax (Li et al. 2024, arXiv:2310.10505): the greedy response's reward as baseline.
+
+    ``G_t = sum_{s >= t} r_s`` (undiscounted reward-to-go), ``A_t = G_t - b`` with ``b`` the reward
+    of the greedy decode of the same prompt.
+
+    Args:
+        scores: ``[B]`` or ``[B, T]``.  response_mask: ``[B, T]``.  index: unused.
+        baseline_scores: ``[B]`` greedy-decode rewards.
+    Returns:
+        ``(advantages [B, T], returns [B, T])``.
+    """
+    mask = _check_mask(response_mask)
+    if baseline_scores.shape != (mask.shape[0],):
+        raise ValueError(
+            f"baseline_scores must be [B={mask.shape[0]}], got {tuple(baseline_scores.shape)}"
+        )
+    ret = masked_discounted_returns(_token_rewards(scores, mask), mask, 1.0)
+    adv = torch.where(
+        mask, ret - baseline_scores.to(ret.dtype).unsqueeze(-1), torch.zeros_like(ret)
+    )
+    return adv, ret
+
+
+@register_estimator("opo")
+@torch.no_grad()
+def opo(scores: Tensor, response_mask: Tensor, index: GroupIndex) -> tuple[Tensor, Tensor]:
+    """OPO optimal baseline (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline").
+
+    ``b_g = sum_j |o_j| r_j / sum_j |o_j|`` (length-weighted group mean), ``A_i = r_i - b_g``;
+    a group of one (or with zero total length) uses ``b = 0``.
+
+    Args:
+        scores: ``[B]`` or ``[B, T]``.  response_mask: ``[B, T]``.  index: ``[B]``.
+    Returns:
+        ``(advantages [B, T], returns [B, T])`` (same tensor).
+    """
+    mask = _check_mask(response_mask)
+    s = _outcome_scores(scores, mask)
+    ids, g = group_ids(index, s.shape[0], s.device)
+    lengths = mask.sum(-1).to(s.dtype)
+    tot_len = group_sum(lengths, ids, g)
+    base = group_sum(lengths * s, ids, g) / tot_len.clamp(min=1e-12)
+    n = torch.bincount(ids, minlength=g)[ids]
+    base_r = torch.where((n > 1) & (tot_len[ids] > 0), base[ids], torch.zeros_like(s))
+    adv = _broadcast(s - base_r, mask)
+    return adv, adv
+
+
+@register_estimator("gpg")
+@torch.no_grad()
+def gpg(
+    scores: Tensor,
+    response_mask: Tensor,
+    index: GroupIndex,
+    *,
+    f_norm: float = 1.0,
+    alpha: float | None = None,
+    epsilon: float = 1e-6,
+) -> tuple[Tensor, Tensor]:
+    """GPG, Group Policy Gradient (Chu et al. 2025, arXiv:2504.02546).
+
+    ``A_i = alpha * (r_i - mean_g(r)) / F_norm`` with ``alpha = B / B_valid``, where ``B_valid``
+    counts rows of groups whose rewards are not all equal (rows of degenerate groups carry no
+    gradient; alpha rescales so the batch gradient is not diluted).
+
+    Args:
+        scores: ``[B]`` or ``[B, T]``.  response_mask: ``[B, T]``.  index: ``[B]``.
+        f_norm: ``F_norm``.  alpha: override the computed ``alpha``.
+    Returns:
+        ``(advantages [B, T], returns [B, T])`` (same tensor).
+    """
+    mask = _check_mask(response_mask)
+    s = _outcome_scores(scores, mask)
+    ids, g = group_ids(index, s.shape[0], s.device)
+    _, mean, std = group_stats(s, ids, g)
+    if alpha is None:
+        valid = (std[ids] > epsilon).sum().to(s.dtype)
+        scale = s.shape[0] / valid.clamp(min=1.0)
+    else:
+        scale = torch.tensor(alpha, dtype=s.dtype, device=s.device)
+    adv = _broadcast(scale * (s - mean[ids]) / f_norm, mask)
+    return adv, adv
+
+
+@register_estimator("grpo_passk")
+@torch.no_grad()
+def grpo_passk(
+    scores: Tensor,
+    response_mask: Tensor,
+    index: GroupIndex,
+    *,
+    epsilon: float = 1e-6,
+    norm_by_std: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Pass@k advantage (Tang et al. 2025, arXiv:2503.19595, as in verl's ``grpo_passk``).
+
+    Only the best row of each group (first on ties) gets ``A = r_max - r_second``, optionally
+    divided by ``std_g(r) + epsilon``; every other row gets 0.  Groups need at least two rows.
+
+    Args:
+        scores: ``[B]`` or ``[B, T]``.  response_mask: ``[B, T]``.  index: ``[B]``.
+    Returns:
+        ``(advantages [B, T], returns [B, T])`` (same tensor).
+    """
+    mask = _check_mask(response_mask)
+    s = _outcome_scores(scores, mask)
+    b = s.shape[0]
+    ids, g = group_ids(index, b, s.device)
+    count, _, std = group_stats(s, ids, g)
+    small = (count == 1).nonzero()
+    if small.numel():
+        gid = int(small[0, 0])
+        row = int((ids == gid).nonzero()[0, 0])
+        raise ValueError(f"grpo_passk needs >= 2 rows per group; the group of row {row} has one")
+    neg_inf = torch.full((g,), float("-inf"), dtype=s.dtype, device=s.device)
+    gmax = neg_inf.scatter_reduce(0, ids, s, reduce="amax")
+    rows = torch.arange(b, device=s.device)
+    cand = torch.where(s == gmax[ids], rows, torch.full_like(rows, b))
+    best = torch.full((g,), b, dtype=torch.long, device=s.device).scatter_reduce(
+        0, ids, cand, reduce="amin"
+    )
+    is_best = best[ids] == rows
+    second = neg_inf.scatter_reduce(
+        0, ids, torch.where(is_best, torch.full_like(s, float("-inf")), s), reduce="amax"
+    )
+    gap = gmax - second
+    if norm_by_std:
+        gap = gap / (std + epsilon)
+    a = torch.where(is_best, gap[ids], torch.zeros_like(s))
+    adv = _broadcast(a, mask)
+    return adv, adv
+
+
+def _norm_in_groups(x: Tensor, ids: Tensor, g: int, norm_by_std: bool, epsilon: float) -> Tensor:
+    _, mean, std = group_stats(x, ids, g)
+    a = x - mean[ids]
+    return a / (std[ids] + epsilon) if norm_by_std else a
+
+
+@register_estimator("gigpo")
+@torch.no_grad()
+def gigpo(
+    scores: Tensor,
+    response_mask: Tensor,
+    index: GroupIndex,
+    *,
+    traj_ids: GroupIndex,
+    step_ids: Tensor,
+    step_rewards: Tensor,
+    anchor_ids: Tensor | Sequence[Hashable],
+    gamma: float = 0.95,
+    step_weight: float = 1.0,
+    norm_by_std: bool = True,
+    epsilon: float = 1e-6,
+) -> tuple[Tensor, Tensor]:
+    """GiGPO, Group-in-Group Policy Optimization (Feng et al. 2025, arXiv:2505.10978).
+
+    Rows are *steps* (one model turn each).  ``A = A^E + step_weight * A^S`` where
+
+    - episode level: ``A^E = (R(τ) - mean) / std`` over the distinct trajectories of the episode
+      group ``index`` (each trajectory counted once, a group of one keeps ``R``);
+    - step level (anchor states): rows of the same episode group whose ``anchor_ids`` (e.g. a hash
+      of the observation) are equal form a step group; ``G_t = sum_{k >= t} gamma**(k-t) r_k`` is
+      the discounted return of the row's trajectory from this step; ``A^S = (G_t - mean) / std``
+      in the step group (a step group of one gets 0).
+
+    Args:
+        scores: ``[B]`` episode return of each row's trajectory (equal within a trajectory).
+        response_mask: ``[B, T]`` (the step's response tokens).
+        index: ``[B]`` episode group (same env seed/prompt) per row.
+        traj_ids: ``[B]`` trajectory key per row.  step_ids: ``[B]`` int turn index in it.
+        step_rewards: ``[B]`` reward of this step.  anchor_ids: ``[B]`` state key per row.
+    Returns:
+        ``(advantages [B, T], returns [B, T])`` (same tensor).
+    """
+    mask = _check_mask(response_mask)
+    s = _outcome_scores(scores, mask)
+    b, dev = s.shape[0], s.device
+    if step_ids.shape != (b,) or step_rewards.shape != (b,):
+        raise ValueError(
+            f"step_ids {tuple(step_ids.shape)} and step_rewards {tuple(step_rewards.shape)} must be [B={b}]"
+        )
+    ids, _ = group_ids(index, b, dev)
+    tid, n_traj = group_ids(traj_ids, b, dev)
+    # one score / group per trajectory (validated)
+    lo = torch.full((n_traj,), float("inf"), dtype=s.dtype, device=dev).scatter_reduce(
+        0, tid, s, reduce="amin"
+    )
+    hi = torch.full((n_traj,), float("-inf"), dtype=s.dtype, device=dev).scatter_reduce(
+        0, tid, s, reduce="amax"
+    )
+    bad = (hi != lo) & torch.isfinite(hi)
+    if bool(bad.any()):
+        row = int((bad[tid]).nonzero()[0, 0])
+        raise ValueError(f"gigpo: scores differ within the trajectory of row {row}")
+    present = torch.isfinite(hi)
+    traj_group = torch.zeros(n_traj, dtype=torch.long, device=dev).scatter_(0, tid, ids)
+    t_ids, t_g = group_ids(traj_group[present], int(present.sum()), dev)
+    t_count, t_mean, t_std = group_stats(hi[present], t_ids, t_g)
+    single = t_count[t_ids] <= 1
+    t_a = hi[present] - torch.where(single, torch.zeros_like(t_mean[t_ids]), t_mean[t_ids])
+    if norm_by_std:
+        t_a = t_a / (torch.where(single, torch.ones_like(t_std[t_ids]), t_std[t_ids]) + epsilon)
+    ep_adv_traj = torch.zeros(n_traj, dtype=s.dtype, device=dev)
+    ep_adv_traj[present] = t_a
+    ep_adv = ep_adv_traj[tid]
+    # discounted step returns inside each trajectory: [n_traj, S] matrix + blocked reverse scan
+    steps = step_ids.to(device=dev, dtype=torch.long)
+    if bool((steps < 0).any()):
+        raise ValueError("gigpo: step_ids must be >= 0")
+    n_steps = int(steps.max()) + 1 if b else 0
+    flat = tid * n_steps + steps
+    if bool((torch.bincount(flat, minlength=n_traj * n_steps) > 1).any()):
+        raise ValueError("gigpo: a (trajectory, step) pair occurs in more than one row")
+    mat = torch.zeros(n_traj * n_steps, dtype=s.dtype, device=dev)
+    mat[flat] = step_rewards.to(dev, s.dtype)
+    step_ret = discounted_reverse_cumsum(mat.view(n_traj, n_steps), gamma).reshape(-1)[flat]
+    # anchor-state step groups inside episode groups
+    aid, n_anchor = group_ids(anchor_ids, b, dev)
+    sg_ids, sg = group_ids(ids * max(n_anchor, 1) + aid, b, dev)
+    st_adv = _norm_in_groups(step_ret, sg_ids, sg, norm_by_std, epsilon)
+    adv = _broadcast(ep_adv + step_weight * st_adv, mask)
+    return adv, adv
+
+
+register_estimator("reinforce_pp")(reinforce_pp)
+register_estimator("reinforce_pp_baseline")(reinforce_pp_baseline)

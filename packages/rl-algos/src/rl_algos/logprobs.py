@@ -1,0 +1,378 @@
+"""Token log-probabilities and entropies from logits or hidden states, memory-lean.
+
+Formulas (per row, logits ``z`` over the vocabulary, ``lse = logsumexp(z)``):
+
+- ``log p(y) = z_y - lse``
+- ``H = lse - sum_v softmax(z)_v z_v = -sum_v p_v log p_v``
+- ``dlog p(y)/dz = onehot(y) - p``;  ``dH/dz = -p * (log p + H)``
+
+The naive functions upcast the whole ``[N, V]`` logits to float32.  The ``*_chunked`` functions and
+``log_probs_from_hidden`` work ``chunk_size`` rows at a time inside a custom ``autograd.Function``
+that saves only ``[N]`` statistics and recomputes each chunk in backward, so the float32 working
+set is ``O(chunk_size * V)`` in forward and backward (the gradient of the input itself is as large
+as the input, as always).  Labels ``< 0`` are ignored: their log-prob and entropy are 0 and they get
+no gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "aligned_log_probs",
+    "entropy_from_logits",
+    "entropy_from_logits_chunked",
+    "log_probs_from_hidden",
+    "log_probs_from_logits",
+    "log_probs_from_logits_chunked",
+]
+
+_CHUNK_BYTES = 128 * 1024 * 1024  # float32 bytes per [chunk, V] working buffer when auto-sizing
+
+
+def _auto_chunk(vocab: int, chunk_size: int | None) -> int:
+    if chunk_size is not None:
+        if chunk_size <= 0:
+            raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+        return chunk_size
+    return max(1, _CHUNK_BYTES // (4 * max(vocab, 1)))
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """At least float32 (float64 inputs stay float64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def log_probs_from_logits(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> Tensor:
+    """Naive ``log_softmax(logits / temperature)[labels]`` in float32.
+
+    Args:
+        logits: ``[..., V]`` (any float dtype).
+        labels: ``[...]`` int64 token ids (``< 0`` ignored → 0).
+    Returns:
+        ``[...]`` float32.
+    """
+    z = logits.to(_compute_dtype(logits.dtype))
+    if temperature != 1.0:
+        z = z / temperature
+    valid = labels >= 0
+    lp = torch.log_softmax(z, dim=-1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return torch.where(valid, lp, torch.zeros_like(lp))
+
+
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Naive entropy ``H = logsumexp(z) - sum softmax(z) * z`` of ``softmax(logits / temperature)``.
+
+    Args:
+        logits: ``[..., V]``.
+    Returns:
+        ``[...]`` float32.
+    """
+    z = logits.to(_compute_dtype(logits.dtype))
+    if temperature != 1.0:
+        z = z / temperature
+    p = torch.softmax(z, dim=-1)
+    return torch.logsumexp(z, dim=-1) - (p * z).sum(-1)
+
+
+def _chunk_stats(z: Tensor, labels: Tensor, need_entropy: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Return (log_prob [C], lse [C], entropy [C] or empty) for one float32 chunk ``z`` [C, V]."""
+    lse = torch.logsumexp(z, dim=-1)
+    lp = z.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) - lse
+    if need_entropy:
+        z.sub_(lse.unsqueeze(-1))  # z now holds log p (z is a private buffer)
+        ent = -(z.exp() * z).sum(-1)
+    else:
+        ent = lse.new_empty(0)
+    return lp, lse, ent
+
+
+def _chunk_grad(
+    z: Tensor,
+    labels: Tensor,
+    lse: Tensor,
+    ent: Tensor | None,
+    grad_lp: Tensor | None,
+    grad_ent: Tensor | None,
+) -> Tensor:
+    """Gradient w.r.t. the (temperature-scaled) float32 chunk ``z`` [C, V]; ``z`` is overwritten."""
+    z.sub_(lse.unsqueeze(-1))  # log p
+    logp = z
+    p = logp.exp()
+    if grad_ent is not None and ent is not None:
+        # dH/dz = -p (log p + H); combine with -p * g_lp in one buffer.
+        logp.add_(ent.unsqueeze(-1)).mul_(grad_ent.unsqueeze(-1))
+        if grad_lp is not None:
+            logp.add_(grad_lp.unsqueeze(-1))
+        grad = p.mul_(logp).neg_()
+    else:
+        assert grad_lp is not None
+        grad = p.mul_(grad_lp.unsqueeze(-1)).neg_()
+    if grad_lp is not None:
+        grad.scatter_add_(-1, labels.clamp(min=0).unsqueeze(-1), grad_lp.unsqueeze(-1))
+    return grad
+
+
+class _ChunkedFromLogits(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        logits: Tensor,
+        labels: Tensor,
+        chunk_size: int,
+        temperature: float,
+        need_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:
+        n = logits.shape[0]
+        valid = labels >= 0
+        cdt = _compute_dtype(logits.dtype)
+        lp = torch.empty(n, dtype=cdt, device=logits.device)
+        lse = torch.empty_like(lp)
+        ent = torch.empty_like(lp) if need_entropy else lp.new_empty(0)
+        for start in range(0, n, chunk_size):
+            sl = slice(start, min(start + chunk_size, n))
+            z = logits[sl].to(lse.dtype)
+            if temperature != 1.0:
+                z.div_(temperature)
+            c_lp, c_lse, c_ent = _chunk_stats(z, labels[sl], need_entropy)
+            lp[sl], lse[sl] = c_lp, c_lse
+            if need_entropy:
+                ent[sl] = c_ent
+        lp = torch.where(valid, lp, torch.zeros_like(lp))
+        if need_entropy:
+            ent = torch.where(valid, ent, torch.zeros_like(ent))
+        ctx.save_for_backward(logits, labels, lse, ent)
+        ctx.chunk_size, ctx.temperature, ctx.need_entropy = chunk_size, temperature, need_entropy
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx: Any, grad_lp: Tensor | None, grad_ent: Tensor | None):  # type: ignore[override]
+        logits, labels, lse, ent = ctx.saved_tensors
+        valid = (labels >= 0).to(lse.dtype)
+        g_lp = None if grad_lp is None else grad_lp.to(lse.dtype) * valid
+        g_ent = None if (grad_ent is None or not ctx.need_entropy) else grad_ent.to(lse.dtype) * valid
+        if g_lp is None and g_ent is None:
+            return None, None, None, None, None
+        grad_logits = torch.empty_like(logits)
+        n = logits.shape[0]
+        for start in range(0, n, ctx.chunk_size):
+            sl = slice(start, min(start + ctx.chunk_size, n))
+            z = logits[sl].to(lse.dtype)
+            if ctx.temperature != 1.0:
+                z.div_(ctx.temperature)
+            g = _chunk_grad(
+                z,
+                labels[sl],
+                lse[sl],
+                ent[sl] if g_ent is not None else None,
+                None if g_lp is None else g_lp[sl],
+                None if g_ent is None else g_ent[sl],
+            )
+            if ctx.temperature != 1.0:
+                g.div_(ctx.temperature)
+            grad_logits[sl] = g
+        return grad_logits, None, None, None, None
+
+
+def _flatten(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, torch.Size]:
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree: "
+            "expected logits [..., V] and labels [...]"
+        )
+    return logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), labels.shape
+
+
+def log_probs_from_logits_chunked(
+    logits: Tensor,
+    labels: Tensor,
+    *,
+    chunk_size: int | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Chunked ``log_softmax(logits)[labels]`` (and entropy) never holding float32 ``[N, V]``.
+
+    Gradients flow to ``logits`` through a custom backward that recomputes each chunk.
+
+    Args:
+        logits: ``[..., V]`` (bf16/fp16/fp32); labels: ``[...]`` int64 (``< 0`` ignored).
+        chunk_size: rows per chunk (default: as many as fit 128 MiB of float32).
+        with_entropy: also return the entropy.
+    Returns:
+        ``(log_probs [...], entropy [...] or None)``, float32.
+    """
+    flat_logits, flat_labels, shape = _flatten(logits, labels)
+    chunk = _auto_chunk(flat_logits.shape[-1], chunk_size)
+    lp, ent = _ChunkedFromLogits.apply(flat_logits, flat_labels, chunk, temperature, with_entropy)
+    return lp.reshape(shape), (ent.reshape(shape) if with_entropy else None)
+
+
+def entropy_from_logits_chunked(
+    logits: Tensor, *, chunk_size: int | None = None, temperature: float = 1.0
+) -> Tensor:
+    """Chunked entropy of ``softmax(logits / temperature)``; gradient via chunked recompute.
+
+    Args:
+        logits: ``[..., V]``.
+    Returns:
+        ``[...]`` float32.
+    """
+    labels = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
+    flat_logits, flat_labels, shape = _flatten(logits, labels)
+    chunk = _auto_chunk(flat_logits.shape[-1], chunk_size)
+    _, ent = _ChunkedFromLogits.apply(flat_logits, flat_labels, chunk, temperature, True)
+    return ent.reshape(shape)
+
+
+class _ChunkedFromHidden(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        labels: Tensor,
+        chunk_size: int,
+        temperature: float,
+        need_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:
+        n = hidden.shape[0]
+        valid = labels >= 0
+        cdt = _compute_dtype(hidden.dtype)
+        lp = torch.empty(n, dtype=cdt, device=hidden.device)
+        lse = torch.empty_like(lp)
+        ent = torch.empty_like(lp) if need_entropy else lp.new_empty(0)
+        for start in range(0, n, chunk_size):
+            sl = slice(start, min(start + chunk_size, n))
+            z = (hidden[sl] @ weight.t()).to(lse.dtype)
+            if temperature != 1.0:
+                z.div_(temperature)
+            c_lp, c_lse, c_ent = _chunk_stats(z, labels[sl], need_entropy)
+            lp[sl], lse[sl] = c_lp, c_lse
+            if need_entropy:
+                ent[sl] = c_ent
+        lp = torch.where(valid, lp, torch.zeros_like(lp))
+        if need_entropy:
+            ent = torch.where(valid, ent, torch.zeros_like(ent))
+        ctx.save_for_backward(hidden, weight, labels, lse, ent)
+        ctx.chunk_size, ctx.temperature, ctx.need_entropy = chunk_size, temperature, need_entropy
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx: Any, grad_lp: Tensor | None, grad_ent: Tensor | None):  # type: ignore[override]
+        hidden, weight, labels, lse, ent = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        valid = (labels >= 0).to(lse.dtype)
+        g_lp = None if grad_lp is None else grad_lp.to(lse.dtype) * valid
+        g_ent = None if (grad_ent is None or not ctx.need_entropy) else grad_ent.to(lse.dtype) * valid
+        if (g_lp is None and g_ent is None) or not (need_h or need_w):
+            return None, None, None, None, None, None
+        grad_h = torch.empty_like(hidden) if need_h else None
+        # Accumulate the weight gradient in float32 across chunks (one matmul would too).
+        grad_w = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        )
+        n = hidden.shape[0]
+        for start in range(0, n, ctx.chunk_size):
+            sl = slice(start, min(start + ctx.chunk_size, n))
+            h = hidden[sl]
+            z = (h @ weight.t()).to(lse.dtype)
+            if ctx.temperature != 1.0:
+                z.div_(ctx.temperature)
+            g = _chunk_grad(
+                z,
+                labels[sl],
+                lse[sl],
+                ent[sl] if g_ent is not None else None,
+                None if g_lp is None else g_lp[sl],
+                None if g_ent is None else g_ent[sl],
+            )
+            if ctx.temperature != 1.0:
+                g.div_(ctx.temperature)
+            g = g.to(weight.dtype)
+            if grad_h is not None:
+                grad_h[sl] = g @ weight
+            if grad_w is not None:
+                grad_w.addmm_(g.t().to(grad_w.dtype), h.to(grad_w.dtype))
+        gw = None if grad_w is None else grad_w.to(weight.dtype)
+        return grad_h, gw, None, None, None, None
+
+
+def log_probs_from_hidden(
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    labels: Tensor,
+    chunk_size: int | None = None,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropy) of ``labels`` under ``softmax(hidden @ W^T / temperature)``.
+
+    The logits ``[N, V]`` are never materialised: forward and backward compute ``chunk_size``
+    rows at a time; gradients flow to ``hidden`` and ``lm_head_weight`` (weight gradient
+    accumulated in float32).
+
+    Args:
+        hidden: ``[..., H]`` last hidden states (after the final norm).
+        lm_head_weight: ``[V, H]``.
+        labels: ``[...]`` int64 (``< 0`` ignored).
+    Returns:
+        ``(log_probs [...], entropy [...] or None)``, float32.
+    """
+    if hidden.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} and labels {tuple(labels.shape)} disagree: "
+            "expected hidden [..., H] and labels [...]"
+        )
+    if lm_head_weight.dim() != 2 or lm_head_weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(
+            f"lm_head_weight must be [V, H={hidden.shape[-1]}], got {tuple(lm_head_weight.shape)}"
+        )
+    shape = labels.shape
+    flat_h = hidden.reshape(-1, hidden.shape[-1])
+    chunk = _auto_chunk(lm_head_weight.shape[0], chunk_size)
+    lp, ent = _ChunkedFromHidden.apply(
+        flat_h, lm_head_weight, labels.reshape(-1), chunk, temperature, with_entropy
+    )
+    return lp.reshape(shape), (ent.reshape(shape) if with_entropy else None)
+
+
+def aligned_log_probs(
+    logits: Tensor,
+    input_ids: Tensor,
+    *,
+    with_entropy: bool = False,
+    chunk_size: int | None = None,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs aligned with ``input_ids`` per CONTRACT: ``out[b, t] = log p(ids[b,t] | ids[b,:t])``.
+
+    Column 0 is 0 (no prediction for the first token).  Uses the chunked path without copying the
+    logits (the last position is fed an ignored label instead of slicing).
+
+    Args:
+        logits: ``[B, T, V]`` causal-LM logits (``logits[:, t]`` predicts token ``t + 1``).
+        input_ids: ``[B, T]``.
+    Returns:
+        ``(log_probs [B, T], entropy [B, T] or None)`` float32; entropy at ``t`` is that of the
+        distribution that produced token ``t``.
+    """
+    if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
+        raise ValueError(
+            f"expected logits [B, T, V] and input_ids [B, T], got {tuple(logits.shape)} and "
+            f"{tuple(input_ids.shape)}"
+        )
+    next_ids = torch.full_like(input_ids, -1)
+    next_ids[:, :-1] = input_ids[:, 1:]
+    lp, ent = log_probs_from_logits_chunked(
+        logits, next_ids, chunk_size=chunk_size, temperature=temperature, with_entropy=with_entropy
+    )
+    zero = lp.new_zeros(lp.shape[0], 1)
+    lp = torch.cat([zero, lp[:, :-1]], dim=1)
+    if ent is not None:
+        ent = torch.cat([zero, ent[:, :-1]], dim=1)
+    return lp, ent

@@ -1,0 +1,343 @@
+"""Advantage estimators: hand-derived values and plain-loop reference implementations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rl_algos import advantages as A
+from rl_algos.advantages import get_estimator, register_estimator
+
+# --------------------------------------------------------------------------- loop references
+
+
+def loop_gae(r, v, m, gamma, lam):
+    b, t = r.shape
+    adv = torch.zeros(b, t, dtype=torch.float64)
+    for i in range(b):
+        last, next_v = 0.0, 0.0
+        for j in reversed(range(t)):
+            if not m[i, j]:
+                continue
+            delta = float(r[i, j]) + gamma * next_v - float(v[i, j])
+            last = delta + gamma * lam * last
+            next_v = float(v[i, j])
+            adv[i, j] = last
+    ret = torch.where(m, adv + v.double(), torch.zeros_like(adv))
+    return adv, ret
+
+
+def loop_returns(r, m, gamma):
+    out = torch.zeros(r.shape, dtype=torch.float64)
+    for i in range(r.shape[0]):
+        acc = 0.0
+        for j in reversed(range(r.shape[1])):
+            if m[i, j]:
+                acc = float(r[i, j]) + gamma * acc
+                out[i, j] = acc
+    return out
+
+
+def loop_groups(index):
+    groups: dict = {}
+    for i, k in enumerate(index):
+        groups.setdefault(k, []).append(i)
+    return groups
+
+
+def loop_mean_std(vals):
+    n = len(vals)
+    mean = sum(vals) / n
+    std = math.sqrt(sum((x - mean) ** 2 for x in vals) / (n - 1)) if n > 1 else 0.0
+    return mean, std
+
+
+def loop_grpo(s, index, eps=1e-6, norm=True):
+    out = [0.0] * len(s)
+    for rows in loop_groups(index).values():
+        vals = [float(s[i]) for i in rows]
+        mean, std = loop_mean_std(vals)
+        if len(rows) == 1:
+            mean, std = 0.0, 1.0
+        for i in rows:
+            out[i] = (float(s[i]) - mean) / (std + eps) if norm else float(s[i]) - mean
+    return out
+
+
+def loop_rloo(s, index):
+    out = [0.0] * len(s)
+    for rows in loop_groups(index).values():
+        for i in rows:
+            others = [float(s[j]) for j in rows if j != i]
+            out[i] = float(s[i]) - sum(others) / len(others) if others else float(s[i])
+    return out
+
+
+def loop_opo(s, lengths, index):
+    out = [0.0] * len(s)
+    for rows in loop_groups(index).values():
+        tot = sum(lengths[i] for i in rows)
+        base = sum(lengths[i] * float(s[i]) for i in rows) / tot if len(rows) > 1 and tot > 0 else 0.0
+        for i in rows:
+            out[i] = float(s[i]) - base
+    return out
+
+
+def loop_gpg(s, index, eps=1e-6):
+    groups = loop_groups(index)
+    valid = 0
+    means = {}
+    for k, rows in groups.items():
+        mean, std = loop_mean_std([float(s[i]) for i in rows])
+        means[k] = mean
+        if std > eps:
+            valid += len(rows)
+    alpha = len(s) / max(valid, 1)
+    return [alpha * (float(s[i]) - means[k]) for i, k in enumerate(index)]
+
+
+def loop_passk(s, index, eps=1e-6):
+    out = [0.0] * len(s)
+    for rows in loop_groups(index).values():
+        vals = [float(s[i]) for i in rows]
+        best = rows[max(range(len(rows)), key=lambda j: (vals[j], -j))]
+        second = max(float(s[i]) for i in rows if i != best)
+        _, std = loop_mean_std(vals)
+        out[best] = (float(s[best]) - second) / (std + eps)
+    return out
+
+
+def broadcast(per_row, m):
+    return torch.tensor(per_row, dtype=torch.float64).unsqueeze(-1) * m
+
+
+def rand_index(b, seed, kind):
+    g = torch.Generator().manual_seed(seed + 100)
+    ids = torch.randint(0, max(1, b // 3), (b,), generator=g)
+    if kind == "tensor":
+        return ids
+    if kind == "big_tensor":
+        return ids * 1_000_003 + 7  # non-dense ids go through torch.unique
+    return [f"uid-{int(i)}" for i in ids]
+
+
+# --------------------------------------------------------------------------- GAE
+
+
+def test_gae_hand_derived() -> None:
+    # one row, response tokens at t=1,2 (t=0 prompt, t=3 padding); gamma=0.5, lam=0.5
+    r = torch.tensor([[9.0, 0.0, 1.0, 9.0]])
+    v = torch.tensor([[9.0, 2.0, 4.0, 9.0]])
+    m = torch.tensor([[False, True, True, False]])
+    adv, ret = A.gae(r, v, m, gamma=0.5, lam=0.5)
+    # t=2: delta = 1 + 0.5*0 - 4 = -3, A=-3 ; t=1: delta = 0 + 0.5*4 - 2 = 0, A = 0 + 0.25*(-3)
+    torch.testing.assert_close(adv, torch.tensor([[0.0, -0.75, -3.0, 0.0]]))
+    torch.testing.assert_close(ret, torch.tensor([[0.0, 1.25, 1.0, 0.0]]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0), (0.0, 0.5)])
+def test_gae_matches_loop(seed: int, gamma: float, lam: float, layout: str, make_mask) -> None:
+    torch.manual_seed(seed)
+    b, t = 6, 150  # > one scan block, not a multiple of it
+    m = make_mask(b, t, seed, layout)
+    r, v = torch.randn(b, t), torch.randn(b, t)
+    adv, ret = A.gae(r, v, m, gamma, lam)
+    ref_adv, ref_ret = loop_gae(r, v, m, gamma, lam)
+    torch.testing.assert_close(adv.double(), ref_adv, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(ret.double(), ref_ret, atol=2e-5, rtol=1e-5)
+    assert (adv[0] == 0).all()  # empty row
+
+
+def test_gae_float64_is_exact_and_long_horizon() -> None:
+    torch.manual_seed(0)
+    m = torch.ones(2, 3000, dtype=torch.bool)
+    r, v = torch.randn(2, 3000, dtype=torch.float64), torch.randn(2, 3000, dtype=torch.float64)
+    adv, _ = A.gae(r, v, m, 0.999, 0.99)
+    ref, _ = loop_gae(r, v, m, 0.999, 0.99)
+    torch.testing.assert_close(adv, ref, atol=1e-10, rtol=1e-10)
+
+
+def test_gae_shape_error() -> None:
+    with pytest.raises(ValueError, match="must all be"):
+        A.gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3, dtype=torch.bool))
+
+
+# --------------------------------------------------------------------------- returns-based
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reinforce_pp_matches_loop(seed: int, layout: str, make_mask) -> None:
+    torch.manual_seed(seed)
+    m = make_mask(7, 40, seed, layout)
+    r = torch.randn(7, 40)
+    adv, ret = A.reinforce_pp(r, m, gamma=0.9)
+    ref_ret = loop_returns(r, m, 0.9)
+    torch.testing.assert_close(ret.double(), ref_ret, atol=1e-5, rtol=1e-5)
+    vals = ref_ret[m]
+    ref_adv = torch.zeros_like(ref_ret)
+    ref_adv[m] = (vals - vals.mean()) / (vals.var() + 1e-8).sqrt()
+    torch.testing.assert_close(adv.double(), ref_adv, atol=1e-4, rtol=1e-4)
+    r1, _ = A.reinforce_returns(r, m, gamma=0.9)
+    torch.testing.assert_close(r1.double(), ref_ret, atol=1e-5, rtol=1e-5)
+
+
+def test_outcome_score_goes_on_last_response_token() -> None:
+    m = torch.tensor([[0, 1, 1, 0, 1, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    ret, _ = A.reinforce_returns(torch.tensor([2.0, 5.0]), m, gamma=0.5)
+    torch.testing.assert_close(ret, torch.tensor([[0, 0.5, 1.0, 0, 2.0, 0], [0.0] * 6]))
+
+
+def test_remax_hand_values() -> None:
+    m = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
+    adv, ret = A.remax(torch.tensor([1.0, 0.0]), m, baseline_scores=torch.tensor([0.25, 0.5]))
+    torch.testing.assert_close(adv, torch.tensor([[0.75, 0.75, 0.0], [-0.5, -0.5, -0.5]]))
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))
+    with pytest.raises(ValueError, match="baseline_scores"):
+        A.remax(torch.ones(2), m, baseline_scores=torch.ones(3))
+
+
+# --------------------------------------------------------------------------- group estimators
+
+
+def test_grpo_hand_values() -> None:
+    s = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.3])
+    m = torch.ones(6, 2, dtype=torch.bool)
+    adv, ret = A.grpo(s, m, ["a", "a", "a", "a", "b", "c"])
+    # group a: mean .5, unbiased std sqrt(1/3); groups b and c have one row: raw score kept
+    d = math.sqrt(1 / 3) + 1e-6
+    expect = torch.tensor([0.5 / d, -0.5 / d, -0.5 / d, 0.5 / d, 1.0 / (1 + 1e-6), 0.3 / (1 + 1e-6)])
+    torch.testing.assert_close(adv[:, 0], expect)
+    assert ret is adv
+    dr, _ = A.dr_grpo(s, m, ["a", "a", "a", "a", "b", "c"])
+    torch.testing.assert_close(dr[:, 1], torch.tensor([0.5, -0.5, -0.5, 0.5, 1.0, 0.3]))
+
+
+def test_rloo_hand_values() -> None:
+    adv, _ = A.rloo(torch.tensor([1.0, 2.0, 6.0]), torch.ones(3, 1, dtype=torch.bool), [0, 0, 0])
+    torch.testing.assert_close(adv[:, 0], torch.tensor([1 - 4.0, 2 - 3.5, 6 - 1.5]))
+
+
+def test_opo_hand_values() -> None:
+    m = torch.tensor([[1, 0, 0], [1, 1, 1]], dtype=torch.bool)  # lengths 1 and 3
+    adv, _ = A.opo(torch.tensor([1.0, 0.0]), m, [7, 7])
+    # baseline = (1*1 + 3*0)/4 = 0.25
+    torch.testing.assert_close(adv, torch.tensor([[0.75, 0, 0], [-0.25, -0.25, -0.25]]))
+
+
+def test_gpg_hand_values() -> None:
+    # group 0 has spread (2 valid rows), group 1 is degenerate -> alpha = 4 / 2
+    adv, _ = A.gpg(torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.ones(4, 1, dtype=torch.bool), [0, 0, 1, 1])
+    torch.testing.assert_close(adv[:, 0], torch.tensor([1.0, -1.0, 0.0, 0.0]))
+
+
+def test_grpo_passk_hand_values_and_error() -> None:
+    s = torch.tensor([0.2, 0.9, 0.5, 1.0, 1.0])
+    adv, _ = A.grpo_passk(s, torch.ones(5, 1, dtype=torch.bool), [0, 0, 0, 1, 1], norm_by_std=False)
+    torch.testing.assert_close(adv[:, 0], torch.tensor([0.0, 0.4, 0.0, 0.0, 0.0]))
+    with pytest.raises(ValueError, match="row 2"):
+        A.grpo_passk(torch.ones(3), torch.ones(3, 1, dtype=torch.bool), [0, 0, 1])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("index_kind", ["tensor", "big_tensor", "strings"])
+def test_group_estimators_match_loops(seed: int, index_kind: str, layout: str, make_mask) -> None:
+    torch.manual_seed(seed)
+    b, t = 24, 16
+    m = make_mask(b, t, seed, layout)
+    s = torch.randint(0, 3, (b,)).double() / 2  # ties on purpose
+    index = rand_index(b, seed, index_kind)
+    keys = [int(i) for i in index] if isinstance(index, torch.Tensor) else index
+    lengths = [int(x) for x in m.sum(-1)]
+    checks = {
+        "grpo": (A.grpo(s, m, index)[0], loop_grpo(s, keys)),
+        "dr_grpo": (A.dr_grpo(s, m, index)[0], loop_grpo(s, keys, norm=False)),
+        "rloo": (A.rloo(s, m, index)[0], loop_rloo(s, keys)),
+        "opo": (A.opo(s, m, index)[0], loop_opo(s, lengths, keys)),
+        "gpg": (A.gpg(s, m, index)[0], loop_gpg(s, keys)),
+    }
+    for name, (got, ref) in checks.items():
+        torch.testing.assert_close(got.double(), broadcast(ref, m), atol=1e-9, rtol=1e-9, msg=name)
+    # reinforce++-baseline: group-mean baseline then batch whitening
+    base = [float(s[i]) - (loop_mean_std([float(s[j]) for j in rows])[0] if len(rows) > 1 else 0.0)
+            for i, rows in ((i, loop_groups(keys)[k]) for i, k in enumerate(keys))]
+    tok = broadcast(base, m)
+    vals = tok[m]
+    ref = torch.zeros_like(tok)
+    ref[m] = (vals - vals.mean()) / (vals.var() + 1e-8).sqrt()
+    torch.testing.assert_close(A.reinforce_pp_baseline(s, m, index)[0].double(), ref, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_grpo_passk_matches_loop(seed: int) -> None:
+    torch.manual_seed(seed)
+    index = [i // 4 for i in range(32)]
+    s = torch.randint(0, 4, (32,)).double()
+    adv, _ = A.grpo_passk(s, torch.ones(32, 3, dtype=torch.bool), index)
+    torch.testing.assert_close(adv[:, 0], torch.tensor(loop_passk(s, index), dtype=torch.float64))
+
+
+def test_token_level_scores_are_summed_over_response() -> None:
+    m = torch.tensor([[1, 1, 0], [0, 1, 1]], dtype=torch.bool)
+    tok = torch.tensor([[1.0, 2.0, 100.0], [100.0, 0.5, 0.5]])
+    a1, _ = A.dr_grpo(tok, m, [0, 0])
+    a2, _ = A.dr_grpo(torch.tensor([3.0, 1.0]), m, [0, 0])
+    torch.testing.assert_close(a1, a2)
+
+
+def test_index_errors() -> None:
+    m = torch.ones(3, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="B=3"):
+        A.grpo(torch.ones(3), m, [0, 1])
+    with pytest.raises(ValueError, match="index must be"):
+        A.grpo(torch.ones(3), m, torch.zeros(2, dtype=torch.long))
+
+
+# --------------------------------------------------------------------------- GiGPO
+
+
+def test_gigpo_hand_values() -> None:
+    # one episode group, two trajectories of two steps; both start in state "s0".
+    # traj a: rewards 0 then 1 (R=1); traj b: rewards 0 then 0 (R=0); gamma = 0.5
+    rows = dict(
+        traj_ids=["a", "a", "b", "b"],
+        step_ids=torch.tensor([0, 1, 0, 1]),
+        step_rewards=torch.tensor([0.0, 1.0, 0.0, 0.0]),
+        anchor_ids=["s0", "s1", "s0", "s2"],
+    )
+    scores = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    m = torch.ones(4, 1, dtype=torch.bool)
+    adv, _ = A.gigpo(scores, m, [0, 0, 0, 0], gamma=0.5, norm_by_std=False, **rows)
+    # episode: mean over 2 trajectories 0.5 -> +0.5 / -0.5
+    # step returns: a0 = 0 + .5*1 = .5, a1 = 1, b0 = 0, b1 = 0; anchor s0 groups a0,b0 (mean .25)
+    # s1 and s2 are singletons -> 0
+    torch.testing.assert_close(adv[:, 0], torch.tensor([0.5 + 0.25, 0.5, -0.5 - 0.25, -0.5]))
+    adv2, _ = A.gigpo(scores, m, [0, 0, 0, 0], gamma=0.5, norm_by_std=True, step_weight=2.0, **rows)
+    ep = 0.5 / (math.sqrt(0.5) + 1e-6)
+    st = 0.25 / (math.sqrt(0.125) + 1e-6)
+    torch.testing.assert_close(adv2[:, 0], torch.tensor([ep + 2 * st, ep, -ep - 2 * st, -ep]))
+
+
+def test_gigpo_validates_inputs() -> None:
+    m = torch.ones(2, 1, dtype=torch.bool)
+    kw = dict(traj_ids=["a", "a"], step_rewards=torch.zeros(2), anchor_ids=[0, 1])
+    with pytest.raises(ValueError, match="scores differ"):
+        A.gigpo(torch.tensor([1.0, 0.0]), m, [0, 0], step_ids=torch.tensor([0, 1]), **kw)
+    with pytest.raises(ValueError, match="more than one row"):
+        A.gigpo(torch.tensor([1.0, 1.0]), m, [0, 0], step_ids=torch.tensor([0, 0]), **kw)
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def test_registry() -> None:
+    for name in ("gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+                 "remax", "opo", "gpg", "grpo_passk", "gigpo"):
+        assert callable(get_estimator(name))
+    assert get_estimator("grpo") is A.grpo
+    with pytest.raises(ValueError, match="already registered"):
+        register_estimator("grpo")(A.rloo)
+    with pytest.raises(KeyError, match="known"):
+        get_estimator("nope")

@@ -1,0 +1,207 @@
+"""YAML loading: Hydra defaults lists, ``${...}`` interpolation, dotted overrides.
+
+Composition uses Hydra's compose API, so defaults lists behave as in Hydra 1.3 (and ROLL):
+entries are merged in order (later ones win), the file's own keys are merged at ``_self_``
+(last when ``_self_`` is not listed), ``@_here_`` merges at the top, relative paths such as
+``../config/traj_envs`` are looked up next to the file first, then in the config library
+bundled with rl-config (``rl_config/library``). The ``hydra:`` section is ignored.
+
+Top-level keys that are not schema fields are *variables*: they exist to be interpolated
+(``${max_actions_per_traj}``, ``${custom_env.SimpleSokoban}``, ``${deepspeed_zero3}``). A key is
+a variable if it comes from a defaults entry (not from the file itself or an override) or if
+some ``${...}`` refers to it. Variables are dropped after interpolation; any other unknown key
+is left in and rejected by the schema with a suggestion.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rl_config.errors import ConfigError, ConfigIssue
+from rl_config.overrides import apply_overrides, parse_override
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+LIBRARY_DIR = Path(__file__).resolve().parent / "library"
+"""Bundled config library: ``config/`` (env and DeepSpeed fragments), ``examples/``."""
+
+_HYDRA_LOCK = threading.Lock()
+_REF = re.compile(r"\$\{\s*([A-Za-z_][\w-]*)")
+
+
+@dataclass
+class ComposedConfig:
+    """A composed, interpolated config before schema validation."""
+
+    data: dict[str, Any]
+    """Resolved mapping without the variables (what the schema validates)."""
+    variables: dict[str, Any] = field(default_factory=dict)
+    """Top-level variables that were dropped (resolved values)."""
+    source: str | None = None
+
+
+def library_search_path() -> list[Path]:
+    """Directories searched after the file's own directory for defaults entries."""
+    return [LIBRARY_DIR / "examples", LIBRARY_DIR]
+
+
+@contextmanager
+def _hydra_for(config_dir: Path) -> Iterator[None]:
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    with _HYDRA_LOCK:
+        outer = get_gh_backup()
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+                yield
+        finally:
+            restore_gh_from_backup(outer)
+
+
+def _compose(path: Path) -> DictConfig:
+    from hydra import compose
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
+
+    search = ",".join(f"file://{p}" for p in library_search_path())
+    with _hydra_for(path.parent), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*_self_.*")
+        warnings.filterwarnings("ignore", category=UserWarning, module="hydra")
+        try:
+            cfg = compose(config_name=path.stem, overrides=[f"hydra.searchpath=[{search}]"])
+        except MissingConfigException as exc:
+            missing = getattr(exc, "missing_cfg_file", None) or ""
+            searched = [str(path.parent), *(str(p) for p in library_search_path())]
+            raise ConfigError(
+                ConfigIssue(
+                    "defaults",
+                    f"{_first_line(exc)} (entry {missing!r}; searched {', '.join(searched)})",
+                ),
+                source=str(path),
+            ) from None
+        except (HydraException, OmegaConfBaseException) as exc:
+            raise ConfigError(ConfigIssue("", _first_line(exc)), source=str(path)) from None
+    return cfg
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _own_keys(path: Path) -> set[str]:
+    from omegaconf import DictConfig, OmegaConf
+
+    try:
+        raw = OmegaConf.load(path)
+    except Exception as exc:  # yaml and omegaconf errors
+        raise ConfigError(ConfigIssue("", f"cannot parse YAML: {exc}"), source=str(path)) from None
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(ConfigIssue("", "the file must hold a mapping at the top"), str(path))
+    return {str(k) for k in raw if k not in ("defaults", "hydra")}
+
+
+def _referenced_roots(node: Any) -> set[str]:
+    """Top-level names that ``${name...}`` interpolations refer to, anywhere in ``node``."""
+    found: set[str] = set()
+    if isinstance(node, dict):
+        for value in node.values():
+            found |= _referenced_roots(value)
+    elif isinstance(node, list):
+        for value in node:
+            found |= _referenced_roots(value)
+    elif isinstance(node, str):
+        found.update(m.group(1) for m in _REF.finditer(node) if ":" not in m.group(0))
+    return found
+
+
+def _schema_keys() -> set[str]:
+    from rl_config.schema import ExperimentConfig
+    from rl_config.schema_walk import yaml_fields
+
+    return set(yaml_fields(ExperimentConfig)) | set(ExperimentConfig.model_fields)
+
+
+def _resolve(cfg: DictConfig, source: str | None) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", "") or ""
+        msg = getattr(exc, "msg", None) or _first_line(exc)
+        raise ConfigError(ConfigIssue(str(key), f"interpolation failed: {msg}"), source) from None
+    if not isinstance(data, dict):
+        raise ConfigError(ConfigIssue("", "the config must be a mapping"), source)
+    return {str(k): v for k, v in data.items()}
+
+
+def compose_config(
+    path: str | Path, overrides: Iterable[str] = (), *, keep_variables: bool = False
+) -> ComposedConfig:
+    """Compose ``path`` with its defaults, apply ``overrides``, interpolate, split off variables."""
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise ConfigError(ConfigIssue("", f"no such file: {path}"))
+    if file.suffix != ".yaml":
+        raise ConfigError(
+            ConfigIssue("", f"config files must end in .yaml (got {file.name})"), str(file)
+        )
+    from omegaconf import OmegaConf
+
+    parsed = [parse_override(o) for o in overrides]
+    own = _own_keys(file)
+    cfg = _compose(file)
+    try:
+        touched = apply_overrides(cfg, parsed)
+    except ConfigError as exc:
+        raise exc.with_source(str(file)) from None
+    unresolved = OmegaConf.to_container(cfg, resolve=False)
+    referenced = _referenced_roots(unresolved)
+    data = _resolve(cfg, str(file))
+    if keep_variables:
+        return ComposedConfig(data, {}, str(file))
+    schema = _schema_keys()
+    variables: dict[str, Any] = {}
+    for key in list(data):
+        if key in schema:
+            continue
+        from_defaults = key not in own and key not in touched
+        if from_defaults or key in referenced:
+            variables[key] = data.pop(key)
+    return ComposedConfig(data, variables, str(file))
+
+
+def load_yaml_dict(path: str | Path, overrides: Iterable[str] = ()) -> dict[str, Any]:
+    """The composed, interpolated mapping of ``path`` that the schema validates.
+
+    ``ExperimentConfig.model_validate(load_yaml_dict(p, o))`` equals ``load_config(p, o)``.
+    Raises ``ConfigError`` for missing defaults, bad overrides or failed interpolation.
+    """
+    return compose_config(path, overrides).data
+
+
+def load_config(path: str | Path, overrides: Iterable[str] = ()):  # -> ExperimentConfig
+    """Load, compose, override, interpolate and validate an experiment config.
+
+    Raises ``ConfigError`` listing every problem, attributed to the file.
+    """
+    from rl_config.schema import ExperimentConfig
+
+    composed = compose_config(path, overrides)
+    try:
+        return ExperimentConfig.model_validate(composed.data)
+    except ConfigError as exc:
+        raise exc.with_source(composed.source or str(path)) from None

@@ -1,0 +1,169 @@
+"""Pipeline fields: experiment identity, outputs, tracking, step counts, batch sizes, devices."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from rl_config.schema.base import StrictModel
+from rl_config.schema.worker import stringify_env_values
+
+
+class CheckpointConfig(StrictModel):
+    """Where checkpoints go (ROLL ``checkpoint_config``)."""
+
+    type: Literal["file_system"] = Field(
+        default="file_system", description="Storage kind; only file_system is supported."
+    )
+    output_dir: str | None = Field(
+        default=None, description="Checkpoint directory; unset: <output_dir>/checkpoints."
+    )
+
+
+class PipelineFields(StrictModel):
+    """Top-level pipeline keys (ROLL BaseConfig/ScheduleConfig)."""
+
+    exp_name: str = Field(
+        default="rl_experiment",
+        min_length=1,
+        description="Experiment name; used in output and log paths.",
+    )
+    seed: int = Field(
+        default=42, description="Global random seed (model init, env seeds, sampling)."
+    )
+    rpc_timeout: int = Field(
+        default=3600, ge=1, description="Timeout of a remote call between workers, in seconds."
+    )
+    output_dir: str = Field(
+        default="./output", description="Directory of run outputs (resolved config, exports)."
+    )
+    logging_dir: str = Field(default="./output/logs", description="Directory of log files.")
+    render_save_dir: str | None = Field(
+        default=None,
+        description="Directory for rendered env frames of validation episodes; unset: off.",
+    )
+    track_with: Literal["stdout", "tensorboard", "wandb"] = Field(
+        default="stdout", description="Metrics tracker: stdout, tensorboard or wandb."
+    )
+    tracker_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of the tracker (tensorboard: log_dir; wandb: project, name, "
+        "tags, api_key ...). Secrets are redacted in dumps.",
+    )
+    max_steps: int = Field(
+        default=100, ge=1, description="Pipeline steps (rollout + train) to run."
+    )
+    save_steps: int = Field(
+        default=50,
+        ge=1,
+        description="Save a checkpoint every save_steps pipeline steps (and at the end).",
+    )
+    max_ckpt_to_keep: int = Field(
+        default=0, ge=0, description="Checkpoints kept on disk, newest first; 0 = keep all."
+    )
+    logging_steps: int = Field(
+        default=1, ge=1, description="Log metrics every logging_steps steps."
+    )
+    eval_steps: int = Field(
+        default=10, ge=0, description="Run validation every eval_steps steps; 0 = never."
+    )
+    resume_from_checkpoint: bool | str = Field(
+        default=False,
+        description="false: start fresh; true: resume from the newest checkpoint of the "
+        "checkpoint dir; a path: resume from that checkpoint.",
+    )
+    checkpoint_config: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoint storage."
+    )
+    pretrain: str | None = Field(
+        default=None,
+        description="Policy model (local path or hub id); default model of actor_train, "
+        "actor_infer and reference.",
+    )
+    reward_pretrain: str | None = Field(
+        default=None, description="Critic/reward model path; unset: pretrain."
+    )
+    rollout_batch_size: int = Field(
+        default=8,
+        ge=1,
+        description="Per pipeline step. Agentic: trajectories (samples). RLVR: prompts; samples "
+        "per step = rollout_batch_size × num_return_sequences_in_group.",
+    )
+    val_batch_size: int = Field(
+        default=8,
+        ge=1,
+        description="Per validation run. Agentic: trajectories (samples). RLVR: prompts.",
+    )
+    prompt_length: int | None = Field(
+        default=None,
+        ge=1,
+        description="Prompt tokens at most (RLVR; longer prompts are truncated).",
+    )
+    response_length: int | None = Field(
+        default=None, ge=1, description="Response tokens at most (RLVR)."
+    )
+    sequence_length: int | None = Field(
+        default=None,
+        ge=2,
+        description="Tokens per training sequence at most (prompt + all turns). Unset: "
+        "prompt_length + response_length when both are set, else 1024.",
+    )
+    max_tokens_per_step: int | None = Field(
+        default=None,
+        ge=1,
+        description="Default per-turn token budget; env definitions reference it as "
+        "${max_tokens_per_step}.",
+    )
+    num_return_sequences_in_group: int = Field(
+        default=1, ge=1, description="RLVR: samples per prompt (G)."
+    )
+    num_nodes: int = Field(default=1, ge=1, description="Machines in the cluster.")
+    num_gpus_per_node: int = Field(
+        default=1, ge=1, description="Accelerators (GPUs or NPUs) per machine."
+    )
+    system_envs: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables set in every worker process (secrets redacted in dumps).",
+    )
+    local_rank: int = Field(default=-1, description="Set by launchers; -1 when not distributed.")
+    generate_opt_level: Literal[0, 1] = Field(
+        default=1,
+        description="0: batch generate; 1: request scheduler (needed for async and agentic).",
+    )
+    is_num_return_sequences_expand: bool = Field(
+        default=False,
+        description="Replicate each prompt n times instead of asking the engine for n samples.",
+    )
+    max_running_requests: int = Field(
+        default=128, ge=1, description="Concurrent generation requests per engine at most."
+    )
+    is_use_additional_prompts: bool = Field(
+        default=False, description="Run extra prompts beyond the batch (to absorb dropped groups)."
+    )
+    max_additional_running_prompts: int = Field(
+        default=16, ge=0, description="Extra prompts in flight beyond the batch at most."
+    )
+    model_update_buffer_size_mb: int = Field(
+        default=1024,
+        ge=1,
+        description="Bucket size of the trainer -> engine weight transfer, in MiB.",
+    )
+    is_offload_states: bool = Field(
+        default=False,
+        description="Offload model/optimizer states to CPU between phases (colocation).",
+    )
+
+    @field_validator("system_envs", mode="before")
+    @classmethod
+    def _stringify_envs(cls, value: Any) -> Any:
+        return stringify_env_values(value)
+
+    @field_validator("resume_from_checkpoint", mode="before")
+    @classmethod
+    def _resume_value(cls, value: Any) -> Any:
+        if value is None:
+            return False
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("an empty path; use false to start fresh or a checkpoint path")
+        return value

@@ -1,0 +1,136 @@
+"""Defaults lists, interpolation and overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from rl_config import ConfigError, load_config, load_yaml_dict
+
+BASE = "pretrain: m\n"
+
+
+def test_config_defaults_later_entries_win_and_file_wins_last(write_yaml) -> None:
+    write_yaml("config/a.yaml", "seed: 1\nexp_name: from_a\nrpc_timeout: 11\n")
+    write_yaml("config/b.yaml", "seed: 2\nexp_name: from_b\n")
+    path = write_yaml(
+        "exp/main.yaml",
+        "defaults:\n  - ../config/a@_here_\n  - ../config/b@_here_\n" + BASE + "exp_name: mine\n",
+    )
+    cfg = load_config(path)
+    assert cfg.seed == 2  # b after a
+    assert cfg.rpc_timeout == 11  # only in a
+    assert cfg.exp_name == "mine"  # the file's own key, merged last (implicit _self_)
+
+
+def test_config_defaults_self_first_lets_defaults_win(write_yaml) -> None:
+    write_yaml("config/a.yaml", "exp_name: from_a\n")
+    path = write_yaml(
+        "exp/main.yaml",
+        "defaults:\n  - _self_\n  - ../config/a@_here_\n" + BASE + "exp_name: mine\n",
+    )
+    assert load_config(path).exp_name == "from_a"
+
+
+def test_config_local_defaults_shadow_library(write_yaml) -> None:
+    write_yaml(
+        "config/traj_envs.yaml",
+        "custom_env:\n  Mine:\n    env_type: sokoban\n    max_steps: 4\n",
+    )
+    path = write_yaml(
+        "exp/main.yaml",
+        "defaults:\n  - ../config/traj_envs@_here_\n  - ../config/deepspeed_zero2@_here_\n"
+        + BASE
+        + "custom_envs:\n  Mine: ${custom_env.Mine}\n"
+        "actor_train:\n  strategy_args:\n    strategy_name: deepspeed_train\n"
+        "    strategy_config: ${deepspeed_zero2}\n",
+    )
+    cfg = load_config(path)
+    assert cfg.custom_envs["Mine"].max_steps == 4  # local traj_envs, not the library's
+    assert cfg.actor_train.strategy_args is not None
+    assert cfg.actor_train.strategy_args.strategy_config is not None
+    assert (
+        cfg.actor_train.strategy_args.strategy_config
+        == load_yaml_dict(path)["actor_train"]["strategy_args"]["strategy_config"]
+    )
+    assert cfg.actor_train.strategy_args.strategy_config["zero_optimization"]["stage"] == 2
+
+
+def test_config_missing_default_names_entry_and_search_path(write_yaml) -> None:
+    path = write_yaml("exp/main.yaml", "defaults:\n  - ../config/nope@_here_\n" + BASE)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.issues[0].path == "defaults"
+    assert "nope" in str(info.value) and "library" in str(info.value)
+
+
+def test_config_interpolation_and_user_variables(write_yaml) -> None:
+    path = write_yaml(
+        "main.yaml",
+        BASE + "my_lr: 3.0e-6\nexp_name: run_${seed}\nseed: 7\n"
+        "actor_train:\n  training_args:\n    learning_rate: ${my_lr}\n",
+    )
+    cfg = load_config(path)
+    assert cfg.exp_name == "run_7"
+    assert cfg.actor_train.training_args.learning_rate == pytest.approx(3e-6)
+    assert "my_lr" not in load_yaml_dict(path)
+
+
+def test_config_unreferenced_unknown_top_key_fails(write_yaml) -> None:
+    path = write_yaml("main.yaml", BASE + "rollout_batch_sise: 4\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "rollout_batch_sise: unknown key; did you mean 'rollout_batch_size'?" in str(info.value)
+
+
+def test_config_broken_interpolation_names_key(write_yaml) -> None:
+    path = write_yaml("main.yaml", BASE + "exp_name: ${nowhere.x}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.issues[0].path == "exp_name"
+    assert "interpolation failed" in info.value.issues[0].message
+
+
+def test_config_override_kinds(write_yaml) -> None:
+    path = write_yaml("main.yaml", BASE + "seed: 1\ntracker_kwargs:\n  project: p\n")
+    cfg = load_config(
+        path,
+        [
+            "seed=5",
+            "+tracker_kwargs.name=n",
+            "++tracker_kwargs.project=q",
+            "actor_train.training_args.learning_rate=2e-5",
+            "actor_train.device_mapping=list(range(0,1))",
+            "system_envs={A: '1'}",
+            "~tracker_kwargs.name",
+        ],
+    )
+    assert cfg.seed == 5
+    assert cfg.tracker_kwargs == {"project": "q"}
+    assert cfg.actor_train.training_args.learning_rate == pytest.approx(2e-5)
+    assert cfg.actor_train.device_mapping == [0]
+    assert cfg.system_envs == {"A": "1"}
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("+seed=3", "already exists"),
+        ("~nothing_here", "no such key"),
+        ("seed", "no '=value'"),
+        ("seed=1,2", "sweep"),
+        ("a b=1", "expected key=value"),
+    ],
+)
+def test_config_bad_overrides(write_yaml, override: str, fragment: str) -> None:
+    path = write_yaml("main.yaml", BASE + "seed: 1\n")
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(path, [override])
+
+
+def test_config_file_errors(write_yaml, tmp_path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match=r"\.yaml"):
+        load_config(write_yaml("c.yml", BASE))
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(write_yaml("list.yaml", "- 1\n- 2\n"))

@@ -1,0 +1,299 @@
+"""Schema strictness, messages and cross-field rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rl_config import ConfigError, ExperimentConfig, explain
+
+MIN: dict[str, Any] = {"pretrain": "m"}
+
+
+def validate(**extra: Any) -> ExperimentConfig:
+    return ExperimentConfig.model_validate({**MIN, **extra})
+
+
+def issues_of(**extra: Any) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        validate(**extra)
+    return {i.path: i.message for i in info.value.issues}
+
+
+def agentic(**extra: Any) -> dict[str, Any]:
+    envs = {"Sok": {"env_type": "sokoban"}, "Lake": {"env_type": "frozen_lake"}}
+    manager = {"num_env_groups": 4, "group_size": 2, "tags": ["Sok", "Lake"]}
+    return {"custom_envs": envs, "train_env_manager": manager, "rollout_batch_size": 8, **extra}
+
+
+def test_config_minimal_yaml_is_valid_on_cpu() -> None:
+    cfg = validate()
+    assert cfg.actor_train.strategy_args is not None
+    assert cfg.actor_train.strategy_args.strategy_name == "fsdp2_train"
+    assert cfg.actor_infer.strategy_args is not None
+    assert cfg.actor_infer.strategy_args.strategy_name == "hf_infer"
+    assert cfg.actor_train.device_mapping is None and cfg.actor_train.world_size == 1
+    assert cfg.actor_train.model_args.dtype == "fp32"
+    assert cfg.reference.model_args.model_name_or_path == "m"
+    assert cfg.critic is None and not cfg.is_agentic and not cfg.is_async
+    assert cfg.sequence_length == 1024
+    assert cfg.policy_loss == "ppo_clip" and cfg.kl_controller == "fixed"
+    assert not cfg.enable_reference
+
+
+def test_config_empty_config_names_pretrain() -> None:
+    with pytest.raises(ConfigError) as info:
+        ExperimentConfig.model_validate({})
+    assert [i.path for i in info.value.issues] == ["pretrain"]
+
+
+def test_config_all_field_errors_reported_together() -> None:
+    found = issues_of(
+        seed="abc",
+        actor_train={"training_args": {"learning_rat": 1e-5, "per_device_train_batch_size": 0}},
+        kl_penalty="kll",
+        resume_from_checkpoint=3,
+        learning_rate=1e-5,
+    )
+    assert found["seed"] == "expected an integer, got 'abc' (str)"
+    assert found["actor_train.training_args.learning_rat"] == (
+        "unknown key; did you mean 'learning_rate'?"
+    )
+    assert (
+        "greater than or equal to 1"
+        in found["actor_train.training_args.per_device_train_batch_size"]
+    )
+    assert "did you mean 'kl'?" in found["kl_penalty"]
+    assert found["resume_from_checkpoint"] == "expected true or false or a string, got 3 (int)"
+    assert "actor_train.training_args.learning_rate" in found["learning_rate"]
+
+
+def test_config_unknown_key_inside_dict_of_models() -> None:
+    found = issues_of(**agentic(custom_envs={"Sok": {"env_type": "sokoban", "max_step": 3}}))
+    assert found["custom_envs.Sok.max_step"] == "unknown key; did you mean 'max_steps'?"
+
+
+@pytest.mark.parametrize(
+    ("role", "name", "fragment"),
+    [
+        ("actor_train", "megatron_train", "not supported; use deepspeed_train or fsdp2_train"),
+        ("critic", "megatron_train", "not supported; use deepspeed_train or fsdp2_train"),
+        ("actor_infer", "sglang", "not supported; use vllm or hf_infer"),
+        ("actor_infer", "deepspeed_train", "cannot be used for actor_infer"),
+        ("actor_train", "vllm", "cannot be used for actor_train"),
+        (
+            "reference",
+            "megatron_infer",
+            "not supported; use hf_infer, deepspeed_train or fsdp2_train",
+        ),
+        ("actor_train", "deepspeed_trian", "did you mean 'deepspeed_train'?"),
+    ],
+)
+def test_config_strategy_support(role: str, name: str, fragment: str) -> None:
+    spec: dict[str, Any] = {"adv_estimator": "gae", "critic": {}}
+    spec[role] = {"strategy_args": {"strategy_name": name}}
+    found = issues_of(**spec)
+    assert fragment in found[f"{role}.strategy_args.strategy_name"]
+
+
+def test_config_devices_checked_against_cluster() -> None:
+    found = issues_of(
+        num_gpus_per_node=4,
+        actor_train={"device_mapping": "list(range(2,6))"},
+        actor_infer={"device_mapping": [0, 0]},
+    )
+    assert "[4, 5] are outside the 4 declared devices" in found["actor_train.device_mapping"]
+    assert "more than once" in found["actor_infer.device_mapping"]
+    cfg = validate(
+        num_nodes=2, num_gpus_per_node=4, actor_train={"device_mapping": "list(range(2,6))"}
+    )
+    assert cfg.actor_train.world_size == 4
+
+
+def test_config_vllm_devices_per_worker_follow_tensor_parallel() -> None:
+    cfg = validate(
+        num_gpus_per_node=8,
+        actor_infer={
+            "device_mapping": "list(range(0,4))",
+            "strategy_args": {
+                "strategy_name": "vllm",
+                "strategy_config": {"tensor_parallel_size": 2},
+            },
+        },
+    )
+    assert cfg.actor_infer.num_gpus_per_worker == 2 and cfg.actor_infer.world_size == 2
+    found = issues_of(
+        num_gpus_per_node=8,
+        actor_infer={
+            "device_mapping": [0, 1, 2],
+            "strategy_args": {
+                "strategy_name": "vllm",
+                "strategy_config": {"tensor_parallel_size": 2},
+            },
+        },
+    )
+    assert "not divisible by num_gpus_per_worker=2" in found["actor_infer.device_mapping"]
+    found = issues_of(actor_train={"num_gpus_per_worker": 2})
+    assert "one device each" in found["actor_train.num_gpus_per_worker"]
+
+
+def test_config_batch_arithmetic() -> None:
+    # RLVR: 6 prompts x 2 samples = 12 samples; 2 ranks x micro 4 = 8 per round -> not divisible
+    found = issues_of(
+        num_gpus_per_node=2,
+        rollout_batch_size=6,
+        num_return_sequences_in_group=2,
+        actor_train={"device_mapping": [0, 1], "training_args": {"per_device_train_batch_size": 4}},
+    )
+    message = found["actor_train.training_args.per_device_train_batch_size"]
+    assert "12 samples per step" in message and "multiple of 8" in message
+    ok = validate(
+        num_gpus_per_node=2,
+        rollout_batch_size=8,
+        num_return_sequences_in_group=2,
+        actor_train={"device_mapping": [0, 1], "training_args": {"per_device_train_batch_size": 4}},
+    )
+    assert ok.samples_per_step == 16
+
+
+def test_config_sequence_lengths() -> None:
+    found = issues_of(prompt_length=512, response_length=600, sequence_length=1024)
+    assert "512 + response_length 600 = 1112" in found["sequence_length"]
+    cfg = validate(prompt_length=512, response_length=256)
+    assert cfg.sequence_length == 768
+    found = issues_of(response_length=100, actor_infer={"generating_args": {"max_new_tokens": 200}})
+    assert "above response_length 100" in found["actor_infer.generating_args.max_new_tokens"]
+    found = issues_of(
+        actor_train={
+            "use_dynamic_batching_in_train": True,
+            "max_tokens_per_microbatch_in_train": 10,
+        }
+    )
+    assert "at least 1024" in found["actor_train.max_tokens_per_microbatch_in_train"]
+
+
+def test_config_agentic_rules() -> None:
+    cfg = validate(**agentic())
+    assert cfg.is_agentic and cfg.train_env_manager is not None
+    assert cfg.train_env_manager.groups_per_tag() == {"Sok": 2, "Lake": 2}
+    found = issues_of(
+        **agentic(
+            train_env_manager={
+                "num_env_groups": 4,
+                "group_size": 3,
+                "tags": ["Sok", "Lak"],
+                "num_groups_partition": [1, 2],
+            },
+            val_env_manager={"tags": ["Sok"], "max_traj_per_env": 0},
+        )
+    )
+    assert "did you mean 'Lake'?" in found["train_env_manager.tags[1]"]
+    assert "sums to 3 but num_env_groups is 4" in found["train_env_manager.num_groups_partition"]
+    assert "not a multiple of train_env_manager.group_size 3" in found["rollout_batch_size"]
+    found = issues_of(
+        **agentic(
+            train_env_manager={
+                "tags": ["Sok"],
+                "max_traj_per_env": 1,
+                "num_env_groups": 2,
+                "group_size": 2,
+            }
+        )
+    )
+    assert "only 4 trajectories" in found["train_env_manager.max_traj_per_env"]
+    found = issues_of(
+        **agentic(
+            custom_envs={
+                "Sok": {"env_type": "s", "agent_template": "{observation} {oops}"},
+                "Lake": {"env_type": "f"},
+            }
+        )
+    )
+    assert "['oops']" in found["custom_envs.Sok.agent_template"]
+    found = issues_of(**agentic(actor_infer={"generating_args": {"num_return_sequences": 4}}))
+    assert "group_size" in found["actor_infer.generating_args.num_return_sequences"]
+
+
+def test_config_algorithm_rules() -> None:
+    assert "add a `critic:`" in issues_of(adv_estimator="gae")["adv_estimator"]
+    cfg = validate(adv_estimator="gae", critic={}, reward_pretrain="r")
+    assert cfg.critic is not None and cfg.critic.model_args.model_name_or_path == "r"
+    assert "target_kl" in issues_of(adaptive_kl_ctrl=True)
+    assert validate(target_kl=0.1, init_kl_coef=0.2).kl_controller == "adaptive"
+    assert validate(use_kl_loss=True, kl_loss_coef=0.01).enable_reference
+    assert "num_beams" in str(issues_of(actor_infer={"generating_args": {"num_beams": 2}}))
+    assert validate(actor_train={"pg_variant": "ppo"}).policy_loss == "ppo_clip"
+
+
+def test_config_async_rules() -> None:
+    cfg = validate(async_generation_ratio=1.5)
+    assert cfg.async_.max_staleness == 2 and cfg.is_async
+    assert cfg.async_.queue_size == 2 * cfg.samples_per_step
+    found = issues_of(async_generation_ratio=2, **{"async": {"max_staleness": 1}})
+    assert "set max_staleness >= 2" in found["async.max_staleness"]
+    found = issues_of(
+        num_gpus_per_node=2,
+        actor_train={"device_mapping": [0, 1]},
+        actor_infer={"device_mapping": [1]},
+        **{"async": {"max_staleness": 1}},
+    )
+    assert "shares devices [1]" in found["actor_infer.device_mapping"]
+    assert "async.partial_rollout" in issues_of(**{"async": {"partial_rollout": True}})
+
+
+def test_config_warnings() -> None:
+    cfg = validate(
+        rollout_batch_size=4,
+        num_return_sequences_in_group=1,
+        actor_train={"training_args": {"gradient_accumulation_steps": 8}},
+        kl_loss_coef=0.1,
+    )
+    text = "\n".join(cfg.config_warnings())
+    assert "optimizer steps less than once" in text
+    assert "zero advantages" in text
+    assert "use_kl_loss is false" in text
+    assert validate(rollout_batch_size=8, num_return_sequences_in_group=4).config_warnings() == []
+
+
+def test_config_dump_round_trip(seed_yaml) -> None:
+    from rl_config import load_config
+
+    cfg = load_config(seed_yaml)
+    again = ExperimentConfig.model_validate(cfg.to_dict())
+    assert again == cfg
+    assert "async" in cfg.to_dict() and "async_" not in cfg.to_dict()
+
+
+def test_config_explain() -> None:
+    doc = explain("actor_train.training_args.learning_rate")
+    assert doc.type == "float" and doc.default == pytest.approx(1e-6) and "> 0" in doc.constraints
+    assert "learning rate" in doc.description.lower()
+    assert explain("async.max_staleness").description.startswith("Weight versions")
+    assert explain("custom_envs.AnyName.env_type").path == "custom_envs.AnyName.env_type"
+    assert any(c.startswith("learning_rate") for c in explain("actor_train.training_args").children)
+    with pytest.raises(ConfigError, match="did you mean 'learning_rate'"):
+        explain("actor_train.training_args.learning_rat")
+
+
+def test_config_every_field_is_documented() -> None:
+    from rl_config.schema_walk import is_model, unwrap
+
+    seen: set[type] = set()
+    missing: list[str] = []
+
+    def visit(model: type) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        for name, info in model.model_fields.items():  # type: ignore[attr-defined]
+            if not info.description:
+                missing.append(f"{model.__name__}.{name}")
+            inner = unwrap(info.annotation)
+            for candidate in (inner, *getattr(inner, "__args__", ())):
+                candidate = unwrap(candidate)
+                if is_model(candidate):
+                    visit(candidate)
+
+    visit(ExperimentConfig)
+    assert missing == []

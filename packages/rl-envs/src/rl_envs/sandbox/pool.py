@@ -1,0 +1,307 @@
+"""``SandboxPool``: run untrusted functions and code out of the caller's process.
+
+Workers are separate interpreters (``python -m rl_envs.sandbox._worker``, spawn semantics, own
+session). Each call forks a fresh call process inside a worker with hard limits (see
+``SandboxLimits``); results come back as JSON. A worker that stops answering is killed with its
+whole process group, reaped and replaced. Safe to use from any thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_envs.sandbox.limits import SandboxLimits
+from rl_envs.sandbox.protocol import FrameTimeout, read_frame, write_frame
+
+GRACE_S = 3.0
+_ENV_KEEP = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "VIRTUAL_ENV", "TZ")
+
+
+@dataclass
+class SandboxResult:
+    """Outcome of one call. ``kind``: ok | exception | memory | timeout | cpu_limit | crashed |
+    exit | output_too_large | bad_result | worker_lost | pool_busy | worker_error."""
+
+    ok: bool
+    value: Any = None
+    kind: str = "ok"
+    error: str = ""
+    stdout: str = ""
+    duration_s: float = 0.0
+    traceback: str = ""
+
+
+@dataclass(eq=False)
+class _Worker:
+    process: subprocess.Popen[bytes]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", HOME="/tmp")
+    return env
+
+
+def _to_jsonable(value: Any) -> Any:
+    """Arguments travel as JSON; numpy scalars/arrays and tuples are converted."""
+    return json.loads(json.dumps(value, default=_default, allow_nan=True))
+
+
+def _default(value: Any) -> Any:
+    for attr in ("tolist", "item"):
+        fn = getattr(value, attr, None)
+        if callable(fn):
+            return fn()
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=repr)
+    return repr(value)
+
+
+class SandboxPool:
+    """A pool of sandbox workers.
+
+    ``preload``: modules imported by each worker at start (calls running as an unprivileged user
+    may not be able to import anything else). ``warmup``: ``"module:function"`` targets called
+    once at start (to trigger lazy imports).
+    """
+
+    def __init__(
+        self,
+        num_workers: int = 2,
+        *,
+        limits: SandboxLimits | None = None,
+        preload: tuple[str, ...] | list[str] = (),
+        warmup: tuple[str, ...] | list[str] = (),
+        start_timeout_s: float = 120.0,
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self.limits = limits or SandboxLimits()
+        self.num_workers = num_workers
+        self._config = {"preload": list(preload), "warmup": list(warmup),
+                        "network": self.limits.network}  # fmt: skip
+        self._start_timeout_s = start_timeout_s
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._all: set[_Worker] = set()
+        self._lock = threading.Lock()
+        self._stats: Counter[str] = Counter()
+        self._closed = False
+        starting = [self._spawn() for _ in range(num_workers)]
+        for worker in starting:
+            self._await_ready(worker)
+            self._idle.put(worker)
+
+    # ----- workers ---------------------------------------------------------------------------
+    def _spawn(self) -> _Worker:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "rl_envs.sandbox._worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=_clean_env(),
+            close_fds=True,
+        )
+        worker = _Worker(process)
+        assert process.stdin is not None
+        write_frame(process.stdin.fileno(), self._config)
+        with self._lock:
+            self._all.add(worker)
+        return worker
+
+    def _await_ready(self, worker: _Worker) -> None:
+        assert worker.process.stdout is not None
+        deadline = time.monotonic() + self._start_timeout_s
+        try:
+            info = read_frame(worker.process.stdout.fileno(), deadline)
+        except FrameTimeout:
+            info = None
+        if not info or not info.get("ready"):
+            self._kill(worker)
+            raise RuntimeError("sandbox worker failed to start")
+        worker.info = info
+
+    def _kill(self, worker: _Worker) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker.process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            worker.process.kill()
+        with contextlib.suppress(Exception):
+            worker.process.wait(timeout=10)
+        for stream in (worker.process.stdin, worker.process.stdout):
+            with contextlib.suppress(Exception):
+                if stream is not None:
+                    stream.close()
+        with self._lock:
+            self._all.discard(worker)
+
+    def _replace_async(self) -> None:
+        def _start() -> None:
+            try:
+                worker = self._spawn()
+                self._await_ready(worker)
+            except Exception:
+                self._stats["worker_start_failures"] += 1
+                return
+            if self._closed:
+                self._kill(worker)
+            else:
+                self._idle.put(worker)
+
+        self._stats["worker_restarts"] += 1
+        threading.Thread(target=_start, name="sandbox-replace", daemon=True).start()
+
+    @property
+    def worker_info(self) -> dict[str, Any]:
+        """What the first live worker reported at start (network isolation, root, preload)."""
+        with self._lock:
+            for worker in self._all:
+                return dict(worker.info)
+        return {}
+
+    # ----- calls ---------------------------------------------------------------------------------
+    def _submit(self, task: dict[str, Any], timeout_s: float | None) -> SandboxResult:
+        if self._closed:
+            raise RuntimeError("SandboxPool is closed")
+        limits = self.limits.with_timeout(timeout_s)
+        task["limits"] = limits.to_dict()
+        start = time.monotonic()
+        try:
+            worker = self._idle.get(timeout=limits.timeout_s + 4 * GRACE_S + self._start_timeout_s)
+        except queue.Empty:
+            return self._count(SandboxResult(False, kind="pool_busy", error="no idle worker"))
+        if not worker.alive:
+            self._kill(worker)
+            self._replace_async()
+            return self._submit_again(task, timeout_s, start)
+        assert worker.process.stdin is not None and worker.process.stdout is not None
+        try:
+            write_frame(worker.process.stdin.fileno(), task)
+            response = read_frame(
+                worker.process.stdout.fileno(), start + limits.timeout_s + GRACE_S
+            )
+        except (FrameTimeout, OSError, ValueError):
+            response = None
+        if response is None:
+            self._kill(worker)
+            self._replace_async()
+            result = SandboxResult(
+                False, kind="worker_lost", error="sandbox worker stopped answering"
+            )
+        else:
+            self._idle.put(worker)
+            result = self._decode(response, limits)
+        result.duration_s = time.monotonic() - start
+        return self._count(result)
+
+    def _submit_again(
+        self, task: dict[str, Any], timeout_s: float | None, start: float
+    ) -> SandboxResult:
+        if time.monotonic() - start > self._start_timeout_s:
+            return self._count(SandboxResult(False, kind="pool_busy", error="no live worker"))
+        return self._submit(task, timeout_s)
+
+    @staticmethod
+    def _decode(response: dict[str, Any], limits: SandboxLimits) -> SandboxResult:
+        stdout = str(response.get("stdout", ""))
+        if not response.get("ok"):
+            return SandboxResult(False, kind=str(response.get("kind", "crashed")),
+                                 error=str(response.get("error", "")), stdout=stdout)  # fmt: skip
+        raw = str(response.get("result_json", ""))
+        if len(raw) > limits.max_output_bytes + 4096:
+            return SandboxResult(
+                False, kind="output_too_large", error="result too large", stdout=stdout
+            )
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            return SandboxResult(
+                False, kind="bad_result", error="result is not valid JSON", stdout=stdout
+            )
+        if not isinstance(payload, dict):
+            return SandboxResult(
+                False, kind="bad_result", error="result is not an object", stdout=stdout
+            )
+        ok = bool(payload.get("ok"))
+        return SandboxResult(
+            ok,
+            value=payload.get("value") if ok else None,
+            kind=str(payload.get("kind", "ok" if ok else "exception")),
+            error=str(payload.get("error", "")),
+            stdout=stdout,
+            traceback=str(payload.get("traceback", "")),
+        )
+
+    def _count(self, result: SandboxResult) -> SandboxResult:
+        self._stats["calls"] += 1
+        self._stats[f"kind.{result.kind}"] += 1
+        if not result.ok:
+            self._stats["failures"] += 1
+        return result
+
+    def call(
+        self, target: str, *args: Any, timeout_s: float | None = None, **kwargs: Any
+    ) -> SandboxResult:
+        """Call a trusted function ``"package.module:function"`` with JSON-able arguments."""
+        if ":" not in target:
+            raise ValueError(f"target must be 'module:function', got {target!r}")
+        task = {"kind": "call", "target": target, "args": _to_jsonable(list(args)),
+                "kwargs": _to_jsonable(kwargs)}  # fmt: skip
+        return self._submit(task, timeout_s)
+
+    def call_source(
+        self,
+        source: str,
+        function: str,
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        filename: str = "reward_fn.py",
+        timeout_s: float | None = None,
+    ) -> SandboxResult:
+        """Run untrusted module ``source`` and call its ``function`` inside the sandbox."""
+        task = {"kind": "source", "source": source, "function": function,
+                "filename": os.path.basename(filename) or "reward_fn.py",
+                "args": _to_jsonable(list(args)), "kwargs": _to_jsonable(kwargs or {})}  # fmt: skip
+        return self._submit(task, timeout_s)
+
+    def run_python(self, code: str, *, timeout_s: float | None = None) -> SandboxResult:
+        """Run untrusted Python code as ``__main__``; ``stdout`` holds what it printed."""
+        return self._submit({"kind": "python", "source": code}, timeout_s)
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._stats)
+
+    # ----- lifetime ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            workers = list(self._all)
+        for worker in workers:
+            self._kill(worker)
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()

@@ -1,0 +1,184 @@
+"""Hostile reward functions and code: every one yields reward 0 and a counted failure within its
+deadline, from the main thread and from a worker thread; nothing is left running."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from rl_envs.rewards import RewardInput, RewardManager, load_custom_reward
+from rl_envs.sandbox import SandboxLimits, SandboxPool
+
+HOSTILE = {
+    "loops_forever": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                      "    while True:\n        pass\n", "timeout"),
+    "fork_bomb": ("import os\n"
+                  "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                  "    while True:\n        try:\n            os.fork()\n"
+                  "        except OSError:\n            pass\n", "timeout"),
+    "allocates_4gb": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                      "    block = bytearray(4 * 1024 ** 3)\n    return 1.0\n", "memory"),
+    "os_exit": ("import os\n"
+                "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                "    os._exit(0)\n", "crashed"),
+    "prints_100mb": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                     "    try:\n        print('x' * 100_000_000)\n    except OSError:\n        pass\n"
+                     "    return 1.0\n", "output_too_large"),
+    "returns_nan": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                    "    return float('nan')\n", "bad_result"),
+    "returns_none": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                     "    return None\n", "bad_result"),
+    "returns_string": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                       "    return '1.0'\n", "bad_result"),
+    "huge_result": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                    "    return {'score': 1.0, 'junk': 'y' * 5_000_000}\n", "output_too_large"),
+}  # fmt: skip
+
+
+def _score_in(thread: str, manager: RewardManager, item: RewardInput):
+    if thread == "main":
+        return manager.score_one(item)
+    box = {}
+    worker = threading.Thread(target=lambda: box.setdefault("out", manager.score_one(item)))
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive()
+    return box["out"]
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(p) for p in handle.read().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.parametrize("thread", ["main", "worker"])
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_reward_function_scores_zero_within_deadline(hostile_pool, tmp_path, case, thread):
+    source, expected_kind = HOSTILE[case]
+    path = tmp_path / f"{case}.py"
+    path.write_text(source)
+    manager = RewardManager(hostile_pool, load_custom_reward(str(path)))
+    start = time.monotonic()
+    out = _score_in(thread, manager, RewardInput("custom", "answer", "1"))
+    elapsed = time.monotonic() - start
+    assert out.reward == 0.0 and not out.ok
+    assert out.kind == expected_kind, out
+    assert manager.stats["failures"] == 1
+    assert elapsed < hostile_pool.limits.timeout_s + 2.5
+    # the worker survived (or was replaced) and left nothing behind
+    worker_pid = hostile_pool.worker_info.get("pid")
+    assert worker_pid is not None and _children_of(worker_pid) == []
+    good = manager.pool.call_source("def f(a):\n    return a + 1\n", "f", [1])
+    assert good.ok and good.value == 2
+
+
+def test_good_custom_reward_runs_out_of_process(hostile_pool, tmp_path):
+    path = tmp_path / "reward.py"
+    path.write_text(
+        "import os\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': float(solution_str == ground_truth), 'pid': os.getpid(),\n"
+        "            'uid': os.getuid(), 'src': data_source}\n"
+    )
+    manager = RewardManager(hostile_pool, load_custom_reward(str(path)))
+    outs = manager.score([RewardInput("d", "7", "7"), RewardInput("d", "7", "8")])
+    assert [o.reward for o in outs] == [1.0, 0.0]
+    assert outs[0].extra["pid"] != os.getpid() and outs[0].extra["src"] == "d"
+    if os.geteuid() == 0:
+        assert outs[0].extra["uid"] == 65534
+
+
+def test_custom_reward_file_is_checked_without_running(tmp_path):
+    marker = tmp_path / "ran"
+    bad = tmp_path / "bad.py"
+    bad.write_text(f"open({str(marker)!r}, 'w').close()\ndef score(x):\n    return 1\n")
+    with pytest.raises(ValueError, match="compute_score"):
+        load_custom_reward(str(bad))
+    with pytest.raises(ValueError, match="extra_info"):
+        load_custom_reward(str(bad), "score")
+    with pytest.raises(FileNotFoundError):
+        load_custom_reward(str(tmp_path / "missing.py"))
+    assert not marker.exists()
+
+
+def test_fork_count_is_bounded(hostile_pool):
+    code = (
+        "import os, time\nn = 0\nfor _ in range(500):\n    try:\n        pid = os.fork()\n"
+        "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(60)\n        os._exit(0)\n"
+        "    n += 1\nprint(n)\n"
+    )
+    result = hostile_pool.run_python(code, timeout_s=5)
+    assert result.ok, result
+    if os.geteuid() == 0 or os.getuid() != 0:
+        assert int(result.stdout.strip()) < hostile_pool.limits.max_processes
+    assert _children_of(hostile_pool.worker_info["pid"]) == []
+
+
+def test_escaped_descendants_are_killed(hostile_pool, tmp_path):
+    code = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        time.sleep(60)\n    os._exit(0)\nprint('parent done')\n"
+    )
+    result = hostile_pool.run_python(code)
+    assert result.ok and "parent done" in result.stdout
+    assert _children_of(hostile_pool.worker_info["pid"]) == []
+
+
+def test_no_network_in_sandbox(hostile_pool):
+    code = "import socket\nsocket.create_connection(('127.0.0.1', 1), timeout=1)\n"
+    result = hostile_pool.run_python(code)
+    assert not result.ok
+    assert (
+        "unreachable" in result.error.lower()
+        or "disabled" in result.error.lower()
+        or "refused" in result.error.lower()
+    )
+
+
+def test_python_code_cannot_touch_files_outside_its_dir(hostile_pool, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("privilege drop only happens when the pool runs as root")
+    target = tmp_path / "owned_by_root"
+    result = hostile_pool.run_python(f"open({str(target)!r}, 'w').write('x')\n")
+    assert not result.ok and not target.exists()
+
+
+def test_worker_killed_when_unresponsive_is_replaced_and_reaped():
+    pool = SandboxPool(1, limits=SandboxLimits(timeout_s=1.0))
+    try:
+        first = pool.worker_info["pid"]
+        os.kill(first, 9)  # the worker dies between calls
+        time.sleep(0.1)
+        result = pool.call("math:sqrt", 4)  # notices, replaces, still answers
+        assert result.ok and result.value == 2.0
+        second = pool.worker_info["pid"]
+        assert second != first
+        assert (
+            not os.path.exists(f"/proc/{first}")
+            or "Z" not in open(f"/proc/{first}/stat").read().split()[2]
+        )
+    finally:
+        pool.close()
+    assert not os.path.exists(f"/proc/{second}")
+
+
+def test_concurrent_calls_from_many_threads():
+    with SandboxPool(2, limits=SandboxLimits(timeout_s=5.0)) as pool:
+        results: list = [None] * 8
+
+        def run(i: int) -> None:
+            results[i] = pool.call_source("def f(x):\n    return x * x\n", "f", [i])
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert [r.value for r in results] == [i * i for i in range(8)]
+        assert pool.stats()["calls"] == 8

@@ -1,0 +1,148 @@
+"""Dataset rows (parquet/jsonl, malformed rows), single-turn envs, Countdown, tool use."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rl_envs import make_env
+from rl_envs.tasks import CountdownEnv, SingleTurnEnv, ToolEnv, generate_countdown, load_rows
+
+GOOD = {
+    "prompt": [{"role": "user", "content": "What is 2 + 3?"}],
+    "data_source": "openai/gsm8k",
+    "reward_model": {"ground_truth": "5", "style": "rule"},
+    "extra_info": {"split": "train", "index": 0},
+}
+
+
+def _verl_row(content, truth="5"):
+    return {**GOOD, "prompt": [{"role": "user", "content": content}],
+            "reward_model": {"ground_truth": truth, "style": "rule"}}  # fmt: skip
+
+
+def test_parquet_malformed_rows_are_rejected_with_row_numbers(tmp_path):
+    rows = [
+        GOOD,  # 0
+        _verl_row("What is 1 + 1?", truth=None),  # 1 missing ground truth
+        _verl_row(None),  # 2 missing content
+        _verl_row("q" * 40_000),  # 3 overlong
+        _verl_row("z" * (10 * 1024 * 1024)),  # 4 a 10 MB string
+        _verl_row("What is 4 + 4?", truth="8"),  # 5
+    ]
+    path = tmp_path / "verl.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    report = load_rows(str(path))
+    assert [r.index for r in report.rows] == [0, 5]
+    assert report.rows[1].ground_truth == "8" and report.rows[1].question == "What is 4 + 4?"
+    errors = {e.row: e for e in report.rejected}
+    assert sorted(errors) == [1, 2, 3, 4]
+    assert errors[1].field == "reward_model.ground_truth" and errors[1].reason == "missing"
+    assert errors[2].field == "prompt[0].content"
+    assert "overlong" in errors[3].reason and "overlong" in errors[4].reason
+    assert "row 4" in report.summary()
+
+
+def test_parquet_plain_schema_nan_and_wrong_type(tmp_path):
+    path = tmp_path / "plain.parquet"
+    table = pa.table({"prompt": ["a?", "b?", "c?"], "answer": [42.0, float("nan"), 7.5]})
+    pq.write_table(table, path)
+    report = load_rows(str(path))
+    assert [(r.index, r.ground_truth) for r in report.rows] == [(0, "42"), (2, "7.5")]
+    assert [(e.row, e.field, e.reason) for e in report.rejected] == [(1, "answer", "is nan")]
+    wrong = tmp_path / "wrong.parquet"
+    pq.write_table(pa.table({"prompt": [1, 2], "answer": ["x", "y"]}), wrong)
+    report = load_rows(str(wrong))
+    assert not report.rows and {(e.row, e.field) for e in report.rejected} == {
+        (0, "prompt"),
+        (1, "prompt"),
+    }
+    assert all("wrong type int" in e.reason for e in report.rejected)
+
+
+def test_jsonl_rows_including_bad_json(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    lines = [json.dumps({"prompt": "x?", "answer": "1"}), "{not json", json.dumps({"prompt": "y?"}),
+             json.dumps({"prompt": "z?", "answer": ["list"]}), json.dumps([1, 2])]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    report = load_rows(str(path))
+    assert [r.index for r in report.rows] == [0]
+    assert [(e.row, e.field) for e in report.rejected] == [
+        (1, "<json>"), (2, "reward_model.ground_truth"), (3, "answer"), (4, "<row>")]  # fmt: skip
+    with pytest.raises(ValueError, match="unsupported"):
+        load_rows(__file__)
+
+
+def test_single_turn_env_grades_in_sandbox(tmp_path, math_pool):
+    path = tmp_path / "math.jsonl"
+    rows = [{"prompt": "Half of one?", "answer": "\\frac{1}{2}", "data_source": "lighteval/MATH"},
+            {"prompt": "2+2?", "answer": "4", "data_source": "openai/gsm8k"}]  # fmt: skip
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    env = make_env("single_turn", path=str(path), pool=math_pool, format_penalty=-0.5)
+    assert isinstance(env, SingleTurnEnv)
+    obs, info = env.reset(seed=0)
+    assert obs == "Half of one?" and info["messages"][0]["role"] == "user"
+    _, reward, terminated, truncated, info = env.step(r"It is \boxed{0.5}")
+    assert reward == 1.0 and terminated and not truncated and info["success"]
+    env.reset(seed=1)
+    _, reward, _, _, info = env.step("I do not know")
+    assert reward == -0.5 and not info["format_ok"] and not info["success"]
+
+
+def test_countdown_generation_solvable_and_env(math_pool):
+    for seed in range(30):
+        task = generate_countdown(seed)
+        assert task == generate_countdown(seed)
+        from rl_envs import arith
+
+        assert arith.evaluate(task["solution"]) == task["target"]
+        assert sorted(arith.numbers_in(task["solution"])) == sorted(task["numbers"])
+    env = CountdownEnv(pool=math_pool)
+    obs, _ = env.reset(seed=3)
+    task = generate_countdown(3)
+    assert str(task["target"]) in obs
+    _, reward, terminated, _, info = env.step(
+        f"<think>ok</think><answer>{task['solution']}</answer>"
+    )
+    assert reward == 1.0 and terminated and info["success"]
+
+
+def test_tool_env_calculator_python_and_answer(math_pool):
+    env = ToolEnv(pool=math_pool, tool_timeout_s=1.0)
+    obs, _ = env.reset(seed=1)
+    expression = obs.removeprefix("What is ").removesuffix("?")
+    call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+    out, reward, terminated, _, info = env.step(f"<tool_call>{call}</tool_call>")
+    value = json.loads(out.removeprefix("<tool_response>").removesuffix("</tool_response>"))[
+        "content"
+    ]
+    assert (
+        info["tool_call"] == {"name": "calculator", "ok": True} and reward == 0.0 and not terminated
+    )
+    code = json.dumps({"name": "python", "arguments": {"code": f"print({expression})"}})
+    out, _, _, _, info = env.step(f"<tool_call>{code}</tool_call>")
+    assert value in out and info["tool_call"]["ok"]
+    _, reward, terminated, _, info = env.step(f"<answer>{value}</answer>")
+    assert reward == 1.0 and terminated and info["success"]
+
+
+def test_tool_env_bad_calls_and_timeouts(math_pool):
+    env = ToolEnv(pool=math_pool, tool_timeout_s=0.5, max_steps=5)
+    env.reset(seed=2)
+    _, reward, _, _, info = env.step("<tool_call>{not json}</tool_call>")
+    assert reward == -0.1 and not info["format_ok"]
+    _, reward, _, _, info = env.step('<tool_call>{"name": "shell", "arguments": {}}</tool_call>')
+    assert reward == -0.1 and not info["action_is_valid"]
+    hang = json.dumps({"name": "python", "arguments": {"code": "while True: pass"}})
+    out, _, _, _, info = env.step(f"<tool_call>{hang}</tool_call>")
+    assert "timeout" in out and not info["tool_call"]["ok"] and env.tool_stats["timeouts"] == 1
+    evil = json.dumps(
+        {"name": "calculator", "arguments": {"expression": "__import__('os').getcwd()"}}
+    )
+    out, _, _, _, info = env.step(f"<tool_call>{evil}</tool_call>")
+    assert "error" in out and not info["tool_call"]["ok"]
+    _, _, terminated, truncated, _ = env.step("no protocol at all")
+    assert truncated and not terminated

@@ -1,0 +1,74 @@
+"""The generation engine protocol (async-first) shared by HFEngine and VLLMEngine.
+
+Semantics every engine honours:
+
+- ``await generate(requests)`` returns, for each request in order, ``sampling.n`` results
+  (``sample_index`` 0..n-1). ``output_ids`` are exactly the sampled token ids, including a final
+  eos/stop token when generation stopped on one (the agent loop trains on these very ids).
+  ``output_log_probs[i]`` = log p(output_ids[i] | prompt, output_ids[:i]) under the RAW model
+  distribution at temperature 1 (no top-k/top-p renormalisation), i.e. what a teacher-forced
+  trainer forward computes.
+- ``finish_reason``: ``"stop"`` (eos, a stop token id or a stop string; ``stop_reason`` is the
+  stop token id or string, None for eos), ``"length"`` (max_new_tokens), ``"abort"``.
+- ``weight_version`` of a result: the engine's version when the sequence was admitted (the oldest
+  weights that produced any of its tokens), so staleness checks are conservative.
+- ``update_weights(named_tensors, version)`` copies HF-named full tensors into the live model in
+  place (no disk round trip); unknown names are an error naming them.
+- ``sleep(level)`` frees device memory (1: weights offloaded to host memory, KV cache freed;
+  2: weights discarded too, so the caller must ``update_weights`` after ``wake_up``).
+  ``generate`` while asleep is an error.
+- ``abort(request_ids)`` finishes those requests now with ``finish_reason="abort"`` and the
+  tokens generated so far (partial rollout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+import torch
+from rl_config.records import GenerationRequest, GenerationResult
+
+__all__ = ["Engine", "EngineAsleepError", "check_requests"]
+
+
+class EngineAsleepError(RuntimeError):
+    """generate() was called while the engine sleeps."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the agent loop and the runtime need from a generation engine."""
+
+    @property
+    def weight_version(self) -> int: ...
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
+
+    def sleep(self, level: int = 1) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+    def abort(self, request_ids: Iterable[str]) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def state_dict_for_check(self) -> dict[str, torch.Tensor]:
+        """HF-named CPU copies of the live weights (tests compare them after update_weights)."""
+        ...
+
+
+def check_requests(requests: list[GenerationRequest], *, max_model_len: int | None) -> None:
+    """Validate a batch: unique request ids, prompt + max_new_tokens within max_model_len."""
+    seen: set[str] = set()
+    for req in requests:
+        if req.request_id in seen:
+            raise ValueError(f"duplicate request_id {req.request_id!r} in one generate() call")
+        seen.add(req.request_id)
+        if max_model_len is not None and len(req.prompt_ids) >= max_model_len:
+            raise ValueError(
+                f"request {req.request_id!r}: prompt of {len(req.prompt_ids)} tokens does not fit "
+                f"max_model_len={max_model_len}"
+            )

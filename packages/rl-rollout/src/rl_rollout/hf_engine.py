@@ -1,0 +1,457 @@
+"""HFEngine: transformers models on any device, with continuous batching over a KV cache.
+
+One scheduler thread owns the model. Between decode steps it admits pending sequences (a left-padded
+prefill whose KV cache is merged into the running batch) and retires finished ones, so requests that
+arrive while others are generating join the batch at the next step: env-level asynchrony in the
+agent loop becomes real batching. Every row carries its own position ids (left padding never shifts
+RoPE positions), its own sampling parameters and optionally its own seeded generator.
+
+Shapes: the running batch holds ``B`` sequences; ``mask [B, L]`` marks real KV columns of the
+cache (``L`` = longest row, left padded); the token sampled last for each row is not yet in the
+cache and is fed by the next decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rl_config.records import GenerationRequest, GenerationResult, SamplingParams
+
+from rl_rollout.engine import EngineAsleepError, check_requests
+from rl_rollout.sampling import raw_log_probs_of, sample_tokens
+
+__all__ = ["HFEngine"]
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str:
+    """``"bf16"``/``"float32"``/torch dtype -> torch dtype; None/"auto" -> "auto"."""
+    if dtype is None or dtype == "auto":
+        return "auto"
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} unknown; use one of {sorted(_DTYPES)} or 'auto'")
+    return _DTYPES[dtype]
+
+
+@dataclass
+class _Seq:
+    request_id: str
+    sample_index: int
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    future: asyncio.Future[GenerationResult]
+    loop: asyncio.AbstractEventLoop
+    version: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    output_log_probs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(
+            request_id=self.request_id,
+            prompt_ids=self.prompt_ids,
+            output_ids=list(self.output_ids),
+            output_log_probs=list(self.output_log_probs),
+            finish_reason=self.finish_reason or "abort",  # type: ignore[arg-type]
+            weight_version=self.version,
+            sample_index=self.sample_index,
+            stop_reason=self.stop_reason,
+        )
+
+
+class HFEngine:
+    """Generation with a transformers causal LM (see module docstring).
+
+    strategy_config keys (ROLL's names where they exist): ``max_num_seqs`` (running batch size,
+    default 64), ``max_num_batched_tokens`` (prompt tokens per prefill, default 8192),
+    ``max_model_len`` (default: the model's max_position_embeddings), ``attn_implementation``
+    (default "sdpa"), ``trust_remote_code`` (default False).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        strategy_config: dict[str, Any] | None = None,
+        *,
+        dtype: str | torch.dtype | None = "float32",
+        device: str | torch.device | None = None,
+        seed: int = 0,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        cfg = dict(strategy_config or {})
+        known = {
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "attn_implementation",
+            "trust_remote_code",
+        }
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise ValueError(f"HFEngine strategy_config: unknown key(s) {unknown}; known: {sorted(known)}")
+        if device is None:
+            from rl_sync.device import torch_device
+
+            device = torch_device()
+        self.device = torch.device(device)
+        self.model_path = str(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_path,
+            dtype=resolve_dtype(dtype),
+            attn_implementation=cfg.get("attn_implementation", "sdpa"),
+            trust_remote_code=bool(cfg.get("trust_remote_code", False)),
+        )
+        self.model.to(self.device).eval()
+        self.max_num_seqs = int(cfg.get("max_num_seqs", 64))
+        self.max_num_batched_tokens = int(cfg.get("max_num_batched_tokens", 8192))
+        self.max_model_len = int(
+            cfg.get("max_model_len", getattr(self.model.config, "max_position_embeddings", 4096))
+        )
+        self._eos_ids = _eos_ids(self.model)
+        self._tokenizer: Any = None
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._version = 0
+        self._asleep = 0
+        self._weights_discarded = False
+        # scheduler state
+        self._cond = threading.Condition()
+        self._model_lock = threading.Lock()
+        self._pending: deque[_Seq] = deque()
+        self._running: list[_Seq] = []
+        self._abort_ids: set[str] = set()
+        self._cache: Any = None
+        self._mask: torch.Tensor | None = None
+        self._shutdown = False
+        self._thread: threading.Thread | None = None
+        self.stats = {"decode_steps": 0, "prefills": 0, "max_running": 0}
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Submit all samples of all requests at once; they batch with whatever else is running."""
+        if self._asleep:
+            raise EngineAsleepError("HFEngine.generate() called while asleep; call wake_up() first")
+        if self._weights_discarded:
+            raise EngineAsleepError("HFEngine weights were discarded by sleep(2); update_weights first")
+        if self._shutdown:
+            raise RuntimeError("HFEngine.generate() called after shutdown()")
+        check_requests(requests, max_model_len=self.max_model_len)
+        loop = asyncio.get_running_loop()
+        seqs: list[_Seq] = []
+        for req in requests:
+            for index in range(req.sampling.n):
+                gen = None
+                if req.sampling.seed is not None:
+                    gen = torch.Generator(device=self.device).manual_seed(
+                        (req.sampling.seed * 1_000_003 + index) % (2**63)
+                    )
+                seqs.append(
+                    _Seq(req.request_id, index, list(req.prompt_ids), req.sampling, gen,
+                         loop.create_future(), loop)
+                )
+        self._ensure_thread()
+        with self._cond:
+            self._pending.extend(seqs)
+            self._cond.notify_all()
+        try:
+            return list(await asyncio.gather(*(s.future for s in seqs)))
+        except asyncio.CancelledError:
+            self.abort({s.request_id for s in seqs})
+            raise
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy HF-named full tensors into the live model between decode steps (no disk)."""
+        if self._asleep:
+            raise EngineAsleepError("HFEngine.update_weights() while asleep; call wake_up() first")
+        targets = self.model.state_dict(keep_vars=True)
+        with self._model_lock, torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in targets:
+                    raise KeyError(f"update_weights: parameter {name!r} is not in the model")
+                target = targets[name]
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(
+                        f"update_weights: {name!r} has shape {tuple(tensor.shape)}, "
+                        f"model expects {tuple(target.shape)}"
+                    )
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+            self._version = int(version)
+            self._weights_discarded = False
+
+    def sleep(self, level: int = 1) -> None:
+        """Free device memory: 1 = offload weights to CPU and drop the KV cache; 2 = discard weights."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        with self._cond:
+            if self._running or self._pending:
+                raise RuntimeError("HFEngine.sleep() with requests in flight; abort or await them first")
+        with self._model_lock:
+            self._cache, self._mask = None, None
+            if level == 2:
+                self.model.to_empty(device="meta")
+                self._weights_discarded = True
+            else:
+                self.model.to("cpu")
+            self._asleep = level
+        from rl_sync.device import empty_cache
+
+        with contextlib.suppress(Exception):
+            empty_cache()
+
+    def wake_up(self) -> None:
+        with self._model_lock:
+            if self._asleep == 2:
+                self.model.to_empty(device=self.device)
+            elif self._asleep == 1:
+                self.model.to(self.device)
+            self._asleep = 0
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        ids = set(request_ids)
+        with self._cond:
+            self._abort_ids |= ids
+            keep: deque[_Seq] = deque()
+            for seq in self._pending:
+                if seq.request_id in ids:
+                    seq.finish_reason = "abort"
+                    _resolve(seq)
+                else:
+                    keep.append(seq)
+            self._pending = keep
+            self._cond.notify_all()
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._shutdown = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        with self._cond:
+            for seq in [*self._pending, *self._running]:
+                seq.finish_reason = "abort"
+                _resolve(seq)
+            self._pending.clear()
+            self._running.clear()
+
+    def state_dict_for_check(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    # ------------------------------------------------------------------ scheduler
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._shutdown and not self._pending and not self._running:
+                    self._cond.wait()
+                if self._shutdown:
+                    return
+                admit = self._take_admissible()
+                aborted = set(self._abort_ids)
+                self._abort_ids.clear()
+            try:
+                with self._model_lock, torch.inference_mode():
+                    for seq in self._running:
+                        if seq.request_id in aborted:
+                            seq.finish_reason = "abort"
+                    self._retire()
+                    if admit:
+                        for seq in admit:
+                            seq.version = self._version
+                        self._prefill(admit)
+                    elif self._running:
+                        self._decode_step()
+                    self._retire()
+            except Exception as exc:  # fail every in-flight request loudly, keep the engine alive
+                with self._cond:
+                    for seq in [*admit, *self._running]:
+                        if not seq.future.done():
+                            seq.loop.call_soon_threadsafe(_set_exception, seq.future, exc)
+                    self._running = []
+                    self._cache, self._mask = None, None
+
+    def _take_admissible(self) -> list[_Seq]:
+        admit: list[_Seq] = []
+        budget = self.max_num_batched_tokens
+        while self._pending and len(self._running) + len(admit) < self.max_num_seqs:
+            nxt = self._pending[0]
+            if admit and len(nxt.prompt_ids) > budget:
+                break
+            budget -= len(nxt.prompt_ids)
+            admit.append(self._pending.popleft())
+        return admit
+
+    def _prefill(self, admit: list[_Seq]) -> None:
+        """Left-padded prefill of new rows; sample their first token; merge into the batch."""
+        from transformers import DynamicCache
+
+        width = max(len(s.prompt_ids) for s in admit)
+        pad_id = 0
+        ids = torch.full((len(admit), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(admit), width), dtype=torch.long)
+        for row, seq in enumerate(admit):
+            ids[row, width - len(seq.prompt_ids) :] = torch.tensor(seq.prompt_ids)
+            mask[row, width - len(seq.prompt_ids) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+            use_cache=True, logits_to_keep=1,
+        )
+        self._append_tokens(admit, out.logits[:, -1, :])
+        self.stats["prefills"] += 1
+        if not self._running:
+            self._cache, self._mask, self._running = cache, mask, list(admit)
+        else:
+            self._cache, self._mask = _merge_caches(self._cache, self._mask, cache, mask)
+            self._running.extend(admit)
+        self.stats["max_running"] = max(self.stats["max_running"], len(self._running))
+
+    def _decode_step(self) -> None:
+        assert self._mask is not None
+        rows = self._running
+        last = torch.tensor([s.output_ids[-1] for s in rows], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[s.length - 1] for s in rows], dtype=torch.long, device=self.device)
+        mask = torch.cat([self._mask, torch.ones((len(rows), 1), dtype=self._mask.dtype, device=self.device)], dim=1)
+        out = self.model(
+            input_ids=last.unsqueeze(1), attention_mask=mask, position_ids=positions,
+            past_key_values=self._cache, use_cache=True,
+        )
+        self._mask = mask
+        self._append_tokens(rows, out.logits[:, -1, :])
+        self.stats["decode_steps"] += 1
+
+    def _append_tokens(self, rows: list[_Seq], logits: torch.Tensor) -> None:
+        """Sample one token per row from logits [B, V]; record raw log-probs; check stops."""
+        tokens = sample_tokens(
+            logits,
+            [s.sampling.temperature for s in rows],
+            [s.sampling.top_p for s in rows],
+            [s.sampling.top_k for s in rows],
+            [s.generator or self._generator for s in rows],
+        )
+        log_probs = raw_log_probs_of(logits, tokens).tolist()
+        for seq, token, lp in zip(rows, tokens.tolist(), log_probs):
+            seq.output_ids.append(int(token))
+            seq.output_log_probs.append(float(lp))
+            self._check_stop(seq, int(token))
+
+    def _check_stop(self, seq: _Seq, token: int) -> None:
+        params = seq.sampling
+        if token in self._eos_ids and not params.ignore_eos:
+            seq.finish_reason, seq.stop_reason = "stop", None
+        elif token in params.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif params.stop and (hit := self._stop_string_hit(seq)) is not None:
+            seq.finish_reason, seq.stop_reason = "stop", hit
+        elif len(seq.output_ids) >= params.max_new_tokens or seq.length >= self.max_model_len:
+            seq.finish_reason = "length"
+
+    def _stop_string_hit(self, seq: _Seq) -> str | None:
+        """A stop string completed by the newest token (searched in a decoded tail window)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        longest = max(len(s) for s in seq.sampling.stop)
+        tail = self._tokenizer.decode(seq.output_ids[-(longest + 2) :], skip_special_tokens=False)
+        before = self._tokenizer.decode(seq.output_ids[-(longest + 2) : -1], skip_special_tokens=False)
+        for stop in seq.sampling.stop:
+            if stop in tail and stop not in before:
+                return stop
+        return None
+
+    def _retire(self) -> None:
+        if not any(s.finish_reason for s in self._running):
+            return
+        keep = [i for i, s in enumerate(self._running) if not s.finish_reason]
+        for seq in self._running:
+            if seq.finish_reason:
+                _resolve(seq)
+        self._running = [self._running[i] for i in keep]
+        if not keep:
+            self._cache, self._mask = None, None
+            return
+        assert self._mask is not None
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        mask = self._mask.index_select(0, index)
+        first = int((mask.sum(0) > 0).nonzero()[0].item())  # drop all-padding columns on the left
+        self._mask = mask[:, first:]
+        for layer in self._cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
+            layer.values = layer.values.index_select(0, index)[:, :, first:]
+
+
+def _merge_caches(cache_a: Any, mask_a: torch.Tensor, cache_b: Any, mask_b: torch.Tensor):
+    """Concatenate two left-padded KV caches along the batch (both padded to the longer length)."""
+    width = max(mask_a.shape[1], mask_b.shape[1])
+
+    def pad(t: torch.Tensor, dim: int) -> torch.Tensor:
+        missing = width - t.shape[dim]
+        if missing == 0:
+            return t
+        shape = list(t.shape)
+        shape[dim] = missing
+        return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
+
+    for layer_a, layer_b in zip(cache_a.layers, cache_b.layers):
+        layer_a.keys = torch.cat([pad(layer_a.keys, 2), pad(layer_b.keys, 2)], dim=0)
+        layer_a.values = torch.cat([pad(layer_a.values, 2), pad(layer_b.values, 2)], dim=0)
+    return cache_a, torch.cat([pad(mask_a, 1), pad(mask_b, 1)], dim=0)
+
+
+def _eos_ids(model: Any) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list | tuple):
+            ids.update(int(e) for e in eos)
+    return ids
+
+
+def _set_result(future: asyncio.Future[GenerationResult], result: GenerationResult) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future[GenerationResult], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def _resolve(seq: _Seq) -> None:
+    seq.loop.call_soon_threadsafe(_set_result, seq.future, seq.result())

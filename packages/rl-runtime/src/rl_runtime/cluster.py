@@ -1,0 +1,228 @@
+"""The cluster of a run: Ray (or in-process) workers per role, placed by device_mapping.
+
+`Cluster.start(specs, ...)` plans placement, starts Ray, reserves placement groups and starts one
+`WorkerGroup` per role. `enter_phase("rollout" | "train")` implements colocation: when the rollout
+engine shares devices with a trainer, the trainer offloads before rollout and the engine sleeps
+before training. `WeightSync` moves the trainer's weights into the engines with a version check.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rl_runtime.placement import PlacementPlan, plan_placement
+from rl_runtime.ray_setup import RayOptions, shutdown_ray, start_ray, worker_env_vars
+from rl_runtime.worker_group import PlacementGroups, WorkerGroup
+
+TRAIN_ROLES = ("actor_train", "critic", "reference")
+INFER_ROLE = "actor_infer"
+
+
+@dataclass
+class RoleSpec:
+    """What to run for one role: the worker class, its devices and constructor arguments."""
+
+    role: str
+    worker_cls: type
+    device_mapping: Sequence[int]
+    init_kwargs: dict[str, Any] = field(default_factory=dict)
+    devices_per_worker: int = 1
+
+
+class Cluster:
+    """Worker groups of every role plus the placement they were started with."""
+
+    def __init__(
+        self,
+        plan: PlacementPlan,
+        groups: dict[str, WorkerGroup],
+        pgs: PlacementGroups | None,
+        *,
+        use_ray: bool,
+        owns_ray: bool,
+    ) -> None:
+        self.plan = plan
+        self.groups = groups
+        self.pgs = pgs
+        self.use_ray = use_ray
+        self.owns_ray = owns_ray
+        self.phase: str | None = None
+        self.startup_seconds = 0.0
+
+    @classmethod
+    def start(
+        cls,
+        specs: Sequence[RoleSpec],
+        *,
+        num_devices: int,
+        device_kind: str = "cpu",
+        resource_name: str | None = None,
+        use_ray: bool = True,
+        ray_options: RayOptions | None = None,
+        rpc_timeout: float = 600.0,
+        cpu_per_bundle: float = 1.0,
+    ) -> Cluster:
+        t0 = time.perf_counter()
+        plan = plan_placement(
+            {s.role: list(s.device_mapping) for s in specs},
+            num_devices=num_devices,
+            device_kind=device_kind,
+            resource_name=resource_name,
+            devices_per_worker={s.role: s.devices_per_worker for s in specs},
+            cpu_per_bundle=cpu_per_bundle,
+        )
+        pgs = None
+        owns_ray = False
+        env_vars: dict[str, str] = {}
+        if use_ray:
+            import ray
+
+            owns_ray = not ray.is_initialized()
+            options = ray_options or RayOptions()
+            start_ray(options)
+            env_vars = worker_env_vars(options.env_vars)
+            pgs = PlacementGroups(plan, timeout_s=rpc_timeout)
+        groups: dict[str, WorkerGroup] = {}
+        try:
+            for spec in specs:
+                groups[spec.role] = WorkerGroup.create(
+                    spec.role,
+                    spec.worker_cls,
+                    plan.roles[spec.role],
+                    plan=plan,
+                    pgs=pgs,
+                    mode="ray" if use_ray else "local",
+                    rpc_timeout=rpc_timeout,
+                    init_kwargs=spec.init_kwargs,
+                    env_vars=env_vars,
+                )
+            for group in groups.values():  # constructors run concurrently on Ray; wait here
+                group.call_all("ready")
+        except BaseException:
+            for group in groups.values():
+                group.shutdown()
+            if pgs is not None:
+                pgs.remove()
+            if owns_ray:
+                shutdown_ray()
+            raise
+        cluster = cls(plan, groups, pgs, use_ray=use_ray, owns_ray=owns_ray)
+        cluster.startup_seconds = time.perf_counter() - t0
+        return cluster
+
+    def __getitem__(self, role: str) -> WorkerGroup:
+        if role not in self.groups:
+            raise KeyError(f"no worker group for role {role!r}; started: {sorted(self.groups)}")
+        return self.groups[role]
+
+    def has(self, role: str) -> bool:
+        return role in self.groups
+
+    def colocated_with_infer(self) -> list[str]:
+        if INFER_ROLE not in self.plan.roles:
+            return []
+        return [r for r in self.plan.roles[INFER_ROLE].colocated_with if r in self.groups]
+
+    def enter_phase(self, phase: Literal["rollout", "train"]) -> None:
+        """Hand colocated devices to the phase's workers (no-op without colocation)."""
+        if phase == self.phase:
+            return
+        sharers = self.colocated_with_infer()
+        if sharers and INFER_ROLE in self.groups:
+            if phase == "rollout":
+                for role in sharers:
+                    self.groups[role].call_all("offload")
+                if self.phase is not None:
+                    self.groups[INFER_ROLE].call_all("wake_up")
+            else:
+                self.groups[INFER_ROLE].call_all("sleep", 1)
+                for role in sharers:
+                    self.groups[role].call_all("onload")
+        self.phase = phase
+
+    def shutdown(self) -> None:
+        for group in self.groups.values():
+            group.shutdown()
+        self.groups = {}
+        if self.pgs is not None:
+            self.pgs.remove()
+            self.pgs = None
+        if self.owns_ray:
+            shutdown_ray()
+
+
+class WeightSyncError(RuntimeError):
+    """The engines do not hold the version the trainer just sent."""
+
+
+class WeightSync:
+    """Trainer -> rollout weight transfer.
+
+    `mode="broadcast"`: an rl_sync group (trainer rank 0 + every rollout worker) carries versioned,
+    checksummed buckets (Ray mode). `mode="direct"`: the trainer's tensors are handed to the
+    engines through the driver (in-process `--no-ray` runs). Either way, every engine's
+    `weight_version` is checked against the version sent.
+    """
+
+    def __init__(
+        self,
+        train: WorkerGroup,
+        infer: WorkerGroup,
+        *,
+        mode: Literal["broadcast", "direct"],
+        timeout_s: float = 600.0,
+        bucket_bytes: int = 1 << 26,
+    ) -> None:
+        self.train = train
+        self.infer = infer
+        self.mode = mode
+        self.timeout_s = timeout_s
+        self.bucket_bytes = bucket_bytes
+        self._ready = False
+
+    def setup(self) -> None:
+        if self.mode != "broadcast" or self._ready:
+            return
+        from rl_sync.group import free_port
+
+        port = free_port("127.0.0.1")
+        world = 1 + len(self.infer.workers)
+        refs = self.train.submit("init_sync_group", "127.0.0.1", port, world, self.timeout_s)
+        refs += self.infer.submit("init_sync_group", "127.0.0.1", port, world, self.timeout_s)
+        self.train.wait(refs, "init_sync_group", self.timeout_s)
+        self._ready = True
+
+    def sync(self, version: int) -> dict[str, float]:
+        """Push the trainer's weights as `version`; returns `sync/*` metrics."""
+        t0 = time.perf_counter()
+        metrics: dict[str, float] = {}
+        if self.mode == "broadcast":
+            self.setup()
+            refs = self.train.submit("send_weights", version, self.bucket_bytes)
+            refs += self.infer.submit("receive_weights", version)
+            results = self.train.wait(refs, "send_weights/receive_weights", self.timeout_s)
+            sent = results[0]
+            metrics = {
+                "sync/bytes": sent.get("bytes", 0.0),
+                "sync/buckets": sent.get("num_buckets", 0.0),
+                "sync/gbps": sent.get("gbps", 0.0),
+            }
+        else:
+            named = self.train.call_rank0("named_tensors", self.bucket_bytes)
+            self.infer.call_all("update_weights", named, version)
+            metrics = {"sync/bytes": float(sum(t.numel() * t.element_size() for _n, t in named))}
+        versions = self.infer.call_all("weight_version")
+        if any(v != version for v in versions):
+            raise WeightSyncError(
+                f"after syncing version {version} the rollout engines report versions {versions}"
+            )
+        metrics["sync/seconds"] = time.perf_counter() - t0
+        metrics["sync/weight_version"] = float(version)
+        return metrics
+
+
+def role_specs_summary(specs: Mapping[str, RoleSpec]) -> str:
+    return ", ".join(f"{r}={list(s.device_mapping)}" for r, s in specs.items())

@@ -1,0 +1,92 @@
+"""Env population of a step: which (group, tag, seed) each trajectory plays, and env construction.
+
+Deterministic in `(seed, epoch)`: a resumed run replays exactly the env seeds it would have seen.
+Within a group every member shares tag and seed (GRPO groups = ROLL's traj_group_id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+Assignment = tuple[str, str, int]
+
+
+def _partition(tags: Sequence[str], num_env_groups: int, parts: Sequence[int] | None) -> list[str]:
+    if parts is None:
+        base, extra = divmod(num_env_groups, len(tags))
+        parts = [base + (i < extra) for i in range(len(tags))]
+    if len(parts) != len(tags) or sum(parts) != num_env_groups:
+        raise ValueError(
+            f"num_groups_partition {list(parts)} must have one entry per tag {list(tags)} and sum "
+            f"to num_env_groups={num_env_groups}"
+        )
+    return [tag for tag, n in zip(tags, parts) for _ in range(n)]
+
+
+def env_seed(base_seed: int, split: str, epoch: int, group: int) -> int:
+    """A 31-bit seed from (run seed, split, epoch, group) that does not depend on Python's hash."""
+    h = hashlib.blake2b(f"{base_seed}/{split}/{epoch}/{group}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") % (2**31 - 1)
+
+
+def env_assignments(
+    *,
+    tags: Sequence[str],
+    num_env_groups: int,
+    group_size: int,
+    num_groups_partition: Sequence[int] | None,
+    base_seed: int,
+    epoch: int,
+    split: str = "train",
+    num_episodes: int | None = None,
+) -> list[Assignment]:
+    """Assignments `(group_id, tag, seed)` for one epoch.
+
+    `num_env_groups` groups of `group_size` envs, tags by `num_groups_partition`. With
+    `num_episodes` (ROLL's rollout_batch_size) the groups are cycled until that many episodes are
+    assigned (each new round of a group gets a new seed). Validation (`split="val"`) ignores
+    `epoch`, so every evaluation plays the same envs.
+    """
+    if not tags:
+        raise ValueError(f"{split}_env_manager.tags is empty")
+    if group_size < 1 or num_env_groups < 1:
+        raise ValueError(f"{split}_env_manager: num_env_groups and group_size must be >= 1")
+    per_group = _partition(tags, num_env_groups, num_groups_partition)
+    ep = 0 if split == "val" else epoch
+    total = num_episodes if num_episodes is not None else num_env_groups * group_size
+    if total % group_size:
+        raise ValueError(f"{total} episodes per step is not a multiple of group_size={group_size}")
+    out: list[Assignment] = []
+    for g in range(total // group_size):
+        tag = per_group[g % num_env_groups]
+        seed = env_seed(base_seed, split, ep, g)
+        out.extend((f"{split}-{ep}-{g}", tag, seed) for _ in range(group_size))
+    return out
+
+
+def make_envs(
+    assignments: Sequence[Assignment],
+    env_specs: Mapping[str, Mapping[str, Any]],
+    *,
+    render_save_dir: str | None = None,
+    render_count: int | None = None,
+) -> list[tuple[Any, int, str, str]]:
+    """Build one env per assignment: `(env, seed, group_id, tag)` tuples (rl_envs.make_env).
+
+    `env_specs[tag]` is `{"env_type": ..., "config": {...}}` (a config's custom_envs entry); a tag
+    without a spec is made from rl_envs' built-in tag of that name. Frames are saved to
+    `render_save_dir` for the first `render_count` envs (all when None).
+    """
+    from rl_envs import make_env
+
+    envs = []
+    for i, (group_id, tag, seed) in enumerate(assignments):
+        spec = env_specs.get(tag)
+        kind = str(spec.get("env_type") or tag) if spec else tag
+        cfg = dict(spec.get("config", {})) if spec else {}
+        if render_save_dir and (render_count is None or i < render_count):
+            cfg["render_save_dir"] = render_save_dir
+        envs.append((make_env(kind, **cfg), seed, group_id, tag))
+    return envs

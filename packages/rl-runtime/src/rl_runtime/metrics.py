@@ -1,0 +1,51 @@
+"""Step metrics from trajectories: `env/*` outcomes, `rollout/*` lengths, `val/*` per tag."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from statistics import mean
+from typing import Any
+
+from rl_runtime.collate import CollatedBatch
+
+
+def _outcomes(trajectories: Sequence[Any], prefix: str) -> dict[str, float]:
+    if not trajectories:
+        return {}
+    out = {
+        f"{prefix}/success_rate": mean(float(t.success) for t in trajectories),
+        f"{prefix}/episode_reward": mean(float(t.episode_reward) for t in trajectories),
+        f"{prefix}/num_turns": mean(float(len(t.turns)) for t in trajectories),
+        f"{prefix}/failed": mean(float(t.failed) for t in trajectories),
+        f"{prefix}/format_ok": mean(
+            mean(float(turn.format_ok) for turn in t.turns) if t.turns else 0.0
+            for t in trajectories
+        ),
+    }
+    tags = sorted({t.tag for t in trajectories})
+    if len(tags) > 1 or prefix == "val":
+        for tag in tags:
+            sub = [t for t in trajectories if t.tag == tag]
+            out[f"{prefix}/{tag}/success_rate"] = mean(float(t.success) for t in sub)
+            out[f"{prefix}/{tag}/episode_reward"] = mean(float(t.episode_reward) for t in sub)
+    return out
+
+
+def rollout_metrics(trajectories: Sequence[Any], batch: CollatedBatch) -> dict[str, float]:
+    """`env/*` episode outcomes and `rollout/*` token counts of a training rollout."""
+    out = _outcomes(trajectories, "env")
+    mask = batch.tensors["response_mask"]
+    lengths = batch.tensors["attention_mask"].sum(-1).float()
+    out["rollout/response_tokens"] = float(mask.sum(-1).float().mean())
+    out["rollout/sequence_length"] = float(lengths.mean())
+    out["rollout/sequence_length_max"] = float(lengths.max())
+    out["rollout/truncated"] = float(batch.num_truncated)
+    out["rollout/num_trajectories"] = float(batch.batch_size)
+    versions = batch.tensors["weight_version"]
+    out["rollout/weight_version"] = float(versions.float().mean())
+    return out
+
+
+def val_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
+    """`val/success_rate`, `val/episode_reward` overall and per tag."""
+    return _outcomes(trajectories, "val")

@@ -1,0 +1,263 @@
+"""The classes Ray runs as actors (or the runtime builds in-process with `--no-ray`).
+
+`TrainWorker` wraps an rl-train backend (actor, critic or reference); `RolloutWorker` wraps an
+rl-rollout engine, the agent loop and the rl-envs environments it steps. Arguments and results are
+plain data (dicts of CPU tensors, msgspec records), so they travel through Ray's object store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _init_process(dist_env: Mapping[str, str], threads: int, seed: int) -> None:
+    os.environ.update({k: str(v) for k, v in dist_env.items()})
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    torch.set_num_threads(max(1, threads))
+    torch.manual_seed(seed)
+
+
+class TrainWorker:
+    """One rank of a training role: forward (log-probs / values), train steps, weights, checkpoints.
+
+    `loss_spec` (a plain dict, so it crosses process boundaries) names the loss to build here:
+    `{"kind": "actor", "config": {...}}` (rl_train.losses.build_actor_loss), `{"kind": "critic",
+    ...}` or `{"kind": "sft"}` (supervised warm-up on response tokens).
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        dist_env: Mapping[str, str],
+        role: str,
+        model_path: str,
+        strategy_name: str,
+        strategy_config: Mapping[str, Any] | None = None,
+        training_args: Mapping[str, Any] | None = None,
+        model_args: Mapping[str, Any] | None = None,
+        loss_config: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        threads: int = 1,
+    ) -> None:
+        _init_process(dist_env, threads, seed + rank)
+        from rl_train import build_backend
+
+        self.rank = rank
+        self.role = role
+        self.backend = build_backend(
+            strategy_name,
+            role=role,
+            model_path=model_path,
+            strategy_config=dict(strategy_config or {}),
+            training_args=dict(training_args or {}),
+            model_args=dict(model_args or {}),
+            loss_config=dict(loss_config) if loss_config is not None else None,
+        )
+
+    def ready(self) -> bool:
+        return True
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = self.backend.forward(batch)
+        return {
+            k: v.detach().float().cpu()
+            for k, v in (
+                ("log_probs", out.log_probs),
+                ("entropy", out.entropy),
+                ("values", out.values),
+            )
+            if v is not None
+        }
+
+    def train_step(self, batch: dict[str, torch.Tensor], loss: str = "default") -> dict:
+        """One `train_step` with the backend's configured loss, or `loss="sft"` (warm-up)."""
+        if loss == "sft":
+            from rl_runtime.losses import sft_loss_fn
+
+            return dict(self.backend.train_step(batch, sft_loss_fn))
+        if loss != "default":
+            raise ValueError(f"unknown loss {loss!r}; use 'default' or 'sft'")
+        return dict(self.backend.train_step(batch))
+
+    def named_tensors(self, bucket_bytes: int = 1 << 28) -> list[tuple[str, torch.Tensor]]:
+        """All HF-named full tensors (CPU copies) for object-store weight sync."""
+        out: list[tuple[str, torch.Tensor]] = []
+        for bucket in self.backend.iter_full_tensor_buckets(bucket_bytes):
+            out.extend((n, t.detach().cpu().clone()) for n, t in bucket)
+        return out
+
+    def state_dict_for_check(self) -> dict[str, torch.Tensor]:
+        return dict(self.named_tensors())
+
+    def init_sync_group(self, host: str, port: int, world_size: int, timeout_s: float) -> bool:
+        """Rank 0 hosts the weight-sync group (trainer = rank 0, rollout workers = 1..N)."""
+        if self.rank != 0:
+            return False
+        from rl_sync.group import init_group
+
+        self._sync_group = init_group(host, port, 0, world_size, timeout_s=timeout_s)
+        return True
+
+    def send_weights(self, version: int, bucket_bytes: int = 1 << 26) -> dict[str, float]:
+        """Rank 0 broadcasts the weights to the rollout ranks; other ranks only take part in
+        gathering the full tensors (`iter_full_tensor_buckets` is collective)."""
+        if self.rank != 0:
+            for _bucket in self.backend.iter_full_tensor_buckets(bucket_bytes):
+                pass
+            return {}
+        from rl_sync.transfer import WeightSender, send_from_backend
+
+        sender = WeightSender(self._sync_group, bucket_bytes=bucket_bytes)
+        return _sync_metrics(send_from_backend(sender, self.backend, version))
+
+    def save_checkpoint(self, root: str, step: int, extra: dict | None = None) -> str:
+        return str(self.backend.save_checkpoint(root, step, extra or {}))
+
+    def load_checkpoint(self, root: str) -> tuple[int, dict]:
+        step, extra = self.backend.load_checkpoint(root)
+        return int(step), dict(extra or {})
+
+    def export_hf(self, out_dir: str) -> str:
+        return str(self.backend.export_hf(out_dir))
+
+    def offload(self) -> None:
+        self.backend.offload()
+
+    def onload(self) -> None:
+        self.backend.onload()
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _sync_metrics(metrics: Any) -> dict[str, float]:
+    return {
+        "bytes": float(getattr(metrics, "bytes", 0)),
+        "seconds": float(getattr(metrics, "seconds", 0.0)),
+        "gbps": float(getattr(metrics, "gbps", 0.0)),
+        "num_buckets": float(getattr(metrics, "num_buckets", 0)),
+        "version": float(getattr(metrics, "version", -1)),
+    }
+
+
+class RolloutWorker:
+    """One rollout engine plus the agent loop over rl-envs environments."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        dist_env: Mapping[str, str],
+        model_path: str,
+        strategy_name: str,
+        strategy_config: Mapping[str, Any] | None = None,
+        dtype: str = "float32",
+        seed: int = 0,
+        threads: int = 1,
+        env_configs: Mapping[str, Mapping[str, Any]] | None = None,
+        agent_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        _init_process(dist_env, threads, seed + 1000 + rank)
+        from transformers import AutoTokenizer
+
+        from rl_rollout import build_engine
+
+        self.rank = rank
+        self.engine = build_engine(
+            strategy_name,
+            model_path,
+            dict(strategy_config or {}),
+            dtype=dtype,
+            seed=seed + rank,
+        )
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.env_configs = {k: dict(v) for k, v in (env_configs or {}).items()}
+        self.agent_kwargs = dict(agent_kwargs or {})
+
+    def ready(self) -> bool:
+        return True
+
+    def rollout(
+        self,
+        assignments: Sequence[tuple[str, str, int]],
+        sampling: Mapping[str, Any],
+        render_save_dir: str | None = None,
+        render_count: int | None = None,
+    ) -> list:
+        """Run one episode per `(group_id, tag, seed)`; returns `Trajectory` records in order."""
+        from rl_config.records import SamplingParams
+        from rl_rollout.agent_loop import AgentLoop
+        from rl_runtime.envs import make_envs
+
+        envs = make_envs(
+            assignments,
+            self.env_configs,
+            render_save_dir=render_save_dir,
+            render_count=render_count,
+        )
+        loop = AgentLoop(
+            self.engine,
+            self.tokenizer,
+            sampling=SamplingParams(**dict(sampling)),
+            **self.agent_kwargs,
+        )
+        try:
+            return asyncio.run(loop.run_episodes(envs))
+        finally:
+            for item in envs:
+                env = item[-1] if isinstance(item, tuple) else item
+                close = getattr(env, "close", None)
+                if callable(close):
+                    close()
+
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
+        self.engine.update_weights(named_tensors, version)
+        return int(self.engine.weight_version)
+
+    def init_sync_group(self, host: str, port: int, world_size: int, timeout_s: float) -> bool:
+        from rl_sync.group import init_group
+        from rl_sync.transfer import WeightReceiver
+
+        self._sync_group = init_group(host, port, 1 + self.rank, world_size, timeout_s=timeout_s)
+        self._receiver = WeightReceiver(self._sync_group, last_version=self.engine.weight_version)
+        return True
+
+    def receive_weights(self, expected_version: int) -> dict[str, float]:
+        """Receive one verified sync and commit it into the engine (version checked)."""
+        from rl_sync.transfer import receive_into_engine
+
+        metrics = receive_into_engine(
+            self._receiver, self.engine, expected_version=expected_version
+        )
+        return _sync_metrics(metrics)
+
+    def weight_version(self) -> int:
+        return int(self.engine.weight_version)
+
+    def state_dict_for_check(self) -> dict[str, torch.Tensor]:
+        return self.engine.state_dict_for_check()
+
+    def sleep(self, level: int = 1) -> None:
+        self.engine.sleep(level)
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
+    def save_frames(self, out_dir: str) -> str:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        return out_dir
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

@@ -1,0 +1,83 @@
+import time
+
+import pytest
+
+from rl_runtime.placement import plan_placement
+from rl_runtime.rpc import RemoteCallError, RpcTimeoutError, call
+from rl_runtime.worker_group import WorkerGroup
+
+
+class Echo:
+    def __init__(self, rank, world_size, dist_env, delay=0.0):
+        import os
+
+        self.rank = rank
+        self.world_size = world_size
+        self.env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+        self.dist_env = dist_env
+        self.delay = delay
+
+    def whoami(self):
+        return (self.rank, self.world_size, self.dist_env["RANK"], self.env)
+
+    def slow(self, seconds):
+        time.sleep(seconds)
+        return seconds
+
+    def boom(self):
+        raise KeyError("missing thing")
+
+
+def test_call_passes_local_values_through():
+    assert call(3, timeout=1) == 3
+    assert call([1, 2], timeout=1) == [1, 2]
+    with pytest.raises(ValueError, match="> 0"):
+        call(1, timeout=0)
+
+
+def test_local_worker_group_runs_in_process():
+    plan = plan_placement({"actor_train": [0, 1]}, num_devices=2)
+    group = WorkerGroup.create("actor_train", Echo, plan.roles["actor_train"], mode="local")
+    out = group.call_all("whoami")
+    assert [(r, w, env_rank) for r, w, env_rank, _ in out] == [(0, 2, "0"), (1, 2, "1")]
+    assert group.submit_each("slow", [(0,), (0,)]) == [0, 0]
+    with pytest.raises(ValueError, match="2 workers"):
+        group.submit_each("slow", [(0,)])
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_ray_worker_groups_placement_timeout_and_errors():
+    import ray
+
+    from rl_runtime.ray_setup import RayOptions, shutdown_ray, start_ray
+    from rl_runtime.worker_group import PlacementGroups
+
+    resources = start_ray(RayOptions(num_cpus=2, env_vars={"RL_TEST_FLAG": "1"}))
+    try:
+        assert resources["CPU"] == 2
+        plan = plan_placement(
+            {"actor_train": [0, 1], "actor_infer": [1]}, num_devices=2, cpu_per_bundle=0.5
+        )
+        pgs = PlacementGroups(plan, timeout_s=60)
+        train = WorkerGroup.create(
+            "actor_train", Echo, plan.roles["actor_train"], plan=plan, pgs=pgs, rpc_timeout=60
+        )
+        infer = WorkerGroup.create(
+            "actor_infer", Echo, plan.roles["actor_infer"], plan=plan, pgs=pgs, rpc_timeout=60
+        )
+        out = train.call_all("whoami")
+        # the torch.distributed env reaches the actor process through runtime_env
+        assert [o[3]["RANK"] for o in out] == ["0", "1"]
+        assert {o[3]["WORLD_SIZE"] for o in out} == {"2"}
+        assert infer.call_all("whoami")[0][:3] == (0, 1, "0")
+        with pytest.raises(RpcTimeoutError, match=r"actor_infer\.slow did not answer within 1 s"):
+            infer.wait(infer.submit("slow", 30), "slow", timeout=1)
+        with pytest.raises(RemoteCallError, match=r"actor_train\.boom failed remotely"):
+            train.call_all("boom")
+        train.shutdown()
+        infer.shutdown()
+        pgs.remove()
+    finally:
+        shutdown_ray()
+    assert not ray.is_initialized()

@@ -1,0 +1,49 @@
+import io
+import math
+
+import pytest
+
+from rl_runtime.timing import PhaseTimer
+from rl_runtime.tracking import Tracker, read_metrics
+
+
+def test_tracker_writes_jsonl_stdout_and_tensorboard(tmp_path):
+    stream = io.StringIO()
+    tracker = Tracker(["stdout", "tensorboard"], tmp_path, stream=stream)
+    tracker.log({"train/loss": 0.5, "env/success_rate": 0.25}, step=1)
+    tracker.log({"train/loss": float("nan")}, step=2)
+    tracker.close()
+    rows = read_metrics(tmp_path)
+    assert rows[0] == {"step": 1, "train/loss": 0.5, "env/success_rate": 0.25}
+    assert rows[1]["step"] == 2 and math.isnan(rows[1]["train/loss"])
+    assert "step 1 | env/success_rate=0.25 train/loss=0.5" in stream.getvalue()
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+
+
+def test_tracker_rejects_unprefixed_names_and_unknown_backend(tmp_path):
+    tracker = Tracker("jsonl", tmp_path)
+    with pytest.raises(ValueError, match="'loss' has no known prefix"):
+        tracker.log({"loss": 1.0}, step=0)
+    tracker.close()
+    with pytest.raises(ValueError, match="unknown backend"):
+        Tracker("mlflow", tmp_path)
+
+
+def test_tracker_kwargs_log_dir_wins(tmp_path):
+    tracker = Tracker("jsonl", tmp_path / "a", {"log_dir": str(tmp_path / "b")})
+    tracker.log({"sync/seconds": 0.1}, step=0)
+    tracker.close()
+    assert read_metrics(tmp_path / "b")[0]["sync/seconds"] == 0.1
+
+
+def test_phase_timer_accumulates():
+    timer = PhaseTimer()
+    for _ in range(2):
+        with timer.phase("rollout"):
+            pass
+    with timer.phase("train"):
+        pass
+    m = timer.metrics()
+    assert set(m) == {"timing/rollout", "timing/train", "timing/step"}
+    assert m["timing/step"] == pytest.approx(m["timing/rollout"] + m["timing/train"])

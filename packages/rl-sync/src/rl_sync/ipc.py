@@ -1,0 +1,392 @@
+"""Colocated weight updates: the trainer and the engine share memory instead of broadcasting.
+
+The sender packs the full tensors into ONE persistent flat buffer (64-byte aligned slots, any mix
+of dtypes) and exports a small JSON-serialisable :class:`IpcHandle` to it:
+
+- cpu: a file in ``/dev/shm`` mapped with ``MAP_SHARED`` (``torch.from_file(shared=True)``);
+- cuda: a CUDA IPC memory handle of the buffer's storage (``UntypedStorage._share_cuda_``);
+- npu: the same through torch_npu's storage sharing (untestable here; the choice is tested).
+
+The receiver maps the buffer once (cached across versions), verifies version and checksum, and
+hands views of it to ``apply`` (which copies into the engine's parameters). The handle travels
+over any channel: a :class:`~rl_sync.group.CommGroup` (``send_over`` / ``receive_over``), a Ray
+object, a queue. Handles are JSON, never pickle. Views are valid until the sender's next export.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from rl_sync.buckets import as_bytes, checksum, dtype_from_name, dtype_name, padded
+from rl_sync.device import DeviceKind, detect_device_kind, kind_of, torch_device
+from rl_sync.group import CommGroup
+from rl_sync.transfer import (
+    PROTOCOL,
+    ApplyFn,
+    ChecksumError,
+    NamedTensors,
+    SyncError,
+    SyncMetrics,
+    VersionError,
+    _exchange_verdict,
+    _recv_header,
+    _send_header,
+)
+
+Transport = Literal["shm_file", "cuda_ipc", "npu_ipc"]
+_ALIGN = 64
+_HANDLE_PROTOCOL = "rl_sync.ipc/1"
+
+
+def ipc_transport(kind: DeviceKind) -> Transport:
+    """How colocated processes share a buffer of a device kind (cpu -> shared-memory file)."""
+    transports: dict[str, Transport] = {"cpu": "shm_file", "cuda": "cuda_ipc", "npu": "npu_ipc"}
+    if kind not in transports:
+        raise ValueError(f"unknown device kind {kind!r} for IPC")
+    return transports[kind]
+
+
+def shm_dir() -> str:
+    """Where CPU shared buffers live: ``/dev/shm`` (RAM) when present, else the temp dir."""
+    return (
+        "/dev/shm"
+        if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)
+        else tempfile.gettempdir()
+    )
+
+
+@dataclass(frozen=True)
+class IpcHandle:
+    """A versioned pointer to a packed buffer another local process can map. JSON-serialisable.
+
+    ``tensors`` rows are ``[name, dtype, shape, byte_offset, numel]``.
+    """
+
+    version: int
+    transport: Transport
+    location: dict[str, Any]
+    nbytes: int
+    checksum: int
+    tensors: list[list[Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"protocol": _HANDLE_PROTOCOL, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> IpcHandle:
+        if data.get("protocol") != _HANDLE_PROTOCOL:
+            raise SyncError(f"IPC handle does not speak {_HANDLE_PROTOCOL}: {data!r:.200}")
+        try:
+            return cls(
+                version=int(data["version"]),
+                transport=data["transport"],
+                location=dict(data["location"]),
+                nbytes=int(data["nbytes"]),
+                checksum=int(data["checksum"]),
+                tensors=[list(row) for row in data["tensors"]],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SyncError(f"malformed IPC handle ({exc}): {data!r:.300}") from exc
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_json(), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> IpcHandle:
+        return cls.from_json(json.loads(data.decode()))
+
+
+# ------------------------------------------------------------------------------------------------
+# Buffers per transport
+# ------------------------------------------------------------------------------------------------
+def _create_shm_buffer(nbytes: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    path = os.path.join(shm_dir(), f"rl_sync_{os.getpid()}_{uuid.uuid4().hex}.buf")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+    finally:
+        os.close(fd)
+    buffer = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+    return buffer, {"path": path, "size": nbytes}
+
+
+def _open_shm_buffer(location: dict[str, Any]) -> torch.Tensor:
+    path, size = str(location["path"]), int(location["size"])
+    if os.path.dirname(os.path.abspath(path)) != os.path.abspath(shm_dir()):
+        raise SyncError(f"IPC buffer path {path!r} is outside {shm_dir()}")
+    if not os.path.exists(path) or os.path.getsize(path) < size:
+        raise SyncError(f"IPC buffer {path!r} is missing or shorter than {size} bytes")
+    return torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+
+
+def _share_device_storage(buffer: torch.Tensor, transport: Transport) -> dict[str, Any]:
+    storage = buffer.untyped_storage()
+    share = getattr(storage, "_share_cuda_" if transport == "cuda_ipc" else "_share_npu_", None)
+    if share is None:
+        raise RuntimeError(
+            f"this torch build cannot share {buffer.device.type} memory ({transport})"
+        )
+    (
+        device,
+        handle,
+        size_bytes,
+        offset_bytes,
+        ref_counter_handle,
+        ref_counter_offset,
+        event_handle,
+        event_sync_required,
+    ) = share()
+
+    def hex_or_none(value: Any) -> str | None:
+        return None if value is None else bytes(value).hex()
+
+    return {
+        "device": int(device),
+        "handle": hex_or_none(handle),
+        "size_bytes": int(size_bytes),
+        "offset_bytes": int(offset_bytes),
+        "ref_counter_handle": hex_or_none(ref_counter_handle),
+        "ref_counter_offset": int(ref_counter_offset),
+        "event_handle": hex_or_none(event_handle),
+        "event_sync_required": bool(event_sync_required),
+    }
+
+
+def _open_device_storage(
+    location: dict[str, Any], transport: Transport, device: torch.device
+) -> torch.Tensor:
+    def raw(key: str) -> bytes | None:
+        value = location.get(key)
+        return None if value is None else bytes.fromhex(value)
+
+    if transport == "cuda_ipc":
+        torch.cuda._lazy_init()
+        opener = torch.UntypedStorage._new_shared_cuda
+    else:  # pragma: no cover - needs an Ascend NPU
+        opener = getattr(torch.UntypedStorage, "_new_shared_npu", None)
+        if opener is None:
+            raise RuntimeError("torch_npu does not provide NPU IPC (_new_shared_npu) in this build")
+    index = device.index if device.index is not None else int(location["device"])
+    storage = opener(
+        index,
+        raw("handle"),
+        int(location["size_bytes"]),
+        int(location["offset_bytes"]),
+        raw("ref_counter_handle"),
+        int(location["ref_counter_offset"]),
+        raw("event_handle"),
+        bool(location["event_sync_required"]),
+    )
+    return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+
+
+# ------------------------------------------------------------------------------------------------
+# Sender / receiver
+# ------------------------------------------------------------------------------------------------
+class IpcSender:
+    """Packs full tensors into a persistent shareable buffer and exports handles to it."""
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = torch_device(detect_device_kind()) if device is None else torch.device(device)
+        self.transport = ipc_transport(kind_of(self.device))
+        self._buffer: torch.Tensor | None = None
+        self._location: dict[str, Any] = {}
+
+    def _ensure(self, nbytes: int) -> torch.Tensor:
+        if self._buffer is None or self._buffer.numel() < nbytes:
+            self.close()
+            capacity = padded(max(nbytes, 8), _ALIGN)
+            if self.transport == "shm_file":
+                self._buffer, self._location = _create_shm_buffer(capacity)
+            else:
+                self._buffer = torch.empty(capacity, dtype=torch.uint8, device=self.device)
+                self._location = _share_device_storage(self._buffer, self.transport)
+        return self._buffer
+
+    def export(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> IpcHandle:
+        """Pack ``named_tensors`` (one pass over a materialised list) and return the handle."""
+        items = [(name, tensor.detach()) for name, tensor in named_tensors]
+        rows: list[list[Any]] = []
+        offset = 0
+        seen: set[str] = set()
+        for name, tensor in items:
+            if name in seen:
+                raise ValueError(f"tensor name {name!r} appears twice in one sync")
+            seen.add(name)
+            rows.append(
+                [name, dtype_name(tensor.dtype), list(tensor.shape), offset, tensor.numel()]
+            )
+            offset = padded(offset + tensor.numel() * tensor.element_size(), _ALIGN)
+        nbytes = max(offset, 8)
+        buffer = self._ensure(nbytes)
+        payload = buffer[:nbytes]
+        for (_, tensor), (_, _, _, start, _) in zip(items, rows):
+            size = tensor.numel() * tensor.element_size()
+            if size:
+                payload[start : start + size].copy_(as_bytes(tensor.contiguous()))
+        if offset < nbytes:
+            payload[offset:].zero_()
+        _zero_gaps(payload, rows, items)
+        return IpcHandle(
+            version, self.transport, dict(self._location), nbytes, checksum(payload), rows
+        )
+
+    def close(self) -> None:
+        """Drop the buffer (removes the shared-memory file; mapped receivers keep their view)."""
+        path = self._location.get("path")
+        self._buffer = None
+        self._location = {}
+        if path and os.path.exists(path):
+            os.unlink(path)
+
+    def send_over(
+        self,
+        group: CommGroup,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        version: int,
+        *,
+        src: int = 0,
+        timeout_s: float | None = None,
+    ) -> SyncMetrics:
+        """Export and broadcast the handle over ``group``; fails if any receiver rejected it."""
+        start = time.perf_counter()
+        handle = self.export(named_tensors, version)
+        _send_header(group, src, {**handle.to_json(), "protocol": PROTOCOL}, timeout_s)
+        if _exchange_verdict(group, False, timeout_s):
+            raise SyncError(
+                f"IPC weight update version {version} was rejected by a receiver; nothing applied"
+            )
+        return SyncMetrics.measure(
+            handle.nbytes, time.perf_counter() - start, version, 1, len(handle.tensors)
+        )
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def _zero_gaps(payload: torch.Tensor, rows: list[list[Any]], items: NamedTensors) -> None:
+    """Zero the alignment padding between slots so the checksum covers defined bytes only."""
+    for (_, tensor), row in zip(items, rows):
+        end = row[3] + tensor.numel() * tensor.element_size()
+        gap_end = padded(end, _ALIGN) if end % _ALIGN else end
+        if gap_end > end:
+            payload[end : min(gap_end, payload.numel())].zero_()
+
+
+class IpcReceiver:
+    """Maps exported buffers (once per buffer) and commits verified versions through ``apply``."""
+
+    def __init__(
+        self, device: torch.device | str | None = None, *, last_version: int | None = None
+    ) -> None:
+        self.device = None if device is None else torch.device(device)
+        self.last_version = last_version
+        self.incoming_version: int | None = None
+        self._mapped: dict[str, torch.Tensor] = {}
+
+    def _map(self, handle: IpcHandle) -> torch.Tensor:
+        key = json.dumps(handle.location, sort_keys=True)
+        buffer = self._mapped.get(key)
+        if buffer is None:
+            if handle.transport == "shm_file":
+                buffer = _open_shm_buffer(handle.location)
+            else:
+                device = self.device or torch.device(
+                    "cuda" if handle.transport == "cuda_ipc" else "npu",
+                    int(handle.location["device"]),
+                )
+                buffer = _open_device_storage(handle.location, handle.transport, device)
+            self._mapped.clear()  # an older buffer is dead once the sender re-allocated
+            self._mapped[key] = buffer
+        if buffer.numel() < handle.nbytes:
+            raise SyncError(f"IPC buffer holds {buffer.numel()} bytes, handle says {handle.nbytes}")
+        return buffer
+
+    def open(self, handle: IpcHandle, *, expected_version: int | None = None) -> NamedTensors:
+        """Verified views of the tensors behind ``handle`` (raises, applying nothing, on mismatch)."""
+        if expected_version is not None and handle.version != expected_version:
+            raise VersionError(
+                f"IPC version {handle.version} received but {expected_version} was expected"
+            )
+        if (
+            expected_version is None
+            and self.last_version is not None
+            and handle.version <= self.last_version
+        ):
+            raise VersionError(
+                f"stale IPC version {handle.version}: this receiver already holds version {self.last_version}"
+            )
+        payload = self._map(handle)[: handle.nbytes]
+        actual = checksum(payload)
+        if actual != handle.checksum:
+            names = ", ".join(str(row[0]) for row in handle.tensors[:20])
+            raise ChecksumError(
+                f"checksum mismatch in IPC buffer of version {handle.version} (tensors: {names}): "
+                f"computed {actual:#018x}, sender sent {handle.checksum:#018x}"
+            )
+        out: NamedTensors = []
+        for name, dtype, shape, start, numel in handle.tensors:
+            torch_dtype = dtype_from_name(dtype)
+            size = int(numel) * torch.empty((), dtype=torch_dtype).element_size()
+            if start < 0 or start + size > handle.nbytes:
+                raise SyncError(f"IPC tensor {name!r} lies outside the buffer")
+            view = payload[start : start + size].view(torch_dtype).view(tuple(shape))
+            out.append((str(name), view))
+        return out
+
+    def receive(
+        self, handle: IpcHandle, apply: ApplyFn, *, expected_version: int | None = None
+    ) -> SyncMetrics:
+        """Verify ``handle`` and commit it with ``apply(named_tensors)``."""
+        start = time.perf_counter()
+        tensors = self.open(handle, expected_version=expected_version)
+        self.incoming_version = handle.version
+        apply(tensors)
+        self.last_version = handle.version
+        return SyncMetrics.measure(
+            handle.nbytes, time.perf_counter() - start, handle.version, 1, len(tensors)
+        )
+
+    def receive_over(
+        self,
+        group: CommGroup,
+        apply: ApplyFn,
+        *,
+        src: int = 0,
+        expected_version: int | None = None,
+        timeout_s: float | None = None,
+    ) -> SyncMetrics:
+        """Receive a handle broadcast by :meth:`IpcSender.send_over` and commit it."""
+        start = time.perf_counter()
+        header = _recv_header(group, src, timeout_s)
+        header["protocol"] = _HANDLE_PROTOCOL  # the group protocol wrapped an IPC handle
+        try:
+            handle = IpcHandle.from_json(header)
+            tensors = self.open(handle, expected_version=expected_version)
+        except SyncError:
+            _exchange_verdict(group, True, timeout_s)
+            raise
+        if _exchange_verdict(group, False, timeout_s):
+            raise SyncError(
+                f"IPC version {handle.version} rejected by another receiver; nothing applied"
+            )
+        self.incoming_version = handle.version
+        apply(tensors)
+        self.last_version = handle.version
+        return SyncMetrics.measure(
+            handle.nbytes, time.perf_counter() - start, handle.version, 1, len(tensors)
+        )
+
+
+__all__ = ["IpcHandle", "IpcReceiver", "IpcSender", "Transport", "ipc_transport", "shm_dir"]

@@ -1,0 +1,280 @@
+"""Process entry points and fixtures for exercising weight sync between real processes.
+
+Used by rl-sync's tests, the benchmark and cross-package tests. Entry points are module-level so a
+``spawn`` multiprocessing context can import them in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rl_sync.buckets import BucketSpec
+from rl_sync.group import CommGroup, free_port, init_group
+from rl_sync.transfer import WeightReceiver, WeightSender
+
+
+def make_named_tensors(seed: int = 0, scale: int = 1) -> list[tuple[str, torch.Tensor]]:
+    """A deterministic mix of dtypes and shapes (bf16, fp16, fp32, fp64, int, bool, fp8, scalar)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen)
+
+    tensors = [
+        ("model.embed_tokens.weight", randn(64 * scale, 32).to(torch.bfloat16)),
+        ("model.layers.0.self_attn.q_proj.weight", randn(32, 32).to(torch.bfloat16)),
+        ("model.layers.0.self_attn.q_proj.bias", randn(33).to(torch.bfloat16)),  # odd byte count
+        ("model.layers.0.mlp.up_proj.weight", randn(48, 32 * scale).to(torch.float16)),
+        ("model.layers.0.input_layernorm.weight", randn(32)),
+        ("model.layers.0.scale", randn(1).squeeze(0).double()),  # 0-dim
+        ("model.rotary.inv_freq", randn(7, 3).t()),  # non-contiguous
+        ("model.norm.weight", randn(31).to(torch.float8_e4m3fn)),
+        ("buffers.position_ids", torch.arange(17 * scale, dtype=torch.int64)),
+        (
+            "buffers.counts",
+            torch.randint(-(2**31), 2**31 - 1, (9,), generator=gen, dtype=torch.int32),
+        ),
+        ("buffers.mask", torch.rand(13, generator=gen) > 0.5),
+        ("lm_head.weight", randn(64 * scale, 32).to(torch.bfloat16)),
+    ]
+    # NaN/inf payloads must survive bit for bit too
+    tensors[4][1][:3] = torch.tensor([float("nan"), float("inf"), -0.0])
+    return tensors
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes (NaN-safe)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    a_bytes = a.contiguous().reshape(-1).view(torch.uint8)
+    b_bytes = b.contiguous().reshape(-1).view(torch.uint8)
+    return torch.equal(a_bytes, b_bytes)
+
+
+class CorruptingSender(WeightSender):
+    """A sender whose ``corrupt_bucket``-th bucket has one byte flipped after its checksum."""
+
+    def __init__(self, *args: Any, corrupt_bucket: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.corrupt_bucket = corrupt_bucket
+
+    def _transmit(self, version: int, spec: BucketSpec, payload: torch.Tensor) -> None:
+        if spec.index == self.corrupt_bucket:
+            payload = payload.clone()
+            payload[payload.numel() // 2] ^= 0x10
+        super()._transmit(version, spec, payload)
+
+
+def _die_after_broadcasts(group: CommGroup, count: int, how: str) -> None:
+    """Make this process die (SIGKILL) or freeze (SIGSTOP) on its ``count``-th broadcast."""
+    original = group.broadcast
+    calls = {"n": 0}
+
+    def broadcast(tensor: torch.Tensor, src: int, timeout_s: float | None = None) -> None:
+        calls["n"] += 1
+        if calls["n"] == count:
+            os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        original(tensor, src, timeout_s)
+
+    group.broadcast = broadcast  # type: ignore[method-assign]
+
+
+def receiver_main(
+    port_queue: Any,
+    result_queue: Any,
+    *,
+    out_path: str | None = None,
+    timeout_s: float = 30.0,
+    syncs: list[dict[str, Any]] | None = None,
+    fault: tuple[str, int] | None = None,
+) -> None:
+    """Join a sync group as rank 1 and receive ``syncs`` (each: expected_version, last_version).
+
+    Reports ``("ok", version, names)`` or ``("error", type name, message)`` per sync on
+    ``result_queue``; with ``out_path`` the applied tensors of the last accepted sync are saved
+    (torch.save; load with weights_only=True).
+    """
+    torch.set_num_threads(1)
+    try:
+        port = port_queue.get(timeout=timeout_s)
+        group = init_group("127.0.0.1", port, 1, 2, timeout_s=timeout_s)
+        if fault is not None:
+            _die_after_broadcasts(group, fault[1], fault[0])
+        receiver = WeightReceiver(group)
+        for sync in syncs or [{}]:
+            if "last_version" in sync:
+                receiver.last_version = sync["last_version"]
+            applied: list[tuple[str, torch.Tensor]] = []
+
+            def apply(named: list[tuple[str, torch.Tensor]], sink: list = applied) -> None:
+                sink.extend((name, tensor.clone()) for name, tensor in named)
+
+            try:
+                metrics = receiver.receive(apply, expected_version=sync.get("expected_version"))
+            except Exception as exc:
+                result_queue.put(("error", type(exc).__name__, str(exc), len(applied)))
+                continue
+            if out_path is not None:
+                torch.save(dict(applied), out_path)
+            result_queue.put(
+                ("ok", metrics.version, [name for name, _ in applied], metrics.num_buckets)
+            )
+        group.close()
+    except Exception:
+        result_queue.put(("crash", traceback.format_exc()))
+
+
+def trainer_main(
+    rank: int,
+    world_size: int,
+    default_port: int,
+    port_queue: Any,
+    result_queue: Any,
+    *,
+    seed: int = 0,
+    versions: list[int] | None = None,
+    bucket_bytes: int = 1 << 10,
+    timeout_s: float = 30.0,
+    corrupt_bucket: int | None = None,
+) -> None:
+    """A trainer rank: its default world (gloo) holds a flat shard of every tensor; rank 0 also
+    hosts a sync group with one receiver and sends the all-gathered full tensors."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{default_port}",
+            rank=rank,
+            world_size=world_size,
+        )
+        full = make_named_tensors(seed)
+        shards = [(name, _shard(t, rank, world_size)) for name, t in full]
+        group = None
+        if rank == 0:
+            group = init_group("127.0.0.1", 0, 0, 2, timeout_s=timeout_s, on_port=port_queue.put)
+        for version in versions or [1]:
+            gathered = [
+                (name, _gather_full(shard, ref)) for (name, shard), (_, ref) in zip(shards, full)
+            ]
+            if group is not None:
+                sender: WeightSender
+                if corrupt_bucket is not None:
+                    sender = CorruptingSender(
+                        group, bucket_bytes, corrupt_bucket=corrupt_bucket, timeout_s=timeout_s
+                    )
+                else:
+                    sender = WeightSender(group, bucket_bytes, timeout_s=timeout_s)
+                start = time.monotonic()
+                try:
+                    metrics = sender.send(gathered, version)
+                    result_queue.put(("ok", metrics.version, metrics.num_buckets, metrics.bytes))
+                except Exception as exc:
+                    result_queue.put(
+                        ("error", type(exc).__name__, str(exc), time.monotonic() - start)
+                    )
+            dist.barrier()  # the default world still works next to the sync group
+        if group is not None:
+            group.close()
+        dist.destroy_process_group()
+    except Exception:
+        result_queue.put(("crash", traceback.format_exc()))
+
+
+def _shard(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    flat = tensor.contiguous().reshape(-1)
+    per = -(-flat.numel() // world_size)
+    shard = torch.zeros(per, dtype=tensor.dtype)
+    part = flat[rank * per : (rank + 1) * per]
+    shard[: part.numel()] = part
+    return shard
+
+
+def _gather_full(shard: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """All-gather flat shards over the default group (as bytes: gloo lacks some dtypes)."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    shard_bytes = shard.view(torch.uint8)
+    parts = [torch.empty_like(shard_bytes) for _ in range(world)]
+    dist.all_gather(parts, shard_bytes)
+    flat = torch.cat(parts).view(like.dtype)[: like.numel()]
+    return flat.view(like.shape)
+
+
+def mp_context() -> Any:
+    """A ``forkserver`` context whose server has torch and rl_sync preloaded.
+
+    Children fork from that clean server process (no threads, no process groups), so they start in
+    milliseconds instead of re-importing torch, without the hazards of forking the caller.
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "rl_sync.testing"])
+    return ctx
+
+
+def spawn(target: Callable[..., None], *args: Any, **kwargs: Any) -> Any:
+    """Start ``target(*args, **kwargs)`` in a fresh process of :func:`mp_context`."""
+    process = mp_context().Process(target=target, args=args, kwargs=kwargs, daemon=True)
+    process.start()
+    return process
+
+
+__all__ = [
+    "CorruptingSender",
+    "bitwise_equal",
+    "free_port",
+    "ipc_receiver_main",
+    "make_named_tensors",
+    "mp_context",
+    "receiver_main",
+    "spawn",
+    "trainer_main",
+]
+
+
+def ipc_receiver_main(
+    port_queue: Any,
+    result_queue: Any,
+    *,
+    out_dir: str,
+    syncs: int = 1,
+    timeout_s: float = 30.0,
+) -> None:
+    """Rank 1 of a sync group receiving ``syncs`` colocated (IPC) updates over it.
+
+    Saves each applied state to ``out_dir/v{version}.pt`` and reports ``("ok", version)`` or
+    ``("error", type name, message)``.
+    """
+    from rl_sync.ipc import IpcReceiver
+
+    torch.set_num_threads(1)
+    try:
+        group = init_group("127.0.0.1", port_queue.get(timeout=timeout_s), 1, 2, timeout_s=timeout_s)
+        receiver = IpcReceiver()
+        for _ in range(syncs):
+            state: dict[str, torch.Tensor] = {}
+
+            def apply(named: list[tuple[str, torch.Tensor]], sink: dict = state) -> None:
+                sink.update((name, tensor.clone()) for name, tensor in named)
+
+            try:
+                metrics = receiver.receive_over(group, apply)
+            except Exception as exc:
+                result_queue.put(("error", type(exc).__name__, str(exc)))
+                continue
+            torch.save(state, os.path.join(out_dir, f"v{metrics.version}.pt"))
+            result_queue.put(("ok", metrics.version))
+        group.close()
+    except Exception:
+        result_queue.put(("crash", traceback.format_exc()))

@@ -1,0 +1,380 @@
+"""Versioned, verified, bucketed weight broadcast from a trainer rank to rollout engines.
+
+Wire protocol over a :class:`~rl_sync.group.CommGroup` (``src`` = the sending rank, every other rank
+receives). Per bucket: an int64 header length, the JSON header (version, bucket index, dtype, byte
+count, checksum, tensor names/shapes/offsets), then the payload. After the last bucket a final
+header carries the totals, and every rank joins a MAX all-reduce of its verdict (0 = accepted), so
+the sender learns of a receiver's rejection and all receivers commit or none does.
+
+Receivers stage every bucket, verify version and checksums, and only then hand the tensors to the
+engine's ``apply`` callback: a corrupted or stale sync applies nothing. Headers are JSON (never
+pickle), dtypes are looked up by name.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rl_sync.buckets import BucketPacker, BucketSpec, TensorSlot, checksum, unpack
+from rl_sync.group import CommGroup
+
+DEFAULT_BUCKET_BYTES = 256 << 20
+PROTOCOL = "rl_sync/1"
+
+NamedTensors = list[tuple[str, torch.Tensor]]
+ApplyFn = Callable[[NamedTensors], None]
+
+
+class SyncError(RuntimeError):
+    """A weight sync was rejected; nothing of it was applied."""
+
+
+class ChecksumError(SyncError):
+    """A bucket's bytes do not match the checksum its sender computed."""
+
+
+class VersionError(SyncError):
+    """A sync carried a version the receiver does not accept (stale, repeated or unexpected)."""
+
+
+@dataclass(frozen=True)
+class SyncMetrics:
+    """What one sync moved: payload ``bytes`` in ``seconds`` (``gbps`` = 1e9 bytes/s)."""
+
+    bytes: int
+    seconds: float
+    gbps: float
+    version: int
+    num_buckets: int
+    num_tensors: int = 0
+
+    @classmethod
+    def measure(
+        cls, nbytes: int, seconds: float, version: int, buckets: int, tensors: int
+    ) -> SyncMetrics:
+        gbps = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+        return cls(nbytes, seconds, gbps, version, buckets, tensors)
+
+    def as_dict(self, prefix: str = "sync/") -> dict[str, float]:
+        """Flat metrics for trackers (``sync/gbps`` ...)."""
+        return {
+            f"{prefix}bytes": float(self.bytes),
+            f"{prefix}seconds": self.seconds,
+            f"{prefix}gbps": self.gbps,
+            f"{prefix}version": float(self.version),
+            f"{prefix}num_buckets": float(self.num_buckets),
+            f"{prefix}num_tensors": float(self.num_tensors),
+        }
+
+
+# ------------------------------------------------------------------------------------------------
+# Headers
+# ------------------------------------------------------------------------------------------------
+def _encode_header(header: dict[str, Any]) -> bytes:
+    return json.dumps(header, separators=(",", ":")).encode()
+
+
+def _bucket_header(version: int, spec: BucketSpec) -> dict[str, Any]:
+    return {
+        "protocol": PROTOCOL,
+        "version": version,
+        "final": False,
+        "index": spec.index,
+        "dtype": spec.dtype,
+        "nbytes": spec.nbytes,
+        "checksum": spec.checksum,
+        "tensors": [[s.name, list(s.shape), s.offset, s.numel] for s in spec.tensors],
+    }
+
+
+def _spec_from_header(header: dict[str, Any]) -> BucketSpec:
+    try:
+        slots = tuple(
+            TensorSlot(str(name), tuple(int(d) for d in shape), int(offset), int(numel))
+            for name, shape, offset, numel in header["tensors"]
+        )
+        return BucketSpec(
+            int(header["index"]),
+            str(header["dtype"]),
+            int(header["nbytes"]),
+            int(header["checksum"]),
+            slots,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SyncError(
+            f"malformed bucket header (field missing or wrong type: {exc}): {header!r:.300}"
+        ) from exc
+
+
+def _send_header(
+    group: CommGroup, src: int, header: dict[str, Any], timeout_s: float | None
+) -> None:
+    data = _encode_header(header)
+    length = torch.tensor([len(data)], dtype=torch.int64, device=group.device)
+    group.broadcast(length, src, timeout_s)
+    body = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(group.device)
+    group.broadcast(body, src, timeout_s)
+
+
+def _recv_header(group: CommGroup, src: int, timeout_s: float | None) -> dict[str, Any]:
+    length = torch.zeros(1, dtype=torch.int64, device=group.device)
+    group.broadcast(length, src, timeout_s)
+    size = int(length.item())
+    if not 0 < size < (1 << 31):
+        raise SyncError(f"sync header length {size} from rank {src} is not plausible")
+    body = torch.empty(size, dtype=torch.uint8, device=group.device)
+    group.broadcast(body, src, timeout_s)
+    try:
+        header = json.loads(bytes(body.cpu().numpy().tobytes()).decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SyncError(f"sync header from rank {src} is not valid JSON: {exc}") from exc
+    if not isinstance(header, dict) or header.get("protocol") != PROTOCOL:
+        raise SyncError(f"sync header from rank {src} does not speak {PROTOCOL}: {header!r:.200}")
+    return header
+
+
+def _exchange_verdict(group: CommGroup, rejected: bool, timeout_s: float | None) -> bool:
+    """All-reduce MAX of every rank's verdict; True when any rank rejected the sync."""
+    verdict = torch.tensor([1 if rejected else 0], dtype=torch.int64, device=group.device)
+    group.all_reduce(verdict, "max", timeout_s)
+    return bool(verdict.item())
+
+
+# ------------------------------------------------------------------------------------------------
+# Sender
+# ------------------------------------------------------------------------------------------------
+class WeightSender:
+    """Broadcasts full tensors from rank ``src`` of ``group`` to every other rank.
+
+    ``send`` walks ``(name, full tensor)`` pairs once (e.g. from a train backend's
+    ``iter_full_tensor_buckets``), packing them into dtype-homogeneous buckets of ``bucket_bytes``.
+    """
+
+    def __init__(
+        self,
+        group: CommGroup,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        *,
+        src: int = 0,
+        timeout_s: float | None = None,
+    ) -> None:
+        if group.rank != src:
+            raise ValueError(
+                f"WeightSender must run on the source rank {src}, this is rank {group.rank}"
+            )
+        self.group = group
+        self.src = src
+        self.timeout_s = timeout_s
+        self.packer = BucketPacker(bucket_bytes, group.device)
+
+    def _transmit(self, version: int, spec: BucketSpec, payload: torch.Tensor) -> None:
+        _send_header(self.group, self.src, _bucket_header(version, spec), self.timeout_s)
+        self.group.broadcast(payload, self.src, self.timeout_s)
+
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncMetrics:
+        """Send one versioned sync; raises :class:`SyncError` if any receiver rejected it."""
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise TypeError(f"version must be an int, got {type(version).__name__}")
+        start = time.perf_counter()
+        total_bytes = 0
+        num_buckets = 0
+        num_tensors = 0
+        for bucket in self.packer.pack(named_tensors):
+            self._transmit(version, bucket.spec, bucket.payload)
+            total_bytes += bucket.spec.nbytes
+            num_buckets += 1
+            num_tensors += len(bucket.spec.tensors)
+        final = {
+            "protocol": PROTOCOL,
+            "version": version,
+            "final": True,
+            "num_buckets": num_buckets,
+            "num_tensors": num_tensors,
+            "bytes": total_bytes,
+        }
+        _send_header(self.group, self.src, final, self.timeout_s)
+        if _exchange_verdict(self.group, False, self.timeout_s):
+            raise SyncError(
+                f"weight sync version {version} ({num_buckets} buckets, {num_tensors} tensors) was "
+                f"rejected by a receiver of group {self.group.name!r}; nothing was applied "
+                "(the receiver's error names the bucket)"
+            )
+        return SyncMetrics.measure(
+            total_bytes, time.perf_counter() - start, version, num_buckets, num_tensors
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# Receiver
+# ------------------------------------------------------------------------------------------------
+class WeightReceiver:
+    """Receives syncs sent by rank ``src``; verifies, then commits them through ``apply``.
+
+    Versions must increase (a repeated or older version is rejected) unless ``expected_version``
+    pins one. Received tensors are views into staging buffers owned by this receiver; ``apply``
+    must copy what it keeps (engines copy into their parameters).
+    """
+
+    def __init__(
+        self,
+        group: CommGroup,
+        *,
+        src: int = 0,
+        timeout_s: float | None = None,
+        last_version: int | None = None,
+    ) -> None:
+        if group.rank == src:
+            raise ValueError(f"WeightReceiver cannot run on the source rank {src}")
+        self.group = group
+        self.src = src
+        self.timeout_s = timeout_s
+        self.last_version = last_version
+        self.incoming_version: int | None = None
+        """Version of the sync being committed (set just before ``apply`` is called)."""
+
+    def _version_problem(self, version: int, expected_version: int | None) -> str | None:
+        if expected_version is not None and version != expected_version:
+            return f"version {version} received but version {expected_version} was expected"
+        if (
+            expected_version is None
+            and self.last_version is not None
+            and version <= self.last_version
+        ):
+            return (
+                f"stale version {version}: this receiver already holds version {self.last_version}"
+            )
+        return None
+
+    def receive(self, apply: ApplyFn, *, expected_version: int | None = None) -> SyncMetrics:
+        """Receive one sync; ``apply(named_tensors)`` is called once, only if all of it verified.
+
+        Raises :class:`ChecksumError` / :class:`VersionError` / :class:`SyncError` (after draining
+        the rest of the sync so the group stays usable); nothing is applied in that case.
+        """
+        start = time.perf_counter()
+        staged: NamedTensors = []
+        problems: list[str] = []
+        error_type: type[SyncError] = SyncError
+        version: int | None = None
+        total_bytes = 0
+        num_buckets = 0
+        expected_index = 0
+        while True:
+            header = _recv_header(self.group, self.src, self.timeout_s)
+            header_version = header.get("version")
+            if not isinstance(header_version, int):
+                raise SyncError(f"sync header without an integer version: {header!r:.200}")
+            if version is None:
+                version = header_version
+                problem = self._version_problem(version, expected_version)
+                if problem:
+                    problems.append(problem)
+                    error_type = VersionError
+            elif header_version != version:
+                problems.append(
+                    f"bucket header carries version {header_version} within sync of version {version}"
+                )
+                error_type = VersionError
+            if header.get("final"):
+                if not problems and (header.get("num_buckets"), header.get("bytes")) != (
+                    num_buckets,
+                    total_bytes,
+                ):
+                    problems.append(
+                        f"sync ended after {num_buckets} buckets / {total_bytes} bytes, sender says "
+                        f"{header.get('num_buckets')} / {header.get('bytes')}"
+                    )
+                break
+            spec = _spec_from_header(header)
+            if spec.nbytes < 0:
+                raise SyncError(f"{spec.describe()}: negative size {spec.nbytes}")
+            payload = torch.empty(spec.nbytes, dtype=torch.uint8, device=self.group.device)
+            self.group.broadcast(payload, self.src, self.timeout_s)
+            total_bytes += spec.nbytes
+            num_buckets += 1
+            if problems:
+                continue  # drain the rest of a rejected sync without staging it
+            if spec.index != expected_index:
+                problems.append(f"{spec.describe()} arrived where bucket {expected_index} was due")
+                continue
+            expected_index += 1
+            actual = checksum(payload)
+            if actual != spec.checksum:
+                problems.append(
+                    f"checksum mismatch in {spec.describe(limit=20)} of version {version}: "
+                    f"computed {actual:#018x}, sender sent {spec.checksum:#018x}"
+                )
+                error_type = ChecksumError
+                continue
+            try:
+                staged.extend(unpack(spec, payload))
+            except ValueError as exc:
+                problems.append(str(exc))
+        assert version is not None
+        rejected_elsewhere = _exchange_verdict(self.group, bool(problems), self.timeout_s)
+        if problems:
+            raise error_type(
+                f"weight sync version {version} rejected by rank {self.group.rank} of group "
+                f"{self.group.name!r}; nothing applied: " + "; ".join(problems)
+            )
+        if rejected_elsewhere:
+            raise SyncError(
+                f"weight sync version {version} was rejected by another receiver of group "
+                f"{self.group.name!r}; nothing applied here either"
+            )
+        self.incoming_version = version
+        apply(staged)
+        self.last_version = version
+        return SyncMetrics.measure(
+            total_bytes, time.perf_counter() - start, version, num_buckets, len(staged)
+        )
+
+
+def engine_apply(engine: Any, receiver: WeightReceiver) -> ApplyFn:
+    """An ``apply`` callback committing into an rl_rollout engine.
+
+    Calls ``engine.update_weights(named_tensors, version)`` with the version of the sync being
+    committed; the receiver's ``last_version`` only advances if the engine accepted it.
+    """
+
+    def apply(named_tensors: NamedTensors) -> None:
+        engine.update_weights(named_tensors, receiver.incoming_version)
+
+    return apply
+
+
+def receive_into_engine(
+    receiver: WeightReceiver, engine: Any, *, expected_version: int | None = None
+) -> SyncMetrics:
+    """Receive one sync and commit it with ``engine.update_weights(named_tensors, version)``."""
+    return receiver.receive(engine_apply(engine, receiver), expected_version=expected_version)
+
+
+def send_from_backend(sender: WeightSender, backend: Any, version: int) -> SyncMetrics:
+    """Send a train backend's weights (``backend.iter_full_tensor_buckets``) as one sync."""
+
+    def named() -> Iterable[tuple[str, torch.Tensor]]:
+        for bucket in backend.iter_full_tensor_buckets(sender.packer.bucket_bytes):
+            yield from bucket
+
+    return sender.send(named(), version)
+
+
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "ChecksumError",
+    "SyncError",
+    "SyncMetrics",
+    "VersionError",
+    "WeightReceiver",
+    "WeightSender",
+    "engine_apply",
+    "receive_into_engine",
+    "send_from_backend",
+]

@@ -1,0 +1,104 @@
+"""Bucket packing, unpacking and the checksum (in process)."""
+
+import pytest
+import torch
+
+from rl_sync.buckets import BucketPacker, checksum, unpack
+from rl_sync.testing import bitwise_equal, make_named_tensors
+
+
+def _roundtrip(named, bucket_bytes):
+    out = {}
+    buckets = []
+    for bucket in BucketPacker(bucket_bytes).pack(named):
+        payload = bucket.payload.clone()  # the packer reuses its staging buffer
+        assert checksum(payload) == bucket.spec.checksum
+        buckets.append(bucket.spec)
+        out.update({name: t.clone() for name, t in unpack(bucket.spec, payload)})
+    return out, buckets
+
+
+@pytest.mark.parametrize("bucket_bytes", [8, 200, 1 << 10, 1 << 20])
+def test_pack_unpack_roundtrip_is_bitwise(bucket_bytes):
+    named = make_named_tensors(3)
+    out, specs = _roundtrip(named, bucket_bytes)
+    assert list(out) != [] and sorted(out) == sorted(n for n, _ in named)
+    for name, tensor in named:
+        assert bitwise_equal(out[name], tensor), name
+    assert sorted(s.index for s in specs) == list(range(len(specs)))
+    for spec in specs:
+        dtypes = {spec.dtype}
+        assert len(dtypes) == 1
+        if len(spec.tensors) > 1:  # packed buckets respect the size; big tensors travel alone
+            assert spec.nbytes <= bucket_bytes + 7
+
+
+def test_buckets_are_dtype_homogeneous_and_sized():
+    named = [(f"w{i}", torch.full((10,), float(i), dtype=torch.bfloat16)) for i in range(10)]
+    named += [(f"f{i}", torch.full((5,), float(i))) for i in range(4)]
+    specs = [b.spec for b in BucketPacker(60).pack(named)]
+    bf16 = [s for s in specs if s.dtype == "bfloat16"]
+    fp32 = [s for s in specs if s.dtype == "float32"]
+    assert [len(s.tensors) for s in bf16] == [3, 3, 3, 1]  # 20 bytes each, 60-byte buckets
+    assert [len(s.tensors) for s in fp32] == [3, 1]
+    assert all(s.nbytes % 8 == 0 for s in specs)
+
+
+def test_big_contiguous_tensor_travels_alone_without_copy():
+    big = torch.randn(1000)
+    bucket = next(iter(BucketPacker(256).pack([("big", big)])))
+    assert bucket.payload.data_ptr() == big.data_ptr()
+    assert bucket.spec.tensors[0].name == "big"
+
+
+def test_duplicate_names_and_unsupported_dtypes_are_errors():
+    with pytest.raises(ValueError, match="'a' appears twice"):
+        list(BucketPacker(64).pack([("a", torch.ones(2)), ("a", torch.ones(2))]))
+    with pytest.raises(ValueError, match="uint16|cannot be transferred"):
+        list(BucketPacker(64).pack([("u", torch.ones(2, dtype=torch.uint16))]))
+    with pytest.raises(TypeError, match="'x' is a list"):
+        list(BucketPacker(64).pack([("x", [1, 2])]))  # type: ignore[list-item]
+
+
+def _reference_checksum(data: bytes) -> int:
+    """Plain-loop re-implementation of rl_sync.buckets.checksum."""
+    mask = (1 << 64) - 1
+    n = len(data)
+    total = n * 0x9E3779B97F4A7C15
+    words = [int.from_bytes(data[i : i + 8], "little", signed=True) for i in range(0, n // 8 * 8, 8)]
+    if words:
+        lanes = min(64, len(words))
+        per = len(words) // lanes
+        mixed = sum((2 * k + 1) * sum(words[k * per : (k + 1) * per]) for k in range(lanes))
+        rest = sum(words[lanes * per :])
+        total += mixed + 0xFF51AFD7ED558CCD * rest
+    tail = data[n // 8 * 8 :]
+    total += 0xC4CEB9FE1A85EC53 * sum((i + 1) * b for i, b in enumerate(tail))
+    return total & mask
+
+
+@pytest.mark.parametrize("nbytes", [0, 5, 8, 64, 1000, 4099])
+def test_checksum_matches_plain_loop_reference(nbytes):
+    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes))
+    assert checksum(data) == _reference_checksum(bytes(data.tolist()))
+
+
+def test_checksum_detects_flips_swaps_and_truncation():
+    data = torch.randint(0, 256, (8 * 640,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    base = checksum(data)
+    for position in (0, 7, 2000, data.numel() - 1):
+        for bit in (0x01, 0x80):
+            flipped = data.clone()
+            flipped[position] ^= bit
+            assert checksum(flipped) != base, (position, bit)
+    words = data.view(torch.int64).clone()
+    words[[0, 100]] = words[[100, 0]]  # move data between lanes
+    assert checksum(words.view(torch.uint8)) != base
+    assert checksum(data[:-8]) != base
+    assert checksum(torch.zeros(16, dtype=torch.uint8)) != checksum(torch.zeros(24, dtype=torch.uint8))
+
+
+def test_unpack_rejects_short_payload_naming_the_bucket():
+    bucket = next(iter(BucketPacker(1 << 10).pack([("layer.w", torch.ones(4))])))
+    with pytest.raises(ValueError, match=r"bucket 0 \(float32, 1 tensors: layer.w\)"):
+        unpack(bucket.spec, bucket.payload[:8])

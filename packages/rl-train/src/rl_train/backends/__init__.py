@@ -1,0 +1,1 @@
+"""Backend implementations; import them through :func:`rl_train.build_backend`."""

@@ -1,0 +1,159 @@
+"""PyTorch-native backends: ``fsdp2_train`` (FSDP2 ``fully_shard`` per decoder layer + root,
+mixed precision, CPU offload, activation checkpointing) and ``hf_infer`` (one unsharded HF model per
+process: the reference role, or single-process training)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from rl_sync.device import empty_cache
+
+from rl_train import dist as rdist
+from rl_train.args import ModelArgs, TrainingArgs
+from rl_train.backends import dcp_io
+from rl_train.core import BackendCore
+from rl_train.export import full_tensors_from_module
+from rl_train.modeling import DTYPES, enable_gradient_checkpointing, load_model
+from rl_train.optim import build_optimizer, build_scheduler
+from rl_train.types import LossFn
+
+_FSDP_KEYS = {"param_dtype", "reduce_dtype", "cpu_offload", "reshard_after_forward",
+              "gradient_checkpointing", "keep_last", "packed_forward", "offload_reference"}
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: cannot find decoder layers (_no_split_modules)")
+    return layers
+
+
+class NativeBackend(BackendCore):
+    """One class for both native strategies; ``shard`` selects FSDP2."""
+
+    def __init__(self, *, strategy_name: str, role: str, model_path: str | Path,
+                 strategy_config: dict[str, Any], args: TrainingArgs, model_args: ModelArgs,
+                 loss_fn: LossFn | None = None) -> None:
+        cfg = dict(strategy_config or {})
+        unknown = set(cfg) - _FSDP_KEYS
+        if unknown:
+            raise ValueError(f"strategy_config of {strategy_name}: unknown keys {sorted(unknown)}")
+        super().__init__(role=role, args=args, model_args=model_args, loss_fn=loss_fn,
+                         packed_forward=cfg.get("packed_forward"))
+        self.strategy_name = strategy_name
+        self.shard = strategy_name == "fsdp2_train"
+        self.keep_last = cfg.get("keep_last")
+        self.model_path = str(model_path)
+        self.last_load_report = None
+        self.device_kind, self.device = rdist.init_distributed()
+        self.rank, self.world_size = rdist.rank(), rdist.world_size()
+        if not self.shard and self.world_size > 1 and role != "reference":
+            raise ValueError("hf_infer trains in one process only; use fsdp2_train or deepspeed_train "
+                             f"with {self.world_size} ranks")
+        compute_dtype = DTYPES[model_args.dtype]
+        # FSDP2 keeps float32 master weights and computes in param_dtype; hf_infer loads as is.
+        load_dtype = torch.float32 if (self.shard and role != "reference") else compute_dtype
+        model = load_model(model_path, role, model_args, dtype=load_dtype, seed=args.seed)
+        self.hf_config = model.config
+        self.hf_model_class = type(model)
+        use_gc = bool(cfg.get("gradient_checkpointing", not model_args.disable_gradient_checkpointing))
+        if use_gc and role != "reference":
+            enable_gradient_checkpointing(model)
+        if self.shard:
+            model = self._fully_shard(model, cfg, compute_dtype)
+            self.grad_scale = float(self.world_size)  # FSDP2 averages gradients over ranks
+        else:
+            model = model.to(self.device)
+        self.model = model
+        self.offload_reference = bool(cfg.get("offload_reference", False))
+        if role == "reference":
+            model.requires_grad_(False)
+            self.optimizer = None
+            self.scheduler = None
+        else:
+            self.optimizer = build_optimizer(model.parameters(), args)
+            self.scheduler = build_scheduler(self.optimizer, args)
+
+    def _fully_shard(self, model: torch.nn.Module, cfg: dict[str, Any], compute_dtype: torch.dtype):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        if not rdist.is_dist():
+            raise RuntimeError("fsdp2_train needs a process group: launch with RANK/WORLD_SIZE set "
+                               "(torchrun, rl_train.dist.spawn or the runtime's worker group)")
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        param_dtype = DTYPES[cfg["param_dtype"]] if "param_dtype" in cfg else compute_dtype
+        reduce_dtype = DTYPES[cfg.get("reduce_dtype", "fp32")]
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        offload = CPUOffloadPolicy() if cfg.get("cpu_offload") else OffloadPolicy()
+        reshard = bool(cfg.get("reshard_after_forward", True))
+        for layer in _decoder_layers(model):
+            fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload,
+                        reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload,
+                    reshard_after_forward=reshard)
+        return model
+
+    # -- primitives -------------------------------------------------------------------------------
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _zero_grad(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def _finish_step(self, loss_nonfinite: bool) -> tuple[float, bool]:
+        assert self.optimizer is not None and self.scheduler is not None
+        max_norm = self.args.max_grad_norm if self.args.max_grad_norm > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()  # type: ignore[union-attr]
+
+        def apply() -> None:
+            assert self.optimizer is not None and self.scheduler is not None
+            self.optimizer.step()
+            self.scheduler.step()
+
+        return self._guarded_update(loss_nonfinite, norm, apply, self._zero_grad)
+
+    def _current_lr(self) -> float:
+        return 0.0 if self.optimizer is None else float(self.optimizer.param_groups[0]["lr"])
+
+    def _eval_forward(self, mb):
+        if self.role == "reference" and self.offload_reference:
+            self.onload()
+        return super()._eval_forward(mb)
+
+    def _iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from full_tensors_from_module(self.model)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def save_checkpoint(self, root: str | Path, step: int, extra: dict[str, Any] | None = None) -> Path:
+        return dcp_io.save(self, root, step, extra)
+
+    def load_checkpoint(self, root: str | Path) -> tuple[int, dict[str, Any]]:
+        return dcp_io.load(self, root)
+
+    # -- colocation -------------------------------------------------------------------------------
+    def _move(self, device: torch.device) -> None:
+        if self.device_kind == "cpu":
+            return  # parameters already live in host memory
+        for p in self.model.parameters():
+            p.data = p.data.to(device, non_blocking=True)
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and value.dim() > 0:
+                        state[key] = value.to(device, non_blocking=True)
+        if device.type == "cpu":
+            empty_cache(self.device_kind)  # type: ignore[arg-type]
+
+    def offload(self) -> None:
+        self._move(torch.device("cpu"))
+
+    def onload(self) -> None:
+        self._move(self.device)

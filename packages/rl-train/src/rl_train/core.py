@@ -1,0 +1,255 @@
+"""The training loop every backend shares: epochs x mini-batches x micro-batches, global loss
+normalisers, gradient accumulation, the non-finite guard, metrics, and the no-grad forward.
+
+Backends subclass :class:`BackendCore` and provide the model-specific primitives
+(``_train_forward``, ``_backward``, ``_finish_step``, ``_zero_grad``, checkpoint I/O).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rl_train import batching
+from rl_train import dist as rdist
+from rl_train.args import ModelArgs, TrainingArgs
+from rl_train.guard import NonFiniteGuard, any_rank_true, is_finite
+from rl_train.modeling import check_role, token_outputs
+from rl_train.types import Batch, ForwardOutput, LossContext, LossFn
+
+
+def _micro_batches(mini: Batch, args: TrainingArgs, micro_batch_size: int) -> list[Batch]:
+    if args.use_dynamic_batching:
+        return batching.dynamic_micro_batches(
+            mini, args.max_tokens_per_microbatch, packed=args.use_sequence_packing
+        )
+    return batching.split_micro_batches(mini, micro_batch_size)
+
+
+def equalize_count(micro: list[Batch], target: int) -> list[tuple[Batch, bool]]:
+    """Pad a rank's micro-batch list to ``target`` entries (every rank must run the same number of
+    collective forward/backward passes): split the largest multi-row micro-batches, then add
+    zero-weight copies of a 1-row batch. Returns ``(micro_batch, counts)`` pairs."""
+    out = list(micro)
+    while len(out) < target:
+        sizes = [batching.batch_size(mb) for mb in out]
+        i = max(range(len(out)), key=lambda j: sizes[j]) if out else -1
+        if i >= 0 and sizes[i] > 1:
+            half = sizes[i] // 2
+            mb = out.pop(i)
+            out[i:i] = [batching.select(mb, list(range(half))),
+                        batching.select(mb, list(range(half, sizes[i])))]
+        else:
+            break
+    pairs = [(mb, True) for mb in out]
+    while len(pairs) < target:
+        pairs.append((pairs[-1][0] if pairs else micro[0], False))
+    return pairs
+
+
+def _max_over_ranks(value: int) -> int:
+    if not rdist.is_dist() or rdist.world_size() == 1:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.long)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+class BackendCore:
+    """Shared logic; a subclass sets ``model`` (the module to call), ``device``, ``grad_scale``."""
+
+    strategy_name = "base"
+
+    def __init__(self, *, role: str, args: TrainingArgs, model_args: ModelArgs,
+                 loss_fn: LossFn | None = None, packed_forward: bool | None = None) -> None:
+        self.role = check_role(role)
+        self.args = args
+        self.model_args = model_args
+        self.default_loss_fn = loss_fn
+        self.rank = rdist.rank()
+        self.world_size = rdist.world_size()
+        self.guard = NonFiniteGuard(args.max_consecutive_nonfinite, role)
+        self.global_step = 0  # applied optimizer steps
+        self.packed = args.use_sequence_packing if packed_forward is None else packed_forward
+        self.device = torch.device("cpu")
+        self.device_kind = "cpu"
+        self.grad_scale = 1.0  # multiplies every micro-batch loss before backward
+        self.model: nn.Module
+
+    # -- primitives a backend provides ------------------------------------------------------------
+    def _train_forward(self, mb: Batch) -> ForwardOutput:
+        return token_outputs(self.model, self._to_device(mb), role=self.role, packed=self.packed,
+                             need_entropy=self.role == "actor")
+
+    def _eval_forward(self, mb: Batch) -> ForwardOutput:
+        return self._train_forward(mb)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _finish_step(self, loss_nonfinite: bool) -> tuple[float, bool]:
+        """Clip, check and (unless skipped on any rank) apply the update; ``(grad_norm, skipped)``."""
+        raise NotImplementedError
+
+    def _zero_grad(self) -> None:
+        raise NotImplementedError
+
+    def _current_lr(self) -> float:
+        return 0.0
+
+    def _set_train_mode(self, training: bool) -> None:
+        self.model.train(training)
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _to_device(self, batch: Batch) -> Batch:
+        return {k: (v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+                for k, v in batch.items()}
+
+    def _guarded_update(self, loss_nonfinite: bool, grad_norm: torch.Tensor | float,
+                        apply: Any, discard: Any) -> tuple[float, bool]:
+        """Shared skip rule for backends that see the grad norm before stepping."""
+        norm = float(grad_norm)
+        skip = self.guard.should_skip(loss_nonfinite or not is_finite(norm), None)
+        if skip:
+            discard()
+        else:
+            apply()
+            self.global_step += 1
+        return norm, skip
+
+    # -- protocol -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, batch: Batch) -> ForwardOutput:
+        """No-grad forward in micro-batches of ``infer_batch_size`` (or the token budget);
+        ``[B, T]`` outputs on CPU, float32, in the input row order."""
+        self._set_train_mode(False)
+        n = batching.batch_size(batch)
+        if self.args.use_dynamic_batching:
+            lengths = [int(x) for x in batching.seq_lens(batch).tolist()]
+            groups = batching.token_budget_groups(lengths, self.args.max_tokens_per_microbatch,
+                                                  padded=not self.packed)
+        else:
+            step = self.args.infer_batch_size
+            groups = [list(range(i, min(i + step, n))) for i in range(0, n, step)]
+        target = _max_over_ranks(len(groups))
+        t = int(batch["input_ids"].shape[1])
+        result = {k: torch.zeros(n, t) for k in ("log_probs", "entropy", "values")}
+        seen: set[str] = set()
+        for i in range(target):
+            idx = groups[i] if i < len(groups) else (groups[-1] if groups else [0])
+            out = self._eval_forward(batching.select(batch, idx)).detach_cpu()
+            if i >= len(groups):
+                continue  # padding pass so every rank runs the same number of collectives
+            for key in result:
+                value = getattr(out, key)
+                if value is not None:
+                    result[key][torch.as_tensor(idx)] = value
+                    seen.add(key)
+        self._set_train_mode(True)
+        return ForwardOutput(**{k: (v if k in seen else None) for k, v in result.items()})
+
+    def train_step(self, batch: Batch, loss_fn: LossFn | None = None) -> dict[str, float]:
+        """Run ``ppo_epochs`` passes over this rank's ``batch`` in mini-batches of
+        ``per_device_train_batch_size * gradient_accumulation_steps`` samples (one optimizer step
+        each), micro-batches of ``per_device_train_batch_size`` samples (or a token budget).
+
+        The loss of each micro-batch is normalised by the mini-batch's GLOBAL counts (all ranks),
+        so accumulation and data parallelism reproduce one process on the whole mini-batch.
+        """
+        if self.role == "reference":
+            raise RuntimeError("the reference role is forward-only; train_step is not available")
+        loss_fn = loss_fn or self.default_loss_fn
+        if loss_fn is None:
+            raise ValueError(f"{self.role}: no loss_fn given and none configured")
+        args = self.args
+        self._set_train_mode(True)
+        gen = torch.Generator().manual_seed(args.seed + self.global_step) if args.shuffle_mini_batches else None
+        sums: dict[str, float] = {}
+        steps = skipped = 0
+        grad_norms: list[float] = []
+        tokens = 0.0
+        t0 = time.perf_counter()
+        for _epoch in range(args.ppo_epochs):
+            minis = batching.split_mini_batches(batch, args.mini_batch_size, shuffle_generator=gen)
+            num_minis = _max_over_ranks(len(minis))
+            if num_minis != len(minis) or _max_over_ranks(-len(minis)) != -len(minis):
+                raise ValueError(
+                    f"{self.role}: ranks hold different numbers of mini-batches ({len(minis)} here); "
+                    "give every rank the same number of samples"
+                )
+            for mini in minis:
+                micro = _micro_batches(mini, args, args.per_device_train_batch_size)
+                pairs = equalize_count(micro, _max_over_ranks(len(micro)))
+                resp = mini["response_mask"].to(torch.bool) if "response_mask" in mini else mini["attention_mask"].to(torch.bool)
+                g_tokens, g_seqs = rdist.all_reduce_sum(
+                    [float(resp.sum()), float((resp.sum(-1) > 0).sum())], None)
+                ctx = LossContext(global_tokens=g_tokens, global_seqs=g_seqs,
+                                  max_seq_len=_max_over_ranks(int(mini["input_ids"].shape[1])))
+                tokens += g_tokens
+                self._zero_grad()
+                nonfinite = False
+                step_sums: dict[str, float] = {}
+                for mb, counts in pairs:
+                    out = self._train_forward(mb)
+                    loss, metrics = loss_fn(self._to_device(mb), out, ctx)
+                    if not counts:
+                        loss = loss * 0.0
+                    elif not is_finite(loss.detach()):
+                        nonfinite = True
+                    self._backward(loss * self.grad_scale)
+                    if counts:
+                        step_sums["loss"] = step_sums.get("loss", 0.0) + float(loss.detach())
+                        for key, value in metrics.items():
+                            step_sums[key] = step_sums.get(key, 0.0) + float(value)
+                grad_norm, was_skipped = self._finish_step(nonfinite)
+                steps += 1
+                skipped += int(was_skipped)
+                if not was_skipped:
+                    grad_norms.append(grad_norm)
+                for key, value in step_sums.items():
+                    sums[key] = sums.get(key, 0.0) + value
+        keys = sorted(sums)
+        totals = rdist.all_reduce_sum([sums[k] for k in keys], None)
+        elapsed = time.perf_counter() - t0
+        prefix = self.role
+        metrics_out = {f"{prefix}/{k}": v / max(1, steps) for k, v in zip(keys, totals)}
+        metrics_out.update({
+            f"{prefix}/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+            f"{prefix}/lr": self._current_lr(),
+            f"{prefix}/optimizer_steps": float(steps),
+            f"{prefix}/skipped_steps": float(skipped),
+            f"{prefix}/nonfinite_total": float(self.guard.total_skipped),
+            f"{prefix}/global_step": float(self.global_step),
+            f"{prefix}/response_tokens_per_s": tokens / max(elapsed, 1e-9),
+        })
+        return metrics_out
+
+    def any_rank(self, flag: bool) -> bool:
+        return any_rank_true(flag)
+
+    def iter_full_tensor_buckets(self, bucket_bytes: int = 1 << 28) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in self._iter_full_tensors():
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
+
+    def _iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        raise NotImplementedError
+
+    def export_hf(self, out_dir: str | Path) -> Path:
+        from rl_train.export import export_hf
+
+        return export_hf(self, Path(out_dir))

@@ -1,0 +1,105 @@
+"""Helpers for tests and benchmarks: synthetic right-padded batches, a plain NLL loss, and a
+rank worker that trains any backend and writes its results (used with :func:`rl_train.dist.spawn`,
+so it must live in an importable module)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from rl_algos.aggregate import aggregate
+
+from rl_train.types import Batch, ForwardOutput, LossContext, LossResult
+
+
+def make_batch(n: int, max_len: int, *, vocab: int = 1000, min_len: int | None = None,
+               prompt_len: int = 4, seed: int = 0) -> Batch:
+    """``n`` random right-padded sequences with lengths in ``[min_len, max_len]``; the first
+    ``prompt_len`` tokens of each are prompt (``response_mask`` False)."""
+    g = torch.Generator().manual_seed(seed)
+    lo = min_len if min_len is not None else max(prompt_len + 2, max_len // 2)
+    lengths = torch.randint(lo, max_len + 1, (n,), generator=g)
+    cols = torch.arange(max_len)[None, :]
+    attention = (cols < lengths[:, None]).long()
+    ids = torch.randint(3, vocab, (n, max_len), generator=g) * attention
+    response = attention.bool() & (cols >= prompt_len)
+    return {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "response_mask": response,
+        "advantages": torch.randn(n, max_len, generator=g) * response,
+    }
+
+
+def nll_loss(mb: Batch, out: ForwardOutput, ctx: LossContext) -> LossResult:
+    """Token-mean negative log-likelihood of the response tokens (global normaliser)."""
+    assert out.log_probs is not None
+    loss = aggregate(-out.log_probs, mb["response_mask"], "token-mean",
+                     global_token_count=ctx.global_tokens)
+    return loss, {}
+
+
+def shard_rows(batch: Batch, rank: int, world: int, mini: int) -> Batch:
+    """Rows of ``batch`` that rank ``rank`` holds so that its k-th mini-batch of ``mini`` rows is
+    the rank's slice of the single-process k-th mini-batch of ``mini * world`` rows."""
+    from rl_train.batching import batch_size, select
+
+    n = batch_size(batch)
+    idx = [i for i in range(n) if (i % (mini * world)) // mini == rank]
+    return select(batch, idx)
+
+
+def train_worker(rank: int, spec: dict[str, Any]) -> None:
+    """Build ``spec['strategy']`` with ``spec['kwargs']``, run ``spec['steps']`` train steps on this
+    rank's rows of ``make_batch(**spec['batch'])``, and write params + metrics to spec['out']."""
+    torch.set_num_threads(1)
+    from rl_train import dist as rdist
+    from rl_train.registry import build_backend
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    backend = build_backend(spec["strategy"], **spec["kwargs"])
+    args = backend.args  # type: ignore[attr-defined]
+    history: list[dict[str, float]] = []
+    nan_steps = set(spec.get("nan_steps", []))
+    nan_rank = spec.get("nan_rank", 0)
+    start = 0
+    if spec.get("resume_from"):
+        start, _ = backend.load_checkpoint(spec["resume_from"])
+    for step in range(start, spec["steps"]):
+        batch = make_batch(**{**spec["batch"], "seed": spec["batch"].get("seed", 0) + step})
+        batch = shard_rows(batch, rank, world, args.mini_batch_size)
+        if step in nan_steps and rank == nan_rank:
+            batch["advantages"] = batch["advantages"].clone()
+            col = int(batch["response_mask"][0].nonzero()[0, 0])
+            batch["advantages"][0, col] = float("nan")
+        loss_fn = spec.get("loss_fn") or _loss_with_nan
+        try:
+            history.append(backend.train_step(batch, loss_fn))
+        except Exception as err:
+            history.append({"error": str(err)})  # type: ignore[dict-item]
+            break
+        if spec.get("save_at") == step + 1:
+            backend.save_checkpoint(spec["ckpt_root"], step + 1, {"note": "mid"})
+    params = {name: t.detach().clone().cpu() for b in backend.iter_full_tensor_buckets(1 << 20)
+              for name, t in b}
+    out = Path(spec["out"])
+    if spec.get("forward_check"):
+        batch = make_batch(**spec["batch"])
+        fwd = backend.forward(shard_rows(batch, rank, world, args.mini_batch_size))
+        torch.save({"log_probs": fwd.log_probs}, out / f"forward_rank{rank}.pt")
+    if spec.get("export_dir"):
+        backend.export_hf(spec["export_dir"])
+    if rdist.rank() == 0 or spec.get("all_ranks_write"):
+        torch.save({"params": params, "history": history}, out / f"result_rank{rank}.pt")
+
+
+def _loss_with_nan(mb: Batch, out: ForwardOutput, ctx: LossContext) -> LossResult:
+    """NLL weighted by ``1 + 0 * advantages``: finite advantages leave it unchanged; a NaN in
+    ``advantages`` (fault injection) makes the loss NaN."""
+    assert out.log_probs is not None
+    weight = 1.0 + 0.0 * mb["advantages"]
+    loss = aggregate(-out.log_probs * weight, mb["response_mask"], "token-mean",
+                     global_token_count=ctx.global_tokens)
+    return loss, {}

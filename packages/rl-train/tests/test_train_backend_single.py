@@ -1,0 +1,210 @@
+"""Single-process behaviour of the shared loop (hf_infer backend): alignment, accumulation,
+packing, losses, guard, checkpoints and export."""
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from rl_algos.aggregate import masked_mean
+
+import rl_train
+from rl_train import checkpoint as ckpt
+from rl_train.losses import build_actor_loss, build_critic_loss
+from rl_train.optim import lr_multiplier
+from rl_train.testing import make_batch, nll_loss
+
+
+def _backend(path, role="actor", **targs):
+    base = dict(per_device_train_batch_size=2, gradient_accumulation_steps=4, learning_rate=1e-3,
+                adam_epsilon=1e-6)
+    base.update(targs)
+    return rl_train.build_backend("hf_infer", role=role, model_path=path, training_args=base)
+
+
+def _reference_log_probs(path, batch):
+    """Plain loop: one HF forward per row on its real tokens, log_softmax, pick the next token."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    out = torch.zeros(batch["input_ids"].shape)
+    with torch.no_grad():
+        for b in range(batch["input_ids"].shape[0]):
+            n = int(batch["attention_mask"][b].sum())
+            logits = model(input_ids=batch["input_ids"][b : b + 1, :n]).logits[0]
+            logp = torch.log_softmax(logits.float(), -1)
+            for t in range(1, n):
+                out[b, t] = logp[t - 1, batch["input_ids"][b, t]]
+    return out
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_forward_log_probs_equal_direct_hf_forward(tiny_model_path, packed):
+    batch = make_batch(5, 20, seed=7)
+    backend = _backend(tiny_model_path, role="reference", use_sequence_packing=packed, infer_batch_size=2)
+    out = backend.forward(batch)
+    expected = _reference_log_probs(tiny_model_path, batch)
+    assert out.log_probs is not None
+    torch.testing.assert_close(out.log_probs, expected, atol=2e-5, rtol=1e-5)
+    assert torch.all(out.log_probs[:, 0] == 0)
+
+
+def test_critic_values_aligned_and_packed_equal(tiny_model_path):
+    batch = make_batch(4, 16, seed=2)
+    plain = _backend(tiny_model_path, role="critic").forward(batch).values
+    packed = _backend(tiny_model_path, role="critic", use_sequence_packing=True).forward(batch).values
+    assert plain is not None and packed is not None
+    torch.testing.assert_close(plain, packed, atol=1e-5, rtol=1e-5)
+    assert torch.all(plain[:, 0] == 0)
+    assert torch.all(plain[batch["attention_mask"] == 0] == 0)
+
+
+def _params(backend):
+    return {n: t.clone() for b in backend.iter_full_tensor_buckets(1 << 16) for n, t in b}
+
+
+def _max_diff(a, b):
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_accumulation_dynamic_batching_and_packing_match_full_batch(tiny_model_path):
+    batches = [make_batch(8, 20, seed=s) for s in range(2)]
+    ref = _backend(tiny_model_path, per_device_train_batch_size=8, gradient_accumulation_steps=1)
+    variants = [
+        _backend(tiny_model_path, per_device_train_batch_size=2, gradient_accumulation_steps=4),
+        _backend(tiny_model_path, per_device_train_batch_size=8, gradient_accumulation_steps=1,
+                 use_dynamic_batching=True, max_tokens_per_microbatch=40, use_sequence_packing=True),
+    ]
+    for batch in batches:
+        m_ref = ref.train_step(batch, nll_loss)
+        for v in variants:
+            m = v.train_step(batch, nll_loss)
+            assert m["actor/loss"] == pytest.approx(m_ref["actor/loss"], rel=1e-5)
+    p_ref = _params(ref)
+    for v in variants:
+        assert _max_diff(p_ref, _params(v)) < 2e-5
+    assert _max_diff(p_ref, _params(_backend(tiny_model_path))) > 1e-4  # training moved weights
+
+
+def test_ppo_epochs_and_mini_batches_count_optimizer_steps(tiny_model_path):
+    backend = _backend(tiny_model_path, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                       ppo_epochs=3)
+    metrics = backend.train_step(make_batch(8, 12), nll_loss)
+    assert metrics["actor/optimizer_steps"] == 6.0  # 3 epochs x (8 samples / 4 per mini-batch)
+    assert backend.global_step == 6
+
+
+def test_actor_loss_on_policy_ppo_equals_minus_mean_advantage(tiny_model_path):
+    batch = make_batch(6, 16, seed=4)
+    loss_fn = build_actor_loss({"pg_variant": "ppo", "loss_agg_mode": "token-mean",
+                                                "entropy_loss_coef": 0.0})
+    backend = _backend(tiny_model_path, per_device_train_batch_size=3, gradient_accumulation_steps=2)
+    old = backend.forward(batch).log_probs
+    metrics = backend.train_step({**batch, "old_log_probs": old}, loss_fn)
+    # ratio == 1 at the first step: L = -sum(A m) / sum(m) over the whole mini-batch
+    expected = -masked_mean(batch["advantages"], batch["response_mask"]).item()
+    assert metrics["actor/pg_loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert metrics["actor/clip_frac"] == pytest.approx(0.0)
+
+
+def test_critic_train_step_reduces_value_loss(tiny_model_path):
+    batch = make_batch(4, 12, seed=5)
+    batch["returns"] = torch.ones(4, 12) * batch["response_mask"]
+    backend = _backend(tiny_model_path, role="critic", per_device_train_batch_size=4,
+                       gradient_accumulation_steps=1, learning_rate=3e-3)
+    loss_fn = build_critic_loss({"value_clip": None})
+    first = backend.train_step(batch, loss_fn)["critic/vf_loss"]
+    for _ in range(5):
+        last = backend.train_step(batch, loss_fn)["critic/vf_loss"]
+    assert last < first
+
+
+def test_nonfinite_loss_skips_step_and_k_consecutive_raise(tiny_model_path):
+    backend = _backend(tiny_model_path, max_consecutive_nonfinite=2)
+    before = _params(backend)
+    bad = make_batch(8, 12)
+    bad["advantages"][1, 5] = float("nan")
+
+    def loss_fn(mb, out, ctx):
+        loss, m = nll_loss(mb, out, ctx)
+        w = masked_mean(mb["advantages"], mb["response_mask"])
+        return loss + 0.0 * w, m
+
+    m = backend.train_step(bad, loss_fn)
+    assert m["actor/skipped_steps"] == 1.0 and math.isnan(m["actor/grad_norm"])
+    assert _max_diff(before, _params(backend)) == 0.0
+    assert backend.train_step(make_batch(8, 12), loss_fn)["actor/skipped_steps"] == 0.0
+    backend.train_step(bad, loss_fn)
+    with pytest.raises(rl_train.NonFiniteTrainingError, match="2 optimizer steps in a row"):
+        backend.train_step(bad, loss_fn)
+
+
+def test_lr_schedules_hand_values():
+    args = rl_train.parse_training_args({"lr_scheduler_type": "cosine", "warmup_steps": 4, "max_steps": 14})
+    assert lr_multiplier(0, args) == pytest.approx(1 / 5)
+    assert lr_multiplier(3, args) == pytest.approx(4 / 5)
+    assert lr_multiplier(4, args) == pytest.approx(1.0)
+    assert lr_multiplier(9, args) == pytest.approx(0.5)  # half-way through the cosine
+    assert lr_multiplier(14, args) == pytest.approx(0.0)
+    lin = rl_train.parse_training_args({"lr_scheduler_type": "linear", "max_steps": 10})
+    assert lr_multiplier(5, lin) == pytest.approx(0.5)
+
+
+def test_training_args_errors_name_the_field():
+    with pytest.raises(ValueError, match="training_args.per_device_train_batch_size"):
+        rl_train.parse_training_args({"per_device_train_batch_size": 1.5})
+    with pytest.raises(ValueError, match="lr_scheduler_type"):
+        rl_train.parse_training_args({"lr_scheduler_type": "exp"})
+    assert rl_train.parse_training_args({"output_dir": "x", "ppo_epochs": 2}).ppo_epochs == 2
+
+
+def test_checkpoint_resume_is_bit_exact_and_falls_back(tiny_model_path, tmp_path):
+    batches = [make_batch(8, 14, seed=10 + s) for s in range(4)]
+    straight = _backend(tiny_model_path, lr_scheduler_type="cosine", warmup_steps=1, max_steps=4)
+    for b in batches:
+        straight.train_step(b, nll_loss)
+    first = _backend(tiny_model_path, lr_scheduler_type="cosine", warmup_steps=1, max_steps=4)
+    for s, b in enumerate(batches[:2]):
+        first.train_step(b, nll_loss)
+        first.save_checkpoint(tmp_path, s + 1, {"epoch": s})
+    (tmp_path / ".tmp_step_00000009").mkdir()  # a crashed save is never picked
+    assert [p.name for p in ckpt.committed_checkpoints(tmp_path)] == ["step_00000002", "step_00000001"]
+    resumed = _backend(tiny_model_path, lr_scheduler_type="cosine", warmup_steps=1, max_steps=4)
+    step, extra = resumed.load_checkpoint(tmp_path)
+    assert (step, extra) == (2, {"epoch": 1})
+    for b in batches[2:]:
+        resumed.train_step(b, nll_loss)
+    assert _max_diff(_params(straight), _params(resumed)) == 0.0
+
+    # truncate a shard of the newest checkpoint: reported by name, previous one used
+    shard = next((tmp_path / "step_00000002" / "model_optim").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    again = _backend(tiny_model_path)
+    step, _ = again.load_checkpoint(tmp_path)
+    assert step == 1
+    report = again.last_load_report
+    assert report is not None and report.loaded.name == "step_00000001"
+    assert shard.name in report.rejected[0][1] and "truncated" in report.rejected[0][1]
+    shutil.rmtree(tmp_path / "step_00000001")
+    with pytest.raises(rl_train.CheckpointError, match=shard.name):
+        _backend(tiny_model_path).load_checkpoint(tmp_path)
+
+
+def test_export_hf_loads_in_transformers(tiny_model_path, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    backend = _backend(tiny_model_path)
+    backend.train_step(make_batch(8, 12), nll_loss)
+    out = backend.export_hf(tmp_path / "hf")
+    assert (Path(out) / "model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    AutoTokenizer.from_pretrained(out)
+    batch = make_batch(3, 10, seed=9)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+    ours = backend.forward(batch).log_probs
+    assert ours is not None
+    mask = batch["attention_mask"][:, 1:].bool()
+    torch.testing.assert_close(ours[:, 1:][mask], lp[mask], atol=2e-5, rtol=1e-5)

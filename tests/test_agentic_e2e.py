@@ -1,0 +1,138 @@
+"""End to end: apps/agentic on the CPU with a tiny model (HF engine), through Ray and in-process.
+
+Asserts what a run must do: finite losses, actor weights that change, engines holding exactly the
+trainer's weights after every versioned sync, metrics logged, and a run stopped after step k and
+resumed giving the same step k+1 metrics as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "apps" / "agentic"
+CONFIG = APP / "configs" / "cpu_default.yaml"
+
+
+def _overrides(out: Path, **extra: object) -> list[str]:
+    base = {
+        "output_dir": str(out),
+        "logging_dir": str(out / "logs"),
+        "render_save_dir": str(out / "render"),
+        "checkpoint_config.output_dir": str(out / "ckpt"),
+        "pretrain": str(out.parent / "tiny_model"),
+        "track_with": "stdout",
+        "max_steps": 2,
+        "eval_steps": 2,
+        "save_steps": 0,
+        "rollout_batch_size": 8,
+        "train_env_manager.num_env_groups": 2,
+        "train_env_manager.group_size": 4,
+        "train_env_manager.num_groups_partition": "[2]",
+        "val_env_manager.num_env_groups": 4,
+        "val_env_manager.num_groups_partition": "[4]",
+        "actor_train.training_args.per_device_train_batch_size": 4,
+        "actor_train.training_args.gradient_accumulation_steps": 2,
+        "agentic_app.warmup.steps": 2,
+        "agentic_app.warmup.episodes": 8,
+        "agentic_app.warmup.batch_size": 8,
+        "agentic_app.eval_before_training": "false",
+        "agentic_app.check_sync_weights": "true",
+        "agentic_app.export_hf": "true",
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def _run(out: Path, *args: str, **extra: object) -> list[dict]:
+    cmd = [sys.executable, str(APP), "--config", str(CONFIG), *args, *_overrides(out, **extra)]
+    proc = subprocess.run(cmd, cwd=out.parent, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["step"] > 0]
+
+
+def _check_run(rows: list[dict], out: Path) -> None:
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert math.isfinite(r["train/loss"]) and math.isfinite(r["train/grad_norm"])
+        assert r["sync/max_abs_diff"] == 0.0  # engine == trainer after every sync
+        assert r["sync/weight_version"] == r["step"] + 1  # warm-up sync was version 1
+        assert 0.0 <= r["env/success_rate"] <= 1.0
+        assert r["timing/rollout"] > 0 and r["rollout/num_trajectories"] == 8
+    assert "val/success_rate" in steps[-1]
+    assert (out / "curves.png").stat().st_size > 0
+    # exported HF weights differ from the initial tiny model: the actor was trained
+    from safetensors.torch import load_file
+
+    before = load_file(str(out.parent / "tiny_model" / "model.safetensors"))
+    after = load_file(str(out / "hf_model" / "model.safetensors"))
+    changed = [k for k in before if k in after and not before[k].equal(after[k])]
+    assert changed, "no parameter changed during training"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_agentic_cpu_ray_hf_engine(tmp_path):
+    out = tmp_path / "ray_run"
+    rows = _run(out, "agentic_app.num_cpus=2")
+    _check_run(rows, out)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_agentic_resume_matches_uninterrupted(tmp_path):
+    common = {"max_steps": 3, "save_steps": 2, "agentic_app.check_sync_weights": "false"}
+    full = _run(tmp_path / "full", "--no-ray", **common)
+    _run(tmp_path / "part", "--no-ray", **{**common, "max_steps": 2})
+    resumed = _run(tmp_path / "part", "--no-ray", **{**common, "resume_from_checkpoint": "true"})
+    step3_full = next(r for r in full if r["step"] == 3 and "train/loss" in r)
+    step3_resumed = next(r for r in resumed if r["step"] == 3 and "train/loss" in r)
+    for key in ("env/success_rate", "env/episode_reward", "rollout/response_tokens",
+                "train/loss", "train/grad_norm", "sync/weight_version"):
+        assert step3_resumed[key] == pytest.approx(step3_full[key], rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.xdist_group("ray")
+def test_agentic_cpu_ray_vllm_engine(tmp_path):
+    pytest.importorskip("vllm")
+    out = tmp_path / "vllm_run"
+    rows = _run(
+        out,
+        "agentic_app.num_cpus=2",
+        **{
+            "actor_infer.strategy_args.strategy_name": "vllm",
+            "actor_infer.strategy_args.strategy_config": "{gpu_memory_utilization: 0.1}",
+        },
+    )
+    _check_run(rows, out)
+
+
+def test_seed000_config_validates_and_dry_runs():
+    cfg = APP / "configs" / "examples" / "agentic_val_sokoban.yaml"
+    proc = subprocess.run(
+        [sys.executable, str(APP), "--config", str(cfg), "--dry-run"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "actor_train  workers=2 devices=[0, 1]" in proc.stdout
+    assert "actor_infer  workers=1 devices=[2]" in proc.stdout
+    assert "deepspeed_train" in proc.stdout and "strategy=vllm" in proc.stdout
+
+
+def test_bad_override_names_the_key():
+    proc = subprocess.run(
+        [sys.executable, str(APP), "--dry-run", "actor_train.training_args.learning_rat=1e-5"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 1
+    assert "learning_rat" in proc.stderr and "learning_rate" in proc.stderr
