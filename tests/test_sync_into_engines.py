@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-pytestmark = pytest.mark.xdist_group("dist")
+pytestmark = [pytest.mark.xdist_group("dist"), pytest.mark.slow]  # ~40 s idle, minutes when loaded
 
 TRAINER = textwrap.dedent(
     """
@@ -83,7 +83,9 @@ def test_trainer_process_syncs_into_hf_engine_and_log_probs_match(tmp_path):
 
     prompt = [3, 17, 42, 9, 5]
     request = GenerationRequest(
-        request_id="r0", prompt_ids=prompt, sampling=SamplingParams(max_new_tokens=8, seed=7, ignore_eos=True)
+        request_id="r0",
+        prompt_ids=prompt,
+        sampling=SamplingParams(max_new_tokens=8, seed=7, ignore_eos=True),
     )
     (result,) = asyncio.run(engine.generate([request]))
     engine.shutdown()

@@ -52,7 +52,7 @@ def qwen05b_shapes(size_gb: float) -> list[tuple[str, tuple[int, ...]]]:
     fraction = min(1.0, size_gb * 1e9 / full_bytes)
     layers = max(1, round(LAYERS * fraction))
     vocab = max(1024, int(VOCAB * fraction))
-    shapes = [("model.embed_tokens.weight", (vocab, HIDDEN))]
+    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (vocab, HIDDEN))]
     for i in range(layers):
         shapes += [(f"model.layers.{i}.{name}", shape) for name, shape in layer]
     shapes.append(("model.norm.weight", (HIDDEN,)))
@@ -66,10 +66,17 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def make_state(shapes: list[tuple[str, tuple[int, ...]]], device: str = "cpu") -> list[tuple[str, torch.Tensor]]:
+def make_state(
+    shapes: list[tuple[str, tuple[int, ...]]], device: str = "cpu"
+) -> list[tuple[str, torch.Tensor]]:
     gen = torch.Generator(device=device).manual_seed(0)
     return [
-        (name, torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(torch.bfloat16))
+        (
+            name,
+            torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(
+                torch.bfloat16
+            ),
+        )
         for name, shape in shapes
     ]
 
@@ -93,7 +100,9 @@ def memcpy_gbps(nbytes: int, device: str = "cpu", repeats: int = 3) -> float:
 # --------------------------------------------------------------------------------------------------
 # CPU: gloo between two processes
 # --------------------------------------------------------------------------------------------------
-def _cpu_receiver(port_queue: Any, results: Any, shapes: list, schedule: list, threads: int) -> None:
+def _cpu_receiver(
+    port_queue: Any, results: Any, shapes: list, schedule: list, threads: int
+) -> None:
     torch.set_num_threads(threads)
     group = init_group("127.0.0.1", port_queue.get(timeout=120), 1, 2, timeout_s=600)
     engine = {name: torch.empty(shape, dtype=torch.bfloat16) for name, shape in shapes}
@@ -140,7 +149,9 @@ def run_cpu(args: argparse.Namespace) -> list[dict[str, Any]]:
         group.barrier()
         raw_times.append(time.perf_counter() - start)
     raw = nbytes / min(raw_times) / 1e9
-    rows.append({"mode": "gloo raw broadcast (1 flat buffer)", "bucket_mb": "-", "gbps": raw, "buckets": 1})
+    rows.append(
+        {"mode": "gloo raw broadcast (1 flat buffer)", "bucket_mb": "-", "gbps": raw, "buckets": 1}
+    )
     for bucket_mb in buckets_mb:
         sender = WeightSender(group, bucket_mb << 20)
         times, recv_times, num_buckets = [], [], 0
@@ -168,7 +179,9 @@ def run_cpu(args: argparse.Namespace) -> list[dict[str, Any]]:
         f"\nCPU: {nbytes / 1e9:.2f} GB bf16 state ({len(shapes)} tensors, Qwen2.5-0.5B shapes), "
         f"{args.threads} thread(s), best of {args.repeats}; memcpy {memcpy:.2f} GB/s"
     )
-    print(f"| {'path':36} | {'bucket MB':>9} | {'buckets':>7} | {'GB/s':>6} | {'x memcpy':>8} | {'recv+apply GB/s':>15} |")
+    print(
+        f"| {'path':36} | {'bucket MB':>9} | {'buckets':>7} | {'GB/s':>6} | {'x memcpy':>8} | {'recv+apply GB/s':>15} |"
+    )
     print(f"|{'-' * 38}|{'-' * 11}|{'-' * 9}|{'-' * 8}|{'-' * 10}|{'-' * 17}|")
     for row in rows:
         recv = f"{row['recv_gbps']:.2f}" if "recv_gbps" in row else "-"
@@ -187,7 +200,9 @@ def _gpu_receiver(port_queue: Any, results: Any, shapes: list, repeats: int) -> 
 
     torch.cuda.set_device(0)
     group = init_group("127.0.0.1", port_queue.get(timeout=120), 1, 2, timeout_s=600)
-    engine = {name: torch.empty(shape, dtype=torch.bfloat16, device="cuda") for name, shape in shapes}
+    engine = {
+        name: torch.empty(shape, dtype=torch.bfloat16, device="cuda") for name, shape in shapes
+    }
     receiver = IpcReceiver("cuda:0")
 
     def apply(named: list[tuple[str, torch.Tensor]]) -> None:
@@ -228,7 +243,9 @@ def run_gpu(args: argparse.Namespace) -> None:
     group.close()
     child.join(timeout=60)
     best = min(totals)
-    print(f"\nGPU ({torch.cuda.get_device_name(0)}): {nbytes / 1e9:.2f} GB bf16 state; device copy {copy:.1f} GB/s")
+    print(
+        f"\nGPU ({torch.cuda.get_device_name(0)}): {nbytes / 1e9:.2f} GB bf16 state; device copy {copy:.1f} GB/s"
+    )
     print("| path | ms end-to-end | GB/s | x device copy | receiver ms (map+verify+apply) |")
     print("|---|---|---|---|---|")
     print(
@@ -241,7 +258,9 @@ def run_gpu(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size-gb", type=float, default=1.0)
     parser.add_argument("--buckets-mb", default="16,64,256,1024")
     parser.add_argument("--repeats", type=int, default=2)

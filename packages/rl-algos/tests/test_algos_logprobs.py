@@ -48,7 +48,7 @@ def test_chunked_logits_equal_naive_value_and_grad(seed: int, chunk: int, temper
     torch.testing.assert_close(g_c, g_n)
     # log-prob only and entropy only
     (g1,) = torch.autograd.grad((log_probs_from_logits_chunked(logits, labels, chunk_size=chunk, temperature=temperature)[0] * w_lp).sum(), logits)
-    (g1n,) = torch.autograd.grad((lp_n * w_lp).sum(), logits)
+    (g1n,) = torch.autograd.grad((log_probs_from_logits(logits, labels, temperature) * w_lp).sum(), logits)
     torch.testing.assert_close(g1, g1n)
     e_only = entropy_from_logits_chunked(logits, chunk_size=chunk, temperature=temperature)
     (g2,) = torch.autograd.grad((e_only * w_ent).sum(), logits)

@@ -65,7 +65,9 @@ def _reference_checksum(data: bytes) -> int:
     mask = (1 << 64) - 1
     n = len(data)
     total = n * 0x9E3779B97F4A7C15
-    words = [int.from_bytes(data[i : i + 8], "little", signed=True) for i in range(0, n // 8 * 8, 8)]
+    words = [
+        int.from_bytes(data[i : i + 8], "little", signed=True) for i in range(0, n // 8 * 8, 8)
+    ]
     if words:
         lanes = min(64, len(words))
         per = len(words) // lanes
@@ -79,12 +81,16 @@ def _reference_checksum(data: bytes) -> int:
 
 @pytest.mark.parametrize("nbytes", [0, 5, 8, 64, 1000, 4099])
 def test_checksum_matches_plain_loop_reference(nbytes):
-    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes))
+    data = torch.randint(
+        0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes)
+    )
     assert checksum(data) == _reference_checksum(bytes(data.tolist()))
 
 
 def test_checksum_detects_flips_swaps_and_truncation():
-    data = torch.randint(0, 256, (8 * 640,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    data = torch.randint(
+        0, 256, (8 * 640,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)
+    )
     base = checksum(data)
     for position in (0, 7, 2000, data.numel() - 1):
         for bit in (0x01, 0x80):
@@ -95,7 +101,9 @@ def test_checksum_detects_flips_swaps_and_truncation():
     words[[0, 100]] = words[[100, 0]]  # move data between lanes
     assert checksum(words.view(torch.uint8)) != base
     assert checksum(data[:-8]) != base
-    assert checksum(torch.zeros(16, dtype=torch.uint8)) != checksum(torch.zeros(24, dtype=torch.uint8))
+    assert checksum(torch.zeros(16, dtype=torch.uint8)) != checksum(
+        torch.zeros(24, dtype=torch.uint8)
+    )
 
 
 def test_unpack_rejects_short_payload_naming_the_bucket():

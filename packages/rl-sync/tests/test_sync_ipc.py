@@ -64,7 +64,9 @@ def test_tampered_buffer_and_stale_version_apply_nothing():
         with pytest.raises(VersionError, match="stale IPC version 3"):
             receiver.receive(sender.export(make_named_tensors(0), 3), calls.append)
         with pytest.raises(VersionError, match="9 was expected"):
-            receiver.receive(sender.export(make_named_tensors(0), 6), calls.append, expected_version=9)
+            receiver.receive(
+                sender.export(make_named_tensors(0), 6), calls.append, expected_version=9
+            )
         assert calls == [] and receiver.last_version == 4
     finally:
         sender.close()

@@ -134,7 +134,7 @@ class _ChunkedFromLogits(torch.autograd.Function):
         ent = torch.empty_like(lp) if need_entropy else lp.new_empty(0)
         for start in range(0, n, chunk_size):
             sl = slice(start, min(start + chunk_size, n))
-            z = logits[sl].to(lse.dtype)
+            z = logits[sl].to(lse.dtype, copy=True)  # private buffer: modified in place
             if temperature != 1.0:
                 z.div_(temperature)
             c_lp, c_lse, c_ent = _chunk_stats(z, labels[sl], need_entropy)
@@ -160,7 +160,7 @@ class _ChunkedFromLogits(torch.autograd.Function):
         n = logits.shape[0]
         for start in range(0, n, ctx.chunk_size):
             sl = slice(start, min(start + ctx.chunk_size, n))
-            z = logits[sl].to(lse.dtype)
+            z = logits[sl].to(lse.dtype, copy=True)  # private buffer: modified in place
             if ctx.temperature != 1.0:
                 z.div_(ctx.temperature)
             g = _chunk_grad(

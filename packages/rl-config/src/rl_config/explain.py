@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
+from pydantic.fields import PydanticUndefined
 
 from rl_config.diagnostics import suggest_key
 from rl_config.errors import ConfigError, ConfigIssue
@@ -36,7 +36,7 @@ class FieldDoc:
 
     def render(self) -> str:
         default = "(required)" if self.default is PydanticUndefined else _show(self.default)
-        lines = [self.path, f"  type:        {self.type}"]
+        lines = [self.path or "(top level)", f"  type:        {self.type}"]
         if self.constraints:
             lines.append(f"  constraints: {self.constraints}")
         lines.append(f"  default:     {default}")

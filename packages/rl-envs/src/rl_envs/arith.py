@@ -77,8 +77,9 @@ def evaluate(expression: str) -> int | float:
 def numbers_in(expression: str) -> list[int | float]:
     """The numeric literals of an expression, in order (for Countdown's use-each-once rule)."""
     tree = ast.parse(expression.strip().replace("^", "**"), mode="eval")
-    return [
-        n.value
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Constant) and type(n.value) in (int, float)
-    ]
+    values: list[int | float] = []
+    for node in ast.walk(tree):
+        value = node.value if isinstance(node, ast.Constant) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            values.append(value)
+    return values

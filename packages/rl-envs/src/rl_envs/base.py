@@ -47,6 +47,11 @@ class Env(Protocol):
     def close(self) -> None: ...
 
 
+def random_seed() -> int:
+    """A fresh seed when ``reset`` is called without one."""
+    return int(np.random.default_rng().integers(2**31))
+
+
 class EpisodeOverError(RuntimeError):
     """``step`` was called after the episode terminated or was truncated."""
 
@@ -104,7 +109,7 @@ class TextGameEnv:
 
     # ----- protocol -------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
-        self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+        self.seed = int(seed) if seed is not None else random_seed()
         self._reset_game(np.random.default_rng(self.seed))
         self.steps_taken = 0
         self.episode_reward = 0.0

@@ -247,17 +247,25 @@ class VLLMEngine:
     def shutdown(self) -> None:
         if self._loop.is_closed():
             return
-        try:
+        async def _shutdown() -> None:
             self.llm.shutdown()
+
+        try:
+            self._call(_shutdown())  # on the engine loop, where its output handler runs
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
             self._loop.close()
 
     def state_dict_for_check(self) -> dict[str, torch.Tensor]:
-        """Live weights under HF names (from worker 0; tensor_parallel_size=1)."""
-        return self._call(self.llm.collective_rpc("rl_hf_state_dict"))[0]
+        """Live weights under HF names (from worker 0; tensor_parallel_size=1). On the CPU, linear
+        weights packed for oneDNN are not readable and are left out (embeddings, norms remain)."""
+        from safetensors.torch import load
+
+        return load(self._call(self.llm.collective_rpc("rl_hf_state_dict"))[0])
 
     def vllm_named_parameters(self) -> dict[str, torch.Tensor]:
         """Live weights as vLLM stores them (fused q/k/v and gate/up), from worker 0."""
-        return self._call(self.llm.collective_rpc("rl_named_parameters"))[0]
+        from safetensors.torch import load
+
+        return load(self._call(self.llm.collective_rpc("rl_named_parameters"))[0])

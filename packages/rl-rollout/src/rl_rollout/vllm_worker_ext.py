@@ -30,18 +30,24 @@ class RLWorkerExtension:
         self.model_runner.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
         return len(named_tensors)
 
-    def rl_named_parameters(self) -> dict[str, torch.Tensor]:
-        """The live weights as vLLM stores them (fused names), as CPU copies."""
-        return {n: p.detach().to("cpu", copy=True) for n, p in self._rl_model().named_parameters()}
+    def rl_named_parameters(self) -> bytes:
+        """The live weights as vLLM stores them (fused names), as safetensors bytes (the RPC
+        return path does not carry tensors with their dtype)."""
+        return _to_bytes(
+            {n: p.detach().to("cpu", copy=True) for n, p in self._rl_model().named_parameters()}
+        )
 
-    def rl_hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The live weights under HF names (q/k/v and gate/up unfused); tensor_parallel_size=1."""
+    def rl_hf_state_dict(self) -> bytes:
+        """The live weights under HF names (q/k/v and gate/up unfused; tensor_parallel_size=1), as
+        safetensors bytes. Tensors packed into a kernel layout (CPU oneDNN) are left out."""
         config = self.model_runner.model_config.hf_config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         q_size = config.num_attention_heads * head_dim
         kv_size = config.num_key_value_heads * head_dim
         out: dict[str, torch.Tensor] = {}
-        for name, tensor in self.rl_named_parameters().items():
+        from safetensors.torch import load
+
+        for name, tensor in load(self.rl_named_parameters()).items():
             if tensor.numel() == 0:  # packed into a kernel-specific layout (CPU oneDNN)
                 continue
             if ".qkv_proj." in name:
@@ -54,7 +60,13 @@ class RLWorkerExtension:
                 out[name.replace("gate_up_proj", "up_proj")] = up.clone()
             else:
                 out[name] = tensor
-        return out
+        return _to_bytes(out)
+
+
+def _to_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
+    from safetensors.torch import save
+
+    return save({k: v.contiguous() for k, v in tensors.items()})
 
     # Note: on the CPU vLLM packs linear weights for oneDNN after loading and leaves the parameter
     # empty; such tensors are skipped by rl_hf_state_dict (see its caller).

@@ -198,7 +198,7 @@ class IpcSender:
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         self.device = torch_device(detect_device_kind()) if device is None else torch.device(device)
-        self.transport = ipc_transport(kind_of(self.device))
+        self.transport: Transport = ipc_transport(kind_of(self.device))
         self._buffer: torch.Tensor | None = None
         self._location: dict[str, Any] = {}
 

@@ -260,7 +260,9 @@ def ipc_receiver_main(
 
     torch.set_num_threads(1)
     try:
-        group = init_group("127.0.0.1", port_queue.get(timeout=timeout_s), 1, 2, timeout_s=timeout_s)
+        group = init_group(
+            "127.0.0.1", port_queue.get(timeout=timeout_s), 1, 2, timeout_s=timeout_s
+        )
         receiver = IpcReceiver()
         for _ in range(syncs):
             state: dict[str, torch.Tensor] = {}

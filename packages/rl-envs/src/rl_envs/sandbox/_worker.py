@@ -240,6 +240,12 @@ def _drain(fd: int, chunks: list[bytes]) -> bool:
 
 def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     limits = task["limits"]
+    if task["kind"] == "call":
+        # trusted module: import it once in the worker so calls do not pay for it after the fork
+        try:
+            importlib.import_module(task["target"].partition(":")[0])
+        except Exception as exc:
+            return {"ok": False, "kind": "exception", "error": f"cannot import target: {exc!r}"[:2000]}
     cap = int(limits["max_output_bytes"])
     workdir = tempfile.mkdtemp(prefix="rl_sandbox_")
     if state["root"] and limits["drop_privileges"]:

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from rl_envs.base import random_seed
 from rl_envs.tasks.data import TaskRow
 from rl_envs.tasks.single_turn import SingleTurnEnv
 
@@ -52,7 +53,7 @@ class CountdownEnv(SingleTurnEnv):
         super().__init__([placeholder], **kwargs)
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
-        seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+        seed = int(seed) if seed is not None else random_seed()
         task = generate_countdown(seed, num_numbers=self.num_numbers, max_number=self.max_number)
         prompt = PROMPT.format(numbers=task["numbers"], target=task["target"])
         truth = {"numbers": task["numbers"], "target": task["target"]}

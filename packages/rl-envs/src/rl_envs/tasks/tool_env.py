@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from rl_envs import arith
+from rl_envs.base import random_seed
 from rl_envs.rewards.registry import grader_target
 from rl_envs.sandbox.pool import SandboxPool
 from rl_envs.tasks.data import TaskRow
@@ -83,7 +84,7 @@ class ToolEnv:
         return self._pool
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
-        seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+        seed = int(seed) if seed is not None else random_seed()
         self.row = self.rows[seed % len(self.rows)] if self.rows else generate_arithmetic_task(seed)
         self.steps_taken = 0
         self.done = False

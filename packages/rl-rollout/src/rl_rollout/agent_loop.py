@@ -1,0 +1,359 @@
+"""The multi-turn agent loop: engine + env + tokenizer -> token-exact Trajectory records.
+
+Token exactness: the conversation is kept as token ids. The first prompt is tokenised once; each
+model turn appends exactly the engine's ``output_ids`` (``response_mask`` True, rollout log-probs
+aligned); the env's answer appends the tokenised template suffix (close the assistant message if
+the model did not, the next user message with the observation, the next assistant header;
+``response_mask`` False). Generated text is decoded only to give the env its action; it is never
+re-tokenised, so the tokens trained on are the tokens that were sampled.
+
+Env-level asynchrony (``mode="async"``): every episode is an asyncio task that submits its next turn
+as soon as its env has answered; at most ``max_running_requests`` requests are in flight (a
+semaphore). Engines batch whatever is pending (HFEngine admits new requests between decode steps;
+vLLM schedules continuously). ``mode="lockstep"`` is the baseline: every round generates one turn
+for all live episodes with one batched call, then steps every env.
+
+Single-turn tasks (RLVR) use the same loop: their env terminates after one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rl_config.records import GenerationRequest, GenerationResult, SamplingParams, Trajectory, Turn
+
+from rl_rollout.engine import Engine
+from rl_rollout.templates import ChatTemplate, get_template
+
+__all__ = ["AgentLoop", "EpisodeSpec"]
+
+
+@dataclass
+class EpisodeSpec:
+    """One episode to run: an env (rl_envs protocol), its reset seed and bookkeeping ids."""
+
+    env: Any
+    seed: int
+    group_id: str = ""
+    tag: str = ""
+    traj_id: str | None = None
+
+
+def _as_spec(item: Any, index: int) -> EpisodeSpec:
+    if isinstance(item, EpisodeSpec):
+        spec = item
+    elif isinstance(item, tuple):
+        spec = EpisodeSpec(*item)
+    elif hasattr(item, "assignment") and hasattr(item, "env"):  # rl_envs.groups.EnvSlot
+        a = item.assignment
+        spec = EpisodeSpec(item.env, int(a.seed), str(a.group_id), str(a.tag),
+                           f"g{a.group_id}-e{a.env_id}")
+    else:
+        raise TypeError(
+            f"episode #{index}: expected EpisodeSpec, (env, seed[, group_id, tag]) or an EnvSlot, "
+            f"got {type(item).__name__}"
+        )
+    if spec.traj_id is None:
+        spec.traj_id = f"{spec.group_id or 'traj'}-{index}-{uuid.uuid4().hex[:8]}"
+    return spec
+
+
+@dataclass
+class _Episode:
+    """State of one running episode (token ids and bookkeeping)."""
+
+    spec: EpisodeSpec
+    token_ids: list[int] = field(default_factory=list)
+    response_mask: list[bool] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    prompt_length: int = 0
+    turns: list[Turn] = field(default_factory=list)
+    turn_idx: int = 0
+    done: bool = False
+    termination: str = "max_steps"
+    success: bool = False
+    error: str | None = None
+    versions: list[int] = field(default_factory=list)
+    gen_s: float = 0.0
+    env_s: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+    def append(self, ids: list[int], *, model: bool, log_probs: list[float] | None = None) -> None:
+        self.token_ids.extend(ids)
+        self.response_mask.extend([model] * len(ids))
+        self.log_probs.extend(log_probs if log_probs is not None else [0.0] * len(ids))
+
+
+class AgentLoop:
+    """Runs episodes of rl_envs environments against an Engine (see module docstring).
+
+    Args:
+        engine: any :class:`rl_rollout.engine.Engine`.
+        tokenizer: the HF tokenizer of the engine's model.
+        template: chat template name (``native`` = the tokenizer's own, or ``qwen2_5`` ...).
+        max_tokens_per_step: max new tokens of one model turn (ROLL's ``max_tokens_per_step``).
+        max_running_requests: bound on concurrently pending generate requests.
+        sampling: base sampling parameters (``n`` must be 1; ``max_new_tokens`` is set per turn).
+        max_sequence_length: budget of the whole conversation in tokens (ROLL's sequence_length);
+            an episode that would exceed it ends with termination_reason ``"max_length"``.
+        max_turns: cap on turns per episode (default: the env's ``max_steps``).
+        mode: ``"async"`` (env-level asynchrony) or ``"lockstep"`` (baseline).
+        env_step_in_thread: run ``env.step`` in a worker thread (for slow envs) so it overlaps
+            with generation of other episodes.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        *,
+        template: str | ChatTemplate = "native",
+        max_tokens_per_step: int = 128,
+        max_running_requests: int = 64,
+        sampling: SamplingParams | None = None,
+        max_sequence_length: int = 4096,
+        max_turns: int | None = None,
+        mode: Literal["async", "lockstep"] = "async",
+        env_step_in_thread: bool = False,
+    ) -> None:
+        sampling = sampling or SamplingParams()
+        if sampling.n != 1:
+            raise ValueError("AgentLoop sampling.n must be 1 (groups are separate envs with one seed)")
+        if max_tokens_per_step < 1:
+            raise ValueError(f"max_tokens_per_step must be >= 1, got {max_tokens_per_step}")
+        if max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
+        if mode not in ("async", "lockstep"):
+            raise ValueError(f"mode must be 'async' or 'lockstep', got {mode!r}")
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.template = template if isinstance(template, ChatTemplate) else get_template(template, tokenizer)
+        self.max_tokens_per_step = max_tokens_per_step
+        self.max_running_requests = max_running_requests
+        self.max_sequence_length = max_sequence_length
+        self.max_turns = max_turns
+        self.mode = mode
+        self.env_step_in_thread = env_step_in_thread
+        end_ids = self._encode(self.template.end_of_turn) if self.template.end_of_turn else []
+        self._end_of_turn_id = end_ids[0] if len(end_ids) == 1 else None
+        stop_ids = list(sampling.stop_token_ids)
+        if self._end_of_turn_id is not None and self._end_of_turn_id not in stop_ids:
+            stop_ids.append(self._end_of_turn_id)
+        self.sampling = SamplingParams(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_new_tokens=max_tokens_per_step,
+            stop=list(sampling.stop),
+            stop_token_ids=stop_ids,
+            seed=sampling.seed,
+            ignore_eos=sampling.ignore_eos,
+        )
+
+    # ------------------------------------------------------------------ public
+    async def run_episodes(self, envs_and_seeds: Iterable[Any]) -> list[Trajectory]:
+        """Run one episode per item; returns trajectories in input order."""
+        episodes = [_Episode(_as_spec(item, i)) for i, item in enumerate(envs_and_seeds)]
+        for ep in episodes:
+            self._start(ep)
+        if self.mode == "lockstep":
+            await self._run_lockstep(episodes)
+        else:
+            semaphore = asyncio.Semaphore(self.max_running_requests)
+            await asyncio.gather(*(self._run_async(ep, semaphore) for ep in episodes))
+        return [self._finish(ep) for ep in episodes]
+
+    # ------------------------------------------------------------------ drivers
+    async def _run_async(self, ep: _Episode, semaphore: asyncio.Semaphore) -> None:
+        while (request := self._next_request(ep)) is not None:
+            started = time.perf_counter()
+            try:
+                async with semaphore:
+                    result = (await self.engine.generate([request]))[0]
+            except Exception as exc:
+                self._fail(ep, f"engine: {type(exc).__name__}: {exc}")
+                return
+            ep.gen_s += time.perf_counter() - started
+            await self._consume(ep, result)
+
+    async def _run_lockstep(self, episodes: list[_Episode]) -> None:
+        while True:
+            pending = [(ep, req) for ep in episodes if (req := self._next_request(ep)) is not None]
+            if not pending:
+                return
+            for chunk_start in range(0, len(pending), self.max_running_requests):
+                chunk = pending[chunk_start : chunk_start + self.max_running_requests]
+                started = time.perf_counter()
+                try:
+                    results = await self.engine.generate([req for _, req in chunk])
+                except Exception as exc:
+                    for ep, _ in chunk:
+                        self._fail(ep, f"engine: {type(exc).__name__}: {exc}")
+                    continue
+                elapsed = time.perf_counter() - started
+                for (ep, _), result in zip(chunk, results):
+                    ep.gen_s += elapsed
+                    await self._consume(ep, result)
+
+    # ------------------------------------------------------------------ episode steps
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _start(self, ep: _Episode) -> None:
+        env = ep.spec.env
+        try:
+            observation, _info = env.reset(seed=ep.spec.seed)
+            messages = []
+            system = env.system_prompt() if hasattr(env, "system_prompt") else None
+            if system:
+                messages.append({"role": "system", "content": system})
+            instruction = env.instruction() if hasattr(env, "instruction") else ""
+            first = self._turn_text(env, observation, 0)
+            messages.append({"role": "user", "content": f"{instruction}\n{first}" if instruction else first})
+            ep.append(self._encode(self.template.prefix(messages)), model=False)
+            ep.prompt_length = len(ep.token_ids)
+        except Exception as exc:
+            self._fail(ep, f"env reset: {type(exc).__name__}: {exc}")
+
+    def _turn_text(self, env: Any, observation: str, turn_idx: int) -> str:
+        if hasattr(env, "turn_prompt"):
+            return env.turn_prompt(observation, turn_idx, self.max_tokens_per_step)
+        return observation
+
+    def _turn_limit(self, ep: _Episode) -> int:
+        env_steps = int(getattr(ep.spec.env, "max_steps", 1 << 30))
+        return min(env_steps, self.max_turns) if self.max_turns is not None else env_steps
+
+    def _next_request(self, ep: _Episode) -> GenerationRequest | None:
+        if ep.done:
+            return None
+        if ep.turn_idx >= self._turn_limit(ep):
+            ep.done, ep.termination = True, "max_steps"
+            return None
+        budget = min(self.max_tokens_per_step, self.max_sequence_length - len(ep.token_ids))
+        if budget < 1:
+            ep.done, ep.termination = True, "max_length"
+            return None
+        sampling = self.sampling
+        if budget != sampling.max_new_tokens or sampling.seed is not None:
+            seed = None if sampling.seed is None else sampling.seed + 7919 * ep.turn_idx + ep.spec.seed
+            sampling = SamplingParams(
+                n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                max_new_tokens=budget, stop=sampling.stop, stop_token_ids=sampling.stop_token_ids,
+                seed=seed, ignore_eos=sampling.ignore_eos,
+            )
+        return GenerationRequest(
+            request_id=f"{ep.spec.traj_id}/t{ep.turn_idx}",
+            prompt_ids=list(ep.token_ids),
+            sampling=sampling,
+        )
+
+    async def _consume(self, ep: _Episode, result: GenerationResult) -> None:
+        """Append the model's tokens as generated, step the env, append its answer as tokens."""
+        start = len(ep.token_ids)
+        ep.append(list(result.output_ids), model=True, log_probs=list(result.output_log_probs))
+        ep.versions.append(result.weight_version)
+        action_text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+        turn_idx = ep.turn_idx
+        ep.turn_idx += 1
+        if result.finish_reason == "abort":
+            ep.turns.append(Turn(turn_idx=turn_idx, start=start, end=len(ep.token_ids), action_text=action_text))
+            ep.done, ep.termination = True, "aborted"
+            return
+        env = ep.spec.env
+        started = time.perf_counter()
+        try:
+            if self.env_step_in_thread:
+                step = await asyncio.to_thread(env.step, action_text)
+            else:
+                step = env.step(action_text)
+            observation, reward, terminated, truncated, info = step
+        except Exception as exc:
+            ep.turns.append(Turn(turn_idx=turn_idx, start=start, end=len(ep.token_ids), action_text=action_text))
+            self._fail(ep, f"env step: {type(exc).__name__}: {exc}")
+            return
+        finally:
+            ep.env_s += time.perf_counter() - started
+        info = dict(info or {})
+        ep.success = bool(info.get("success", ep.success))
+        ep.turns.append(
+            Turn(
+                turn_idx=turn_idx,
+                start=start,
+                end=len(ep.token_ids),
+                action_text=action_text,
+                reward=float(reward),
+                terminated=bool(terminated),
+                truncated=bool(truncated),
+                format_ok=bool(info.get("format_ok", True)),
+                info=_plain(info),
+            )
+        )
+        if terminated:
+            ep.done, ep.termination = True, "success" if ep.success else "terminated"
+            return
+        if truncated or ep.turn_idx >= self._turn_limit(ep):
+            ep.done, ep.termination = True, "max_steps"
+            return
+        closed = bool(result.output_ids) and result.output_ids[-1] == self._end_of_turn_id
+        suffix_text = self.template.turn_suffix(
+            self._turn_text(env, observation, ep.turn_idx), model_closed_turn=closed
+        )
+        suffix = self._encode(suffix_text)
+        if len(ep.token_ids) + len(suffix) >= self.max_sequence_length:
+            ep.done, ep.termination = True, "max_length"
+            return
+        ep.append(suffix, model=False)
+
+    def _fail(self, ep: _Episode, error: str) -> None:
+        ep.done, ep.termination, ep.error = True, "error", error
+
+    def _finish(self, ep: _Episode) -> Trajectory:
+        spec = ep.spec
+        rewards = [t.reward for t in ep.turns]
+        return Trajectory(
+            traj_id=str(spec.traj_id),
+            group_id=spec.group_id,
+            tag=spec.tag,
+            env_seed=int(spec.seed),
+            token_ids=ep.token_ids,
+            prompt_length=ep.prompt_length,
+            response_mask=ep.response_mask,
+            rollout_log_probs=ep.log_probs,
+            turns=ep.turns,
+            episode_reward=float(sum(rewards)),
+            success=ep.success,
+            termination_reason=ep.termination,  # type: ignore[arg-type]
+            weight_version=min(ep.versions) if ep.versions else self.engine.weight_version,
+            failed=ep.error is not None,
+            error=ep.error,
+            timing={
+                "generate_s": ep.gen_s,
+                "env_s": ep.env_s,
+                "total_s": time.perf_counter() - ep.started,
+            },
+            metrics={
+                "num_turns": float(len(ep.turns)),
+                "response_tokens": float(sum(ep.response_mask)),
+                "format_ok_rate": (
+                    sum(t.format_ok for t in ep.turns) / len(ep.turns) if ep.turns else 0.0
+                ),
+            },
+        )
+
+
+def _plain(info: dict[str, Any]) -> dict[str, Any]:
+    """Keep JSON/msgpack-friendly info values only (records must encode)."""
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if isinstance(value, bool | int | float | str) or value is None:
+            out[str(key)] = value
+        elif isinstance(value, list | tuple) and all(isinstance(v, bool | int | float | str) for v in value):
+            out[str(key)] = list(value)
+    return out

@@ -1,0 +1,124 @@
+"""Chat templates as token-level building blocks for the agent loop.
+
+The agent loop never re-tokenises model output. It needs the template as pieces it can tokenise
+separately and append to token ids it already has:
+
+- ``prefix(messages)``: the first prompt (system + first user message + assistant header), text;
+- ``turn_suffix(observation)``: what follows a finished assistant turn: closing the assistant
+  message if the model did not (its end-of-turn token), the next user message, the next assistant
+  header.
+
+``native`` renders through ``tokenizer.apply_chat_template`` and derives the pieces from it by
+rendering a conversation with a sentinel assistant message (so any HF chat template works);
+named templates (``qwen2_5``) are written out explicitly. A template registry keeps them by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ChatTemplate", "get_template", "list_templates", "register_template"]
+
+_SENTINEL = "\u2063RL_ROLLOUT_SENTINEL\u2063"
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """Text pieces of a chat format.
+
+    ``end_of_turn``: the text that closes an assistant message (e.g. ``<|im_end|>``); if generation
+    stopped on it, it is already among the model's tokens and is not appended again.
+    ``between_turns``: text after ``end_of_turn`` and before the next user message (e.g. ``\\n``).
+    """
+
+    name: str
+    render_prefix: Callable[[list[dict[str, str]]], str]
+    user_turn: Callable[[str], str]
+    end_of_turn: str
+    between_turns: str
+
+    def prefix(self, messages: list[dict[str, str]]) -> str:
+        return self.render_prefix(messages)
+
+    def turn_suffix(self, observation: str, *, model_closed_turn: bool) -> str:
+        head = "" if model_closed_turn else self.end_of_turn
+        return head + self.between_turns + self.user_turn(observation)
+
+
+def _qwen2_5(_tokenizer: Any) -> ChatTemplate:
+    def render_prefix(messages: list[dict[str, str]]) -> str:
+        out = []
+        if not messages or messages[0]["role"] != "system":
+            out.append("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+        out.extend(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        out.append("<|im_start|>assistant\n")
+        return "".join(out)
+
+    return ChatTemplate(
+        name="qwen2_5",
+        render_prefix=render_prefix,
+        user_turn=lambda obs: f"<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n",
+        end_of_turn="<|im_end|>",
+        between_turns="\n",
+    )
+
+
+def _native(tokenizer: Any) -> ChatTemplate:
+    """Derive the pieces from ``tokenizer.apply_chat_template`` (text only, never the ids)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("template 'native': the tokenizer has no chat_template")
+
+    def render(messages: list[dict[str, str]], gen: bool) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+
+    def render_prefix(messages: list[dict[str, str]]) -> str:
+        return render(messages, True)
+
+    base = [{"role": "user", "content": "x"}]
+    with_gen = render(base, True)
+    full = render([*base, {"role": "assistant", "content": _SENTINEL}], False)
+    if not full.startswith(with_gen) or _SENTINEL not in full:
+        raise ValueError(
+            "template 'native': the chat template does not render an assistant message as "
+            "generation prompt + content; use a named template"
+        )
+    close = full[full.index(_SENTINEL) + len(_SENTINEL) :]
+    two = render([*base, {"role": "assistant", "content": _SENTINEL}, {"role": "user", "content": _SENTINEL}], True)
+    after_assistant = two[two.index(_SENTINEL) + len(_SENTINEL) :]
+    user_head, _, user_tail = after_assistant.partition(_SENTINEL)
+    if not user_head.startswith(close):
+        raise ValueError("template 'native': cannot find where an assistant message ends")
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    if eos and close.startswith(eos):
+        end_of_turn, between = eos, close[len(eos) :]
+    else:
+        end_of_turn, between = close, ""
+    user_open = user_head[len(close) :]
+    return ChatTemplate(
+        name="native",
+        render_prefix=render_prefix,
+        user_turn=lambda obs: user_open + obs + user_tail,
+        end_of_turn=end_of_turn,
+        between_turns=between,
+    )
+
+
+_TEMPLATES: dict[str, Callable[[Any], ChatTemplate]] = {"native": _native, "qwen2_5": _qwen2_5}
+
+
+def register_template(name: str, factory: Callable[[Any], ChatTemplate]) -> None:
+    if name in _TEMPLATES:
+        raise ValueError(f"chat template {name!r} is already registered")
+    _TEMPLATES[name] = factory
+
+
+def list_templates() -> list[str]:
+    return sorted(_TEMPLATES)
+
+
+def get_template(name: str, tokenizer: Any) -> ChatTemplate:
+    if name not in _TEMPLATES:
+        raise KeyError(f"unknown chat template {name!r}; known: {list_templates()}")
+    return _TEMPLATES[name](tokenizer)
