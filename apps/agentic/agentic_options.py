@@ -44,6 +44,10 @@ class AppOptions:
     eval_before_training: bool = True
     #: after every sync compare the engine's weights with the trainer's (sync/max_abs_diff)
     check_sync_weights: bool = False
+    #: rl_rollout AgentLoop mode: "lockstep" batches one turn of every live episode per generate
+    #: call (reproducible: a resumed run samples what an uninterrupted one does); "async" lets
+    #: every episode run ahead on its own (faster with uneven episodes)
+    agent_loop_mode: str = "lockstep"
 
     @classmethod
     def from_mapping(cls, raw: dict[str, Any] | None) -> AppOptions:

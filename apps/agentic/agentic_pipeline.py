@@ -110,6 +110,8 @@ class AgenticPipeline:
                     agent_kwargs=dict(
                         max_tokens_per_step=cfg.max_tokens_per_step or 128,
                         max_running_requests=cfg.max_running_requests,
+                        max_sequence_length=cfg.sequence_length,
+                        mode=self.app.agent_loop_mode,
                     ),
                 ),
                 infer.num_gpus_per_worker,
@@ -344,6 +346,7 @@ class AgenticPipeline:
             num_episodes=w.episodes,
             base_seed=cfg.seed + 1_000_000,
             max_tokens_per_step=cfg.max_tokens_per_step or 128,
+            max_sequence_length=cfg.sequence_length,
         )
         batch = self.collate(demos)
         n = batch.batch_size

@@ -55,7 +55,8 @@ def test_clips_and_whiten() -> None:
     torch.testing.assert_close(rewards.clip_advantages(x, 2.0), torch.tensor([-2.0, 0.5, 2.0]))
     assert rewards.clip_rewards(x, None) is x
     w = rewards.whiten(torch.tensor([[1.0, 3.0, 99.0]]), torch.tensor([[True, True, False]]))
-    torch.testing.assert_close(w, torch.tensor([[-1.0, 1.0, 0.0]]) / math.sqrt(2 + 1e-8) * math.sqrt(2), atol=1e-6, rtol=1e-6)
+    # values 1, 3: mean 2, unbiased var 2 -> (x - 2) / sqrt(2)
+    torch.testing.assert_close(w, torch.tensor([[-1.0, 1.0, 0.0]]) / math.sqrt(2.0))
 
 
 def test_overlong_penalty_hand_values() -> None:

@@ -271,10 +271,8 @@ class _ChunkedFromHidden(torch.autograd.Function):
         if (g_lp is None and g_ent is None) or not (need_h or need_w):
             return None, None, None, None, None, None
         grad_h = torch.empty_like(hidden) if need_h else None
-        # Accumulate the weight gradient in float32 across chunks (one matmul would too).
-        grad_w = (
-            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        )
+        # Accumulate the weight gradient in >= float32 across chunks (one matmul would too).
+        grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
         n = hidden.shape[0]
         for start in range(0, n, ctx.chunk_size):
             sl = slice(start, min(start + ctx.chunk_size, n))

@@ -81,6 +81,7 @@ def solver_demonstrations(
     num_episodes: int,
     base_seed: int,
     max_tokens_per_step: int,
+    max_sequence_length: int = 4096,
     only_successful: bool = True,
 ) -> list[Trajectory]:
     """`num_episodes` solver-played episodes (round-robin over `tags`) as trajectories."""
@@ -98,6 +99,7 @@ def solver_demonstrations(
         tokenizer,
         max_tokens_per_step=max_tokens_per_step,
         max_running_requests=1,
+        max_sequence_length=max_sequence_length,
         sampling=SamplingParams(temperature=0.0, max_new_tokens=max_tokens_per_step),
     )
     assignments = env_assignments(

@@ -66,6 +66,32 @@ def env_assignments(
     return out
 
 
+class GroupSeededEnv:
+    """An env whose `reset` always uses its group's seed, whatever seed the caller passes.
+
+    The agent loop derives each request's sampling seed from the episode seed; GRPO group members
+    must play the same env (same seed) yet sample differently. Each member therefore gets its own
+    episode seed (for sampling) while this wrapper pins the env seed. Everything else is the
+    wrapped env's.
+    """
+
+    def __init__(self, env: Any, env_seed: int) -> None:
+        self._env = env
+        self.env_seed = env_seed
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        return self._env.reset(seed=self.env_seed)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+
+def member_seed(env_seed_value: int, member: int) -> int:
+    """Sampling seed of the `member`-th episode of a group (distinct per member)."""
+    h = hashlib.blake2b(f"{env_seed_value}/member/{member}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") % (2**31 - 1)
+
+
 def make_envs(
     assignments: Sequence[Assignment],
     env_specs: Mapping[str, Mapping[str, Any]],
@@ -73,20 +99,36 @@ def make_envs(
     render_save_dir: str | None = None,
     render_count: int | None = None,
 ) -> list[tuple[Any, int, str, str]]:
-    """Build one env per assignment: `(env, seed, group_id, tag)` tuples (rl_envs.make_env).
+    """Build one episode per assignment: `(env, sampling_seed, group_id, tag)` tuples.
 
-    `env_specs[tag]` is `{"env_type": ..., "config": {...}}` (a config's custom_envs entry); a tag
-    without a spec is made from rl_envs' built-in tag of that name. Frames are saved to
-    `render_save_dir` for the first `render_count` envs (all when None).
+    `env` is a `GroupSeededEnv` (rl_envs.make_env inside) that resets with the assignment's seed;
+    `sampling_seed` differs between the members of a group. `env_specs[tag]` is
+    `{"env_type": ..., "config": {...}}` (a config's custom_envs entry); a tag without a spec is
+    made from rl_envs' built-in tag of that name. Frames are saved to `render_save_dir` for the
+    first `render_count` envs (all when None).
     """
     from rl_envs import make_env
 
     envs = []
+    members: dict[str, int] = {}
     for i, (group_id, tag, seed) in enumerate(assignments):
         spec = env_specs.get(tag)
         kind = str(spec.get("env_type") or tag) if spec else tag
         cfg = dict(spec.get("config", {})) if spec else {}
         if render_save_dir and (render_count is None or i < render_count):
             cfg["render_save_dir"] = render_save_dir
-        envs.append((make_env(kind, **cfg), seed, group_id, tag))
+        member = members.get(group_id, 0)
+        members[group_id] = member + 1
+        env = GroupSeededEnv(make_env(kind, **cfg), seed)
+        envs.append((env, member_seed(seed, member), group_id, tag))
     return envs
+
+
+def restore_env_seeds(trajectories: Sequence[Any], assignments: Sequence[Assignment]) -> list:
+    """Write each assignment's env seed back into its trajectory (`Trajectory.env_seed`)."""
+    import msgspec
+
+    return [
+        msgspec.structs.replace(t, env_seed=seed)
+        for t, (_g, _tag, seed) in zip(trajectories, assignments)
+    ]

@@ -199,7 +199,7 @@ class RolloutWorker:
         """Run one episode per `(group_id, tag, seed)`; returns `Trajectory` records in order."""
         from rl_config.records import SamplingParams
         from rl_rollout.agent_loop import AgentLoop
-        from rl_runtime.envs import make_envs
+        from rl_runtime.envs import make_envs, restore_env_seeds
 
         envs = make_envs(
             assignments,
@@ -214,7 +214,8 @@ class RolloutWorker:
             **self.agent_kwargs,
         )
         try:
-            return asyncio.run(loop.run_episodes(envs))
+            trajectories = asyncio.run(loop.run_episodes(envs))
+            return restore_env_seeds(trajectories, assignments)
         finally:
             for item in envs:
                 env = item[-1] if isinstance(item, tuple) else item
