@@ -20,6 +20,8 @@ from rl_envs.rewards import (
 )
 from rl_envs.rewards.graders import countdown_score, gsm8k_score, math_score
 
+pytestmark = pytest.mark.xdist_group("dist")  # starts sandbox worker processes
+
 
 def test_boxed_extraction_handles_nesting_and_picks_last():
     assert extract_boxed(r"first \boxed{1} then \boxed{\frac{a}{b^{2}}}") == r"\frac{a}{b^{2}}"

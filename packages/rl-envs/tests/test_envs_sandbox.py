@@ -12,6 +12,8 @@ import pytest
 from rl_envs.rewards import RewardInput, RewardManager, load_custom_reward
 from rl_envs.sandbox import SandboxLimits, SandboxPool
 
+pytestmark = pytest.mark.xdist_group("dist")  # starts sandbox worker processes
+
 HOSTILE = {
     "loops_forever": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
                       "    while True:\n        pass\n", "timeout"),

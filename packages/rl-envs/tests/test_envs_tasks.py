@@ -11,6 +11,8 @@ import pytest
 from rl_envs import make_env
 from rl_envs.tasks import CountdownEnv, SingleTurnEnv, ToolEnv, generate_countdown, load_rows
 
+pytestmark = pytest.mark.xdist_group("dist")  # starts sandbox worker processes
+
 GOOD = {
     "prompt": [{"role": "user", "content": "What is 2 + 3?"}],
     "data_source": "openai/gsm8k",

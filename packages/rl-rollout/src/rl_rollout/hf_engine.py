@@ -397,21 +397,22 @@ class HFEngine:
         if not any(s.finish_reason for s in self._running):
             return
         keep = [i for i, s in enumerate(self._running) if not s.finish_reason]
-        for seq in self._running:
-            if seq.finish_reason:
-                _resolve(seq)
-        self._running = [self._running[i] for i in keep]
+        finished = [s for s in self._running if s.finish_reason]
         if not keep:
             self._cache, self._mask = None, None
-            return
-        assert self._mask is not None
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        mask = self._mask.index_select(0, index)
-        first = int((mask.sum(0) > 0).nonzero()[0].item())  # drop all-padding columns on the left
-        self._mask = mask[:, first:]
-        for layer in self._cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
-            layer.values = layer.values.index_select(0, index)[:, :, first:]
+        else:
+            assert self._mask is not None
+            index = torch.tensor(keep, dtype=torch.long, device=self.device)
+            mask = self._mask.index_select(0, index)
+            first = int((mask.sum(0) > 0).nonzero()[0].item())  # drop all-padding left columns
+            self._mask = mask[:, first:]
+            for layer in self._cache.layers:
+                layer.keys = layer.keys.index_select(0, index)[:, :, first:]
+                layer.values = layer.values.index_select(0, index)[:, :, first:]
+        with self._cond:  # state first, then wake the callers (sleep() checks _running)
+            self._running = [self._running[i] for i in keep]
+        for seq in finished:
+            _resolve(seq)
 
 
 def _merge_caches(cache_a: Any, mask_a: torch.Tensor, cache_b: Any, mask_b: torch.Tensor):

@@ -6,9 +6,11 @@ Nothing here compares device strings.
 
 - Log-probs: ``logprobs_mode="raw_logprobs"`` and ``logprobs=0`` give the log-prob of each sampled
   token under the raw (temperature 1, untruncated) distribution, the trainer's semantics.
-- Weights: ``update_weights`` ships HF-named tensors to every worker with ``collective_rpc`` into
-  :class:`rl_rollout.vllm_worker_ext.RLWorkerExtension`, which calls the model's own
-  ``load_weights`` in place; nothing touches the disk.
+- Weights: ``update_weights`` packs HF-named tensors into safetensors bytes in memory and ships them
+  to every worker with ``collective_rpc`` into
+  :class:`rl_rollout.vllm_worker_ext.RLWorkerExtension`, which reloads them in place through
+  vLLM's layer-wise ``reload_weights`` (re-running kernel-specific weight processing); nothing
+  touches the disk. (A device-IPC / collective path from rl_sync can replace the bytes later.)
 - Sleep: vLLM's sleep mode where the platform has it (CUDA, Ascend); elsewhere (CPU) ``sleep`` is
   logical (generate refuses, the prefix cache is reset) and frees nothing.
 - The AsyncLLM lives on a private event loop in a background thread, so the engine can be used
@@ -216,8 +218,14 @@ class VLLMEngine:
         """collective_rpc into every worker's RLWorkerExtension.rl_load_weights (in place)."""
         if self._asleep:
             raise EngineAsleepError("VLLMEngine.update_weights() while asleep; call wake_up() first")
-        batch = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
-        self._call(self.llm.collective_rpc("rl_load_weights", args=(batch,)))
+        from safetensors.torch import save
+
+        tensors: dict[str, torch.Tensor] = {}
+        for name, tensor in named_tensors:
+            if name in tensors:
+                raise ValueError(f"update_weights: tensor {name!r} given twice")
+            tensors[name] = tensor.detach().to("cpu").contiguous()
+        self._call(self.llm.collective_rpc("rl_load_weights", args=(save(tensors),)))
         if self.args.enable_prefix_caching:
             self._call(self.llm.reset_prefix_cache())  # cached KV came from the old weights
         self._version = int(version)

@@ -22,11 +22,15 @@ class RLWorkerExtension:
     def _rl_model(self) -> Any:
         return self.model_runner.model
 
-    def rl_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
-        """Load HF-named full tensors in place with vLLM's in-place ``reload_weights``: the model's
-        own ``load_weights`` fuses q/k/v and gate/up and shards for tensor parallelism, and the
+    def rl_load_weights(self, payload: bytes) -> int:
+        """Load HF-named full tensors (safetensors bytes, made in memory by the engine: the RPC
+        path turns raw tensors into lists) in place with vLLM's ``reload_weights``: the model's own
+        ``load_weights`` fuses q/k/v and gate/up and shards for tensor parallelism, and the
         layer-wise reload re-runs each layer's post-load processing (CPU GEMM packing, Ascend NZ
-        format ...), so the kernels see the new values. Returns the number of tensors given."""
+        format ...), so the kernels see the new values. Returns the number of tensors loaded."""
+        from safetensors.torch import load
+
+        named_tensors = list(load(payload).items())
         self.model_runner.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
         return len(named_tensors)
 

@@ -245,7 +245,11 @@ def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
         try:
             importlib.import_module(task["target"].partition(":")[0])
         except Exception as exc:
-            return {"ok": False, "kind": "exception", "error": f"cannot import target: {exc!r}"[:2000]}
+            return {
+                "ok": False,
+                "kind": "exception",
+                "error": f"cannot import target: {exc!r}"[:2000],
+            }
     cap = int(limits["max_output_bytes"])
     workdir = tempfile.mkdtemp(prefix="rl_sandbox_")
     if state["root"] and limits["drop_privileges"]:
