@@ -95,8 +95,14 @@ def test_agentic_resume_matches_uninterrupted(tmp_path):
     resumed = _run(tmp_path / "part", "--no-ray", **{**common, "resume_from_checkpoint": "true"})
     step3_full = next(r for r in full if r["step"] == 3 and "train/loss" in r)
     step3_resumed = next(r for r in resumed if r["step"] == 3 and "train/loss" in r)
-    for key in ("env/success_rate", "env/episode_reward", "rollout/response_tokens",
-                "train/loss", "train/grad_norm", "sync/weight_version"):
+    for key in (
+        "env/success_rate",
+        "env/episode_reward",
+        "rollout/response_tokens",
+        "train/loss",
+        "train/grad_norm",
+        "sync/weight_version",
+    ):
         assert step3_resumed[key] == pytest.approx(step3_full[key], rel=1e-5, abs=1e-6), key
 
 
@@ -121,7 +127,9 @@ def test_seed000_config_validates_and_dry_runs():
     cfg = APP / "configs" / "examples" / "agentic_val_sokoban.yaml"
     proc = subprocess.run(
         [sys.executable, str(APP), "--config", str(cfg), "--dry-run"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "actor_train  workers=2 devices=[0, 1]" in proc.stdout
@@ -132,7 +140,9 @@ def test_seed000_config_validates_and_dry_runs():
 def test_bad_override_names_the_key():
     proc = subprocess.run(
         [sys.executable, str(APP), "--dry-run", "actor_train.training_args.learning_rat=1e-5"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 1
     assert "learning_rat" in proc.stderr and "learning_rate" in proc.stderr

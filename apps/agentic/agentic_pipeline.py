@@ -72,6 +72,24 @@ class AgenticPipeline:
         self.summary: dict[str, dict[str, float | str]] = {}
 
     # ------------------------------------------------------------------------------- setup
+    @property
+    def workers(self) -> Cluster:
+        if self.cluster is None:
+            raise RuntimeError("the pipeline is not set up (call setup() first)")
+        return self.cluster
+
+    @property
+    def weights(self) -> WeightSync:
+        if self.sync is None:
+            raise RuntimeError("no weight sync in rollout-only mode")
+        return self.sync
+
+    @property
+    def log(self) -> Tracker:
+        if self.tracker is None:
+            raise RuntimeError("the pipeline is not set up (call setup() first)")
+        return self.tracker
+
     def model_path(self) -> str:
         path = self.cfg.pretrain
         if self.app.build_tiny_model:
@@ -183,13 +201,15 @@ class AgenticPipeline:
         )
         if not self.rollout_only:
             self.sync = WeightSync(
-                self.cluster["actor_train"],
-                self.cluster["actor_infer"],
+                self.workers["actor_train"],
+                self.workers["actor_infer"],
                 mode="broadcast" if app.use_ray else "direct",
                 timeout_s=float(cfg.rpc_timeout),
                 bucket_bytes=int(cfg.model_update_buffer_size_mb) * 1024**2,
             )
-            self.ckpt = CheckpointManager(cfg.checkpoint_dir, keep_last=cfg.max_ckpt_to_keep or None)
+            self.ckpt = CheckpointManager(
+                cfg.checkpoint_dir, keep_last=cfg.max_ckpt_to_keep or None
+            )
             self.ckpt.cleanup()
             resume = self.ckpt.resolve(cfg.resume_from_checkpoint)
             if resume is not None:
@@ -217,7 +237,7 @@ class AgenticPipeline:
             max_new_tokens=min(gen.max_new_tokens, cfg.max_tokens_per_step or gen.max_new_tokens),
             seed=cfg.seed * 100_003 + epoch * 7 + (0 if split == "train" else 1),
         )
-        infer = self.cluster["actor_infer"]
+        infer = self.workers["actor_infer"]
         chunks = shard_rows(assignments, len(infer.workers))
         render = None
         if split == "val" and cfg.render_save_dir:
@@ -230,13 +250,13 @@ class AgenticPipeline:
         return [t for part in results for t in part]
 
     def forward(self, role: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        group = self.cluster[role]
+        group = self.workers[role]
         shards = shard_rows(tensors, len(group.workers))
         outs = group.wait(group.submit_each("forward", [(s,) for s in shards]), "forward")
         return merge_rows(outs)
 
     def train(self, role: str, tensors: dict[str, torch.Tensor], loss: str = "default") -> dict:
-        group = self.cluster[role]
+        group = self.workers[role]
         shards = shard_rows(tensors, len(group.workers))
         outs = group.wait(
             group.submit_each("train_step", [(s, loss) for s in shards]), "train_step"
@@ -259,7 +279,7 @@ class AgenticPipeline:
 
     # ------------------------------------------------------------------------------ step
     def train_step(self) -> dict[str, float]:
-        _cfg, timer, cluster = self.cfg, self.timer, self.cluster
+        _cfg, timer, cluster = self.cfg, self.timer, self.workers
         timer.reset()
         with timer.phase("rollout"):
             cluster.enter_phase("rollout")
@@ -299,7 +319,7 @@ class AgenticPipeline:
         with timer.phase("sync"):
             cluster.enter_phase("rollout")
             self.weight_version += 1
-            metrics.update(self.sync.sync(self.weight_version))
+            metrics.update(self.weights.sync(self.weight_version))
             if self.app.check_sync_weights:
                 metrics["sync/max_abs_diff"] = self.sync_weight_diff()
         self.step += 1
@@ -312,12 +332,14 @@ class AgenticPipeline:
 
     def sync_weight_diff(self) -> float:
         """Largest |trainer - engine| over all parameters (0.0 after an exact sync)."""
-        trainer = self.cluster["actor_train"].call_rank0("state_dict_for_check")
+        trainer = self.workers["actor_train"].call_rank0("state_dict_for_check")
         diffs = []
-        for engine in self.cluster["actor_infer"].call_all("state_dict_for_check"):
+        for engine in self.workers["actor_infer"].call_all("state_dict_for_check"):
             missing = set(trainer) ^ set(engine)
             if missing:
-                raise RuntimeError(f"trainer and engine parameter names differ: {sorted(missing)[:5]}")
+                raise RuntimeError(
+                    f"trainer and engine parameter names differ: {sorted(missing)[:5]}"
+                )
             diffs += [float((trainer[k].float() - engine[k].float()).abs().max()) for k in trainer]
         return max(diffs) if diffs else 0.0
 
@@ -325,7 +347,7 @@ class AgenticPipeline:
         if self.cfg.val_env_manager is None:
             return {}
         t0 = time.perf_counter()
-        self.cluster.enter_phase("rollout")
+        self.workers.enter_phase("rollout")
         trajectories = self.rollout("val", epoch=0)
         out = val_metrics(trajectories)
         out["timing/eval"] = time.perf_counter() - t0
@@ -351,25 +373,25 @@ class AgenticPipeline:
         batch = self.collate(demos)
         n = batch.batch_size
         gen = torch.Generator().manual_seed(cfg.seed)
-        self.cluster.enter_phase("train")
+        self.workers.enter_phase("train")
         last: dict[str, float] = {}
         for i in range(w.steps):
             rows = torch.randperm(n, generator=gen)[: w.batch_size]
             tensors = {k: v[rows] for k, v in batch.tensors.items()}
             last = self.train("actor_train", tensors, loss="sft")
             if self.tracker and (i % 5 == 0 or i == w.steps - 1):
-                self.tracker.log(
+                self.log.log(
                     {f"warmup/{k}": v for k, v in last.items() if isinstance(v, int | float)},
                     step=-(w.steps - i),
                 )
-        self.cluster.enter_phase("rollout")
+        self.workers.enter_phase("rollout")
         self.weight_version += 1
-        self.sync.sync(self.weight_version)
+        self.weights.sync(self.weight_version)
         return {"warmup/seconds": time.perf_counter() - t0, "warmup/demos": float(n)}
 
     # --------------------------------------------------------------------- checkpointing
     def save(self) -> Path:
-        cluster = self.cluster
+        cluster = self.workers
 
         def write(d: Path) -> None:
             for role in ("actor_train", "critic"):
@@ -388,15 +410,15 @@ class AgenticPipeline:
     def restore(self, path: Path) -> None:
         state = self.ckpt.load_state(path)
         for role in ("actor_train", "critic"):
-            if self.cluster.has(role):
-                self.cluster[role].call_all("load_checkpoint", str(path / role))
+            if self.workers.has(role):
+                self.workers[role].call_all("load_checkpoint", str(path / role))
         self.step = state.step
         self.weight_version = state.weight_version
         restore_rng(state.rng)
         self.resumed_from = path
         # engines get the restored weights under the restored version
-        self.cluster.enter_phase("rollout")
-        self.sync.sync(self.weight_version)
+        self.workers.enter_phase("rollout")
+        self.weights.sync(self.weight_version)
 
     # ------------------------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
@@ -420,10 +442,10 @@ class AgenticPipeline:
                 return self.run_rollout_only()
             resumed = hasattr(self, "resumed_from")
             if not resumed and app.warmup.steps > 0:
-                self.tracker.log(self.warmup(), step=0)
+                self.log.log(self.warmup(), step=0)
             if app.eval_before_training and not resumed and cfg.val_env_manager is not None:
                 before = self.evaluate()
-                self.tracker.log(before, step=self.step)
+                self.log.log(before, step=self.step)
                 self.summary["before RL"] = _summary_row(before)
             with StepProgress(cfg.max_steps, self.step) as progress:
                 while self.step < cfg.max_steps:
@@ -431,7 +453,7 @@ class AgenticPipeline:
                     if self.step % cfg.eval_steps == 0 or self.step == cfg.max_steps:
                         metrics.update(self.evaluate())
                     if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
-                        self.tracker.log(metrics, step=self.step)
+                        self.log.log(metrics, step=self.step)
                     if cfg.save_steps and self.step % cfg.save_steps == 0:
                         self.save()
                     progress.advance(
@@ -456,7 +478,7 @@ class AgenticPipeline:
                 f.write(to_jsonl(trajectories))
                 total += len(trajectories)
                 succ = sum(t.success for t in trajectories) / max(1, len(trajectories))
-                self.tracker.log(
+                self.log.log(
                     {"env/success_rate": succ, "env/num_trajectories": float(len(trajectories))},
                     step=epoch,
                 )
@@ -468,11 +490,11 @@ class AgenticPipeline:
 
         cfg = self.cfg
         png = write_curves(
-            self.tracker.history, Path(cfg.output_dir) / "curves.png", title=cfg.exp_name
+            self.log.history, Path(cfg.output_dir) / "curves.png", title=cfg.exp_name
         )
         hf_dir = None
         if self.app.export_hf:
-            hf_dir = self.cluster["actor_train"].call_rank0(
+            hf_dir = self.workers["actor_train"].call_rank0(
                 "export_hf", str(Path(cfg.output_dir) / "hf_model")
             )
         result = {

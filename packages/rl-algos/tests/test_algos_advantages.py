@@ -79,7 +79,9 @@ def loop_opo(s, lengths, index):
     out = [0.0] * len(s)
     for rows in loop_groups(index).values():
         tot = sum(lengths[i] for i in rows)
-        base = sum(lengths[i] * float(s[i]) for i in rows) / tot if len(rows) > 1 and tot > 0 else 0.0
+        base = (
+            sum(lengths[i] * float(s[i]) for i in rows) / tot if len(rows) > 1 and tot > 0 else 0.0
+        )
         for i in rows:
             out[i] = float(s[i]) - base
     return out
@@ -208,7 +210,9 @@ def test_grpo_hand_values() -> None:
     adv, ret = A.grpo(s, m, ["a", "a", "a", "a", "b", "c"])
     # group a: mean .5, unbiased std sqrt(1/3); groups b and c have one row: raw score kept
     d = math.sqrt(1 / 3) + 1e-6
-    expect = torch.tensor([0.5 / d, -0.5 / d, -0.5 / d, 0.5 / d, 1.0 / (1 + 1e-6), 0.3 / (1 + 1e-6)])
+    expect = torch.tensor(
+        [0.5 / d, -0.5 / d, -0.5 / d, 0.5 / d, 1.0 / (1 + 1e-6), 0.3 / (1 + 1e-6)]
+    )
     torch.testing.assert_close(adv[:, 0], expect)
     assert ret is adv
     dr, _ = A.dr_grpo(s, m, ["a", "a", "a", "a", "b", "c"])
@@ -229,7 +233,9 @@ def test_opo_hand_values() -> None:
 
 def test_gpg_hand_values() -> None:
     # group 0 has spread (2 valid rows), group 1 is degenerate -> alpha = 4 / 2
-    adv, _ = A.gpg(torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.ones(4, 1, dtype=torch.bool), [0, 0, 1, 1])
+    adv, _ = A.gpg(
+        torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.ones(4, 1, dtype=torch.bool), [0, 0, 1, 1]
+    )
     torch.testing.assert_close(adv[:, 0], torch.tensor([1.0, -1.0, 0.0, 0.0]))
 
 
@@ -261,13 +267,17 @@ def test_group_estimators_match_loops(seed: int, index_kind: str, layout: str, m
     for name, (got, ref) in checks.items():
         torch.testing.assert_close(got.double(), broadcast(ref, m), atol=1e-9, rtol=1e-9, msg=name)
     # reinforce++-baseline: group-mean baseline then batch whitening
-    base = [float(s[i]) - (loop_mean_std([float(s[j]) for j in rows])[0] if len(rows) > 1 else 0.0)
-            for i, rows in ((i, loop_groups(keys)[k]) for i, k in enumerate(keys))]
+    base = [
+        float(s[i]) - (loop_mean_std([float(s[j]) for j in rows])[0] if len(rows) > 1 else 0.0)
+        for i, rows in ((i, loop_groups(keys)[k]) for i, k in enumerate(keys))
+    ]
     tok = broadcast(base, m)
     vals = tok[m]
     ref = torch.zeros_like(tok)
     ref[m] = (vals - vals.mean()) / (vals.var() + 1e-8).sqrt()
-    torch.testing.assert_close(A.reinforce_pp_baseline(s, m, index)[0].double(), ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(
+        A.reinforce_pp_baseline(s, m, index)[0].double(), ref, atol=1e-6, rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -333,8 +343,19 @@ def test_gigpo_validates_inputs() -> None:
 
 
 def test_registry() -> None:
-    for name in ("gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                 "remax", "opo", "gpg", "grpo_passk", "gigpo"):
+    for name in (
+        "gae",
+        "grpo",
+        "dr_grpo",
+        "rloo",
+        "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
+        "remax",
+        "opo",
+        "gpg",
+        "grpo_passk",
+        "gigpo",
+    ):
         assert callable(get_estimator(name))
     assert get_estimator("grpo") is A.grpo
     with pytest.raises(ValueError, match="already registered"):

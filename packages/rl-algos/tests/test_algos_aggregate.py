@@ -14,8 +14,12 @@ def test_hand_values_all_modes() -> None:
     assert aggregate(LOSS, MASK, "token-mean").item() == pytest.approx(15 / 5)
     assert aggregate(LOSS, MASK, "seq-mean-token-sum").item() == pytest.approx((6 + 9) / 2)
     assert aggregate(LOSS, MASK, "seq-mean-token-mean").item() == pytest.approx((2 + 4.5) / 2)
-    assert aggregate(LOSS, MASK, "seq-mean-token-sum-norm").item() == pytest.approx((6 / 4 + 9 / 4) / 2)
-    assert aggregate(LOSS, MASK, "seq-mean-token-sum-norm", norm_constant=3).item() == pytest.approx(2.5)
+    assert aggregate(LOSS, MASK, "seq-mean-token-sum-norm").item() == pytest.approx(
+        (6 / 4 + 9 / 4) / 2
+    )
+    assert aggregate(
+        LOSS, MASK, "seq-mean-token-sum-norm", norm_constant=3
+    ).item() == pytest.approx(2.5)
 
 
 def test_masked_stats_hand_values() -> None:
@@ -32,7 +36,12 @@ def test_masked_stats_hand_values() -> None:
 
 def test_empty_mask_is_zero_not_nan() -> None:
     empty = torch.zeros_like(MASK)
-    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+    for mode in (
+        "token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+    ):
         assert aggregate(LOSS, empty, mode).item() == 0.0
     assert masked_mean(LOSS, empty).item() == 0.0
 
@@ -68,7 +77,12 @@ def test_data_parallel_invariance(mode: str, seed: int, layout: str, make_mask) 
     for part in (slice(0, 4), slice(4, 8)):
         halves.append(
             aggregate(
-                loss[part], mask[part], mode, global_token_count=tokens, global_seq_count=seqs, norm_constant=12
+                loss[part],
+                mask[part],
+                mode,
+                global_token_count=tokens,
+                global_seq_count=seqs,
+                norm_constant=12,
             )
         )
     total = halves[0] + halves[1]
@@ -79,7 +93,12 @@ def test_data_parallel_invariance(mode: str, seed: int, layout: str, make_mask) 
     avg = (
         sum(
             aggregate(
-                loss[p], mask[p], mode, global_token_count=tokens, global_seq_count=seqs, world_size=2
+                loss[p],
+                mask[p],
+                mode,
+                global_token_count=tokens,
+                global_seq_count=seqs,
+                world_size=2,
             )
             for p in (slice(0, 4), slice(4, 8))
         )

@@ -21,7 +21,9 @@ def test_truncated_is_token_sequence_geometric() -> None:
     seq = correction.truncated_is(OLD, ROLL, MASK, level="sequence", threshold=5.0)
     torch.testing.assert_close(seq.weights, torch.tensor([[2.0, 2.0, 0.0], [0.125, 0.125, 0.0]]))
     geo = correction.truncated_is(OLD, ROLL, MASK, level="geometric", threshold=5.0)
-    torch.testing.assert_close(geo.weights, torch.tensor([[2**0.5, 2**0.5, 0.0], [0.125**0.5, 0.125**0.5, 0.0]]))
+    torch.testing.assert_close(
+        geo.weights, torch.tensor([[2**0.5, 2**0.5, 0.0], [0.125**0.5, 0.125**0.5, 0.0]])
+    )
     with pytest.raises(ValueError, match="level"):
         correction.truncated_is(OLD, ROLL, MASK, level="segment")
 
@@ -38,7 +40,9 @@ def test_mismatch_metrics_hand_values() -> None:
     m = correction.mismatch_metrics(OLD, ROLL, MASK)
     lrs = [LN(2), 0.0, LN(0.5), LN(0.25)]
     assert m["mismatch_k1"].item() == pytest.approx(-sum(lrs) / 4, rel=1e-5)
-    assert m["mismatch_k3"].item() == pytest.approx(sum(math.exp(x) - x - 1 for x in lrs) / 4, rel=1e-5)
+    assert m["mismatch_k3"].item() == pytest.approx(
+        sum(math.exp(x) - x - 1 for x in lrs) / 4, rel=1e-5
+    )
     assert m["mismatch_max_ratio"].item() == pytest.approx(2.0)
     assert m["mismatch_min_ratio"].item() == pytest.approx(0.25)
     assert m["mismatch_seq_max_abs_log_ratio"].item() == pytest.approx(LN(8), rel=1e-5)

@@ -21,7 +21,9 @@ def test_hand_values() -> None:
     torch.testing.assert_close(lp, torch.log(torch.tensor([0.25, 0.5])))
     ent = entropy_from_logits(torch.zeros(1, 4))
     torch.testing.assert_close(ent, torch.log(torch.tensor([4.0])))
-    lp_c, ent_c = log_probs_from_logits_chunked(torch.zeros(3, 4), torch.tensor([0, 1, 2]), chunk_size=2, with_entropy=True)
+    lp_c, ent_c = log_probs_from_logits_chunked(
+        torch.zeros(3, 4), torch.tensor([0, 1, 2]), chunk_size=2, with_entropy=True
+    )
     torch.testing.assert_close(lp_c, torch.full((3,), -torch.log(torch.tensor(4.0)).item()))
     assert ent_c is not None
     torch.testing.assert_close(ent_c, torch.full((3,), torch.log(torch.tensor(4.0)).item()))
@@ -30,25 +32,42 @@ def test_hand_values() -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("chunk", [1, 3, 7, 100])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_chunked_logits_equal_naive_value_and_grad(seed: int, chunk: int, temperature: float) -> None:
+def test_chunked_logits_equal_naive_value_and_grad(
+    seed: int, chunk: int, temperature: float
+) -> None:
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(2, 5, 33, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
     labels = torch.randint(0, 33, (2, 5), generator=g)
     labels[1, 4] = -100  # ignored
-    w_lp, w_ent = torch.randn(2, 5, generator=g, dtype=torch.float64), torch.randn(2, 5, generator=g, dtype=torch.float64)
+    w_lp, w_ent = (
+        torch.randn(2, 5, generator=g, dtype=torch.float64),
+        torch.randn(2, 5, generator=g, dtype=torch.float64),
+    )
 
     lp_n = log_probs_from_logits(logits, labels, temperature)
     ent_n = entropy_from_logits(logits, temperature) * (labels >= 0)
     (g_n,) = torch.autograd.grad((lp_n * w_lp).sum() + (ent_n * w_ent).sum(), logits)
-    lp_c, ent_c = log_probs_from_logits_chunked(logits, labels, chunk_size=chunk, temperature=temperature, with_entropy=True)
+    lp_c, ent_c = log_probs_from_logits_chunked(
+        logits, labels, chunk_size=chunk, temperature=temperature, with_entropy=True
+    )
     assert ent_c is not None
     (g_c,) = torch.autograd.grad((lp_c * w_lp).sum() + (ent_c * w_ent).sum(), logits)
     torch.testing.assert_close(lp_c, lp_n)
     torch.testing.assert_close(ent_c, ent_n)
     torch.testing.assert_close(g_c, g_n)
     # log-prob only and entropy only
-    (g1,) = torch.autograd.grad((log_probs_from_logits_chunked(logits, labels, chunk_size=chunk, temperature=temperature)[0] * w_lp).sum(), logits)
-    (g1n,) = torch.autograd.grad((log_probs_from_logits(logits, labels, temperature) * w_lp).sum(), logits)
+    (g1,) = torch.autograd.grad(
+        (
+            log_probs_from_logits_chunked(
+                logits, labels, chunk_size=chunk, temperature=temperature
+            )[0]
+            * w_lp
+        ).sum(),
+        logits,
+    )
+    (g1n,) = torch.autograd.grad(
+        (log_probs_from_logits(logits, labels, temperature) * w_lp).sum(), logits
+    )
     torch.testing.assert_close(g1, g1n)
     e_only = entropy_from_logits_chunked(logits, chunk_size=chunk, temperature=temperature)
     (g2,) = torch.autograd.grad((e_only * w_ent).sum(), logits)
@@ -87,9 +106,14 @@ def test_from_hidden_equals_naive(seed: int, chunk: int) -> None:
     weight = torch.randn(29, 8, generator=g, dtype=torch.float64, requires_grad=True)
     labels = torch.randint(0, 29, (3, 4), generator=g)
     labels[0, 0] = -1
-    w1, w2 = torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randn(3, 4, generator=g, dtype=torch.float64)
+    w1, w2 = (
+        torch.randn(3, 4, generator=g, dtype=torch.float64),
+        torch.randn(3, 4, generator=g, dtype=torch.float64),
+    )
     logits = hidden @ weight.t()
-    naive = (log_probs_from_logits(logits, labels) * w1).sum() + (entropy_from_logits(logits) * (labels >= 0) * w2).sum()
+    naive = (log_probs_from_logits(logits, labels) * w1).sum() + (
+        entropy_from_logits(logits) * (labels >= 0) * w2
+    ).sum()
     gh_n, gw_n = torch.autograd.grad(naive, (hidden, weight))
     lp, ent = log_probs_from_hidden(hidden, weight, labels, chunk, with_entropy=True)
     assert ent is not None

@@ -23,8 +23,12 @@ def test_ppo_clip_hand_values() -> None:
     assert one(LN(0.5), 0.0, -1.0, L.ppo_clip) == pytest.approx(0.8)
     assert one(LN(1.1), 0.0, 1.0, L.ppo_clip) == pytest.approx(-1.1)  # inside the band
     # clip-higher: upper bound 1.28
-    assert one(LN(1.5), 0.0, 1.0, L.ppo_clip, clip_ratio_low=0.2, clip_ratio_high=0.28) == pytest.approx(-1.28)
-    assert one(LN(0.5), 0.0, -1.0, L.ppo_clip, clip_ratio_low=0.1, clip_ratio_high=0.28) == pytest.approx(0.9)
+    assert one(
+        LN(1.5), 0.0, 1.0, L.ppo_clip, clip_ratio_low=0.2, clip_ratio_high=0.28
+    ) == pytest.approx(-1.28)
+    assert one(
+        LN(0.5), 0.0, -1.0, L.ppo_clip, clip_ratio_low=0.1, clip_ratio_high=0.28
+    ) == pytest.approx(0.9)
     # dual clip: A<0, ratio 5 -> min(max(5, 1.2), 3) = 3
     assert one(LN(5.0), 0.0, -1.0, L.ppo_clip) == pytest.approx(5.0)
     assert one(LN(5.0), 0.0, -1.0, L.ppo_clip, clip_ratio_c=3.0) == pytest.approx(3.0)
@@ -34,12 +38,19 @@ def test_ppo_clip_hand_values() -> None:
 
 def test_ppo_stats_are_detached_tensors() -> None:
     lp = torch.tensor([[LN(1.5), 0.0, LN(5.0)]], requires_grad=True)
-    out = L.ppo_clip(lp, torch.zeros(1, 3), torch.tensor([[1.0, 1.0, -1.0]]), torch.ones(1, 3, dtype=torch.bool),
-                     clip_ratio_c=3.0)
+    out = L.ppo_clip(
+        lp,
+        torch.zeros(1, 3),
+        torch.tensor([[1.0, 1.0, -1.0]]),
+        torch.ones(1, 3, dtype=torch.bool),
+        clip_ratio_c=3.0,
+    )
     assert isinstance(out, L.PolicyLossOutput)
     for v in out.stats.values():
         assert isinstance(v, torch.Tensor) and not v.requires_grad and v.dim() == 0
-    assert out.stats["clip_frac"].item() == pytest.approx(1 / 3)  # token 0 (token 2 is dual-clipped)
+    assert out.stats["clip_frac"].item() == pytest.approx(
+        1 / 3
+    )  # token 0 (token 2 is dual-clipped)
     assert out.stats["clip_frac_lower"].item() == pytest.approx(1 / 3)
     assert out.stats["approx_kl"].item() == pytest.approx(-(LN(1.5) + LN(5.0)) / 3, rel=1e-5)
     out.loss("token-mean").backward()
@@ -47,35 +58,62 @@ def test_ppo_stats_are_detached_tensors() -> None:
 
 
 def test_extreme_log_ratio_is_finite() -> None:
-    out = L.ppo_clip(torch.tensor([[500.0]]), torch.tensor([[-500.0]]), torch.tensor([[-1.0]]),
-                     torch.ones(1, 1, dtype=torch.bool))
+    out = L.ppo_clip(
+        torch.tensor([[500.0]]),
+        torch.tensor([[-500.0]]),
+        torch.tensor([[-1.0]]),
+        torch.ones(1, 1, dtype=torch.bool),
+    )
     assert torch.isfinite(out.loss_mat).all()
 
 
 def test_cispo_gspo_gmpo_sapo_topr_hand_values() -> None:
     # CISPO: weight clip(2, 0, 1.28) = 1.28 detached; loss = -1.28 * A * log pi
     lp = torch.tensor([[LN(0.5)]], dtype=torch.float64, requires_grad=True)
-    out = L.cispo(lp, lp.detach() - LN(2.0), torch.tensor([[2.0]], dtype=torch.float64), torch.ones(1, 1, dtype=torch.bool))
+    out = L.cispo(
+        lp,
+        lp.detach() - LN(2.0),
+        torch.tensor([[2.0]], dtype=torch.float64),
+        torch.ones(1, 1, dtype=torch.bool),
+    )
     assert out.loss_mat.item() == pytest.approx(-1.28 * 2 * LN(0.5))
     out.loss_mat.sum().backward()
-    assert lp.grad.item() == pytest.approx(-1.28 * 2)
+    assert lp.grad is not None and lp.grad.item() == pytest.approx(-1.28 * 2)
     # GSPO: sequence ratio exp(mean(log r)) = exp(0.0002) inside (1-3e-4, 1+4e-4) -> -A s
     lr = torch.tensor([[0.0001, 0.0003]], dtype=torch.float64)
     out = L.gspo(lr, torch.zeros_like(lr), torch.ones_like(lr), torch.ones(1, 2, dtype=torch.bool))
-    torch.testing.assert_close(out.loss_mat, torch.full((1, 2), -math.exp(0.0002), dtype=torch.float64))
-    out = L.gspo(lr * 10, torch.zeros_like(lr), torch.ones_like(lr), torch.ones(1, 2, dtype=torch.bool))
+    torch.testing.assert_close(
+        out.loss_mat, torch.full((1, 2), -math.exp(0.0002), dtype=torch.float64)
+    )
+    out = L.gspo(
+        lr * 10, torch.zeros_like(lr), torch.ones_like(lr), torch.ones(1, 2, dtype=torch.bool)
+    )
     torch.testing.assert_close(out.loss_mat, torch.full((1, 2), -(1 + 4e-4), dtype=torch.float64))
     # GMPO: A>0, log r = [0.1, 0.6] -> min(lr, clip(lr, -.4, .4)) = [0.1, 0.4]; L_seq = -exp(0.25)
-    out = L.gmpo(torch.tensor([[0.1, 0.6]]), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool))
+    out = L.gmpo(
+        torch.tensor([[0.1, 0.6]]),
+        torch.zeros(1, 2),
+        torch.ones(1, 2),
+        torch.ones(1, 2, dtype=torch.bool),
+    )
     assert out.loss("seq-mean-token-sum").item() == pytest.approx(-math.exp(0.25), rel=1e-6)
     # A<0: max(lr, clip) -> [0.1, 0.6] mean .35 ; L = +exp(.35)
-    out = L.gmpo(torch.tensor([[0.1, 0.6]]), torch.zeros(1, 2), -torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool))
+    out = L.gmpo(
+        torch.tensor([[0.1, 0.6]]),
+        torch.zeros(1, 2),
+        -torch.ones(1, 2),
+        torch.ones(1, 2, dtype=torch.bool),
+    )
     assert out.loss("seq-mean-token-sum").item() == pytest.approx(math.exp(0.35), rel=1e-6)
     # SAPO at r = 1: value -(2/tau) A, gradient -A (on-policy PG)
     lp = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
     adv = torch.tensor([[1.0, -2.0]], dtype=torch.float64)
-    out = L.sapo(lp, torch.zeros(1, 2, dtype=torch.float64), adv, torch.ones(1, 2, dtype=torch.bool))
-    torch.testing.assert_close(out.loss_mat, torch.tensor([[-2.0, 4.0 / 1.05]], dtype=torch.float64))
+    out = L.sapo(
+        lp, torch.zeros(1, 2, dtype=torch.float64), adv, torch.ones(1, 2, dtype=torch.bool)
+    )
+    torch.testing.assert_close(
+        out.loss_mat, torch.tensor([[-2.0, 4.0 / 1.05]], dtype=torch.float64)
+    )
     out.loss_mat.sum().backward()
     torch.testing.assert_close(lp.grad, -adv)
     # TOPR: positive -> weight 1; negative -> min(r, 1)
@@ -97,33 +135,63 @@ def test_clip_cov_and_kl_cov_select_high_covariance_tokens() -> None:
     expect[0, 0] += 0.1
     torch.testing.assert_close(out.loss_mat, expect)
     lp_g = lp.clone().requires_grad_(True)
-    out = L.clip_cov(lp_g, old, adv, m, clip_ratio=10.0, clip_cov_ratio=0.2, clip_cov_lb=1.0, clip_cov_ub=100.0,
-                     generator=torch.Generator().manual_seed(0))
+    out = L.clip_cov(
+        lp_g,
+        old,
+        adv,
+        m,
+        clip_ratio=10.0,
+        clip_cov_ratio=0.2,
+        clip_cov_lb=1.0,
+        clip_cov_ub=100.0,
+        generator=torch.Generator().manual_seed(0),
+    )
     out.loss_mat.sum().backward()
     assert out.stats["cov_clip_frac"].item() == pytest.approx(0.2)
+    assert lp_g.grad is not None
     assert lp_g.grad[0, 0] == 0 and lp_g.grad[0, 1:].abs().sum() == 0  # A=0 elsewhere anyway
     torch.testing.assert_close(out.loss_mat, base)
 
 
 def test_value_loss_hand_values() -> None:
-    out = L.value_loss(torch.tensor([[1.5, 1.1]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[2.0, 2.0]]),
-                       torch.ones(1, 2, dtype=torch.bool), clip_range_value=0.2)
+    out = L.value_loss(
+        torch.tensor([[1.5, 1.1]]),
+        torch.tensor([[1.0, 1.0]]),
+        torch.tensor([[2.0, 2.0]]),
+        torch.ones(1, 2, dtype=torch.bool),
+        clip_range_value=0.2,
+    )
     torch.testing.assert_close(out.loss_mat, torch.tensor([[0.32, 0.5 * 0.81]]))
     assert out.stats["vf_clip_frac"].item() == pytest.approx(0.5)
-    out = L.value_loss(torch.tensor([[1.5]]), torch.tensor([[1.0]]), torch.tensor([[2.0]]),
-                       torch.ones(1, 1, dtype=torch.bool), clip_range_value=None)
+    out = L.value_loss(
+        torch.tensor([[1.5]]),
+        torch.tensor([[1.0]]),
+        torch.tensor([[2.0]]),
+        torch.ones(1, 1, dtype=torch.bool),
+        clip_range_value=None,
+    )
     assert out.loss_mat.item() == pytest.approx(0.125)
 
 
 def test_kl_kinds_hand_values() -> None:
     lp, ref = torch.zeros(1, 1), torch.full((1, 1), LN(0.5))
     ln2 = LN(2.0)
-    expect = {"k1": ln2, "kl": ln2, "abs": ln2, "k2": 0.5 * ln2**2, "mse": 0.5 * ln2**2,
-              "k3": 0.5 + ln2 - 1, "low_var_kl": 0.5 + ln2 - 1}
+    expect = {
+        "k1": ln2,
+        "kl": ln2,
+        "abs": ln2,
+        "k2": 0.5 * ln2**2,
+        "mse": 0.5 * ln2**2,
+        "k3": 0.5 + ln2 - 1,
+        "low_var_kl": 0.5 + ln2 - 1,
+    }
     for kind, val in expect.items():
         assert kl_penalty(lp, ref, kind).item() == pytest.approx(val, rel=1e-6), kind
     assert kl_penalty(ref, lp, "abs").item() == pytest.approx(ln2)
-    assert kl_penalty(torch.zeros(1, 1, dtype=torch.bfloat16), ref.bfloat16(), "k3").dtype == torch.float32
+    assert (
+        kl_penalty(torch.zeros(1, 1, dtype=torch.bfloat16), ref.bfloat16(), "k3").dtype
+        == torch.float32
+    )
     with pytest.raises(KeyError, match="known"):
         kl_penalty(lp, ref, "k7")
 
@@ -131,8 +199,18 @@ def test_kl_kinds_hand_values() -> None:
 def test_full_kl_matches_distributions() -> None:
     torch.manual_seed(0)
     logits, ref_logits = torch.randn(2, 3, 11), torch.randn(2, 3, 11)
-    got = kl_penalty(torch.zeros(2, 3), torch.zeros(2, 3), "full", logits=logits, ref_logits=ref_logits, chunk_size=4)
-    p, q = torch.distributions.Categorical(logits=logits), torch.distributions.Categorical(logits=ref_logits)
+    got = kl_penalty(
+        torch.zeros(2, 3),
+        torch.zeros(2, 3),
+        "full",
+        logits=logits,
+        ref_logits=ref_logits,
+        chunk_size=4,
+    )
+    p, q = (
+        torch.distributions.Categorical(logits=logits),
+        torch.distributions.Categorical(logits=ref_logits),
+    )
     torch.testing.assert_close(got, torch.distributions.kl_divergence(p, q))
     with pytest.raises(ValueError, match="needs logits"):
         kl_penalty(torch.zeros(2, 3), torch.zeros(2, 3), "full")
@@ -142,14 +220,20 @@ def test_preference_hand_values() -> None:
     t = lambda *x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
     out = L.dpo(t(-1.0), t(-3.0), t(-2.0), t(-2.0), beta=0.5)
     assert out.losses.item() == pytest.approx(-math.log(1 / (1 + math.exp(-1))))
-    assert out.chosen_rewards.item() == pytest.approx(0.5) and out.rejected_rewards.item() == pytest.approx(-0.5)
+    assert out.chosen_rewards.item() == pytest.approx(
+        0.5
+    ) and out.rejected_rewards.item() == pytest.approx(-0.5)
     assert out.stats["reward_accuracy"].item() == 1.0
     cdpo = L.dpo(t(-1.0), t(-3.0), t(-2.0), t(-2.0), beta=0.5, label_smoothing=0.1).losses.item()
     assert cdpo == pytest.approx(0.9 * 0.3132616875 + 0.1 * 1.3132616875)
     assert L.ipo(t(-1.0), t(-3.0), t(-2.0), t(-2.0), beta=0.5).losses.item() == pytest.approx(1.0)
-    assert L.simpo(t(-1.0), t(-1.5), beta=2.0, gamma=0.5).losses.item() == pytest.approx(0.4740769841)
+    assert L.simpo(t(-1.0), t(-1.5), beta=2.0, gamma=0.5).losses.item() == pytest.approx(
+        0.4740769841
+    )
     k = L.kto(t(0.0, 0.0), t(-1.0, -1.0), torch.tensor([True, False]), 0.5, beta=1.0)
-    torch.testing.assert_close(k.losses, t(1 - 1 / (1 + math.exp(-0.5)), 1 - 1 / (1 + math.exp(0.5))))
+    torch.testing.assert_close(
+        k.losses, t(1 - 1 / (1 + math.exp(-0.5)), 1 - 1 / (1 + math.exp(0.5)))
+    )
     o = L.orpo(t(LN(0.5)), t(LN(0.2)), beta=0.1)
     assert o.losses.item() == pytest.approx(LN(2) + 0.1 * LN(1.25))
     with pytest.raises(ValueError, match="policy_rejected_logps"):
@@ -234,11 +318,18 @@ def test_full_kl_and_value_and_sft_gradcheck() -> None:
     logits = torch.randn(2, 2, 5, generator=g, dtype=torch.float64, requires_grad=True)
     ref = torch.randn(2, 2, 5, generator=g, dtype=torch.float64)
     z = torch.zeros(2, 2, dtype=torch.float64)
-    assert torch.autograd.gradcheck(lambda x: kl_penalty(z, z, "full", logits=x, ref_logits=ref), (logits,))
+    assert torch.autograd.gradcheck(
+        lambda x: kl_penalty(z, z, "full", logits=x, ref_logits=ref), (logits,)
+    )
     v = torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    old, ret = v.detach() + 0.1 * torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randn(3, 4, generator=g, dtype=torch.float64)
+    old, ret = (
+        v.detach() + 0.1 * torch.randn(3, 4, generator=g, dtype=torch.float64),
+        torch.randn(3, 4, generator=g, dtype=torch.float64),
+    )
     m = torch.ones(3, 4, dtype=torch.bool)
-    assert torch.autograd.gradcheck(lambda x: L.value_loss(x, old, ret, m, clip_range_value=0.05).loss(), (v,))
+    assert torch.autograd.gradcheck(
+        lambda x: L.value_loss(x, old, ret, m, clip_range_value=0.05).loss(), (v,)
+    )
     assert torch.autograd.gradcheck(lambda x: L.sft_loss(x, m).loss(), (v,))
 
 
@@ -246,7 +337,10 @@ def test_preference_gradcheck() -> None:
     g = torch.Generator().manual_seed(4)
     c = (-torch.rand(4, generator=g, dtype=torch.float64) - 0.1).requires_grad_(True)
     r = (-torch.rand(4, generator=g, dtype=torch.float64) - 0.1).requires_grad_(True)
-    rc, rr = -torch.rand(4, generator=g, dtype=torch.float64), -torch.rand(4, generator=g, dtype=torch.float64)
+    rc, rr = (
+        -torch.rand(4, generator=g, dtype=torch.float64),
+        -torch.rand(4, generator=g, dtype=torch.float64),
+    )
     des = torch.tensor([True, False, True, False])
     fns = [
         lambda a, b: L.dpo(a, b, rc, rr, label_smoothing=0.1).loss(),

@@ -26,7 +26,9 @@ def test_normalize_group_batch_identity() -> None:
 
 def test_asym_clip() -> None:
     s = torch.tensor([0.0] * 9 + [10.0])  # z of the outlier = 2.85, of the rest -0.316
-    out = rewards.normalize_rewards(s, grouping="batch", method="asym_clip", asym_low=-0.2, asym_high=2.0)
+    out = rewards.normalize_rewards(
+        s, grouping="batch", method="asym_clip", asym_low=-0.2, asym_high=2.0
+    )
     assert out[-1].item() == pytest.approx(2.0) and out[0].item() == pytest.approx(-0.2)
     flat = rewards.normalize_rewards(torch.ones(3), grouping="batch", method="asym_clip")
     assert (flat == 0).all()
@@ -45,7 +47,9 @@ def test_running_mean_std_matches_all_data() -> None:
     other = RunningMeanStd()
     other.load_state_dict(state)
     assert other.state_dict() == state
-    out = rewards.normalize_rewards(torch.tensor([1.0, 2.0]), grouping="running", method="mean_std", running=other)
+    out = rewards.normalize_rewards(
+        torch.tensor([1.0, 2.0]), grouping="running", method="mean_std", running=other
+    )
     assert out.shape == (2,)
 
 
@@ -61,7 +65,9 @@ def test_clips_and_whiten() -> None:
 
 def test_overlong_penalty_hand_values() -> None:
     lengths = torch.tensor([10, 16, 18, 20, 25])
-    out = rewards.overlong_penalty(lengths, max_response_length=20, buffer_length=4, penalty_factor=1.0)
+    out = rewards.overlong_penalty(
+        lengths, max_response_length=20, buffer_length=4, penalty_factor=1.0
+    )
     torch.testing.assert_close(out, torch.tensor([0.0, 0.0, -0.5, -1.0, -1.0]))
     with pytest.raises(ValueError, match="buffer_length"):
         rewards.overlong_penalty(lengths, 20, 0)
@@ -75,7 +81,9 @@ def test_length_penalty_hand_values() -> None:
 
 
 def test_dynamic_sampling_mask() -> None:
-    keep = rewards.dynamic_sampling_mask(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5]), ["a", "a", "b", "b", "c"])
+    keep = rewards.dynamic_sampling_mask(
+        torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5]), ["a", "a", "b", "b", "c"]
+    )
     assert keep.tolist() == [False, False, True, True, False]
 
 

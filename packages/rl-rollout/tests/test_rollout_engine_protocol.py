@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 import torch
-from rl_config.records import GenerationRequest, SamplingParams
 
+from rl_config.records import GenerationRequest, SamplingParams
 from rl_rollout.engine import Engine, EngineAsleepError
 
 
@@ -42,11 +42,24 @@ def test_is_an_engine(engine) -> None:
 
 def test_results_per_request_and_sample(engine) -> None:
     reqs = [
-        GenerationRequest(request_id="a", prompt_ids=PROMPTS[0], sampling=SamplingParams(max_new_tokens=5, n=3, ignore_eos=True)),
-        GenerationRequest(request_id="b", prompt_ids=PROMPTS[1], sampling=SamplingParams(max_new_tokens=9, ignore_eos=True)),
+        GenerationRequest(
+            request_id="a",
+            prompt_ids=PROMPTS[0],
+            sampling=SamplingParams(max_new_tokens=5, n=3, ignore_eos=True),
+        ),
+        GenerationRequest(
+            request_id="b",
+            prompt_ids=PROMPTS[1],
+            sampling=SamplingParams(max_new_tokens=9, ignore_eos=True),
+        ),
     ]
     results = _run(engine.generate(reqs))
-    assert [(r.request_id, r.sample_index) for r in results] == [("a", 0), ("a", 1), ("a", 2), ("b", 0)]
+    assert [(r.request_id, r.sample_index) for r in results] == [
+        ("a", 0),
+        ("a", 1),
+        ("a", 2),
+        ("b", 0),
+    ]
     for r in results:
         assert r.finish_reason == "length"
         assert len(r.output_ids) == len(r.output_log_probs) == (5 if r.request_id == "a" else 9)
@@ -57,8 +70,13 @@ def test_results_per_request_and_sample(engine) -> None:
 
 def test_logprob_contract_matches_teacher_forcing(engine, hf_reference_model) -> None:
     """Raw temperature-1 log-probs of sampled tokens == a teacher-forced HF forward (fp32 CPU)."""
-    params = SamplingParams(max_new_tokens=24, temperature=0.7, top_p=0.9, top_k=50, seed=3, ignore_eos=True)
-    reqs = [GenerationRequest(request_id=f"lp{i}", prompt_ids=p, sampling=params) for i, p in enumerate(PROMPTS)]
+    params = SamplingParams(
+        max_new_tokens=24, temperature=0.7, top_p=0.9, top_k=50, seed=3, ignore_eos=True
+    )
+    reqs = [
+        GenerationRequest(request_id=f"lp{i}", prompt_ids=p, sampling=params)
+        for i, p in enumerate(PROMPTS)
+    ]
     results = _run(engine.generate(reqs))
     worst = 0.0
     for r in results:
@@ -77,14 +95,20 @@ def test_logprob_contract_matches_teacher_forcing(engine, hf_reference_model) ->
 
 def test_greedy_equals_plain_loop(engine, hf_reference_model) -> None:
     params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
-    results = _run(engine.generate([GenerationRequest(request_id="g", prompt_ids=PROMPTS[1], sampling=params)]))
+    results = _run(
+        engine.generate([GenerationRequest(request_id="g", prompt_ids=PROMPTS[1], sampling=params)])
+    )
     assert results[0].output_ids == _greedy_reference(hf_reference_model, PROMPTS[1], 12)
 
 
 def test_seed_reproducible_and_distinct(engine) -> None:
     def sample(seed: int, rid: str) -> list[int]:
         params = SamplingParams(max_new_tokens=16, seed=seed, ignore_eos=True)
-        return _run(engine.generate([GenerationRequest(request_id=rid, prompt_ids=PROMPTS[0], sampling=params)]))[0].output_ids
+        return _run(
+            engine.generate(
+                [GenerationRequest(request_id=rid, prompt_ids=PROMPTS[0], sampling=params)]
+            )
+        )[0].output_ids
 
     assert sample(11, "s1") == sample(11, "s2")
     assert sample(11, "s3") != sample(12, "s4")
@@ -94,18 +118,32 @@ def test_stop_token_ids_and_stop_strings(engine, tiny_tokenizer, hf_reference_mo
     greedy = _greedy_reference(hf_reference_model, PROMPTS[2], 16)
     stop_token = greedy[5]
     first = greedy.index(stop_token)
-    params = SamplingParams(max_new_tokens=16, temperature=0.0, stop_token_ids=[stop_token], ignore_eos=True)
-    r = _run(engine.generate([GenerationRequest(request_id="st", prompt_ids=PROMPTS[2], sampling=params)]))[0]
+    params = SamplingParams(
+        max_new_tokens=16, temperature=0.0, stop_token_ids=[stop_token], ignore_eos=True
+    )
+    r = _run(
+        engine.generate(
+            [GenerationRequest(request_id="st", prompt_ids=PROMPTS[2], sampling=params)]
+        )
+    )[0]
     assert r.output_ids == greedy[: first + 1]
     assert (r.finish_reason, r.stop_reason) == ("stop", stop_token)
 
     # a stop string completed by token k: generation ends at token k, ids are kept as sampled
     text_upto = [tiny_tokenizer.decode(greedy[: k + 1]) for k in range(len(greedy))]
-    k = next(k for k in range(3, len(greedy)) if text_upto[k].strip() and text_upto[k] != text_upto[k - 1])
+    k = next(
+        k
+        for k in range(3, len(greedy))
+        if text_upto[k].strip() and text_upto[k] != text_upto[k - 1]
+    )
     stop = text_upto[k][len(text_upto[k - 1]) - 1 :] if len(text_upto[k - 1]) else text_upto[k]
     expected_end = next(j for j in range(len(greedy)) if stop in text_upto[j])
     params = SamplingParams(max_new_tokens=16, temperature=0.0, stop=[stop], ignore_eos=True)
-    r = _run(engine.generate([GenerationRequest(request_id="ss", prompt_ids=PROMPTS[2], sampling=params)]))[0]
+    r = _run(
+        engine.generate(
+            [GenerationRequest(request_id="ss", prompt_ids=PROMPTS[2], sampling=params)]
+        )
+    )[0]
     assert (r.finish_reason, r.stop_reason) == ("stop", stop)
     assert r.output_ids == greedy[: expected_end + 1]
 
@@ -113,7 +151,10 @@ def test_stop_token_ids_and_stop_strings(engine, tiny_tokenizer, hf_reference_mo
 def test_update_weights_in_place(engine, hf_reference_model) -> None:
     original = {k: v.detach().clone() for k, v in hf_reference_model.state_dict().items()}
     version = engine.weight_version + 1
-    perturbed = {k: v + 0.05 * torch.randn_like(v, generator=torch.Generator().manual_seed(1)) for k, v in original.items()}
+    perturbed = {
+        k: v + 0.05 * torch.randn_like(v, generator=torch.Generator().manual_seed(1))
+        for k, v in original.items()
+    }
     params = SamplingParams(max_new_tokens=12, seed=5, ignore_eos=True)
     try:
         engine.update_weights(list(perturbed.items()), version)
@@ -122,7 +163,11 @@ def test_update_weights_in_place(engine, hf_reference_model) -> None:
         assert "model.embed_tokens.weight" in live
         for name, tensor in live.items():
             assert torch.allclose(tensor, perturbed[name], atol=1e-6), name
-        r = _run(engine.generate([GenerationRequest(request_id="uw", prompt_ids=PROMPTS[3], sampling=params)]))[0]
+        r = _run(
+            engine.generate(
+                [GenerationRequest(request_id="uw", prompt_ids=PROMPTS[3], sampling=params)]
+            )
+        )[0]
         assert r.weight_version == version
         hf_reference_model.load_state_dict(perturbed)
         ref_new = _teacher_forced(hf_reference_model, r.prompt_ids, r.output_ids)
@@ -134,7 +179,11 @@ def test_update_weights_in_place(engine, hf_reference_model) -> None:
     finally:
         hf_reference_model.load_state_dict(original)
         engine.update_weights(list(original.items()), version + 1)
-    r = _run(engine.generate([GenerationRequest(request_id="uw2", prompt_ids=PROMPTS[3], sampling=params)]))[0]
+    r = _run(
+        engine.generate(
+            [GenerationRequest(request_id="uw2", prompt_ids=PROMPTS[3], sampling=params)]
+        )
+    )[0]
     ref = _teacher_forced(hf_reference_model, r.prompt_ids, r.output_ids)
     assert (ref - torch.tensor(r.output_log_probs)).abs().max().item() < 1e-3
 
@@ -154,7 +203,11 @@ def test_abort_returns_partial_output(engine) -> None:
     params = SamplingParams(max_new_tokens=900, ignore_eos=True)
 
     async def scenario():
-        task = asyncio.create_task(engine.generate([GenerationRequest(request_id="ab", prompt_ids=PROMPTS[0], sampling=params)]))
+        task = asyncio.create_task(
+            engine.generate(
+                [GenerationRequest(request_id="ab", prompt_ids=PROMPTS[0], sampling=params)]
+            )
+        )
         await asyncio.sleep(0.3)
         engine.abort(["ab"])
         return await asyncio.wait_for(task, timeout=120)

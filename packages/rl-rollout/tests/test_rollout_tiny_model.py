@@ -40,12 +40,15 @@ def test_chat_template_is_qwen_style(tiny_tokenizer) -> None:
     assert ids.count(tiny_tokenizer.convert_tokens_to_ids("<|im_start|>")) == 3
 
 
-def test_saved_tokenizer_json_agrees_with_loaded_tokenizer(tiny_model_dir: Path, tiny_tokenizer) -> None:
+def test_saved_tokenizer_json_agrees_with_loaded_tokenizer(
+    tiny_model_dir: Path, tiny_tokenizer
+) -> None:
     raw = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
     text = "Hello  world!\n\n  # _ O\tX 1234 √√ <|im_end|>\n<|im_start|>user x"
-    assert raw.encode(text, add_special_tokens=False).ids == tiny_tokenizer(
-        text, add_special_tokens=False
-    )["input_ids"]
+    assert (
+        raw.encode(text, add_special_tokens=False).ids
+        == tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_deterministic_and_idempotent(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -69,7 +72,9 @@ def test_rejects_small_head_dim(tmp_path: Path) -> None:
 
 def test_model_distribution_is_not_flat(tiny_model_dir: Path, tiny_tokenizer) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    ids = torch.tensor([tiny_tokenizer("the box is on the target", add_special_tokens=False)["input_ids"]])
+    ids = torch.tensor(
+        [tiny_tokenizer("the box is on the target", add_special_tokens=False)["input_ids"]]
+    )
     with torch.no_grad():
         lp = torch.log_softmax(model(ids).logits[0, -1].float(), -1)
     entropy = -(lp.exp() * lp).sum().item()

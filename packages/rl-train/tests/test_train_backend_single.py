@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from rl_algos.aggregate import masked_mean
 
 import rl_train
+from rl_algos.aggregate import masked_mean
 from rl_train import checkpoint as ckpt
 from rl_train.losses import build_actor_loss, build_critic_loss
 from rl_train.optim import lr_multiplier
@@ -17,8 +17,12 @@ from rl_train.testing import make_batch, nll_loss
 
 
 def _backend(path, role="actor", **targs):
-    base = dict(per_device_train_batch_size=2, gradient_accumulation_steps=4, learning_rate=1e-3,
-                adam_epsilon=1e-6)
+    base = dict(
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=4,
+        learning_rate=1e-3,
+        adam_epsilon=1e-6,
+    )
     base.update(targs)
     return rl_train.build_backend("hf_infer", role=role, model_path=path, training_args=base)
 
@@ -42,7 +46,9 @@ def _reference_log_probs(path, batch):
 @pytest.mark.parametrize("packed", [False, True])
 def test_forward_log_probs_equal_direct_hf_forward(tiny_model_path, packed):
     batch = make_batch(5, 20, seed=7)
-    backend = _backend(tiny_model_path, role="reference", use_sequence_packing=packed, infer_batch_size=2)
+    backend = _backend(
+        tiny_model_path, role="reference", use_sequence_packing=packed, infer_batch_size=2
+    )
     out = backend.forward(batch)
     expected = _reference_log_probs(tiny_model_path, batch)
     assert out.log_probs is not None
@@ -53,7 +59,9 @@ def test_forward_log_probs_equal_direct_hf_forward(tiny_model_path, packed):
 def test_critic_values_aligned_and_packed_equal(tiny_model_path):
     batch = make_batch(4, 16, seed=2)
     plain = _backend(tiny_model_path, role="critic").forward(batch).values
-    packed = _backend(tiny_model_path, role="critic", use_sequence_packing=True).forward(batch).values
+    packed = (
+        _backend(tiny_model_path, role="critic", use_sequence_packing=True).forward(batch).values
+    )
     assert plain is not None and packed is not None
     torch.testing.assert_close(plain, packed, atol=1e-5, rtol=1e-5)
     assert torch.all(plain[:, 0] == 0)
@@ -73,8 +81,14 @@ def test_accumulation_dynamic_batching_and_packing_match_full_batch(tiny_model_p
     ref = _backend(tiny_model_path, per_device_train_batch_size=8, gradient_accumulation_steps=1)
     variants = [
         _backend(tiny_model_path, per_device_train_batch_size=2, gradient_accumulation_steps=4),
-        _backend(tiny_model_path, per_device_train_batch_size=8, gradient_accumulation_steps=1,
-                 use_dynamic_batching=True, max_tokens_per_microbatch=40, use_sequence_packing=True),
+        _backend(
+            tiny_model_path,
+            per_device_train_batch_size=8,
+            gradient_accumulation_steps=1,
+            use_dynamic_batching=True,
+            max_tokens_per_microbatch=40,
+            use_sequence_packing=True,
+        ),
     ]
     for batch in batches:
         m_ref = ref.train_step(batch, nll_loss)
@@ -88,8 +102,9 @@ def test_accumulation_dynamic_batching_and_packing_match_full_batch(tiny_model_p
 
 
 def test_ppo_epochs_and_mini_batches_count_optimizer_steps(tiny_model_path):
-    backend = _backend(tiny_model_path, per_device_train_batch_size=2, gradient_accumulation_steps=2,
-                       ppo_epochs=3)
+    backend = _backend(
+        tiny_model_path, per_device_train_batch_size=2, gradient_accumulation_steps=2, ppo_epochs=3
+    )
     metrics = backend.train_step(make_batch(8, 12), nll_loss)
     assert metrics["actor/optimizer_steps"] == 6.0  # 3 epochs x (8 samples / 4 per mini-batch)
     assert backend.global_step == 6
@@ -97,9 +112,12 @@ def test_ppo_epochs_and_mini_batches_count_optimizer_steps(tiny_model_path):
 
 def test_actor_loss_on_policy_ppo_equals_minus_mean_advantage(tiny_model_path):
     batch = make_batch(6, 16, seed=4)
-    loss_fn = build_actor_loss({"pg_variant": "ppo", "loss_agg_mode": "token-mean",
-                                                "entropy_loss_coef": 0.0})
-    backend = _backend(tiny_model_path, per_device_train_batch_size=3, gradient_accumulation_steps=2)
+    loss_fn = build_actor_loss(
+        {"pg_variant": "ppo", "loss_agg_mode": "token-mean", "entropy_loss_coef": 0.0}
+    )
+    backend = _backend(
+        tiny_model_path, per_device_train_batch_size=3, gradient_accumulation_steps=2
+    )
     old = backend.forward(batch).log_probs
     metrics = backend.train_step({**batch, "old_log_probs": old}, loss_fn)
     # ratio == 1 at the first step: L = -sum(A m) / sum(m) over the whole mini-batch
@@ -111,8 +129,13 @@ def test_actor_loss_on_policy_ppo_equals_minus_mean_advantage(tiny_model_path):
 def test_critic_train_step_reduces_value_loss(tiny_model_path):
     batch = make_batch(4, 12, seed=5)
     batch["returns"] = torch.ones(4, 12) * batch["response_mask"]
-    backend = _backend(tiny_model_path, role="critic", per_device_train_batch_size=4,
-                       gradient_accumulation_steps=1, learning_rate=3e-3)
+    backend = _backend(
+        tiny_model_path,
+        role="critic",
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        learning_rate=3e-3,
+    )
     loss_fn = build_critic_loss({"value_clip": None})
     first = backend.train_step(batch, loss_fn)["critic/vf_loss"]
     for _ in range(5):
@@ -141,7 +164,9 @@ def test_nonfinite_loss_skips_step_and_k_consecutive_raise(tiny_model_path):
 
 
 def test_lr_schedules_hand_values():
-    args = rl_train.parse_training_args({"lr_scheduler_type": "cosine", "warmup_steps": 4, "max_steps": 14})
+    args = rl_train.parse_training_args(
+        {"lr_scheduler_type": "cosine", "warmup_steps": 4, "max_steps": 14}
+    )
     assert lr_multiplier(0, args) == pytest.approx(1 / 5)
     assert lr_multiplier(3, args) == pytest.approx(4 / 5)
     assert lr_multiplier(4, args) == pytest.approx(1.0)
@@ -169,7 +194,10 @@ def test_checkpoint_resume_is_bit_exact_and_falls_back(tiny_model_path, tmp_path
         first.train_step(b, nll_loss)
         first.save_checkpoint(tmp_path, s + 1, {"epoch": s})
     (tmp_path / ".tmp_step_00000009").mkdir()  # a crashed save is never picked
-    assert [p.name for p in ckpt.committed_checkpoints(tmp_path)] == ["step_00000002", "step_00000001"]
+    assert [p.name for p in ckpt.committed_checkpoints(tmp_path)] == [
+        "step_00000002",
+        "step_00000001",
+    ]
     resumed = _backend(tiny_model_path, lr_scheduler_type="cosine", warmup_steps=1, max_steps=4)
     step, extra = resumed.load_checkpoint(tmp_path)
     assert (step, extra) == (2, {"epoch": 1})
@@ -203,7 +231,9 @@ def test_export_hf_loads_in_transformers(tiny_model_path, tmp_path):
     batch = make_batch(3, 10, seed=9)
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+    lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch["input_ids"][:, 1:, None])[
+        ..., 0
+    ]
     ours = backend.forward(batch).log_probs
     assert ours is not None
     mask = batch["attention_mask"][:, 1:].bool()

@@ -58,7 +58,9 @@ def test_split_and_trim():
     assert trimmed["input_ids"].shape[1] == 10
     assert batching.padding_fraction([batch], packed=True) == 0.0
     frac = batching.padding_fraction([batch], packed=False)
-    assert frac == pytest.approx(1 - batch["attention_mask"].sum().item() / batch["input_ids"].numel())
+    assert frac == pytest.approx(
+        1 - batch["attention_mask"].sum().item() / batch["input_ids"].numel()
+    )
 
 
 def test_equalize_count_splits_then_pads():

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-_BLOCK = 64
+_BLOCK = 32
 
 
 def _powers(discount: float, exponents: Tensor, valid: Tensor, dtype: torch.dtype) -> Tensor:
@@ -50,7 +50,7 @@ def discounted_reverse_cumsum(x: Tensor, discount: float, block: int = _BLOCK) -
         carry_mat = _powers(discount, length * (bdiff - 1), bdiff > 0, x.dtype)
         carry = local[:, :, 0] @ carry_mat.t()  # [B, nb]: value at the start of block b + 1
         tail = _powers(discount, length - i, torch.ones_like(i, dtype=torch.bool), x.dtype)
-        out = local + carry.unsqueeze(-1) * tail
+        out = torch.addcmul(local, carry.unsqueeze(-1), tail)
     return out.reshape(b, nb * length)[:, :t]
 
 

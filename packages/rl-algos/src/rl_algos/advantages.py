@@ -111,6 +111,20 @@ def _outcome_scores(scores: Tensor, mask: Tensor) -> Tensor:
     raise ValueError(f"scores must be [B] or [B, T], got shape {tuple(scores.shape)}")
 
 
+def _single_segment_rows(mask: Tensor) -> bool:
+    """True if every row's masked tokens form at most one contiguous run."""
+    if mask.shape[1] < 2:
+        return True
+    starts = (mask[:, 1:] & ~mask[:, :-1]).sum(-1) + mask[:, 0]
+    return bool((starts <= 1).all())
+
+
+def _row_lengths(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """Masked tokens per row ``[B]`` (a uint8 view sums ~2x faster than a bool reduction)."""
+    m = mask.view(torch.uint8) if mask.is_contiguous() else mask
+    return m.sum(-1, dtype=torch.int32).to(dtype)
+
+
 def _broadcast(per_row: Tensor, mask: Tensor) -> Tensor:
     """``[B]`` -> ``[B, T]``, one fused pass, 0 outside ``mask``."""
     return per_row.unsqueeze(-1) * mask
@@ -184,16 +198,25 @@ def gae(
             f"{tuple(mask.shape)} must all be [B, T]"
         )
     dt = _float_dtype(rewards, values)
-    slot, rank = compaction(mask)
-    r_c = compact(rewards.to(dt), slot)
-    v_c = compact(values.to(dt), slot)
-    next_v = torch.zeros_like(v_c)
-    next_v[:, :-1] = v_c[:, 1:]
-    delta = r_c + gamma * next_v - v_c
-    adv = discounted_reverse_cumsum(delta, gamma * lam).gather(1, rank)
+    r, v = rewards.to(dt), values.to(dt)
+    if _single_segment_rows(mask):
+        # Each row's response is contiguous: the next response token of t is t + 1 (if masked),
+        # so no compaction is needed; deltas outside the mask are 0.
+        zero = torch.zeros((), dtype=dt, device=v.device)
+        next_v = torch.zeros_like(v)
+        torch.where(mask[:, 1:], v[:, 1:], zero, out=next_v[:, :-1])
+        delta = torch.add(r, next_v, alpha=gamma).sub_(v)
+        adv = discounted_reverse_cumsum(torch.where(mask, delta, zero), gamma * lam)
+    else:
+        slot, rank = compaction(mask)
+        r_c, v_c = compact(r, slot), compact(v, slot)
+        next_v = torch.zeros_like(v_c)
+        next_v[:, :-1] = v_c[:, 1:]
+        delta = r_c + gamma * next_v - v_c
+        adv = discounted_reverse_cumsum(delta, gamma * lam).gather(1, rank)
     zero = torch.zeros((), dtype=dt, device=adv.device)
     adv = torch.where(mask, adv, zero)
-    returns = torch.where(mask, adv + values.to(dt), zero)
+    returns = torch.where(mask, adv + v, zero)
     return adv, returns
 
 
@@ -324,7 +347,15 @@ def reinforce_pp_baseline(
     mask = _check_mask(response_mask)
     s = _outcome_scores(scores, mask)
     mean_r, _, _, _, _ = _mean_std_per_row(s, index)
-    adv = masked_whiten(_broadcast(s - mean_r, mask), mask)
+    a = s - mean_r
+    # masked_whiten of the broadcast matrix, with its statistics computed per row (O(B)):
+    # every row contributes n_b copies of a_b.
+    n = _row_lengths(mask, a.dtype)
+    total = n.sum()
+    mean = (n * a).sum() / total.clamp(min=1.0)
+    var = (n * (a - mean) ** 2).sum() / (total - 1.0).clamp(min=1.0)
+    var = torch.where(total > 1, var, torch.zeros_like(var))
+    adv = _broadcast((a - mean) * torch.rsqrt(var + 1e-8), mask)
     return adv, adv
 
 
@@ -376,7 +407,7 @@ def opo(scores: Tensor, response_mask: Tensor, index: GroupIndex) -> tuple[Tenso
     mask = _check_mask(response_mask)
     s = _outcome_scores(scores, mask)
     ids, g = group_ids(index, s.shape[0], s.device)
-    lengths = mask.sum(-1).to(s.dtype)
+    lengths = _row_lengths(mask, s.dtype)
     tot_len = group_sum(lengths, ids, g)
     base = group_sum(lengths * s, ids, g) / tot_len.clamp(min=1e-12)
     n = torch.bincount(ids, minlength=g)[ids]

@@ -54,10 +54,15 @@ def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     Returns:
         scalar, or ``values`` with ``dim`` reduced.
     """
-    m = _mask_like(values, mask)
-    prod = torch.where(
-        m != 0, values * m, torch.zeros((), dtype=values.dtype, device=values.device)
-    )
+    if mask.shape != values.shape:
+        raise ValueError(f"mask shape {tuple(mask.shape)} != values shape {tuple(values.shape)}")
+    if mask.dtype == torch.bool:
+        prod = torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
+    else:
+        m = mask.to(values.dtype)
+        prod = torch.where(
+            m != 0, values * m, torch.zeros((), dtype=values.dtype, device=values.device)
+        )
     return prod.sum() if dim is None else prod.sum(dim)
 
 

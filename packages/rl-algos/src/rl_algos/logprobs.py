@@ -153,7 +153,9 @@ class _ChunkedFromLogits(torch.autograd.Function):
         logits, labels, lse, ent = ctx.saved_tensors
         valid = (labels >= 0).to(lse.dtype)
         g_lp = None if grad_lp is None else grad_lp.to(lse.dtype) * valid
-        g_ent = None if (grad_ent is None or not ctx.need_entropy) else grad_ent.to(lse.dtype) * valid
+        g_ent = (
+            None if (grad_ent is None or not ctx.need_entropy) else grad_ent.to(lse.dtype) * valid
+        )
         if g_lp is None and g_ent is None:
             return None, None, None, None, None
         grad_logits = torch.empty_like(logits)
@@ -267,12 +269,16 @@ class _ChunkedFromHidden(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         valid = (labels >= 0).to(lse.dtype)
         g_lp = None if grad_lp is None else grad_lp.to(lse.dtype) * valid
-        g_ent = None if (grad_ent is None or not ctx.need_entropy) else grad_ent.to(lse.dtype) * valid
+        g_ent = (
+            None if (grad_ent is None or not ctx.need_entropy) else grad_ent.to(lse.dtype) * valid
+        )
         if (g_lp is None and g_ent is None) or not (need_h or need_w):
             return None, None, None, None, None, None
         grad_h = torch.empty_like(hidden) if need_h else None
         # Accumulate the weight gradient in >= float32 across chunks (one matmul would too).
-        grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
+        grad_w = (
+            torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
+        )
         n = hidden.shape[0]
         for start in range(0, n, ctx.chunk_size):
             sl = slice(start, min(start + ctx.chunk_size, n))

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams, Trajectory, Turn
-
-from rl_rollout.engine import Engine
+from rl_rollout.engine import GeneratingEngine
 from rl_rollout.templates import ChatTemplate, get_template
 
 __all__ = ["AgentLoop", "EpisodeSpec"]
@@ -51,8 +50,9 @@ def _as_spec(item: Any, index: int) -> EpisodeSpec:
         spec = EpisodeSpec(*item)
     elif hasattr(item, "assignment") and hasattr(item, "env"):  # rl_envs.groups.EnvSlot
         a = item.assignment
-        spec = EpisodeSpec(item.env, int(a.seed), str(a.group_id), str(a.tag),
-                           f"g{a.group_id}-e{a.env_id}")
+        spec = EpisodeSpec(
+            item.env, int(a.seed), str(a.group_id), str(a.tag), f"g{a.group_id}-e{a.env_id}"
+        )
     else:
         raise TypeError(
             f"episode #{index}: expected EpisodeSpec, (env, seed[, group_id, tag]) or an EnvSlot, "
@@ -93,7 +93,7 @@ class AgentLoop:
     """Runs episodes of rl_envs environments against an Engine (see module docstring).
 
     Args:
-        engine: any :class:`rl_rollout.engine.Engine`.
+        engine: any :class:`rl_rollout.engine.Engine` (only ``generate``/``weight_version`` used).
         tokenizer: the HF tokenizer of the engine's model.
         template: chat template name (``native`` = the tokenizer's own, or ``qwen2_5`` ...).
         max_tokens_per_step: max new tokens of one model turn (ROLL's ``max_tokens_per_step``).
@@ -109,7 +109,7 @@ class AgentLoop:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: GeneratingEngine,
         tokenizer: Any,
         *,
         template: str | ChatTemplate = "native",
@@ -123,7 +123,9 @@ class AgentLoop:
     ) -> None:
         sampling = sampling or SamplingParams()
         if sampling.n != 1:
-            raise ValueError("AgentLoop sampling.n must be 1 (groups are separate envs with one seed)")
+            raise ValueError(
+                "AgentLoop sampling.n must be 1 (groups are separate envs with one seed)"
+            )
         if max_tokens_per_step < 1:
             raise ValueError(f"max_tokens_per_step must be >= 1, got {max_tokens_per_step}")
         if max_running_requests < 1:
@@ -132,7 +134,9 @@ class AgentLoop:
             raise ValueError(f"mode must be 'async' or 'lockstep', got {mode!r}")
         self.engine = engine
         self.tokenizer = tokenizer
-        self.template = template if isinstance(template, ChatTemplate) else get_template(template, tokenizer)
+        self.template = (
+            template if isinstance(template, ChatTemplate) else get_template(template, tokenizer)
+        )
         self.max_tokens_per_step = max_tokens_per_step
         self.max_running_requests = max_running_requests
         self.max_sequence_length = max_sequence_length
@@ -197,9 +201,12 @@ class AgentLoop:
                         self._fail(ep, f"engine: {type(exc).__name__}: {exc}")
                     continue
                 elapsed = time.perf_counter() - started
-                for (ep, _), result in zip(chunk, results):
+                for ep, _ in chunk:
                     ep.gen_s += elapsed
-                    await self._consume(ep, result)
+                # the envs of a round step concurrently (as a thread pool would), then the barrier
+                await asyncio.gather(
+                    *(self._consume(ep, res) for (ep, _), res in zip(chunk, results))
+                )
 
     # ------------------------------------------------------------------ episode steps
     def _encode(self, text: str) -> list[int]:
@@ -215,7 +222,9 @@ class AgentLoop:
                 messages.append({"role": "system", "content": system})
             instruction = env.instruction() if hasattr(env, "instruction") else ""
             first = self._turn_text(env, observation, 0)
-            messages.append({"role": "user", "content": f"{instruction}\n{first}" if instruction else first})
+            messages.append(
+                {"role": "user", "content": f"{instruction}\n{first}" if instruction else first}
+            )
             ep.append(self._encode(self.template.prefix(messages)), model=False)
             ep.prompt_length = len(ep.token_ids)
         except Exception as exc:
@@ -242,11 +251,19 @@ class AgentLoop:
             return None
         sampling = self.sampling
         if budget != sampling.max_new_tokens or sampling.seed is not None:
-            seed = None if sampling.seed is None else sampling.seed + 7919 * ep.turn_idx + ep.spec.seed
+            seed = (
+                None if sampling.seed is None else sampling.seed + 7919 * ep.turn_idx + ep.spec.seed
+            )
             sampling = SamplingParams(
-                n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                max_new_tokens=budget, stop=sampling.stop, stop_token_ids=sampling.stop_token_ids,
-                seed=seed, ignore_eos=sampling.ignore_eos,
+                n=1,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                max_new_tokens=budget,
+                stop=sampling.stop,
+                stop_token_ids=sampling.stop_token_ids,
+                seed=seed,
+                ignore_eos=sampling.ignore_eos,
             )
         return GenerationRequest(
             request_id=f"{ep.spec.traj_id}/t{ep.turn_idx}",
@@ -263,7 +280,9 @@ class AgentLoop:
         turn_idx = ep.turn_idx
         ep.turn_idx += 1
         if result.finish_reason == "abort":
-            ep.turns.append(Turn(turn_idx=turn_idx, start=start, end=len(ep.token_ids), action_text=action_text))
+            ep.turns.append(
+                Turn(turn_idx=turn_idx, start=start, end=len(ep.token_ids), action_text=action_text)
+            )
             ep.done, ep.termination = True, "aborted"
             return
         env = ep.spec.env
@@ -275,7 +294,9 @@ class AgentLoop:
                 step = env.step(action_text)
             observation, reward, terminated, truncated, info = step
         except Exception as exc:
-            ep.turns.append(Turn(turn_idx=turn_idx, start=start, end=len(ep.token_ids), action_text=action_text))
+            ep.turns.append(
+                Turn(turn_idx=turn_idx, start=start, end=len(ep.token_ids), action_text=action_text)
+            )
             self._fail(ep, f"env step: {type(exc).__name__}: {exc}")
             return
         finally:
@@ -354,6 +375,8 @@ def _plain(info: dict[str, Any]) -> dict[str, Any]:
     for key, value in info.items():
         if isinstance(value, bool | int | float | str) or value is None:
             out[str(key)] = value
-        elif isinstance(value, list | tuple) and all(isinstance(v, bool | int | float | str) for v in value):
+        elif isinstance(value, list | tuple) and all(
+            isinstance(v, bool | int | float | str) for v in value
+        ):
             out[str(key)] = list(value)
     return out

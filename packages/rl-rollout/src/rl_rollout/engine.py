@@ -27,13 +27,24 @@ from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
 import torch
+
 from rl_config.records import GenerationRequest, GenerationResult
 
-__all__ = ["Engine", "EngineAsleepError", "check_requests"]
+__all__ = ["Engine", "EngineAsleepError", "GeneratingEngine", "check_requests"]
 
 
 class EngineAsleepError(RuntimeError):
     """generate() was called while the engine sleeps."""
+
+
+@runtime_checkable
+class GeneratingEngine(Protocol):
+    """The part of :class:`Engine` the agent loop uses (wrappers and test doubles may stop here)."""
+
+    @property
+    def weight_version(self) -> int: ...
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
 
 
 @runtime_checkable
@@ -45,7 +56,9 @@ class Engine(Protocol):
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None: ...
 
     def sleep(self, level: int = 1) -> None: ...
 

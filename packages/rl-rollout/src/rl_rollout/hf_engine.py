@@ -16,15 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from rl_config.records import GenerationRequest, GenerationResult, SamplingParams
 
+from rl_config.records import GenerationRequest, GenerationResult, SamplingParams
 from rl_rollout.engine import EngineAsleepError, check_requests
 from rl_rollout.sampling import raw_log_probs_of, sample_tokens
 
@@ -89,7 +89,10 @@ class HFEngine:
     strategy_config keys (ROLL's names where they exist): ``max_num_seqs`` (running batch size,
     default 64), ``max_num_batched_tokens`` (prompt tokens per prefill, default 8192),
     ``max_model_len`` (default: the model's max_position_embeddings), ``attn_implementation``
-    (default "sdpa"), ``trust_remote_code`` (default False).
+    (default "sdpa"), ``trust_remote_code`` (default False), ``enable_prefix_caching`` (default
+    True: the KV of a finished sequence is kept, and a later prompt that extends it, i.e. the
+    next turn of the same conversation, prefills only its new tokens; dropped on weight updates),
+    ``prefix_cache_max_tokens`` (default 65536, LRU bound).
     """
 
     def __init__(
@@ -105,6 +108,8 @@ class HFEngine:
 
         cfg = dict(strategy_config or {})
         known = {
+            "enable_prefix_caching",
+            "prefix_cache_max_tokens",
             "max_num_seqs",
             "max_num_batched_tokens",
             "max_model_len",
@@ -113,7 +118,9 @@ class HFEngine:
         }
         unknown = sorted(set(cfg) - known)
         if unknown:
-            raise ValueError(f"HFEngine strategy_config: unknown key(s) {unknown}; known: {sorted(known)}")
+            raise ValueError(
+                f"HFEngine strategy_config: unknown key(s) {unknown}; known: {sorted(known)}"
+            )
         if device is None:
             from rl_sync.device import torch_device
 
@@ -132,6 +139,12 @@ class HFEngine:
         self.max_model_len = int(
             cfg.get("max_model_len", getattr(self.model.config, "max_position_embeddings", 4096))
         )
+        self.enable_prefix_caching = bool(cfg.get("enable_prefix_caching", True))
+        self.prefix_cache_max_tokens = int(cfg.get("prefix_cache_max_tokens", 65536))
+        self._prefixes: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = (
+            OrderedDict()
+        )
+        self._prefix_tokens = 0
         self._eos_ids = _eos_ids(self.model)
         self._tokenizer: Any = None
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -148,7 +161,7 @@ class HFEngine:
         self._mask: torch.Tensor | None = None
         self._shutdown = False
         self._thread: threading.Thread | None = None
-        self.stats = {"decode_steps": 0, "prefills": 0, "max_running": 0}
+        self.stats = {"decode_steps": 0, "prefills": 0, "max_running": 0, "prefix_hit_tokens": 0}
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -160,7 +173,9 @@ class HFEngine:
         if self._asleep:
             raise EngineAsleepError("HFEngine.generate() called while asleep; call wake_up() first")
         if self._weights_discarded:
-            raise EngineAsleepError("HFEngine weights were discarded by sleep(2); update_weights first")
+            raise EngineAsleepError(
+                "HFEngine weights were discarded by sleep(2); update_weights first"
+            )
         if self._shutdown:
             raise RuntimeError("HFEngine.generate() called after shutdown()")
         check_requests(requests, max_model_len=self.max_model_len)
@@ -174,8 +189,15 @@ class HFEngine:
                         (req.sampling.seed * 1_000_003 + index) % (2**63)
                     )
                 seqs.append(
-                    _Seq(req.request_id, index, list(req.prompt_ids), req.sampling, gen,
-                         loop.create_future(), loop)
+                    _Seq(
+                        req.request_id,
+                        index,
+                        list(req.prompt_ids),
+                        req.sampling,
+                        gen,
+                        loop.create_future(),
+                        loop,
+                    )
                 )
         self._ensure_thread()
         with self._cond:
@@ -187,7 +209,9 @@ class HFEngine:
             self.abort({s.request_id for s in seqs})
             raise
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
         """Copy HF-named full tensors into the live model between decode steps (no disk)."""
         if self._asleep:
             raise EngineAsleepError("HFEngine.update_weights() while asleep; call wake_up() first")
@@ -205,6 +229,7 @@ class HFEngine:
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
             self._version = int(version)
             self._weights_discarded = False
+            self._clear_prefixes()  # cached KV came from the old weights
 
     def sleep(self, level: int = 1) -> None:
         """Free device memory: 1 = offload weights to CPU and drop the KV cache; 2 = discard weights."""
@@ -212,9 +237,12 @@ class HFEngine:
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
         with self._cond:
             if self._running or self._pending:
-                raise RuntimeError("HFEngine.sleep() with requests in flight; abort or await them first")
+                raise RuntimeError(
+                    "HFEngine.sleep() with requests in flight; abort or await them first"
+                )
         with self._model_lock:
             self._cache, self._mask = None, None
+            self._clear_prefixes()
             if level == 2:
                 self.model.to_empty(device="meta")
                 self._weights_discarded = True
@@ -286,11 +314,12 @@ class HFEngine:
                         if seq.request_id in aborted:
                             seq.finish_reason = "abort"
                     self._retire()
-                    if admit:
+                    if admit:  # prefill newcomers, then every running row decodes this step too
                         for seq in admit:
                             seq.version = self._version
                         self._prefill(admit)
-                    elif self._running:
+                        self._retire()
+                    if self._running:
                         self._decode_step()
                     self._retire()
             except Exception as exc:  # fail every in-flight request loudly, keep the engine alive
@@ -313,41 +342,134 @@ class HFEngine:
         return admit
 
     def _prefill(self, admit: list[_Seq]) -> None:
-        """Left-padded prefill of new rows; sample their first token; merge into the batch."""
+        """Prefill new rows (reusing a cached prefix where one matches), sample their first token,
+        merge them into the running batch."""
+        groups: list[tuple[Any, torch.Tensor, list[_Seq]]] = []
+        fresh: list[_Seq] = []
+        for seq in admit:
+            hit = self._take_prefix(seq.prompt_ids) if self.enable_prefix_caching else None
+            if hit is None:
+                fresh.append(seq)
+            else:
+                groups.append(self._prefill_from_prefix(seq, *hit))
+        if fresh:
+            groups.append(self._prefill_fresh(fresh))
+        self.stats["prefills"] += 1
+        for cache, mask, rows in groups:
+            if not self._running:
+                self._cache, self._mask, self._running = cache, mask, list(rows)
+            else:
+                self._cache, self._mask = _merge_caches(self._cache, self._mask, cache, mask)
+                self._running.extend(rows)
+        self.stats["max_running"] = max(self.stats["max_running"], len(self._running))
+
+    def _prefill_fresh(self, rows: list[_Seq]) -> tuple[Any, torch.Tensor, list[_Seq]]:
+        """Left-padded batched prefill of whole prompts. ids/mask: [n, width]."""
         from transformers import DynamicCache
 
-        width = max(len(s.prompt_ids) for s in admit)
-        pad_id = 0
-        ids = torch.full((len(admit), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(admit), width), dtype=torch.long)
-        for row, seq in enumerate(admit):
+        width = max(len(s.prompt_ids) for s in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for row, seq in enumerate(rows):
             ids[row, width - len(seq.prompt_ids) :] = torch.tensor(seq.prompt_ids)
             mask[row, width - len(seq.prompt_ids) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-            use_cache=True, logits_to_keep=1,
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
         )
-        self._append_tokens(admit, out.logits[:, -1, :])
-        self.stats["prefills"] += 1
-        if not self._running:
-            self._cache, self._mask, self._running = cache, mask, list(admit)
-        else:
-            self._cache, self._mask = _merge_caches(self._cache, self._mask, cache, mask)
-            self._running.extend(admit)
-        self.stats["max_running"] = max(self.stats["max_running"], len(self._running))
+        self._append_tokens(rows, out.logits[:, -1, :])
+        return cache, mask, rows
+
+    def _prefill_from_prefix(
+        self, seq: _Seq, cached: int, layers: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[Any, torch.Tensor, list[_Seq]]:
+        """Prefill only prompt[cached:] on top of the cached KV of prompt[:cached]."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        for layer_idx, (keys, values) in enumerate(layers):
+            cache.update(keys, values, layer_idx)
+        rest = seq.prompt_ids[cached:]
+        total = len(seq.prompt_ids)
+        out = self.model(
+            input_ids=torch.tensor([rest], dtype=torch.long, device=self.device),
+            attention_mask=torch.ones((1, total), dtype=torch.long, device=self.device),
+            position_ids=torch.arange(cached, total, device=self.device).unsqueeze(0),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self._append_tokens([seq], out.logits[:, -1, :])
+        self.stats["prefix_hit_tokens"] += cached
+        return cache, torch.ones((1, total), dtype=torch.long, device=self.device), [seq]
+
+    # ------------------------------------------------------------------ prefix cache
+    def _take_prefix(
+        self, prompt: list[int]
+    ) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None:
+        """Pop the longest cached token prefix of ``prompt`` (strictly shorter than it)."""
+        best: tuple[int, ...] | None = None
+        for tokens in self._prefixes:
+            n = len(tokens)
+            if n < len(prompt) and (best is None or n > len(best)) and tuple(prompt[:n]) == tokens:
+                best = tokens
+        if best is None:
+            return None
+        layers = self._prefixes.pop(best)
+        self._prefix_tokens -= len(best)
+        return len(best), layers
+
+    def _store_prefix(self, row: int, seq: _Seq) -> None:
+        """Keep the KV of a finished row: tokens prompt + output[:-1] (the last sampled token was
+        never fed). The row's real columns are the rightmost ones (left padding)."""
+        assert self._mask is not None
+        tokens = tuple(seq.prompt_ids + seq.output_ids[:-1])
+        width = int(self._mask[row].sum().item())
+        if width != len(tokens) or not tokens or len(tokens) > self.prefix_cache_max_tokens:
+            return
+        layers = [
+            (
+                layer.keys[row : row + 1, :, -width:].clone(),
+                layer.values[row : row + 1, :, -width:].clone(),
+            )
+            for layer in self._cache.layers
+        ]
+        if tokens in self._prefixes:
+            self._prefix_tokens -= len(tokens)
+        self._prefixes[tokens] = layers
+        self._prefix_tokens += len(tokens)
+        while self._prefix_tokens > self.prefix_cache_max_tokens:
+            old, _ = self._prefixes.popitem(last=False)
+            self._prefix_tokens -= len(old)
+
+    def _clear_prefixes(self) -> None:
+        self._prefixes.clear()
+        self._prefix_tokens = 0
 
     def _decode_step(self) -> None:
         assert self._mask is not None
         rows = self._running
         last = torch.tensor([s.output_ids[-1] for s in rows], dtype=torch.long, device=self.device)
-        positions = torch.tensor([[s.length - 1] for s in rows], dtype=torch.long, device=self.device)
-        mask = torch.cat([self._mask, torch.ones((len(rows), 1), dtype=self._mask.dtype, device=self.device)], dim=1)
+        positions = torch.tensor(
+            [[s.length - 1] for s in rows], dtype=torch.long, device=self.device
+        )
+        mask = torch.cat(
+            [self._mask, torch.ones((len(rows), 1), dtype=self._mask.dtype, device=self.device)],
+            dim=1,
+        )
         out = self.model(
-            input_ids=last.unsqueeze(1), attention_mask=mask, position_ids=positions,
-            past_key_values=self._cache, use_cache=True,
+            input_ids=last.unsqueeze(1),
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self._cache,
+            use_cache=True,
         )
         self._mask = mask
         self._append_tokens(rows, out.logits[:, -1, :])
@@ -387,7 +509,9 @@ class HFEngine:
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         longest = max(len(s) for s in seq.sampling.stop)
         tail = self._tokenizer.decode(seq.output_ids[-(longest + 2) :], skip_special_tokens=False)
-        before = self._tokenizer.decode(seq.output_ids[-(longest + 2) : -1], skip_special_tokens=False)
+        before = self._tokenizer.decode(
+            seq.output_ids[-(longest + 2) : -1], skip_special_tokens=False
+        )
         for stop in seq.sampling.stop:
             if stop in tail and stop not in before:
                 return stop
@@ -398,6 +522,10 @@ class HFEngine:
             return
         keep = [i for i, s in enumerate(self._running) if not s.finish_reason]
         finished = [s for s in self._running if s.finish_reason]
+        if self.enable_prefix_caching and self._cache is not None:
+            for row, seq in enumerate(self._running):
+                if seq.finish_reason in ("stop", "length"):
+                    self._store_prefix(row, seq)
         if not keep:
             self._cache, self._mask = None, None
         else:

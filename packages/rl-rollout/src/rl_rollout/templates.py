@@ -85,7 +85,14 @@ def _native(tokenizer: Any) -> ChatTemplate:
             "generation prompt + content; use a named template"
         )
     close = full[full.index(_SENTINEL) + len(_SENTINEL) :]
-    two = render([*base, {"role": "assistant", "content": _SENTINEL}, {"role": "user", "content": _SENTINEL}], True)
+    two = render(
+        [
+            *base,
+            {"role": "assistant", "content": _SENTINEL},
+            {"role": "user", "content": _SENTINEL},
+        ],
+        True,
+    )
     after_assistant = two[two.index(_SENTINEL) + len(_SENTINEL) :]
     user_head, _, user_tail = after_assistant.partition(_SENTINEL)
     if not user_head.startswith(close):

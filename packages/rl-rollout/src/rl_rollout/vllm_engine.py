@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from rl_config.records import GenerationRequest, GenerationResult, SamplingParams
 
+from rl_config.records import GenerationRequest, GenerationResult, SamplingParams
 from rl_rollout.engine import EngineAsleepError, check_requests
 
 __all__ = ["VLLMEngine", "to_vllm_sampling_params"]
@@ -105,7 +105,9 @@ class VLLMEngine:
         fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
         unknown = sorted(set(cfg) - fields)
         if unknown:
-            raise ValueError(f"VLLMEngine strategy_config: unknown key(s) {unknown} (not vLLM EngineArgs)")
+            raise ValueError(
+                f"VLLMEngine strategy_config: unknown key(s) {unknown} (not vLLM EngineArgs)"
+            )
         from vllm.platforms import current_platform
 
         self.sleep_mode_supported = bool(current_platform.is_sleep_mode_available())
@@ -115,7 +117,9 @@ class VLLMEngine:
             # hold the worker's own RSS; a fixed KV budget is what works on small CI boxes.
             cfg["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         if cfg["enable_sleep_mode"] and not self.sleep_mode_supported:
-            raise ValueError("strategy_config.enable_sleep_mode: this vLLM platform has no sleep mode")
+            raise ValueError(
+                "strategy_config.enable_sleep_mode: this vLLM platform has no sleep mode"
+            )
         dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else "auto"
         self.args = AsyncEngineArgs(
             model=str(model_path),
@@ -133,7 +137,9 @@ class VLLMEngine:
         self._asleep = 0
         self._inflight: dict[str, int] = {}
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="vllm-engine", daemon=True
+        )
         self._thread.start()
         self.llm: Any = self._call(self._create())
 
@@ -155,7 +161,9 @@ class VLLMEngine:
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         if self._asleep:
-            raise EngineAsleepError("VLLMEngine.generate() called while asleep; call wake_up() first")
+            raise EngineAsleepError(
+                "VLLMEngine.generate() called while asleep; call wake_up() first"
+            )
         check_requests(requests, max_model_len=self.max_model_len)
         futures = [self._submit(self._generate_one(req)) for req in requests]
         try:
@@ -186,7 +194,9 @@ class VLLMEngine:
                     new_ids = list(comp.token_ids)
                     ids[i].extend(new_ids)
                     if comp.logprobs:
-                        for tok, entry in zip(new_ids, comp.logprobs[-len(new_ids) :] if new_ids else []):
+                        for tok, entry in zip(
+                            new_ids, comp.logprobs[-len(new_ids) :] if new_ids else []
+                        ):
                             lps[i].append(float(entry[tok].logprob))
                     if comp.finish_reason is not None:
                         finish[i] = comp.finish_reason
@@ -214,10 +224,14 @@ class VLLMEngine:
             )
         return results
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
         """collective_rpc into every worker's RLWorkerExtension.rl_load_weights (in place)."""
         if self._asleep:
-            raise EngineAsleepError("VLLMEngine.update_weights() while asleep; call wake_up() first")
+            raise EngineAsleepError(
+                "VLLMEngine.update_weights() while asleep; call wake_up() first"
+            )
         from safetensors.torch import save
 
         tensors: dict[str, torch.Tensor] = {}
@@ -234,7 +248,9 @@ class VLLMEngine:
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
         if self._inflight:
-            raise RuntimeError("VLLMEngine.sleep() with requests in flight; abort or await them first")
+            raise RuntimeError(
+                "VLLMEngine.sleep() with requests in flight; abort or await them first"
+            )
         if self.sleep_mode_supported and self.args.enable_sleep_mode:
             self._call(self.llm.sleep(level))
         else:
@@ -255,6 +271,7 @@ class VLLMEngine:
     def shutdown(self) -> None:
         if self._loop.is_closed():
             return
+
         async def _shutdown() -> None:
             self.llm.shutdown()
 

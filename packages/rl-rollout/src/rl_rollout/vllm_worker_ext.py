@@ -31,7 +31,9 @@ class RLWorkerExtension:
         from safetensors.torch import load
 
         named_tensors = list(load(payload).items())
-        self.model_runner.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
+        self.model_runner.reload_weights(
+            weights_iterator=iter(named_tensors), is_checkpoint_format=True
+        )
         return len(named_tensors)
 
     def rl_named_parameters(self) -> bytes:
@@ -45,7 +47,9 @@ class RLWorkerExtension:
         """The live weights under HF names (q/k/v and gate/up unfused; tensor_parallel_size=1), as
         safetensors bytes. Tensors packed into a kernel layout (CPU oneDNN) are left out."""
         config = self.model_runner.model_config.hf_config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
         q_size = config.num_attention_heads * head_dim
         kv_size = config.num_key_value_heads * head_dim
         out: dict[str, torch.Tensor] = {}

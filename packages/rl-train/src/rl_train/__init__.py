@@ -1,9 +1,9 @@
 """FSDP2 and DeepSpeed training backends for actor, critic and reference.
 
-    backend = rl_train.build_backend("fsdp2_train", role="actor", model_path=path,
-                                     strategy_config={}, training_args={...})
-    out = backend.forward(batch)                    # log_probs [B, T]
-    metrics = backend.train_step(batch, loss_fn)    # ppo_epochs x mini x micro batches
+backend = rl_train.build_backend("fsdp2_train", role="actor", model_path=path,
+                                 strategy_config={}, training_args={...})
+out = backend.forward(batch)                    # log_probs [B, T]
+metrics = backend.train_step(batch, loss_fn)    # ppo_epochs x mini x micro batches
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -49,8 +49,14 @@ class TrainingArgs:
             raise ValueError(
                 f"training_args.lr_scheduler_type={self.lr_scheduler_type!r}; expected one of {_SCHEDULERS}"
             )
-        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "ppo_epochs",
-                     "max_tokens_per_microbatch", "max_consecutive_nonfinite", "infer_batch_size"):
+        for name in (
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "ppo_epochs",
+            "max_tokens_per_microbatch",
+            "max_consecutive_nonfinite",
+            "infer_batch_size",
+        ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"training_args.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.max_steps < 1:
@@ -126,8 +132,14 @@ class ModelArgs:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-_DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16",
-                "fp16": "fp16", "float16": "fp16"}
+_DTYPE_NAMES = {
+    "fp32": "fp32",
+    "float32": "fp32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+}
 _ATTN = {"fa2": "flash_attention_2", "flash_attn": "flash_attention_2"}
 
 

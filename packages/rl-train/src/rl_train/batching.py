@@ -58,7 +58,10 @@ def split_mini_batches(
 def split_micro_batches(batch: Batch, micro_batch_size: int) -> list[Batch]:
     """Consecutive chunks of ``micro_batch_size`` samples."""
     n = batch_size(batch)
-    return [select(batch, list(range(i, min(i + micro_batch_size, n)))) for i in range(0, n, micro_batch_size)]
+    return [
+        select(batch, list(range(i, min(i + micro_batch_size, n))))
+        for i in range(0, n, micro_batch_size)
+    ]
 
 
 def token_budget_groups(lengths: list[int], max_tokens: int, *, padded: bool) -> list[list[int]]:
@@ -140,15 +143,19 @@ def check_right_padded(attention_mask: torch.Tensor) -> None:
         raise ValueError(f"attention_mask row {int(bad[0, 0])} is not right-padded")
 
 
-def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, PackedLayout]:
+def pack(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, PackedLayout]:
     """Remove padding: ``input_ids [B, T]`` -> ``packed_ids [1, N]``, ``position_ids [1, N]`` that
     restart at 0 for every row (HF models derive the block-diagonal / varlen attention from them)."""
     check_right_padded(attention_mask)
     mask = attention_mask.to(torch.bool)
     lengths = mask.sum(-1).to(torch.long)
     packed_ids = input_ids[mask].unsqueeze(0)
-    positions = torch.cat([torch.arange(int(n), device=input_ids.device) for n in lengths.tolist()]
-                          or [torch.zeros(0, dtype=torch.long, device=input_ids.device)])
+    positions = torch.cat(
+        [torch.arange(int(n), device=input_ids.device) for n in lengths.tolist()]
+        or [torch.zeros(0, dtype=torch.long, device=input_ids.device)]
+    )
     cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=input_ids.device)
     cu[1:] = torch.cumsum(lengths, 0)
     return packed_ids, positions.unsqueeze(0), PackedLayout(lengths, cu, int(input_ids.shape[1]))
@@ -159,7 +166,10 @@ def unpack(values: torch.Tensor, layout: PackedLayout, fill: float = 0.0) -> tor
     flat = values.reshape(-1)
     rows = layout.lengths.numel()
     out = flat.new_full((rows, layout.num_cols), fill)
-    mask = torch.arange(layout.num_cols, device=flat.device)[None, :] < layout.lengths.to(flat.device)[:, None]
+    mask = (
+        torch.arange(layout.num_cols, device=flat.device)[None, :]
+        < layout.lengths.to(flat.device)[:, None]
+    )
     out[mask] = flat
     return out
 

@@ -172,7 +172,11 @@ def load_newest_valid(
     """Verify candidates newest first (rank 0 decides, all ranks agree) and ``load_fn`` the first
     complete one. ``root_or_ckpt`` is a root of ``step_<N>`` dirs or one checkpoint dir."""
     target = Path(root_or_ckpt)
-    candidates = [target] if (target / MARKER).exists() or _STEP_RE.match(target.name) else committed_checkpoints(target)
+    candidates = (
+        [target]
+        if (target / MARKER).exists() or _STEP_RE.match(target.name)
+        else committed_checkpoints(target)
+    )
     report = LoadReport()
     chosen = -1
     reasons: list[str] = []
@@ -207,7 +211,13 @@ def capture_rng(device_kind: str | None = None) -> dict[str, Any]:
         import numpy as np
 
         name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
-        state["numpy"] = (name, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached))
+        state["numpy"] = (
+            name,
+            torch.from_numpy(keys.astype("int64")),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        )
     except ImportError:
         pass
     if device_kind and device_kind != "cpu":
@@ -235,7 +245,9 @@ def save_rng(ckpt: Path, device_kind: str | None) -> None:
 def load_rng(ckpt: Path, device_kind: str | None) -> None:
     path = ckpt / f"rng_rank{rdist.rank()}.pt"
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {ckpt}: missing file {path.name} for rank {rdist.rank()}")
+        raise CheckpointError(
+            f"checkpoint {ckpt}: missing file {path.name} for rank {rdist.rank()}"
+        )
     restore_rng(torch.load(path, weights_only=True), device_kind)
 
 

@@ -42,8 +42,10 @@ def equalize_count(micro: list[Batch], target: int) -> list[tuple[Batch, bool]]:
         if i >= 0 and sizes[i] > 1:
             half = sizes[i] // 2
             mb = out.pop(i)
-            out[i:i] = [batching.select(mb, list(range(half))),
-                        batching.select(mb, list(range(half, sizes[i])))]
+            out[i:i] = [
+                batching.select(mb, list(range(half))),
+                batching.select(mb, list(range(half, sizes[i]))),
+            ]
         else:
             break
     pairs = [(mb, True) for mb in out]
@@ -67,8 +69,15 @@ class BackendCore:
 
     strategy_name = "base"
 
-    def __init__(self, *, role: str, args: TrainingArgs, model_args: ModelArgs,
-                 loss_fn: LossFn | None = None, packed_forward: bool | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        role: str,
+        args: TrainingArgs,
+        model_args: ModelArgs,
+        loss_fn: LossFn | None = None,
+        packed_forward: bool | None = None,
+    ) -> None:
         self.role = check_role(role)
         self.args = args
         self.model_args = model_args
@@ -85,8 +94,13 @@ class BackendCore:
 
     # -- primitives a backend provides ------------------------------------------------------------
     def _train_forward(self, mb: Batch) -> ForwardOutput:
-        return token_outputs(self.model, self._to_device(mb), role=self.role, packed=self.packed,
-                             need_entropy=self.role == "actor")
+        return token_outputs(
+            self.model,
+            self._to_device(mb),
+            role=self.role,
+            packed=self.packed,
+            need_entropy=self.role == "actor",
+        )
 
     def _eval_forward(self, mb: Batch) -> ForwardOutput:
         return self._train_forward(mb)
@@ -109,11 +123,14 @@ class BackendCore:
 
     # -- helpers ------------------------------------------------------------------------------------
     def _to_device(self, batch: Batch) -> Batch:
-        return {k: (v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
-                for k, v in batch.items()}
+        return {
+            k: (v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+            for k, v in batch.items()
+        }
 
-    def _guarded_update(self, loss_nonfinite: bool, grad_norm: torch.Tensor | float,
-                        apply: Any, discard: Any) -> tuple[float, bool]:
+    def _guarded_update(
+        self, loss_nonfinite: bool, grad_norm: torch.Tensor | float, apply: Any, discard: Any
+    ) -> tuple[float, bool]:
         """Shared skip rule for backends that see the grad norm before stepping."""
         norm = float(grad_norm)
         skip = self.guard.should_skip(loss_nonfinite or not is_finite(norm), None)
@@ -133,8 +150,9 @@ class BackendCore:
         n = batching.batch_size(batch)
         if self.args.use_dynamic_batching:
             lengths = [int(x) for x in batching.seq_lens(batch).tolist()]
-            groups = batching.token_budget_groups(lengths, self.args.max_tokens_per_microbatch,
-                                                  padded=not self.packed)
+            groups = batching.token_budget_groups(
+                lengths, self.args.max_tokens_per_microbatch, padded=not self.packed
+            )
         else:
             step = self.args.infer_batch_size
             groups = [list(range(i, min(i + step, n))) for i in range(0, n, step)]
@@ -170,7 +188,11 @@ class BackendCore:
             raise ValueError(f"{self.role}: no loss_fn given and none configured")
         args = self.args
         self._set_train_mode(True)
-        gen = torch.Generator().manual_seed(args.seed + self.global_step) if args.shuffle_mini_batches else None
+        gen = (
+            torch.Generator().manual_seed(args.seed + self.global_step)
+            if args.shuffle_mini_batches
+            else None
+        )
         sums: dict[str, float] = {}
         steps = skipped = 0
         grad_norms: list[float] = []
@@ -187,11 +209,19 @@ class BackendCore:
             for mini in minis:
                 micro = _micro_batches(mini, args, args.per_device_train_batch_size)
                 pairs = equalize_count(micro, _max_over_ranks(len(micro)))
-                resp = mini["response_mask"].to(torch.bool) if "response_mask" in mini else mini["attention_mask"].to(torch.bool)
+                resp = (
+                    mini["response_mask"].to(torch.bool)
+                    if "response_mask" in mini
+                    else mini["attention_mask"].to(torch.bool)
+                )
                 g_tokens, g_seqs = rdist.all_reduce_sum(
-                    [float(resp.sum()), float((resp.sum(-1) > 0).sum())], None)
-                ctx = LossContext(global_tokens=g_tokens, global_seqs=g_seqs,
-                                  max_seq_len=_max_over_ranks(int(mini["input_ids"].shape[1])))
+                    [float(resp.sum()), float((resp.sum(-1) > 0).sum())], None
+                )
+                ctx = LossContext(
+                    global_tokens=g_tokens,
+                    global_seqs=g_seqs,
+                    max_seq_len=_max_over_ranks(int(mini["input_ids"].shape[1])),
+                )
                 tokens += g_tokens
                 self._zero_grad()
                 nonfinite = False
@@ -220,21 +250,27 @@ class BackendCore:
         elapsed = time.perf_counter() - t0
         prefix = self.role
         metrics_out = {f"{prefix}/{k}": v / max(1, steps) for k, v in zip(keys, totals)}
-        metrics_out.update({
-            f"{prefix}/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
-            f"{prefix}/lr": self._current_lr(),
-            f"{prefix}/optimizer_steps": float(steps),
-            f"{prefix}/skipped_steps": float(skipped),
-            f"{prefix}/nonfinite_total": float(self.guard.total_skipped),
-            f"{prefix}/global_step": float(self.global_step),
-            f"{prefix}/response_tokens_per_s": tokens / max(elapsed, 1e-9),
-        })
+        metrics_out.update(
+            {
+                f"{prefix}/grad_norm": sum(grad_norms) / len(grad_norms)
+                if grad_norms
+                else float("nan"),
+                f"{prefix}/lr": self._current_lr(),
+                f"{prefix}/optimizer_steps": float(steps),
+                f"{prefix}/skipped_steps": float(skipped),
+                f"{prefix}/nonfinite_total": float(self.guard.total_skipped),
+                f"{prefix}/global_step": float(self.global_step),
+                f"{prefix}/response_tokens_per_s": tokens / max(elapsed, 1e-9),
+            }
+        )
         return metrics_out
 
     def any_rank(self, flag: bool) -> bool:
         return any_rank_true(flag)
 
-    def iter_full_tensor_buckets(self, bucket_bytes: int = 1 << 28) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    def iter_full_tensor_buckets(
+        self, bucket_bytes: int = 1 << 28
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         for name, tensor in self._iter_full_tensors():

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from rl_sync.device import DeviceKind, backend_for, detect_device_kind, set_device
 
 
@@ -69,12 +70,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _entry(local_rank: int, fn: Callable[..., Any], world: int, port: int, env: dict[str, str],
-           args: tuple) -> None:
+def _entry(
+    local_rank: int, fn: Callable[..., Any], world: int, port: int, env: dict[str, str], args: tuple
+) -> None:
     os.environ.update(env)
-    os.environ.update({"RANK": str(local_rank), "LOCAL_RANK": str(local_rank),
-                       "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)})
+    os.environ.update(
+        {
+            "RANK": str(local_rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
     try:
         fn(local_rank, *args)
     finally:
@@ -82,7 +90,9 @@ def _entry(local_rank: int, fn: Callable[..., Any], world: int, port: int, env: 
             dist.destroy_process_group()
 
 
-def spawn(fn: Callable[..., Any], world: int, *args: Any, env: dict[str, str] | None = None) -> None:
+def spawn(
+    fn: Callable[..., Any], world: int, *args: Any, env: dict[str, str] | None = None
+) -> None:
     """Run ``fn(rank, *args)`` in ``world`` fresh processes with RANK/WORLD_SIZE/MASTER_* set
     (torchrun-like); raises if any rank fails. ``fn`` must be importable (module level)."""
     import torch.multiprocessing as mp

@@ -13,10 +13,21 @@ import torch
 
 from rl_train import dist as rdist
 
-_WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.", "module.")
+_WRAPPER_PREFIXES = (
+    "_checkpoint_wrapped_module.",
+    "_fsdp_wrapped_module.",
+    "_orig_mod.",
+    "module.",
+)
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-    "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
 )
 
 
@@ -41,14 +52,24 @@ def export_hf(backend: Any, out_dir: Path) -> Path:
             for name, tensor in bucket:
                 state[name] = tensor.to("cpu", copy=True)
     if rdist.rank() == 0:
-        _save_pretrained(backend.hf_model_class, backend.hf_config, state, out_dir,
-                         source_dir=Path(backend.model_path))
+        _save_pretrained(
+            backend.hf_model_class,
+            backend.hf_config,
+            state,
+            out_dir,
+            source_dir=Path(backend.model_path),
+        )
     rdist.barrier()
     return out_dir
 
 
-def _save_pretrained(model_class: Any, config: Any, state: dict[str, torch.Tensor],
-                     out_dir: Path, source_dir: Path | None) -> None:
+def _save_pretrained(
+    model_class: Any,
+    config: Any,
+    state: dict[str, torch.Tensor],
+    out_dir: Path,
+    source_dir: Path | None,
+) -> None:
     with torch.device("meta"):
         model = model_class._from_config(config)
     model.load_state_dict(state, strict=False, assign=True)

@@ -22,17 +22,23 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from rl_algos.aggregate import aggregate
 from rl_algos.correction import masked_is, mismatch_metrics, truncated_is
 from rl_algos.losses import get_policy_loss, kl_penalty, value_loss
-
 from rl_train.args import as_mapping
 from rl_train.types import Batch, ForwardOutput, LossContext, LossFn, LossResult
 
 
 def _agg(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, ctx: LossContext) -> torch.Tensor:
-    return aggregate(loss_mat, mask, mode, global_token_count=ctx.global_tokens,
-                     global_seq_count=ctx.global_seqs, norm_constant=float(ctx.max_seq_len))
+    return aggregate(
+        loss_mat,
+        mask,
+        mode,
+        global_token_count=ctx.global_tokens,
+        global_seq_count=ctx.global_seqs,
+        norm_constant=float(ctx.max_seq_len),
+    )
 
 
 def _share(stat: torch.Tensor, mask: torch.Tensor, ctx: LossContext) -> torch.Tensor:
@@ -82,9 +88,14 @@ def build_actor_loss(cfg: Any = None) -> LossFn:
         is_weights = None
         if is_mode != "none":
             rollout = _require(mb, "rollout_log_probs", "actor (is_correction)")
-            corr = (truncated_is if is_mode == "truncated" else masked_is)(old, rollout, mask, **is_cfg)
+            corr = (truncated_is if is_mode == "truncated" else masked_is)(
+                old, rollout, mask, **is_cfg
+            )
             is_weights, mask = corr.weights, corr.mask
-            for k, v in {**corr.stats, **mismatch_metrics(old, rollout, mb["response_mask"].bool())}.items():
+            for k, v in {
+                **corr.stats,
+                **mismatch_metrics(old, rollout, mb["response_mask"].bool()),
+            }.items():
                 if "max" in k or "min" in k:
                     continue  # not additive over micro-batches
                 metrics[k] = _share(v, mb["response_mask"], ctx)

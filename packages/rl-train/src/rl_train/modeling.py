@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from rl_algos.logprobs import log_probs_from_logits_chunked
 from torch import nn
 
+from rl_algos.logprobs import log_probs_from_logits_chunked
 from rl_train.args import ModelArgs
 from rl_train.batching import pack, trim_padding, unpack
 from rl_train.types import Batch, ForwardOutput
@@ -45,7 +45,9 @@ def load_model(
 
         config = AutoConfig.from_pretrained(str(model_path), num_labels=1, trust_remote_code=False)
         config.classifier_dropout = 0.0
-        model = AutoModelForTokenClassification.from_pretrained(str(model_path), config=config, **kwargs)
+        model = AutoModelForTokenClassification.from_pretrained(
+            str(model_path), config=config, **kwargs
+        )
     else:
         model = AutoModelForCausalLM.from_pretrained(str(model_path), **kwargs)
     model.config.use_cache = False
@@ -114,7 +116,9 @@ def token_outputs(
             lp = torch.cat([lp.new_zeros(1), lp.reshape(-1)[:-1]]).index_fill(0, starts, 0.0)
             ent_aligned = None
             if ent is not None:
-                ent_aligned = torch.cat([ent.new_zeros(1), ent.reshape(-1)[:-1]]).index_fill(0, starts, 0.0)
+                ent_aligned = torch.cat([ent.new_zeros(1), ent.reshape(-1)[:-1]]).index_fill(
+                    0, starts, 0.0
+                )
                 ent_aligned = unpack(ent_aligned, layout)
             result = ForwardOutput(log_probs=unpack(lp, layout), entropy=ent_aligned)
     else:
@@ -131,7 +135,11 @@ def token_outputs(
                 entropy=None if ent is None else _shift_right(ent) * valid,
             )
     if t < full_t:
-        result = ForwardOutput(*(None if x is None else nn.functional.pad(x, (0, full_t - t))
-                                 for x in (result.log_probs, result.entropy, result.values)))
+        result = ForwardOutput(
+            *(
+                None if x is None else nn.functional.pad(x, (0, full_t - t))
+                for x in (result.log_probs, result.entropy, result.values)
+            )
+        )
     del b
     return result

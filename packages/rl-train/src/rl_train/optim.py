@@ -29,7 +29,11 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], args: TrainingArgs) ->
 
 
 def warmup_steps(args: TrainingArgs) -> int:
-    return args.warmup_steps if args.warmup_steps > 0 else int(math.ceil(args.warmup_ratio * args.max_steps))
+    return (
+        args.warmup_steps
+        if args.warmup_steps > 0
+        else math.ceil(args.warmup_ratio * args.max_steps)
+    )
 
 
 def lr_multiplier(step: int, args: TrainingArgs) -> float:

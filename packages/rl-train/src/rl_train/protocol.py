@@ -33,7 +33,9 @@ class TrainBackend(Protocol):
         """HF-named full (unsharded) tensors in buckets of about ``bucket_bytes``, on every rank."""
         ...
 
-    def save_checkpoint(self, root: str | Path, step: int, extra: dict[str, Any] | None = None) -> Path:
+    def save_checkpoint(
+        self, root: str | Path, step: int, extra: dict[str, Any] | None = None
+    ) -> Path:
         """Atomically write a resumable checkpoint ``root/step_<step>``; returns its path."""
         ...
 

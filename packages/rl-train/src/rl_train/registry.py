@@ -66,11 +66,15 @@ def build_backend(
     ...) builds the default loss of the actor or critic when no ``loss_fn`` is given.
     """
     if strategy_name not in _REGISTRY:
-        raise ValueError(f"unknown strategy_name {strategy_name!r}; registered: {available_backends()}")
+        raise ValueError(
+            f"unknown strategy_name {strategy_name!r}; registered: {available_backends()}"
+        )
     if loss_fn is None and loss_config is not None and role in ("actor", "critic"):
         from rl_train.losses import build_actor_loss, build_critic_loss
 
-        loss_fn = build_actor_loss(loss_config) if role == "actor" else build_critic_loss(loss_config)
+        loss_fn = (
+            build_actor_loss(loss_config) if role == "actor" else build_critic_loss(loss_config)
+        )
     return _REGISTRY[strategy_name](
         role=role,
         model_path=model_path,

@@ -9,13 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rl_algos.aggregate import aggregate
 
+from rl_algos.aggregate import aggregate
 from rl_train.types import Batch, ForwardOutput, LossContext, LossResult
 
 
-def make_batch(n: int, max_len: int, *, vocab: int = 1000, min_len: int | None = None,
-               prompt_len: int = 4, seed: int = 0) -> Batch:
+def make_batch(
+    n: int,
+    max_len: int,
+    *,
+    vocab: int = 1000,
+    min_len: int | None = None,
+    prompt_len: int = 4,
+    seed: int = 0,
+) -> Batch:
     """``n`` random right-padded sequences with lengths in ``[min_len, max_len]``; the first
     ``prompt_len`` tokens of each are prompt (``response_mask`` False)."""
     g = torch.Generator().manual_seed(seed)
@@ -36,8 +43,9 @@ def make_batch(n: int, max_len: int, *, vocab: int = 1000, min_len: int | None =
 def nll_loss(mb: Batch, out: ForwardOutput, ctx: LossContext) -> LossResult:
     """Token-mean negative log-likelihood of the response tokens (global normaliser)."""
     assert out.log_probs is not None
-    loss = aggregate(-out.log_probs, mb["response_mask"], "token-mean",
-                     global_token_count=ctx.global_tokens)
+    loss = aggregate(
+        -out.log_probs, mb["response_mask"], "token-mean", global_token_count=ctx.global_tokens
+    )
     return loss, {}
 
 
@@ -82,8 +90,11 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
             break
         if spec.get("save_at") == step + 1:
             backend.save_checkpoint(spec["ckpt_root"], step + 1, {"note": "mid"})
-    params = {name: t.detach().clone().cpu() for b in backend.iter_full_tensor_buckets(1 << 20)
-              for name, t in b}
+    params = {
+        name: t.detach().clone().cpu()
+        for b in backend.iter_full_tensor_buckets(1 << 20)
+        for name, t in b
+    }
     out = Path(spec["out"])
     if spec.get("forward_check"):
         batch = make_batch(**spec["batch"])
@@ -100,6 +111,10 @@ def _loss_with_nan(mb: Batch, out: ForwardOutput, ctx: LossContext) -> LossResul
     ``advantages`` (fault injection) makes the loss NaN."""
     assert out.log_probs is not None
     weight = 1.0 + 0.0 * mb["advantages"]
-    loss = aggregate(-out.log_probs * weight, mb["response_mask"], "token-mean",
-                     global_token_count=ctx.global_tokens)
+    loss = aggregate(
+        -out.log_probs * weight,
+        mb["response_mask"],
+        "token-mean",
+        global_token_count=ctx.global_tokens,
+    )
     return loss, {}

@@ -65,8 +65,12 @@ def load(backend: Any, root: str | Path) -> tuple[int, dict[str, Any]]:
 
             set_model_state_dict(backend.model, sd["model"])
         else:
-            set_state_dict(backend.model, backend.optimizer,
-                           model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+            set_state_dict(
+                backend.model,
+                backend.optimizer,
+                model_state_dict=sd["model"],
+                optim_state_dict=sd["optim"],
+            )
         ckpt.load_rng(path, backend.device_kind)
         return restore_trainer_state(backend, state)
 

@@ -35,16 +35,25 @@ _OWN_KEYS = ("keep_last", "packed_forward", "gradient_checkpointing")
 
 def _import_deepspeed(kind: str) -> Any:
     os.environ.setdefault("DS_ACCELERATOR", kind)
-    os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    os.environ.setdefault(
+        "LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
+    )
     try:
         import deepspeed
     except ImportError as err:  # pragma: no cover - depends on the extra
-        raise ImportError("deepspeed_train needs the optional extra: pip install 'rl-train[deepspeed]'") from err
+        raise ImportError(
+            "deepspeed_train needs the optional extra: pip install 'rl-train[deepspeed]'"
+        ) from err
     return deepspeed
 
 
-def resolve_ds_config(raw: dict[str, Any], args: TrainingArgs, model_args: ModelArgs,
-                      world_size: int, hidden_size: int) -> dict[str, Any]:
+def resolve_ds_config(
+    raw: dict[str, Any],
+    args: TrainingArgs,
+    model_args: ModelArgs,
+    world_size: int,
+    hidden_size: int,
+) -> dict[str, Any]:
     """Fill ``"auto"`` values and the settings our loop relies on; return a new dict."""
     cfg = {k: v for k, v in copy.deepcopy(raw).items() if k not in _OWN_KEYS}
     micro, gas = args.per_device_train_batch_size, args.gradient_accumulation_steps
@@ -88,11 +97,24 @@ def resolve_ds_config(raw: dict[str, Any], args: TrainingArgs, model_args: Model
 class DeepSpeedBackend(BackendCore):
     strategy_name = "deepspeed_train"
 
-    def __init__(self, *, role: str, model_path: str | Path, strategy_config: dict[str, Any],
-                 args: TrainingArgs, model_args: ModelArgs, loss_fn: LossFn | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        role: str,
+        model_path: str | Path,
+        strategy_config: dict[str, Any],
+        args: TrainingArgs,
+        model_args: ModelArgs,
+        loss_fn: LossFn | None = None,
+    ) -> None:
         raw = dict(strategy_config or {})
-        super().__init__(role=role, args=args, model_args=model_args, loss_fn=loss_fn,
-                         packed_forward=raw.get("packed_forward"))
+        super().__init__(
+            role=role,
+            args=args,
+            model_args=model_args,
+            loss_fn=loss_fn,
+            packed_forward=raw.get("packed_forward"),
+        )
         self.keep_last = raw.get("keep_last")
         self.model_path = str(model_path)
         self.last_load_report = None
@@ -105,11 +127,14 @@ class DeepSpeedBackend(BackendCore):
         model = load_model(model_path, role, model_args, dtype=torch.float32, seed=args.seed)
         self.hf_config = model.config
         self.hf_model_class = type(model)
-        use_gc = bool(raw.get("gradient_checkpointing", not model_args.disable_gradient_checkpointing))
+        use_gc = bool(
+            raw.get("gradient_checkpointing", not model_args.disable_gradient_checkpointing)
+        )
         if use_gc and role != "reference":
             enable_gradient_checkpointing(model)
-        self.ds_config = resolve_ds_config(raw, args, model_args, self.world_size,
-                                           int(getattr(model.config, "hidden_size", 1024)))
+        self.ds_config = resolve_ds_config(
+            raw, args, model_args, self.world_size, int(getattr(model.config, "hidden_size", 1024))
+        )
         self.zero_stage = int(self.ds_config["zero_optimization"].get("stage", 0))
         if role == "reference":
             model.requires_grad_(False)
@@ -122,8 +147,12 @@ class DeepSpeedBackend(BackendCore):
             optimizer = build_optimizer(model.parameters(), args)
             scheduler = build_scheduler(optimizer, args)
             engine, optimizer, _, scheduler = deepspeed.initialize(
-                model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config,
-                dist_init_required=False)
+                model=model,
+                optimizer=optimizer,
+                lr_scheduler=scheduler,
+                config=self.ds_config,
+                dist_init_required=False,
+            )
             self.engine = engine
             self.model = engine  # engine.forward -> module.forward (ZeRO-3 gathers params)
             self.optimizer = optimizer
@@ -177,7 +206,9 @@ class DeepSpeedBackend(BackendCore):
             yield hf_name(name), tensor.detach()
 
     # -- checkpoints (DeepSpeed's own format + our commit rule) ------------------------------------
-    def save_checkpoint(self, root: str | Path, step: int, extra: dict[str, Any] | None = None) -> Path:
+    def save_checkpoint(
+        self, root: str | Path, step: int, extra: dict[str, Any] | None = None
+    ) -> Path:
         if self.engine is None:
             return dcp_io.save(self, root, step, extra)
         tmp = ckpt.begin(root, step)
@@ -194,10 +225,15 @@ class DeepSpeedBackend(BackendCore):
             assert self.engine is not None
             state = ckpt.load_json(path / "trainer_state.json")
             loaded, _ = self.engine.load_checkpoint(
-                str(path / "deepspeed"), tag="state", load_optimizer_states=True,
-                load_lr_scheduler_states=True)
+                str(path / "deepspeed"),
+                tag="state",
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
+            )
             if loaded is None:
-                raise ckpt.CheckpointError(f"checkpoint {path}: DeepSpeed could not load {path / 'deepspeed'}")
+                raise ckpt.CheckpointError(
+                    f"checkpoint {path}: DeepSpeed could not load {path / 'deepspeed'}"
+                )
             ckpt.load_rng(path, self.device_kind)
             return dcp_io.restore_trainer_state(self, state)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rl_sync.device import empty_cache
 
+from rl_sync.device import empty_cache
 from rl_train import dist as rdist
 from rl_train.args import ModelArgs, TrainingArgs
 from rl_train.backends import dcp_io
@@ -20,8 +20,16 @@ from rl_train.modeling import DTYPES, enable_gradient_checkpointing, load_model
 from rl_train.optim import build_optimizer, build_scheduler
 from rl_train.types import LossFn
 
-_FSDP_KEYS = {"param_dtype", "reduce_dtype", "cpu_offload", "reshard_after_forward",
-              "gradient_checkpointing", "keep_last", "packed_forward", "offload_reference"}
+_FSDP_KEYS = {
+    "param_dtype",
+    "reduce_dtype",
+    "cpu_offload",
+    "reshard_after_forward",
+    "gradient_checkpointing",
+    "keep_last",
+    "packed_forward",
+    "offload_reference",
+}
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -35,15 +43,28 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 class NativeBackend(BackendCore):
     """One class for both native strategies; ``shard`` selects FSDP2."""
 
-    def __init__(self, *, strategy_name: str, role: str, model_path: str | Path,
-                 strategy_config: dict[str, Any], args: TrainingArgs, model_args: ModelArgs,
-                 loss_fn: LossFn | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        strategy_name: str,
+        role: str,
+        model_path: str | Path,
+        strategy_config: dict[str, Any],
+        args: TrainingArgs,
+        model_args: ModelArgs,
+        loss_fn: LossFn | None = None,
+    ) -> None:
         cfg = dict(strategy_config or {})
         unknown = set(cfg) - _FSDP_KEYS
         if unknown:
             raise ValueError(f"strategy_config of {strategy_name}: unknown keys {sorted(unknown)}")
-        super().__init__(role=role, args=args, model_args=model_args, loss_fn=loss_fn,
-                         packed_forward=cfg.get("packed_forward"))
+        super().__init__(
+            role=role,
+            args=args,
+            model_args=model_args,
+            loss_fn=loss_fn,
+            packed_forward=cfg.get("packed_forward"),
+        )
         self.strategy_name = strategy_name
         self.shard = strategy_name == "fsdp2_train"
         self.keep_last = cfg.get("keep_last")
@@ -52,15 +73,19 @@ class NativeBackend(BackendCore):
         self.device_kind, self.device = rdist.init_distributed()
         self.rank, self.world_size = rdist.rank(), rdist.world_size()
         if not self.shard and self.world_size > 1 and role != "reference":
-            raise ValueError("hf_infer trains in one process only; use fsdp2_train or deepspeed_train "
-                             f"with {self.world_size} ranks")
+            raise ValueError(
+                "hf_infer trains in one process only; use fsdp2_train or deepspeed_train "
+                f"with {self.world_size} ranks"
+            )
         compute_dtype = DTYPES[model_args.dtype]
         # FSDP2 keeps float32 master weights and computes in param_dtype; hf_infer loads as is.
         load_dtype = torch.float32 if (self.shard and role != "reference") else compute_dtype
         model = load_model(model_path, role, model_args, dtype=load_dtype, seed=args.seed)
         self.hf_config = model.config
         self.hf_model_class = type(model)
-        use_gc = bool(cfg.get("gradient_checkpointing", not model_args.disable_gradient_checkpointing))
+        use_gc = bool(
+            cfg.get("gradient_checkpointing", not model_args.disable_gradient_checkpointing)
+        )
         if use_gc and role != "reference":
             enable_gradient_checkpointing(model)
         if self.shard:
@@ -80,11 +105,18 @@ class NativeBackend(BackendCore):
 
     def _fully_shard(self, model: torch.nn.Module, cfg: dict[str, Any], compute_dtype: torch.dtype):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+        )
 
         if not rdist.is_dist():
-            raise RuntimeError("fsdp2_train needs a process group: launch with RANK/WORLD_SIZE set "
-                               "(torchrun, rl_train.dist.spawn or the runtime's worker group)")
+            raise RuntimeError(
+                "fsdp2_train needs a process group: launch with RANK/WORLD_SIZE set "
+                "(torchrun, rl_train.dist.spawn or the runtime's worker group)"
+            )
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         param_dtype = DTYPES[cfg["param_dtype"]] if "param_dtype" in cfg else compute_dtype
         reduce_dtype = DTYPES[cfg.get("reduce_dtype", "fp32")]
@@ -92,10 +124,16 @@ class NativeBackend(BackendCore):
         offload = CPUOffloadPolicy() if cfg.get("cpu_offload") else OffloadPolicy()
         reshard = bool(cfg.get("reshard_after_forward", True))
         for layer in _decoder_layers(model):
-            fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload,
-                        reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload,
-                    reshard_after_forward=reshard)
+            fully_shard(
+                layer,
+                mesh=mesh,
+                mp_policy=mp,
+                offload_policy=offload,
+                reshard_after_forward=reshard,
+            )
+        fully_shard(
+            model, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard
+        )
         return model
 
     # -- primitives -------------------------------------------------------------------------------
@@ -132,7 +170,9 @@ class NativeBackend(BackendCore):
         yield from full_tensors_from_module(self.model)
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def save_checkpoint(self, root: str | Path, step: int, extra: dict[str, Any] | None = None) -> Path:
+    def save_checkpoint(
+        self, root: str | Path, step: int, extra: dict[str, Any] | None = None
+    ) -> Path:
         return dcp_io.save(self, root, step, extra)
 
     def load_checkpoint(self, root: str | Path) -> tuple[int, dict[str, Any]]:
