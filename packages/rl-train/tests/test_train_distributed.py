@@ -193,5 +193,9 @@ def test_fsdp2_resume_bit_exact_and_truncated_shard_falls_back(tiny_model_path, 
         ),
         env=ENV,
     )
-    # step_00000001 holds the state after 2 updates (a copy), so it resumes at "step 1" and runs 3
-    assert len(_result(tmp_path / "fallback")["history"]) == 3
+    fallback = _result(tmp_path / "fallback")
+    assert fallback["load_report"]["loaded"] == "step_00000001"
+    ((rejected_name, reason),) = fallback["load_report"]["rejected"]
+    assert rejected_name == "step_00000003" and "__1_0.distcp" in reason and "truncated" in reason
+    # step_00000001 is a copy of the step-2 state: resuming from it reproduces the straight run
+    assert _max_diff(straight["params"], fallback["params"]) == 0.0

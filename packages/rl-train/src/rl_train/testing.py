@@ -73,8 +73,15 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
     nan_steps = set(spec.get("nan_steps", []))
     nan_rank = spec.get("nan_rank", 0)
     start = 0
+    load_report: dict[str, Any] = {}
     if spec.get("resume_from"):
         start, _ = backend.load_checkpoint(spec["resume_from"])
+        report = getattr(backend, "last_load_report", None)
+        if report is not None and report.loaded is not None:
+            load_report = {
+                "loaded": report.loaded.name,
+                "rejected": [(p.name, reason) for p, reason in report.rejected],
+            }
     for step in range(start, spec["steps"]):
         batch = make_batch(**{**spec["batch"], "seed": spec["batch"].get("seed", 0) + step})
         batch = shard_rows(batch, rank, world, args.mini_batch_size)
@@ -103,7 +110,10 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
     if spec.get("export_dir"):
         backend.export_hf(spec["export_dir"])
     if rdist.rank() == 0 or spec.get("all_ranks_write"):
-        torch.save({"params": params, "history": history}, out / f"result_rank{rank}.pt")
+        torch.save(
+            {"params": params, "history": history, "load_report": load_report},
+            out / f"result_rank{rank}.pt",
+        )
 
 
 def _loss_with_nan(mb: Batch, out: ForwardOutput, ctx: LossContext) -> LossResult:

@@ -1,0 +1,132 @@
+"""HFEngine specifics: continuous batching, prefix reuse, sampling math, config errors, registry."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import torch
+from rl_config.records import GenerationRequest, SamplingParams
+
+from rl_rollout import build_engine, list_engines, register_engine
+from rl_rollout.engine import EngineAsleepError
+from rl_rollout.hf_engine import HFEngine
+from rl_rollout.sampling import warp_logits
+
+
+def _teacher_forced(model, prompt, output):
+    ids = torch.tensor([prompt + output])
+    with torch.no_grad():
+        lp = torch.log_softmax(model(ids).logits[0].float(), -1)
+    return lp[torch.arange(len(prompt) - 1, len(prompt) + len(output) - 1), torch.tensor(output)]
+
+
+@pytest.fixture()
+def fresh_engine(tiny_model_dir):
+    eng = HFEngine(tiny_model_dir, {"max_num_seqs": 8}, device="cpu", seed=0)
+    yield eng
+    eng.shutdown()
+
+
+def test_late_requests_join_the_running_batch(fresh_engine, hf_reference_model) -> None:
+    long = GenerationRequest(request_id="long", prompt_ids=list(range(20, 45)),
+                             sampling=SamplingParams(max_new_tokens=300, ignore_eos=True, seed=1))
+
+    async def scenario():
+        first = asyncio.create_task(fresh_engine.generate([long]))
+        await asyncio.sleep(0.05)
+        late = [GenerationRequest(request_id=f"late{i}", prompt_ids=list(range(50, 53 + 7 * i)),
+                                  sampling=SamplingParams(max_new_tokens=6, ignore_eos=True, seed=i)) for i in range(3)]
+        late_results = await fresh_engine.generate(late)
+        assert not first.done()  # the late ones finished while the long one was still running
+        return (await first) + late_results
+
+    results = asyncio.run(scenario())
+    assert fresh_engine.stats["max_running"] >= 2
+    for r in results:  # merged, differently padded KV caches still give exact log-probs
+        ref = _teacher_forced(hf_reference_model, r.prompt_ids, r.output_ids)
+        assert (ref - torch.tensor(r.output_log_probs)).abs().max().item() < 1e-3
+
+
+def test_prefix_cache_reuses_the_previous_turn(tiny_model_dir, hf_reference_model) -> None:
+    outputs = {}
+    for enabled in (True, False):
+        eng = HFEngine(tiny_model_dir, {"enable_prefix_caching": enabled}, device="cpu")
+        try:
+            greedy = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
+            turn1 = asyncio.run(eng.generate([GenerationRequest(request_id="t1", prompt_ids=list(range(40, 80)), sampling=greedy)]))[0]
+            prompt2 = turn1.prompt_ids + turn1.output_ids + [7, 8, 9, 10]
+            turn2 = asyncio.run(eng.generate([GenerationRequest(request_id="t2", prompt_ids=prompt2, sampling=greedy)]))[0]
+            outputs[enabled] = (turn2.output_ids, turn2.output_log_probs, eng.stats["prefix_hit_tokens"])
+        finally:
+            eng.shutdown()
+    ids_on, lps_on, hits_on = outputs[True]
+    ids_off, lps_off, hits_off = outputs[False]
+    assert hits_on == 40 + 10 - 1 and hits_off == 0
+    assert ids_on == ids_off
+    assert max(abs(a - b) for a, b in zip(lps_on, lps_off)) < 1e-4
+    ref = _teacher_forced(hf_reference_model, prompt2, ids_on)
+    assert (ref - torch.tensor(lps_on)).abs().max().item() < 1e-3
+
+
+def test_update_weights_drops_prefix_cache_and_checks_names(fresh_engine) -> None:
+    greedy = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    asyncio.run(fresh_engine.generate([GenerationRequest(request_id="p", prompt_ids=[5, 6, 7], sampling=greedy)]))
+    assert fresh_engine._prefixes
+    state = fresh_engine.state_dict_for_check()
+    fresh_engine.update_weights([("model.norm.weight", state["model.norm.weight"])], version=3)
+    assert not fresh_engine._prefixes and fresh_engine.weight_version == 3
+    with pytest.raises(KeyError, match="not_a_param"):
+        fresh_engine.update_weights([("not_a_param", torch.zeros(1))], version=4)
+    with pytest.raises(ValueError, match="shape"):
+        fresh_engine.update_weights([("model.norm.weight", torch.zeros(3))], version=4)
+
+
+def test_sleep_level_2_needs_new_weights(fresh_engine) -> None:
+    state = fresh_engine.state_dict_for_check()
+    req = GenerationRequest(request_id="s", prompt_ids=[5, 6, 7], sampling=SamplingParams(max_new_tokens=3, temperature=0.0))
+    before = asyncio.run(fresh_engine.generate([req]))[0].output_ids
+    fresh_engine.sleep(2)
+    fresh_engine.wake_up()
+    with pytest.raises(EngineAsleepError, match="update_weights"):
+        asyncio.run(fresh_engine.generate([req]))
+    fresh_engine.update_weights(state.items(), version=1)
+    assert asyncio.run(fresh_engine.generate([req]))[0].output_ids == before
+
+
+def _plain_warp(logits, temperature, top_p, top_k):
+    """Reference: sort once, keep top-k, then the smallest prefix reaching top_p mass."""
+    values = [x / temperature for x in logits.tolist()]
+    order = sorted(range(len(values)), key=lambda i: -values[i])
+    kept = order[:top_k] if top_k > 0 else order
+    z = sum(math.exp(values[i]) for i in kept)
+    out, mass = set(), 0.0
+    for i in kept:
+        if mass >= top_p:
+            break
+        out.add(i)
+        mass += math.exp(values[i]) / z
+    return out
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "top_k"), [(1.0, 1.0, -1), (0.7, 0.9, -1), (1.3, 1.0, 5), (0.5, 0.6, 20)])
+def test_warp_logits_matches_plain_reference(temperature, top_p, top_k) -> None:
+    logits = torch.randn(64, generator=torch.Generator().manual_seed(4)) * 3
+    warped = warp_logits(logits, temperature, top_p, top_k)
+    kept = {i for i in range(64) if warped[i].item() != float("-inf")}
+    assert kept == _plain_warp(logits, temperature, top_p, top_k)
+    finite = torch.isfinite(warped)
+    assert torch.allclose(warped[finite], logits[finite] / temperature)
+
+
+def test_config_errors_and_registry(tiny_model_dir) -> None:
+    with pytest.raises(ValueError, match="unknown key"):
+        HFEngine(tiny_model_dir, {"gpu_memory_utilisation": 0.5}, device="cpu")
+    with pytest.raises(ValueError, match="dtype"):
+        HFEngine(tiny_model_dir, dtype="float8", device="cpu")
+    assert {"hf_infer", "vllm"} <= set(list_engines())
+    with pytest.raises(ValueError, match="already registered"):
+        register_engine("hf_infer", HFEngine)
+    with pytest.raises(KeyError, match="unknown engine"):
+        build_engine("nope", tiny_model_dir)
