@@ -9,7 +9,6 @@ Every block comes from rl_runtime; this file only decides the order:
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from pathlib import Path
@@ -538,11 +537,5 @@ def _prefixed(metrics: dict, prefix: str) -> dict[str, float]:
 
 
 def _summary_row(metrics: dict[str, float]) -> dict[str, float | str]:
-    return {
-        k.removeprefix("val/"): v
-        for k, v in metrics.items()
-        if k.startswith("val/") and isinstance(v, float)
-    }
-
-
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    keys = ("success_rate", "episode_reward", "num_turns", "format_ok")
+    return {k: float(metrics[f"val/{k}"]) for k in keys if f"val/{k}" in metrics}

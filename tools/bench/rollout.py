@@ -89,19 +89,22 @@ def bench_engine_tokens_per_s(engine: Any, n: int, new_tokens: int) -> float:
 
 
 class LatencyEnv:
-    """Wraps an rl_envs env: a fixed number of turns and a step latency (like a tool call)."""
+    """Wraps an rl_envs env: a fixed number of turns, and a random latency per step drawn from
+    U(0, max_latency_s) with its own seeded RNG (like tool calls of varying cost); identical
+    draws in both modes."""
 
-    def __init__(self, inner: Any, turns: int, latency_s: float) -> None:
+    def __init__(self, inner: Any, turns: int, max_latency_s: float, seed: int) -> None:
         self.inner = inner
         self.max_steps = turns
         self.format_penalty = inner.format_penalty
-        self.latency_s = latency_s
+        self.max_latency_s = max_latency_s
+        self.rng = random.Random(seed)
 
     def reset(self, seed=None):
         return self.inner.reset(seed=seed)
 
     def step(self, action_text):
-        time.sleep(self.latency_s)
+        time.sleep(self.rng.uniform(0.0, self.max_latency_s))
         obs, reward, _terminated, _truncated, info = self.inner.step(action_text)
         return obs, reward, False, False, info
 
@@ -140,22 +143,28 @@ def _stop_tokens(engine: Any, tokenizer: Any, specs: list[EpisodeSpec], mean_len
 
 
 def bench_agent_loop(
-    engine: Any, tokenizer: Any, episodes: int, max_tokens: int
+    engine: Any, tokenizer: Any, episodes: int, max_tokens: int, max_latency_s: float
 ) -> dict[str, float]:
-    """Same episodes (1-6 turns, 0-40 ms env latency, long-tailed response lengths) run
-    lockstep and env-async, alternately twice; best tokens/s of each."""
+    """Same episodes (1-6 turns, per-step env latency U(0, max_latency_s), long-tailed response
+    lengths) run
+    lockstep and env-async, alternately twice; best tokens/s of each, and the HF engine's
+    number of decode steps (a batch-size independent measure of the schedule)."""
     from rl_envs.registry import make_env
 
     rng = random.Random(0)
     layout = [
-        (rng.choice(["SimpleSokoban", "FrozenLake"]), rng.randint(1, 6), rng.uniform(0, 0.04))
-        for _ in range(episodes)
+        (rng.choice(["SimpleSokoban", "FrozenLake"]), rng.randint(1, 6)) for _ in range(episodes)
     ]
 
     def specs() -> list[EpisodeSpec]:
         return [
-            EpisodeSpec(LatencyEnv(make_env(tag), turns, latency), seed=i, group_id=str(i), tag=tag)
-            for i, (tag, turns, latency) in enumerate(layout)
+            EpisodeSpec(
+                LatencyEnv(make_env(tag), turns, max_latency_s, seed=i),
+                seed=i,
+                group_id=str(i),
+                tag=tag,
+            )
+            for i, (tag, turns) in enumerate(layout)
         ]
 
     stop = _stop_tokens(engine, tokenizer, specs(), mean_len=max(2, max_tokens // 4))
@@ -171,9 +180,13 @@ def bench_agent_loop(
             mode=mode,  # type: ignore[arg-type]
             env_step_in_thread=True,
         )
+        stats = getattr(engine, "stats", None)
+        steps_before = stats["decode_steps"] if stats else 0
         start = time.perf_counter()
         trajs = asyncio.run(loop.run_episodes(specs()))
         elapsed = time.perf_counter() - start
+        if stats:
+            out[f"{mode}_decode_steps"] = float(stats["decode_steps"] - steps_before)
         tokens = sum(sum(t.response_mask) for t in trajs)
         out[mode] = max(out.get(mode, 0.0), tokens / elapsed)
         lengths = [turn.end - turn.start for t in trajs for turn in t.turns]
@@ -250,25 +263,39 @@ def main() -> None:
                     f"{tps / base:.2f}x vs generate",
                 )
             )
-            agent = bench_agent_loop(engine, tokenizer, args.episodes, args.max_tokens_per_step)
-            rows.append(
-                (
-                    f"{name} agent loop lockstep ({args.episodes} mixed episodes)",
-                    f"{agent['lockstep']:,.0f} tok/s",
-                    "1.00x",
+            for label, latency in (
+                ("game envs, 0-40 ms steps", 0.04),
+                ("tool-like envs, 0-250 ms steps", 0.25),
+            ):
+                agent = bench_agent_loop(
+                    engine, tokenizer, args.episodes, args.max_tokens_per_step, latency
                 )
-            )
-            rows.append(
-                (
-                    f"{name} agent loop env-async",
-                    f"{agent['async']:,.0f} tok/s",
-                    f"{agent['async'] / agent['lockstep']:.2f}x vs lockstep (target >= 1.5x)",
+                steps = ""
+                if "async_decode_steps" in agent:
+                    steps = (
+                        f"; decode steps {agent['lockstep_decode_steps']:.0f} -> "
+                        f"{agent['async_decode_steps']:.0f} "
+                        f"({agent['lockstep_decode_steps'] / agent['async_decode_steps']:.2f}x fewer)"
+                    )
+                rows.append(
+                    (
+                        f"{name} agent loop lockstep ({args.episodes} mixed episodes, {label})",
+                        f"{agent['lockstep']:,.0f} tok/s",
+                        "1.00x",
+                    )
                 )
-            )
-            print(
-                f"[{name}] agent-loop responses: mean {agent['mean_response']:.1f} tokens, "
-                f"{agent['capped_fraction']:.0%} hit max_tokens_per_step={args.max_tokens_per_step}"
-            )
+                rows.append(
+                    (
+                        f"{name} agent loop env-async ({label})",
+                        f"{agent['async']:,.0f} tok/s",
+                        f"{agent['async'] / agent['lockstep']:.2f}x vs lockstep{steps}",
+                    )
+                )
+                print(
+                    f"[{name}] {label}: responses mean {agent['mean_response']:.1f} tokens, "
+                    f"{agent['capped_fraction']:.0%} hit max_tokens_per_step="
+                    f"{args.max_tokens_per_step}"
+                )
             if name == "vllm":
                 ours, raw = bench_vllm_overhead(engine, args.batch, args.new_tokens)
                 rows.append(("raw vLLM AsyncLLM.generate", f"{raw:,.0f} tok/s", "1.00x"))

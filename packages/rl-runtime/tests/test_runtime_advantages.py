@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from rl_config.records import Trajectory, Turn
 from rl_runtime.advantages import AdvantageConfig, compute_advantages, step_rows
 from rl_runtime.collate import collate_trajectories
@@ -15,9 +16,17 @@ def _traj(tid, group, tag, reward, n_turns=1, obs=(7,)):
         ids += list(obs)
         mask += [False] * len(obs)
     return Trajectory(
-        traj_id=tid, group_id=group, tag=tag, env_seed=0, token_ids=ids, prompt_length=2,
-        response_mask=mask, rollout_log_probs=[0.0] * len(ids), turns=turns,
-        episode_reward=reward, success=reward > 0,
+        traj_id=tid,
+        group_id=group,
+        tag=tag,
+        env_seed=0,
+        token_ids=ids,
+        prompt_length=2,
+        response_mask=mask,
+        rollout_log_probs=[0.0] * len(ids),
+        turns=turns,
+        episode_reward=reward,
+        success=reward > 0,
     )
 
 
@@ -26,7 +35,11 @@ def _plain_group_norm(scores, keys, eps=1e-6):
     for i, s in enumerate(scores):
         group = [scores[j] for j in range(len(scores)) if keys[j] == keys[i]]
         mean = sum(group) / len(group)
-        std = (sum((g - mean) ** 2 for g in group) / (len(group) - 1)) ** 0.5 if len(group) > 1 else 0.0
+        std = (
+            (sum((g - mean) ** 2 for g in group) / (len(group) - 1)) ** 0.5
+            if len(group) > 1
+            else 0.0
+        )
         out.append((s - mean) / (std + eps) if len(group) > 1 else s - mean)
     return out
 
@@ -34,13 +47,18 @@ def _plain_group_norm(scores, keys, eps=1e-6):
 @pytest.mark.parametrize("grouping", ["traj_group_id", "tags", "batch"])
 def test_grpo_is_group_normalised_score_on_every_model_token(grouping):
     trajs = [
-        _traj("a", "g0", "A", 1.0), _traj("b", "g0", "A", 0.0),
-        _traj("c", "g1", "B", 0.5), _traj("d", "g1", "A", -0.5),
+        _traj("a", "g0", "A", 1.0),
+        _traj("b", "g0", "A", 0.0),
+        _traj("c", "g1", "B", 0.5),
+        _traj("d", "g1", "A", -0.5),
     ]
     batch = collate_trajectories(trajs, pad_token_id=0)
     out = compute_advantages(batch, AdvantageConfig(adv_estimator="grpo", grouping=grouping))
-    keys = {"traj_group_id": ["g0", "g0", "g1", "g1"], "tags": ["A", "A", "B", "A"],
-            "batch": [0, 0, 0, 0]}[grouping]
+    keys = {
+        "traj_group_id": ["g0", "g0", "g1", "g1"],
+        "tags": ["A", "A", "B", "A"],
+        "batch": [0, 0, 0, 0],
+    }[grouping]
     expected = _plain_group_norm([1.0, 0.0, 0.5, -0.5], keys)
     mask = batch.tensors["response_mask"]
     for b, e in enumerate(expected):
@@ -51,9 +69,7 @@ def test_grpo_is_group_normalised_score_on_every_model_token(grouping):
 def test_identity_whiten_and_clip():
     trajs = [_traj("a", "g", "A", 3.0), _traj("b", "g", "A", -1.0)]
     batch = collate_trajectories(trajs, pad_token_id=0)
-    out = compute_advantages(
-        batch, AdvantageConfig(method="identity", advantage_clip=2.0)
-    )
+    out = compute_advantages(batch, AdvantageConfig(method="identity", advantage_clip=2.0))
     mask = batch.tensors["response_mask"]
     assert out["advantages"][0][mask[0]].tolist() == [2.0, 2.0]  # 3 clipped to 2
     assert out["advantages"][1][mask[1]].tolist() == [-1.0, -1.0]

@@ -1,10 +1,17 @@
 import pytest
+
 from rl_runtime.envs import GroupSeededEnv, env_assignments, make_envs, member_seed
 
 
 def _assign(**kw):
-    base = dict(tags=["FrozenLake", "SimpleSokoban"], num_env_groups=4, group_size=2,
-                num_groups_partition=[3, 1], base_seed=1, epoch=0)
+    base = dict(
+        tags=["FrozenLake", "SimpleSokoban"],
+        num_env_groups=4,
+        group_size=2,
+        num_groups_partition=[3, 1],
+        base_seed=1,
+        epoch=0,
+    )
     base.update(kw)
     return env_assignments(**base)
 
@@ -34,8 +41,14 @@ def test_partition_must_match_tags():
 
 
 def test_group_members_play_the_same_env_but_sample_differently():
-    a = env_assignments(tags=["FrozenLake"], num_env_groups=1, group_size=2,
-                        num_groups_partition=None, base_seed=3, epoch=0)
+    a = env_assignments(
+        tags=["FrozenLake"],
+        num_env_groups=1,
+        group_size=2,
+        num_groups_partition=None,
+        base_seed=3,
+        epoch=0,
+    )
     envs = make_envs(a, {})
     (e0, s0, g0, _), (e1, s1, g1, _) = envs
     assert isinstance(e0, GroupSeededEnv) and g0 == g1 and s0 != s1

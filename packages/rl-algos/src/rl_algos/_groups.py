@@ -27,7 +27,8 @@ def group_ids(index: GroupIndex, batch_size: int, device: torch.device) -> tuple
         if batch_size == 0:
             return index.to(device=device, dtype=torch.long), 0
         if not index.is_floating_point() and not index.is_complex() and index.dtype != torch.bool:
-            lo, hi = int(index.min()), int(index.max())
+            lo_t, hi_t = torch.aminmax(index)
+            lo, hi = int(lo_t), int(hi_t)
             if lo >= 0 and hi < 4 * batch_size + 1024:
                 return index.to(device=device, dtype=torch.long), hi + 1
         uniq, inv = torch.unique(index, return_inverse=True)
@@ -47,14 +48,43 @@ def group_sum(x: Tensor, ids: Tensor, num_groups: int) -> Tensor:
     return x.new_zeros(num_groups).index_add_(0, ids, x)
 
 
+def group_count_mean(x: Tensor, ids: Tensor, num_groups: int) -> tuple[Tensor, Tensor]:
+    """Per-group (count, mean) of ``x`` [B] -> ``([G], [G])`` (mean 0 for empty groups)."""
+    count = torch.bincount(ids, minlength=num_groups).to(x.dtype)
+    return count, group_sum(x, ids, num_groups) / count.clamp(min=1.0)
+
+
 def group_stats(x: Tensor, ids: Tensor, num_groups: int) -> tuple[Tensor, Tensor, Tensor]:
     """Per-group (count, mean, unbiased std) of ``x`` [B], two-pass for accuracy.
 
     Returns:
         ``(count [G], mean [G], std [G])``; std is 0 for groups of one row.
     """
-    count = torch.bincount(ids, minlength=num_groups).to(x.dtype)
-    mean = group_sum(x, ids, num_groups) / count.clamp(min=1.0)
-    dev = x - mean[ids]
+    count, mean = group_count_mean(x, ids, num_groups)
+    dev = x - mean.index_select(0, ids)
     var = group_sum(dev * dev, ids, num_groups) / (count - 1.0).clamp(min=1.0)
     return count, mean, var.sqrt()
+
+
+def consecutive_group_size(ids: Tensor, num_groups: int) -> int:
+    """``k`` when ``ids`` [B] is ``[0]*k + [1]*k + ... + [G-1]*k`` with ``k >= 2``, else 0.
+
+    This is the layout rollouts emit (the ``k`` samples of a prompt adjacent, every prompt with the
+    same ``k``); estimators then compute group statistics on a ``[G, k]`` view with a handful of
+    dense ops instead of scatter/gather (one ``[B]`` comparison to detect it).
+    """
+    b = ids.shape[0]
+    if num_groups <= 0 or b % num_groups or b // num_groups < 2:
+        return 0
+    k = b // num_groups
+    pattern = torch.arange(num_groups, device=ids.device).unsqueeze(1).expand(num_groups, k)
+    return k if torch.equal(ids.reshape(num_groups, k), pattern) else 0
+
+
+def dense_group_stats(v: Tensor) -> tuple[Tensor, Tensor]:
+    """``(mean [G, 1], unbiased std [G, 1])`` of ``v`` [G, k] (one group per row, ``k >= 2``),
+    two-pass like ``group_stats``."""
+    k = v.shape[1]
+    mean = v.sum(1, keepdim=True) / k
+    dev = v - mean
+    return mean, ((dev * dev).sum(1, keepdim=True) / (k - 1)).sqrt()

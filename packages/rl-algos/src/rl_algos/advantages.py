@@ -24,7 +24,15 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from rl_algos._groups import GroupIndex, group_ids, group_stats, group_sum
+from rl_algos._groups import (
+    GroupIndex,
+    consecutive_group_size,
+    dense_group_stats,
+    group_count_mean,
+    group_ids,
+    group_stats,
+    group_sum,
+)
 from rl_algos._scan import compact, compaction, discounted_reverse_cumsum, masked_discounted_returns
 from rl_algos.aggregate import masked_whiten
 
@@ -120,14 +128,29 @@ def _single_segment_rows(mask: Tensor) -> bool:
 
 
 def _row_lengths(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """Masked tokens per row ``[B]`` (a uint8 view sums ~2x faster than a bool reduction)."""
-    m = mask.view(torch.uint8) if mask.is_contiguous() else mask
-    return m.sum(-1, dtype=torch.int32).to(dtype)
+    """Masked tokens per row ``[B]`` of a bool ``mask`` [B, T], exact, in one cheap pass.
+
+    A contiguous bool row of ``T = 8 * W`` bytes is read as ``W`` int64 words; summing up to 255
+    words never carries out of a byte lane (each byte is 0 or 1), so the row length is the sum of
+    the 8 bytes of that word sum.  This reads the mask once at memory speed with no ``[B, T]``
+    temporary (a plain ``mask.sum(-1)`` widens every element first and is ~20x slower).
+    """
+    b, t = mask.shape
+    if mask.is_contiguous() and t % 8 == 0 and mask.storage_offset() % 8 == 0 and b * t > 0:
+        words = mask.view(torch.int64)  # [B, W]
+        total = torch.zeros(b, dtype=torch.int32, device=mask.device)
+        for start in range(0, words.shape[1], 255):  # <= 255 words per partial sum: no carry
+            lanes = words[:, start : start + 255].sum(-1)  # [B] int64, 8 byte lanes
+            total += lanes.view(torch.uint8).view(b, 8).sum(-1, dtype=torch.int32)
+        return total.to(dtype)
+    return mask.view(torch.uint8).sum(-1, dtype=torch.int32).to(dtype)
 
 
 def _broadcast(per_row: Tensor, mask: Tensor) -> Tensor:
-    """``[B]`` -> ``[B, T]``, one fused pass, 0 outside ``mask``."""
-    return per_row.unsqueeze(-1) * mask
+    """``[B]`` -> ``[B, T]``: one pass that reads ``mask`` and writes the output; exactly 0 outside
+    ``mask`` (``torch.where`` reads the bool mask directly, a multiply would widen it first)."""
+    zero = torch.zeros((), dtype=per_row.dtype, device=per_row.device)
+    return torch.where(mask, per_row.unsqueeze(-1), zero)
 
 
 def _token_rewards(scores: Tensor, mask: Tensor) -> Tensor:
@@ -151,18 +174,30 @@ def _token_rewards(scores: Tensor, mask: Tensor) -> Tensor:
     return out
 
 
-def _mean_std_per_row(
-    s: Tensor, index: GroupIndex, singleton_mean_zero: bool = True
-) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+def _group_layout(s: Tensor, index: GroupIndex) -> tuple[Tensor, int, int]:
+    """``(ids [B], G, k)``; ``k > 0`` when the rows come in consecutive groups of ``k >= 2`` (the
+    rollout layout), so group statistics can run on an ``s.reshape(G, k)`` view."""
     ids, g = group_ids(index, s.shape[0], s.device)
+    return ids, g, consecutive_group_size(ids, g)
+
+
+def _centered(s: Tensor, index: GroupIndex) -> tuple[Tensor, Tensor]:
+    """``(s - mean_g(s), std_g(s))`` (unbiased std), broadcastable to each other.
+
+    Shapes are ``[G, k]`` and ``[G, 1]`` in the consecutive layout, ``[B]`` and ``[B]`` otherwise;
+    ``.reshape(-1)`` of a result gives rows ``[B]``.  A group of one row gets mean 0 and std 1
+    (verl's convention: it keeps its raw score).
+    """
+    ids, g, k = _group_layout(s, index)
+    if k:
+        v = s.reshape(g, k)
+        mean, std = dense_group_stats(v)
+        return v - mean, std
     count, mean, std = group_stats(s, ids, g)
-    n = count[ids]
-    mean_r, std_r = mean[ids], std[ids]
-    if singleton_mean_zero:  # verl's convention: a group of one keeps its raw score
-        single = n <= 1
-        mean_r = torch.where(single, torch.zeros_like(mean_r), mean_r)
-        std_r = torch.where(single, torch.ones_like(std_r), std_r)
-    return mean_r, std_r, n, ids, g
+    single = count <= 1  # singleton rule on the [G] statistics, then one gather each
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    return s - mean.index_select(0, ids), std.index_select(0, ids)
 
 
 # --------------------------------------------------------------------------- token-level
@@ -293,11 +328,9 @@ def grpo(
     """
     mask = _check_mask(response_mask)
     s = _outcome_scores(scores, mask)
-    mean_r, std_r, _, _, _ = _mean_std_per_row(s, index)
-    a = s - mean_r
-    if norm_by_std:
-        a = a / (std_r + epsilon)
-    adv = _broadcast(a, mask)
+    dev, std = _centered(s, index)
+    a = dev / (std + epsilon) if norm_by_std else dev
+    adv = _broadcast(a.reshape(-1), mask)
     return adv, adv
 
 
@@ -321,10 +354,14 @@ def rloo(scores: Tensor, response_mask: Tensor, index: GroupIndex) -> tuple[Tens
     """
     mask = _check_mask(response_mask)
     s = _outcome_scores(scores, mask)
-    ids, g = group_ids(index, s.shape[0], s.device)
-    count, mean, _ = group_stats(s, ids, g)
-    n = count[ids]
-    a = torch.where(n > 1, (s - mean[ids]) * n / (n - 1.0).clamp(min=1.0), s)
+    ids, g, k = _group_layout(s, index)
+    if k:
+        v = s.reshape(g, k)
+        a = ((v - v.sum(1, keepdim=True) / k) * k / (k - 1.0)).reshape(-1)
+    else:
+        count, mean = group_count_mean(s, ids, g)
+        n = count.index_select(0, ids)
+        a = torch.where(n > 1, (s - mean.index_select(0, ids)) * n / (n - 1.0).clamp(min=1.0), s)
     adv = _broadcast(a, mask)
     return adv, adv
 
@@ -346,8 +383,7 @@ def reinforce_pp_baseline(
     """
     mask = _check_mask(response_mask)
     s = _outcome_scores(scores, mask)
-    mean_r, _, _, _, _ = _mean_std_per_row(s, index)
-    a = s - mean_r
+    a = _centered(s, index)[0].reshape(-1)
     # masked_whiten of the broadcast matrix, with its statistics computed per row (O(B)):
     # every row contributes n_b copies of a_b.
     n = _row_lengths(mask, a.dtype)
@@ -406,13 +442,21 @@ def opo(scores: Tensor, response_mask: Tensor, index: GroupIndex) -> tuple[Tenso
     """
     mask = _check_mask(response_mask)
     s = _outcome_scores(scores, mask)
-    ids, g = group_ids(index, s.shape[0], s.device)
+    ids, g, k = _group_layout(s, index)
     lengths = _row_lengths(mask, s.dtype)
-    tot_len = group_sum(lengths, ids, g)
-    base = group_sum(lengths * s, ids, g) / tot_len.clamp(min=1e-12)
-    n = torch.bincount(ids, minlength=g)[ids]
-    base_r = torch.where((n > 1) & (tot_len[ids] > 0), base[ids], torch.zeros_like(s))
-    adv = _broadcast(s - base_r, mask)
+    if k:
+        v, lv = s.reshape(g, k), lengths.reshape(g, k)
+        tot_len = lv.sum(1, keepdim=True)
+        base = (lv * v).sum(1, keepdim=True) / tot_len.clamp(min=1e-12)
+        base = torch.where(tot_len > 0, base, torch.zeros_like(base))  # [G, 1]
+        a = (v - base).reshape(-1)
+    else:
+        tot_len = group_sum(lengths, ids, g)
+        base = group_sum(lengths * s, ids, g) / tot_len.clamp(min=1e-12)
+        count = torch.bincount(ids, minlength=g)
+        base = torch.where((count > 1) & (tot_len > 0), base, torch.zeros_like(base))  # [G]
+        a = s - base.index_select(0, ids)
+    adv = _broadcast(a, mask)
     return adv, adv
 
 
@@ -441,14 +485,22 @@ def gpg(
     """
     mask = _check_mask(response_mask)
     s = _outcome_scores(scores, mask)
-    ids, g = group_ids(index, s.shape[0], s.device)
-    _, mean, std = group_stats(s, ids, g)
+    ids, g, k = _group_layout(s, index)
+    if k:
+        v = s.reshape(g, k)
+        mean, std = dense_group_stats(v)
+        dev = (v - mean).reshape(-1)
+        valid = (std > epsilon).sum().to(s.dtype) * k
+    else:
+        count, mean, std = group_stats(s, ids, g)
+        dev = s - mean.index_select(0, ids)
+        # rows of groups with std > epsilon, counted on the [G] statistics
+        valid = torch.where(std > epsilon, count, torch.zeros_like(count)).sum()
     if alpha is None:
-        valid = (std[ids] > epsilon).sum().to(s.dtype)
         scale = s.shape[0] / valid.clamp(min=1.0)
     else:
         scale = torch.tensor(alpha, dtype=s.dtype, device=s.device)
-    adv = _broadcast(scale * (s - mean[ids]) / f_norm, mask)
+    adv = _broadcast(scale * dev / f_norm, mask)
     return adv, adv
 
 
@@ -475,36 +527,45 @@ def grpo_passk(
     mask = _check_mask(response_mask)
     s = _outcome_scores(scores, mask)
     b = s.shape[0]
-    ids, g = group_ids(index, b, s.device)
+    ids, g, k = _group_layout(s, index)
+    if k:  # consecutive groups of k >= 2: the first maximal row of each [G, k] row is the best
+        v = s.reshape(g, k)
+        _, std = dense_group_stats(v)
+        gmax, best = torch.max(v, 1, keepdim=True)  # documented: index of the first maximum
+        second = v.scatter(1, best, float("-inf")).amax(1, keepdim=True)
+        gap = gmax - second
+        if norm_by_std:
+            gap = gap / (std + epsilon)
+        adv = _broadcast(torch.zeros_like(v).scatter_(1, best, gap).reshape(-1), mask)
+        return adv, adv
     count, _, std = group_stats(s, ids, g)
-    small = (count == 1).nonzero()
-    if small.numel():
-        gid = int(small[0, 0])
+    if bool((count == 1).any()):
+        gid = int((count == 1).nonzero()[0, 0])
         row = int((ids == gid).nonzero()[0, 0])
         raise ValueError(f"grpo_passk needs >= 2 rows per group; the group of row {row} has one")
     neg_inf = torch.full((g,), float("-inf"), dtype=s.dtype, device=s.device)
     gmax = neg_inf.scatter_reduce(0, ids, s, reduce="amax")
     rows = torch.arange(b, device=s.device)
-    cand = torch.where(s == gmax[ids], rows, torch.full_like(rows, b))
+    cand = torch.where(s == gmax.index_select(0, ids), rows, torch.full_like(rows, b))
     best = torch.full((g,), b, dtype=torch.long, device=s.device).scatter_reduce(
         0, ids, cand, reduce="amin"
     )
-    is_best = best[ids] == rows
+    is_best = best.index_select(0, ids) == rows
     second = neg_inf.scatter_reduce(
         0, ids, torch.where(is_best, torch.full_like(s, float("-inf")), s), reduce="amax"
     )
     gap = gmax - second
     if norm_by_std:
         gap = gap / (std + epsilon)
-    a = torch.where(is_best, gap[ids], torch.zeros_like(s))
+    a = torch.where(is_best, gap.index_select(0, ids), torch.zeros_like(s))
     adv = _broadcast(a, mask)
     return adv, adv
 
 
 def _norm_in_groups(x: Tensor, ids: Tensor, g: int, norm_by_std: bool, epsilon: float) -> Tensor:
     _, mean, std = group_stats(x, ids, g)
-    a = x - mean[ids]
-    return a / (std[ids] + epsilon) if norm_by_std else a
+    a = x - mean.index_select(0, ids)
+    return a / (std.index_select(0, ids) + epsilon) if norm_by_std else a
 
 
 @register_estimator("gigpo")
@@ -561,19 +622,26 @@ def gigpo(
     )
     bad = (hi != lo) & torch.isfinite(hi)
     if bool(bad.any()):
-        row = int((bad[tid]).nonzero()[0, 0])
+        row = int((bad.index_select(0, tid)).nonzero()[0, 0])
         raise ValueError(f"gigpo: scores differ within the trajectory of row {row}")
     present = torch.isfinite(hi)
     traj_group = torch.zeros(n_traj, dtype=torch.long, device=dev).scatter_(0, tid, ids)
     t_ids, t_g = group_ids(traj_group[present], int(present.sum()), dev)
     t_count, t_mean, t_std = group_stats(hi[present], t_ids, t_g)
-    single = t_count[t_ids] <= 1
-    t_a = hi[present] - torch.where(single, torch.zeros_like(t_mean[t_ids]), t_mean[t_ids])
+    single = t_count.index_select(0, t_ids) <= 1
+    t_a = hi[present] - torch.where(
+        single, torch.zeros_like(t_mean.index_select(0, t_ids)), t_mean.index_select(0, t_ids)
+    )
     if norm_by_std:
-        t_a = t_a / (torch.where(single, torch.ones_like(t_std[t_ids]), t_std[t_ids]) + epsilon)
+        t_a = t_a / (
+            torch.where(
+                single, torch.ones_like(t_std.index_select(0, t_ids)), t_std.index_select(0, t_ids)
+            )
+            + epsilon
+        )
     ep_adv_traj = torch.zeros(n_traj, dtype=s.dtype, device=dev)
     ep_adv_traj[present] = t_a
-    ep_adv = ep_adv_traj[tid]
+    ep_adv = ep_adv_traj.index_select(0, tid)
     # discounted step returns inside each trajectory: [n_traj, S] matrix + blocked reverse scan
     steps = step_ids.to(device=dev, dtype=torch.long)
     if bool((steps < 0).any()):

@@ -22,6 +22,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -103,8 +104,8 @@ class AgentLoop:
             an episode that would exceed it ends with termination_reason ``"max_length"``.
         max_turns: cap on turns per episode (default: the env's ``max_steps``).
         mode: ``"async"`` (env-level asynchrony) or ``"lockstep"`` (baseline).
-        env_step_in_thread: run ``env.step`` in a worker thread (for slow envs) so it overlaps
-            with generation of other episodes.
+        env_step_in_thread: run ``env.step`` in worker threads (one per live episode, up to
+            ``max_running_requests``) so slow env steps overlap each other and generation.
     """
 
     def __init__(
@@ -143,6 +144,7 @@ class AgentLoop:
         self.max_turns = max_turns
         self.mode = mode
         self.env_step_in_thread = env_step_in_thread
+        self._executor: ThreadPoolExecutor | None = None
         end_ids = self._encode(self.template.end_of_turn) if self.template.end_of_turn else []
         self._end_of_turn_id = end_ids[0] if len(end_ids) == 1 else None
         stop_ids = list(sampling.stop_token_ids)
@@ -166,11 +168,23 @@ class AgentLoop:
         episodes = [_Episode(_as_spec(item, i)) for i, item in enumerate(envs_and_seeds)]
         for ep in episodes:
             self._start(ep)
-        if self.mode == "lockstep":
-            await self._run_lockstep(episodes)
-        else:
-            semaphore = asyncio.Semaphore(self.max_running_requests)
-            await asyncio.gather(*(self._run_async(ep, semaphore) for ep in episodes))
+        executor = None
+        if self.env_step_in_thread:  # one worker per live episode: slow env steps all overlap
+            executor = ThreadPoolExecutor(
+                max_workers=max(1, min(len(episodes), self.max_running_requests)),
+                thread_name_prefix="env-step",
+            )
+        self._executor = executor
+        try:
+            if self.mode == "lockstep":
+                await self._run_lockstep(episodes)
+            else:
+                semaphore = asyncio.Semaphore(self.max_running_requests)
+                await asyncio.gather(*(self._run_async(ep, semaphore) for ep in episodes))
+        finally:
+            self._executor = None
+            if executor is not None:
+                executor.shutdown(wait=False)
         return [self._finish(ep) for ep in episodes]
 
     # ------------------------------------------------------------------ drivers
@@ -288,8 +302,10 @@ class AgentLoop:
         env = ep.spec.env
         started = time.perf_counter()
         try:
-            if self.env_step_in_thread:
-                step = await asyncio.to_thread(env.step, action_text)
+            if self._executor is not None:
+                step = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, env.step, action_text
+                )
             else:
                 step = env.step(action_text)
             observation, reward, terminated, truncated, info = step

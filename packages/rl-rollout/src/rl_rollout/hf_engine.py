@@ -151,6 +151,7 @@ class HFEngine:
         self._version = 0
         self._asleep = 0
         self._weights_discarded = False
+        self._saved_buffers: dict[str, torch.Tensor] = {}
         # scheduler state
         self._cond = threading.Condition()
         self._model_lock = threading.Lock()
@@ -244,6 +245,10 @@ class HFEngine:
             self._cache, self._mask = None, None
             self._clear_prefixes()
             if level == 2:
+                # buffers (e.g. RoPE inv_freq) are not weights: keep them on the host
+                self._saved_buffers = {
+                    n: b.detach().to("cpu", copy=True) for n, b in self.model.named_buffers()
+                }
                 self.model.to_empty(device="meta")
                 self._weights_discarded = True
             else:
@@ -258,6 +263,11 @@ class HFEngine:
         with self._model_lock:
             if self._asleep == 2:
                 self.model.to_empty(device=self.device)
+                with torch.no_grad():
+                    for name, buf in self.model.named_buffers():
+                        buf.copy_(self._saved_buffers[name].to(buf.device))
+                self._saved_buffers = {}
+                self.model.tie_weights()  # to_empty gives tied parameters separate storage
             elif self._asleep == 1:
                 self.model.to(self.device)
             self._asleep = 0

@@ -46,21 +46,30 @@ def sample_tokens(
 ) -> torch.Tensor:
     """Draw one token per row. logits: [B, V]; per-row params (len B). Returns token ids [B].
 
-    temperature == 0 is greedy (argmax of the raw logits). A row's generator makes it reproducible.
+    Gumbel-max: token = argmax(warped_logits + Gumbel noise), an exact draw from
+    softmax(warped_logits); the noise of a row comes from that row's generator (reproducible per
+    request), the rest is batched. temperature == 0 is greedy (argmax of the raw logits).
     """
-    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    for row in range(logits.shape[0]):
-        if temperatures[row] == 0.0:
-            tokens[row] = torch.argmax(logits[row])
-            continue
-        warped = warp_logits(logits[row], temperatures[row], top_ps[row], top_ks[row])
-        probs = torch.softmax(warped, dim=-1)
+    batch, vocab = logits.shape
+    device = logits.device
+    temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=device)
+    scores = logits.float() / temps.unsqueeze(-1)
+    for row in range(batch):
+        if temperatures[row] > 0 and (0 < top_ks[row] < vocab or top_ps[row] < 1.0):
+            scores[row] = warp_logits(logits[row], temperatures[row], top_ps[row], top_ks[row])
+    uniform = torch.empty((batch, vocab), device=device)
+    for row in range(batch):
         gen = generators[row]
-        if gen is not None and gen.device != probs.device:
-            # A CPU generator drives the draw on any device: sample on CPU from the same probs.
-            tokens[row] = torch.multinomial(probs.cpu(), 1, generator=gen)[0].to(logits.device)
+        if gen is not None and gen.device != device:
+            uniform[row] = torch.rand(vocab, generator=gen).to(device)
         else:
-            tokens[row] = torch.multinomial(probs, 1, generator=gen)[0]
+            uniform[row] = torch.rand(vocab, generator=gen, device=device)
+    tiny = torch.finfo(torch.float32).tiny
+    gumbel = -torch.log(-torch.log(uniform.clamp(min=tiny, max=1.0 - 1e-7)))
+    tokens = torch.argmax(scores + gumbel, dim=-1)
+    greedy = torch.tensor([t == 0.0 for t in temperatures], device=device)
+    if bool(greedy.any()):
+        tokens = torch.where(greedy, torch.argmax(logits, dim=-1), tokens)
     return tokens
 
 
