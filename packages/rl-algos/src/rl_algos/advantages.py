@@ -138,10 +138,13 @@ def _row_lengths(mask: Tensor, dtype: torch.dtype) -> Tensor:
     b, t = mask.shape
     if mask.is_contiguous() and t % 8 == 0 and mask.storage_offset() % 8 == 0 and b * t > 0:
         words = mask.view(torch.int64)  # [B, W]
-        total = torch.zeros(b, dtype=torch.int32, device=mask.device)
+        total: Tensor | None = None
         for start in range(0, words.shape[1], 255):  # <= 255 words per partial sum: no carry
-            lanes = words[:, start : start + 255].sum(-1)  # [B] int64, 8 byte lanes
-            total += lanes.view(torch.uint8).view(b, 8).sum(-1, dtype=torch.int32)
+            part = words if words.shape[1] <= 255 else words[:, start : start + 255]
+            lanes = part.sum(-1).view(torch.uint8).view(b, 8)  # [B, 8] byte-lane counts
+            count = lanes.t().sum(0)  # reduce over the 8 lanes, vectorised across rows
+            total = count if total is None else total + count
+        assert total is not None
         return total.to(dtype)
     return mask.view(torch.uint8).sum(-1, dtype=torch.int32).to(dtype)
 
