@@ -30,7 +30,7 @@ def _overrides(out: Path, **extra: object) -> list[str]:
         "track_with": "stdout",
         "max_steps": 2,
         "eval_steps": 2,
-        "save_steps": 0,
+        "save_steps": 1000,
         "rollout_batch_size": 8,
         "train_env_manager.num_env_groups": 2,
         "train_env_manager.group_size": 4,

@@ -4,10 +4,14 @@ Run: ``.venv/bin/python tools/bench/algos.py [--quick]``
 
 1. ``gae`` at B=64, T=4096 vs (a) the usual reverse loop over T vectorised over B (verl/ROLL style)
    and (b) a plain Python loop over T and B; results must agree within 1e-5.
-2. Group estimators at N=8192 rows, T=512 vs one fused pass that reads ``scores`` and the mask and
+2. Group estimators at N=8192 rows, T=512 (groups of 8, rows of a prompt adjacent as rollouts emit
+   them, and again with the rows shuffled) vs one fused pass that reads ``scores`` and the mask and
    writes the advantages — the memory-bound floor of any estimator (the faster of
-   ``scores[:, None] * mask`` and ``torch.where(mask, scores[:, None], 0)``).  Rounds are interleaved;
-   the median per-round ratio is reported with its min..max spread.
+   ``scores[:, None] * mask`` and ``torch.where(mask, scores[:, None], 0)``).  Each estimator is timed
+   back to back with both floors, in rotating order, in each of 21 rounds; the median per-round
+   ratio is reported with its spread (p25..p75 and max).  glibc is asked to keep freed memory
+   (``mallopt``) so that random page-fault storms on re-allocating the [N, T] output do not land
+   on either side.
 3. Chunked log-prob + entropy at N=4096 tokens, V=151936 (bf16 logits, as a model emits them) vs the
    naive float32 path.  Peak extra memory is measured honestly as the growth of the process's peak
    RSS (``ru_maxrss``) while the variant runs, each variant in a fresh subprocess whose inputs are
@@ -18,6 +22,7 @@ Run: ``.venv/bin/python tools/bench/algos.py [--quick]``
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -38,6 +43,21 @@ from rl_algos.logprobs import (  # noqa: E402
     log_probs_from_logits,
     log_probs_from_logits_chunked,
 )
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc not to unmap or trim freed memory (``mallopt``), as a long-running trainer's heap
+    behaves.  Without it a freed ``[N, T]`` output is sometimes returned to the OS and the next
+    allocation of either side pays thousands of page faults (~7 ms, more than the work itself) at
+    random; with it both the baseline and the estimators measure compute.  False if not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        return bool(
+            libc.mallopt(m_trim_threshold, 1 << 30) and libc.mallopt(m_mmap_threshold, 1 << 30)
+        )
+    except (OSError, AttributeError):
+        return False
 
 
 def best_time(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
@@ -126,18 +146,22 @@ def bench_gae(b: int, t: int) -> list[dict]:
 # --------------------------------------------------------------------------- 2. group estimators
 
 
-def bench_groups(n: int, t: int, group_size: int = 8, rounds: int = 21) -> list[dict]:
+def bench_groups(
+    n: int, t: int, group_size: int = 8, rounds: int = 21, shuffled: bool = False
+) -> list[dict]:
     """Each estimator vs the fastest fused pass that reads ``scores`` and the mask and writes the
     ``[N, T]`` float advantages.  Both floors are timed (``scores[:, None] * mask`` and
     ``torch.where(mask, scores[:, None], 0)``) and the faster one each round is the baseline.
 
-    Noise-robust on a shared CPU: ``rounds`` rounds, each timing every callable (best of 3) in a
-    rotated order; the ratio is taken per round against that round's baseline, and the median
-    ratio is reported with its spread (min..max over rounds).
+    Noise-robust on a shared CPU: in each of ``rounds`` rounds every estimator is timed (best of 3)
+    back to back with both floors, in a rotating order; the ratio is taken against those adjacent
+    floor timings, and the median ratio over rounds is reported with its spread (p25..p75, max).
     """
     g = torch.Generator().manual_seed(1)
     scores = torch.randint(0, 2, (n,), generator=g).float()
-    index = torch.arange(n) // group_size
+    index = torch.arange(n) // group_size  # rollout layout: the samples of a prompt adjacent
+    if shuffled:  # same groups, rows in random order: the general scatter/gather path
+        index = index[torch.randperm(n, generator=g)]
     lengths = torch.randint(1, t + 1, (n, 1), generator=g)
     mask = torch.arange(t) < lengths
     zero = torch.zeros((), dtype=scores.dtype)
@@ -157,26 +181,34 @@ def bench_groups(n: int, t: int, group_size: int = 8, rounds: int = 21) -> list[
     for name, fn in cases.items():  # the fused output must be what the estimator wrote
         adv = fn()[0]  # type: ignore[index]
         assert adv.shape == (n, t) and adv.dtype == torch.float32, name
-    everything = {**{f"floor:{k}": f for k, f in floors.items()}, **cases}
-    names = list(everything)
-    times: dict[str, list[float]] = {k: [] for k in names}
+    ratios: dict[str, list[float]] = {k: [] for k in cases}
+    ours_t: dict[str, list[float]] = {k: [] for k in cases}
+    base_t: list[float] = []
+    names = list(cases)
     for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for k in order:
-            times[k].append(best_time(everything[k], repeat=3))
-    base = [min(times[f"floor:{k}"][r] for k in floors) for r in range(rounds)]
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            # the estimator and both floors timed back to back, in a rotating order, so that
+            # each ratio compares passes that ran under the same machine load
+            trio: list[tuple[str, Callable[[], object]]] = [*floors.items(), (name, cases[name])]
+            trio = trio[r % 3 :] + trio[: r % 3]
+            timed = {k: best_time(fn, repeat=3) for k, fn in trio}
+            base = min(timed[k] for k in floors)
+            ratios[name].append(timed[name] / base)
+            ours_t[name].append(timed[name])
+            base_t.append(base)
     rows = []
     for name in cases:
-        ratios = sorted(o / b for o, b in zip(times[name], base))
+        q = statistics.quantiles(ratios[name], n=4)  # [p25, median, p75]
         rows.append(
             {
-                "case": f"{name} N={n} T={t}",
+                "case": f"{name} N={n} T={t}" + (" shuffled index" if shuffled else ""),
                 "baseline": "fused pass: min(scores[:,None]*mask, where(mask, scores[:,None], 0))",
-                "ours_ms": statistics.median(times[name]) * 1e3,
-                "baseline_ms": statistics.median(base) * 1e3,
-                "ratio_median": statistics.median(ratios),
-                "ratio_min": ratios[0],
-                "ratio_max": ratios[-1],
+                "ours_ms": statistics.median(ours_t[name]) * 1e3,
+                "baseline_ms": statistics.median(base_t) * 1e3,
+                "ratio_median": q[1],
+                "ratio_p25": q[0],
+                "ratio_p75": q[2],
+                "ratio_max": max(ratios[name]),
                 "rounds": rounds,
                 "target": "<=1.2x",
                 "note": "also reads the mask for lengths"
@@ -267,18 +299,27 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=128)
     ap.add_argument("--only", choices=["gae", "groups", "logprobs"], default=None)
     args = ap.parse_args()
+    allocator_pinned = keep_freed_memory()
     rows: list[dict] = []
     if args.only in (None, "gae"):
         rows += bench_gae(16, 512) if args.quick else bench_gae(64, 4096)
     if args.only in (None, "groups"):
-        rows += bench_groups(1024, 128) if args.quick else bench_groups(8192, 512)
+        for shuffled in (False, True):
+            rows += (
+                bench_groups(1024, 128, shuffled=shuffled)
+                if args.quick
+                else bench_groups(8192, 512, shuffled=shuffled)
+            )
     if args.only in (None, "logprobs"):
         rows += (
             bench_logprobs(256, 32000, args.chunk)
             if args.quick
             else bench_logprobs(4096, 151936, args.chunk)
         )
-    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}")
+    print(
+        f"torch {torch.__version__}, threads={torch.get_num_threads()}, "
+        f"glibc keeps freed memory: {allocator_pinned}"
+    )
     for r in rows:
         print(
             json.dumps(

@@ -196,7 +196,7 @@ def bench_agent_loop(
 
 
 def bench_vllm_overhead(
-    engine: Any, n: int, new_tokens: int, repeats: int = 3
+    engine: Any, n: int, new_tokens: int, repeats: int = 5
 ) -> tuple[float, float]:
     """tokens/s through VLLMEngine.generate vs raw AsyncLLM.generate on the same engine."""
     from vllm.inputs import TokensPrompt
@@ -236,6 +236,9 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=24)
     parser.add_argument("--max-tokens-per-step", type=int, default=48)
     parser.add_argument("--model-dir", default=None)
+    parser.add_argument(
+        "--sections", default="engine,agent,overhead", help="comma list: engine,agent,overhead"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
@@ -245,8 +248,11 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows: list[tuple[str, str, str]] = []
 
-    base = bench_hf_generate_baseline(model_dir, args.batch, args.new_tokens)
-    rows.append(("transformers model.generate (baseline)", f"{base:,.0f} tok/s", "1.00x"))
+    sections = set(args.sections.split(","))
+    base = 1.0
+    if "engine" in sections:
+        base = bench_hf_generate_baseline(model_dir, args.batch, args.new_tokens)
+        rows.append(("transformers model.generate (baseline)", f"{base:,.0f} tok/s", "1.00x"))
     for name in args.engines.split(","):
         config = (
             {"max_num_seqs": 64}
@@ -255,18 +261,21 @@ def main() -> None:
         )
         engine = build_engine(name, model_dir, config, dtype="float32", device="cpu", seed=0)
         try:
-            tps = bench_engine_tokens_per_s(engine, args.batch, args.new_tokens)
-            rows.append(
-                (
-                    f"{name} engine, {args.batch} x {args.new_tokens} tokens",
-                    f"{tps:,.0f} tok/s",
-                    f"{tps / base:.2f}x vs generate",
+            if "engine" in sections:
+                tps = bench_engine_tokens_per_s(engine, args.batch, args.new_tokens)
+                rows.append(
+                    (
+                        f"{name} engine, {args.batch} x {args.new_tokens} tokens",
+                        f"{tps:,.0f} tok/s",
+                        f"{tps / base:.2f}x vs generate",
+                    )
                 )
-            )
             for label, latency in (
                 ("game envs, 0-40 ms steps", 0.04),
                 ("tool-like envs, 0-250 ms steps", 0.25),
             ):
+                if "agent" not in sections:
+                    break
                 agent = bench_agent_loop(
                     engine, tokenizer, args.episodes, args.max_tokens_per_step, latency
                 )
@@ -296,7 +305,7 @@ def main() -> None:
                     f"{agent['capped_fraction']:.0%} hit max_tokens_per_step="
                     f"{args.max_tokens_per_step}"
                 )
-            if name == "vllm":
+            if name == "vllm" and "overhead" in sections:
                 ours, raw = bench_vllm_overhead(engine, args.batch, args.new_tokens)
                 rows.append(("raw vLLM AsyncLLM.generate", f"{raw:,.0f} tok/s", "1.00x"))
                 rows.append(

@@ -70,3 +70,16 @@ def test_passk_dense_path_hand_values() -> None:
     )
     adv, _ = A.grpo_passk(scores, mask, torch.tensor([0, 0, 0, 1, 1, 1]))
     assert adv[3, 0].item() == pytest.approx(1.0 / (1.0 + 1e-6))  # std of [2, 0, 1] is 1
+
+
+@pytest.mark.parametrize("t", [8, 13, 64, 2048, 2040 * 2 + 8])
+def test_row_lengths_packed_count_is_exact(t: int) -> None:
+    from rl_algos.advantages import _row_lengths
+
+    gen = torch.Generator().manual_seed(t)
+    mask = torch.rand(6, t, generator=gen) < 0.7
+    mask[0] = False
+    mask[1] = True  # a full row: every byte lane at its maximum
+    for m in (mask, mask[1:], mask[:, 1:], mask.t().contiguous().t()):  # offsets, strides
+        for dtype in (torch.float32, torch.float64):
+            torch.testing.assert_close(_row_lengths(m, dtype), m.sum(-1).to(dtype), rtol=0, atol=0)

@@ -173,7 +173,7 @@ def test_sample_tokens_draws_from_the_warped_distribution() -> None:
     from rl_rollout.sampling import sample_tokens
 
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
-    draws = 20000
+    draws = 8000
     batch = logits.expand(draws, -1).clone()
     gen = torch.Generator().manual_seed(0)
     for temperature, top_p, top_k in (
@@ -187,6 +187,6 @@ def test_sample_tokens_draws_from_the_warped_distribution() -> None:
         )
         freq = torch.bincount(tokens, minlength=6).float() / draws
         expected = torch.softmax(warp_logits(logits, temperature, top_p, top_k), -1)
-        assert (freq - expected).abs().max().item() < 0.015, (temperature, top_p, top_k)
+        assert (freq - expected).abs().max().item() < 0.02, (temperature, top_p, top_k)
     greedy = sample_tokens(logits.unsqueeze(0), [0.0], [1.0], [-1], [None])
     assert greedy.tolist() == [0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from functools import lru_cache
 from typing import Union
 
 import torch
@@ -30,7 +31,9 @@ def group_ids(index: GroupIndex, batch_size: int, device: torch.device) -> tuple
             lo_t, hi_t = torch.aminmax(index)
             lo, hi = int(lo_t), int(hi_t)
             if lo >= 0 and hi < 4 * batch_size + 1024:
-                return index.to(device=device, dtype=torch.long), hi + 1
+                if index.dtype != torch.long or index.device != device:
+                    index = index.to(device=device, dtype=torch.long)
+                return index, hi + 1
         uniq, inv = torch.unique(index, return_inverse=True)
         return inv.to(device=device, dtype=torch.long), int(uniq.numel())
     if isinstance(index, (str, bytes)):
@@ -66,25 +69,32 @@ def group_stats(x: Tensor, ids: Tensor, num_groups: int) -> tuple[Tensor, Tensor
     return count, mean, var.sqrt()
 
 
+@lru_cache(maxsize=4)
+def _consecutive_ids(num_groups: int, size: int, device: torch.device) -> Tensor:
+    """``[0]*size + [1]*size + ... + [num_groups-1]*size`` [B] (cached, read-only: compared only)."""
+    return torch.arange(num_groups, device=device).repeat_interleave(size)
+
+
 def consecutive_group_size(ids: Tensor, num_groups: int) -> int:
     """``k`` when ``ids`` [B] is ``[0]*k + [1]*k + ... + [G-1]*k`` with ``k >= 2``, else 0.
 
     This is the layout rollouts emit (the ``k`` samples of a prompt adjacent, every prompt with the
     same ``k``); estimators then compute group statistics on a ``[G, k]`` view with a handful of
-    dense ops instead of scatter/gather (one ``[B]`` comparison to detect it).
+    dense ops instead of scatter/gather.  Detecting it is one comparison against a cached pattern
+    (building the pattern each call would cost more dispatches than the check saves).
     """
     b = ids.shape[0]
-    if num_groups <= 0 or b % num_groups or b // num_groups < 2:
+    if num_groups <= 0 or b % num_groups or b // num_groups < 2 or ids.dtype != torch.long:
         return 0
     k = b // num_groups
-    pattern = torch.arange(num_groups, device=ids.device).unsqueeze(1).expand(num_groups, k)
-    return k if torch.equal(ids.reshape(num_groups, k), pattern) else 0
+    return k if torch.equal(ids, _consecutive_ids(num_groups, k, ids.device)) else 0
 
 
-def dense_group_stats(v: Tensor) -> tuple[Tensor, Tensor]:
-    """``(mean [G, 1], unbiased std [G, 1])`` of ``v`` [G, k] (one group per row, ``k >= 2``),
-    two-pass like ``group_stats``."""
+def dense_group_stats(v: Tensor, with_std: bool = True) -> tuple[Tensor, Tensor | None]:
+    """``(v - mean [G, k], unbiased std [G, 1] or None)`` of ``v`` [G, k] (one group per row,
+    ``k >= 2``), two-pass like ``group_stats``."""
     k = v.shape[1]
-    mean = v.sum(1, keepdim=True) / k
-    dev = v - mean
-    return mean, ((dev * dev).sum(1, keepdim=True) / (k - 1)).sqrt()
+    dev = v - v.sum(1, keepdim=True) / k
+    if not with_std:
+        return dev, None
+    return dev, ((dev * dev).sum(1, keepdim=True) / (k - 1)).sqrt()

@@ -4,9 +4,14 @@
 Token-level: ``gae`` (critic) and the discounted-return estimators.  Outcome estimators take
 ``scores`` — one outcome reward per row ``[B]``, or token-level rewards ``[B, T]`` that are summed
 over the response — and ``index``, the group (prompt) of each row as a ``[B]`` int tensor or any
-sequence of hashables.  Group statistics are vectorised (``bincount``/``index_add``), no Python
-loop over groups or rows (a list of hashable keys is mapped to ids once).  For outcome estimators
-``returns`` is the *same tensor* as ``advantages`` (as in verl); do not modify one in place.
+sequence of hashables.  Group statistics are vectorised, no Python loop over groups or rows (a list
+of hashable keys is mapped to ids once): when the rows come as rollouts emit them (the ``k >= 2``
+samples of each prompt adjacent, equal ``k``) they run on a ``[G, k]`` view with a few dense ops;
+otherwise with ``bincount``/``index_add``/``index_select``.  Both paths give the same advantages
+(up to float rounding).  The ``[B, T]`` output is written in one ``torch.where`` pass; response
+lengths (``opo``, ``reinforce_pp_baseline``) come from one cheap pass over the mask's bytes.  For
+outcome estimators ``returns`` is the *same tensor* as ``advantages`` (as in verl); do not modify
+one in place.
 
 Multi-turn rows: tokens outside ``response_mask`` (env/tool tokens, prompt, padding) are skipped by
 the token-level recursions, i.e. the masked tokens of a row are treated as one contiguous episode.
@@ -91,13 +96,14 @@ def list_estimators() -> list[str]:
 def _check_mask(response_mask: Tensor, name: str = "response_mask") -> Tensor:
     if response_mask.dim() != 2:
         raise ValueError(f"{name} must be [B, T], got shape {tuple(response_mask.shape)}")
-    return response_mask.bool()
+    # skip no-op conversions: every dispatch costs microseconds on this O(B) path
+    return response_mask if response_mask.dtype == torch.bool else response_mask.bool()
 
 
 def _float_dtype(*tensors: Tensor) -> torch.dtype:
     dt = torch.float32
     for t in tensors:
-        if t.is_floating_point():
+        if t.is_floating_point() and t.dtype != dt:
             dt = torch.promote_types(dt, t.dtype)
     return dt
 
@@ -109,7 +115,7 @@ def _outcome_scores(scores: Tensor, mask: Tensor) -> Tensor:
     if scores.dim() == 1:
         if scores.shape[0] != b:
             raise ValueError(f"scores has {scores.shape[0]} rows, response_mask has {b}")
-        return scores.to(dt)
+        return scores if scores.dtype == dt else scores.to(dt)
     if scores.dim() == 2:
         if scores.shape != mask.shape:
             raise ValueError(
@@ -141,19 +147,20 @@ def _row_lengths(mask: Tensor, dtype: torch.dtype) -> Tensor:
         total: Tensor | None = None
         for start in range(0, words.shape[1], 255):  # <= 255 words per partial sum: no carry
             part = words if words.shape[1] <= 255 else words[:, start : start + 255]
-            lanes = part.sum(-1).view(torch.uint8).view(b, 8)  # [B, 8] byte-lane counts
-            count = lanes.t().sum(0)  # reduce over the 8 lanes, vectorised across rows
+            # [8, B] view of the byte-lane counts (row r's 8 bytes are contiguous): reduce the 8
+            # lanes vectorised across rows; the integers (<= 2040) are exact in float32/64
+            lanes = part.sum(-1).view(torch.uint8).as_strided((8, b), (1, 8))
+            count = lanes.sum(0, dtype=dtype)
             total = count if total is None else total + count
         assert total is not None
-        return total.to(dtype)
+        return total
     return mask.view(torch.uint8).sum(-1, dtype=torch.int32).to(dtype)
 
 
 def _broadcast(per_row: Tensor, mask: Tensor) -> Tensor:
     """``[B]`` -> ``[B, T]``: one pass that reads ``mask`` and writes the output; exactly 0 outside
     ``mask`` (``torch.where`` reads the bool mask directly, a multiply would widen it first)."""
-    zero = torch.zeros((), dtype=per_row.dtype, device=per_row.device)
-    return torch.where(mask, per_row.unsqueeze(-1), zero)
+    return torch.where(mask, per_row.unsqueeze(-1), 0.0)
 
 
 def _token_rewards(scores: Tensor, mask: Tensor) -> Tensor:
@@ -164,7 +171,7 @@ def _token_rewards(scores: Tensor, mask: Tensor) -> Tensor:
             raise ValueError(
                 f"token-level scores {tuple(scores.shape)} != response_mask {tuple(mask.shape)}"
             )
-        return scores.to(dt)
+        return scores if scores.dtype == dt else scores.to(dt)
     if scores.dim() != 1 or scores.shape[0] != mask.shape[0]:
         raise ValueError(f"scores must be [B] or [B, T], got shape {tuple(scores.shape)}")
     t = mask.shape[1]
@@ -184,23 +191,25 @@ def _group_layout(s: Tensor, index: GroupIndex) -> tuple[Tensor, int, int]:
     return ids, g, consecutive_group_size(ids, g)
 
 
-def _centered(s: Tensor, index: GroupIndex) -> tuple[Tensor, Tensor]:
-    """``(s - mean_g(s), std_g(s))`` (unbiased std), broadcastable to each other.
+def _centered(s: Tensor, index: GroupIndex, with_std: bool = True) -> tuple[Tensor, Tensor | None]:
+    """``(s - mean_g(s), std_g(s))`` (unbiased std; ``None`` unless ``with_std``), broadcastable.
 
     Shapes are ``[G, k]`` and ``[G, 1]`` in the consecutive layout, ``[B]`` and ``[B]`` otherwise;
-    ``.reshape(-1)`` of a result gives rows ``[B]``.  A group of one row gets mean 0 and std 1
-    (verl's convention: it keeps its raw score).
+    ``.reshape(-1)`` of a result gives rows ``[B]``; the first is always a fresh tensor.  A group
+    of one row gets mean 0 and std 1 (verl's convention: it keeps its raw score).
     """
     ids, g, k = _group_layout(s, index)
     if k:
-        v = s.reshape(g, k)
-        mean, std = dense_group_stats(v)
-        return v - mean, std
-    count, mean, std = group_stats(s, ids, g)
+        return dense_group_stats(s.reshape(g, k), with_std)
+    if with_std:
+        count, mean, std = group_stats(s, ids, g)
+    else:
+        (count, mean), std = group_count_mean(s, ids, g), None
     single = count <= 1  # singleton rule on the [G] statistics, then one gather each
     mean = torch.where(single, torch.zeros_like(mean), mean)
-    std = torch.where(single, torch.ones_like(std), std)
-    return s - mean.index_select(0, ids), std.index_select(0, ids)
+    if std is not None:
+        std = torch.where(single, torch.ones_like(std), std).index_select(0, ids)
+    return s - mean.index_select(0, ids), std
 
 
 # --------------------------------------------------------------------------- token-level
@@ -331,8 +340,8 @@ def grpo(
     """
     mask = _check_mask(response_mask)
     s = _outcome_scores(scores, mask)
-    dev, std = _centered(s, index)
-    a = dev / (std + epsilon) if norm_by_std else dev
+    dev, std = _centered(s, index, with_std=norm_by_std)
+    a = dev if std is None else dev.div_(std + epsilon)  # dev is fresh: normalise in place
     adv = _broadcast(a.reshape(-1), mask)
     return adv, adv
 
@@ -360,7 +369,7 @@ def rloo(scores: Tensor, response_mask: Tensor, index: GroupIndex) -> tuple[Tens
     ids, g, k = _group_layout(s, index)
     if k:
         v = s.reshape(g, k)
-        a = ((v - v.sum(1, keepdim=True) / k) * k / (k - 1.0)).reshape(-1)
+        a = ((v - v.sum(1, keepdim=True) / k) * (k / (k - 1.0))).reshape(-1)
     else:
         count, mean = group_count_mean(s, ids, g)
         n = count.index_select(0, ids)
@@ -386,15 +395,17 @@ def reinforce_pp_baseline(
     """
     mask = _check_mask(response_mask)
     s = _outcome_scores(scores, mask)
-    a = _centered(s, index)[0].reshape(-1)
+    a = _centered(s, index, with_std=False)[0].reshape(-1)
     # masked_whiten of the broadcast matrix, with its statistics computed per row (O(B)):
     # every row contributes n_b copies of a_b.
     n = _row_lengths(mask, a.dtype)
-    total = n.sum()
-    mean = (n * a).sum() / total.clamp(min=1.0)
-    var = (n * (a - mean) ** 2).sum() / (total - 1.0).clamp(min=1.0)
-    var = torch.where(total > 1, var, torch.zeros_like(var))
-    adv = _broadcast((a - mean) * torch.rsqrt(var + 1e-8), mask)
+    total = float(n.sum())  # one sync; an exact integer, so the divisions below match tensors'
+    d = a - torch.dot(n, a) / max(total, 1.0)
+    if total > 1:
+        d.mul_(torch.rsqrt(torch.dot(n, d * d) / (total - 1.0) + 1e-8))
+    else:  # variance 0 by definition
+        d.mul_(torch.rsqrt(torch.zeros((), dtype=d.dtype, device=d.device) + 1e-8))
+    adv = _broadcast(d, mask)
     return adv, adv
 
 
@@ -450,8 +461,8 @@ def opo(scores: Tensor, response_mask: Tensor, index: GroupIndex) -> tuple[Tenso
     if k:
         v, lv = s.reshape(g, k), lengths.reshape(g, k)
         tot_len = lv.sum(1, keepdim=True)
-        base = (lv * v).sum(1, keepdim=True) / tot_len.clamp(min=1e-12)
-        base = torch.where(tot_len > 0, base, torch.zeros_like(base))  # [G, 1]
+        # a group with zero total length has only empty rows, whose advantages are 0 anyway
+        base = (lv * v).sum(1, keepdim=True) / tot_len.clamp(min=1e-12)  # [G, 1]
         a = (v - base).reshape(-1)
     else:
         tot_len = group_sum(lengths, ids, g)
@@ -490,9 +501,9 @@ def gpg(
     s = _outcome_scores(scores, mask)
     ids, g, k = _group_layout(s, index)
     if k:
-        v = s.reshape(g, k)
-        mean, std = dense_group_stats(v)
-        dev = (v - mean).reshape(-1)
+        dev, std = dense_group_stats(s.reshape(g, k))
+        assert std is not None
+        dev = dev.reshape(-1)
         valid = (std > epsilon).sum().to(s.dtype) * k
     else:
         count, mean, std = group_stats(s, ids, g)
@@ -534,6 +545,7 @@ def grpo_passk(
     if k:  # consecutive groups of k >= 2: the first maximal row of each [G, k] row is the best
         v = s.reshape(g, k)
         _, std = dense_group_stats(v)
+        assert std is not None
         gmax, best = torch.max(v, 1, keepdim=True)  # documented: index of the first maximum
         second = v.scatter(1, best, float("-inf")).amax(1, keepdim=True)
         gap = gmax - second

@@ -127,7 +127,7 @@ class HFEngine:
             device = torch_device()
         self.device = torch.device(device)
         self.model_path = str(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(
+        self.model: Any = AutoModelForCausalLM.from_pretrained(
             self.model_path,
             dtype=resolve_dtype(dtype),
             attn_implementation=cfg.get("attn_implementation", "sdpa"),
@@ -369,6 +369,7 @@ class HFEngine:
             if not self._running:
                 self._cache, self._mask, self._running = cache, mask, list(rows)
             else:
+                assert self._mask is not None
                 self._cache, self._mask = _merge_caches(self._cache, self._mask, cache, mask)
                 self._running.extend(rows)
         self.stats["max_running"] = max(self.stats["max_running"], len(self._running))

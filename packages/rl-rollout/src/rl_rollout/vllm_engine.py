@@ -165,13 +165,18 @@ class VLLMEngine:
                 "VLLMEngine.generate() called while asleep; call wake_up() first"
             )
         check_requests(requests, max_model_len=self.max_model_len)
-        futures = [self._submit(self._generate_one(req)) for req in requests]
+        future = self._submit(self._generate_all(requests))  # one hop to the engine loop
         try:
-            per_request = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+            per_request = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             self.abort([r.request_id for r in requests])
             raise
         return [result for results in per_request for result in results]
+
+    async def _generate_all(
+        self, requests: list[GenerationRequest]
+    ) -> list[list[GenerationResult]]:
+        return list(await asyncio.gather(*(self._generate_one(req) for req in requests)))
 
     async def _generate_one(self, req: GenerationRequest) -> list[GenerationResult]:
         """Runs on the engine loop. Accumulates delta outputs per sample index."""
@@ -235,10 +240,15 @@ class VLLMEngine:
         from safetensors.torch import save
 
         tensors: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
         for name, tensor in named_tensors:
             if name in tensors:
                 raise ValueError(f"update_weights: tensor {name!r} given twice")
-            tensors[name] = tensor.detach().to("cpu").contiguous()
+            host = tensor.detach().to("cpu").contiguous()
+            if host.untyped_storage().data_ptr() in seen:  # tied weights share storage
+                host = host.clone()
+            seen.add(host.untyped_storage().data_ptr())
+            tensors[name] = host
         self._call(self.llm.collective_rpc("rl_load_weights", args=(save(tensors),)))
         if self.args.enable_prefix_caching:
             self._call(self.llm.reset_prefix_cache())  # cached KV came from the old weights
