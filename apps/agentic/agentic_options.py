@@ -13,11 +13,13 @@ from typing import Any
 @dataclass
 class WarmupOptions:
     """Supervised warm-up on BFS-solver demonstrations before RL (0 steps = off); it uses
-    actor_train's optimizer and learning rate."""
+    actor_train's optimizer, at `learning_rate` when set."""
 
     steps: int = 0
     episodes: int = 256
     batch_size: int = 32
+    #: learning rate of the warm-up (None: actor_train's); RL then runs at actor_train's rate
+    learning_rate: float | None = None
 
 
 @dataclass

@@ -373,6 +373,10 @@ class AgenticPipeline:
         n = batch.batch_size
         gen = torch.Generator().manual_seed(cfg.seed)
         self.workers.enter_phase("train")
+        base_lr = cfg.actor_train.training_args.learning_rate
+        factor = (w.learning_rate / base_lr) if w.learning_rate else 1.0
+        if factor != 1.0:
+            self.workers["actor_train"].call_all("scale_learning_rate", factor)
         last: dict[str, float] = {}
         for i in range(w.steps):
             rows = torch.randperm(n, generator=gen)[: w.batch_size]
@@ -383,6 +387,8 @@ class AgenticPipeline:
                     {f"warmup/{k}": v for k, v in last.items() if isinstance(v, int | float)},
                     step=-(w.steps - i),
                 )
+        if factor != 1.0:
+            self.workers["actor_train"].call_all("scale_learning_rate", 1.0 / factor)
         self.workers.enter_phase("rollout")
         self.weight_version += 1
         self.weights.sync(self.weight_version)

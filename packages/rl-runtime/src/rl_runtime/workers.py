@@ -87,6 +87,23 @@ class TrainWorker:
             raise ValueError(f"unknown loss {loss!r}; use 'default' or 'sft'")
         return dict(self.backend.train_step(batch))
 
+    def scale_learning_rate(self, factor: float) -> float:
+        """Multiply the optimizer's learning rate (and the scheduler's base) by `factor`, e.g. for
+        a supervised warm-up at another rate than RL. Needs a backend with `optimizer` and
+        `scheduler` attributes (rl_train's native backend); returns the new rate."""
+        optimizer = getattr(self.backend, "optimizer", None)
+        scheduler = getattr(self.backend, "scheduler", None)
+        if optimizer is None or scheduler is None or not hasattr(scheduler, "base_lrs"):
+            raise NotImplementedError(
+                f"{type(self.backend).__name__} exposes no optimizer/scheduler to rescale"
+            )
+        scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
+        for group in optimizer.param_groups:
+            group["lr"] *= factor
+            if "initial_lr" in group:
+                group["initial_lr"] *= factor
+        return float(optimizer.param_groups[0]["lr"])
+
     def named_tensors(self, bucket_bytes: int = 1 << 28) -> list[tuple[str, torch.Tensor]]:
         """All HF-named full tensors (CPU copies) for object-store weight sync."""
         out: list[tuple[str, torch.Tensor]] = []
