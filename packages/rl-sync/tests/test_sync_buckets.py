@@ -110,3 +110,22 @@ def test_unpack_rejects_short_payload_naming_the_bucket():
     bucket = next(iter(BucketPacker(1 << 10).pack([("layer.w", torch.ones(4))])))
     with pytest.raises(ValueError, match=r"bucket 0 \(float32, 1 tensors: layer.w\)"):
         unpack(bucket.spec, bucket.payload[:8])
+
+
+@pytest.mark.parametrize("num_staging", [1, 2])
+def test_double_buffered_packer_keeps_the_previous_bucket_intact(num_staging):
+    """With two staging buffers bucket i is still intact while bucket i + 1 is packed (its send
+    may be in flight); with one, packing the next bucket overwrites it."""
+    named = [(f"t{i}", torch.full((4,), float(i))) for i in range(6)]  # 16 B each, 2 per bucket
+    packer = BucketPacker(32, num_staging=num_staging)
+    previous = None
+    intact = []
+    for bucket in packer.pack(named):
+        if previous is not None:
+            spec, payload = previous
+            intact.append(checksum(payload) == spec.checksum)
+        previous = (bucket.spec, bucket.payload)
+    assert len(intact) == 2
+    assert all(intact) if num_staging == 2 else not any(intact)
+    with pytest.raises(ValueError, match="num_staging"):
+        BucketPacker(32, num_staging=0)

@@ -163,23 +163,32 @@ class PackedBucket:
 class BucketPacker:
     """Groups a stream of named tensors into dtype-homogeneous buckets of at most ``bucket_bytes``.
 
-    Payloads of multi-tensor buckets are packed into one reusable staging buffer on ``device``, so
-    a yielded bucket is only valid until the next one is requested (send it before iterating on).
+    Payloads of multi-tensor buckets are packed into ``num_staging`` reusable staging buffers on
+    ``device``, used in turn: with one, a yielded bucket is only valid until the next one is
+    requested (send it before iterating on); with two (double buffering), bucket ``i`` stays valid
+    while bucket ``i + 1`` is packed, so its send can still be in flight.
     """
 
-    def __init__(self, bucket_bytes: int, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, bucket_bytes: int, device: torch.device | str = "cpu", *, num_staging: int = 1
+    ) -> None:
         if bucket_bytes < 8:
             raise ValueError(f"bucket_bytes must be >= 8, got {bucket_bytes}")
+        if num_staging < 1:
+            raise ValueError(f"num_staging must be >= 1, got {num_staging}")
         self.bucket_bytes = int(bucket_bytes)
         self.device = torch.device(device)
-        self._staging: torch.Tensor | None = None
+        self._staging: list[torch.Tensor | None] = [None] * num_staging
+        self._turn = 0
 
     def _buffer(self, nbytes: int) -> torch.Tensor:
-        if self._staging is None or self._staging.numel() < nbytes:
-            self._staging = torch.empty(
-                padded(self.bucket_bytes), dtype=torch.uint8, device=self.device
-            )
-        return self._staging[:nbytes]
+        slot = self._turn
+        self._turn = (self._turn + 1) % len(self._staging)
+        staging = self._staging[slot]
+        if staging is None or staging.numel() < nbytes:
+            staging = torch.empty(padded(self.bucket_bytes), dtype=torch.uint8, device=self.device)
+            self._staging[slot] = staging
+        return staging[:nbytes]
 
     def pack(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[PackedBucket]:
         """Yield buckets in flush order; every tensor appears in exactly one bucket."""

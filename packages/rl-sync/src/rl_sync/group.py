@@ -137,6 +137,13 @@ class CommGroup:
     # -- collectives ----------------------------------------------------------------------------
     def broadcast(self, tensor: torch.Tensor, src: int, timeout_s: float | None = None) -> None:
         """Broadcast ``tensor`` in place from rank ``src`` to every rank (blocking)."""
+        self.broadcast_async(tensor, src, timeout_s).wait()
+
+    def broadcast_async(
+        self, tensor: torch.Tensor, src: int, timeout_s: float | None = None
+    ) -> PendingOp:
+        """Start a broadcast and return at once; ``.wait()`` it (with the same timeout) before
+        touching ``tensor`` again. Collectives run in the order they were started."""
         self._check_open()
         seconds = self._timeout(timeout_s)
         options = BroadcastOptions()
@@ -144,9 +151,8 @@ class CommGroup:
         options.rootTensor = 0
         options.timeout = timedelta(seconds=seconds)
         work = self._backend.broadcast([tensor], options)
-        self._wait(
-            work, f"broadcast of {tensor.numel() * tensor.element_size()} bytes from {src}", seconds
-        )
+        op = f"broadcast of {tensor.numel() * tensor.element_size()} bytes from {src}"
+        return PendingOp(self, work, op, seconds, (tensor,))
 
     def all_reduce(
         self, tensor: torch.Tensor, op: str = "sum", timeout_s: float | None = None
@@ -193,6 +199,26 @@ class CommGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class PendingOp:
+    """A started collective: ``wait()`` blocks until it is done (raising like the blocking call).
+
+    Keeps its tensors alive until then."""
+
+    group: CommGroup
+    work: Any
+    op: str
+    timeout_s: float
+    tensors: tuple[torch.Tensor, ...] = ()
+    done: bool = False
+
+    def wait(self) -> None:
+        if not self.done:
+            self.group._wait(self.work, self.op, self.timeout_s)
+            self.done = True
+            self.tensors = ()
 
 
 def init_group(
@@ -273,6 +299,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "CommError",
     "CommGroup",
+    "PendingOp",
     "free_port",
     "init_group",
 ]

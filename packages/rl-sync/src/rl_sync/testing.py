@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rl_sync.buckets import BucketSpec
-from rl_sync.group import CommGroup, free_port, init_group
+from rl_sync.group import CommGroup, PendingOp, free_port, init_group
 from rl_sync.transfer import WeightReceiver, WeightSender
 
 
@@ -65,25 +65,27 @@ class CorruptingSender(WeightSender):
         super().__init__(*args, **kwargs)
         self.corrupt_bucket = corrupt_bucket
 
-    def _transmit(self, version: int, spec: BucketSpec, payload: torch.Tensor) -> None:
+    def _transmit(self, version: int, spec: BucketSpec, payload: torch.Tensor) -> list[PendingOp]:
         if spec.index == self.corrupt_bucket:
             payload = payload.clone()
             payload[payload.numel() // 2] ^= 0x10
-        super()._transmit(version, spec, payload)
+        return super()._transmit(version, spec, payload)
 
 
 def _die_after_broadcasts(group: CommGroup, count: int, how: str) -> None:
     """Make this process die (SIGKILL) or freeze (SIGSTOP) on its ``count``-th broadcast."""
-    original = group.broadcast
+    original = group.broadcast_async  # every broadcast (blocking or not) starts here
     calls = {"n": 0}
 
-    def broadcast(tensor: torch.Tensor, src: int, timeout_s: float | None = None) -> None:
+    def broadcast_async(
+        tensor: torch.Tensor, src: int, timeout_s: float | None = None
+    ) -> PendingOp:
         calls["n"] += 1
         if calls["n"] == count:
             os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
-        original(tensor, src, timeout_s)
+        return original(tensor, src, timeout_s)
 
-    group.broadcast = broadcast  # type: ignore[method-assign]
+    group.broadcast_async = broadcast_async  # type: ignore[method-assign]
 
 
 def receiver_main(

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from rl_sync.buckets import BucketPacker, BucketSpec, TensorSlot, checksum, unpack
-from rl_sync.group import CommGroup
+from rl_sync.group import CommGroup, PendingOp
 
 DEFAULT_BUCKET_BYTES = 256 << 20
 PROTOCOL = "rl_sync/1"
@@ -115,11 +115,20 @@ def _spec_from_header(header: dict[str, Any]) -> BucketSpec:
 def _send_header(
     group: CommGroup, src: int, header: dict[str, Any], timeout_s: float | None
 ) -> None:
+    for op in _send_header_async(group, src, header, timeout_s):
+        op.wait()
+
+
+def _send_header_async(
+    group: CommGroup, src: int, header: dict[str, Any], timeout_s: float | None
+) -> list[PendingOp]:
     data = _encode_header(header)
     length = torch.tensor([len(data)], dtype=torch.int64, device=group.device)
-    group.broadcast(length, src, timeout_s)
     body = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(group.device)
-    group.broadcast(body, src, timeout_s)
+    return [
+        group.broadcast_async(length, src, timeout_s),
+        group.broadcast_async(body, src, timeout_s),
+    ]
 
 
 def _recv_header(group: CommGroup, src: int, timeout_s: float | None) -> dict[str, Any]:
@@ -154,6 +163,8 @@ class WeightSender:
 
     ``send`` walks ``(name, full tensor)`` pairs once (e.g. from a train backend's
     ``iter_full_tensor_buckets``), packing them into dtype-homogeneous buckets of ``bucket_bytes``.
+    Double buffered: bucket ``i + 1`` is packed and checksummed while bucket ``i`` is on the wire
+    (two staging buffers of ``bucket_bytes``).
     """
 
     def __init__(
@@ -171,11 +182,15 @@ class WeightSender:
         self.group = group
         self.src = src
         self.timeout_s = timeout_s
-        self.packer = BucketPacker(bucket_bytes, group.device)
+        self.packer = BucketPacker(bucket_bytes, group.device, num_staging=2)
 
-    def _transmit(self, version: int, spec: BucketSpec, payload: torch.Tensor) -> None:
-        _send_header(self.group, self.src, _bucket_header(version, spec), self.timeout_s)
-        self.group.broadcast(payload, self.src, self.timeout_s)
+    def _transmit(self, version: int, spec: BucketSpec, payload: torch.Tensor) -> list[PendingOp]:
+        """Start sending one bucket (header, then payload); the caller waits on the ops."""
+        ops = _send_header_async(
+            self.group, self.src, _bucket_header(version, spec), self.timeout_s
+        )
+        ops.append(self.group.broadcast_async(payload, self.src, self.timeout_s))
+        return ops
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncMetrics:
         """Send one versioned sync; raises :class:`SyncError` if any receiver rejected it."""
@@ -185,11 +200,19 @@ class WeightSender:
         total_bytes = 0
         num_buckets = 0
         num_tensors = 0
+        in_flight: list[PendingOp] = []
+        # Resuming the packer packs (and checksums) the next bucket into the other staging buffer
+        # while the previous bucket's broadcast is still in flight.
         for bucket in self.packer.pack(named_tensors):
-            self._transmit(version, bucket.spec, bucket.payload)
+            ops = self._transmit(version, bucket.spec, bucket.payload)
+            for op in in_flight:
+                op.wait()
+            in_flight = ops
             total_bytes += bucket.spec.nbytes
             num_buckets += 1
             num_tensors += len(bucket.spec.tensors)
+        for op in in_flight:
+            op.wait()
         final = {
             "protocol": PROTOCOL,
             "version": version,
@@ -256,6 +279,7 @@ class WeightReceiver:
 
         Raises :class:`ChecksumError` / :class:`VersionError` / :class:`SyncError` (after draining
         the rest of the sync so the group stays usable); nothing is applied in that case.
+        Pipelined: bucket ``i`` is verified and unpacked while bucket ``i + 1`` arrives.
         """
         start = time.perf_counter()
         staged: NamedTensors = []
@@ -265,6 +289,29 @@ class WeightReceiver:
         total_bytes = 0
         num_buckets = 0
         expected_index = 0
+        arrived: tuple[BucketSpec, torch.Tensor] | None = None  # received, not yet verified
+
+        def verify_and_stage(spec: BucketSpec, payload: torch.Tensor) -> None:
+            nonlocal expected_index, error_type
+            if problems:
+                return  # drain the rest of a rejected sync without staging it
+            if spec.index != expected_index:
+                problems.append(f"{spec.describe()} arrived where bucket {expected_index} was due")
+                return
+            expected_index += 1
+            actual = checksum(payload)
+            if actual != spec.checksum:
+                problems.append(
+                    f"checksum mismatch in {spec.describe(limit=20)} of version {version}: "
+                    f"computed {actual:#018x}, sender sent {spec.checksum:#018x}"
+                )
+                error_type = ChecksumError
+                return
+            try:
+                staged.extend(unpack(spec, payload))
+            except ValueError as exc:
+                problems.append(str(exc))
+
         while True:
             header = _recv_header(self.group, self.src, self.timeout_s)
             header_version = header.get("version")
@@ -282,6 +329,9 @@ class WeightReceiver:
                 )
                 error_type = VersionError
             if header.get("final"):
+                if arrived is not None:
+                    verify_and_stage(*arrived)
+                    arrived = None
                 if not problems and (header.get("num_buckets"), header.get("bytes")) != (
                     num_buckets,
                     total_bytes,
@@ -295,27 +345,13 @@ class WeightReceiver:
             if spec.nbytes < 0:
                 raise SyncError(f"{spec.describe()}: negative size {spec.nbytes}")
             payload = torch.empty(spec.nbytes, dtype=torch.uint8, device=self.group.device)
-            self.group.broadcast(payload, self.src, self.timeout_s)
+            receiving = self.group.broadcast_async(payload, self.src, self.timeout_s)
+            if arrived is not None:  # verify the previous bucket while this one arrives
+                verify_and_stage(*arrived)
+            receiving.wait()
+            arrived = (spec, payload)
             total_bytes += spec.nbytes
             num_buckets += 1
-            if problems:
-                continue  # drain the rest of a rejected sync without staging it
-            if spec.index != expected_index:
-                problems.append(f"{spec.describe()} arrived where bucket {expected_index} was due")
-                continue
-            expected_index += 1
-            actual = checksum(payload)
-            if actual != spec.checksum:
-                problems.append(
-                    f"checksum mismatch in {spec.describe(limit=20)} of version {version}: "
-                    f"computed {actual:#018x}, sender sent {spec.checksum:#018x}"
-                )
-                error_type = ChecksumError
-                continue
-            try:
-                staged.extend(unpack(spec, payload))
-            except ValueError as exc:
-                problems.append(str(exc))
         assert version is not None
         rejected_elsewhere = _exchange_verdict(self.group, bool(problems), self.timeout_s)
         if problems:
