@@ -20,6 +20,9 @@ class WarmupOptions:
     batch_size: int = 32
     #: learning rate of the warm-up (None: actor_train's); RL then runs at actor_train's rate
     learning_rate: float | None = None
+    #: probability that a demonstrated move is a random action instead of the solver's: the
+    #: warm-up then imitates a noisy expert, and RL has to learn to stop making those moves
+    action_noise: float = 0.0
 
 
 @dataclass
@@ -44,6 +47,8 @@ class AppOptions:
     export_hf: bool = True
     render_val_envs: int = 2
     eval_before_training: bool = True
+    #: also evaluate greedy decoding (`val/greedy/*`) next to the sampled policy (`val/*`)
+    eval_greedy: bool = True
     #: after every sync compare the engine's weights with the trainer's (sync/max_abs_diff)
     check_sync_weights: bool = False
     #: rl_rollout AgentLoop mode: "lockstep" batches one turn of every live episode per generate

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from agentic_options import AppOptions
 
+from rl_algos.correction import mismatch_metrics
 from rl_runtime.advantages import AdvantageConfig, compute_advantages
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.cluster import Cluster, RoleSpec, WeightSync
@@ -215,7 +216,9 @@ class AgenticPipeline:
                 self.restore(resume)
 
     # ---------------------------------------------------------------------------- blocks
-    def rollout(self, split: str, epoch: int) -> list:
+    def rollout(self, split: str, epoch: int, greedy: bool = False) -> list:
+        """Play one batch of episodes: `train` samples with actor_infer's generating_args; `val`
+        does too (the policy RL optimises) unless `greedy`."""
         cfg = self.cfg
         mgr = cfg.train_env_manager if split == "train" else cfg.val_env_manager
         assignments = env_assignments(
@@ -230,9 +233,9 @@ class AgenticPipeline:
         )
         gen = cfg.actor_infer.generating_args
         sampling = dict(
-            temperature=gen.temperature if split == "train" else 0.0,
-            top_p=gen.top_p if split == "train" else 1.0,
-            top_k=gen.top_k if (split == "train" and gen.top_k > 0) else -1,
+            temperature=0.0 if greedy else gen.temperature,
+            top_p=1.0 if greedy else gen.top_p,
+            top_k=gen.top_k if (not greedy and gen.top_k > 0) else -1,
             max_new_tokens=min(gen.max_new_tokens, cfg.max_tokens_per_step or gen.max_new_tokens),
             seed=cfg.seed * 100_003 + epoch * 7 + (0 if split == "train" else 1),
         )
@@ -289,6 +292,9 @@ class AgenticPipeline:
         with timer.phase("old_log_probs"):
             old = self.forward("actor_train", tensors)
             tensors["old_log_probs"] = old["log_probs"]
+        mismatch = mismatch_metrics(
+            tensors["old_log_probs"], tensors["rollout_log_probs"], tensors["response_mask"]
+        )
         ref_lp = None
         if cluster.has("reference"):
             with timer.phase("ref_log_probs"):
@@ -323,6 +329,8 @@ class AgenticPipeline:
                 metrics["sync/max_abs_diff"] = self.sync_weight_diff()
         self.step += 1
         metrics.update(rollout_metrics(trajectories, batch))
+        # train/inference mismatch of this rollout (engine vs trainer log-probs of the same tokens)
+        metrics.update({f"rollout/{k}": float(v) for k, v in mismatch.items()})
         metrics["train/advantage_mean"] = float(
             adv["advantages"].sum() / batch.tensors["response_mask"].sum().clamp(min=1)
         )
@@ -347,8 +355,9 @@ class AgenticPipeline:
             return {}
         t0 = time.perf_counter()
         self.workers.enter_phase("rollout")
-        trajectories = self.rollout("val", epoch=0)
-        out = val_metrics(trajectories)
+        out = val_metrics(self.rollout("val", epoch=0))
+        if self.app.eval_greedy:
+            out.update(val_metrics(self.rollout("val", epoch=0, greedy=True), prefix="val/greedy"))
         out["timing/eval"] = time.perf_counter() - t0
         return out
 
@@ -368,6 +377,8 @@ class AgenticPipeline:
             base_seed=cfg.seed + 1_000_000,
             max_tokens_per_step=cfg.max_tokens_per_step or 128,
             max_sequence_length=cfg.sequence_length,
+            action_noise=w.action_noise,
+            seed=cfg.seed,
         )
         batch = self.collate(demos)
         n = batch.batch_size
@@ -389,6 +400,9 @@ class AgenticPipeline:
                 )
         if factor != 1.0:
             self.workers["actor_train"].call_all("scale_learning_rate", 1.0 / factor)
+        # RL starts with fresh Adam moments: the warm-up's (large SFT gradients) would shrink
+        # the first RL updates for hundreds of steps (beta2 = 0.999)
+        self.workers["actor_train"].call_all("reset_optimizer_state")
         self.workers.enter_phase("rollout")
         self.weight_version += 1
         self.weights.sync(self.weight_version)
@@ -543,5 +557,5 @@ def _prefixed(metrics: dict, prefix: str) -> dict[str, float]:
 
 
 def _summary_row(metrics: dict[str, float]) -> dict[str, float | str]:
-    keys = ("success_rate", "episode_reward", "num_turns", "format_ok")
+    keys = ("success_rate", "greedy/success_rate", "episode_reward", "num_turns", "format_ok")
     return {k: float(metrics[f"val/{k}"]) for k in keys if f"val/{k}" in metrics}

@@ -8,6 +8,7 @@ So the warm-up data has exactly the prompt/turn/token layout RL rollouts have.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -18,25 +19,41 @@ from rl_runtime.envs import env_assignments, make_envs
 
 
 class ScriptedEngine:
-    """Answers with `solver(env)`'s next action text + the end-of-turn token; log-probs are 0."""
+    """Answers with `solver(env)`'s next action text + the end-of-turn token; log-probs are 0.
 
-    def __init__(self, tokenizer: Any, end_token_id: int) -> None:
+    With `action_noise` p, each move is, with probability p, a uniformly random action of the env
+    (a noisy expert: its most likely move is still the solver's).
+    """
+
+    def __init__(
+        self, tokenizer: Any, end_token_id: int, action_noise: float = 0.0, seed: int = 0
+    ) -> None:
+        if not 0.0 <= action_noise <= 1.0:
+            raise ValueError(f"action_noise must be in [0, 1], got {action_noise}")
         self.tokenizer = tokenizer
         self.end_token_id = end_token_id
+        self.action_noise = action_noise
+        self.rng = random.Random(seed)
         self.env: Any = None
         self._version = 0
+
+    def next_action_text(self) -> str:
+        from rl_envs.solvers import solve
+
+        if self.action_noise and self.rng.random() < self.action_noise:
+            fmt = self.env.state.answer_format
+            return fmt.format(action=self.rng.choice(list(self.env.action_names)))
+        plan = solve(self.env)
+        return plan[0] if plan else ""
 
     @property
     def weight_version(self) -> int:
         return self._version
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        from rl_envs.solvers import solve
-
         results = []
         for req in requests:
-            plan = solve(self.env)
-            text = plan[0] if plan else ""
+            text = self.next_action_text()
             ids = [*list(self.tokenizer.encode(text, add_special_tokens=False)), self.end_token_id]
             for i in range(req.sampling.n):
                 results.append(
@@ -83,8 +100,11 @@ def solver_demonstrations(
     max_tokens_per_step: int,
     max_sequence_length: int = 4096,
     only_successful: bool = True,
+    action_noise: float = 0.0,
+    seed: int = 0,
 ) -> list[Trajectory]:
-    """`num_episodes` solver-played episodes (round-robin over `tags`) as trajectories."""
+    """`num_episodes` solver-played episodes (round-robin over `tags`) as trajectories; with
+    `action_noise`, a noisy expert's (see `ScriptedEngine`)."""
     from transformers import AutoTokenizer
 
     from rl_rollout.agent_loop import AgentLoop
@@ -93,7 +113,7 @@ def solver_demonstrations(
     end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     if not isinstance(end_id, int) or end_id < 0:
         end_id = int(tokenizer.eos_token_id)
-    engine = ScriptedEngine(tokenizer, int(end_id))
+    engine = ScriptedEngine(tokenizer, int(end_id), action_noise=action_noise, seed=seed)
     loop = AgentLoop(
         engine,
         tokenizer,

@@ -23,7 +23,7 @@ def _outcomes(trajectories: Sequence[Any], prefix: str) -> dict[str, float]:
         ),
     }
     tags = sorted({t.tag for t in trajectories})
-    if len(tags) > 1 or prefix == "val":
+    if len(tags) > 1 or prefix.startswith("val"):
         for tag in tags:
             sub = [t for t in trajectories if t.tag == tag]
             out[f"{prefix}/{tag}/success_rate"] = mean(float(t.success) for t in sub)
@@ -46,6 +46,6 @@ def rollout_metrics(trajectories: Sequence[Any], batch: CollatedBatch) -> dict[s
     return out
 
 
-def val_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
-    """`val/success_rate`, `val/episode_reward` overall and per tag."""
-    return _outcomes(trajectories, "val")
+def val_metrics(trajectories: Sequence[Any], prefix: str = "val") -> dict[str, float]:
+    """`<prefix>/success_rate`, `<prefix>/episode_reward` overall and per tag."""
+    return _outcomes(trajectories, prefix)

@@ -104,6 +104,14 @@ class TrainWorker:
                 group["initial_lr"] *= factor
         return float(optimizer.param_groups[0]["lr"])
 
+    def reset_optimizer_state(self) -> None:
+        """Forget the optimizer's moment estimates (e.g. after a supervised warm-up, so RL's
+        first steps are not scaled by the warm-up's much larger gradient statistics)."""
+        optimizer = getattr(self.backend, "optimizer", None)
+        if optimizer is None or not hasattr(optimizer, "state"):
+            raise NotImplementedError(f"{type(self.backend).__name__} exposes no optimizer state")
+        optimizer.state.clear()
+
     def named_tensors(self, bucket_bytes: int = 1 << 28) -> list[tuple[str, torch.Tensor]]:
         """All HF-named full tensors (CPU copies) for object-store weight sync."""
         out: list[tuple[str, torch.Tensor]] = []
