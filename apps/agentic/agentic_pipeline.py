@@ -107,7 +107,8 @@ class AgenticPipeline:
                     seed=t.seed,
                 )
             )
-        return str(path)
+        # a local path is made absolute here, in the driver: workers may run in another cwd
+        return str(Path(path).resolve()) if Path(path).exists() else str(path)
 
     def role_specs(self, model_path: str) -> list[RoleSpec]:
         cfg = self.cfg

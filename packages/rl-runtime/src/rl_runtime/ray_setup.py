@@ -52,10 +52,14 @@ def start_ray(options: RayOptions) -> dict[str, float]:
 
     Idempotent: if Ray is already initialised in this process, its resources are returned.
     """
-    import ray
-
+    # Before the first `import ray`: Ray reads these once, at import. In particular
+    # RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 stops Ray from re-creating the driver's `uv run` project
+    # (a copied working dir and a fresh venv per worker, where relative paths no longer resolve):
+    # workers use the driver's interpreter and environment.
     for key, value in QUIET_RAY_ENV.items():
         os.environ.setdefault(key, value)
+    import ray
+
     if ray.is_initialized():
         return dict(ray.cluster_resources())
     address = options.address or os.environ.get("RAY_ADDRESS") or None
