@@ -107,8 +107,7 @@ class AgenticPipeline:
                     seed=t.seed,
                 )
             )
-        # a local path is made absolute here, in the driver: workers may run in another cwd
-        return str(Path(path).resolve()) if Path(path).exists() else str(path)
+        return _resolve_local(str(path))
 
     def role_specs(self, model_path: str) -> list[RoleSpec]:
         cfg = self.cfg
@@ -161,7 +160,9 @@ class AgenticPipeline:
                     worker.device_mapping or [0],
                     dict(
                         role=ROLE_OF[role],
-                        model_path=worker.model_args.model_name_or_path or model_path,
+                        model_path=_resolve_local(
+                            worker.model_args.model_name_or_path or model_path
+                        ),
                         strategy_name=worker.strategy_args.strategy_name,
                         strategy_config=dict(worker.strategy_args.strategy_config or {}),
                         training_args=targs,
@@ -546,6 +547,12 @@ STDOUT_KEYS = [
     "sync/weight_version",
     "timing/step",
 ]
+
+
+def _resolve_local(path: str) -> str:
+    """An existing local path made absolute here, in the driver (Ray workers may run in another
+    working directory); anything else (a hub id) unchanged."""
+    return str(Path(path).resolve()) if Path(path).exists() else path
 
 
 def _prefixed(metrics: dict, prefix: str) -> dict[str, float]:

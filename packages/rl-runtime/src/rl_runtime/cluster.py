@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rl_runtime.placement import PlacementPlan, plan_placement
-from rl_runtime.ray_setup import RayOptions, shutdown_ray, start_ray, worker_env_vars
+from rl_runtime.ray_setup import (
+    RayOptions,
+    set_ray_env_defaults,
+    shutdown_ray,
+    start_ray,
+    worker_env_vars,
+)
 from rl_runtime.worker_group import PlacementGroups, WorkerGroup
 
 TRAIN_ROLES = ("actor_train", "critic", "reference")
@@ -78,6 +84,7 @@ class Cluster:
         owns_ray = False
         env_vars: dict[str, str] = {}
         if use_ray:
+            set_ray_env_defaults()
             import ray
 
             owns_ray = not ray.is_initialized()

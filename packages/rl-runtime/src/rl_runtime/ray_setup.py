@@ -47,17 +47,21 @@ def worker_env_vars(system_envs: Mapping[str, Any] | None) -> dict[str, str]:
     return env
 
 
+def set_ray_env_defaults() -> None:
+    """Set QUIET_RAY_ENV (without overriding the user's values) BEFORE the process first imports
+    ray: Ray reads them once, at import. RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 in particular stops Ray
+    from re-creating the driver's `uv run` project for every worker (a copied working dir with a
+    fresh venv, where relative paths no longer resolve): workers use the driver's environment."""
+    for key, value in QUIET_RAY_ENV.items():
+        os.environ.setdefault(key, value)
+
+
 def start_ray(options: RayOptions) -> dict[str, float]:
     """Start an embedded Ray cluster or join `options.address`; returns cluster resources.
 
     Idempotent: if Ray is already initialised in this process, its resources are returned.
     """
-    # Before the first `import ray`: Ray reads these once, at import. In particular
-    # RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 stops Ray from re-creating the driver's `uv run` project
-    # (a copied working dir and a fresh venv per worker, where relative paths no longer resolve):
-    # workers use the driver's interpreter and environment.
-    for key, value in QUIET_RAY_ENV.items():
-        os.environ.setdefault(key, value)
+    set_ray_env_defaults()
     import ray
 
     if ray.is_initialized():
