@@ -119,7 +119,7 @@ class AgenticPipeline:
                 RolloutWorker,
                 infer.device_mapping or [0],
                 dict(
-                    model_path=infer.model_args.model_name_or_path or model_path,
+                    model_path=_resolve_local(infer.model_args.model_name_or_path or model_path),
                     strategy_name=infer.strategy_args.strategy_name,
                     strategy_config=dict(infer.strategy_args.strategy_config or {}),
                     dtype=_dtype_name(infer.model_args.dtype),
