@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     result = AgenticPipeline(cfg, app, rollout_only=args.rollout_only).run()
     console = Console()
     if result.get("summary"):
-        console.print(summary_table("validation (greedy)", result["summary"]))
+        title = "validation (success_rate: sampled like training; greedy/success_rate: greedy)"
+        console.print(summary_table(title, result["summary"]))
     console.print(
         f"steps={result.get('step')} weight_version={result.get('weight_version')} "
         f"wall={result.get('wall_seconds', 0):.0f}s curves={result.get('curves')} "

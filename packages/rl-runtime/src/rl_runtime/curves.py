@@ -30,7 +30,7 @@ def write_curves(
         panels
         or {
             "reward": ["env/episode_reward", "val/episode_reward"],
-            "success": ["env/success_rate", "val/success_rate"],
+            "success": ["env/success_rate", "val/success_rate", "val/greedy/success_rate"],
         }
     )
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
