@@ -3,10 +3,10 @@
 import asyncio
 
 import pytest
-from rl_envs import make_env
-from rl_envs.solvers import solve
 
 from rl_config.records import GenerationRequest, SamplingParams
+from rl_envs import make_env
+from rl_envs.solvers import solve
 from rl_runtime.demos import ScriptedEngine
 
 
