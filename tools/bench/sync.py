@@ -7,7 +7,9 @@ single-threaded memcpy bandwidth of the same state measured in this run (target 
 against a raw gloo broadcast of one flat buffer (the transport's ceiling). Next to it, the
 same-host colocated path: rl_sync.ipc on CPU (the trainer process packs into a /dev/shm buffer and
 broadcasts only the JSON handle; the rollout process maps it, verifies the checksum and copies into
-its engine tensors).
+its engine tensors), and its zero-copy variant (IpcSender(num_buffers=2) alternates between two
+buffers; IpcReceiver(adopt=True) verifies the same way, then the engine keeps the mapped views as
+its tensors instead of copying them).
 
 GPU mode (when CUDA is present): colocated update of the same state through CUDA IPC
 (rl_sync.ipc: pack -> handle -> map -> verify -> copy into engine tensors), end-to-end latency
@@ -116,10 +118,20 @@ def _cpu_receiver(
         for name, tensor in named:
             engine[name].copy_(tensor)
 
+    adopted: dict[str, torch.Tensor] = {}
+
+    def adopt(named: list[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in named:
+            adopted[name] = tensor  # the engine's weights become views of the shared buffer
+
     ipc_receiver = IpcReceiver("cpu")
+    adopt_receiver = IpcReceiver("cpu", adopt=True)
     for kind, size in schedule:
-        if kind == "shm":
-            metrics = ipc_receiver.receive_over(group, apply)
+        if kind in ("shm", "adopt"):
+            if kind == "shm":
+                metrics = ipc_receiver.receive_over(group, apply)
+            else:
+                metrics = adopt_receiver.receive_over(group, adopt)
             results.put(("recv", metrics.seconds, metrics.num_buckets))
             group.barrier()
             continue
@@ -145,6 +157,7 @@ def run_cpu(args: argparse.Namespace) -> list[dict[str, Any]]:
     for bucket_mb in buckets_mb:
         schedule += [("sync", bucket_mb)] * (args.repeats + 1)  # first one warms up
     schedule += [("shm", 0)] * (args.repeats + 1)
+    schedule += [("adopt", 0)] * (args.repeats + 2)  # the first two fault in the two buffers
     memcpy = memcpy_gbps(nbytes)
     ctx = mp_context()
     port_queue, results = ctx.Queue(), ctx.Queue()
@@ -203,6 +216,25 @@ def run_cpu(args: argparse.Namespace) -> list[dict[str, Any]]:
             "buckets": 1,
         }
     )
+    adopt_sender = IpcSender("cpu", num_buffers=2)
+    times, recv_times = [], []
+    for i in range(args.repeats + 2):  # the first two create and fault in the two buffers
+        metrics = adopt_sender.send_over(group, state, version=i + 1)
+        _, recv_seconds, _ = results.get(timeout=600)  # the receiver adopted version i + 1
+        group.barrier()
+        if i > 1:
+            times.append(metrics.seconds)
+            recv_times.append(recv_seconds)
+    adopt_sender.close()
+    rows.append(
+        {
+            "mode": "IpcSender -> IpcReceiver (adopt, 2 buffers)",
+            "bucket_mb": "-",
+            "gbps": nbytes / min(times) / 1e9,
+            "recv_gbps": nbytes / min(recv_times) / 1e9,
+            "buckets": 1,
+        }
+    )
     group.close()
     child.join(timeout=60)
     print(
@@ -211,16 +243,16 @@ def run_cpu(args: argparse.Namespace) -> list[dict[str, Any]]:
     )
     print(
         "GB/s: sender's view (pack + checksum + send, until every receiver verified); "
-        "recv+apply: receiver's clock (from waiting for the sync to the copy into its engine tensors)"
+        "recv+apply: receiver's clock (from waiting for the sync to the end of apply: the copy into its engine tensors, or adopting the views)"
     )
     print(
-        f"| {'path':36} | {'bucket MB':>9} | {'buckets':>7} | {'GB/s':>6} | {'x memcpy':>8} | {'recv+apply GB/s':>15} |"
+        f"| {'path':43} | {'bucket MB':>9} | {'buckets':>7} | {'GB/s':>6} | {'x memcpy':>8} | {'recv+apply GB/s':>15} |"
     )
-    print(f"|{'-' * 38}|{'-' * 11}|{'-' * 9}|{'-' * 8}|{'-' * 10}|{'-' * 17}|")
+    print(f"|{'-' * 45}|{'-' * 11}|{'-' * 9}|{'-' * 8}|{'-' * 10}|{'-' * 17}|")
     for row in rows:
         recv = f"{row['recv_gbps']:.2f}" if "recv_gbps" in row else "-"
         print(
-            f"| {row['mode']:36} | {row['bucket_mb']!s:>9} | {row['buckets']:>7} | {row['gbps']:6.2f} | "
+            f"| {row['mode']:43} | {row['bucket_mb']!s:>9} | {row['buckets']:>7} | {row['gbps']:6.2f} | "
             f"{row['gbps'] / memcpy:8.2f} | {recv:>15} |"
         )
     return rows

@@ -100,3 +100,81 @@ def test_colocated_update_between_processes_over_a_group(tmp_path):
         receiver.join(timeout=30)
         if receiver.is_alive():
             receiver.kill()
+
+
+def _adopt(into):
+    """An engine's apply in adopt mode: keep the handed views as the weights (no copy)."""
+
+    def apply(named):
+        into.clear()
+        into.update(named)
+
+    return apply
+
+
+def test_adopted_views_are_bitwise_equal_and_survive_the_next_export():
+    sender, receiver = IpcSender("cpu", num_buffers=2), IpcReceiver(adopt=True)
+    try:
+        first, second, third = make_named_tensors(0), make_named_tensors(1), make_named_tensors(2)
+        weights = {}
+        handle1 = sender.export(first, 1)
+        receiver.receive(IpcHandle.from_bytes(handle1.to_bytes()), _adopt(weights))
+        assert all(bitwise_equal(weights[name], t) for name, t in first)
+        # zero copy: the engine's tensor IS memory of the mapped buffer (same storage, no clone)
+        adopted_v1 = dict(weights)
+        storage_v1 = adopted_v1["model.embed_tokens.weight"].untyped_storage().data_ptr()
+        assert all(t.untyped_storage().data_ptr() == storage_v1 for t in adopted_v1.values())
+
+        handle2 = sender.export(second, 2)  # goes into the other buffer
+        assert handle2.location["path"] != handle1.location["path"]
+        # version 1's tensors, still held by the engine, were not overwritten by the export
+        assert all(bitwise_equal(adopted_v1[name], t) for name, t in first)
+        receiver.receive(handle2, _adopt(weights))
+        assert all(bitwise_equal(weights[name], t) for name, t in second)
+        assert all(bitwise_equal(adopted_v1[name], t) for name, t in first)
+
+        handle3 = sender.export(third, 3)  # back into buffer 1: version 2 (in use) is untouched
+        assert handle3.location == handle1.location
+        assert all(bitwise_equal(weights[name], t) for name, t in second)
+        receiver.receive(handle3, _adopt(weights))
+        assert all(bitwise_equal(weights[name], t) for name, t in third)
+        assert receiver.last_version == 3
+    finally:
+        sender.close()
+    # the sender removed its files; the engine's adopted tensors still hold the mapping
+    assert not os.path.exists(handle1.location["path"])
+    assert all(bitwise_equal(weights[name], t) for name, t in third)
+
+
+def test_adopt_tampered_buffer_applies_nothing_and_keeps_the_adopted_weights():
+    sender, receiver = IpcSender("cpu", num_buffers=2), IpcReceiver(adopt=True)
+    try:
+        first = make_named_tensors(0)
+        weights = {}
+        receiver.receive(sender.export(first, 1), _adopt(weights))
+        handle = sender.export(make_named_tensors(1), 2)
+        path, size = handle.location["path"], handle.location["size"]
+        other_view = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+        other_view[100] ^= 0x01
+        calls = []
+        with pytest.raises(ChecksumError, match="version 2.*model.embed_tokens.weight"):
+            receiver.receive(handle, calls.append)
+        assert calls == [] and receiver.last_version == 1
+        assert all(bitwise_equal(weights[name], t) for name, t in first)
+    finally:
+        sender.close()
+
+
+def test_adopt_refuses_a_handle_into_the_buffer_in_use():
+    sender, receiver = IpcSender("cpu"), IpcReceiver(adopt=True)  # single buffer: misconfigured
+    try:
+        weights = {}
+        receiver.receive(sender.export(make_named_tensors(0), 1), _adopt(weights))
+        calls = []
+        with pytest.raises(SyncError, match="buffer that holds the adopted version 1"):
+            receiver.receive(sender.export(make_named_tensors(1), 2), calls.append)
+        assert calls == [] and receiver.last_version == 1
+    finally:
+        sender.close()
+    with pytest.raises(ValueError, match="num_buffers"):
+        IpcSender("cpu", num_buffers=3)

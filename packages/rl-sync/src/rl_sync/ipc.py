@@ -11,6 +11,21 @@ The receiver maps the buffer once (cached across versions), verifies version and
 hands views of it to ``apply`` (which copies into the engine's parameters). The handle travels
 over any channel: a :class:`~rl_sync.group.CommGroup` (``send_over`` / ``receive_over``), a Ray
 object, a queue. Handles are JSON, never pickle. Views are valid until the sender's next export.
+
+Zero-copy adoption (``IpcSender(device, num_buffers=2)`` + ``IpcReceiver(adopt=True)``): the sender
+alternates between two buffers, so version v + 1 never overwrites the buffer of version v, and the
+receiver hands ``apply`` views that the engine keeps AS its weights (e.g. ``param.data = view``)
+instead of copying them. Contract:
+
+- adopted tensors are read-only: the engine must not write into them (the memory is the sender's
+  buffer; writes would be seen by every process mapping it and overwritten by a later export);
+- the sender exports version v + 2 into the buffer of version v, so it may do so only after every
+  receiver has applied v + 1 (in the colocated loop sync -> rollout -> train -> sync this holds by
+  construction). A receiver that is handed a handle into the buffer it currently uses raises
+  :class:`~rl_sync.transfer.SyncError` (a single-buffered sender, or the contract broken);
+- the receiver holds a reference to the adopted buffer (the views hold one too) and drops the
+  previous one only once the next version has been adopted, so the mapping lives as long as the
+  engine's tensors refer to it.
 """
 
 from __future__ import annotations
@@ -194,24 +209,35 @@ def _open_device_storage(
 # Sender / receiver
 # ------------------------------------------------------------------------------------------------
 class IpcSender:
-    """Packs full tensors into a persistent shareable buffer and exports handles to it."""
+    """Packs full tensors into persistent shareable buffers and exports handles to them.
 
-    def __init__(self, device: torch.device | str | None = None) -> None:
+    ``num_buffers=1`` (default): every export reuses one buffer (receivers must copy out before the
+    next export). ``num_buffers=2``: exports alternate between two buffers, so receivers may adopt
+    the mapped tensors zero-copy (``IpcReceiver(adopt=True)``; see the module docstring).
+    """
+
+    def __init__(self, device: torch.device | str | None = None, *, num_buffers: int = 1) -> None:
+        if num_buffers not in (1, 2):
+            raise ValueError(f"num_buffers must be 1 or 2, got {num_buffers!r}")
         self.device = torch_device(detect_device_kind()) if device is None else torch.device(device)
         self.transport: Transport = ipc_transport(kind_of(self.device))
-        self._buffer: torch.Tensor | None = None
-        self._location: dict[str, Any] = {}
+        self.num_buffers = num_buffers
+        self._buffers: list[torch.Tensor | None] = [None] * num_buffers
+        self._locations: list[dict[str, Any]] = [{} for _ in range(num_buffers)]
+        self._next_slot = 0
 
-    def _ensure(self, nbytes: int) -> torch.Tensor:
-        if self._buffer is None or self._buffer.numel() < nbytes:
-            self.close()
+    def _ensure(self, slot: int, nbytes: int) -> torch.Tensor:
+        buffer = self._buffers[slot]
+        if buffer is None or buffer.numel() < nbytes:
+            self._drop(slot)
             capacity = padded(max(nbytes, 8), _ALIGN)
             if self.transport == "shm_file":
-                self._buffer, self._location = _create_shm_buffer(capacity)
+                buffer, self._locations[slot] = _create_shm_buffer(capacity)
             else:
-                self._buffer = torch.empty(capacity, dtype=torch.uint8, device=self.device)
-                self._location = _share_device_storage(self._buffer, self.transport)
-        return self._buffer
+                buffer = torch.empty(capacity, dtype=torch.uint8, device=self.device)
+                self._locations[slot] = _share_device_storage(buffer, self.transport)
+            self._buffers[slot] = buffer
+        return buffer
 
     def export(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> IpcHandle:
         """Pack ``named_tensors`` (one pass over a materialised list) and return the handle."""
@@ -228,7 +254,8 @@ class IpcSender:
             )
             offset = padded(offset + tensor.numel() * tensor.element_size(), _ALIGN)
         nbytes = max(offset, 8)
-        buffer = self._ensure(nbytes)
+        slot = self._next_slot
+        buffer = self._ensure(slot, nbytes)
         payload = buffer[:nbytes]
         for (_, tensor), (_, _, _, start, _) in zip(items, rows):
             size = tensor.numel() * tensor.element_size()
@@ -237,17 +264,22 @@ class IpcSender:
         if offset < nbytes:
             payload[offset:].zero_()
         _zero_gaps(payload, rows, items)
+        self._next_slot = (slot + 1) % self.num_buffers
         return IpcHandle(
-            version, self.transport, dict(self._location), nbytes, checksum(payload), rows
+            version, self.transport, dict(self._locations[slot]), nbytes, checksum(payload), rows
         )
 
-    def close(self) -> None:
-        """Drop the buffer (removes the shared-memory file; mapped receivers keep their view)."""
-        path = self._location.get("path")
-        self._buffer = None
-        self._location = {}
+    def _drop(self, slot: int) -> None:
+        path = self._locations[slot].get("path")
+        self._buffers[slot] = None
+        self._locations[slot] = {}
         if path and os.path.exists(path):
             os.unlink(path)
+
+    def close(self) -> None:
+        """Drop the buffers (removes the shared-memory files; mapped receivers keep their views)."""
+        for slot in range(self.num_buffers):
+            self._drop(slot)
 
     def send_over(
         self,
@@ -284,20 +316,41 @@ def _zero_gaps(payload: torch.Tensor, rows: list[list[Any]], items: NamedTensors
             payload[end : min(gap_end, payload.numel())].zero_()
 
 
+_MAX_MAPPED = 2  # a double-buffered sender alternates between two buffers
+
+
+def _location_key(location: dict[str, Any]) -> str:
+    return json.dumps(location, sort_keys=True)
+
+
 class IpcReceiver:
-    """Maps exported buffers (once per buffer) and commits verified versions through ``apply``."""
+    """Maps exported buffers (once per buffer) and commits verified versions through ``apply``.
+
+    ``adopt=False`` (default): ``apply`` gets views valid only during the call; it must copy them
+    into the engine's tensors. ``adopt=True`` (needs ``IpcSender(num_buffers=2)``): ``apply`` gets
+    read-only views of the mapped buffer that the engine keeps as its weights, zero-copy; this
+    receiver keeps the buffer mapped until the next version has been adopted (module docstring).
+    Verification (version, checksum, all-or-nothing) is the same in both modes.
+    """
 
     def __init__(
-        self, device: torch.device | str | None = None, *, last_version: int | None = None
+        self,
+        device: torch.device | str | None = None,
+        *,
+        last_version: int | None = None,
+        adopt: bool = False,
     ) -> None:
         self.device = None if device is None else torch.device(device)
         self.last_version = last_version
         self.incoming_version: int | None = None
-        self._mapped: dict[str, torch.Tensor] = {}
+        self.adopt = adopt
+        self._mapped: dict[str, torch.Tensor] = {}  # location key -> buffer, oldest first
+        self._adopted: torch.Tensor | None = None  # the buffer the engine's weights live in
+        self._adopted_key: str | None = None
 
     def _map(self, handle: IpcHandle) -> torch.Tensor:
-        key = json.dumps(handle.location, sort_keys=True)
-        buffer = self._mapped.get(key)
+        key = _location_key(handle.location)
+        buffer = self._mapped.pop(key, None)
         if buffer is None:
             if handle.transport == "shm_file":
                 buffer = _open_shm_buffer(handle.location)
@@ -307,8 +360,12 @@ class IpcReceiver:
                     int(handle.location["device"]),
                 )
                 buffer = _open_device_storage(handle.location, handle.transport, device)
-            self._mapped.clear()  # an older buffer is dead once the sender re-allocated
-            self._mapped[key] = buffer
+            # a buffer whose file the sender removed (it re-allocated or closed) is dead
+            for old_key in [k for k in self._mapped if not _still_exported(k)]:
+                del self._mapped[old_key]
+        self._mapped[key] = buffer  # most recently used last
+        while len(self._mapped) > _MAX_MAPPED:
+            del self._mapped[next(iter(self._mapped))]  # the adopted buffer stays in _adopted
         if buffer.numel() < handle.nbytes:
             raise SyncError(f"IPC buffer holds {buffer.numel()} bytes, handle says {handle.nbytes}")
         return buffer
@@ -326,6 +383,13 @@ class IpcReceiver:
         ):
             raise VersionError(
                 f"stale IPC version {handle.version}: this receiver already holds version {self.last_version}"
+            )
+        if self.adopt and _location_key(handle.location) == self._adopted_key:
+            raise SyncError(
+                f"IPC version {handle.version} was written into the buffer that holds the adopted "
+                f"version {self.last_version}: the engine's weights were overwritten while in use "
+                "(adopt=True needs IpcSender(num_buffers=2), exporting v + 2 only after v + 1 was "
+                "applied); nothing applied"
             )
         payload = self._map(handle)[: handle.nbytes]
         actual = checksum(payload)
@@ -345,15 +409,21 @@ class IpcReceiver:
             out.append((str(name), view))
         return out
 
+    def _commit(self, handle: IpcHandle, tensors: NamedTensors, apply: ApplyFn) -> None:
+        self.incoming_version = handle.version
+        apply(tensors)
+        self.last_version = handle.version
+        if self.adopt:  # the previous buffer is released only now that the next one is adopted
+            key = _location_key(handle.location)
+            self._adopted, self._adopted_key = self._mapped.get(key), key
+
     def receive(
         self, handle: IpcHandle, apply: ApplyFn, *, expected_version: int | None = None
     ) -> SyncMetrics:
         """Verify ``handle`` and commit it with ``apply(named_tensors)``."""
         start = time.perf_counter()
         tensors = self.open(handle, expected_version=expected_version)
-        self.incoming_version = handle.version
-        apply(tensors)
-        self.last_version = handle.version
+        self._commit(handle, tensors, apply)
         return SyncMetrics.measure(
             handle.nbytes, time.perf_counter() - start, handle.version, 1, len(tensors)
         )
@@ -381,12 +451,16 @@ class IpcReceiver:
             raise SyncError(
                 f"IPC version {handle.version} rejected by another receiver; nothing applied"
             )
-        self.incoming_version = handle.version
-        apply(tensors)
-        self.last_version = handle.version
+        self._commit(handle, tensors, apply)
         return SyncMetrics.measure(
             handle.nbytes, time.perf_counter() - start, handle.version, 1, len(tensors)
         )
+
+
+def _still_exported(key: str) -> bool:
+    """False for a shared-memory buffer whose file the sender has removed."""
+    path = json.loads(key).get("path")
+    return path is None or os.path.exists(str(path))
 
 
 __all__ = ["IpcHandle", "IpcReceiver", "IpcSender", "Transport", "ipc_transport", "shm_dir"]
