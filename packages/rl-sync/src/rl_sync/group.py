@@ -193,6 +193,11 @@ class CommGroup:
                     break
                 except Exception:  # shutdown is best effort: the group is unusable either way
                     continue
+        # Destroy the communicator and (on rank 0) the TCPStore server now, while the interpreter
+        # is whole: left to interpreter teardown, their C++ threads can outlive their owners and
+        # abort the process ("terminate called without an active exception").
+        self._backend = None
+        self.store = None  # type: ignore[assignment]
 
     def __enter__(self) -> CommGroup:
         return self
