@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -88,6 +89,13 @@ def _entry(
     finally:
         if is_dist():
             dist.destroy_process_group()
+    # Success: leave without interpreter teardown. c10d/gloo threads kept alive by lingering
+    # references (FSDP2's DeviceMesh holds the group) can otherwise abort the process at exit
+    # ("terminate called without an active exception") after the work is done. A failure above
+    # propagates normally, so torch.multiprocessing still reports it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn(
