@@ -82,16 +82,9 @@ class PolicyLossOutput:
         return aggregate(self.loss_mat, self.mask, mode, **kwargs)
 
 
-@dataclass(frozen=True)
-class ValueLossOutput:
-    """Result of ``value_loss``: ``loss_mat [B, T]``, ``mask``, detached ``stats``."""
-
-    loss_mat: Tensor
-    mask: Tensor
-    stats: dict[str, Tensor] = field(default_factory=dict)
-
-    def loss(self, mode: str = "token-mean", **kwargs: Any) -> Tensor:
-        return aggregate(self.loss_mat, self.mask, mode, **kwargs)
+class ValueLossOutput(PolicyLossOutput):
+    """Result of ``value_loss``: ``loss_mat [B, T]``, ``mask``, detached ``stats`` (same fields
+    and ``loss(mode)`` as a policy loss result)."""
 
 
 @dataclass(frozen=True)
