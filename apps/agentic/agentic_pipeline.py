@@ -29,6 +29,7 @@ from rl_runtime.ray_setup import RayOptions
 from rl_runtime.timing import PhaseTimer, StepProgress
 from rl_runtime.tracking import Tracker
 from rl_runtime.workers import RolloutWorker, TrainWorker
+from rl_sync.device import detect_device_kind
 
 ROLE_OF = {"actor_train": "actor", "critic": "critic", "reference": "reference"}
 
@@ -65,7 +66,8 @@ class AgenticPipeline:
         self.step = 0
         self.weight_version = 0
         self.out_dir = Path(cfg.output_dir)
-        self.timer = PhaseTimer()
+        # in-process (--no-ray) runs on an accelerator also record device memory per phase
+        self.timer = PhaseTimer(None if app.use_ray else detect_device_kind())
         self.cluster: Cluster | None = None
         self.sync: WeightSync | None = None
         self.tracker: Tracker | None = None
@@ -324,9 +326,12 @@ class AgenticPipeline:
         with timer.phase("actor_train"):
             metrics.update(_prefixed(self.train("actor_train", tensors), "train/"))
         with timer.phase("sync"):
-            cluster.enter_phase("rollout")
             self.weight_version += 1
-            metrics.update(self.weights.sync(self.weight_version))
+            metrics.update(
+                cluster.enter_phase(
+                    "rollout", handoff=lambda: self.weights.sync(self.weight_version)
+                )
+            )
             if self.app.check_sync_weights:
                 metrics["sync/max_abs_diff"] = self.sync_weight_diff()
         self.step += 1
@@ -405,9 +410,8 @@ class AgenticPipeline:
         # RL starts with fresh Adam moments: the warm-up's (large SFT gradients) would shrink
         # the first RL updates for hundreds of steps (beta2 = 0.999)
         self.workers["actor_train"].call_all("reset_optimizer_state")
-        self.workers.enter_phase("rollout")
         self.weight_version += 1
-        self.weights.sync(self.weight_version)
+        self.workers.enter_phase("rollout", handoff=lambda: self.weights.sync(self.weight_version))
         return {"warmup/seconds": time.perf_counter() - t0, "warmup/demos": float(n)}
 
     # --------------------------------------------------------------------- checkpointing
@@ -438,8 +442,7 @@ class AgenticPipeline:
         restore_rng(state.rng)
         self.resumed_from = path
         # engines get the restored weights under the restored version
-        self.workers.enter_phase("rollout")
-        self.weights.sync(self.weight_version)
+        self.workers.enter_phase("rollout", handoff=lambda: self.weights.sync(self.weight_version))
 
     # ------------------------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def sample_tokens(
     uniform = torch.empty((batch, vocab), device=device)
     for row in range(batch):
         gen = generators[row]
-        if gen is not None and gen.device != device:
+        if gen is not None and gen.device.type != device.type:
             uniform[row] = torch.rand(vocab, generator=gen).to(device)
         else:
             uniform[row] = torch.rand(vocab, generator=gen, device=device)

@@ -17,7 +17,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-METRIC_PREFIXES = ("rollout/", "env/", "train/", "timing/", "sync/", "val/", "critic/", "warmup/")
+METRIC_PREFIXES = (
+    "rollout/",
+    "env/",
+    "train/",
+    "timing/",
+    "memory/",
+    "sync/",
+    "val/",
+    "critic/",
+    "warmup/",
+)
 
 
 def check_metric_names(metrics: Mapping[str, Any]) -> None:

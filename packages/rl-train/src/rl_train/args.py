@@ -127,7 +127,10 @@ class ModelArgs:
     """``model_args``: dtype of the trained weights' compute, attention kernel, checkpointing."""
 
     dtype: str = "fp32"
-    attn_implementation: str | None = "sdpa"
+    attn_implementation: str | None = "auto"
+    """``auto`` (per device: PyTorch varlen flash attention on CUDA, sdpa elsewhere), ``varlen``,
+    ``flash_attention_2``, ``sdpa`` or ``eager``; resolved by
+    :func:`rl_train.attention.resolve_attn_implementation` when the model is loaded."""
     disable_gradient_checkpointing: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -140,7 +143,6 @@ _DTYPE_NAMES = {
     "fp16": "fp16",
     "float16": "fp16",
 }
-_ATTN = {"fa2": "flash_attention_2", "flash_attn": "flash_attention_2"}
 
 
 def parse_model_args(obj: Any = None) -> ModelArgs:
@@ -148,8 +150,7 @@ def parse_model_args(obj: Any = None) -> ModelArgs:
     dtype = str(raw.get("dtype") or "fp32").lower()
     if dtype not in _DTYPE_NAMES:
         raise ValueError(f"model_args.dtype={dtype!r}; expected one of fp32, bf16, fp16")
-    attn = raw.get("attn_implementation") or "sdpa"
-    attn = _ATTN.get(attn, attn)
+    attn = raw.get("attn_implementation") or "auto"
     disable_gc = raw.get("disable_gradient_checkpointing")
     return ModelArgs(
         dtype=_DTYPE_NAMES[dtype],
