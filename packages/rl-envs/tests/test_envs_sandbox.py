@@ -92,8 +92,8 @@ def test_good_custom_reward_runs_out_of_process(hostile_pool, tmp_path):
     outs = manager.score([RewardInput("d", "7", "7"), RewardInput("d", "7", "8")])
     assert [o.reward for o in outs] == [1.0, 0.0]
     assert outs[0].extra["pid"] != os.getpid() and outs[0].extra["src"] == "d"
-    if os.geteuid() == 0:
-        assert outs[0].extra["uid"] == 65534
+    if os.geteuid() == 0:  # one uid per call slot (this pool has one worker)
+        assert outs[0].extra["uid"] == hostile_pool.limits.uid_base
 
 
 def test_custom_reward_file_is_checked_without_running(tmp_path):

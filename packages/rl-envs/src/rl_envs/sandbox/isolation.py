@@ -9,6 +9,7 @@ the call's own processes. Everything mounted there disappears with the call's la
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from typing import Any
@@ -68,7 +69,8 @@ def isolate_network(can_switch_uid: bool) -> str:
     if not can_switch_uid:
         uid, gid = os.geteuid(), os.getegid()
         if unshare(CLONE_NEWUSER | CLONE_NEWNET):
-            _map_self(uid, gid)
+            with contextlib.suppress(OSError):  # unmapped (e.g. AppArmor): no mounts, still no net
+                _map_self(uid, gid)
             return "userns+netns"
     return "none"
 
