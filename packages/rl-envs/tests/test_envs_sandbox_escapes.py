@@ -134,17 +134,26 @@ def test_memory_cap_is_total_across_processes():
     with SandboxPool(1, limits=limits) as pool:
         _need(pool, "limits", "cgroup2", "cgroup1")
         code = textwrap.dedent("""
-            import os, time
+            import os, select, time
+            read_end, write_end = os.pipe()
             kids = []
             for _ in range(4):
                 pid = os.fork()
                 if pid == 0:
                     block = bytearray(200 * 1024 * 1024)  # written, so resident
+                    os.write(write_end, os.getpid().to_bytes(4, "little"))
                     time.sleep(30)
                     os._exit(0)
                 kids.append(pid)
-            time.sleep(4)
-            alive = sum(os.waitpid(pid, os.WNOHANG) == (0, 0) for pid in kids)
+            holding = set()
+            deadline = time.monotonic() + 6
+            while len(holding) < 4 and time.monotonic() < deadline:
+                if select.select([read_end], [], [], 0.2)[0]:
+                    data = os.read(read_end, 64)
+                    holding.update(int.from_bytes(data[i:i + 4], "little")
+                                   for i in range(0, len(data), 4))
+            time.sleep(1)
+            alive = sum(os.waitpid(pid, os.WNOHANG) == (0, 0) for pid in holding)
             print(alive * 200)
         """)
         result = pool.run_python(code)
