@@ -122,6 +122,16 @@ def test_fork_count_is_bounded(hostile_pool):
     assert _children_of(hostile_pool.worker_info["pid"]) == []
 
 
+def test_cpu_limit_is_reported():
+    """The call may be pid 1 of its pid namespace, which ignores SIGXCPU: the hard limit's
+    SIGKILL still reads as a CPU limit."""
+    limits = SandboxLimits(timeout_s=10, cpu_s=1, allow_weak_isolation=True)
+    with SandboxPool(1, limits=limits) as pool:
+        result = pool.run_python("while True:\n    pass\n")
+    assert result.kind == "cpu_limit", result
+    assert result.duration_s < 6
+
+
 def test_escaped_descendants_are_killed(hostile_pool, tmp_path):
     code = (
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"

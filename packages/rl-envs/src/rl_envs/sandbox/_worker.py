@@ -23,10 +23,11 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from rl_envs.sandbox import isolation
-from rl_envs.sandbox.call import _resolve, run_leader
+from rl_envs.sandbox.call import _resolve, start_call
 from rl_envs.sandbox.cgroups import SlotCgroup, open_slot_cgroup
 from rl_envs.sandbox.protocol import read_frame, write_frame
 
@@ -112,11 +113,21 @@ def _cleanup_shared_tmp(uid: int) -> None:
                         os.unlink(entry.path)
 
 
-def _supervise(
-    pid: int, deadline: float, result_fd: int, output_fd: int, cap: int
-) -> tuple[str, int | None, list[bytes], bytes, int]:
-    """Collect the result and output pipes until the leader exits or the deadline passes.
-    Returns ``(outcome, wait status, result chunks, first output bytes, output size)``."""
+@dataclass
+class _Collected:
+    """What the worker gathered from one call."""
+
+    outcome: str = ""  # "", "timeout" or "output_too_large"
+    status: int | None = None  # wait status of the call process
+    cpu_s: float = 0.0  # CPU time of the call process
+    chunks: list[bytes] = field(default_factory=list)  # the JSON result
+    output: bytes = b""  # the first OUTPUT_KEEP_BYTES of stdout/stderr
+    output_size: int = 0
+
+
+def _supervise(pid: int, deadline: float, result_fd: int, output_fd: int, cap: int) -> _Collected:
+    """Collect the result and output pipes until the call process exits or the deadline
+    passes."""
     pidfd = None
     with contextlib.suppress(OSError, AttributeError):
         pidfd = os.pidfd_open(pid)
@@ -133,20 +144,21 @@ def _supervise(
         nonlocal output_size
         for fd in list(open_fds):
             sink = chunks if fd == result_fd else output
-            got: list[bytes] = []
-            if _drain(fd, got):
+            fresh: list[bytes] = []
+            if _drain(fd, fresh):
                 open_fds.discard(fd)
             if fd == output_fd:
-                for chunk in got:
+                for chunk in fresh:
                     kept = sum(len(c) for c in sink)
                     if kept < OUTPUT_KEEP_BYTES:
                         sink.append(chunk[: OUTPUT_KEEP_BYTES - kept])
                     output_size += len(chunk)
             else:
-                sink.extend(got)
+                sink.extend(fresh)
 
+    cpu_s = 0.0
     try:
-        # Finished when the leader has exited (descendants may hold the pipes open).
+        # Finished when the call process has exited (descendants may hold the pipes open).
         while status is None:
             wait = deadline - time.monotonic()
             if wait <= 0:
@@ -165,16 +177,17 @@ def _supervise(
             if sum(len(c) for c in chunks) > cap + 4096 or output_size > cap:
                 outcome = "output_too_large"
                 break
-            got, raw_status = os.waitpid(pid, os.WNOHANG)
+            got, raw_status, usage = os.wait4(pid, os.WNOHANG)
             if got:
                 status = raw_status
+                cpu_s = usage.ru_utime + usage.ru_stime
                 drain()
     finally:
         if pidfd is not None:
             os.close(pidfd)
     if not outcome and (sum(len(c) for c in chunks) > cap + 4096 or output_size > cap):
         outcome = "output_too_large"
-    return outcome, status, chunks, b"".join(output), output_size
+    return _Collected(outcome, status, cpu_s, chunks, b"".join(output), output_size)
 
 
 def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
@@ -205,28 +218,21 @@ def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     result_r, result_w = os.pipe()
     output_r, output_w = os.pipe()
     start = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            close = [state["proto_in"], state["proto_out"], result_r, output_r]
-            run_leader(task, call, cgroup, result_w, output_w, close)
-        finally:
-            os._exit(70)
+    close = [state["proto_in"], state["proto_out"], result_r, output_r]
+    pid = start_call(task, call, cgroup, result_w, output_w, close)
     os.close(result_w)
     os.close(output_w)
     try:
-        outcome, status, chunks, output, output_size = _supervise(
-            pid, start + float(limits["timeout_s"]), result_r, output_r, cap
-        )
+        got = _supervise(pid, start + float(limits["timeout_s"]), result_r, output_r, cap)
     finally:
         if cgroup is not None:
             cgroup.kill_all()
         _reap_all(pid)
         os.close(result_r)
         os.close(output_r)
-    if status is None:
+    if got.status is None:
         with contextlib.suppress(ChildProcessError):
-            _, status = os.waitpid(pid, 0)
+            _, got.status = os.waitpid(pid, 0)
     duration = time.monotonic() - start
     if namespaces:
         pass  # the private /tmp went away with the call's mount namespace
@@ -235,14 +241,26 @@ def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
         if uid is not None:
             _cleanup_shared_tmp(uid)
     oom = cgroup is not None and cgroup.oom_kills() > oom_before
-    response: dict[str, Any] = {"duration_s": duration, "stdout": output.decode(errors="replace")}
+    response = _classify(got, oom, float(limits["cpu_s"]))
+    response["duration_s"] = duration
+    return response
+
+
+def _classify(got: _Collected, oom: bool, cpu_limit_s: float) -> dict[str, Any]:
+    status = got.status
+    response: dict[str, Any] = {"stdout": got.output.decode(errors="replace"),
+                                "output_bytes": got.output_size}  # fmt: skip
     signal_number = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
-    if outcome:
-        response.update(ok=False, kind=outcome, error=f"call {outcome.replace('_', ' ')}")
-    elif not chunks and oom:
+    # pid 1 of a pid namespace ignores SIGXCPU: the hard limit's SIGKILL ends it instead
+    cpu_killed = signal_number == signal.SIGXCPU or (
+        signal_number == signal.SIGKILL and got.cpu_s >= cpu_limit_s
+    )
+    if got.outcome:
+        response.update(ok=False, kind=got.outcome, error=f"call {got.outcome.replace('_', ' ')}")
+    elif not got.chunks and oom:
         response.update(ok=False, kind="memory", error="memory cap of the call's processes hit")
-    elif not chunks:
-        if signal_number == signal.SIGXCPU:
+    elif not got.chunks:
+        if cpu_killed:
             response.update(ok=False, kind="cpu_limit", error="CPU time limit exceeded")
         elif signal_number is not None:
             name = signal.Signals(signal_number).name
@@ -251,8 +269,8 @@ def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
             code = os.WEXITSTATUS(status) if status is not None else -1
             response.update(ok=False, kind="crashed", error=f"call exited with status {code}")
     else:
-        response.update(ok=True, kind="ok", result_json=b"".join(chunks).decode(errors="replace"))
-    response["output_bytes"] = output_size
+        result_json = b"".join(got.chunks).decode(errors="replace")
+        response.update(ok=True, kind="ok", result_json=result_json)
     return response
 
 
@@ -267,20 +285,14 @@ def _baseline_vm() -> int:
 def _probe_call_namespaces() -> bool:
     """Can a call get its mount and pid namespaces and private mounts here? (A throwaway fork
     tries the same steps as a real call.)"""
-    pid = os.fork()
+    try:
+        pid = isolation.fork_into_call_namespaces()
+    except OSError:
+        return False
     if pid == 0:
         try:
-            if not isolation.enter_call_namespaces():
-                os._exit(1)
-            inner = os.fork()
-            if inner == 0:
-                try:
-                    isolation.private_mounts(64 << 10, os.geteuid(), os.getegid())
-                    os._exit(0)
-                finally:
-                    os._exit(1)
-            _, status = os.waitpid(inner, 0)
-            os._exit(0 if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else 1)
+            isolation.private_mounts(64 << 10, os.geteuid(), os.getegid())
+            os._exit(0)
         finally:
             os._exit(1)
     _, status = os.waitpid(pid, 0)

@@ -1,14 +1,12 @@
-"""The processes of one sandboxed call, forked by the worker (``rl_envs.sandbox._worker``).
+"""The process of one sandboxed call, forked by the worker (``rl_envs.sandbox._worker``).
 
-``run_leader``: the call's leader. It gets its own process group, dies with the worker, joins
-the worker's control group, and (where permitted) enters new mount and pid namespaces; then it
-forks the call body, which is pid 1 there, and exits with the body's status. When pid 1 dies the
-kernel kills everything else in the namespace, so nothing the call started outlives it.
-
-``run_body``: sets up the private mounts, rlimits, drops to the slot's uid (root) or drops all
-capabilities (user namespace), and runs the untrusted code. stdout/stderr go to a pipe the
-worker opened before the fork and the JSON result to another: the worker never opens a path the
-call could have replaced (a symlink to ``/etc/shadow`` in the work dir reads nothing).
+``start_call`` forks it, where permitted straight into new mount and pid namespaces (it is
+pid 1 there: when it exits the kernel kills everything else it started). The child gets its own
+process group, dies with the worker, joins the worker's control group, then ``run_body`` sets up
+the private mounts and rlimits, drops to the slot's uid (root) or drops every capability (user
+namespace), and runs the untrusted code. stdout/stderr go to a pipe the worker opened before the
+fork and the JSON result to another: the worker never opens a path the call could have replaced
+(a symlink to ``/etc/shadow`` in the work dir reads nothing).
 """
 
 from __future__ import annotations
@@ -116,7 +114,6 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
     me = os.getpid()
     status = 0
     try:
-        _die_with_parent()
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         limits = task["limits"]
         target = _resolve(task["target"]) if task["kind"] == "call" else None  # trusted, first
@@ -167,27 +164,18 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
     os._exit(status)
 
 
-def _exit_like(status: int) -> None:
-    """Leave with the same wait status as the body (re-raising its fatal signal)."""
-    if os.WIFSIGNALED(status):
-        number = os.WTERMSIG(status)
-        with contextlib.suppress(Exception):
-            signal.signal(number, signal.SIG_DFL)
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            os.kill(os.getpid(), number)
-        os._exit(128 + number)
-    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 70)
-
-
-def run_leader(
+def start_call(
     task: dict[str, Any],
     call: dict[str, Any],
     cgroup: SlotCgroup | None,
     result_fd: int,
     output_fd: int,
     close_fds: list[int],
-) -> None:
-    """The call's leader (see the module docstring). Never returns."""
+) -> int:
+    """Fork the call; returns its pid (in the worker's pid namespace)."""
+    pid = isolation.fork_into_call_namespaces() if call["namespaces"] else os.fork()
+    if pid != 0:
+        return pid
     try:
         os.setpgid(0, 0)
         _die_with_parent()
@@ -195,24 +183,9 @@ def run_leader(
             os.close(fd)
         if cgroup is not None:
             cgroup.enter()
-        if not call["namespaces"]:
-            run_body(task, call, result_fd, output_fd)
-        if not isolation.enter_call_namespaces():
-            os._exit(71)
-        body = os.fork()
-        if body == 0:
-            run_body(task, call, result_fd, output_fd)
-        os.close(result_fd)
-        os.close(output_fd)
-        while True:
-            try:
-                _, status = os.waitpid(body, 0)
-                break
-            except InterruptedError:
-                continue
-        _exit_like(status)
+        run_body(task, call, result_fd, output_fd)
     finally:
         os._exit(70)
 
 
-__all__ = ["run_body", "run_leader"]
+__all__ = ["run_body", "start_call"]

@@ -78,10 +78,10 @@ class SlotCgroup:
                 _write(f"{memory}/memory.memsw.limit_in_bytes", str(memory_bytes))
             _write(f"{pids}/pids.max", str(max_tasks))
 
-    def enter(self, pid: int = 0) -> None:
-        """Move ``pid`` (0: the calling process) into every directory of the group."""
+    def enter(self) -> None:
+        """Move the calling process into every directory of the group."""
         for group in self.dirs:
-            _write(f"{group}/cgroup.procs", str(pid or os.getpid()))
+            _write(f"{group}/cgroup.procs", "0")
 
     def pids(self) -> list[int]:
         found: set[int] = set()

@@ -1,10 +1,11 @@
 """Linux namespaces and mounts for sandboxed calls (trusted code, run before untrusted code).
 
-Per worker: an empty network namespace (``isolate_network``). Per call, in the call's leader
-process: a mount and a pid namespace (``enter_call_namespaces``); then, in the call's first
-process inside them (pid 1 there), ``private_mounts``: the whole file tree read-only, a fresh
-size-capped tmpfs on ``/tmp``, an empty read-only ``/dev/shm`` and a ``/proc`` that shows only
-the call's own processes. Everything mounted there disappears with the call's last process.
+Per worker: an empty network namespace (``isolate_network``). Per call: the worker forks the
+call straight into new mount and pid namespaces (``fork_into_call_namespaces``, one clone(2),
+so a large worker is copied once), and the call, pid 1 there, runs ``private_mounts``: the whole
+file tree read-only, a fresh size-capped tmpfs on ``/tmp``, an empty read-only ``/dev/shm`` and
+a ``/proc`` that shows only the call's own processes. When pid 1 exits the kernel kills the rest
+of the namespace, and everything mounted there disappears.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import platform
+import signal
 from typing import Any
 
 CLONE_NEWNS = 0x00020000
@@ -29,7 +32,12 @@ AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 SYS_MOUNT_SETATTR = 442  # same number on x86_64 and aarch64 (unified syscall table)
 
+CALL_NAMESPACES = CLONE_NEWNS | CLONE_NEWPID
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(platform.machine())
+
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc_holding_gil = ctypes.PyDLL(None, use_errno=True)  # the clone must not release the GIL
+_libc_holding_gil.syscall.restype = ctypes.c_long
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                         ctypes.c_char_p]  # fmt: skip
 
@@ -75,9 +83,23 @@ def isolate_network(can_switch_uid: bool) -> str:
     return "none"
 
 
-def enter_call_namespaces() -> bool:
-    """In a call's leader: new mount and pid namespaces for the processes it forks next."""
-    return unshare(CLONE_NEWNS | CLONE_NEWPID)
+def fork_into_call_namespaces() -> int:
+    """``os.fork()`` whose child starts in new mount and pid namespaces (it is pid 1 of the
+    latter). Python's fork hooks run as for ``os.fork``. Raises OSError where refused."""
+    if _SYS_CLONE is None:
+        raise OSError(38, f"clone with namespaces is not wired for {platform.machine()}")
+    ctypes.pythonapi.PyOS_BeforeFork()
+    flags = ctypes.c_long(CALL_NAMESPACES | signal.SIGCHLD)
+    null = ctypes.c_long(0)  # no new stack, no tid pointers, no tls: fork semantics
+    pid = _libc_holding_gil.syscall(ctypes.c_long(_SYS_CLONE), flags, null, null, null, null)
+    if pid == 0:
+        ctypes.pythonapi.PyOS_AfterFork_Child()
+        return 0
+    errno = ctypes.get_errno()
+    ctypes.pythonapi.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(errno, f"clone(CLONE_NEWNS | CLONE_NEWPID): {os.strerror(errno)}")
+    return int(pid)
 
 
 def _mount(source: str, target: str, fstype: str, flags: int, data: str = "") -> None:
@@ -137,7 +159,7 @@ def drop_capabilities() -> None:
 __all__ = [
     "drop_bounding_capabilities",
     "drop_capabilities",
-    "enter_call_namespaces",
+    "fork_into_call_namespaces",
     "isolate_network",
     "private_mounts",
     "unshare",
