@@ -264,6 +264,41 @@ def test_other_processes_command_lines_are_hidden(hostile_pool, bystander):
     assert "FileNotFoundError" in result.stdout
 
 
+def test_call_dies_with_its_worker():
+    """A worker killed mid-call takes its call along (the uid drop clears the parent-death
+    signal, so the call re-arms it; the pool also empties the dead worker's control group)."""
+    import threading
+
+    with SandboxPool(1, limits=SandboxLimits(timeout_s=30, allow_weak_isolation=True)) as pool:
+        worker = pool.worker_info["pid"]
+        box = {}
+        thread = threading.Thread(
+            target=lambda: box.setdefault("r", pool.run_python("import time\ntime.sleep(60)\n"))
+        )
+        thread.start()
+        deadline = time.monotonic() + 10
+        calls: list[int] = []
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with open(f"/proc/{worker}/task/{worker}/children") as handle:
+                calls = [int(p) for p in handle.read().split()]
+        assert calls, "the call never started"
+        os.kill(worker, signal.SIGKILL)
+        thread.join(40)
+        assert box["r"].kind == "worker_lost", box
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/{calls[0]}") and time.monotonic() < deadline:
+            with open(f"/proc/{calls[0]}/stat") as handle:
+                if handle.read().split()[2] == "Z":
+                    break
+            time.sleep(0.05)
+        alive = os.path.exists(f"/proc/{calls[0]}")
+        if alive:
+            with open(f"/proc/{calls[0]}/stat") as handle:
+                alive = handle.read().split()[2] != "Z"
+        assert not alive, "the call outlived its worker"
+
+
 def test_stats_report_isolation_timeouts_and_restarts():
     with SandboxPool(1, limits=SandboxLimits(timeout_s=0.5, allow_weak_isolation=True)) as pool:
         assert pool.run_python("while True:\n    pass\n").kind == "timeout"

@@ -351,7 +351,7 @@ def main() -> None:
              "baseline_vm": _baseline_vm()}  # fmt: skip
     cgroup = state["cgroup"]
     write_frame(proto_out, {"ready": True, "pid": os.getpid(), "isolation": setup["isolation"],
-                            "cgroup_dirs": list(cgroup.dirs) if cgroup is not None else [],
+                            "cgroup": [cgroup.version, *cgroup.dirs] if cgroup else [],
                             "preload_errors": errors})  # fmt: skip
     try:
         while True:

@@ -125,6 +125,7 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
         _set_limits(limits, call["baseline_vm"])
         if call["uid"] is not None:
             _drop_privileges(call["uid"])
+            _die_with_parent()  # a change of credentials clears the parent-death signal
         elif os.geteuid() == 0:  # uid 0 of a user namespace: keep the uid, lose every capability
             isolation.drop_bounding_capabilities()
             isolation.drop_capabilities()

@@ -118,10 +118,17 @@ class SlotCgroup:
             time.sleep(0.001)
 
     def remove(self) -> None:
+        """Kill what is left in the group and delete it (best effort, bounded)."""
         self.kill_all(timeout_s=1.0)
         for group in self.dirs:
-            with contextlib.suppress(OSError):
-                os.rmdir(group)
+            for _ in range(100):  # the last killed processes leave the group asynchronously
+                try:
+                    os.rmdir(group)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
 
 
 def _try_v2(name: str) -> SlotCgroup | None:

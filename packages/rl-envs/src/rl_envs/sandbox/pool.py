@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl_envs.sandbox.cgroups import SlotCgroup
 from rl_envs.sandbox.limits import SandboxLimits
 from rl_envs.sandbox.protocol import FrameTimeout, read_frame, write_frame
 
@@ -66,18 +67,6 @@ def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
     env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", HOME="/tmp")
     return env
-
-
-def _remove_cgroup(path: str) -> None:
-    """rmdir a dead worker's control group once its last process is gone (best effort)."""
-    for _ in range(100):
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.01)
 
 
 def _to_jsonable(value: Any) -> Any:
@@ -187,8 +176,9 @@ class SandboxPool:
             worker.process.kill()
         with contextlib.suppress(Exception):
             worker.process.wait(timeout=10)
-        for group in worker.info.get("cgroup_dirs", []):  # what the killed worker left
-            _remove_cgroup(str(group))
+        cgroup = worker.info.get("cgroup") or []
+        if cgroup:  # the killed worker's control group, and any call process still in it
+            SlotCgroup(str(cgroup[0]), tuple(str(d) for d in cgroup[1:])).remove()
         for stream in (worker.process.stdin, worker.process.stdout):
             with contextlib.suppress(Exception):
                 if stream is not None:
