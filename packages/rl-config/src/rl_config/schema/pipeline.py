@@ -73,6 +73,12 @@ class PipelineFields(StrictModel):
         description="false: start fresh; true: resume from the newest checkpoint of the "
         "checkpoint dir; a path: resume from that checkpoint.",
     )
+    sandbox_allow_weak_isolation: bool = Field(
+        default=False,
+        description="Let untrusted code (reward functions, tool code) run where the host "
+        "refuses network namespaces (e.g. Docker's default seccomp profile). The sandbox then "
+        "only patches Python's socket module, which a subprocess bypasses; false: refuse.",
+    )
     checkpoint_config: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="Checkpoint storage."
     )
