@@ -90,3 +90,17 @@ def test_a_malformed_value_is_a_usage_error(tmp_path, value):
     out = _pytest(tmp_path, value)
     assert out.returncode == 4, out.stdout + out.stderr
     assert f"RL_REQUIRE_VLLM={value!r}: expected 0 or 1" in out.stdout + out.stderr
+
+
+def test_the_github_package_matrix_covers_every_package_with_the_ci_script():
+    import yaml
+
+    workflow = yaml.safe_load((ROOT / ".github/workflows/ci.yml").read_text())
+    job = workflow["jobs"]["package"]
+    packages = sorted(
+        p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").exists()
+    )
+    assert sorted(job["strategy"]["matrix"]["package"]) == packages
+    commands = [step.get("run", "") for step in job["steps"]]
+    assert "bash .ci/package-test ${{ matrix.package }}" in commands
+    assert ".ci/package-test" in (ROOT / ".ci/run").read_text()
