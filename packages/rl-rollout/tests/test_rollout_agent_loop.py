@@ -5,11 +5,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import msgspec
 import pytest
 import torch
 
-from rl_config.records import GenerationRequest, GenerationResult, SamplingParams, Trajectory
+from rl_config.records import (
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    Trajectory,
+    decode,
+    encode,
+)
 from rl_envs.registry import make_env
 from rl_rollout.agent_loop import AgentLoop, EpisodeSpec
 from rl_rollout.hf_engine import HFEngine
@@ -152,7 +158,7 @@ def test_token_exact_multi_turn_sokoban_and_frozenlake(
     assert retokenised_differs
     if mode == "async":
         assert 1 < engine.peak_in_flight <= 4
-    msgspec.msgpack.decode(msgspec.msgpack.encode(trajs), type=list[Trajectory])
+    decode(encode(trajs), list[Trajectory])  # the wire format validates every trajectory
 
 
 def test_scripted_episodes_reach_success_with_rewards(tiny_tokenizer) -> None:
