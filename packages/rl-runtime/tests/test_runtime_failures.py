@@ -132,3 +132,15 @@ def test_sandbox_timeouts_become_metrics():
     assert metrics["sandbox/calls"] == 2.0 and metrics["sandbox/kind.ok"] == 1.0
     assert counters.take() == {}
     assert merge_counts([metrics, {"sandbox/calls": 3.0}])["sandbox/calls"] == 5.0
+
+
+def test_failure_and_sandbox_metrics_are_trackable(tmp_path):
+    from rl_runtime.tracking import Tracker
+
+    screened = screen_failures([_traj("ok"), _traj("err", failed=True)], 0.5)
+    tracker = Tracker("stdout", str(tmp_path), {})
+    try:
+        tracker.log({**screened.metrics, "sandbox/kind.timeout": 1.0}, step=1)
+    finally:
+        tracker.close()
+    assert tracker.history[-1]["failures/episodes"] == 1.0
