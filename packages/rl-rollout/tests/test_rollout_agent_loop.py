@@ -232,6 +232,11 @@ def test_single_turn_and_env_errors_are_isolated(hf_engine, tiny_tokenizer) -> N
     assert sum(bad.response_mask) == bad.turns[0].end - bad.turns[0].start > 0
 
 
+class _OwnTimeoutEnv(_SingleTurnEnv):
+    def step(self, action_text):
+        raise TimeoutError("grader took too long")
+
+
 class _HangingEnv(_SingleTurnEnv):
     """step blocks until released (at most 30 s, so a loop without a timeout returns late)."""
 
@@ -262,7 +267,9 @@ def test_hanging_env_step_fails_its_episode_within_the_timeout(
     hanging = _HangingEnv()
     start = time.monotonic()
     try:
-        good, hung = asyncio.run(loop.run_episodes([(_SingleTurnEnv(), 0), (hanging, 1)]))
+        good, hung, own = asyncio.run(
+            loop.run_episodes([(_SingleTurnEnv(), 0), (hanging, 1), (_OwnTimeoutEnv(), 2)])
+        )
     finally:
         hanging.release.set()
     assert time.monotonic() - start < 15.0
@@ -270,6 +277,8 @@ def test_hanging_env_step_fails_its_episode_within_the_timeout(
     assert hung.failed and hung.termination_reason == "error"
     assert "within 1 s (timeout)" in (hung.error or "") and hung.metrics["env_timeout"] == 1.0
     assert len(hung.turns) == 1 and sum(hung.response_mask) > 0  # the model's turn is kept
+    assert own.failed and own.metrics["env_timeout"] == 0.0  # the env's own error, not ours
+    assert "TimeoutError: grader took too long" in (own.error or "")
     with pytest.raises(ValueError, match="env_step_timeout_s"):
         AgentLoop(hf_engine, tiny_tokenizer, env_step_timeout_s=0)
 

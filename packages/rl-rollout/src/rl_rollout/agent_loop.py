@@ -38,10 +38,14 @@ from rl_config.records import GenerationRequest, GenerationResult, SamplingParam
 from rl_rollout.engine import GeneratingEngine
 from rl_rollout.templates import ChatTemplate, get_template
 
-__all__ = ["DEFAULT_ENV_STEP_TIMEOUT_S", "AgentLoop", "EpisodeSpec"]
+__all__ = ["DEFAULT_ENV_STEP_TIMEOUT_S", "AgentLoop", "EnvStepTimeoutError", "EpisodeSpec"]
 
 #: Seconds one ``env.step`` may take before its episode is failed.
 DEFAULT_ENV_STEP_TIMEOUT_S = 300.0
+
+
+class EnvStepTimeoutError(TimeoutError):
+    """An ``env.step`` did not answer within ``env_step_timeout_s``."""
 
 
 @dataclass
@@ -324,7 +328,7 @@ class AgentLoop:
             observation, reward, terminated, truncated, info = await self._step_env(
                 env, action_text
             )
-        except TimeoutError:
+        except EnvStepTimeoutError:
             ep.turns.append(
                 Turn(turn_idx=turn_idx, start=start, end=len(ep.token_ids), action_text=action_text)
             )
@@ -373,9 +377,13 @@ class AgentLoop:
     async def _step_env(self, env: Any, action_text: str) -> Any:
         """``env.step(action_text)``, bounded by ``env_step_timeout_s`` (TimeoutError past it)."""
         if self.env_step_timeout_s is not None:
-            return await asyncio.wait_for(
-                _on_daemon_thread(env.step, action_text), self.env_step_timeout_s
-            )
+            future = _on_daemon_thread(env.step, action_text)
+            try:
+                return await asyncio.wait_for(future, self.env_step_timeout_s)
+            except TimeoutError:
+                if future.cancelled():  # ours; an env's own TimeoutError is its error
+                    raise EnvStepTimeoutError from None
+                raise
         if self._executor is not None:
             return await asyncio.get_running_loop().run_in_executor(
                 self._executor, env.step, action_text
