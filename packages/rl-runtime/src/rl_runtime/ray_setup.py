@@ -107,8 +107,7 @@ def start_ray(options: RayOptions) -> dict[str, float]:
 
     if ray.is_initialized():
         return dict(ray.cluster_resources())
-    if loopback:
-        _keep_node_address_local()
+    _keep_node_address_local(loopback)
     ray.init(**ray_init_kwargs(options, address))
     if loopback:
         node_ip = ray.util.get_node_ip_address()
@@ -131,12 +130,23 @@ def _is_loopback(host: str) -> bool:
     return is_loopback_host(host)
 
 
-def _keep_node_address_local() -> None:
+_forced_local = False
+
+
+def _keep_node_address_local(local: bool) -> None:
     """Ray read LOCAL_ONLY_ENV into `ray_constants.ENABLE_RAY_CLUSTER` at its first import; if that
-    import came before this start (e.g. a test module importing ray), set the constant too."""
+    import came before this start (e.g. a test module importing ray), set the constant too. A
+    later join of a cluster from this process undoes it (the driver needs its network address)."""
+    global _forced_local
     from ray._private import ray_constants
 
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    if local:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        _forced_local = True
+    elif _forced_local:
+        os.environ.pop(LOCAL_ONLY_ENV, None)
+        ray_constants.ENABLE_RAY_CLUSTER = not ray_constants.IS_WINDOWS_OR_OSX
+        _forced_local = False
 
 
 def shutdown_ray() -> None:
