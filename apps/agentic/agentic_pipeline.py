@@ -24,6 +24,7 @@ from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, rest
 from rl_runtime.cluster import Cluster, RoleSpec, WeightSync
 from rl_runtime.collate import CollatedBatch, collate_trajectories, merge_rows, shard_rows
 from rl_runtime.envs import env_assignments
+from rl_runtime.failures import merge_counts, screen_failures
 from rl_runtime.metrics import rollout_metrics, val_metrics
 from rl_runtime.ray_setup import RayOptions
 from rl_runtime.timing import PhaseTimer, StepProgress
@@ -290,7 +291,8 @@ class AgenticPipeline:
         with timer.phase("rollout"):
             cluster.enter_phase("rollout")
             trajectories = self.rollout("train", epoch=self.step)
-        batch = self.collate(trajectories)
+        screened = screen_failures(trajectories, self.cfg.max_failed_fraction)
+        batch = self.collate(screened.kept)
         tensors = dict(batch.tensors)
         cluster.enter_phase("train")
         with timer.phase("old_log_probs"):
@@ -336,6 +338,8 @@ class AgenticPipeline:
                 metrics["sync/max_abs_diff"] = self.sync_weight_diff()
         self.step += 1
         metrics.update(rollout_metrics(trajectories, batch))
+        metrics.update(screened.metrics)
+        metrics.update(merge_counts(cluster["actor_infer"].call_all("take_sandbox_stats")))
         # train/inference mismatch of this rollout (engine vs trainer log-probs of the same tokens)
         metrics.update({f"rollout/{k}": float(v) for k, v in mismatch.items()})
         metrics["train/advantage_mean"] = float(

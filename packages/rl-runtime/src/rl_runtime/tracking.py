@@ -3,7 +3,8 @@
 Metric names are namespaced so every backend shows the same families:
 `rollout/*` (generation), `env/*` (episode outcomes), `train/*` (losses, grad norm, lr),
 `timing/*` (seconds per phase), `sync/*` (weight transfer), `val/*` (evaluation), `critic/*`,
-`warmup/*` (supervised warm-up). `Tracker.log` rejects a name outside these families and a
+`warmup/*` (supervised warm-up), `failures/*` (failed episodes by kind), `sandbox/*` (sandbox
+pool counts: calls, failures, timeouts, restarts). `Tracker.log` rejects a name outside these families and a
 non-finite value is logged as-is (NaN shows up in the curves instead of vanishing).
 """
 
@@ -22,11 +23,19 @@ METRIC_PREFIXES = (
     "env/",
     "train/",
     "timing/",
+<<<<<<< HEAD
     "memory/",
+=======
+>>>>>>> netwait
     "sync/",
     "val/",
     "critic/",
     "warmup/",
+<<<<<<< HEAD
+=======
+    "failures/",
+    "sandbox/",
+>>>>>>> netwait
 )
 
 

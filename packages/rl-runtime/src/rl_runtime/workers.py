@@ -210,6 +210,9 @@ class RolloutWorker:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.env_configs = {k: dict(v) for k, v in (env_configs or {}).items()}
         self.agent_kwargs = dict(agent_kwargs or {})
+        from rl_runtime.failures import SandboxCounters
+
+        self.sandbox = SandboxCounters()
 
     def ready(self) -> bool:
         return True
@@ -238,15 +241,22 @@ class RolloutWorker:
             sampling=SamplingParams(**dict(sampling)),
             **self.agent_kwargs,
         )
+        self.sandbox.start(item[0] for item in envs)
         try:
             trajectories = asyncio.run(loop.run_episodes(envs))
             return restore_env_seeds(trajectories, assignments)
         finally:
+            self.sandbox.stop()
             for item in envs:
                 env = item[-1] if isinstance(item, tuple) else item
                 close = getattr(env, "close", None)
                 if callable(close):
                     close()
+
+    def take_sandbox_stats(self) -> dict[str, float]:
+        """`sandbox/*` counts (calls, failures, timeouts, worker restarts ...) of the sandbox pools
+        this worker's envs used since the last take (see rl_runtime.failures.SandboxCounters)."""
+        return self.sandbox.take()
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
         self.engine.update_weights(named_tensors, version)

@@ -35,6 +35,15 @@ class PipelineFields(StrictModel):
     rpc_timeout: int = Field(
         default=3600, ge=1, description="Timeout of a remote call between workers, in seconds."
     )
+    max_failed_fraction: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="Largest fraction of a training batch's episodes that may fail (env or engine "
+        "error, env step timeout, reward function failure) before training stops with an error. "
+        "Failed episodes are never trained on: they are dropped from the batch and counted in "
+        "the failures/* metrics. 1.0: never stop (a batch with no episode left still stops).",
+    )
     output_dir: str = Field(
         default="./output", description="Directory of run outputs (resolved config, exports)."
     )
