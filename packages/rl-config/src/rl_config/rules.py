@@ -480,10 +480,17 @@ RULES: tuple[Callable[[ExperimentConfig], Issues], ...] = (
 )
 
 
+def check_contract(cfg: ExperimentConfig) -> Issues:
+    """Keys declared unsupported (rl_config.contract) set to a non-default value."""
+    from rl_config.contract import contract_issues
+
+    return [ConfigIssue(key, message) for key, message in contract_issues(cfg)[0]]
+
+
 def check_rules(cfg: ExperimentConfig) -> Issues:
     """All cross-field errors of a derived config (empty when valid)."""
     issues: Issues = []
-    for rule in RULES:
+    for rule in (*RULES, check_contract):
         issues += rule(cfg)
     return issues
 
@@ -526,11 +533,6 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
                 f"adv_estimator {cfg.adv_estimator} with num_return_sequences_in_group 1: groups "
                 "of one sample give zero advantages"
             )
-    if cfg.val_env_manager is not None and cfg.val_batch_size < cfg.val_env_manager.num_envs:
-        out.append(
-            f"val_batch_size {cfg.val_batch_size} is below the {cfg.val_env_manager.num_envs} "
-            "validation envs; only part of them is evaluated per validation run"
-        )
     if cfg.kl_loss_coef > 0 and not cfg.use_kl_loss:
         out.append("kl_loss_coef is set but use_kl_loss is false; the KL loss is off")
     if cfg.use_kl_loss and cfg.kl_loss_coef == 0:
@@ -539,4 +541,7 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
         out.append(f"a critic is configured but adv_estimator {cfg.adv_estimator} does not use it")
     if cfg.is_agentic and cfg.eval_steps > 0 and cfg.val_env_manager is None:
         out.append("eval_steps > 0 but no val_env_manager: validation is skipped")
+    from rl_config.contract import contract_issues
+
+    out += contract_issues(cfg)[1]
     return out
