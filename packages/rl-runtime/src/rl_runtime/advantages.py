@@ -48,6 +48,39 @@ def estimator_needs(name: str) -> frozenset[str]:
 
 
 @dataclass(frozen=True)
+class KLControlConfig:
+    """Reward KL penalty: `in_reward` (ROLL's add_token_level_kl), the controller's start value
+    `init_coef`, `target` (adaptive controller when set, else fixed) and `horizon`."""
+
+    in_reward: bool = False
+    init_coef: float = 0.0
+    target: float | None = None
+    horizon: int = 10000
+
+    def build(self):
+        """A fresh rl_algos KL controller (Fixed or Adaptive); state lives with the run."""
+        from rl_algos.kl_control import build_kl_controller
+
+        return build_kl_controller(self.init_coef, self.target, self.horizon)
+
+
+def reward_kl_coef(cfg: KLControlConfig, controller) -> float:
+    """The coefficient of the reward KL penalty this step (0 when it is off)."""
+    return float(controller.value) if cfg.in_reward else 0.0
+
+
+def update_kl_controller(controller, out: dict[str, torch.Tensor], mask: torch.Tensor) -> dict:
+    """Feed the step's mean per-sequence reward KL to the controller (ROLL: n_steps = batch
+    size); returns `train/reward_kl` and the new `train/kl_coef`. No-op without a KL term."""
+    if "kl" not in out:
+        return {}
+    m = mask.to(torch.float32)
+    kl = float(((out["kl"] * m).sum(-1) / m.sum(-1).clamp(min=1)).mean())
+    controller.update(kl, n_steps=int(mask.shape[0]))
+    return {"train/reward_kl": kl, "train/kl_coef": float(controller.value)}
+
+
+@dataclass(frozen=True)
 class AdvantageConfig:
     """How advantages are computed (built by rl_runtime.compose from the experiment config).
 

@@ -13,12 +13,14 @@ ignored); tests trace the reads of `compose` and check both directions.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from rl_config.records import SamplingParams
-from rl_runtime.advantages import AdvantageConfig
+from rl_runtime.advantages import AdvantageConfig, KLControlConfig
 from rl_train.args import ModelArgs, TrainingArgs
 from rl_train.losses import ActorLossConfig, CriticLossConfig, ISFilterConfig, ISWeightConfig
 
@@ -74,17 +76,6 @@ class AgentPlan:
     max_tokens_per_step: int
     max_running_requests: int
     max_sequence_length: int
-
-
-@dataclass(frozen=True)
-class KLControlConfig:
-    """Reward KL penalty: `in_reward` (add_token_level_kl), the controller's start value,
-    `target` (adaptive when set) and `horizon`."""
-
-    in_reward: bool
-    init_coef: float
-    target: float | None
-    horizon: int
 
 
 @dataclass(frozen=True)
@@ -149,9 +140,9 @@ class Components:
         """Sampling of one rollout batch: the configured params (greedy when `greedy` or
         `do_sample: false`), a seed from (seed, epoch, split)."""
         seed = self.seed * 100_003 + epoch * 7 + (0 if split == "train" else 1)
-        params = replace(self.base_sampling, seed=seed)
+        params = msgspec.structs.replace(self.base_sampling, seed=seed)
         if greedy:
-            params = replace(params, temperature=0.0, top_p=1.0, top_k=-1)
+            params = msgspec.structs.replace(params, temperature=0.0, top_p=1.0, top_k=-1)
         return params
 
 

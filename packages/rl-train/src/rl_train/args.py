@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-SchedulerName = Literal["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr"]
+SchedulerName = Literal[
+    "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr"
+]
 _SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr")
 
 
