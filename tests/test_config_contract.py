@@ -50,6 +50,10 @@ class Trace:
         object.__setattr__(self, "_path", path)
         object.__setattr__(self, "_seen", seen)
 
+    @property
+    def __wrapped__(self) -> BaseModel:
+        return self._obj
+
     def __getattr__(self, name: str) -> Any:
         obj, path, seen = self._obj, self._path, self._seen
         value = getattr(obj, name)

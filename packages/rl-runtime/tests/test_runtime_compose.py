@@ -195,8 +195,10 @@ def test_gigpo_weights_and_gamma_come_from_the_config():
     ],
 )
 def test_unsupported_keys_are_refused_by_name(extra, key):
+    cfg = ExperimentConfig.model_validate(_merge(BASE, extra))  # valid ROLL config ...
+    assert any(key in w for w in cfg.config_warnings())  # ... flagged by the check
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        ExperimentConfig.model_validate(_merge(BASE, extra))
+        compose(cfg)  # ... and refused before anything starts
 
 
 def test_ignored_keys_warn_by_name():

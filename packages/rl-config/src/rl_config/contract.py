@@ -1,9 +1,11 @@
 """The key contract: every schema field is consumed by rl_runtime.compose, or declared here.
 
 ``UNSUPPORTED`` maps a dotted key pattern (``fnmatch``; ``*`` stands for a role-independent part or
-a ``custom_envs`` tag) to what is missing: a non-default value is an error naming the key.
+a ``custom_envs`` tag) to what is missing: rl_runtime.compose refuses a non-default value with an
+error naming the key (before anything starts), and ``rl-config check`` warns about it.
 ``IGNORED`` maps a pattern to why it has no effect (as ROLL ignores it, or meaningless for the
-role): a non-default value is a warning. Both are plain ``{pattern: reason}`` mappings so other
+role): a non-default value is a warning. ``AGENTIC_IGNORED``: keys of other pipelines (RLVR), a
+warning only in an agentic config. Both are plain ``{pattern: reason}`` mappings so other
 tables (e.g. ROLL-compat ignores) join with ``{**IGNORED, **OTHER}``.
 
 ``schema_keys()`` lists every leaf key of the schema (worker sections expanded per role,
@@ -89,23 +91,9 @@ IGNORED: dict[str, str] = {
     # ROLL bookkeeping this stack has no use for
     "local_rank": "set by ROLL's launchers; workers get their rank from the cluster",
     "generate_opt_level": "generation always goes through the request scheduler",
-    "is_num_return_sequences_expand": "RLVR only (no effect in agentic pipelines)",
-    "is_use_additional_prompts": "RLVR only (no effect in agentic pipelines)",
-    "max_additional_running_prompts": "RLVR only (no effect in agentic pipelines)",
-    "num_return_sequences_in_group": "RLVR only (agentic groups come from group_size)",
-    "prompt_length": "RLVR only (agentic prompts come from the envs)",
-    "response_length": "RLVR only (agentic turns use max_tokens_per_step)",
-    "reward_pretrain": "RLVR reward models are not used by agentic pipelines",
-    "reward_norm": "RLVR only (agentic pipelines use reward_normalization)",
-    "norm_mean_type": "RLVR only (agentic pipelines use reward_normalization)",
-    "norm_std_type": "RLVR only (agentic pipelines use reward_normalization)",
-    "reward_shift": "RLVR only (agentic pipelines use reward_normalization)",
-    "reward_scale": "RLVR only (agentic pipelines use reward_normalization)",
     "val_batch_size": "agentic validation runs val_env_manager's num_env_groups x group_size "
     "episodes",
     "checkpoint_config.type": "only file_system exists",
-    "*.data_args.*": "datasets and chat templates are RLVR/DPO settings (agentic prompts come "
-    "from the envs)",
     "*.worker_cls": "workers are chosen by role",
     "*.backend_timeout": "collective timeouts follow rpc_timeout",
     "*.system_envs": "the top-level system_envs apply to every worker",
@@ -132,13 +120,39 @@ IGNORED: dict[str, str] = {
 }
 
 
+AGENTIC_IGNORED: dict[str, str] = {
+    "*.data_args.*": "datasets and chat templates are RLVR/DPO settings (agentic prompts come "
+    "from the envs)",
+    "is_num_return_sequences_expand": "RLVR only (no effect in agentic pipelines)",
+    "is_use_additional_prompts": "RLVR only (no effect in agentic pipelines)",
+    "max_additional_running_prompts": "RLVR only (no effect in agentic pipelines)",
+    "num_return_sequences_in_group": "RLVR only (agentic groups come from group_size)",
+    "prompt_length": "RLVR only (agentic prompts come from the envs)",
+    "response_length": "RLVR only (agentic turns use max_tokens_per_step)",
+    "reward_pretrain": "RLVR reward models are not used by agentic pipelines",
+    "reward_norm": "RLVR only (agentic pipelines use reward_normalization)",
+    "norm_mean_type": "RLVR only (agentic pipelines use reward_normalization)",
+    "norm_std_type": "RLVR only (agentic pipelines use reward_normalization)",
+    "reward_shift": "RLVR only (agentic pipelines use reward_normalization)",
+    "reward_scale": "RLVR only (agentic pipelines use reward_normalization)",
+}
+
+
 def declared(key: str) -> tuple[str, str] | None:
     """``("unsupported" | "ignored", reason)`` for a dotted key, or None (consumed)."""
-    for kind, table in (("unsupported", UNSUPPORTED), ("ignored", IGNORED)):
+    for kind, table in (
+        ("unsupported", UNSUPPORTED),
+        ("ignored", IGNORED),
+        ("ignored", AGENTIC_IGNORED),
+    ):
         for pattern, reason in table.items():
             if fnmatchcase(key, pattern):
                 return kind, reason
     return None
+
+
+def declared_in(key: str, table: dict[str, str]) -> bool:
+    return any(fnmatchcase(key, p) for p in table)
 
 
 def schema_keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
@@ -224,6 +238,7 @@ def contract_issues(cfg: BaseModel) -> tuple[list[tuple[str, str]], list[str]]:
         return [], []
     errors: list[tuple[str, str]] = []
     warnings: list[str] = []
+    agentic = getattr(cfg, "train_env_manager", None) is not None
     for key, pattern, value, default in _leaf_values(cfg):
         found = declared(pattern) or declared(key)
         if found is None:
@@ -232,6 +247,8 @@ def contract_issues(cfg: BaseModel) -> tuple[list[tuple[str, str]], list[str]]:
         if value == (default if base is _MISSING else base) or (value == default):
             continue
         kind, reason = found
+        if kind == "ignored" and not agentic and declared_in(pattern, AGENTIC_IGNORED):
+            continue
         if kind == "unsupported":
             errors.append((key, f"{value!r} is not supported: {reason}"))
         else:

@@ -480,17 +480,10 @@ RULES: tuple[Callable[[ExperimentConfig], Issues], ...] = (
 )
 
 
-def check_contract(cfg: ExperimentConfig) -> Issues:
-    """Keys declared unsupported (rl_config.contract) set to a non-default value."""
-    from rl_config.contract import contract_issues
-
-    return [ConfigIssue(key, message) for key, message in contract_issues(cfg)[0]]
-
-
 def check_rules(cfg: ExperimentConfig) -> Issues:
     """All cross-field errors of a derived config (empty when valid)."""
     issues: Issues = []
-    for rule in (*RULES, check_contract):
+    for rule in RULES:
         issues += rule(cfg)
     return issues
 
@@ -543,5 +536,6 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
         out.append("eval_steps > 0 but no val_env_manager: validation is skipped")
     from rl_config.contract import contract_issues
 
-    out += contract_issues(cfg)[1]
-    return out
+    errors, ignored = contract_issues(cfg)
+    out += [f"{key}: {message} (the runtime refuses this config)" for key, message in errors]
+    return out + ignored

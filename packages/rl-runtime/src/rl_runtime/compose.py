@@ -385,7 +385,11 @@ def compose(
     flash_attn_available: bool = False,
     rollout_only: bool = False,
 ) -> Components:
-    """The components of `cfg` (a validated `ExperimentConfig`), for `device_kind`."""
+    """The components of `cfg` (a validated `ExperimentConfig`), for `device_kind`.
+
+    Raises `ConfigError` naming every key set to a value rl_config.contract declares unsupported
+    (`cfg.__wrapped__`, when present, is the config behind a proxy)."""
+    refuse_unsupported(getattr(cfg, "__wrapped__", cfg))
     warnings: list[str] = []
     samples = cfg.rollout_batch_size
     gen = cfg.actor_infer.generating_args
@@ -461,6 +465,15 @@ def compose(
         },
         warnings=tuple(warnings),
     )
+
+
+def refuse_unsupported(cfg: Any) -> None:
+    from rl_config.contract import contract_issues
+    from rl_config.errors import ConfigError, ConfigIssue
+
+    errors, _ = contract_issues(cfg)
+    if errors:
+        raise ConfigError([ConfigIssue(key, message) for key, message in errors])
 
 
 def role_specs(components: Components, model_path: str, agent_mode: str = "lockstep") -> list:
