@@ -526,17 +526,16 @@ def resolve_local(path: str) -> str:
 
 
 def describe(components: Components) -> str:
-    """The dry-run text: every component, one block each."""
+    """The dry-run text: one line per role, then every component."""
     import pprint
 
     lines = [f"experiment {components.exp_name!r}"]
+    for r in components.roles:
+        lines.append(
+            f"  {r.role:<12} strategy={r.strategy_name} devices={list(r.device_mapping)} "
+            f"model={r.model_path} dtype={r.dtype}"
+        )
     for name in components.__dataclass_fields__:
-        value = getattr(components, name)
-        if name == "roles":
-            for r in value:
-                lines.append(
-                    f"role {r.role}:\n  " + pprint.pformat(r, width=98).replace("\n", "\n  ")
-                )
-            continue
-        lines.append(f"{name}: " + pprint.pformat(value, width=98).replace("\n", "\n  "))
+        text = pprint.pformat(getattr(components, name), width=98, sort_dicts=False)
+        lines.append(f"{name}: " + text.replace("\n", "\n  "))
     return "\n".join(lines)

@@ -217,7 +217,7 @@ class RolloutWorker:
     def rollout(
         self,
         assignments: Sequence[tuple[str, str, int]],
-        sampling: Mapping[str, Any],
+        sampling: Any,
         render_save_dir: str | None = None,
         render_count: int | None = None,
     ) -> list:
@@ -235,7 +235,9 @@ class RolloutWorker:
         loop = AgentLoop(
             self.engine,
             self.tokenizer,
-            sampling=SamplingParams(**dict(sampling)),
+            sampling=sampling
+            if isinstance(sampling, SamplingParams)
+            else SamplingParams(**sampling),
             **self.agent_kwargs,
         )
         try:
