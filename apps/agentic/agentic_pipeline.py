@@ -22,7 +22,7 @@ from rl_runtime.advantages import compute_advantages, reward_kl_coef, update_kl_
 from rl_runtime.collate import collate_trajectories, merge_rows, shard_rows
 from rl_runtime.envs import env_assignments
 from rl_runtime.metrics import rollout_metrics, val_metrics
-from rl_runtime.pipeline import Context
+from rl_runtime.pipeline import Context, engine_weight_diff
 
 STDOUT_KEYS = (
     "env/success_rate",
@@ -157,7 +157,7 @@ class AgenticRecipe:
             cluster.enter_phase("rollout")
             metrics.update(ctx.sync_weights())
             if self.app.check_sync_weights:
-                metrics["sync/max_abs_diff"] = sync_weight_diff(ctx)
+                metrics["sync/max_abs_diff"] = engine_weight_diff(cluster)
         metrics.update(rollout_metrics(trajectories, batch))
         metrics.update({f"rollout/{k}": float(v) for k, v in mismatch.items()})
         mask = batch.tensors["response_mask"]
@@ -244,19 +244,6 @@ class RolloutOnlyRecipe:
 
     def evaluate(self, ctx: Context) -> dict[str, float]:
         return {}
-
-
-def sync_weight_diff(ctx: Context) -> float:
-    """Largest |trainer - engine| over the parameters the engines expose (0.0 after an exact
-    sync); an engine name the trainer lacks is an error."""
-    trainer = ctx.cluster["actor_train"].call_rank0("state_dict_for_check")
-    diffs = []
-    for engine in ctx.cluster["actor_infer"].call_all("state_dict_for_check"):
-        extra = sorted(set(engine) - set(trainer))
-        if extra or not engine:
-            raise RuntimeError(f"engine parameters not in the trainer: {extra[:5]}")
-        diffs += [float((trainer[k].float() - engine[k].float()).abs().max()) for k in engine]
-    return max(diffs) if diffs else 0.0
 
 
 def _prefixed(metrics: dict, prefix: str) -> dict[str, float]:

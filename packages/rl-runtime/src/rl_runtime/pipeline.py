@@ -90,6 +90,20 @@ class RunResult:
     hf_model: str | None = None
 
 
+def engine_weight_diff(cluster: Any) -> float:
+    """Largest |trainer - engine| over the parameters the engines expose (0.0 after an exact
+    sync). vLLM on the CPU cannot read back oneDNN-packed weights, so only the common names are
+    compared; an engine name the trainer lacks is an error."""
+    trainer = cluster["actor_train"].call_rank0("state_dict_for_check")
+    diffs = []
+    for engine in cluster["actor_infer"].call_all("state_dict_for_check"):
+        extra = sorted(set(engine) - set(trainer))
+        if extra or not engine:
+            raise RuntimeError(f"engine parameters not in the trainer: {extra[:5]}")
+        diffs += [float((trainer[k].float() - engine[k].float()).abs().max()) for k in engine]
+    return max(diffs) if diffs else 0.0
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
