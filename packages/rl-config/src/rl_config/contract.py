@@ -186,7 +186,11 @@ def _baseline() -> Any:
         from rl_config.schema import ExperimentConfig
 
         _BASELINE.append(None)  # guard: validating the baseline runs the rules again
-        _BASELINE[0] = ExperimentConfig.model_validate({"pretrain": "baseline"})
+        try:
+            _BASELINE[0] = ExperimentConfig.model_validate({"pretrain": "baseline"})
+        except BaseException:
+            _BASELINE.clear()
+            raise
     return _BASELINE[0]
 
 
