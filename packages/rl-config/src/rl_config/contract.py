@@ -91,8 +91,6 @@ IGNORED: dict[str, str] = {
     # ROLL bookkeeping this stack has no use for
     "local_rank": "set by ROLL's launchers; workers get their rank from the cluster",
     "generate_opt_level": "generation always goes through the request scheduler",
-    "val_batch_size": "agentic validation runs val_env_manager's num_env_groups x group_size "
-    "episodes",
     "checkpoint_config.type": "only file_system exists",
     "*.worker_cls": "workers are chosen by role",
     "*.backend_timeout": "collective timeouts follow rpc_timeout",
@@ -121,6 +119,8 @@ IGNORED: dict[str, str] = {
 
 
 AGENTIC_IGNORED: dict[str, str] = {
+    "val_batch_size": "agentic validation runs val_env_manager's num_env_groups x group_size "
+    "episodes",
     "*.data_args.*": "datasets and chat templates are RLVR/DPO settings (agentic prompts come "
     "from the envs)",
     "is_num_return_sequences_expand": "RLVR only (no effect in agentic pipelines)",
