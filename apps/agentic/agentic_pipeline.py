@@ -19,7 +19,7 @@ from agentic_options import AppOptions
 
 from rl_algos.correction import mismatch_metrics
 from rl_runtime.advantages import compute_advantages, reward_kl_coef, update_kl_controller
-from rl_runtime.collate import collate_trajectories, merge_rows, shard_rows
+from rl_runtime.collate import collate_trajectories, shard_rows
 from rl_runtime.envs import env_assignments
 from rl_runtime.metrics import rollout_metrics, val_metrics
 from rl_runtime.pipeline import Context, engine_weight_diff
@@ -73,19 +73,6 @@ def play(ctx: Context, assignments: list, sampling: Any, split: str, render: int
     return [t for part in infer.wait(infer.submit_each("rollout", args), "rollout") for t in part]
 
 
-def forward(ctx: Context, role: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    group = ctx.cluster[role]
-    shards = shard_rows(tensors, len(group.workers))
-    return merge_rows(group.wait(group.submit_each("forward", [(s,) for s in shards]), "forward"))
-
-
-def train(ctx: Context, role: str, tensors: dict[str, torch.Tensor], loss: str = "default") -> dict:
-    group = ctx.cluster[role]
-    shards = shard_rows(tensors, len(group.workers))
-    args = [(s, loss) for s in shards]
-    return group.wait(group.submit_each("train_step", args), "train_step")[0]
-
-
 class AgenticRecipe:
     def __init__(self, app: AppOptions, model_path: str) -> None:
         self.app = app
@@ -128,14 +115,14 @@ class AgenticRecipe:
         t = dict(batch.tensors)
         cluster.enter_phase("train")
         with timer.phase("old_log_probs"):
-            t["old_log_probs"] = forward(ctx, "actor_train", t)["log_probs"]
+            t["old_log_probs"] = ctx.forward("actor_train", t)["log_probs"]
         mismatch = mismatch_metrics(t["old_log_probs"], t["rollout_log_probs"], t["response_mask"])
         if cluster.has("reference"):
             with timer.phase("ref_log_probs"):
-                t["ref_log_probs"] = forward(ctx, "reference", t)["log_probs"]
+                t["ref_log_probs"] = ctx.forward("reference", t)["log_probs"]
         if cluster.has("critic"):
             with timer.phase("values"):
-                t["values"] = forward(ctx, "critic", t)["values"]
+                t["values"] = ctx.forward("critic", t)["values"]
         with timer.phase("advantages"):
             adv = compute_advantages(
                 batch,
@@ -150,9 +137,9 @@ class AgenticRecipe:
         metrics = update_kl_controller(self.kl_ctl, adv, t["response_mask"])
         if cluster.has("critic"):
             with timer.phase("critic_train"):
-                metrics.update(_prefixed(train(ctx, "critic", t), "critic/"))
+                metrics.update(_prefixed(ctx.train("critic", t), "critic/"))
         with timer.phase("actor_train"):
-            metrics.update(_prefixed(train(ctx, "actor_train", t), "train/"))
+            metrics.update(_prefixed(ctx.train("actor_train", t), "train/"))
         with timer.phase("sync"):
             cluster.enter_phase("rollout")
             metrics.update(ctx.sync_weights())
@@ -209,7 +196,7 @@ class AgenticRecipe:
             actor.call_all("scale_learning_rate", factor)
         for i in range(w.steps):
             rows = torch.randperm(batch.batch_size, generator=gen)[: w.batch_size]
-            last = train(ctx, "actor_train", {k: v[rows] for k, v in batch.tensors.items()}, "sft")
+            last = ctx.train("actor_train", {k: v[rows] for k, v in batch.tensors.items()}, "sft")
             if i % 5 == 0 or i == w.steps - 1:
                 ctx.log(
                     {f"warmup/{k}": v for k, v in last.items() if isinstance(v, int | float)},

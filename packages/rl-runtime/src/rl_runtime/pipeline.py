@@ -11,7 +11,7 @@ A recipe supplies its science through a small protocol (composition, not inherit
     state() / load_state(d)          optional: recipe-only state saved in checkpoints
 
 `ctx` exposes the cluster, the components, the step, the weight version (`ctx.sync_weights()`
-bumps it), the phase timer and `log`. The last step always logs, evaluates and saves.
+bumps it), the phase timer, `log`, and sharded `forward`/`train` calls on a role. The last step always logs, evaluates and saves.
 At start the runner prints the config warnings and writes the resolved config (secrets redacted)
 to output_dir; at the end it writes output_dir/summary.json. A resumed run says so first.
 """
@@ -73,6 +73,23 @@ class Context:
         """Push the trainer's weights to the engines as the next weight version."""
         self.weight_version += 1
         return self.sync.sync(self.weight_version)
+
+    def forward(self, role: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`forward` on every rank of `role`, rows sharded over the ranks and merged back."""
+        from rl_runtime.collate import merge_rows, shard_rows
+
+        group = self.cluster[role]
+        shards = shard_rows(tensors, len(group.workers))
+        outs = group.wait(group.submit_each("forward", [(s,) for s in shards]), "forward")
+        return merge_rows(outs)
+
+    def train(self, role: str, tensors: dict[str, torch.Tensor], loss: str = "default") -> dict:
+        """One `train_step` of `role` on sharded rows; rank 0's metrics."""
+        from rl_runtime.collate import shard_rows
+
+        group = self.cluster[role]
+        args = [(s, loss) for s in shard_rows(tensors, len(group.workers))]
+        return group.wait(group.submit_each("train_step", args), "train_step")[0]
 
     def log(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.tracker.log(metrics, step=self.step if step is None else step)
