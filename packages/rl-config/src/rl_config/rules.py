@@ -526,11 +526,6 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
                 f"adv_estimator {cfg.adv_estimator} with num_return_sequences_in_group 1: groups "
                 "of one sample give zero advantages"
             )
-    if cfg.val_env_manager is not None and cfg.val_batch_size < cfg.val_env_manager.num_envs:
-        out.append(
-            f"val_batch_size {cfg.val_batch_size} is below the {cfg.val_env_manager.num_envs} "
-            "validation envs; only part of them is evaluated per validation run"
-        )
     if cfg.kl_loss_coef > 0 and not cfg.use_kl_loss:
         out.append("kl_loss_coef is set but use_kl_loss is false; the KL loss is off")
     if cfg.use_kl_loss and cfg.kl_loss_coef == 0:
@@ -539,4 +534,8 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
         out.append(f"a critic is configured but adv_estimator {cfg.adv_estimator} does not use it")
     if cfg.is_agentic and cfg.eval_steps > 0 and cfg.val_env_manager is None:
         out.append("eval_steps > 0 but no val_env_manager: validation is skipped")
-    return out
+    from rl_config.contract import contract_issues
+
+    errors, ignored = contract_issues(cfg)
+    out += [f"{key}: {message} (the runtime refuses this config)" for key, message in errors]
+    return out + ignored

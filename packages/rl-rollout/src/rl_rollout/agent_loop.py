@@ -178,6 +178,7 @@ class AgentLoop:
             top_p=sampling.top_p,
             top_k=sampling.top_k,
             max_new_tokens=max_tokens_per_step,
+            repetition_penalty=sampling.repetition_penalty,
             stop=list(sampling.stop),
             stop_token_ids=stop_ids,
             seed=sampling.seed,

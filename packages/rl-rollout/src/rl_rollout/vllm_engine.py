@@ -76,6 +76,7 @@ def to_vllm_sampling_params(params: SamplingParams, *, n: int = 1) -> Any:
         top_p=params.top_p,
         top_k=params.top_k if params.top_k > 0 else 0,
         max_tokens=params.max_new_tokens,
+        repetition_penalty=params.repetition_penalty,
         stop=list(params.stop) or None,
         stop_token_ids=list(params.stop_token_ids) or None,
         seed=params.seed,

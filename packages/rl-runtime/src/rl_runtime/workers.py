@@ -26,9 +26,9 @@ def _init_process(dist_env: Mapping[str, str], threads: int, seed: int) -> None:
 class TrainWorker:
     """One rank of a training role: forward (log-probs / values), train steps, weights, checkpoints.
 
-    `loss_spec` (a plain dict, so it crosses process boundaries) names the loss to build here:
-    `{"kind": "actor", "config": {...}}` (rl_train.losses.build_actor_loss), `{"kind": "critic",
-    ...}` or `{"kind": "sft"}` (supervised warm-up on response tokens).
+    `training_args`/`model_args` are rl_train.args' dataclasses and `loss_config` an
+    rl_train.losses `ActorLossConfig`/`CriticLossConfig` (frozen dataclasses, built by
+    rl_runtime.compose; they cross process boundaries as they are).
     """
 
     def __init__(
@@ -41,9 +41,9 @@ class TrainWorker:
         model_path: str,
         strategy_name: str,
         strategy_config: Mapping[str, Any] | None = None,
-        training_args: Mapping[str, Any] | None = None,
-        model_args: Mapping[str, Any] | None = None,
-        loss_config: Mapping[str, Any] | None = None,
+        training_args: Any = None,
+        model_args: Any = None,
+        loss_config: Any = None,
         seed: int = 0,
         threads: int = 1,
     ) -> None:
@@ -57,9 +57,9 @@ class TrainWorker:
             role=role,
             model_path=model_path,
             strategy_config=dict(strategy_config or {}),
-            training_args=dict(training_args or {}),
-            model_args=dict(model_args or {}),
-            loss_config=dict(loss_config) if loss_config is not None else None,
+            training_args=training_args,
+            model_args=model_args,
+            loss_config=loss_config,
         )
 
     def ready(self) -> bool:
@@ -220,7 +220,7 @@ class RolloutWorker:
     def rollout(
         self,
         assignments: Sequence[tuple[str, str, int]],
-        sampling: Mapping[str, Any],
+        sampling: Any,
         render_save_dir: str | None = None,
         render_count: int | None = None,
     ) -> list:
@@ -238,7 +238,9 @@ class RolloutWorker:
         loop = AgentLoop(
             self.engine,
             self.tokenizer,
-            sampling=SamplingParams(**dict(sampling)),
+            sampling=sampling
+            if isinstance(sampling, SamplingParams)
+            else SamplingParams(**sampling),
             **self.agent_kwargs,
         )
         self.sandbox.start(item[0] for item in envs)

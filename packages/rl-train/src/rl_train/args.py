@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-SchedulerName = Literal["constant", "constant_with_warmup", "linear", "cosine"]
-_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
+SchedulerName = Literal[
+    "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr"
+]
+_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr")
 
 
 @dataclass
@@ -30,6 +32,8 @@ class TrainingArgs:
     max_steps: int = 1000
     """Total optimizer steps the scheduler plans for (cosine/linear decay horizon)."""
     min_lr_ratio: float = 0.0
+    """Floor of the linear/cosine decay as a fraction of the peak rate (HF's ``min_lr_rate`` of
+    ``cosine_with_min_lr``)."""
     max_grad_norm: float = 1.0
     per_device_train_batch_size: int = 1
     gradient_accumulation_steps: int = 1
