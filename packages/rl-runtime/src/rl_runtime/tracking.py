@@ -23,19 +23,13 @@ METRIC_PREFIXES = (
     "env/",
     "train/",
     "timing/",
-<<<<<<< HEAD
     "memory/",
-=======
->>>>>>> netwait
     "sync/",
     "val/",
     "critic/",
     "warmup/",
-<<<<<<< HEAD
-=======
     "failures/",
     "sandbox/",
->>>>>>> netwait
 )
 
 
