@@ -21,6 +21,7 @@ from rl_algos.correction import mismatch_metrics
 from rl_runtime.advantages import compute_advantages, reward_kl_coef, update_kl_controller
 from rl_runtime.collate import collate_trajectories, shard_rows
 from rl_runtime.envs import env_assignments
+from rl_runtime.failures import merge_counts, screen_failures
 from rl_runtime.metrics import rollout_metrics, val_metrics
 from rl_runtime.pipeline import Context, engine_weight_diff
 
@@ -109,8 +110,11 @@ class AgenticRecipe:
                 )
                 greedy = play(ctx, jobs, sampling, "train")
                 baseline = torch.tensor([t.episode_reward for t in greedy], dtype=torch.float32)
+        screened = screen_failures(trajectories, c.max_failed_fraction)  # failed: not trained on
+        if baseline is not None:
+            baseline = baseline[screened.kept_index]
         batch = collate_trajectories(
-            trajectories, pad_token_id=self.pad_token_id, max_length=c.sequence_length
+            screened.kept, pad_token_id=self.pad_token_id, max_length=c.sequence_length
         )
         t = dict(batch.tensors)
         cluster.enter_phase("train")
@@ -141,11 +145,12 @@ class AgenticRecipe:
         with timer.phase("actor_train"):
             metrics.update(_prefixed(ctx.train("actor_train", t), "train/"))
         with timer.phase("sync"):
-            cluster.enter_phase("rollout")
             metrics.update(ctx.sync_weights())
             if self.app.check_sync_weights:
                 metrics["sync/max_abs_diff"] = engine_weight_diff(cluster)
         metrics.update(rollout_metrics(trajectories, batch))
+        metrics.update(screened.metrics)
+        metrics.update(merge_counts(cluster["actor_infer"].call_all("take_sandbox_stats")))
         metrics.update({f"rollout/{k}": float(v) for k, v in mismatch.items()})
         mask = batch.tensors["response_mask"]
         metrics["train/advantage_mean"] = float(adv["advantages"].sum() / mask.sum().clamp(min=1))
@@ -206,7 +211,6 @@ class AgenticRecipe:
             actor.call_all("scale_learning_rate", 1.0 / factor)
         # fresh Adam moments for RL: the warm-up's large SFT gradients would shrink its updates
         actor.call_all("reset_optimizer_state")
-        ctx.cluster.enter_phase("rollout")
         ctx.sync_weights()
         return {"warmup/seconds": time.perf_counter() - t0, "warmup/demos": float(batch.batch_size)}
 

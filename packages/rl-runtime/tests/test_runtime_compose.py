@@ -216,13 +216,17 @@ def test_cosine_with_min_lr_schedules_down_to_the_floor():
     assert lr_multiplier(0, t) == pytest.approx(1.0)
 
 
-def test_fa2_falls_back_to_sdpa_with_a_warning_naming_the_key():
-    extra = {"actor_train": {"model_args": {"attn_implementation": "fa2"}}}
+def test_fa2_falls_back_with_a_warning_naming_the_key():
+    extra = {"actor_train": {"model_args": {"attn_implementation": "fa2", "dtype": "bf16"}}}
     cpu = _components(extra)
     assert cpu.role("actor_train").model_args.attn_implementation == "sdpa"
-    assert any("actor_train.model_args.attn_implementation=fa2" in w for w in cpu.warnings)
+    assert any("actor_train.model_args.attn_implementation='fa2'" in w for w in cpu.warnings)
     cuda = _components(extra, device_kind="cuda", flash_attn_available=True)
     assert cuda.role("actor_train").model_args.attn_implementation == "flash_attention_2"
+    # CUDA without the flash-attn package: PyTorch's own varlen flash kernel
+    no_flash = _components(extra, device_kind="cuda", flash_attn_available=False)
+    assert no_flash.role("actor_train").model_args.attn_implementation == "rl_varlen"
+    assert any("flash-attn is not available on cuda" in w for w in no_flash.warnings)
 
 
 def test_grouping_state_is_rolls_alias_of_traj_group_id():

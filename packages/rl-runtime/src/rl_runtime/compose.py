@@ -131,6 +131,10 @@ class Components:
     tracker: TrackerSettings
     cluster: ClusterSettings
     sizes: dict[str, int]
+    max_failed_fraction: float = 0.5
+    """Stop training when a batch has a larger share of failed episodes (rl_runtime.failures)."""
+    sandbox_allow_weak_isolation: bool = False
+    """Let untrusted reward/tool code run without network namespaces (rl-envs sandbox)."""
     warnings: tuple[str, ...] = field(default=())
 
     def role(self, name: str) -> RolePlan | None:
@@ -280,20 +284,29 @@ def build_env_specs(custom_envs: Any) -> dict[str, EnvSpec]:
 
 
 def attn_implementation(
-    requested: str | None, key: str, device_kind: str, flash_attn: bool, warnings: list[str]
+    requested: str | None,
+    key: str,
+    device_kind: str,
+    dtype: str,
+    flash_attn: bool,
+    warnings: list[str],
 ) -> str | None:
-    """The attention kernel for this device: fa2 only where flash-attn imports on CUDA, otherwise
-    sdpa with a warning naming `key`; `auto`/unset: the backend's choice."""
-    if requested in (None, "auto"):
+    """The attention kernel for this device and compute dtype, decided by rl-train's
+    `resolve_attn_implementation` (fa2 only where flash-attn imports on CUDA, else the varlen kernel
+    on CUDA or sdpa, with a warning naming `key`); unset: the backend's choice (`auto`)."""
+    import warnings as py_warnings
+
+    from rl_train.attention import resolve_attn_implementation
+
+    if requested is None:
         return None
-    if requested in FLASH_ATTN:
-        if device_kind == "cuda" and flash_attn:
-            return "flash_attention_2"
-        warnings.append(
-            f"{key}={requested}: flash-attn is not available on {device_kind}; using sdpa"
+    with py_warnings.catch_warnings(record=True) as caught:
+        py_warnings.simplefilter("always")
+        chosen = resolve_attn_implementation(
+            requested, device_kind, dtype, key=key, flash_attn=flash_attn
         )
-        return "sdpa"
-    return requested
+    warnings.extend(str(w.message) for w in caught)
+    return chosen
 
 
 def optimizer_steps_per_step(samples: int, targs: Any, world_size: int, ppo_epochs: int) -> int:
@@ -324,6 +337,7 @@ def build_role(
         w.model_args.attn_implementation,
         f"{role}.model_args.attn_implementation",
         device_kind,
+        w.model_args.dtype,
         flash_attn,
         warnings,
     )
@@ -463,6 +477,8 @@ def compose(
             "optimizer_steps_total": opt_steps,
             "val_episodes": (val.num_env_groups * val.group_size) if val else 0,
         },
+        max_failed_fraction=float(cfg.max_failed_fraction),
+        sandbox_allow_weak_isolation=bool(cfg.sandbox_allow_weak_isolation),
         warnings=tuple(warnings),
     )
 
@@ -501,6 +517,7 @@ def role_specs(components: Components, model_path: str, agent_mode: str = "locks
                     max_sequence_length=components.agent.max_sequence_length,
                     mode=agent_mode,
                 ),
+                sandbox_allow_weak_isolation=components.sandbox_allow_weak_isolation,
             )
             specs.append(
                 RoleSpec(r.role, RolloutWorker, r.device_mapping, kwargs, r.devices_per_worker)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: the config key (rl_config PipelineFields) that bounds the failed fraction of a batch
@@ -43,6 +43,8 @@ class Screened:
 
     kept: list[Any]
     metrics: dict[str, float]
+    kept_index: list[int] = field(default_factory=list)
+    """Positions of `kept` in the screened sequence (to filter per-episode side data alike)."""
 
 
 def screen_failures(trajectories: Sequence[Any], max_failed_fraction: float) -> Screened:
@@ -54,7 +56,8 @@ def screen_failures(trajectories: Sequence[Any], max_failed_fraction: float) -> 
     if not 0.0 <= max_failed_fraction <= 1.0:
         raise ValueError(f"{MAX_FAILED_FRACTION_KEY} must be in [0, 1], got {max_failed_fraction}")
     kinds = [failure_kind(t) for t in trajectories]
-    kept = [t for t, kind in zip(trajectories, kinds) if kind is None]
+    kept_index = [i for i, kind in enumerate(kinds) if kind is None]
+    kept = [trajectories[i] for i in kept_index]
     total = len(trajectories)
     failed = total - len(kept)
     fraction = failed / total if total else 0.0
@@ -74,7 +77,7 @@ def screen_failures(trajectories: Sequence[Any], max_failed_fraction: float) -> 
             + ("" if kept else " (none left to train on)")
             + f"; by kind: {dict(counts)}; e.g. {examples}"
         )
-    return Screened(kept, metrics)
+    return Screened(kept, metrics, kept_index)
 
 
 def _reason(trajectory: Any) -> str:
@@ -108,7 +111,8 @@ class SandboxCounters:
     def stop(self) -> None:
         for pool, before in self._pools.values():
             for key, value in pool.stats().items():
-                self._totals[key] += int(value) - int(before.get(key, 0))
+                if isinstance(value, int | float):  # counts; descriptive entries (mode) are not
+                    self._totals[key] += int(value) - int(before.get(key, 0))
         self._pools = {}
 
     def take(self) -> dict[str, float]:

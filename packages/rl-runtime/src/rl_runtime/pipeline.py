@@ -69,10 +69,16 @@ class Context:
     weight_version: int = 0
     timer: PhaseTimer = field(default_factory=PhaseTimer)
 
-    def sync_weights(self) -> dict[str, float]:
-        """Push the trainer's weights to the engines as the next weight version."""
-        self.weight_version += 1
-        return self.sync.sync(self.weight_version)
+    def sync_weights(self, *, new_version: bool = True) -> dict[str, float]:
+        """Hand the devices to rollout and push the trainer's weights to the engines, as the next
+        weight version (or again as the current one, after a restore). Colocated, the engines wake
+        first and the weights cross while the trainer still holds them on the device; then the
+        trainer offloads (`Cluster.enter_phase(..., handoff=...)`)."""
+        if new_version:
+            self.weight_version += 1
+        return self.cluster.enter_phase(
+            "rollout", handoff=lambda: self.sync.sync(self.weight_version)
+        )
 
     def forward(self, role: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """`forward` on every rank of `role`, rows sharded over the ranks and merged back."""
@@ -182,7 +188,9 @@ class Runner:
             rpc_timeout=c.cluster.rpc_timeout,
             cpu_per_bundle=o.cpu_per_bundle,
         )
-        self.ctx = Context(c, o, cluster, tracker=None)  # type: ignore[arg-type]
+        # in-process runs on an accelerator also record device memory per phase (memory/*)
+        timer = PhaseTimer(None if o.use_ray else kind)
+        self.ctx = Context(c, o, cluster, tracker=None, timer=timer)  # type: ignore[arg-type]
         self.ctx.tracker = Tracker(
             c.tracker.track_with, c.tracker.log_dir, c.tracker.kwargs, stdout_keys=o.stdout_keys
         )
@@ -229,8 +237,7 @@ class Runner:
         restore_rng(state.rng)
         if hasattr(self.recipe, "load_state"):
             self.recipe.load_state(dict(state.extra.get("recipe") or {}))
-        ctx.cluster.enter_phase("rollout")
-        ctx.sync.sync(ctx.weight_version)  # engines get the restored weights, same version
+        ctx.sync_weights(new_version=False)  # engines get the restored weights, same version
 
     # -------------------------------------------------------------------------------- run
     def run(self) -> RunResult:

@@ -193,11 +193,16 @@ class RolloutWorker:
         threads: int = 1,
         env_configs: Mapping[str, Mapping[str, Any]] | None = None,
         agent_kwargs: Mapping[str, Any] | None = None,
+        sandbox_allow_weak_isolation: bool = False,
     ) -> None:
         _init_process(dist_env, threads, seed + 1000 + rank)
         from transformers import AutoTokenizer
 
+        from rl_envs.sandbox.shared import configure_shared_pool
         from rl_rollout import build_engine
+
+        # before any env grades an answer: the process-wide sandbox pool's isolation policy
+        configure_shared_pool(allow_weak_isolation=sandbox_allow_weak_isolation)
 
         self.rank = rank
         self.engine = build_engine(

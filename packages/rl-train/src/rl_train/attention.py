@@ -70,11 +70,13 @@ def resolve_attn_implementation(
     compute_dtype: str = "bf16",
     *,
     key: str = "model_args.attn_implementation",
+    flash_attn: bool | None = None,
 ) -> str:
     """The transformers ``attn_implementation`` to load with on ``device_kind`` for a model that
     computes in ``compute_dtype`` (``fp32``/``bf16``/``fp16``; see the module doc).
 
     Falls back with a ``UserWarning`` naming ``key`` when the requested kernel cannot run here.
+    ``flash_attn``: whether the flash-attn package imports (None: look it up).
     """
     name = _NAMES.get(requested or "auto")
     if name is None:
@@ -90,7 +92,8 @@ def resolve_attn_implementation(
             stacklevel=2,
         )
         return "sdpa"
-    if name == "flash_attention_2" and not flash_attn_available(device_kind):
+    has_flash = flash_attn_available(device_kind) if flash_attn is None else flash_attn
+    if name == "flash_attention_2" and not (device_kind == "cuda" and has_flash):
         warnings.warn(
             f"{key}={requested!r}: flash-attn is not available on {device_kind}; using {fallback}",
             UserWarning,
