@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, Self
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
+from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 
 from rl_config.schema.agentic import CustomEnv, EnvManagerConfig
 from rl_config.schema.algorithm import AlgorithmFields
@@ -75,6 +76,8 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
         description="Asynchronous training bounds (staleness in weight versions, queue in samples).",
     )
 
+    _roll_notes: list[Any] = PrivateAttr(default_factory=list)
+
     @classmethod
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
         """Validate a mapping; raises ``rl_config.ConfigError`` with every problem found."""
@@ -84,6 +87,22 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
             return super().model_validate(obj, *args, **kwargs)
         except ValidationError as exc:
             raise config_error_from_validation(exc, cls) from None
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _roll_compat(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Self:
+        """Refuse Megatron configs; drop ROLL's accepted-but-unimplemented keys (with notes)."""
+        from rl_config.roll_keys import megatron_issue, strip_roll_keys
+
+        notes: list[Any] = []
+        if isinstance(data, dict):
+            issue = megatron_issue(data)
+            if issue is not None:
+                raise RuleViolations([issue])
+            data, notes = strip_roll_keys(data)
+        cfg = handler(data)
+        cfg._roll_notes = notes + cfg._roll_notes
+        return cfg
 
     # ----------------------------------------------------------------------------- derived values
     @model_validator(mode="after")
@@ -97,6 +116,7 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
         return self
 
     def _derive(self) -> None:
+        self._derive_num_nodes()
         for role, worker in self.workers().items():
             if worker.strategy_args is None:
                 worker.strategy_args = StrategyArgs(strategy_name=DEFAULT_STRATEGY[role])
@@ -128,6 +148,24 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
             self.async_.max_staleness = math.ceil(self.async_generation_ratio)
         if self.async_.queue_size is None and self.async_.max_staleness > 0:
             self.async_.queue_size = self.samples_per_step * self.async_.max_staleness
+
+    def _derive_num_nodes(self) -> None:
+        """Unset num_nodes: as many nodes as the highest device id needs (ROLL does the same)."""
+        from rl_config.errors import ConfigIssue
+
+        if "num_nodes" in self.model_fields_set:
+            return
+        ids = [d for w in self.workers().values() for d in (w.device_mapping or [])]
+        if not ids or max(ids) < self.num_gpus_per_node:
+            return
+        self.num_nodes = math.ceil((max(ids) + 1) / self.num_gpus_per_node)
+        self._roll_notes.append(
+            ConfigIssue(
+                "num_nodes",
+                f"not set; derived as {self.num_nodes} from device id {max(ids)} and "
+                f"num_gpus_per_node {self.num_gpus_per_node} (as ROLL does); set it to confirm",
+            )
+        )
 
     # ------------------------------------------------------------------------------- properties
     def workers(self) -> dict[WorkerRole, WorkerConfig]:
@@ -192,7 +230,7 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
         """Legal but suspicious settings, as readable lines (printed by ``rl-config check``)."""
         from rl_config.rules import collect_warnings
 
-        return collect_warnings(self)
+        return [str(note) for note in self._roll_notes] + collect_warnings(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain mapping (YAML-safe builtins) with YAML key names (``async``, not ``async_``).
