@@ -164,3 +164,28 @@ STRATEGY_ALIASES: dict[str, dict[str, str]] = {
 
 NONE_STRINGS = ("reward_norm", "norm_mean_type", "norm_std_type")
 """Top-level keys where ROLL's YAML writes ``None`` (a string) for null."""
+
+ROLL_TEMPLATE_PLACEHOLDERS: dict[str, str] = {
+    "history": "filled by ROLL's step/GiGPO env managers (turn history)",
+    "history_length": "filled by ROLL's step/GiGPO env managers",
+    "current_observation": "filled by ROLL's step/GiGPO env managers",
+    "current_step": "filled by ROLL's step/GiGPO env managers",
+    "step_count": "filled by ROLL's step/GiGPO env managers",
+    "env_instruction": "filled by ROLL's step/GiGPO env managers",
+    "suffix": "filled by ROLL's sandbox env manager",
+}
+"""``custom_envs.*.agent_template`` placeholders of ROLL's env managers that this stack does not
+fill: a warning, not an error (other unknown placeholders are errors)."""
+
+ROLL_UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
+    "adv_estimator": {
+        "step_reinforce": "ROLL's per-step REINFORCE is not implemented; use gigpo (step-level "
+        "advantages) or reinforce",
+        "agentic_reinforce": "ROLL's agentic REINFORCE is not implemented; use reinforce",
+    },
+}
+"""Values ROLL accepts that this stack refuses (an error naming the key and the alternative)."""
+
+DPO_KEYS = ("beta", "ipo", "label_smoothing", "chosen_key", "rejected_key")
+"""Top-level keys that mark a ROLL DPO config (its batch is per_device × accumulation × ranks;
+rollout_batch_size is not used)."""

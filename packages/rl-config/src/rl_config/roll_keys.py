@@ -14,15 +14,36 @@ from typing import Any
 
 from rl_config.errors import ConfigIssue
 from rl_config.roll_compat import (
+    DPO_KEYS,
     MEGATRON_STRATEGIES,
     NONE_STRINGS,
     ROLES,
     ROLL_IGNORED,
     ROLL_NOT_SUPPORTED,
+    ROLL_UNSUPPORTED_VALUES,
     STRATEGY_ALIASES,
 )
 
 CONVERT_HINT = "rl-config convert {file} --strategy fsdp2|deepspeed -o OUT"
+
+
+def pipeline_kind(data: dict[str, Any]) -> str:
+    """agentic (has train_env_manager), dpo (has a DPO key) or rlvr."""
+    if data.get("train_env_manager") is not None:
+        return "agentic"
+    if any(key in data for key in DPO_KEYS):
+        return "dpo"
+    return "rlvr"
+
+
+def unsupported_values(data: dict[str, Any]) -> list[ConfigIssue]:
+    """Errors for ROLL values this stack refuses (``adv_estimator: step_reinforce``)."""
+    issues: list[ConfigIssue] = []
+    for key, values in ROLL_UNSUPPORTED_VALUES.items():
+        value = data.get(key)
+        if isinstance(value, str) and value in values:
+            issues.append(ConfigIssue(key, f"'{value}' is not supported: {values[value]}"))
+    return issues
 
 
 def matches(pattern: str, path: str) -> bool:
@@ -134,8 +155,9 @@ def megatron_issue(data: dict[str, Any], source: str | None = None) -> ConfigIss
     keys = megatron_keys(data)
     if not keys:
         return None
+    first = next(iter(megatron_roles(data)))
     return ConfigIssue(
-        "",
+        f"{first}.strategy_args.strategy_name",
         "Megatron-LM is not implemented in this stack; Megatron-only keys: "
         f"{'; '.join(keys)}. Convert the file to FSDP2 or DeepSpeed with: "
         + CONVERT_HINT.format(file=source or "FILE"),

@@ -77,6 +77,7 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
     )
 
     _roll_notes: list[Any] = PrivateAttr(default_factory=list)
+    _pipeline_kind: str = PrivateAttr(default="rlvr")
 
     @classmethod
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
@@ -92,16 +93,26 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
     @classmethod
     def _roll_compat(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Self:
         """Refuse Megatron configs; drop ROLL's accepted-but-unimplemented keys (with notes)."""
-        from rl_config.roll_keys import megatron_issue, strip_roll_keys
+        from rl_config.roll_keys import (
+            megatron_issue,
+            pipeline_kind,
+            strip_roll_keys,
+            unsupported_values,
+        )
 
-        notes: list[Any] = []
-        if isinstance(data, dict):
-            issue = megatron_issue(data)
-            if issue is not None:
-                raise RuleViolations([issue])
-            data, notes = strip_roll_keys(data)
+        if not isinstance(data, dict):
+            return handler(data)
+        issue = megatron_issue(data)
+        if issue is not None:
+            raise RuleViolations([issue])
+        refused = unsupported_values(data)
+        if refused:
+            raise RuleViolations(refused)
+        kind = pipeline_kind(data)
+        data, notes = strip_roll_keys(data)
         cfg = handler(data)
-        cfg._roll_notes = notes + cfg._roll_notes
+        cfg._roll_notes = notes
+        cfg._pipeline_kind = kind
         return cfg
 
     # ----------------------------------------------------------------------------- derived values
@@ -153,11 +164,9 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
         """Unset num_nodes: as many nodes as the highest device id needs (ROLL does the same)."""
         from rl_config.errors import ConfigIssue
 
-        if "num_nodes" in self.model_fields_set:
-            return
         ids = [d for w in self.workers().values() for d in (w.device_mapping or [])]
-        if not ids or max(ids) < self.num_gpus_per_node:
-            return
+        if "num_nodes" in self.model_fields_set or not ids or max(ids) < self.total_devices:
+            return  # an explicit num_nodes that is too small is an error (check_devices)
         self.num_nodes = math.ceil((max(ids) + 1) / self.num_gpus_per_node)
         self._roll_notes.append(
             ConfigIssue(
@@ -183,6 +192,11 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
     def is_agentic(self) -> bool:
         """True when a train_env_manager is configured (multi-turn env rollouts)."""
         return self.train_env_manager is not None
+
+    @property
+    def pipeline_kind(self) -> str:
+        """agentic (train_env_manager set), dpo (ROLL DPO keys present) or rlvr."""
+        return "agentic" if self.is_agentic else self._pipeline_kind
 
     @property
     def samples_per_step(self) -> int:
