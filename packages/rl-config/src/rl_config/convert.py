@@ -30,7 +30,7 @@ from rl_config.roll_keys import lookup, megatron_roles
 
 Target = Literal["fsdp2", "deepspeed"]
 TRAIN_STRATEGY: dict[str, str] = {"fsdp2": "fsdp2_train", "deepspeed": "deepspeed_train"}
-FSDP2_OPTIONS: dict[str, Any] = {
+FSDP2_STRATEGY_CONFIG: dict[str, Any] = {
     "param_dtype": "bf16",
     "reduce_dtype": "fp32",
     "reshard_after_forward": True,
@@ -81,8 +81,10 @@ def _convert_role(
     sizes = {k: _int(options.get(k), f"{prefix}.{k}") for k in MEGATRON_PARALLEL_SIZES}
     for key in options:
         why = lookup(MEGATRON_ONLY, f"{role}.strategy_args.strategy_config.{key}") or "Megatron"
-        if key in MEGATRON_PARALLEL_SIZES:
+        if key in _DP_SHRINKING:
             why = f"{why}; folded into data parallelism"
+        elif key == "expert_model_parallel_size":
+            why = f"{why}; every rank holds all experts"
         notes.append(f"dropped {prefix}.{key}={options[key]!r} ({why})")
     shrink = math.prod(sizes[k] for k in _DP_SHRINKING)
     if role == "actor_infer" and name == "megatron_infer":
@@ -90,7 +92,7 @@ def _convert_role(
     elif target == "fsdp2":
         section["strategy_args"] = {
             "strategy_name": "fsdp2_train",
-            "strategy_config": FSDP2_OPTIONS,
+            "strategy_config": FSDP2_STRATEGY_CONFIG,
         }
     else:
         section["strategy_args"] = {

@@ -94,6 +94,17 @@ ROLL_NOT_SUPPORTED: dict[str, str] = {
     "ROLE.data_args.image_*": _VL,
     "ROLE.data_args.video_*": _VL,
     "ROLE.data_args.audio_*": _VL,
+    # ROLL's FSDP2 options that rl-train's FSDP2 backend does not have
+    "ROLE.strategy_args.strategy_config.fsdp_size": "hybrid sharding groups; FSDP2 shards over "
+    "all ranks of the role",
+    "ROLE.strategy_args.strategy_config.efsdp_size": "expert sharding groups",
+    "ROLE.strategy_args.strategy_config.ep_size": "expert parallelism",
+    "ROLE.strategy_args.strategy_config.wrap_policy": "FSDP2 wraps each decoder layer",
+    "ROLE.strategy_args.strategy_config.apply_expert_patch": "ROLL's MoE patch",
+    "ROLE.strategy_args.strategy_config.apply_tiled_mlp": "ROLL's tiled MLP",
+    "ROLE.strategy_args.strategy_config.tiled_num_shards": "ROLL's tiled MLP",
+    "ROLE.strategy_args.strategy_config.moe_use_grouped_mm": "ROLL's MoE kernel",
+    "ROLE.strategy_args.strategy_config.use_batched_model_update": "ROLL's weight-sync batching",
     # env managers and env definitions
     "*_env_manager.generating_args": "per-manager sampling; sampling comes from "
     "actor_infer.generating_args",
@@ -161,6 +172,25 @@ STRATEGY_ALIASES: dict[str, dict[str, str]] = {
     },
 }
 """ROLL strategy names that this stack runs under another name (same computation)."""
+
+KEY_ALIASES: dict[str, str] = {
+    "ROLE.strategy_args.strategy_config.offload_policy": "cpu_offload",
+}
+"""ROLL keys renamed to this stack's name (same meaning): FSDP2 parameter offload to CPU."""
+
+VALUE_ALIASES: dict[str, dict[str, str]] = {
+    "ROLE.strategy_args.strategy_config.param_dtype": {
+        "float32": "fp32",
+        "bfloat16": "bf16",
+        "float16": "fp16",
+    },
+    "ROLE.strategy_args.strategy_config.reduce_dtype": {
+        "float32": "fp32",
+        "bfloat16": "bf16",
+        "float16": "fp16",
+    },
+}
+"""ROLL's spellings of values (torch dtype names) -> this stack's."""
 
 NONE_STRINGS = ("reward_norm", "norm_mean_type", "norm_std_type")
 """Top-level keys where ROLL's YAML writes ``None`` (a string) for null."""

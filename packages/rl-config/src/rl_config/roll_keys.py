@@ -15,6 +15,7 @@ from typing import Any
 from rl_config.errors import ConfigIssue
 from rl_config.roll_compat import (
     DPO_KEYS,
+    KEY_ALIASES,
     MEGATRON_STRATEGIES,
     NONE_STRINGS,
     ROLES,
@@ -22,6 +23,7 @@ from rl_config.roll_compat import (
     ROLL_NOT_SUPPORTED,
     ROLL_UNSUPPORTED_VALUES,
     STRATEGY_ALIASES,
+    VALUE_ALIASES,
 )
 
 CONVERT_HINT = "rl-config convert {file} --strategy fsdp2|deepspeed -o OUT"
@@ -113,6 +115,15 @@ def strip_roll_keys(data: dict[str, Any]) -> tuple[dict[str, Any], list[ConfigIs
 
 def _normalise(parent: dict[str, Any], key: str, path: str, notes: list[ConfigIssue]) -> None:
     value = parent[key]
+    for pattern, new in KEY_ALIASES.items():
+        if matches(pattern, path) and new not in parent:
+            parent[new] = parent.pop(key)
+            notes.append(ConfigIssue(path, f"ROLL's name of {new}; read as {new}"))
+            return
+    for pattern, spellings in VALUE_ALIASES.items():
+        if matches(pattern, path) and isinstance(value, str) and value in spellings:
+            parent[key] = spellings[value]
+            return
     if path in NONE_STRINGS and isinstance(value, str) and value.lower() == "none":
         parent[key] = None
         return

@@ -17,7 +17,9 @@ from rl_config.errors import ConfigIssue
 from rl_config.roll_compat import ROLL_TEMPLATE_PLACEHOLDERS
 from rl_config.schema.agentic import TEMPLATE_FIELDS, EnvManagerConfig
 from rl_config.schema.worker import (
+    DTYPE_NAMES,
     FORWARD_STRATEGIES,
+    FSDP2_OPTIONS,
     INFER_STRATEGIES,
     KNOWN_UNSUPPORTED_STRATEGIES,
     TRAIN_STRATEGIES,
@@ -67,6 +69,31 @@ def check_strategies(cfg: ExperimentConfig) -> Issues:
             hint = f"; did you mean '{close[0]}'?" if close and close[0] in allowed else ""
             msg = f"unknown strategy '{name}'{hint} ({role} supports {_or_list(allowed)})"
         issues.append(ConfigIssue(path, msg))
+    return issues
+
+
+def check_fsdp2_options(cfg: ExperimentConfig) -> Issues:
+    """fsdp2_train's strategy_config holds only options the FSDP2 backend knows."""
+    issues: Issues = []
+    for role, worker in cfg.workers().items():
+        strategy = worker.strategy_args
+        if strategy is None or strategy.strategy_name != "fsdp2_train":
+            continue
+        for key, value in (strategy.strategy_config or {}).items():
+            path = f"{role}.strategy_args.strategy_config.{key}"
+            if key not in FSDP2_OPTIONS:
+                close = difflib.get_close_matches(key, list(FSDP2_OPTIONS), 1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                issues.append(
+                    ConfigIssue(
+                        path,
+                        f"unknown fsdp2_train option; {hint}(known: {', '.join(FSDP2_OPTIONS)})",
+                    )
+                )
+            elif key.endswith("_dtype") and value not in DTYPE_NAMES:
+                issues.append(
+                    ConfigIssue(path, f"is {value!r}; use one of {', '.join(DTYPE_NAMES)}")
+                )
     return issues
 
 
@@ -487,6 +514,7 @@ def check_async(cfg: ExperimentConfig) -> Issues:
 
 RULES: tuple[Callable[[ExperimentConfig], Issues], ...] = (
     check_strategies,
+    check_fsdp2_options,
     check_model_paths,
     check_devices,
     check_batches,
