@@ -101,7 +101,8 @@ def test_convert_megatron_to_target_passes_check(
         result.stderr
     )
     if target == "deepspeed":
-        assert cfg.actor_train.strategy_args.strategy_config["zero_optimization"]["stage"] == 3
+        options = cfg.actor_train.strategy_args.strategy_config or {}
+        assert options["zero_optimization"]["stage"] == 3
 
 
 def test_convert_keeps_accumulation_when_not_divisible(write_yaml) -> None:
