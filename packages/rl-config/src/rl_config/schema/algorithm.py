@@ -39,9 +39,9 @@ class RewardNormalization(StrictModel):
         "same env and seed; `state` is ROLL's alias), tags (all trajectories of one env tag) or "
         "batch (the whole rollout batch).",
     )
-    method: Literal["mean_std", "asym_clip", "identity"] = Field(
+    method: Literal["mean_std", "mean", "asym_clip", "identity"] = Field(
         default="mean_std",
-        description="mean_std: (r - mean) / (std + eps); asym_clip: mean_std then clip negative "
+        description="mean_std: (r - mean) / (std + eps); mean: r - mean; asym_clip: mean_std then clip negative "
         "scores; identity: rewards unchanged.",
     )
 
