@@ -181,7 +181,7 @@ CHANGES: dict[str, Any] = {
         f"{r}.model_args.attn_implementation": "eager"
         for r in ("actor_train", "critic", "reference")
     },
-    **{f"{r}.strategy_args.strategy_config": {"option": 1} for r in ROLES},
+    **{f"{r}.strategy_args.strategy_config": {"keep_last": 1} for r in ROLES},
     **{f"{r}.device_mapping": [1] for r in ROLES},
     "lambd": 0.5,
     "gamma": 0.5,
