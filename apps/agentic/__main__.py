@@ -7,7 +7,6 @@ of validation success before and after RL (also written to output_dir/summary.js
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -23,14 +22,10 @@ def load(config: Path, overrides: list[str]):
     """Compose + validate the experiment; split off the app's own `agentic_app:` section."""
     from agentic_options import AppOptions
 
-    from rl_config.loading import compose_config
-    from rl_config.schema import ExperimentConfig
+    from rl_config.loading import load_app_config
 
-    composed = compose_config(config, overrides)
-    data = dict(composed.data)
-    app = AppOptions.from_mapping(data.pop("agentic_app", None))
-    cfg = ExperimentConfig.model_validate(data)
-    return cfg, app
+    cfg, section = load_app_config(config, overrides, section="agentic_app")
+    return cfg, AppOptions.from_mapping(section)
 
 
 def components_of(cfg, rollout_only: bool = False):
@@ -75,27 +70,31 @@ def model_path(cfg, app) -> str:
     return resolve_local(str(path))
 
 
+FLAGS = {
+    "dry-run": "print the components and exit",
+    "rollout-only": "dump trajectories to JSONL",
+    "no-ray": "run every worker in this process",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="apps/agentic", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="experiment YAML")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    parser.add_argument("--dry-run", action="store_true", help="print the components and exit")
-    parser.add_argument("--rollout-only", action="store_true", help="dump trajectories to JSONL")
-    parser.add_argument("--no-ray", action="store_true", help="run every worker in this process")
-    args = parser.parse_args(argv)
+    """`--config FILE key=value ...`, or ROLL's `--config_path DIR --config_name NAME key=value`."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
 
     try:
+        args = parse_app_args(argv, flags=FLAGS, default_config=DEFAULT_CONFIG, prog="apps/agentic")
+        rollout_only = "rollout_only" in args.flags
         cfg, app = load(args.config, args.overrides)
-        components = components_of(cfg, args.rollout_only)
+        components = components_of(cfg, rollout_only)
     except (ConfigError, ValueError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
-    if args.no_ray:
+    if "no_ray" in args.flags:
         app.use_ray = False
-    if args.dry_run:
+    if "dry_run" in args.flags:
         for line in (*cfg.config_warnings(), *components.warnings):
             print(f"warning: {line}")
         print(dry_run(components))
@@ -114,11 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         object_store_mb=app.object_store_mb,
         cpu_per_bundle=app.cpu_per_bundle,
         agent_mode=app.agent_loop_mode,
-        eval_before_training=app.eval_before_training and not args.rollout_only,
-        export_hf=app.export_hf and not args.rollout_only,
+        eval_before_training=app.eval_before_training and not rollout_only,
+        export_hf=app.export_hf and not rollout_only,
         stdout_keys=STDOUT_KEYS,
     )
-    recipe = RolloutOnlyRecipe(cfg.output_dir) if args.rollout_only else AgenticRecipe(app, path)
+    recipe = RolloutOnlyRecipe(cfg.output_dir) if rollout_only else AgenticRecipe(app, path)
     result = Runner(cfg, components, recipe, options).run()
     rows = {
         "before RL": summary_row(result.eval_before),

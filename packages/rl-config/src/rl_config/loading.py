@@ -242,17 +242,26 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()):  # -> Experime
 
     Raises ``ConfigError`` listing every problem, attributed to the file.
     """
+    return load_app_config(path, overrides, section=None)[0]
+
+
+def load_app_config(path: str | Path, overrides: Iterable[str] = (), *, section: str | None):
+    """:func:`load_config` for an app whose YAML also holds its own options under ``section``
+    (e.g. ``agentic_app:``), which are not experiment keys: returns ``(config, section or None)``.
+    """
     from rl_config.roll_keys import megatron_issue
     from rl_config.schema import ExperimentConfig
 
     composed = compose_config(path, overrides)
     source = composed.source or str(path)
-    issue = megatron_issue(composed.data, source=str(path))
+    data = dict(composed.data)
+    app_options = data.pop(section, None) if section else None
+    issue = megatron_issue(data, source=str(path))
     if issue is not None:
         raise ConfigError(issue, source=source)
     try:
-        cfg = ExperimentConfig.model_validate(composed.data)
+        cfg = ExperimentConfig.model_validate(data)
     except ConfigError as exc:
         raise exc.with_source(source) from None
     cfg._roll_notes[:0] = composed.notes
-    return cfg
+    return cfg, app_options
