@@ -62,6 +62,7 @@ def test_failed_rows_contribute_zero_loss_and_zero_gradient(mode, expected_loss,
     loss = aggregate(out.loss_mat, out.mask, mode)
     loss.backward()
     grad = log_probs.grad
+    assert grad is not None
     assert loss.item() == pytest.approx(expected_loss, abs=1e-6)
     assert torch.equal(grad[1], torch.zeros_like(grad[1]))  # the failed row: exactly nothing
     assert torch.allclose(grad[0, 2:5], torch.full((3,), grad_a))
