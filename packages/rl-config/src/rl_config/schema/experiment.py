@@ -5,8 +5,13 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, Self
 
-from pydantic import Field, PrivateAttr, ValidationError, model_validator
-from pydantic_core.core_schema import ValidatorFunctionWrapHandler
+from pydantic import (
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    model_validator,
+)
 
 from rl_config.schema.agentic import CustomEnv, EnvManagerConfig
 from rl_config.schema.algorithm import AlgorithmFields
