@@ -143,11 +143,13 @@ class TrainWorker:
         sender = WeightSender(self._sync_group, bucket_bytes=bucket_bytes)
         return _sync_metrics(send_from_backend(sender, self.backend, version))
 
-    def save_checkpoint(self, root: str, step: int, extra: dict | None = None) -> str:
-        return str(self.backend.save_checkpoint(root, step, extra or {}))
+    def save_checkpoint(
+        self, root: str, step: int, extra: dict | None = None, key_file: str | None = None
+    ) -> str:
+        return str(self.backend.save_checkpoint(root, step, extra or {}, key_file=key_file))
 
-    def load_checkpoint(self, root: str) -> tuple[int, dict]:
-        step, extra = self.backend.load_checkpoint(root)
+    def load_checkpoint(self, root: str, key_file: str | None = None) -> tuple[int, dict]:
+        step, extra = self.backend.load_checkpoint(root, key_file=key_file)
         return int(step), dict(extra or {})
 
     def export_hf(self, out_dir: str) -> str:
