@@ -66,7 +66,9 @@ def default_key_file() -> Path:
     return Path(config) / "rl-stack" / "checkpoint.key"
 
 
-def load_key(key_file: str | os.PathLike[str] | None = None, *, create: bool = True) -> CheckpointKey:
+def load_key(
+    key_file: str | os.PathLike[str] | None = None, *, create: bool = True
+) -> CheckpointKey:
     """Read the signing key (creating it when missing and ``create``); refuses a key file that
     is not a private regular file of this user."""
     path = Path(key_file).expanduser() if key_file else default_key_file()
