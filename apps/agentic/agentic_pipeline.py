@@ -210,7 +210,9 @@ class AgenticPipeline:
                 bucket_bytes=int(cfg.model_update_buffer_size_mb) * 1024**2,
             )
             self.ckpt = CheckpointManager(
-                cfg.checkpoint_dir, keep_last=cfg.max_ckpt_to_keep or None
+                cfg.checkpoint_dir,
+                keep_last=cfg.max_ckpt_to_keep or None,
+                key_file=cfg.checkpoint_config.key_file,
             )
             self.ckpt.cleanup()
             resume = self.ckpt.resolve(cfg.resume_from_checkpoint)
@@ -417,7 +419,9 @@ class AgenticPipeline:
         def write(d: Path) -> None:
             for role in ("actor_train", "critic"):
                 if cluster.has(role):
-                    cluster[role].call_all("save_checkpoint", str(d / role), self.step)
+                    cluster[role].call_all(
+                        "save_checkpoint", str(d / role), self.step, None, self.ckpt.key_file
+                    )
 
         state = RunState(
             step=self.step,
@@ -432,7 +436,7 @@ class AgenticPipeline:
         state = self.ckpt.load_state(path)
         for role in ("actor_train", "critic"):
             if self.workers.has(role):
-                self.workers[role].call_all("load_checkpoint", str(path / role))
+                self.workers[role].call_all("load_checkpoint", str(path / role), self.ckpt.key_file)
         self.step = state.step
         self.weight_version = state.weight_version
         restore_rng(state.rng)

@@ -24,13 +24,7 @@ def tiny_model_tied_path(tmp_path_factory) -> str:
 @pytest.fixture(scope="session", autouse=True)
 def checkpoint_key_file(tmp_path_factory):
     """Sign test checkpoints with a throwaway key (inherited by spawned ranks), never the user's."""
-    from rl_train.signing import KEY_FILE_ENV
+    from rl_train.testing import throwaway_checkpoint_key
 
-    path = tmp_path_factory.mktemp("ckpt_key") / "checkpoint.key"
-    old = os.environ.get(KEY_FILE_ENV)
-    os.environ[KEY_FILE_ENV] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop(KEY_FILE_ENV, None)
-    else:
-        os.environ[KEY_FILE_ENV] = old
+    with throwaway_checkpoint_key(tmp_path_factory.mktemp("ckpt_key")) as path:
+        yield path
