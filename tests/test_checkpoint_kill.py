@@ -14,6 +14,7 @@ The kills are real (the process sends itself SIGKILL at a fault point named by
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -77,10 +78,8 @@ def _launch(out: Path, model: Path, key: Path, fault: str | None = None) -> int:
         try:
             rc = proc.wait(timeout=600)
         finally:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     return rc
 
 
@@ -106,14 +105,16 @@ def _assert_equal(a, b, where: str) -> None:
         assert a == b, where
 
 
-def _final_state(run: Path) -> dict:
+def _final_state(run: Path, key: Path) -> dict:
     """Everything the final checkpoint holds, read after verifying its signature."""
     from rl_runtime.checkpoint import CheckpointManager
+    from rl_train.checkpoint import verify
 
-    mgr = CheckpointManager(run / "ckpt", keep_last=None)
+    mgr = CheckpointManager(run / "ckpt", keep_last=None, key_file=key)
     final = mgr.latest()
     assert final is not None and final.name == f"step-{MAX_STEPS:06d}", mgr.skipped
     role = final / "actor_train" / f"step_{MAX_STEPS:08d}"
+    verify(role, key_file=key)
     state = mgr.load_state(final)
     return {
         "model_optim": _dcp_state(role / "model_optim"),
@@ -122,6 +123,19 @@ def _final_state(run: Path) -> dict:
         "driver_rng": state.rng,
         "run": (state.step, state.weight_version, state.env_seed_epoch),
     }
+
+
+def assert_same_final_state(full: Path, killed: Path, key: Path) -> None:
+    expected, got = _final_state(full, key), _final_state(killed, key)
+    _assert_equal(expected, got, "final")
+    # the run trained: Adam moments are not zero
+    moments = [v for k, v in got["model_optim"].items() if "exp_avg_sq" in k]
+    assert moments and all(bool(m.abs().sum() > 0) for m in moments)
+    # same env seeds and samples after every resume: the logged steps agree
+    m_full, m_killed = _metrics(full), _metrics(killed)
+    for step in range(1, MAX_STEPS + 1):
+        for k in ("env/episode_reward", "rollout/response_tokens", "train/loss", "train/grad_norm"):
+            assert m_killed[step][k] == m_full[step][k], (step, k)
 
 
 def _metrics(run: Path) -> dict[int, dict]:
@@ -159,13 +173,4 @@ def test_sigkill_mid_step_mid_save_after_save_resumes_bit_exact(tmp_path):
     assert _launch(killed, model, key) == 0
     assert _committed(killed) == [f"step-{MAX_STEPS:06d}"]
 
-    expected, got = _final_state(full), _final_state(killed)
-    _assert_equal(expected, got, "final")
-    # the run trained: Adam moments are not zero
-    moments = [v for k, v in got["model_optim"].items() if "exp_avg_sq" in k]
-    assert moments and any(bool(m.abs().sum() > 0) for m in moments)
-    # same env seeds and samples after every resume: the logged steps agree
-    m_full, m_killed = _metrics(full), _metrics(killed)
-    for step in range(1, MAX_STEPS + 1):
-        for k in ("env/episode_reward", "rollout/response_tokens", "train/loss", "train/grad_norm"):
-            assert m_killed[step][k] == m_full[step][k], (step, k)
+    assert_same_final_state(full, killed, key)

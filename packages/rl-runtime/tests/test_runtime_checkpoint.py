@@ -178,3 +178,24 @@ def test_every_file_fsynced_before_marker_and_prune_after_durable(tmp_path, monk
     prune_at = events.index(("rmtree", str(mgr.step_dir(1))))
     assert ("fsync", str(tmp_path)) in events[:prune_at]
     assert mgr.complete() == [final]
+
+
+def test_worker_processes_seed_every_rng_stream():
+    """Two fresh worker processes with the same seed draw the same torch, python and numpy
+    numbers (python's and numpy's streams used to start from OS entropy)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import random, numpy as np, torch\n"
+        "from rl_runtime.workers import _init_process\n"
+        "_init_process({}, 1, 5)\n"
+        "print(random.random(), float(np.random.rand()), float(torch.rand(1)))\n"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+        ).stdout
+        for _ in range(2)
+    }
+    assert len(outs) == 1, outs

@@ -104,6 +104,7 @@ def test_crafted_checkpoint_runs_nothing_and_is_refused(
     assert not sentinel.exists()
     if forge_manifest:
         _forge_manifest(saved)
+    assert ckpt.latest_checkpoint(tmp_path / "ck") is None
     victim = _backend(tiny_model_path)
     with pytest.raises(rl_train.CheckpointError) as err:
         victim.load_checkpoint(tmp_path / "ck")

@@ -17,10 +17,19 @@ import torch
 
 
 def _init_process(dist_env: Mapping[str, str], threads: int, seed: int) -> None:
+    """Environment, threads and every global RNG stream of a worker process (torch, python,
+    numpy): unseeded, python's and numpy's would start from OS entropy in each process, so a run
+    could not be repeated nor a resumed worker match an uninterrupted one."""
+    import random
+
+    import numpy as np
+
     os.environ.update({k: str(v) for k, v in dist_env.items()})
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(max(1, threads))
     torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
 
 
 class TrainWorker:

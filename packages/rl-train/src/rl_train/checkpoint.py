@@ -125,9 +125,19 @@ def committed_checkpoints(root: str | Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    found = committed_checkpoints(root)
-    return found[0] if found else None
+def latest_checkpoint(
+    root: str | Path, *, key_file: str | os.PathLike[str] | None = None
+) -> Path | None:
+    """The newest committed checkpoint under ``root`` that :func:`verify` accepts (others are
+    logged, naming the problem), or None."""
+    for cand in committed_checkpoints(root):
+        try:
+            verify(cand, key_file=key_file)
+        except CheckpointError as err:
+            log.warning("skipping checkpoint: %s", err)
+            continue
+        return cand
+    return None
 
 
 def verify(

@@ -17,8 +17,8 @@ from torch import nn
 
 from rl_train import batching
 from rl_train import dist as rdist
-from rl_train.faults import fault_point
 from rl_train.args import ModelArgs, TrainingArgs
+from rl_train.faults import fault_point
 from rl_train.guard import NonFiniteGuard, any_rank_true, is_finite
 from rl_train.modeling import check_role, token_outputs
 from rl_train.types import Batch, ForwardOutput, LossContext, LossFn
