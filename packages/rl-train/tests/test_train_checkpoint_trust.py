@@ -223,3 +223,20 @@ def test_verification_cost_is_reported(trained, tmp_path, capsys):
     with capsys.disabled():
         print(f"\nverify (HMAC + sha256) of {size / 1e6:.2f} MB checkpoint: {per * 1e3:.2f} ms")
     assert per < 5.0
+
+
+def test_concurrent_first_use_agrees_on_one_complete_key(tmp_path):
+    """Processes racing to create the key all read the same complete key."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "race" / "checkpoint.key"
+    code = f"from rl_train.signing import load_key; print(load_key({str(path)!r}).key_id)"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    ids = {p.communicate(timeout=300)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(ids) == 1 and ids != {""}
+    assert [p.name for p in path.parent.iterdir()] == ["checkpoint.key"]

@@ -104,15 +104,22 @@ def load_key(
 
 
 def _create_key(path: Path) -> None:
+    """Write the key to a private temporary file, then link it into place: a process racing us
+    (another rank, the critic's worker) sees either no key or the complete one."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:  # another rank or process created it first
-        return
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(_KEY_BYTES) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(_KEY_BYTES) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:  # another process created it first: use theirs
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def sha256_file(path: Path) -> str:
