@@ -20,6 +20,7 @@ fingerprint that names the key in errors, not the key).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -114,10 +115,9 @@ def _create_key(path: Path) -> None:
             f.write(secrets.token_hex(_KEY_BYTES) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        try:
+        # another process created it first: use theirs
+        with contextlib.suppress(FileExistsError):
             os.link(tmp, path)
-        except FileExistsError:  # another process created it first: use theirs
-            pass
     finally:
         tmp.unlink(missing_ok=True)
 
