@@ -149,6 +149,7 @@ def _committed(run: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
+@pytest.mark.timeout(1500)  # five app launches on Ray; about 10 min on a loaded 2-core box
 def test_sigkill_mid_step_mid_save_after_save_resumes_bit_exact(tmp_path):
     from rl_rollout.tiny_model import build_tiny_model
 
