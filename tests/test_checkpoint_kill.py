@@ -89,6 +89,14 @@ def _dcp_state(path: Path) -> dict:
     return _load_state_dict_from_keys(checkpoint_id=str(path))
 
 
+def _flat(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = []
+    for k, v in tree.items():
+        name = f"{prefix}{k}"
+        out += _flat(v, name + ".") if isinstance(v, dict) else [(name, v)]
+    return out
+
+
 def _assert_equal(a, b, where: str) -> None:
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
@@ -129,8 +137,9 @@ def assert_same_final_state(full: Path, killed: Path, key: Path) -> None:
     expected, got = _final_state(full, key), _final_state(killed, key)
     _assert_equal(expected, got, "final")
     # the run trained: Adam moments are not zero
-    moments = [v for k, v in got["model_optim"].items() if "exp_avg_sq" in k]
-    assert moments and all(bool(m.abs().sum() > 0) for m in moments)
+    moments = [v for k, v in _flat(got["model_optim"]) if k.endswith(".exp_avg_sq")]
+    assert moments
+    assert all(bool(m.abs().sum() > 0) for m in moments)
     # same env seeds and samples after every resume: the logged steps agree
     m_full, m_killed = _metrics(full), _metrics(killed)
     for step in range(1, MAX_STEPS + 1):
