@@ -67,6 +67,7 @@ def _check_run(rows: list[dict], out: Path) -> None:
         assert r["sync/weight_version"] == r["step"] + 1  # warm-up sync was version 1
         assert 0.0 <= r["env/success_rate"] <= 1.0
         assert r["timing/rollout"] > 0 and r["rollout/num_trajectories"] == 8
+        assert r["failures/episodes"] == 0.0 and r["failures/fraction"] == 0.0  # counted
     assert "val/success_rate" in steps[-1]
     assert (out / "curves.png").stat().st_size > 0
     # exported HF weights differ from the initial tiny model: the actor was trained

@@ -2,8 +2,10 @@
 
 For every package: each top-level module its ``src/`` imports (at module level or lazily inside a
 function) is the package itself, the standard library, or a distribution the package declares
-(dependencies or optional extras), and never one the dependency rule forbids. And the light
-packages stay light at import time in a fresh interpreter.
+(dependencies or optional extras), and never one the dependency rule forbids. Its ``tests/`` may
+import, in addition, what its own dependency groups declare and the workspace's dev tools (the root
+``dev`` group): what CI's per-package step (.ci/package-test) installs. And the light packages stay
+light at import time in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -49,6 +51,23 @@ def declared_distributions(pyproject: Path) -> set[str]:
     return {_requirement_name(r) for r in reqs}
 
 
+def group_distributions(pyproject: Path, groups: list[str] | None = None) -> set[str]:
+    """Distributions of the dependency groups ``groups`` (all of them when None)."""
+    declared = tomllib.loads(pyproject.read_text()).get("dependency-groups", {})
+    names = declared if groups is None else groups
+    return {_requirement_name(r) for name in names for r in declared[name] if isinstance(r, str)}
+
+
+def declared_test_distributions(package_dir: Path) -> set[str]:
+    """What a package's tests may import: its dependencies, extras, groups and the dev tools."""
+    pyproject = package_dir / "pyproject.toml"
+    return (
+        declared_distributions(pyproject)
+        | group_distributions(pyproject)
+        | group_distributions(ROOT / "pyproject.toml", ["dev"])
+    )
+
+
 def imported_top_level_modules(source: str) -> set[str]:
     """Top-level names of every absolute import in ``source`` (lazy ones included)."""
     names: set[str] = set()
@@ -61,13 +80,21 @@ def imported_top_level_modules(source: str) -> set[str]:
 
 
 def boundary_violations(
-    package: str, module: str, imports: set[str], declared: set[str]
+    package: str,
+    module: str,
+    imports: set[str],
+    declared: set[str],
+    allowed: set[str] | None = None,
 ) -> list[str]:
-    """Human-readable violations of the rule for one package's set of imported modules."""
+    """Human-readable violations of the rule for one package's set of imported modules.
+
+    ``allowed``: the workspace and heavy modules it may import (the rule's ``ALLOWED[package]``
+    unless given)."""
+    allowed = ALLOWED[package] if allowed is None else allowed
     dists_of = packages_distributions()
     problems = []
     for name in sorted(imports - {module} - set(sys.stdlib_module_names) - {"__future__"}):
-        if (name in WORKSPACE or name in HEAVY) and name not in ALLOWED[package]:
+        if (name in WORKSPACE or name in HEAVY) and name not in allowed:
             problems.append(f"{package} imports {name}: forbidden by the dependency rule")
             continue
         if name in VENDOR_CHANNEL:
@@ -100,6 +127,51 @@ def test_imports_respect_declared_dependencies_and_the_rule(package_dir: Path):
             for p in boundary_violations(package_dir.name, module, imports, declared)
         ]
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("package_dir", _packages(), ids=lambda p: p.name)
+def test_test_imports_respect_what_the_package_declares(package_dir: Path):
+    """A package's tests run in an environment with only what it declares (.ci/package-test)."""
+    module = package_dir.name.replace("-", "_")
+    tests = package_dir / "tests"
+    assert tests.is_dir(), f"{package_dir.name}: missing tests/"
+    declared = declared_test_distributions(package_dir)
+    # A workspace package in a test group (rl-train's tests build their model with rl-rollout)
+    # is allowed in the tests only.
+    test_groups = {d.replace("-", "_") for d in group_distributions(package_dir / "pyproject.toml")}
+    allowed = ALLOWED[package_dir.name] | (test_groups & WORKSPACE)
+    problems = []
+    for path in sorted(tests.rglob("*.py")):
+        imports = imported_top_level_modules(path.read_text())
+        problems += [
+            f"{path.relative_to(ROOT)}: {p}"
+            for p in boundary_violations(package_dir.name, module, imports, declared, allowed)
+        ]
+    assert not problems, "\n".join(problems)
+
+
+def test_test_checker_allows_dev_tools_and_test_groups_only(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "rl-algos"\ndependencies = ["torch>=2.4"]\n'
+        '[dependency-groups]\ntest = ["rl-config"]\n'
+    )
+    declared = declared_test_distributions(tmp_path)
+    assert {"torch", "rl-config", "pytest", "pytest-xdist"} <= declared
+    assert "pyyaml" not in declared
+    imports = imported_top_level_modules("import pytest, xdist, torch, rl_config, yaml\n")
+    problems = boundary_violations(
+        "rl-algos", "rl_algos", imports, declared, {"torch", "rl_config"}
+    )
+    assert problems == ["rl-algos imports yaml but declares none of ['pyyaml']"]
+
+
+def test_workspace_test_groups_form_no_cycle():
+    """A test group may name a sibling, never a package that depends on this one."""
+    for package_dir in _packages():
+        module = package_dir.name.replace("-", "_")
+        for dep in group_distributions(package_dir / "pyproject.toml"):
+            if dep in ALLOWED:
+                assert module not in ALLOWED[dep], f"{package_dir.name} test group names {dep}"
 
 
 def test_checker_catches_a_forbidden_and_an_undeclared_import():

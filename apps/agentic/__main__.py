@@ -2,12 +2,11 @@
 
 With no arguments: the CPU default (configs/cpu_default.yaml) — a tiny model built locally,
 FrozenLake, a short supervised warm-up on solver demonstrations, then RL; it prints a summary table
-of validation success before and after RL.
+of validation success before and after RL (also written to output_dir/summary.json).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -23,72 +22,115 @@ def load(config: Path, overrides: list[str]):
     """Compose + validate the experiment; split off the app's own `agentic_app:` section."""
     from agentic_options import AppOptions
 
-    from rl_config.loading import compose_config
-    from rl_config.schema import ExperimentConfig
+    from rl_config.loading import load_app_config
 
-    composed = compose_config(config, overrides)
-    data = dict(composed.data)
-    app = AppOptions.from_mapping(data.pop("agentic_app", None))
-    cfg = ExperimentConfig.model_validate(data)
-    return cfg, app
+    cfg, section = load_app_config(config, overrides, section="agentic_app")
+    return cfg, AppOptions.from_mapping(section)
 
 
-def dry_run(cfg, app) -> str:
-    from agentic_options import describe_plan
+def components_of(cfg, rollout_only: bool = False):
+    import importlib.util
 
+    from rl_runtime.compose import compose
+    from rl_sync.device import detect_device_kind
+
+    flash = importlib.util.find_spec("flash_attn") is not None
+    return compose(
+        cfg, device_kind=detect_device_kind(), flash_attn_available=flash, rollout_only=rollout_only
+    )
+
+
+def dry_run(components) -> str:
+    from rl_runtime.compose import describe
     from rl_runtime.placement import plan_placement
     from rl_sync.device import detect_device_kind, ray_resource_name
 
     kind = detect_device_kind()
-    maps = {role: w.device_mapping or [0] for role, w in cfg.workers().items()}
-    if not cfg.enable_reference:
-        maps.pop("reference", None)
     plan = plan_placement(
-        maps,
-        num_devices=cfg.total_devices,
+        {r.role: list(r.device_mapping) for r in components.roles},
+        num_devices=components.cluster.num_devices,
         device_kind=kind,
         resource_name=ray_resource_name(kind),
-        devices_per_worker={r: w.num_gpus_per_worker for r, w in cfg.workers().items()},
+        devices_per_worker={r.role: r.devices_per_worker for r in components.roles},
     )
-    return describe_plan(cfg, app, plan.describe())
+    return plan.describe() + "\n" + describe(components)
+
+
+def model_path(cfg, app) -> str:
+    """The policy model: `pretrain`, built first when agentic_app.build_tiny_model is set."""
+    from rl_runtime.compose import resolve_local
+
+    path = cfg.pretrain
+    if app.build_tiny_model:
+        from dataclasses import asdict
+
+        from rl_rollout.tiny_model import build_tiny_model
+
+        path = str(build_tiny_model(path, **asdict(app.tiny_model)))
+    return resolve_local(str(path))
+
+
+FLAGS = {
+    "dry-run": "print the components and exit",
+    "rollout-only": "dump trajectories to JSONL",
+    "no-ray": "run every worker in this process",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="apps/agentic", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="experiment YAML")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    parser.add_argument("--rollout-only", action="store_true", help="dump trajectories to JSONL")
-    parser.add_argument("--no-ray", action="store_true", help="run every worker in this process")
-    args = parser.parse_args(argv)
+    """`--config FILE key=value ...`, or ROLL's `--config_path DIR --config_name NAME key=value`."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
 
     try:
+        args = parse_app_args(argv, flags=FLAGS, default_config=DEFAULT_CONFIG, prog="apps/agentic")
+        rollout_only = "rollout_only" in args.flags
         cfg, app = load(args.config, args.overrides)
+        components = components_of(cfg, rollout_only)
     except (ConfigError, ValueError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
-    if args.no_ray:
+    if "no_ray" in args.flags:
         app.use_ray = False
-    if args.dry_run:
-        print(dry_run(cfg, app))
+    if "dry_run" in args.flags:
+        for line in (*cfg.config_warnings(), *components.warnings):
+            print(f"warning: {line}")
+        print(dry_run(components))
         return 0
-    from agentic_pipeline import AgenticPipeline
+    from agentic_pipeline import STDOUT_KEYS, AgenticRecipe, RolloutOnlyRecipe, summary_row
     from rich.console import Console
 
+    from rl_runtime.pipeline import Runner, RunOptions
     from rl_runtime.timing import summary_table
 
-    result = AgenticPipeline(cfg, app, rollout_only=args.rollout_only).run()
+    path = model_path(cfg, app)
+    options = RunOptions(
+        model_path=path,
+        use_ray=app.use_ray,
+        num_cpus=app.num_cpus,
+        object_store_mb=app.object_store_mb,
+        cpu_per_bundle=app.cpu_per_bundle,
+        agent_mode=app.agent_loop_mode,
+        eval_before_training=app.eval_before_training and not rollout_only,
+        export_hf=app.export_hf and not rollout_only,
+        stdout_keys=STDOUT_KEYS,
+    )
+    recipe = RolloutOnlyRecipe(cfg.output_dir) if rollout_only else AgenticRecipe(app, path)
+    result = Runner(cfg, components, recipe, options).run()
+    rows = {
+        "before RL": summary_row(result.eval_before),
+        "after RL": summary_row(result.eval_after),
+    }
+    rows = {k: v for k, v in rows.items() if v}
     console = Console()
-    if result.get("summary"):
+    if rows:
         title = "validation (success_rate: sampled like training; greedy/success_rate: greedy)"
-        console.print(summary_table(title, result["summary"]))
+        console.print(summary_table(title, rows))
     console.print(
-        f"steps={result.get('step')} weight_version={result.get('weight_version')} "
-        f"wall={result.get('wall_seconds', 0):.0f}s curves={result.get('curves')} "
-        f"hf_model={result.get('hf_model')}"
+        f"steps={result.step} weight_version={result.weight_version} "
+        f"wall={result.wall_seconds:.0f}s curves={result.curves} hf_model={result.hf_model}"
     )
     return 0
 

@@ -5,9 +5,11 @@ CPU (default):  .venv/bin/python tools/bench/train.py
      DeepSpeed ZeRO-2/3 with 2 gloo ranks), same global batch;
   2. dynamic batching and packing on a mixed-length batch (tokens/s, padding fraction), measured
      against fixed micro-batches in the same process.
-CUDA:           python tools/bench/train.py --cuda [--steps 6] [--seq 2048] [--batch 16]
-  random-initialised Qwen2-0.5B configuration (no download), FSDP2 on one GPU in bf16: training
-  tokens/s, MFU and peak memory with/without packing and gradient checkpointing.
+CUDA:           python tools/bench/train.py --device cuda [--steps 4] [--only 0,3] [--profile 3]
+  a randomly initialised model of Qwen2.5-0.5B's shape (no download), bf16, one GPU, 16 sequences
+  of 2048-4096 tokens per step: tokens/s, MFU (formula in ``flops_per_token``) and peak memory for
+  a hand-written HF + AdamW loop (the baseline, same process's batches), FSDP2 (padded, packed with
+  sdpa, packed with the varlen kernel, + activation checkpointing) and DeepSpeed ZeRO-2/3.
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-H200_BF16_PEAK_FLOPS = 989.4e12
 
 
 def _mixed_batch(n: int, max_len: int, vocab: int, seed: int = 0):
@@ -183,52 +183,141 @@ def bench_batching(model: str, device_note: str = "cpu") -> list[dict]:
     return rows
 
 
-# -- CUDA: random-init Qwen2-0.5B ------------------------------------------------------------------
-QWEN2_05B: dict[str, Any] = dict(
+# -- CUDA: random-init Qwen2.5-0.5B shape ------------------------------------------------------------
+QWEN05B_SHAPE: dict[str, Any] = dict(
     hidden_size=896,
     intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=151936,
+    num_layers=24,
+    num_heads=14,
+    num_kv_heads=2,
+    padded_vocab_size=151936,
     max_position_embeddings=32768,
     tie_word_embeddings=True,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
+    initializer_range=0.02,
 )
+# Dense bf16 tensor-core peak (no sparsity) by device name; MFU is reported against it.
+PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "H20": 148e12, "A100": 312e12}
 
 
-def _build_qwen05b(out: Path) -> Path:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def build_qwen05b_shaped(out: Path) -> Path:
+    """Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14/2 heads, MLP 4864, 151,936 embedding rows,
+    tied), random init, with the local tiny tokenizer; nothing is downloaded."""
+    from rl_rollout.tiny_model import build_tiny_model
 
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**QWEN2_05B))
-    model.save_pretrained(str(out))
-    return out
+    return build_tiny_model(out, **QWEN05B_SHAPE)
 
 
-def _flops_per_token(seq_len_avg: float) -> float:
-    h, L, v, f = (
-        QWEN2_05B[k]
-        for k in ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
+def flops_per_token(ctx_avg: float) -> float:
+    """Training FLOPs per token, forward + backward = 3x forward:
+    forward = 2 * (matmul parameters: q, k, v, o, gate, up, down per layer + the lm_head)
+            + 2 * 2 * layers * hidden * ctx_avg / 2  (QK^T and PV, causal: half the context),
+    with ctx_avg the token-weighted sequence length. Embedding look-ups and norms are not counted;
+    activation checkpointing's recompute is not counted (MFU, not HFU)."""
+    h, layers, f = (
+        QWEN05B_SHAPE["hidden_size"],
+        QWEN05B_SHAPE["num_layers"],
+        QWEN05B_SHAPE["intermediate_size"],
     )
-    kv = h // QWEN2_05B["num_attention_heads"] * QWEN2_05B["num_key_value_heads"]
-    per_layer = h * h * 2 + 2 * h * kv + 3 * h * f  # q, o, k, v, gate/up/down
-    matmul_params = L * per_layer + v * h  # + lm_head
-    attn = 2 * 2 * L * h * seq_len_avg / 2  # QK^T and PV, causal half, per token forward
-    return 3 * (2 * matmul_params + attn)  # forward + backward (2x)
+    v = QWEN05B_SHAPE["padded_vocab_size"]
+    kv = h // QWEN05B_SHAPE["num_heads"] * QWEN05B_SHAPE["num_kv_heads"]
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * f
+    matmul_params = layers * per_layer + v * h
+    attention = 2 * 2 * layers * h * ctx_avg / 2
+    return 3 * (2 * matmul_params + attention)
+
+
+def _peak_flops(override: float | None) -> tuple[float, str]:
+    if override:
+        return override * 1e12, "given"
+    name = torch.cuda.get_device_name(0)
+    for key, value in PEAK_BF16_FLOPS.items():
+        if key in name:
+            return value, name
+    raise SystemExit(f"unknown peak bf16 FLOP/s for {name!r}: pass --peak-tflops")
+
+
+def _long_batch(n: int, lo: int, hi: int, vocab: int, seed: int) -> dict[str, torch.Tensor]:
+    """``n`` right-padded rows with lengths uniform in ``[lo, hi]``; prompt = first 256 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi + 1, (n,), generator=g)
+    cols = torch.arange(hi)[None]
+    attn = (cols < lengths[:, None]).long()
+    ids = torch.randint(3, vocab, (n, hi), generator=g) * attn
+    return {"input_ids": ids, "attention_mask": attn, "response_mask": attn.bool() & (cols >= 256)}
+
+
+def _baseline_worker(rank: int, spec: dict) -> None:
+    """The loop a user writes by hand: HF model (fp32 weights, bf16 autocast, sdpa), fused AdamW,
+    padded micro-batches, ``labels=`` cross-entropy. Same batches as the backends."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        spec["model"], dtype=torch.float32, attn_implementation="sdpa"
+    ).cuda()
+    if spec["gc"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+    batches = [
+        _long_batch(spec["batch"], spec["min_len"], spec["seq"], 151936, s)
+        for s in range(spec["steps"] + 1)
+    ]
+
+    def step(batch: dict[str, torch.Tensor]) -> None:
+        for i in range(0, spec["batch"], spec["micro"]):
+            mb = {k: v[i : i + spec["micro"]].cuda() for k, v in batch.items()}
+            t = int(mb["attention_mask"].sum(-1).max())
+            labels = mb["input_ids"][:, :t].masked_fill(~mb["response_mask"][:, :t], -100)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(
+                    input_ids=mb["input_ids"][:, :t],
+                    attention_mask=mb["attention_mask"][:, :t],
+                    labels=labels,
+                ).loss
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    _time_steps(step, batches, spec)
+
+
+def _time_steps(step, batches, spec) -> None:
+    from rl_sync.device import memory_stats, reset_peak_memory_stats, synchronize
+
+    step(batches[0])  # warm-up
+    synchronize()
+    reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for b in batches[1:]:
+        step(b)
+    synchronize()
+    secs = time.perf_counter() - t0
+    lens = torch.cat([b["attention_mask"].sum(-1) for b in batches[1:]]).float()
+    result = {
+        "seconds": secs,
+        "tokens": float(lens.sum()),
+        "ctx_avg": float((lens * lens).sum() / lens.sum()),
+        "peak_gib": memory_stats()["peak_gib"],
+    }
+    if spec.get("profile"):
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step(batches[1])
+            synchronize()
+        result["profile"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    Path(spec["out"]).write_text(json.dumps(result))
 
 
 def _cuda_worker(rank: int, spec: dict) -> None:
-    from rl_sync.device import memory_stats, reset_peak_memory_stats, synchronize
     from rl_train import build_backend
     from rl_train.testing import nll_loss
 
     backend = build_backend(
-        "fsdp2_train",
+        spec["strategy"],
         role="actor",
         model_path=spec["model"],
-        strategy_config={"gradient_checkpointing": spec["gc"]},
+        strategy_config={**spec["cfg"], "gradient_checkpointing": spec["gc"]},
         model_args={"dtype": "bf16", "attn_implementation": spec["attn"]},
         training_args=dict(
             per_device_train_batch_size=spec["micro"],
@@ -240,59 +329,123 @@ def _cuda_worker(rank: int, spec: dict) -> None:
         ),
     )
     batches = [
-        _mixed_batch(spec["batch"], spec["seq"], vocab=QWEN2_05B["vocab_size"], seed=s)
+        _long_batch(spec["batch"], spec["min_len"], spec["seq"], 151936, s)
         for s in range(spec["steps"] + 1)
     ]
-    backend.train_step(batches[0], nll_loss)
-    synchronize()
-    reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    for b in batches[1:]:
-        backend.train_step(b, nll_loss)
-    synchronize()
-    secs = time.perf_counter() - t0
-    real = sum(int(b["attention_mask"].sum()) for b in batches[1:])
-    lens = torch.cat([b["attention_mask"].sum(-1) for b in batches[1:]]).float()
-    avg_ctx = float((lens * lens).sum() / lens.sum())  # token-weighted sequence length
-    tps = real / secs
-    mfu = tps * _flops_per_token(avg_ctx) / H200_BF16_PEAK_FLOPS
-    res = {
-        "packing": spec["packed"],
-        "grad_ckpt": spec["gc"],
-        "tokens_per_s": tps,
-        "mfu": mfu,
-        "peak_gib": memory_stats()["peak_gib"],
-    }
-    Path(spec["out"]).write_text(json.dumps(res))
+    _time_steps(lambda b: backend.train_step(b, nll_loss), batches, spec)
+
+
+CUDA_CONFIGS: list[dict[str, Any]] = [
+    # name, strategy, strategy config, attention, packed, activation checkpointing
+    dict(
+        name="baseline: HF + AdamW loop, padded, sdpa",
+        strategy="baseline",
+        cfg={},
+        attn="sdpa",
+        packed=False,
+        gc=False,
+    ),
+    dict(
+        name="fsdp2, padded, sdpa",
+        strategy="fsdp2_train",
+        cfg={},
+        attn="sdpa",
+        packed=False,
+        gc=False,
+    ),
+    dict(
+        name="fsdp2, packed, sdpa (block mask)",
+        strategy="fsdp2_train",
+        cfg={},
+        attn="sdpa",
+        packed=True,
+        gc=False,
+    ),
+    dict(
+        name="fsdp2, packed, varlen",
+        strategy="fsdp2_train",
+        cfg={},
+        attn="varlen",
+        packed=True,
+        gc=False,
+    ),
+    dict(
+        name="fsdp2, packed, varlen, act. ckpt",
+        strategy="fsdp2_train",
+        cfg={},
+        attn="varlen",
+        packed=True,
+        gc=True,
+    ),
+    dict(
+        name="deepspeed zero2, packed, varlen",
+        strategy="deepspeed_train",
+        cfg={"zero_optimization": {"stage": 2}},
+        attn="varlen",
+        packed=True,
+        gc=False,
+    ),
+    dict(
+        name="deepspeed zero3, packed, varlen",
+        strategy="deepspeed_train",
+        cfg={"zero_optimization": {"stage": 3}},
+        attn="varlen",
+        packed=True,
+        gc=False,
+    ),
+]
 
 
 def bench_cuda(args: argparse.Namespace) -> list[dict]:
     from rl_train.dist import spawn
 
+    peak, device_name = _peak_flops(args.peak_tflops)
     tmp = Path(tempfile.mkdtemp(prefix="bench_train_cuda_"))
-    model = str(_build_qwen05b(tmp / "qwen2-0.5b-random"))
+    model = str(build_qwen05b_shaped(tmp / "qwen2.5-0.5b-shape"))
+    only = set(args.only.split(",")) if args.only else None
     rows = []
-    for packed in (False, True):
-        for gc in (False, True):
-            out = tmp / f"r_{packed}_{gc}.json"
-            spec = dict(
-                model=model,
-                gc=gc,
-                packed=packed,
-                batch=args.batch,
-                seq=args.seq,
-                micro=args.micro,
-                budget=args.budget,
-                steps=args.steps,
-                out=str(out),
-                attn=args.attn,
+    for i, conf in enumerate(CUDA_CONFIGS):
+        if only is not None and str(i) not in only:
+            continue
+        out = tmp / f"r{i}.json"
+        spec = dict(
+            conf,
+            model=model,
+            batch=args.batch,
+            seq=args.seq,
+            min_len=args.min_len,
+            micro=args.micro,
+            budget=args.budget,
+            steps=args.steps,
+            out=str(out),
+            profile=args.profile == i,
+        )
+        row: dict[str, Any] = {"config": conf["name"]}
+        try:
+            spawn(_baseline_worker if conf["strategy"] == "baseline" else _cuda_worker, 1, spec)
+            res = json.loads(out.read_text())
+            tps = res["tokens"] / res["seconds"]
+            row.update(
+                tokens_per_s=tps,
+                mfu=tps * flops_per_token(res["ctx_avg"]) / peak,
+                peak_gib=res["peak_gib"],
             )
-            try:
-                spawn(_cuda_worker, 1, spec)
-                rows.append(json.loads(out.read_text()))
-            except Exception as err:  # OOM without checkpointing is a result too
-                rows.append({"packing": packed, "grad_ckpt": gc, "error": str(err)[-300:]})
-            print(rows[-1], flush=True)
+            if "profile" in res:
+                print(res["profile"])
+        except Exception as err:  # an OOM is a result too
+            row["error"] = str(err)[-300:]
+        rows.append(row)
+        print(row, flush=True)
+    base = (
+        rows[0].get("tokens_per_s") if rows and rows[0]["config"].startswith("baseline") else None
+    )
+    for r in rows:
+        if base and "tokens_per_s" in r:
+            r["x_baseline"] = r["tokens_per_s"] / base
+    print(
+        f"\n{device_name}; peak {peak / 1e12:.0f} TFLOP/s bf16 dense; {args.batch} sequences of "
+        f"{args.min_len}-{args.seq} tokens per step; token budget {args.budget} when packed"
+    )
     return rows
 
 
@@ -313,16 +466,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--cuda", action="store_true", help="Qwen2-0.5B random init on the GPU")
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--seq", type=int, default=2048)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--micro", type=int, default=4)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--cuda", action="store_true", help="same as --device cuda")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps (after one warm-up)")
+    parser.add_argument("--seq", type=int, default=4096, help="longest sequence (cuda)")
+    parser.add_argument("--min-len", type=int, default=2048, help="shortest sequence (cuda)")
+    parser.add_argument("--batch", type=int, default=16, help="sequences per step (cuda)")
+    parser.add_argument("--micro", type=int, default=4, help="rows per padded micro-batch")
     parser.add_argument("--budget", type=int, default=16384, help="token budget with packing")
-    parser.add_argument("--attn", default="sdpa", help="sdpa or flash_attention_2")
+    parser.add_argument("--only", default="", help="comma-separated config indices (cuda)")
+    parser.add_argument("--profile", type=int, default=-1, help="profile one step of config N")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="override the peak")
     parser.add_argument("--skip-backends", action="store_true")
+    parser.add_argument("--build-model", default="", help="only build the 0.5B-shaped model here")
     args = parser.parse_args()
-    if args.cuda:
+    if args.build_model:
+        print(build_qwen05b_shaped(Path(args.build_model)))
+        return
+    if args.cuda or args.device == "cuda":
         print(_table(bench_cuda(args)))
         return
     from rl_rollout.tiny_model import build_tiny_model

@@ -35,7 +35,8 @@ def test_config_cli_check_errors_exit_1(seed_yaml: Path) -> None:
     seed_yaml.write_text(seed_yaml.read_text().replace("deepspeed_train", "megatron_train"))
     result = run("check", str(seed_yaml))
     assert result.returncode == 1
-    assert "not supported; use deepspeed_train or fsdp2_train" in result.stderr
+    assert "Megatron-LM is not implemented" in result.stderr
+    assert f"rl-config convert {seed_yaml} --strategy fsdp2|deepspeed -o OUT" in result.stderr
 
 
 def test_config_cli_explain() -> None:

@@ -77,16 +77,12 @@ def test_config_unknown_key_inside_dict_of_models() -> None:
 @pytest.mark.parametrize(
     ("role", "name", "fragment"),
     [
-        ("actor_train", "megatron_train", "not supported; use deepspeed_train or fsdp2_train"),
-        ("critic", "megatron_train", "not supported; use deepspeed_train or fsdp2_train"),
+        ("actor_train", "megatron_train", "Megatron-LM is not implemented"),
+        ("critic", "megatron_train", "Megatron-LM is not implemented"),
         ("actor_infer", "sglang", "not supported; use vllm or hf_infer"),
         ("actor_infer", "deepspeed_train", "cannot be used for actor_infer"),
         ("actor_train", "vllm", "cannot be used for actor_train"),
-        (
-            "reference",
-            "megatron_infer",
-            "not supported; use hf_infer, deepspeed_train or fsdp2_train",
-        ),
+        ("reference", "megatron_infer", "rl-config convert FILE --strategy fsdp2|deepspeed"),
         ("actor_train", "deepspeed_trian", "did you mean 'deepspeed_train'?"),
     ],
 )
@@ -99,6 +95,7 @@ def test_config_strategy_support(role: str, name: str, fragment: str) -> None:
 
 def test_config_devices_checked_against_cluster() -> None:
     found = issues_of(
+        num_nodes=1,
         num_gpus_per_node=4,
         actor_train={"device_mapping": "list(range(2,6))"},
         actor_infer={"device_mapping": [0, 0]},
@@ -109,6 +106,17 @@ def test_config_devices_checked_against_cluster() -> None:
         num_nodes=2, num_gpus_per_node=4, actor_train={"device_mapping": "list(range(2,6))"}
     )
     assert cfg.actor_train.world_size == 4
+
+
+def test_config_unset_num_nodes_is_derived_from_device_ids_as_roll_does() -> None:
+    cfg = validate(
+        num_gpus_per_node=4,
+        rollout_batch_size=12,
+        actor_train={"device_mapping": "list(range(0,12))"},
+    )
+    assert cfg.num_nodes == 3
+    (note,) = [w for w in cfg.config_warnings() if w.startswith("num_nodes:")]
+    assert "derived as 3 from device id 11 and num_gpus_per_node 4" in note
 
 
 def test_config_vllm_devices_per_worker_follow_tensor_parallel() -> None:
@@ -210,7 +218,7 @@ def test_config_agentic_rules() -> None:
             }
         )
     )
-    assert "['oops']" in found["custom_envs.Sok.agent_template"]
+    assert "{oops}" in found["custom_envs.Sok.agent_template"]
     found = issues_of(**agentic(actor_infer={"generating_args": {"num_return_sequences": 4}}))
     assert "group_size" in found["actor_infer.generating_args.num_return_sequences"]
 

@@ -76,7 +76,9 @@ def test_config_seed_megatron_is_rejected_clearly(seed_yaml: Path) -> None:
         load_config(seed_yaml)
     (issue,) = info.value.issues
     assert issue.path == "actor_train.strategy_args.strategy_name"
-    assert "'megatron_train' is not supported; use deepspeed_train or fsdp2_train" in issue.message
+    assert "Megatron-LM is not implemented" in issue.message
+    assert "actor_train.strategy_args.strategy_name=megatron_train" in issue.message
+    assert f"rl-config convert {seed_yaml} --strategy fsdp2|deepspeed -o OUT" in issue.message
 
 
 def test_config_bundled_example_loads() -> None:

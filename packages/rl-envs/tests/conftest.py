@@ -1,4 +1,6 @@
-"""Shared sandbox pools for the rl-envs tests (started once per session)."""
+"""Shared sandbox pools for the rl-envs tests (started once per session). They accept weak
+isolation so that limit and timeout tests also run where namespaces are refused; the escape
+tests read ``pool.isolation`` and skip, naming what is missing, where it is weak."""
 
 from __future__ import annotations
 
@@ -13,7 +15,11 @@ def hostile_pool():
     pool = SandboxPool(
         1,
         limits=SandboxLimits(
-            timeout_s=1.5, memory_mb=512, max_processes=32, max_output_bytes=1 << 20
+            timeout_s=1.5,
+            memory_mb=512,
+            max_processes=32,
+            max_output_bytes=1 << 20,
+            allow_weak_isolation=True,
         ),
     )
     yield pool
@@ -23,7 +29,10 @@ def hostile_pool():
 @pytest.fixture(scope="session")
 def math_pool():
     pool = SandboxPool(
-        2, limits=SandboxLimits(timeout_s=10.0), preload=MATH_PRELOAD, warmup=MATH_WARMUP
+        2,
+        limits=SandboxLimits(timeout_s=10.0, allow_weak_isolation=True),
+        preload=MATH_PRELOAD,
+        warmup=MATH_WARMUP,
     )
     yield pool
     pool.close()

@@ -92,8 +92,8 @@ def test_good_custom_reward_runs_out_of_process(hostile_pool, tmp_path):
     outs = manager.score([RewardInput("d", "7", "7"), RewardInput("d", "7", "8")])
     assert [o.reward for o in outs] == [1.0, 0.0]
     assert outs[0].extra["pid"] != os.getpid() and outs[0].extra["src"] == "d"
-    if os.geteuid() == 0:
-        assert outs[0].extra["uid"] == 65534
+    if os.geteuid() == 0:  # one uid per call slot (this pool has one worker)
+        assert outs[0].extra["uid"] == hostile_pool.limits.uid_base
 
 
 def test_custom_reward_file_is_checked_without_running(tmp_path):
@@ -120,6 +120,15 @@ def test_fork_count_is_bounded(hostile_pool):
     if os.geteuid() == 0 or os.getuid() != 0:
         assert int(result.stdout.strip()) < hostile_pool.limits.max_processes
     assert _children_of(hostile_pool.worker_info["pid"]) == []
+
+
+def test_cpu_limit_is_reported():
+    """The call may be pid 1 of its pid namespace, which ignores SIGXCPU: the hard limit's
+    SIGKILL still reads as a CPU limit."""
+    limits = SandboxLimits(timeout_s=60, cpu_s=1, allow_weak_isolation=True)  # loaded CI hosts
+    with SandboxPool(1, limits=limits) as pool:
+        result = pool.run_python("while True:\n    pass\n")
+    assert result.kind == "cpu_limit", result
 
 
 def test_escaped_descendants_are_killed(hostile_pool, tmp_path):

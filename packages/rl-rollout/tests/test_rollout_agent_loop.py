@@ -5,11 +5,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import msgspec
 import pytest
 import torch
 
-from rl_config.records import GenerationRequest, GenerationResult, SamplingParams, Trajectory
+from rl_config.records import (
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    Trajectory,
+    decode,
+    encode,
+)
 from rl_envs.registry import make_env
 from rl_rollout.agent_loop import AgentLoop, EpisodeSpec
 from rl_rollout.hf_engine import HFEngine
@@ -152,7 +158,7 @@ def test_token_exact_multi_turn_sokoban_and_frozenlake(
     assert retokenised_differs
     if mode == "async":
         assert 1 < engine.peak_in_flight <= 4
-    msgspec.msgpack.decode(msgspec.msgpack.encode(trajs), type=list[Trajectory])
+    decode(encode(trajs), list[Trajectory])  # the wire format validates every trajectory
 
 
 def test_scripted_episodes_reach_success_with_rewards(tiny_tokenizer) -> None:
@@ -230,6 +236,57 @@ def test_single_turn_and_env_errors_are_isolated(hf_engine, tiny_tokenizer) -> N
         assert t.token_ids[t.turns[0].end :] == []  # nothing after the last model turn
     assert bad.failed and bad.termination_reason == "error" and "boom" in (bad.error or "")
     assert sum(bad.response_mask) == bad.turns[0].end - bad.turns[0].start > 0
+
+
+class _OwnTimeoutEnv(_SingleTurnEnv):
+    def step(self, action_text):
+        raise TimeoutError("grader took too long")
+
+
+class _HangingEnv(_SingleTurnEnv):
+    """step blocks until released (at most 30 s, so a loop without a timeout returns late)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+
+    def step(self, action_text):
+        self.release.wait(30.0)
+        return super().step(action_text)
+
+
+@pytest.mark.parametrize("mode", ["async", "lockstep"])
+def test_hanging_env_step_fails_its_episode_within_the_timeout(
+    hf_engine, tiny_tokenizer, mode
+) -> None:
+    import time
+
+    loop = AgentLoop(
+        hf_engine,
+        tiny_tokenizer,
+        max_tokens_per_step=6,
+        sampling=SamplingParams(seed=1),
+        mode=mode,
+        env_step_timeout_s=1.0,
+    )
+    hanging = _HangingEnv()
+    start = time.monotonic()
+    try:
+        good, hung, own = asyncio.run(
+            loop.run_episodes([(_SingleTurnEnv(), 0), (hanging, 1), (_OwnTimeoutEnv(), 2)])
+        )
+    finally:
+        hanging.release.set()
+    assert time.monotonic() - start < 15.0
+    assert not good.failed and good.metrics["env_timeout"] == 0.0
+    assert hung.failed and hung.termination_reason == "error"
+    assert "within 1 s (timeout)" in (hung.error or "") and hung.metrics["env_timeout"] == 1.0
+    assert len(hung.turns) == 1 and sum(hung.response_mask) > 0  # the model's turn is kept
+    assert own.failed and own.metrics["env_timeout"] == 0.0  # the env's own error, not ours
+    assert "TimeoutError: grader took too long" in (own.error or "")
+    with pytest.raises(ValueError, match="env_step_timeout_s"):
+        AgentLoop(hf_engine, tiny_tokenizer, env_step_timeout_s=0)
 
 
 def test_sequence_budget_ends_with_max_length(hf_engine, tiny_tokenizer) -> None:

@@ -190,3 +190,34 @@ def test_sample_tokens_draws_from_the_warped_distribution() -> None:
         assert (freq - expected).abs().max().item() < 0.02, (temperature, top_p, top_k)
     greedy = sample_tokens(logits.unsqueeze(0), [0.0], [1.0], [-1], [None])
     assert greedy.tolist() == [0]
+
+
+def test_repetition_penalty_changes_greedy_tokens_and_keeps_raw_log_probs(
+    fresh_engine, hf_reference_model
+) -> None:
+    """A huge penalty forbids repeating any token of the prompt or output (greedy), while the
+    recorded log-probs stay the raw model's (teacher-forced)."""
+    prompt = list(range(20, 30))
+
+    def run(penalty: float) -> object:
+        params = SamplingParams(
+            max_new_tokens=24, temperature=0.0, ignore_eos=True, repetition_penalty=penalty
+        )
+        req = GenerationRequest(request_id=f"r{penalty}", prompt_ids=prompt, sampling=params)
+        return asyncio.run(fresh_engine.generate([req]))[0]
+
+    plain, penalised = run(1.0), run(1e6)
+    assert len(set(plain.output_ids)) < len(plain.output_ids)  # the tiny model repeats itself
+    out = penalised.output_ids
+    assert len(set(out)) == len(out) and not set(out) & set(prompt)
+    expected = _teacher_forced(hf_reference_model, prompt, out)
+    assert torch.allclose(torch.tensor(penalised.output_log_probs), expected, atol=1e-4)
+
+
+def test_apply_repetition_penalty_is_ctrl_rule() -> None:
+    from rl_rollout.sampling import apply_repetition_penalty
+
+    logits = torch.tensor([2.0, -2.0, 1.0])
+    out = apply_repetition_penalty(logits, [0, 1, 1], 2.0)
+    assert out.tolist() == [1.0, -4.0, 1.0]
+    assert apply_repetition_penalty(logits, [0], 1.0) is logits

@@ -69,11 +69,16 @@ def test_grpo_is_group_normalised_score_on_every_model_token(grouping):
 def test_identity_whiten_and_clip():
     trajs = [_traj("a", "g", "A", 3.0), _traj("b", "g", "A", -1.0)]
     batch = collate_trajectories(trajs, pad_token_id=0)
-    out = compute_advantages(batch, AdvantageConfig(method="identity", advantage_clip=2.0))
+    out = compute_advantages(
+        batch, AdvantageConfig(adv_estimator="reinforce", method="identity", advantage_clip=2.0)
+    )
     mask = batch.tensors["response_mask"]
     assert out["advantages"][0][mask[0]].tolist() == [2.0, 2.0]  # 3 clipped to 2
     assert out["advantages"][1][mask[1]].tolist() == [-1.0, -1.0]
-    white = compute_advantages(batch, AdvantageConfig(method="identity", whiten_advantages=True))
+    white = compute_advantages(
+        batch,
+        AdvantageConfig(adv_estimator="reinforce", method="identity", whiten_advantages=True),
+    )
     vals = white["advantages"][mask]
     assert float(vals.mean()) == pytest.approx(0.0, abs=1e-6)
 

@@ -40,9 +40,58 @@ def test_local_worker_group_runs_in_process():
     group = WorkerGroup.create("actor_train", Echo, plan.roles["actor_train"], mode="local")
     out = group.call_all("whoami")
     assert [(r, w, env_rank) for r, w, env_rank, _ in out] == [(0, 2, "0"), (1, 2, "1")]
-    assert group.submit_each("slow", [(0,), (0,)]) == [0, 0]
+    assert group.wait(group.submit_each("slow", [(0,), (0,)]), "slow") == [0, 0]
     with pytest.raises(ValueError, match="2 workers"):
         group.submit_each("slow", [(0,)])
+
+
+class Stuck:
+    """A worker whose `hang` blocks (bounded by `release`, so the old code returns late)."""
+
+    def __init__(self, rank, world_size, dist_env, fail=False):
+        import threading
+
+        if fail:
+            raise OSError("no such model")
+        self.release = threading.Event()
+
+    def hang(self, seconds):
+        self.release.wait(seconds)
+        return "late"
+
+    def boom(self):
+        raise KeyError("missing thing")
+
+    def free(self):
+        self.release.set()
+
+
+def test_local_worker_group_calls_are_bounded_by_rpc_timeout():
+    """--no-ray: a hanging call raises RpcTimeoutError after rpc_timeout, naming role and method;
+    a worker's own exception (constructor or method) reaches the driver unchanged."""
+    plan = plan_placement({"actor_infer": [0]}, num_devices=1)
+    group = WorkerGroup.create(
+        "actor_infer", Stuck, plan.roles["actor_infer"], mode="local", rpc_timeout=1.0
+    )
+    worker = group.workers[0]
+    start = time.monotonic()
+    with pytest.raises(RpcTimeoutError, match=r"actor_infer\.hang did not answer within 1 s"):
+        group.call_all("hang", 20.0)
+    assert time.monotonic() - start < 10.0
+    worker._obj.free()  # let the stuck thread go (it is a daemon: it would not hold the exit)
+    group.shutdown()
+    ok = WorkerGroup.create("actor_train", Stuck, plan.roles["actor_infer"], mode="local")
+    with pytest.raises(KeyError, match="missing thing"):
+        ok.call_all("boom")
+    ok.shutdown()
+    with pytest.raises(OSError, match="no such model"):
+        WorkerGroup.create(
+            "actor_train",
+            Stuck,
+            plan.roles["actor_infer"],
+            mode="local",
+            init_kwargs={"fail": True},
+        )
 
 
 @pytest.mark.slow

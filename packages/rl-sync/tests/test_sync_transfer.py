@@ -7,6 +7,8 @@ separate sync group. Both groups are used in the same processes.
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -157,3 +159,34 @@ def test_rendezvous_without_peers_times_out_with_clear_error():
     with pytest.raises(CommError, match="could not"):
         init_group("127.0.0.1", free_port(), 1, 2, timeout_s=1.0)
     assert time.monotonic() - start < 10.0
+
+
+# rl-sync depends on torch only: a receiver in an environment without numpy used to die decoding
+# the first header (`Tensor.numpy()`), and the sender then waited out its collective timeout.
+_HEADER_WITHOUT_NUMPY = """
+import sys
+sys.modules["numpy"] = None  # import numpy raises ImportError, as when it is not installed
+import torch
+from rl_sync import transfer
+
+header = {"protocol": transfer.PROTOCOL, "version": 3, "names": ["w" * 50] * 200}
+data = transfer._encode_header(header)
+
+class Wire:
+    '''Plays the sender's two broadcasts (length, then body) into the receiver's tensors.'''
+    device = torch.device("cpu")
+    def __init__(self):
+        self.sent = [torch.tensor([len(data)]), torch.frombuffer(bytearray(data), dtype=torch.uint8)]
+    def broadcast(self, tensor, src, timeout_s):
+        tensor.copy_(self.sent.pop(0))
+
+assert transfer._recv_header(Wire(), 0, 5.0) == header
+print("OK")
+"""
+
+
+def test_receiver_decodes_headers_without_numpy():
+    out = subprocess.run(
+        [sys.executable, "-c", _HEADER_WITHOUT_NUMPY], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "OK", out.stderr[-2000:]

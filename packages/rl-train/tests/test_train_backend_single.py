@@ -11,7 +11,12 @@ import torch
 import rl_train
 from rl_algos.aggregate import masked_mean
 from rl_train import checkpoint as ckpt
-from rl_train.losses import build_actor_loss, build_critic_loss
+from rl_train.losses import (
+    ActorLossConfig,
+    CriticLossConfig,
+    build_actor_loss,
+    build_critic_loss,
+)
 from rl_train.optim import lr_multiplier
 from rl_train.testing import make_batch, nll_loss
 
@@ -113,7 +118,7 @@ def test_ppo_epochs_and_mini_batches_count_optimizer_steps(tiny_model_path):
 def test_actor_loss_on_policy_ppo_equals_minus_mean_advantage(tiny_model_path):
     batch = make_batch(6, 16, seed=4)
     loss_fn = build_actor_loss(
-        {"pg_variant": "ppo", "loss_agg_mode": "token-mean", "entropy_loss_coef": 0.0}
+        ActorLossConfig(policy_loss="ppo", loss_agg_mode="token-mean", entropy_loss_coef=0.0)
     )
     backend = _backend(
         tiny_model_path, per_device_train_batch_size=3, gradient_accumulation_steps=2
@@ -136,7 +141,7 @@ def test_critic_train_step_reduces_value_loss(tiny_model_path):
         gradient_accumulation_steps=1,
         learning_rate=3e-3,
     )
-    loss_fn = build_critic_loss({"value_clip": None})
+    loss_fn = build_critic_loss(CriticLossConfig(value_clip=None))
     first = backend.train_step(batch, loss_fn)["critic/vf_loss"]
     for _ in range(5):
         last = backend.train_step(batch, loss_fn)["critic/vf_loss"]

@@ -84,9 +84,9 @@ def test_fsdp2_two_ranks_match_single_process_and_hf_log_probs(
     )
     _check_matches_single(single_run, tmp_path)
     # each rank's forward of its rows equals the single-process forward of those rows
-    full = torch.load(single_run / "forward_rank0.pt")["log_probs"]
-    r0 = torch.load(tmp_path / "forward_rank0.pt")["log_probs"]
-    r1 = torch.load(tmp_path / "forward_rank1.pt")["log_probs"]
+    full = torch.load(single_run / "forward_rank0.pt", weights_only=True)["log_probs"]
+    r0 = torch.load(tmp_path / "forward_rank0.pt", weights_only=True)["log_probs"]
+    r1 = torch.load(tmp_path / "forward_rank1.pt", weights_only=True)["log_probs"]
     torch.testing.assert_close(
         torch.cat([r0, r1]), torch.cat([full[:4], full[4:]]), atol=2e-5, rtol=1e-5
     )

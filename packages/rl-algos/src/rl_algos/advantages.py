@@ -596,12 +596,13 @@ def gigpo(
     anchor_ids: Tensor | Sequence[Hashable],
     gamma: float = 0.95,
     step_weight: float = 1.0,
+    episode_weight: float = 1.0,
     norm_by_std: bool = True,
     epsilon: float = 1e-6,
 ) -> tuple[Tensor, Tensor]:
     """GiGPO, Group-in-Group Policy Optimization (Feng et al. 2025, arXiv:2505.10978).
 
-    Rows are *steps* (one model turn each).  ``A = A^E + step_weight * A^S`` where
+    Rows are *steps* (one model turn each).  ``A = episode_weight * A^E + step_weight * A^S`` where
 
     - episode level: ``A^E = (R(τ) - mean) / std`` over the distinct trajectories of the episode
       group ``index`` (each trajectory counted once, a group of one keeps ``R``);
@@ -672,7 +673,7 @@ def gigpo(
     aid, n_anchor = group_ids(anchor_ids, b, dev)
     sg_ids, sg = group_ids(ids * max(n_anchor, 1) + aid, b, dev)
     st_adv = _norm_in_groups(step_ret, sg_ids, sg, norm_by_std, epsilon)
-    adv = _broadcast(ep_adv + step_weight * st_adv, mask)
+    adv = _broadcast(episode_weight * ep_adv + step_weight * st_adv, mask)
     return adv, adv
 
 

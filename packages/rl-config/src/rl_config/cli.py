@@ -1,4 +1,5 @@
-"""``rl-config`` command line: ``check FILE [key=value ...]`` and ``explain KEY``."""
+"""``rl-config`` command line: ``check FILE [key=value ...]``, ``explain KEY`` and
+``convert FILE --strategy fsdp2|deepspeed -o OUT``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import sys
 
 from rl_config.errors import ConfigError
+from rl_config.extras import missing_extras
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -22,7 +24,47 @@ def _check(args: argparse.Namespace) -> int:
         sys.stdout.write(to_yaml(redact(cfg.to_dict())))
     for line in cfg.config_warnings():
         print(f"warning: {line}", file=sys.stderr)
+    missing = missing_extras(cfg)
+    for extra in missing:
+        kind = "error" if extra.required and args.require_extras else "warning"
+        print(f"{kind}: {extra.describe()}", file=sys.stderr)
+    if args.require_extras and any(extra.required for extra in missing):
+        print(
+            f"{args.file} needs packages that are not installed here (see above)", file=sys.stderr
+        )
+        return 1
     print(f"ok: {args.file} is valid", file=sys.stderr)
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rl_config.convert import convert_file, dump
+    from rl_config.loading import load_config
+
+    out = Path(args.output)
+    if out.suffix != ".yaml":
+        print(f"error: the output must end in .yaml (got {out.name})", file=sys.stderr)
+        return 1
+    if out.resolve() == Path(args.file).resolve():
+        print("error: the output would overwrite the input; choose another -o", file=sys.stderr)
+        return 1
+    try:
+        conversion = convert_file(args.file, args.strategy)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(dump(conversion, args.file, args.strategy))
+    for note in conversion.notes:
+        print(f"note: {note}", file=sys.stderr)
+    try:
+        load_config(out)
+    except ConfigError as exc:
+        print(f"wrote {out}, but it does not pass check:\n{exc}", file=sys.stderr)
+        return 1
+    print(f"ok: wrote {out}; check it with: rl-config check {out}", file=sys.stderr)
     return 0
 
 
@@ -51,10 +93,24 @@ def build_parser() -> argparse.ArgumentParser:
         "overrides", nargs="*", help="dotted overrides: a.b=1, +a.new=2, ++a.b=3, ~a.b"
     )
     check.add_argument("-q", "--quiet", action="store_true", help="print only errors/warnings")
+    check.add_argument(
+        "--require-extras",
+        action="store_true",
+        help="fail (exit 1) when an optional package the config needs is not installed here "
+        "(default: a warning with the install command)",
+    )
     check.set_defaults(func=_check)
     explain = sub.add_parser("explain", help="print the documentation of a config key")
     explain.add_argument("key", nargs="?", help="dotted key, e.g. actor_train.training_args")
     explain.set_defaults(func=_explain)
+    convert = sub.add_parser(
+        "convert",
+        help="rewrite a Megatron config for FSDP2 or DeepSpeed (notes per changed key)",
+    )
+    convert.add_argument("file", help="experiment YAML file using megatron_train/megatron_infer")
+    convert.add_argument("--strategy", required=True, choices=["fsdp2", "deepspeed"])
+    convert.add_argument("-o", "--output", required=True, help="output YAML file")
+    convert.set_defaults(func=_convert)
     return parser
 
 

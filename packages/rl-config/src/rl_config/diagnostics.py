@@ -44,6 +44,9 @@ def suggest_key(root: type[BaseModel], model: type[BaseModel] | None, path: str,
         close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
         if close:
             return f"did you mean '{close[0]}'?"
+    roll = _roll_key_suggestion(path, key)
+    if roll:
+        return roll
     elsewhere = key_index(root).get(key)
     if elsewhere:
         return f"'{key}' is valid at: {', '.join(elsewhere[:3])}"
@@ -54,6 +57,20 @@ def suggest_key(root: type[BaseModel], model: type[BaseModel] | None, path: str,
                 f"did you mean '{close[0]}' (valid at: {', '.join(key_index(root)[close[0]][:3])})?"
             )
     return ""
+
+
+def _roll_key_suggestion(path: str, key: str) -> str:
+    """'did you mean' among the ROLL keys accepted at ``path`` (rl_config.roll_compat)."""
+    from rl_config.roll_compat import ROLL_IGNORED, ROLL_NOT_SUPPORTED
+    from rl_config.roll_keys import matches
+
+    leaves = []
+    for pattern in (*ROLL_IGNORED, *ROLL_NOT_SUPPORTED):
+        parent, _, leaf = pattern.rpartition(".")
+        if "*" not in leaf and (matches(parent, path) if parent else not path):
+            leaves.append(leaf)
+    close = difflib.get_close_matches(key, leaves, n=1, cutoff=0.8)
+    return f"did you mean '{close[0]}' (a ROLL key, accepted and ignored)?" if close else ""
 
 
 def _issue_for(root: type[BaseModel], err: Any) -> list[ConfigIssue]:

@@ -35,6 +35,7 @@ LIBRARY_DIR = Path(__file__).resolve().parent / "library"
 
 _HYDRA_LOCK = threading.Lock()
 _REF = re.compile(r"\$\{\s*([A-Za-z_][\w-]*)")
+_ENV_NO_DEFAULT = re.compile(r"\$\{oc\.env:\s*([A-Za-z_]\w*)\s*\}")
 
 
 @dataclass
@@ -46,6 +47,8 @@ class ComposedConfig:
     variables: dict[str, Any] = field(default_factory=dict)
     """Top-level variables that were dropped (resolved values)."""
     source: str | None = None
+    notes: list[ConfigIssue] = field(default_factory=list)
+    """Warnings of the loading itself (e.g. an unset environment variable read as null)."""
 
 
 def library_search_path() -> list[Path]:
@@ -126,6 +129,46 @@ def _referenced_roots(node: Any) -> set[str]:
     return found
 
 
+def _leaf_strings(node: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """(dotted path, text) of every string leaf of a plain container."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaf_strings(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _leaf_strings(value, f"{prefix}[{i}]")
+    elif isinstance(node, str):
+        yield prefix, node
+
+
+def _unset_env_to_null(cfg: DictConfig, unresolved: Any) -> list[ConfigIssue]:
+    """``${oc.env:NAME}`` without a default, NAME unset: read as null, with a warning.
+
+    Checking a config must not depend on the secrets of the shell it runs in (ROLL's examples
+    read ``${oc.env:WANDB_API_KEY}``); the consumer of the value fails if it needs one."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    notes: list[ConfigIssue] = []
+    for path, text in _leaf_strings(unresolved):
+        names = [n for n in _ENV_NO_DEFAULT.findall(text) if n not in os.environ]
+        if not names or "[" in path:
+            continue
+        patched = _ENV_NO_DEFAULT.sub(
+            lambda m, unset=names: (
+                f"${{oc.env:{m.group(1)},null}}" if m.group(1) in unset else m.group(0)
+            ),
+            text,
+        )
+        OmegaConf.update(cfg, path, patched, merge=False)
+        unset = ", ".join(names)
+        notes.append(
+            ConfigIssue(path, f"environment variable {unset} is not set; the value is null")
+        )
+    return notes
+
+
 def _schema_keys() -> set[str]:
     from rl_config.schema import ExperimentConfig
     from rl_config.schema_walk import yaml_fields
@@ -141,7 +184,7 @@ def _resolve(cfg: DictConfig, source: str | None) -> dict[str, Any]:
         data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", "") or ""
-        msg = getattr(exc, "msg", None) or _first_line(exc)
+        msg = (getattr(exc, "msg", None) or _first_line(exc)).strip().splitlines()[0]
         raise ConfigError(ConfigIssue(str(key), f"interpolation failed: {msg}"), source) from None
     if not isinstance(data, dict):
         raise ConfigError(ConfigIssue("", "the config must be a mapping"), source)
@@ -170,9 +213,10 @@ def compose_config(
         raise exc.with_source(str(file)) from None
     unresolved = OmegaConf.to_container(cfg, resolve=False)
     referenced = _referenced_roots(unresolved)
+    notes = _unset_env_to_null(cfg, unresolved)
     data = _resolve(cfg, str(file))
     if keep_variables:
-        return ComposedConfig(data, {}, str(file))
+        return ComposedConfig(data, {}, str(file), notes)
     schema = _schema_keys()
     variables: dict[str, Any] = {}
     for key in list(data):
@@ -181,7 +225,7 @@ def compose_config(
         from_defaults = key not in own and key not in touched
         if from_defaults or key in referenced:
             variables[key] = data.pop(key)
-    return ComposedConfig(data, variables, str(file))
+    return ComposedConfig(data, variables, str(file), notes)
 
 
 def load_yaml_dict(path: str | Path, overrides: Iterable[str] = ()) -> dict[str, Any]:
@@ -198,10 +242,26 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()):  # -> Experime
 
     Raises ``ConfigError`` listing every problem, attributed to the file.
     """
+    return load_app_config(path, overrides, section=None)[0]
+
+
+def load_app_config(path: str | Path, overrides: Iterable[str] = (), *, section: str | None):
+    """:func:`load_config` for an app whose YAML also holds its own options under ``section``
+    (e.g. ``agentic_app:``), which are not experiment keys: returns ``(config, section or None)``.
+    """
+    from rl_config.roll_keys import megatron_issue
     from rl_config.schema import ExperimentConfig
 
     composed = compose_config(path, overrides)
+    source = composed.source or str(path)
+    data = dict(composed.data)
+    app_options = data.pop(section, None) if section else None
+    issue = megatron_issue(data, source=str(path))
+    if issue is not None:
+        raise ConfigError(issue, source=source)
     try:
-        return ExperimentConfig.model_validate(composed.data)
+        cfg = ExperimentConfig.model_validate(data)
     except ConfigError as exc:
-        raise exc.with_source(composed.source or str(path)) from None
+        raise exc.with_source(source) from None
+    cfg._roll_notes[:0] = composed.notes
+    return cfg, app_options

@@ -35,6 +35,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     """How to sample one request. ``top_k=-1`` and ``top_p=1.0`` disable truncation.
 
     ``temperature=0`` means greedy. ``seed`` makes sampling reproducible per request.
+    ``repetition_penalty`` (1.0 = off) divides positive / multiplies negative logits of tokens
+    already in the prompt or output (CTRL, as HF and vLLM do); log-probs stay raw.
     """
 
     n: int = 1
@@ -42,6 +44,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     top_p: float = 1.0
     top_k: int = -1
     max_new_tokens: int = 128
+    repetition_penalty: float = 1.0
     stop: list[str] = []
     stop_token_ids: list[int] = []
     seed: int | None = None
@@ -59,6 +62,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
         if self.max_new_tokens < 1:
             raise ValueError(
                 f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}"
+            )
+        if self.repetition_penalty <= 0:
+            raise ValueError(
+                f"SamplingParams.repetition_penalty must be > 0, got {self.repetition_penalty}"
             )
 
 

@@ -14,9 +14,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rl_config.errors import ConfigIssue
+from rl_config.roll_compat import ROLL_TEMPLATE_PLACEHOLDERS
 from rl_config.schema.agentic import TEMPLATE_FIELDS, EnvManagerConfig
 from rl_config.schema.worker import (
+    DTYPE_NAMES,
     FORWARD_STRATEGIES,
+    FSDP2_OPTIONS,
     INFER_STRATEGIES,
     KNOWN_UNSUPPORTED_STRATEGIES,
     TRAIN_STRATEGIES,
@@ -66,6 +69,31 @@ def check_strategies(cfg: ExperimentConfig) -> Issues:
             hint = f"; did you mean '{close[0]}'?" if close and close[0] in allowed else ""
             msg = f"unknown strategy '{name}'{hint} ({role} supports {_or_list(allowed)})"
         issues.append(ConfigIssue(path, msg))
+    return issues
+
+
+def check_fsdp2_options(cfg: ExperimentConfig) -> Issues:
+    """fsdp2_train's strategy_config holds only options the FSDP2 backend knows."""
+    issues: Issues = []
+    for role, worker in cfg.workers().items():
+        strategy = worker.strategy_args
+        if strategy is None or strategy.strategy_name != "fsdp2_train":
+            continue
+        for key, value in (strategy.strategy_config or {}).items():
+            path = f"{role}.strategy_args.strategy_config.{key}"
+            if key not in FSDP2_OPTIONS:
+                close = difflib.get_close_matches(key, list(FSDP2_OPTIONS), 1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                issues.append(
+                    ConfigIssue(
+                        path,
+                        f"unknown fsdp2_train option; {hint}(known: {', '.join(FSDP2_OPTIONS)})",
+                    )
+                )
+            elif key.endswith("_dtype") and value not in DTYPE_NAMES:
+                issues.append(
+                    ConfigIssue(path, f"is {value!r}; use one of {', '.join(DTYPE_NAMES)}")
+                )
     return issues
 
 
@@ -152,8 +180,12 @@ def check_devices(cfg: ExperimentConfig) -> Issues:
 
 
 def check_batches(cfg: ExperimentConfig) -> Issues:
-    """Each training rank gets whole micro-batches of the step's samples."""
+    """Each training rank gets whole micro-batches of the step's samples.
+
+    Not for DPO configs: their batch is per_device_train_batch_size × accumulation × ranks."""
     issues: Issues = []
+    if cfg.pipeline_kind == "dpo":
+        return issues
     samples = cfg.samples_per_step
     unit = (
         f"rollout_batch_size {cfg.rollout_batch_size} trajectories"
@@ -357,27 +389,40 @@ def check_agentic(cfg: ExperimentConfig) -> Issues:
         if manager is not None:
             issues += _check_env_manager(cfg, name, manager)
     for tag, env in cfg.custom_envs.items():
-        for key in ("agent_template", "agent_system_template"):
-            template = getattr(env, key)
-            if template is None:
-                continue
-            try:
-                fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
-            except ValueError as exc:
-                issues.append(ConfigIssue(f"custom_envs.{tag}.{key}", f"bad template: {exc}"))
-                continue
-            unknown = sorted(
-                f for f in fields if f.split(".")[0].split("[")[0] not in TEMPLATE_FIELDS
-            )
-            if unknown:
-                issues.append(
-                    ConfigIssue(
-                        f"custom_envs.{tag}.{key}",
-                        f"uses unknown placeholders {unknown}; allowed: "
-                        f"{sorted(TEMPLATE_FIELDS)} (write literal braces as {{{{ }}}})",
-                    )
-                )
+        issues += _check_template(f"custom_envs.{tag}.agent_template", env.agent_template)[0]
     return issues
+
+
+def _check_template(path: str, template: str | None) -> tuple[Issues, list[str]]:
+    """Errors (unknown placeholders) and warnings (ROLL-only placeholders) of an agent template.
+
+    Only ``agent_template`` is a format string; ``agent_system_template`` is used verbatim (as in
+    ROLL), so braces in it (``\\boxed{}``) are text."""
+    if template is None:
+        return [], []
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as exc:
+        return [ConfigIssue(path, f"bad template: {exc}")], []
+    names = sorted({f.split(".")[0].split("[")[0] for f in fields} - TEMPLATE_FIELDS)
+    roll_only = [n for n in names if n in ROLL_TEMPLATE_PLACEHOLDERS]
+    unknown = [n for n in names if n not in ROLL_TEMPLATE_PLACEHOLDERS]
+    warnings = [
+        f"{path}: placeholder {{{n}}} is not supported ({ROLL_TEMPLATE_PLACEHOLDERS[n]})"
+        for n in roll_only
+    ]
+    if not unknown:
+        return [], warnings
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, sorted(TEMPLATE_FIELDS), 1)
+        hints.append(f"{{{name}}}" + (f" (did you mean {{{close[0]}}}?)" if close else ""))
+    issue = ConfigIssue(
+        path,
+        f"uses unknown placeholders {', '.join(hints)}; allowed: {sorted(TEMPLATE_FIELDS)} "
+        "(write literal braces as {{ }})",
+    )
+    return [issue], warnings
 
 
 def check_algorithm(cfg: ExperimentConfig) -> Issues:
@@ -469,6 +514,7 @@ def check_async(cfg: ExperimentConfig) -> Issues:
 
 RULES: tuple[Callable[[ExperimentConfig], Issues], ...] = (
     check_strategies,
+    check_fsdp2_options,
     check_model_paths,
     check_devices,
     check_batches,
@@ -491,6 +537,8 @@ def check_rules(cfg: ExperimentConfig) -> Issues:
 def collect_warnings(cfg: ExperimentConfig) -> list[str]:
     """Legal but likely unintended settings."""
     out: list[str] = []
+    for tag, env in cfg.custom_envs.items():
+        out += _check_template(f"custom_envs.{tag}.agent_template", env.agent_template)[1]
     samples = cfg.samples_per_step
     for role, worker in cfg.workers().items():
         if role not in TRAIN_ROLES:
@@ -526,11 +574,6 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
                 f"adv_estimator {cfg.adv_estimator} with num_return_sequences_in_group 1: groups "
                 "of one sample give zero advantages"
             )
-    if cfg.val_env_manager is not None and cfg.val_batch_size < cfg.val_env_manager.num_envs:
-        out.append(
-            f"val_batch_size {cfg.val_batch_size} is below the {cfg.val_env_manager.num_envs} "
-            "validation envs; only part of them is evaluated per validation run"
-        )
     if cfg.kl_loss_coef > 0 and not cfg.use_kl_loss:
         out.append("kl_loss_coef is set but use_kl_loss is false; the KL loss is off")
     if cfg.use_kl_loss and cfg.kl_loss_coef == 0:
@@ -539,4 +582,8 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
         out.append(f"a critic is configured but adv_estimator {cfg.adv_estimator} does not use it")
     if cfg.is_agentic and cfg.eval_steps > 0 and cfg.val_env_manager is None:
         out.append("eval_steps > 0 but no val_env_manager: validation is skipped")
-    return out
+    from rl_config.contract import contract_issues
+
+    errors, ignored = contract_issues(cfg)
+    out += [f"{key}: {message} (the runtime refuses this config)" for key, message in errors]
+    return out + ignored

@@ -14,14 +14,22 @@ vLLM schedules continuously). ``mode="lockstep"`` is the baseline: every round g
 for all live episodes with one batched call, then steps every env.
 
 Single-turn tasks (RLVR) use the same loop: their env terminates after one step.
+
+Bounded env steps: with ``env_step_timeout_s`` set (the default), every ``env.step`` runs on a
+daemon thread of its own and the loop waits at most that long; an env that hangs or is too slow
+ends its episode as failed (``termination_reason="error"``, ``error`` says so,
+``metrics["env_timeout"] = 1``) while the other episodes go on. The stuck thread cannot be killed,
+but it does not hold the loop or the process's exit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -30,7 +38,14 @@ from rl_config.records import GenerationRequest, GenerationResult, SamplingParam
 from rl_rollout.engine import GeneratingEngine
 from rl_rollout.templates import ChatTemplate, get_template
 
-__all__ = ["AgentLoop", "EpisodeSpec"]
+__all__ = ["DEFAULT_ENV_STEP_TIMEOUT_S", "AgentLoop", "EnvStepTimeoutError", "EpisodeSpec"]
+
+#: Seconds one ``env.step`` may take before its episode is failed.
+DEFAULT_ENV_STEP_TIMEOUT_S = 300.0
+
+
+class EnvStepTimeoutError(TimeoutError):
+    """An ``env.step`` did not answer within ``env_step_timeout_s``."""
 
 
 @dataclass
@@ -79,6 +94,7 @@ class _Episode:
     termination: str = "max_steps"
     success: bool = False
     error: str | None = None
+    env_timeout: bool = False
     versions: list[int] = field(default_factory=list)
     gen_s: float = 0.0
     env_s: float = 0.0
@@ -106,6 +122,8 @@ class AgentLoop:
         mode: ``"async"`` (env-level asynchrony) or ``"lockstep"`` (baseline).
         env_step_in_thread: run ``env.step`` in worker threads (one per live episode, up to
             ``max_running_requests``) so slow env steps overlap each other and generation.
+        env_step_timeout_s: seconds one ``env.step`` may take; past it the episode is failed
+            (see module docstring). ``None``: unbounded (steps run inline or in the pool above).
     """
 
     def __init__(
@@ -121,6 +139,7 @@ class AgentLoop:
         max_turns: int | None = None,
         mode: Literal["async", "lockstep"] = "async",
         env_step_in_thread: bool = False,
+        env_step_timeout_s: float | None = DEFAULT_ENV_STEP_TIMEOUT_S,
     ) -> None:
         sampling = sampling or SamplingParams()
         if sampling.n != 1:
@@ -131,6 +150,8 @@ class AgentLoop:
             raise ValueError(f"max_tokens_per_step must be >= 1, got {max_tokens_per_step}")
         if max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
+        if env_step_timeout_s is not None and not env_step_timeout_s > 0:
+            raise ValueError(f"env_step_timeout_s must be > 0 or None, got {env_step_timeout_s}")
         if mode not in ("async", "lockstep"):
             raise ValueError(f"mode must be 'async' or 'lockstep', got {mode!r}")
         self.engine = engine
@@ -144,6 +165,7 @@ class AgentLoop:
         self.max_turns = max_turns
         self.mode = mode
         self.env_step_in_thread = env_step_in_thread
+        self.env_step_timeout_s = env_step_timeout_s
         self._executor: ThreadPoolExecutor | None = None
         end_ids = self._encode(self.template.end_of_turn) if self.template.end_of_turn else []
         self._end_of_turn_id = end_ids[0] if len(end_ids) == 1 else None
@@ -156,6 +178,7 @@ class AgentLoop:
             top_p=sampling.top_p,
             top_k=sampling.top_k,
             max_new_tokens=max_tokens_per_step,
+            repetition_penalty=sampling.repetition_penalty,
             stop=list(sampling.stop),
             stop_token_ids=stop_ids,
             seed=sampling.seed,
@@ -169,7 +192,8 @@ class AgentLoop:
         for ep in episodes:
             self._start(ep)
         executor = None
-        if self.env_step_in_thread:  # one worker per live episode: slow env steps all overlap
+        if self.env_step_in_thread and self.env_step_timeout_s is None:
+            # one worker per live episode: slow env steps all overlap
             executor = ThreadPoolExecutor(
                 max_workers=max(1, min(len(episodes), self.max_running_requests)),
                 thread_name_prefix="env-step",
@@ -302,13 +326,16 @@ class AgentLoop:
         env = ep.spec.env
         started = time.perf_counter()
         try:
-            if self._executor is not None:
-                step = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, env.step, action_text
-                )
-            else:
-                step = env.step(action_text)
-            observation, reward, terminated, truncated, info = step
+            observation, reward, terminated, truncated, info = await self._step_env(
+                env, action_text
+            )
+        except EnvStepTimeoutError:
+            ep.turns.append(
+                Turn(turn_idx=turn_idx, start=start, end=len(ep.token_ids), action_text=action_text)
+            )
+            ep.env_timeout = True
+            self._fail(ep, f"env step: no answer within {self.env_step_timeout_s:g} s (timeout)")
+            return
         except Exception as exc:
             ep.turns.append(
                 Turn(turn_idx=turn_idx, start=start, end=len(ep.token_ids), action_text=action_text)
@@ -348,6 +375,22 @@ class AgentLoop:
             return
         ep.append(suffix, model=False)
 
+    async def _step_env(self, env: Any, action_text: str) -> Any:
+        """``env.step(action_text)``, bounded by ``env_step_timeout_s`` (TimeoutError past it)."""
+        if self.env_step_timeout_s is not None:
+            future = _on_daemon_thread(env.step, action_text)
+            try:
+                return await asyncio.wait_for(future, self.env_step_timeout_s)
+            except TimeoutError:
+                if future.cancelled():  # ours; an env's own TimeoutError is its error
+                    raise EnvStepTimeoutError from None
+                raise
+        if self._executor is not None:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, env.step, action_text
+            )
+        return env.step(action_text)
+
     def _fail(self, ep: _Episode, error: str) -> None:
         ep.done, ep.termination, ep.error = True, "error", error
 
@@ -378,11 +421,38 @@ class AgentLoop:
             metrics={
                 "num_turns": float(len(ep.turns)),
                 "response_tokens": float(sum(ep.response_mask)),
+                "env_timeout": float(ep.env_timeout),
                 "format_ok_rate": (
                     sum(t.format_ok for t in ep.turns) / len(ep.turns) if ep.turns else 0.0
                 ),
             },
         )
+
+
+def _on_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+    """Run ``fn(*args)`` on a new daemon thread; its result or exception lands in the returned
+    future of the running loop. Unlike an executor's threads, a stuck one never blocks exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if future.done():  # cancelled by the timeout meanwhile
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+    def run() -> None:
+        try:
+            value, error = fn(*args), None
+        except BaseException as exc:  # handed to the awaiting episode
+            value, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop is gone (the episode gave up)
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=run, name="env-step", daemon=True).start()
+    return future
 
 
 def _plain(info: dict[str, Any]) -> dict[str, Any]:

@@ -30,11 +30,21 @@ import torch
 
 from rl_config.records import GenerationRequest, GenerationResult
 
-__all__ = ["Engine", "EngineAsleepError", "GeneratingEngine", "check_requests"]
+__all__ = [
+    "Engine",
+    "EngineAsleepError",
+    "EngineTimeoutError",
+    "GeneratingEngine",
+    "check_requests",
+]
 
 
 class EngineAsleepError(RuntimeError):
     """generate() was called while the engine sleeps."""
+
+
+class EngineTimeoutError(TimeoutError):
+    """An engine operation did not finish within its timeout (the message names it)."""
 
 
 @runtime_checkable

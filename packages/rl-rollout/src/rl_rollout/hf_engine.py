@@ -26,7 +26,7 @@ import torch
 
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams
 from rl_rollout.engine import EngineAsleepError, check_requests
-from rl_rollout.sampling import raw_log_probs_of, sample_tokens
+from rl_rollout.sampling import apply_repetition_penalty, raw_log_probs_of, sample_tokens
 
 __all__ = ["HFEngine"]
 
@@ -488,8 +488,18 @@ class HFEngine:
 
     def _append_tokens(self, rows: list[_Seq], logits: torch.Tensor) -> None:
         """Sample one token per row from logits [B, V]; record raw log-probs; check stops."""
+        scores = logits
+        if any(s.sampling.repetition_penalty != 1.0 for s in rows):
+            scores = torch.stack(
+                [
+                    apply_repetition_penalty(
+                        logits[i], s.prompt_ids + s.output_ids, s.sampling.repetition_penalty
+                    ).to(logits.dtype)
+                    for i, s in enumerate(rows)
+                ]
+            )
         tokens = sample_tokens(
-            logits,
+            scores,
             [s.sampling.temperature for s in rows],
             [s.sampling.top_p for s in rows],
             [s.sampling.top_k for s in rows],

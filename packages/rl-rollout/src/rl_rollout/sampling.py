@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["raw_log_probs_of", "sample_tokens", "warp_logits"]
+__all__ = ["apply_repetition_penalty", "raw_log_probs_of", "sample_tokens", "warp_logits"]
 
 
 def warp_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
@@ -34,6 +34,19 @@ def warp_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: i
         drop_sorted[0] = False
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         out = out.masked_fill(drop, float("-inf"))
+    return out
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: list[int], penalty: float) -> torch.Tensor:
+    """CTRL repetition penalty (Keskar et al. 2019; HF/vLLM semantics) on one row ``[V]``: the
+    logits of ``seen`` token ids are divided by ``penalty`` where positive, multiplied where
+    negative. ``penalty == 1`` returns ``logits`` unchanged; otherwise a new tensor ``[V]``."""
+    if penalty == 1.0 or not seen:
+        return logits
+    out = logits.float().clone()
+    ids = torch.tensor(sorted(set(seen)), dtype=torch.long, device=logits.device)
+    picked = out[ids]
+    out[ids] = torch.where(picked > 0, picked / penalty, picked * penalty)
     return out
 
 
@@ -60,7 +73,7 @@ def sample_tokens(
     uniform = torch.empty((batch, vocab), device=device)
     for row in range(batch):
         gen = generators[row]
-        if gen is not None and gen.device != device:
+        if gen is not None and gen.device.type != device.type:
             uniform[row] = torch.rand(vocab, generator=gen).to(device)
         else:
             uniform[row] = torch.rand(vocab, generator=gen, device=device)

@@ -316,12 +316,15 @@ def build_tiny_model(
     vocab_size: int = 1024,
     tie_word_embeddings: bool = True,
     initializer_range: float = 0.1,
+    padded_vocab_size: int | None = None,
 ) -> Path:
     """Build (or reuse) a tiny `Qwen2ForCausalLM` + tokenizer saved with `save_pretrained`.
 
     Deterministic for a seed. Idempotent: a complete dir built with the same parameters is reused;
     a dir built with other parameters is rebuilt. The build happens in a sibling temp dir that is
     renamed into place, so concurrent builders (pytest-xdist workers) never see a half-written dir.
+    ``padded_vocab_size`` gives the model more embedding rows than the tokenizer has tokens (as
+    Qwen2.5 pads 151,665 tokens to 151,936 rows), e.g. a real model's shape with this tokenizer.
     `initializer_range` is larger than Qwen's 0.02 so that the random model's next-token
     distributions are not flat (log-prob tests then discriminate). Returns the directory path.
     """
@@ -346,6 +349,8 @@ def build_tiny_model(
         "tie_word_embeddings": tie_word_embeddings,
         "initializer_range": initializer_range,
     }
+    if padded_vocab_size is not None:
+        params["padded_vocab_size"] = padded_vocab_size
     if _is_complete(out, params):
         return out
 
@@ -356,7 +361,7 @@ def build_tiny_model(
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=max(len(tokenizer), padded_vocab_size or 0),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,

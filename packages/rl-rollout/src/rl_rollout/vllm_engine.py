@@ -13,8 +13,12 @@ Nothing here compares device strings.
   touches the disk. (A device-IPC / collective path from rl_sync can replace the bytes later.)
 - Sleep: vLLM's sleep mode where the platform has it (CUDA, Ascend); elsewhere (CPU) ``sleep`` is
   logical (generate refuses, the prefix cache is reset) and frees nothing.
-- The AsyncLLM lives on a private event loop in a background thread, so the engine can be used
-  from any event loop (each ``asyncio.run`` of a test) and from synchronous code.
+- The AsyncLLM lives on a private event loop in a background thread
+  (:class:`rl_rollout.loop_thread.LoopThread`), so the engine can be used from any event loop
+  (each ``asyncio.run`` of a test) and from synchronous code. Every wait on that loop is bounded
+  by ``call_timeout_s`` (strategy_config key; default ``DEFAULT_CALL_TIMEOUT_S``): engine start,
+  generate, weight updates, sleep/wake, abort; past it :class:`EngineTimeoutError` names the
+  operation (a generate that timed out is aborted first).
 
 vLLM spawns processes: scripts that build this engine need an ``if __name__ == "__main__":`` guard.
 """
@@ -24,16 +28,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import threading
 from collections.abc import Coroutine, Iterable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams
-from rl_rollout.engine import EngineAsleepError, check_requests
+from rl_rollout.engine import EngineAsleepError, EngineTimeoutError, check_requests
+from rl_rollout.loop_thread import LoopThread
 
 __all__ = ["VLLMEngine", "to_vllm_sampling_params"]
 
@@ -58,6 +61,9 @@ STRATEGY_DEFAULTS: dict[str, Any] = {
 
 CPU_KV_CACHE_BYTES = 512 << 20
 
+#: Seconds any one wait on the engine may take (start, a generate call, a weight update ...).
+DEFAULT_CALL_TIMEOUT_S = 1800.0
+
 
 def to_vllm_sampling_params(params: SamplingParams, *, n: int = 1) -> Any:
     """Our SamplingParams -> vLLM's (raw log-prob of the sampled token, delta outputs)."""
@@ -70,6 +76,7 @@ def to_vllm_sampling_params(params: SamplingParams, *, n: int = 1) -> Any:
         top_p=params.top_p,
         top_k=params.top_k if params.top_k > 0 else 0,
         max_tokens=params.max_new_tokens,
+        repetition_penalty=params.repetition_penalty,
         stop=list(params.stop) or None,
         stop_token_ids=list(params.stop_token_ids) or None,
         seed=params.seed,
@@ -86,7 +93,8 @@ class VLLMEngine:
     strategy_config: ROLL's vllm strategy keys (``gpu_memory_utilization``, ``block_size``,
     ``max_model_len``, ``load_format`` incl. ``dummy``, ``enforce_eager``, ``enable_prefix_caching``,
     ``max_num_batched_tokens``, ``max_num_seqs``, ``tensor_parallel_size``, ``enable_sleep_mode``)
-    and any other vLLM ``AsyncEngineArgs`` field; an unknown key is an error naming it.
+    and any other vLLM ``AsyncEngineArgs`` field; an unknown key is an error naming it. One key
+    is ours: ``call_timeout_s`` bounds every wait on the engine (see module docstring).
     """
 
     def __init__(
@@ -102,6 +110,7 @@ class VLLMEngine:
 
         del device  # vLLM picks its platform (CUDA / CPU / vllm-ascend plugin) itself
         cfg = {**STRATEGY_DEFAULTS, **(strategy_config or {})}
+        call_timeout_s = float(cfg.pop("call_timeout_s", DEFAULT_CALL_TIMEOUT_S))
         fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
         unknown = sorted(set(cfg) - fields)
         if unknown:
@@ -136,23 +145,16 @@ class VLLMEngine:
         self._version = 0
         self._asleep = 0
         self._inflight: dict[str, int] = {}
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="vllm-engine", daemon=True
-        )
-        self._thread.start()
-        self.llm: Any = self._call(self._create())
+        self._runner = LoopThread("vllm-engine", call_timeout_s)
+        self.llm: Any = self._call(self._create(), "vLLM engine start")
 
     async def _create(self) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         return AsyncLLM.from_engine_args(self.args)
 
-    def _submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self._submit(coro).result()
+    def _call(self, coro: Coroutine[Any, Any, T], what: str) -> T:
+        return self._runner.call(coro, what)
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -165,10 +167,10 @@ class VLLMEngine:
                 "VLLMEngine.generate() called while asleep; call wake_up() first"
             )
         check_requests(requests, max_model_len=self.max_model_len)
-        future = self._submit(self._generate_all(requests))  # one hop to the engine loop
+        future = self._runner.submit(self._generate_all(requests))  # one hop to the engine loop
         try:
-            per_request = await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
+            per_request = await self._runner.wait(future, f"vLLM generate of {len(requests)}")
+        except (asyncio.CancelledError, EngineTimeoutError):
             self.abort([r.request_id for r in requests])
             raise
         return [result for results in per_request for result in results]
@@ -249,9 +251,12 @@ class VLLMEngine:
                 host = host.clone()
             seen.add(host.untyped_storage().data_ptr())
             tensors[name] = host
-        self._call(self.llm.collective_rpc("rl_load_weights", args=(save(tensors),)))
-        if self.args.enable_prefix_caching:
-            self._call(self.llm.reset_prefix_cache())  # cached KV came from the old weights
+        self._call(
+            self.llm.collective_rpc("rl_load_weights", args=(save(tensors),)),
+            f"vLLM weight update to version {version}",
+        )
+        if self.args.enable_prefix_caching:  # cached KV came from the old weights
+            self._call(self.llm.reset_prefix_cache(), "vLLM prefix cache reset")
         self._version = int(version)
 
     def sleep(self, level: int = 1) -> None:
@@ -262,45 +267,44 @@ class VLLMEngine:
                 "VLLMEngine.sleep() with requests in flight; abort or await them first"
             )
         if self.sleep_mode_supported and self.args.enable_sleep_mode:
-            self._call(self.llm.sleep(level))
+            self._call(self.llm.sleep(level), f"vLLM sleep({level})")
         else:
             logger.info("vLLM platform without sleep mode: logical sleep, nothing is freed")
-            self._call(self.llm.reset_prefix_cache())
+            self._call(self.llm.reset_prefix_cache(), "vLLM prefix cache reset")
         self._asleep = level
 
     def wake_up(self) -> None:
         if self._asleep and self.sleep_mode_supported and self.args.enable_sleep_mode:
-            self._call(self.llm.wake_up())
+            self._call(self.llm.wake_up(), "vLLM wake_up")
         self._asleep = 0
 
     def abort(self, request_ids: Iterable[str]) -> None:
         ids = list(request_ids)
         if ids:
-            self._call(self.llm.abort(ids))
+            self._call(self.llm.abort(ids), f"vLLM abort of {len(ids)} request(s)")
 
     def shutdown(self) -> None:
-        if self._loop.is_closed():
+        if self._runner.closed:
             return
 
         async def _shutdown() -> None:
             self.llm.shutdown()
 
-        try:
-            self._call(_shutdown())  # on the engine loop, where its output handler runs
+        try:  # on the engine loop, where its output handler runs
+            self._call(_shutdown(), "vLLM shutdown")
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=30)
-            self._loop.close()
+            self._runner.stop()
 
     def state_dict_for_check(self) -> dict[str, torch.Tensor]:
         """Live weights under HF names (from worker 0; tensor_parallel_size=1). On the CPU, linear
         weights packed for oneDNN are not readable and are left out (embeddings, norms remain)."""
         from safetensors.torch import load
 
-        return load(self._call(self.llm.collective_rpc("rl_hf_state_dict"))[0])
+        return load(self._call(self.llm.collective_rpc("rl_hf_state_dict"), "vLLM read-back")[0])
 
     def vllm_named_parameters(self) -> dict[str, torch.Tensor]:
         """Live weights as vLLM stores them (fused q/k/v and gate/up), from worker 0."""
         from safetensors.torch import load
 
-        return load(self._call(self.llm.collective_rpc("rl_named_parameters"))[0])
+        rpc = self.llm.collective_rpc("rl_named_parameters")
+        return load(self._call(rpc, "vLLM read-back")[0])

@@ -1,23 +1,23 @@
-"""The advantage block of the step loop: reward normalisation, estimator, whitening, clipping.
+"""The advantage block of the step loop: reward normalisation, KL penalty, estimator, whitening.
 
-Composes rl_algos (no math of its own beyond building group keys and step rows):
+Composes rl_algos (no estimator math of its own):
 
 1. scores `[B]` = episode rewards (format penalties included by the envs).
-2. `reward_normalization`: `grouping` (`traj_group_id` | `tags` | `batch`) picks the groups,
-   `method` (`mean_std` | `asym_clip` | `identity`) the normalisation (rl_algos.rewards).
-3. `adv_estimator`:
-   - `grpo` / `reinforce` (trajectory-wise, StarPO): the normalised score on every model token.
-   - `gae`: the normalised score on the last model token (minus the KL penalty per token when
-     `kl_coef > 0`), GAE with the critic's `values` (rl_algos.advantages.gae).
-   - `gigpo` (step-wise): each turn is a step row; episode-level groups are the env groups and
-     step-level groups are equal observations (anchor states) inside them
-     (rl_algos.advantages.gigpo); the step advantages are written back onto each turn's tokens.
-4. `whiten_advantages` (rl_algos.aggregate.masked_whiten), `advantage_clip`.
+2. `reward_normalization`: `grouping` (`traj_group_id` | `tags` | `batch`; compose resolves ROLL's
+   aliases) picks the groups, `method` (`mean_std` | `asym_clip` | `identity`) the normalisation
+   (rl_algos.rewards).
+3. With a reward KL penalty (`kl_coef > 0`, ROLL's `add_token_level_kl`), the scores go on each
+   row's last model token and `kl_coef * KL(kind)` is subtracted per token (rl_algos.kl_control).
+4. The estimator, by name from rl_algos' registry (`get_estimator`); its signature declares what it
+   needs (`EstimatorSpec.needs`): critic `values` (gae), greedy `baseline_scores` (remax), GiGPO
+   step rows (`step_rewards`); group estimators get the normalisation groups as `index`.
+5. `whiten_advantages` (rl_algos.aggregate.masked_whiten), `advantage_clip`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,13 +25,69 @@ import torch
 
 from rl_runtime.collate import CollatedBatch
 
-ESTIMATORS = ("grpo", "gae", "reinforce", "gigpo")
 GROUPINGS = ("traj_group_id", "tags", "batch")
 METHODS = ("mean_std", "asym_clip", "identity")
+NEEDS = ("values", "baseline_scores", "step_rows")
+
+
+def estimator_needs(name: str) -> frozenset[str]:
+    """What the registered estimator `name` needs beyond scores, mask and groups, read from its
+    signature: `values` (a critic), `baseline_scores` (greedy rollouts), `step_rows` (per-turn
+    rows). An unknown name raises rl_algos' KeyError listing the registry."""
+    from rl_algos.advantages import get_estimator
+
+    params = inspect.signature(get_estimator(name)).parameters
+    needs = set()
+    if "values" in params:
+        needs.add("values")
+    if "baseline_scores" in params:
+        needs.add("baseline_scores")
+    if "step_rewards" in params:
+        needs.add("step_rows")
+    return frozenset(needs)
+
+
+@dataclass(frozen=True)
+class KLControlConfig:
+    """Reward KL penalty: `in_reward` (ROLL's add_token_level_kl), the controller's start value
+    `init_coef`, `target` (adaptive controller when set, else fixed) and `horizon`."""
+
+    in_reward: bool = False
+    init_coef: float = 0.0
+    target: float | None = None
+    horizon: int = 10000
+
+    def build(self):
+        """A fresh rl_algos KL controller (Fixed or Adaptive); state lives with the run."""
+        from rl_algos.kl_control import build_kl_controller
+
+        return build_kl_controller(self.init_coef, self.target, self.horizon)
+
+
+def reward_kl_coef(cfg: KLControlConfig, controller) -> float:
+    """The coefficient of the reward KL penalty this step (0 when it is off)."""
+    return float(controller.value) if cfg.in_reward else 0.0
+
+
+def update_kl_controller(controller, out: dict[str, torch.Tensor], mask: torch.Tensor) -> dict:
+    """Feed the step's mean per-sequence reward KL to the controller (ROLL: n_steps = batch
+    size); returns `train/reward_kl` and the new `train/kl_coef`. No-op without a KL term."""
+    if "kl" not in out:
+        return {}
+    m = mask.to(torch.float32)
+    kl = float(((out["kl"] * m).sum(-1) / m.sum(-1).clamp(min=1)).mean())
+    controller.update(kl, n_steps=int(mask.shape[0]))
+    return {"train/reward_kl": kl, "train/kl_coef": float(controller.value)}
 
 
 @dataclass(frozen=True)
 class AdvantageConfig:
+    """How advantages are computed (built by rl_runtime.compose from the experiment config).
+
+    `kl_kind`: the reward KL estimator (rl_algos.losses.kl_penalty names); the coefficient itself
+    comes from the KL controller at each step. `gigpo_*`: GiGPO's episode/step weights and step
+    discount. `needs` is derived from the estimator's signature."""
+
     adv_estimator: str = "grpo"
     grouping: str = "traj_group_id"
     method: str = "mean_std"
@@ -39,18 +95,26 @@ class AdvantageConfig:
     lam: float = 1.0
     whiten_advantages: bool = False
     advantage_clip: float | None = None
-    kl_coef: float = 0.0
+    kl_kind: str = "k1"
+    gigpo_episode_weight: float = 1.0
     gigpo_step_weight: float = 1.0
     gigpo_gamma: float = 0.95
 
     def __post_init__(self) -> None:
+        try:
+            estimator_needs(self.adv_estimator)
+        except KeyError as exc:
+            raise ValueError(f"adv_estimator={self.adv_estimator!r}: {exc.args[0]}") from None
         for value, allowed, name in (
-            (self.adv_estimator, ESTIMATORS, "adv_estimator"),
             (self.grouping, GROUPINGS, "reward_normalization.grouping"),
             (self.method, METHODS, "reward_normalization.method"),
         ):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} is not supported; choose from {allowed}")
+
+    @property
+    def needs(self) -> frozenset[str]:
+        return estimator_needs(self.adv_estimator)
 
 
 def group_keys(batch: CollatedBatch, grouping: str) -> torch.Tensor:
@@ -70,10 +134,6 @@ def normalize_scores(scores: torch.Tensor, keys: torch.Tensor, method: str) -> t
     from rl_algos.rewards import normalize_rewards
 
     return normalize_rewards(scores, grouping="group", index=keys, method=method)
-
-
-def _broadcast(per_row: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return per_row.unsqueeze(-1).to(torch.float32) * mask.to(torch.float32)
 
 
 def _last_token_rewards(per_row: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -134,51 +194,57 @@ def compute_advantages(
     values: torch.Tensor | None = None,
     log_probs: torch.Tensor | None = None,
     ref_log_probs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    baseline_scores: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Advantages and returns `[B, T]` (zero outside `response_mask`) plus the normalised
-    `scores [B]` and, with `kl_coef > 0`, the per-token `kl [B, T]` used in the reward."""
-    from rl_algos import advantages as est
+    `scores [B]` and, with `kl_coef > 0`, the per-token reward `kl [B, T]`.
+
+    `values [B, T]`: critic values (estimators that need them); `baseline_scores [B]`: the
+    episode rewards of greedy rollouts of the same envs (remax), normalised like the scores."""
+    from rl_algos.advantages import get_estimator
     from rl_algos.aggregate import masked_whiten
+    from rl_algos.kl_control import apply_kl_penalty
 
     t = batch.tensors
     mask = t["response_mask"]
     raw = t["episode_rewards"].to(torch.float32)
-    scores = normalize_scores(raw, group_keys(batch, cfg.grouping), cfg.method)
+    keys = group_keys(batch, cfg.grouping)
+    scores = normalize_scores(raw, keys, cfg.method)
     out: dict[str, torch.Tensor] = {"scores": scores}
-    kl = None
-    if cfg.kl_coef > 0:
+    fn, needs = get_estimator(cfg.adv_estimator), cfg.needs
+    params = inspect.signature(fn).parameters
+    rewards: torch.Tensor = scores
+    if kl_coef > 0 or "values" in needs:
+        rewards = _last_token_rewards(scores, mask)
+    if kl_coef > 0:
         if log_probs is None or ref_log_probs is None:
-            raise ValueError("kl_coef > 0 needs log_probs and ref_log_probs")
-        kl = (log_probs - ref_log_probs) * mask
-        out["kl"] = kl
-    if cfg.adv_estimator in ("grpo", "reinforce"):
-        token_rewards = _last_token_rewards(scores, mask)
-        if kl is not None:
-            token_rewards = token_rewards - cfg.kl_coef * kl
-        adv, ret = est.reinforce_returns(token_rewards, mask, gamma=cfg.gamma)
-    elif cfg.adv_estimator == "gae":
-        if values is None:
-            raise ValueError("adv_estimator=gae needs critic values (configure a critic)")
-        token_rewards = _last_token_rewards(scores, mask)
-        if kl is not None:
-            token_rewards = token_rewards - cfg.kl_coef * kl
-        adv, ret = est.gae(token_rewards, values.to(torch.float32), mask, cfg.gamma, cfg.lam)
-    else:  # gigpo
-        rows = step_rows(batch)
-        row_of = rows["row_of"]
-        step_adv, _ = est.gigpo(
-            raw[row_of],
-            rows["step_mask"],
-            t["group_index"][row_of],
-            traj_ids=row_of,
-            step_ids=rows["step_ids"],
-            step_rewards=rows["step_rewards"],
-            anchor_ids=rows["anchor_ids"],
-            gamma=cfg.gigpo_gamma,
-            step_weight=cfg.gigpo_step_weight,
+            raise ValueError("a reward KL penalty needs log_probs and ref_log_probs")
+        rewards, kl = apply_kl_penalty(
+            rewards, log_probs, ref_log_probs, mask.to(torch.float32), kl_coef, cfg.kl_kind
         )
-        adv = torch.zeros(mask.shape, dtype=torch.float32).index_add_(0, row_of, step_adv.float())
-        ret = adv
+        out["kl"] = kl
+    kwargs: dict[str, object] = {}
+    if "gamma" in params:
+        kwargs["gamma"] = cfg.gigpo_gamma if "step_rows" in needs else cfg.gamma
+    if "values" in needs:
+        if values is None:
+            raise ValueError(
+                f"adv_estimator={cfg.adv_estimator} needs critic values (configure a critic)"
+            )
+        adv, ret = fn(rewards, values.to(torch.float32), mask, lam=cfg.lam, **kwargs)
+    elif "step_rows" in needs:
+        adv, ret = _step_estimate(batch, cfg, fn, scores, keys, kwargs)
+    else:
+        if "baseline_scores" in needs:
+            if baseline_scores is None:
+                raise ValueError(
+                    f"adv_estimator={cfg.adv_estimator} needs baseline_scores (greedy rollouts)"
+                )
+            kwargs["baseline_scores"] = normalize_scores(
+                baseline_scores.to(torch.float32), keys, cfg.method
+            )
+        adv, ret = fn(rewards, mask, keys, **kwargs)
     adv = adv.to(torch.float32)
     if cfg.whiten_advantages:
         adv = masked_whiten(adv, mask)
@@ -188,6 +254,34 @@ def compute_advantages(
     out["advantages"] = adv
     out["returns"] = ret.to(torch.float32) * mask
     return out
+
+
+def _step_estimate(
+    batch: CollatedBatch,
+    cfg: AdvantageConfig,
+    fn,
+    scores: torch.Tensor,
+    keys: torch.Tensor,
+    kwargs: dict[str, object],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step-wise estimator (GiGPO): one row per model turn, written back onto its tokens."""
+    mask = batch.tensors["response_mask"]
+    rows = step_rows(batch)
+    row_of = rows["row_of"]
+    step_adv, _ = fn(
+        scores[row_of],
+        rows["step_mask"],
+        keys[row_of],
+        traj_ids=row_of,
+        step_ids=rows["step_ids"],
+        step_rewards=rows["step_rewards"],
+        anchor_ids=rows["anchor_ids"],
+        step_weight=cfg.gigpo_step_weight,
+        episode_weight=cfg.gigpo_episode_weight,
+        **kwargs,
+    )
+    adv = torch.zeros(mask.shape, dtype=torch.float32).index_add_(0, row_of, step_adv.float())
+    return adv, adv
 
 
 def group_success_stats(batch: CollatedBatch, keys: Sequence[str]) -> dict[str, float]:

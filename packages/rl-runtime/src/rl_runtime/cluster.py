@@ -9,7 +9,7 @@ before training. `WeightSync` moves the trainer's weights into the engines with 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -133,22 +133,38 @@ class Cluster:
             return []
         return [r for r in self.plan.roles[INFER_ROLE].colocated_with if r in self.groups]
 
-    def enter_phase(self, phase: Literal["rollout", "train"]) -> None:
-        """Hand colocated devices to the phase's workers (no-op without colocation)."""
+    def enter_phase(
+        self, phase: Literal["rollout", "train"], *, handoff: Callable[[], Any] | None = None
+    ) -> Any:
+        """Hand colocated devices to the phase's workers (no-op without colocation).
+
+        Into ``rollout``: the engines wake up first, then ``handoff()`` runs (the weight sync, while
+        the trainer still holds its weights on the device and the engines can take them), then the
+        trainers offload. Into ``train``: the engines sleep, then the trainers onload. Returns what
+        ``handoff`` returned (it runs in either case, colocated or not).
+        """
         if phase == self.phase:
-            return
+            return handoff() if handoff is not None else None
         sharers = self.colocated_with_infer()
-        if sharers and INFER_ROLE in self.groups:
-            if phase == "rollout":
+        colocated = bool(sharers) and INFER_ROLE in self.groups
+        result = None
+        if phase == "rollout":
+            if colocated and self.phase is not None:
+                self.groups[INFER_ROLE].call_all("wake_up")
+            if handoff is not None:
+                result = handoff()
+            if colocated:
                 for role in sharers:
                     self.groups[role].call_all("offload")
-                if self.phase is not None:
-                    self.groups[INFER_ROLE].call_all("wake_up")
-            else:
+        else:
+            if colocated:
                 self.groups[INFER_ROLE].call_all("sleep", 1)
                 for role in sharers:
                     self.groups[role].call_all("onload")
+            if handoff is not None:
+                result = handoff()
         self.phase = phase
+        return result
 
     def shutdown(self) -> None:
         for group in self.groups.values():

@@ -4,6 +4,8 @@ Alignment (CONTRACT.md): row b holds the whole episode `token_ids` (prompt, mode
 per-token tensors are aligned with `input_ids` (`rollout_log_probs[b, t]` is the log-prob of
 `input_ids[b, t]`); `response_mask[b, t]` is True for model tokens only. Each turn's reward sits on
 the last model token of that turn in the token-level `rewards [B, T]`.
+A failed trajectory (`Trajectory.failed`) keeps its tokens but no `response_mask`: it adds no
+loss and no gradient (the pipeline drops failed episodes before collating; this is the backstop).
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def collate_trajectories(
             num_truncated += 1
         input_ids[i, :n] = torch.tensor(traj.token_ids[:n], dtype=torch.long)
         attention_mask[i, :n] = 1
-        response_mask[i, :n] = torch.tensor(traj.response_mask[:n], dtype=torch.bool)
+        if not traj.failed:  # a failed episode is not data: nothing of it is trained on
+            response_mask[i, :n] = torch.tensor(traj.response_mask[:n], dtype=torch.bool)
         rollout_log_probs[i, :n] = torch.tensor(traj.rollout_log_probs[:n], dtype=torch.float32)
         rollout_log_probs[i] = rollout_log_probs[i] * response_mask[i]
         spans = []

@@ -2,7 +2,14 @@
 
 Embedded default: a local cluster with `num_cpus` from the config, the dashboard off, a small
 object store on CPU, and the run's `system_envs` exported to every worker through runtime_env.
-`address=` (or RAY_ADDRESS) joins an existing cluster instead.
+Every server of the embedded cluster (GCS, raylet, object and node managers, agents, metrics, the
+core workers' gRPC servers) listens on loopback only: anyone who reaches the GCS can attach as a
+driver and run code. `address=` (or RAY_ADDRESS) joins an existing cluster instead, with the
+cluster's own addresses.
+
+Ray on Linux replaces a loopback node address by the machine's network address unless
+`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` (read when `ray` is first imported), so the embedded start
+sets it before that import and, if `ray` was imported earlier, sets the constant it was read into.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ class RayOptions:
     env_vars: dict[str, str] = field(default_factory=dict)
     include_dashboard: bool = False
     dashboard_host: str = "127.0.0.1"
+    #: node address of an embedded cluster; every Ray server binds to it (loopback by default)
+    node_ip_address: str = "127.0.0.1"
     log_to_driver: bool = True
     namespace: str = "rl"
 
@@ -56,39 +65,88 @@ def set_ray_env_defaults() -> None:
         os.environ.setdefault(key, value)
 
 
-def start_ray(options: RayOptions) -> dict[str, float]:
-    """Start an embedded Ray cluster or join `options.address`; returns cluster resources.
-
-    Idempotent: if Ray is already initialised in this process, its resources are returned.
-    """
-    set_ray_env_defaults()
-    import ray
-
-    if ray.is_initialized():
-        return dict(ray.cluster_resources())
-    address = options.address or os.environ.get("RAY_ADDRESS") or None
-    runtime_env = {"env_vars": worker_env_vars(options.env_vars)}
+def ray_init_kwargs(options: RayOptions, address: str | None) -> dict[str, Any]:
+    """The `ray.init` arguments: join `address` as it is, or start an embedded cluster on
+    `options.node_ip_address` (loopback by default) with the dashboard off."""
     kwargs: dict[str, Any] = {
         "namespace": options.namespace,
-        "runtime_env": runtime_env,
+        "runtime_env": {"env_vars": worker_env_vars(options.env_vars)},
         "log_to_driver": options.log_to_driver,
         "ignore_reinit_error": True,
     }
     if address:
         kwargs["address"] = address
-    else:
-        kwargs["num_cpus"] = options.num_cpus
-        if options.num_gpus is not None:
-            kwargs["num_gpus"] = options.num_gpus
-        if options.resources:
-            kwargs["resources"] = dict(options.resources)
-        if options.object_store_bytes:
-            kwargs["object_store_memory"] = int(options.object_store_bytes)
-        kwargs["include_dashboard"] = options.include_dashboard
-        if options.include_dashboard:
-            kwargs["dashboard_host"] = options.dashboard_host
-    ray.init(**kwargs)
+        return kwargs
+    kwargs["num_cpus"] = options.num_cpus
+    if options.num_gpus is not None:
+        kwargs["num_gpus"] = options.num_gpus
+    if options.resources:
+        kwargs["resources"] = dict(options.resources)
+    if options.object_store_bytes:
+        kwargs["object_store_memory"] = int(options.object_store_bytes)
+    kwargs["include_dashboard"] = options.include_dashboard
+    if options.include_dashboard:
+        kwargs["dashboard_host"] = options.dashboard_host
+    kwargs["_node_ip_address"] = options.node_ip_address
+    return kwargs
+
+
+def start_ray(options: RayOptions) -> dict[str, float]:
+    """Start an embedded Ray cluster or join `options.address` (or RAY_ADDRESS); returns the
+    cluster's resources. An embedded cluster on a loopback `node_ip_address` is checked to have
+    come up there (a RuntimeError otherwise).
+
+    Idempotent: if Ray is already initialised in this process, its resources are returned.
+    """
+    set_ray_env_defaults()
+    address = options.address or os.environ.get("RAY_ADDRESS") or None
+    loopback = not address and _is_loopback(options.node_ip_address)
+    if loopback:
+        os.environ[LOCAL_ONLY_ENV] = "0"
+    import ray
+
+    if ray.is_initialized():
+        return dict(ray.cluster_resources())
+    _keep_node_address_local(loopback)
+    ray.init(**ray_init_kwargs(options, address))
+    if loopback:
+        node_ip = ray.util.get_node_ip_address()
+        if not _is_loopback(node_ip):
+            ray.shutdown()
+            raise RuntimeError(
+                f"the embedded Ray cluster came up on {node_ip}, not on loopback "
+                f"({options.node_ip_address}); its servers would be reachable from the network"
+            )
     return dict(ray.cluster_resources())
+
+
+#: Ray's switch between a machine-local node address (0) and a network one (1, Linux default)
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _is_loopback(host: str) -> bool:
+    from rl_sync.store import is_loopback_host
+
+    return is_loopback_host(host)
+
+
+_forced_local = False
+
+
+def _keep_node_address_local(local: bool) -> None:
+    """Ray read LOCAL_ONLY_ENV into `ray_constants.ENABLE_RAY_CLUSTER` at its first import; if that
+    import came before this start (e.g. a test module importing ray), set the constant too. A
+    later join of a cluster from this process undoes it (the driver needs its network address)."""
+    global _forced_local
+    from ray._private import ray_constants
+
+    if local:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        _forced_local = True
+    elif _forced_local:
+        os.environ.pop(LOCAL_ONLY_ENV, None)
+        ray_constants.ENABLE_RAY_CLUSTER = not ray_constants.IS_WINDOWS_OR_OSX
+        _forced_local = False
 
 
 def shutdown_ray() -> None:

@@ -1,12 +1,14 @@
 """Bounded remote calls: every wait on a remote result has a timeout.
 
-`call(refs, timeout=..., role=..., method=...)` is the only way the runtime waits on Ray work.
+`call(refs, timeout=..., role=..., method=...)` is the only way the runtime waits on Ray work and
+on in-process (`--no-ray`) workers' futures.
 A timeout raises `RpcTimeoutError` naming the role and the method, so a hung worker is reported
 as "actor_infer.generate did not answer within 600 s" instead of blocking forever.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,10 +48,10 @@ def call(
 ) -> Any:
     """Wait for remote results with a deadline.
 
-    `refs` is one Ray ObjectRef, a list of them, or already-computed values (local mode):
-    non-ref items are returned unchanged, so the same code serves Ray and in-process workers.
-    Returns one value for one ref, a list for a list. Raises `RpcTimeoutError` after `timeout`
-    seconds and `RemoteCallError` (chained to the worker's exception) if the remote method raised.
+    `refs` is one Ray ObjectRef, a `concurrent.futures.Future` (local workers), a list of them,
+    or already-computed values, which are returned unchanged. Returns one value for one ref, a
+    list for a list. Raises `RpcTimeoutError` after `timeout` seconds, `RemoteCallError` (chained
+    to the worker's exception) if a Ray method raised, and a local method's own exception.
     """
     if timeout <= 0:
         raise ValueError(f"rpc timeout must be > 0 seconds, got {timeout}")
@@ -73,5 +75,14 @@ def call(
             raise RemoteCallError(f"{role}.{method} failed remotely: {exc}") from exc
         for ref, value in zip(ray_items, values):
             resolved[id(ref)] = value
-    out = [resolved.get(id(r), r) if _is_ray_ref(r) else r for r in items]
+    futures = [r for r in items if isinstance(r, concurrent.futures.Future)]
+    if futures:
+        _done, not_done = concurrent.futures.wait(futures, timeout=timeout)
+        if not_done:
+            for future in not_done:
+                future.cancel()  # queued calls are dropped; a running one cannot be stopped
+            raise RpcTimeoutError(role, method, timeout, len(not_done))
+        for future in futures:
+            resolved[id(future)] = future.result()
+    out = [resolved.get(id(r), r) for r in items]
     return out[0] if single else out

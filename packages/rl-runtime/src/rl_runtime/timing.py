@@ -12,27 +12,50 @@ from rich.table import Table
 
 
 class PhaseTimer:
-    """Accumulates seconds per phase within one step: `with timer.phase("rollout"): ...`."""
+    """Accumulates seconds per phase within one step: `with timer.phase("rollout"): ...`.
 
-    def __init__(self) -> None:
+    With ``device_kind`` an accelerator (cuda, npu), it also records this process's device memory
+    per phase: ``memory/<phase>_peak_gib`` (the allocator's peak during the phase) and
+    ``memory/<phase>_end_gib`` (allocated when it ends), so colocated hand-offs (offload/onload,
+    sleep/wake) show up in the metrics. On cpu only seconds are kept.
+    """
+
+    def __init__(self, device_kind: str | None = None) -> None:
         self.seconds: dict[str, float] = {}
+        self.memory: dict[str, float] = {}
+        self.device_kind = device_kind if device_kind not in (None, "cpu") else None
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        if self.device_kind is not None:
+            from rl_sync.device import reset_peak_memory_stats, synchronize
+
+            synchronize(self.device_kind)  # type: ignore[arg-type]
+            reset_peak_memory_stats(self.device_kind)  # type: ignore[arg-type]
         start = time.perf_counter()
         try:
             yield
         finally:
+            if self.device_kind is not None:
+                from rl_sync.device import memory_stats, synchronize
+
+                synchronize(self.device_kind)  # type: ignore[arg-type]
+                mem = memory_stats(self.device_kind)  # type: ignore[arg-type]
+                peak = f"memory/{name}_peak_gib"
+                self.memory[peak] = max(self.memory.get(peak, 0.0), mem["peak_gib"])
+                self.memory[f"memory/{name}_end_gib"] = mem["allocated_gib"]
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
     def metrics(self) -> dict[str, float]:
-        """`timing/<phase>` seconds plus `timing/step` (their sum)."""
+        """`timing/<phase>` seconds plus `timing/step` (their sum); `memory/*` on accelerators."""
         out = {f"timing/{k}": v for k, v in self.seconds.items()}
         out["timing/step"] = sum(self.seconds.values())
+        out.update(self.memory)
         return out
 
     def reset(self) -> None:
         self.seconds = {}
+        self.memory = {}
 
 
 class StepProgress:

@@ -3,7 +3,8 @@
 Metric names are namespaced so every backend shows the same families:
 `rollout/*` (generation), `env/*` (episode outcomes), `train/*` (losses, grad norm, lr),
 `timing/*` (seconds per phase), `sync/*` (weight transfer), `val/*` (evaluation), `critic/*`,
-`warmup/*` (supervised warm-up). `Tracker.log` rejects a name outside these families and a
+`warmup/*` (supervised warm-up), `failures/*` (failed episodes by kind), `sandbox/*` (sandbox
+pool counts: calls, failures, timeouts, restarts). `Tracker.log` rejects a name outside these families and a
 non-finite value is logged as-is (NaN shows up in the curves instead of vanishing).
 """
 
@@ -17,7 +18,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-METRIC_PREFIXES = ("rollout/", "env/", "train/", "timing/", "sync/", "val/", "critic/", "warmup/")
+METRIC_PREFIXES = (
+    "rollout/",
+    "env/",
+    "train/",
+    "timing/",
+    "memory/",
+    "sync/",
+    "val/",
+    "critic/",
+    "warmup/",
+    "failures/",
+    "sandbox/",
+)
 
 
 def check_metric_names(metrics: Mapping[str, Any]) -> None:

@@ -3,8 +3,10 @@
 `WorkerGroup.create(role, cls, placement, ...)` starts one worker per `WorkerSlot` of the role.
 Ray mode places each actor in its colocation group's placement group at its slot's bundle with a
 fraction of the device (GPU via `num_gpus`, NPU via the custom `NPU` resource, CPU otherwise).
-Local mode (`mode="local"`) builds the same classes in this process, for `--no-ray` runs and
-unit tests. Every wait goes through `rl_runtime.rpc.call` with the group's `rpc_timeout`.
+Local mode (`mode="local"`) builds the same classes in this process, each on its own thread
+(`rl_runtime.local_worker.LocalWorker`), for `--no-ray` runs and unit tests; one call runs at a
+time, in submission order (as before, so seeded runs stay deterministic), and the driver waits for
+it with the group's `rpc_timeout`. Every wait, in either mode, goes through `rl_runtime.rpc.call`.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Sequence
+from concurrent.futures import Future, wait
 from typing import Any, Literal
 
+from rl_runtime.local_worker import LocalWorker
 from rl_runtime.placement import PlacementPlan, RolePlacement
-from rl_runtime.rpc import call
+from rl_runtime.rpc import RpcTimeoutError, call
 
 Mode = Literal["ray", "local"]
 
@@ -25,6 +29,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _wait_local(future: Future, role: str, method: str, timeout_s: float) -> Future:
+    """Wait until a local call is done (its result or exception stays in the future)."""
+    if not wait([future], timeout=timeout_s).done:
+        future.cancel()
+        raise RpcTimeoutError(role, method, timeout_s, 1)
+    return future
 
 
 class PlacementGroups:
@@ -101,7 +113,9 @@ class WorkerGroup:
             kwargs = dict(init_kwargs or {})
             kwargs.update(rank=slot.rank, world_size=world, dist_env=dist_env)
             if mode == "local":
-                workers.append(worker_cls(**kwargs))
+                local = LocalWorker(worker_cls, kwargs, name=f"{role}-{slot.rank}")
+                _wait_local(local.constructed, role, "__init__", rpc_timeout).result()
+                workers.append(local)
                 continue
             import ray
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -129,7 +143,7 @@ class WorkerGroup:
 
     # -- calls -------------------------------------------------------------------------------
     def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Start `method` on every worker; returns refs (Ray) or results (local)."""
+        """Start `method` on every worker; returns refs (Ray) or futures (local)."""
         return [self._submit_one(w, method, args, kwargs) for w in self.workers]
 
     def submit_each(self, method: str, per_worker_args: Sequence[tuple]) -> list[Any]:
@@ -155,16 +169,23 @@ class WorkerGroup:
 
     def _submit_one(self, worker: Any, method: str, args: tuple, kwargs: dict) -> Any:
         if self.mode == "local":
-            return getattr(worker, method)(*args, **kwargs)
+            return _wait_local(
+                worker.submit(method, args, kwargs), self.role, method, self.rpc_timeout
+            )
         return getattr(worker, method).remote(*args, **kwargs)
 
     def shutdown(self) -> None:
-        """Kill Ray actors (after a bounded `shutdown` call if the worker has one)."""
+        """Kill Ray actors, or end local workers' threads, after a bounded `shutdown` call on
+        workers that have one."""
         if self.mode == "local":
-            for w in self.workers:
-                if hasattr(w, "shutdown"):
-                    w.shutdown()
-            self.workers = []
+            try:  # a worker stuck in an earlier (timed-out) call never gets to this one
+                with contextlib.suppress(RpcTimeoutError):
+                    futures = [w.submit("shutdown", optional=True) for w in self.workers]
+                    self.wait(futures, "shutdown", timeout=60.0)
+            finally:
+                for w in self.workers:
+                    w.stop()
+                self.workers = []
             return
         import ray
 

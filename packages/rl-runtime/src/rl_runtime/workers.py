@@ -35,9 +35,9 @@ def _init_process(dist_env: Mapping[str, str], threads: int, seed: int) -> None:
 class TrainWorker:
     """One rank of a training role: forward (log-probs / values), train steps, weights, checkpoints.
 
-    `loss_spec` (a plain dict, so it crosses process boundaries) names the loss to build here:
-    `{"kind": "actor", "config": {...}}` (rl_train.losses.build_actor_loss), `{"kind": "critic",
-    ...}` or `{"kind": "sft"}` (supervised warm-up on response tokens).
+    `training_args`/`model_args` are rl_train.args' dataclasses and `loss_config` an
+    rl_train.losses `ActorLossConfig`/`CriticLossConfig` (frozen dataclasses, built by
+    rl_runtime.compose; they cross process boundaries as they are).
     """
 
     def __init__(
@@ -50,9 +50,9 @@ class TrainWorker:
         model_path: str,
         strategy_name: str,
         strategy_config: Mapping[str, Any] | None = None,
-        training_args: Mapping[str, Any] | None = None,
-        model_args: Mapping[str, Any] | None = None,
-        loss_config: Mapping[str, Any] | None = None,
+        training_args: Any = None,
+        model_args: Any = None,
+        loss_config: Any = None,
         seed: int = 0,
         threads: int = 1,
     ) -> None:
@@ -66,9 +66,9 @@ class TrainWorker:
             role=role,
             model_path=model_path,
             strategy_config=dict(strategy_config or {}),
-            training_args=dict(training_args or {}),
-            model_args=dict(model_args or {}),
-            loss_config=dict(loss_config) if loss_config is not None else None,
+            training_args=training_args,
+            model_args=model_args,
+            loss_config=loss_config,
         )
 
     def ready(self) -> bool:
@@ -204,11 +204,16 @@ class RolloutWorker:
         threads: int = 1,
         env_configs: Mapping[str, Mapping[str, Any]] | None = None,
         agent_kwargs: Mapping[str, Any] | None = None,
+        sandbox_allow_weak_isolation: bool = False,
     ) -> None:
         _init_process(dist_env, threads, seed + 1000 + rank)
         from transformers import AutoTokenizer
 
+        from rl_envs.sandbox.shared import configure_shared_pool
         from rl_rollout import build_engine
+
+        # before any env grades an answer: the process-wide sandbox pool's isolation policy
+        configure_shared_pool(allow_weak_isolation=sandbox_allow_weak_isolation)
 
         self.rank = rank
         self.engine = build_engine(
@@ -221,6 +226,9 @@ class RolloutWorker:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.env_configs = {k: dict(v) for k, v in (env_configs or {}).items()}
         self.agent_kwargs = dict(agent_kwargs or {})
+        from rl_runtime.failures import SandboxCounters
+
+        self.sandbox = SandboxCounters()
 
     def ready(self) -> bool:
         return True
@@ -228,7 +236,7 @@ class RolloutWorker:
     def rollout(
         self,
         assignments: Sequence[tuple[str, str, int]],
-        sampling: Mapping[str, Any],
+        sampling: Any,
         render_save_dir: str | None = None,
         render_count: int | None = None,
     ) -> list:
@@ -246,18 +254,27 @@ class RolloutWorker:
         loop = AgentLoop(
             self.engine,
             self.tokenizer,
-            sampling=SamplingParams(**dict(sampling)),
+            sampling=sampling
+            if isinstance(sampling, SamplingParams)
+            else SamplingParams(**sampling),
             **self.agent_kwargs,
         )
+        self.sandbox.start(item[0] for item in envs)
         try:
             trajectories = asyncio.run(loop.run_episodes(envs))
             return restore_env_seeds(trajectories, assignments)
         finally:
+            self.sandbox.stop()
             for item in envs:
                 env = item[-1] if isinstance(item, tuple) else item
                 close = getattr(env, "close", None)
                 if callable(close):
                     close()
+
+    def take_sandbox_stats(self) -> dict[str, float]:
+        """`sandbox/*` counts (calls, failures, timeouts, worker restarts ...) of the sandbox pools
+        this worker's envs used since the last take (see rl_runtime.failures.SandboxCounters)."""
+        return self.sandbox.take()
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
         self.engine.update_weights(named_tensors, version)

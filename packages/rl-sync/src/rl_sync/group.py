@@ -2,8 +2,8 @@
 
 Trainer ranks already live in their own default world (``torch.distributed.init_process_group``) and
 engine workers in theirs, so the weight-sync group must not touch the default group. This module
-builds a standalone communicator: a ``TCPStore`` hosted by rank 0 and bound to an explicit address
-(127.0.0.1 by default), and the device's collective backend (gloo / nccl / hccl, chosen by
+builds a standalone communicator: a ``TCPStore`` hosted by rank 0 (listening on loopback only when
+the address is loopback, 127.0.0.1 by default: :mod:`rl_sync.store`), and the device's collective backend (gloo / nccl / hccl, chosen by
 :mod:`rl_sync.device`) constructed directly on a prefixed view of that store. Nothing is registered
 in ``torch.distributed``'s global state, so any number of such groups coexist with a default world.
 
@@ -29,10 +29,10 @@ from torch._C._distributed_c10d import (
     ProcessGroupGloo,
     ReduceOp,
     Store,
-    TCPStore,
 )
 
 from rl_sync.device import BackendName, DeviceKind, backend_for, detect_device_kind, torch_device
+from rl_sync.store import create_store, is_loopback_host
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_TIMEOUT_S = 600.0
@@ -53,10 +53,6 @@ def free_port(host: str = DEFAULT_HOST) -> int:
         return int(probe.getsockname()[1])
 
 
-def _is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
 def _make_backend(
     backend: BackendName,
     store: Store,
@@ -70,7 +66,7 @@ def _make_backend(
         options._timeout = timeout
         # A loopback rendezvous means every rank is on this host: pin gloo to the loopback
         # interface instead of resolving the hostname (which may point at an unreachable address).
-        hostname = DEFAULT_HOST if _is_loopback(host) else ""
+        hostname = DEFAULT_HOST if is_loopback_host(host) else ""
         options._devices = [ProcessGroupGloo.create_device(hostname=hostname)]
         return ProcessGroupGloo(store, rank, world_size, options)
     if backend == "nccl":
@@ -241,7 +237,7 @@ def init_group(
 ) -> CommGroup:
     """Join (rank > 0) or host (rank 0) a standalone group of ``world_size`` processes.
 
-    Rank 0 binds a ``TCPStore`` on ``host:port``; ``port=0`` picks a free port, which rank 0 hands
+    Rank 0 binds a ``TCPStore`` on ``host:port`` (on ``host`` alone when it is loopback); ``port=0`` picks a free port, which rank 0 hands
     to ``on_port(port)`` right after binding (before waiting for the others) so the caller can
     publish it. The other ranks connect to it. The backend defaults to the device
     kind's (cpu -> gloo, cuda -> nccl, npu -> hccl); ``timeout_s`` bounds the rendezvous and is the
@@ -258,15 +254,8 @@ def init_group(
     if chosen == "gloo":
         kind = "cpu"
     timeout = timedelta(seconds=timeout_s)
-    try:
-        store = TCPStore(
-            host,
-            port,
-            world_size,
-            rank == 0,
-            timeout=timeout,
-            wait_for_workers=False,  # the backend's rendezvous below waits for every rank
-        )
+    try:  # the backend's rendezvous below waits for every rank
+        store = create_store(host, port, world_size, rank == 0, timeout_s)
     except Exception as exc:
         role = "host" if rank == 0 else "reach"
         raise CommError(

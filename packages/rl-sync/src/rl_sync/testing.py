@@ -252,25 +252,39 @@ def ipc_receiver_main(
     out_dir: str,
     syncs: int = 1,
     timeout_s: float = 30.0,
+    device: str | None = None,
 ) -> None:
     """Rank 1 of a sync group receiving ``syncs`` colocated (IPC) updates over it.
 
-    Saves each applied state to ``out_dir/v{version}.pt`` and reports ``("ok", version)`` or
-    ``("error", type name, message)``.
+    Saves each applied state (on the CPU) to ``out_dir/v{version}.pt`` and reports
+    ``("ok", version)`` or ``("error", type name, message)``. With ``device`` (e.g. ``"cuda:0"``)
+    the buffers are mapped on that device, the group stays gloo (handles are control data) and
+    the report is ``("ok", version, device types of the mapped views)``.
     """
     from rl_sync.ipc import IpcReceiver
 
     torch.set_num_threads(1)
     try:
+        if device is not None and device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))
         group = init_group(
-            "127.0.0.1", port_queue.get(timeout=timeout_s), 1, 2, timeout_s=timeout_s
+            "127.0.0.1",
+            port_queue.get(timeout=timeout_s),
+            1,
+            2,
+            timeout_s=timeout_s,
+            backend="gloo" if device is not None else None,
         )
-        receiver = IpcReceiver()
+        receiver = IpcReceiver(device)
         for _ in range(syncs):
             state: dict[str, torch.Tensor] = {}
+            kinds: set[str] = set()
 
-            def apply(named: list[tuple[str, torch.Tensor]], sink: dict = state) -> None:
-                sink.update((name, tensor.clone()) for name, tensor in named)
+            def apply(
+                named: list[tuple[str, torch.Tensor]], sink: dict = state, seen: set = kinds
+            ) -> None:
+                sink.update((name, tensor.to("cpu", copy=True)) for name, tensor in named)
+                seen.update(tensor.device.type for _, tensor in named)
 
             try:
                 metrics = receiver.receive_over(group, apply)
@@ -278,7 +292,10 @@ def ipc_receiver_main(
                 result_queue.put(("error", type(exc).__name__, str(exc)))
                 continue
             torch.save(state, os.path.join(out_dir, f"v{metrics.version}.pt"))
-            result_queue.put(("ok", metrics.version))
+            if device is None:
+                result_queue.put(("ok", metrics.version))
+            else:
+                result_queue.put(("ok", metrics.version, sorted(kinds)))
         group.close()
     except Exception:
         result_queue.put(("crash", traceback.format_exc()))

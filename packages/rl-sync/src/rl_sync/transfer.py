@@ -80,6 +80,14 @@ def _encode_header(header: dict[str, Any]) -> bytes:
     return json.dumps(header, separators=(",", ":")).encode()
 
 
+def _tensor_bytes(body: torch.Tensor) -> bytes:
+    """The bytes of a ``[N]`` uint8 tensor on any device (no numpy: rl-sync depends on torch only)."""
+    buffer = bytearray(body.numel())
+    if buffer:
+        torch.frombuffer(buffer, dtype=torch.uint8).copy_(body)
+    return bytes(buffer)
+
+
 def _bucket_header(version: int, spec: BucketSpec) -> dict[str, Any]:
     return {
         "protocol": PROTOCOL,
@@ -140,7 +148,7 @@ def _recv_header(group: CommGroup, src: int, timeout_s: float | None) -> dict[st
     body = torch.empty(size, dtype=torch.uint8, device=group.device)
     group.broadcast(body, src, timeout_s)
     try:
-        header = json.loads(bytes(body.cpu().numpy().tobytes()).decode())
+        header = json.loads(_tensor_bytes(body).decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SyncError(f"sync header from rank {src} is not valid JSON: {exc}") from exc
     if not isinstance(header, dict) or header.get("protocol") != PROTOCOL:

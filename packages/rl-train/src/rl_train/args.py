@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-SchedulerName = Literal["constant", "constant_with_warmup", "linear", "cosine"]
-_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
+SchedulerName = Literal[
+    "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr"
+]
+_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr")
 
 
 @dataclass
@@ -30,6 +32,8 @@ class TrainingArgs:
     max_steps: int = 1000
     """Total optimizer steps the scheduler plans for (cosine/linear decay horizon)."""
     min_lr_ratio: float = 0.0
+    """Floor of the linear/cosine decay as a fraction of the peak rate (HF's ``min_lr_rate`` of
+    ``cosine_with_min_lr``)."""
     max_grad_norm: float = 1.0
     per_device_train_batch_size: int = 1
     gradient_accumulation_steps: int = 1
@@ -127,7 +131,10 @@ class ModelArgs:
     """``model_args``: dtype of the trained weights' compute, attention kernel, checkpointing."""
 
     dtype: str = "fp32"
-    attn_implementation: str | None = "sdpa"
+    attn_implementation: str | None = "auto"
+    """``auto`` (per device: PyTorch varlen flash attention on CUDA, sdpa elsewhere), ``varlen``,
+    ``flash_attention_2``, ``sdpa`` or ``eager``; resolved by
+    :func:`rl_train.attention.resolve_attn_implementation` when the model is loaded."""
     disable_gradient_checkpointing: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -140,7 +147,6 @@ _DTYPE_NAMES = {
     "fp16": "fp16",
     "float16": "fp16",
 }
-_ATTN = {"fa2": "flash_attention_2", "flash_attn": "flash_attention_2"}
 
 
 def parse_model_args(obj: Any = None) -> ModelArgs:
@@ -148,8 +154,7 @@ def parse_model_args(obj: Any = None) -> ModelArgs:
     dtype = str(raw.get("dtype") or "fp32").lower()
     if dtype not in _DTYPE_NAMES:
         raise ValueError(f"model_args.dtype={dtype!r}; expected one of fp32, bf16, fp16")
-    attn = raw.get("attn_implementation") or "sdpa"
-    attn = _ATTN.get(attn, attn)
+    attn = raw.get("attn_implementation") or "auto"
     disable_gc = raw.get("disable_gradient_checkpointing")
     return ModelArgs(
         dtype=_DTYPE_NAMES[dtype],

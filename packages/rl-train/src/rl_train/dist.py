@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from rl_sync.device import DeviceKind, backend_for, detect_device_kind, set_device
+from rl_sync.store import create_store, is_loopback_host, loopback_interface
 
 
 def is_dist() -> bool:
@@ -39,18 +40,32 @@ def init_distributed(
     """Initialise the default process group from env vars when WORLD_SIZE is set (idempotent).
 
     Returns the device kind and this rank's device. Without WORLD_SIZE this is a single process
-    and no group is created.
+    and no group is created. A loopback MASTER_ADDR (single-node runs) keeps every listener of
+    the group on loopback: the rendezvous store (see :func:`rl_sync.store.create_store`) and, for
+    gloo, its pairs (``GLOO_SOCKET_IFNAME`` set to the loopback interface unless already set).
     """
     kind = kind or detect_device_kind()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = set_device(local_rank, kind)
     if not is_dist() and "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) >= 1:
+        rank_, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        backend = backend_for(kind)
+        store = None
+        master = os.environ.get("MASTER_ADDR", "")
+        if is_loopback_host(master):
+            store = create_store(
+                master, int(os.environ["MASTER_PORT"]), world, rank_ == 0, timeout_s
+            )
+            lo = loopback_interface()
+            if backend == "gloo" and lo is not None:
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
         dist.init_process_group(
-            backend=backend_for(kind),
-            rank=int(os.environ["RANK"]),
-            world_size=int(os.environ["WORLD_SIZE"]),
+            backend=backend,
+            rank=rank_,
+            world_size=world,
             timeout=timedelta(seconds=timeout_s),
             device_id=None if kind == "cpu" else device,
+            store=store,
         )
     return kind, device
 

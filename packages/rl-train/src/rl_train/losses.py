@@ -1,33 +1,92 @@
-"""Actor and critic losses built from rl_algos by config (ROLL's algorithm keys).
+"""Actor and critic losses built from rl_algos by typed configs.
 
 Each returned ``loss_fn(micro_batch, forward_output, ctx)`` aggregates with the mini-batch's GLOBAL
 token / sequence counts (``ctx``), so gradient accumulation and data-parallel ranks add up to the
 single-process full-batch loss. Metrics are token-weighted shares that add up the same way.
 
-Actor config keys (all optional):
-    pg_variant / policy_loss: name in rl_algos' policy-loss registry (default ``ppo``)
-    loss_agg_mode: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
-    pg_clip / clip_ratio, pg_clip_low, pg_clip_high, dual_clip_loss + clip_ratio_c
-    policy_loss_kwargs: extra keyword arguments of the chosen policy loss
-    use_kl_loss, kl_loss_coef, kl_loss_type (k1/kl, abs, k2/mse, k3/low_var_kl); a KL penalty in
-        the REWARD (add_token_level_kl / init_kl_coef) is applied upstream to the rewards, not here
-    entropy_loss_coef
-    is_correction: {mode: none|truncated|masked, level: token|sequence|geometric, threshold,
-        low, high} — train/inference mismatch correction against ``rollout_log_probs``
-Critic config keys: value_clip / clip_range_value, critic_loss_agg_mode (default token-mean).
+The configs are frozen dataclasses (they cross process boundaries); rl_runtime.compose builds them
+from an experiment config (ROLL's key names and aliases are resolved there, not here).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 
 from rl_algos.aggregate import aggregate
 from rl_algos.correction import masked_is, mismatch_metrics, truncated_is
 from rl_algos.losses import get_policy_loss, kl_penalty, value_loss
-from rl_train.args import as_mapping
 from rl_train.types import Batch, ForwardOutput, LossContext, LossFn, LossResult
+
+ISLevel = Literal["token", "sequence", "geometric"]
+
+
+@dataclass(frozen=True)
+class ISWeightConfig:
+    """Truncated importance weights ``min(pi_train / pi_rollout, upper_bound)`` on the loss."""
+
+    level: ISLevel = "token"
+    upper_bound: float = math.inf
+
+
+@dataclass(frozen=True)
+class ISFilterConfig:
+    """Mask tokens (or sequences) whose ratio ``pi_train / pi_rollout`` is outside [low, high]."""
+
+    level: ISLevel = "token"
+    low: float = 0.8
+    high: float = 1.2
+
+
+@dataclass(frozen=True)
+class ActorLossConfig:
+    """The actor's loss: a policy loss from rl_algos' registry plus KL / entropy / IS terms.
+
+    ``clip_ratio_low/high``: PPO clip epsilons (ratio clipped to [1-low, 1+high]);
+    ``dual_clip_c``: dual-clip constant (None: off); ``is_weight``/``is_filters``: train/inference
+    mismatch correction against ``batch["rollout_log_probs"]`` (weights, then masks in order).
+    """
+
+    policy_loss: str = "ppo_clip"
+    loss_agg_mode: str = "token-mean"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    dual_clip_c: float | None = None
+    policy_loss_kwargs: tuple[tuple[str, Any], ...] = ()
+    rl_loss_coef: float = 1.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "k3"
+    entropy_loss_coef: float = 0.0
+    is_weight: ISWeightConfig | None = None
+    is_filters: tuple[ISFilterConfig, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        get_policy_loss(self.policy_loss)  # unknown name -> rl_algos' error lists the registry
+        if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
+            raise ValueError(f"dual_clip_c must be > 1, got {self.dual_clip_c}")
+
+    def policy_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the chosen policy loss."""
+        kwargs = dict(self.policy_loss_kwargs)
+        if self.policy_loss in ("ppo", "ppo_clip"):
+            kwargs.update(
+                clip_ratio_low=self.clip_ratio_low,
+                clip_ratio_high=self.clip_ratio_high,
+                clip_ratio_c=self.dual_clip_c,
+            )
+        return kwargs
+
+
+@dataclass(frozen=True)
+class CriticLossConfig:
+    """The critic's clipped value loss: ``value_clip`` (None: unclipped), aggregation mode."""
+
+    value_clip: float | None = None
+    loss_agg_mode: str = "token-mean"
 
 
 def _agg(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, ctx: LossContext) -> torch.Tensor:
@@ -52,29 +111,13 @@ def _require(mb: Batch, key: str, role: str) -> torch.Tensor:
     return mb[key]
 
 
-def build_actor_loss(cfg: Any = None) -> LossFn:
-    c = as_mapping(cfg)
-    name = c.get("pg_variant") or c.get("policy_loss") or "ppo"
-    policy_loss = get_policy_loss(name)  # unknown name -> rl_algos' error lists the registry
-    mode = c.get("loss_agg_mode", "token-mean")
-    kwargs: dict[str, Any] = dict(c.get("policy_loss_kwargs") or {})
-    if name in ("ppo", "ppo_clip"):
-        clip = c.get("pg_clip", c.get("clip_ratio", 0.2))
-        kwargs.setdefault("clip_ratio", clip)
-        if c.get("pg_clip_low") is not None:
-            kwargs.setdefault("clip_ratio_low", c["pg_clip_low"])
-        if c.get("pg_clip_high") is not None:
-            kwargs.setdefault("clip_ratio_high", c["pg_clip_high"])
-        if c.get("dual_clip_loss"):
-            kwargs.setdefault("clip_ratio_c", c.get("clip_ratio_c", 3.0))
-    use_kl = bool(c.get("use_kl_loss", False))
-    kl_coef = float(c.get("kl_loss_coef", 0.0))
-    kl_kind = c.get("kl_loss_type", "k3")
-    ent_coef = float(c.get("entropy_loss_coef", 0.0))
-    is_cfg = dict(c.get("is_correction") or {})
-    is_mode = is_cfg.pop("mode", "none")
-    if is_mode not in ("none", "truncated", "masked"):
-        raise ValueError(f"is_correction.mode={is_mode!r}; expected none, truncated or masked")
+def build_actor_loss(cfg: ActorLossConfig | None = None) -> LossFn:
+    c = cfg or ActorLossConfig()
+    if not isinstance(c, ActorLossConfig):
+        raise TypeError(f"build_actor_loss takes an ActorLossConfig, got {type(c).__name__}")
+    policy_loss = get_policy_loss(c.policy_loss)
+    mode = c.loss_agg_mode
+    kwargs = c.policy_kwargs()
 
     def loss_fn(mb: Batch, out: ForwardOutput, ctx: LossContext) -> LossResult:
         if out.log_probs is None:
@@ -85,48 +128,70 @@ def build_actor_loss(cfg: Any = None) -> LossFn:
         old = lp.detach() if old is None else old
         adv = _require(mb, "advantages", "actor")
         metrics: dict[str, torch.Tensor] = {}
-        is_weights = None
-        if is_mode != "none":
-            rollout = _require(mb, "rollout_log_probs", "actor (is_correction)")
-            corr = (truncated_is if is_mode == "truncated" else masked_is)(
-                old, rollout, mask, **is_cfg
-            )
-            is_weights, mask = corr.weights, corr.mask
-            for k, v in {
-                **corr.stats,
-                **mismatch_metrics(old, rollout, mb["response_mask"].bool()),
-            }.items():
-                if "max" in k or "min" in k:
-                    continue  # not additive over micro-batches
-                metrics[k] = _share(v, mb["response_mask"], ctx)
+        is_weights, mask = _is_correction(c, mb, old, mask, metrics, ctx)
         if is_weights is not None:
             result = policy_loss(lp, old, adv, mask, is_weights=is_weights, **kwargs)
         else:
             result = policy_loss(lp, old, adv, mask, **kwargs)
         loss = _agg(result.loss_mat, result.mask, mode, ctx)
         metrics["pg_loss"] = loss.detach()
+        loss = c.rl_loss_coef * loss
         for k, v in result.stats.items():
             if v.dim() == 0 and "max" not in k and "min" not in k:
                 metrics[k] = _share(v, mask, ctx)
-        if use_kl:
+        if c.use_kl_loss:
             ref = _require(mb, "ref_log_probs", "actor (use_kl_loss)")
-            kl = _agg(kl_penalty(lp, ref, kl_kind), mask, mode, ctx)
-            loss = loss + kl_coef * kl
+            kl = _agg(kl_penalty(lp, ref, c.kl_loss_type), mask, mode, ctx)
+            loss = loss + c.kl_loss_coef * kl
             metrics["kl_loss"] = kl.detach()
         if out.entropy is not None:
             ent = _agg(out.entropy, mask, mode, ctx)
-            if ent_coef:
-                loss = loss - ent_coef * ent
+            if c.entropy_loss_coef:
+                loss = loss - c.entropy_loss_coef * ent
             metrics["entropy"] = ent.detach()
         return loss, metrics
 
     return loss_fn
 
 
-def build_critic_loss(cfg: Any = None) -> LossFn:
-    c = as_mapping(cfg)
-    clip = c.get("value_clip", c.get("clip_range_value", 0.5))
-    mode = c.get("critic_loss_agg_mode", "token-mean")
+def _is_correction(
+    c: ActorLossConfig,
+    mb: Batch,
+    old: torch.Tensor,
+    mask: torch.Tensor,
+    metrics: dict[str, torch.Tensor],
+    ctx: LossContext,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """IS weights (or None) and the filtered mask; adds the additive correction metrics."""
+    if c.is_weight is None and not c.is_filters:
+        return None, mask
+    rollout = _require(mb, "rollout_log_probs", "actor (train_infer_correction)")
+    weights = None
+    stats: dict[str, torch.Tensor] = {}
+    if c.is_weight is not None:
+        corr = truncated_is(
+            old, rollout, mask, level=c.is_weight.level, threshold=c.is_weight.upper_bound
+        )
+        weights = corr.weights
+        stats.update(corr.stats)
+    for f in c.is_filters:
+        corr = masked_is(old, rollout, mask, level=f.level, low=f.low, high=f.high)
+        mask = corr.mask
+        stats.update(corr.stats)
+    if weights is not None:
+        weights = torch.where(mask, weights, torch.zeros_like(weights))
+    stats.update(mismatch_metrics(old, rollout, mb["response_mask"].bool()))
+    for k, v in stats.items():
+        if "max" not in k and "min" not in k:  # max/min are not additive over micro-batches
+            metrics[k] = _share(v, mb["response_mask"], ctx)
+    return weights, mask
+
+
+def build_critic_loss(cfg: CriticLossConfig | None = None) -> LossFn:
+    c = cfg or CriticLossConfig()
+    if not isinstance(c, CriticLossConfig):
+        raise TypeError(f"build_critic_loss takes a CriticLossConfig, got {type(c).__name__}")
+    clip, mode = c.value_clip, c.loss_agg_mode
 
     def loss_fn(mb: Batch, out: ForwardOutput, ctx: LossContext) -> LossResult:
         if out.values is None:

@@ -9,6 +9,12 @@ from torch import nn
 
 from rl_algos.logprobs import log_probs_from_logits_chunked
 from rl_train.args import ModelArgs
+from rl_train.attention import (
+    VARLEN,
+    packed_attention_kwargs,
+    register_varlen_attention,
+    resolve_attn_implementation,
+)
 from rl_train.batching import pack, trim_padding, unpack
 from rl_train.types import Batch, ForwardOutput
 
@@ -29,16 +35,22 @@ def load_model(
     *,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
+    device_kind: str = "cpu",
 ) -> nn.Module:
     """``Qwen2ForCausalLM``-style LM for actor/reference; the same backbone with a 1-unit token
     classification head (``score``, the value head) for the critic. Loaded on CPU in ``dtype``;
-    the value head is initialised from ``seed`` so every rank builds the same critic."""
+    the value head is initialised from ``seed`` so every rank builds the same critic. The attention
+    kernel is ``model_args.attn_implementation`` resolved for ``device_kind`` and the compute
+    dtype ``model_args.dtype`` (FSDP2 loads fp32 master weights that compute in bf16)."""
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     check_role(role)
-    kwargs: dict = {"dtype": dtype, "trust_remote_code": False}
-    if model_args.attn_implementation:
-        kwargs["attn_implementation"] = model_args.attn_implementation
+    attn = resolve_attn_implementation(
+        model_args.attn_implementation, device_kind, model_args.dtype
+    )
+    if attn == VARLEN:
+        register_varlen_attention()
+    kwargs: dict = {"dtype": dtype, "trust_remote_code": False, "attn_implementation": attn}
     torch.manual_seed(seed)
     if role == "critic":
         from transformers import AutoConfig
@@ -52,6 +64,13 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(str(model_path), **kwargs)
     model.config.use_cache = False
     return model
+
+
+def attn_implementation(model: nn.Module) -> str | None:
+    """The attention kernel a loaded (possibly wrapped) HF model runs."""
+    inner = getattr(model, "module", model)  # a DeepSpeed engine wraps the HF model
+    config = getattr(inner, "config", None)
+    return getattr(config, "_attn_implementation", None)
 
 
 def enable_gradient_checkpointing(model: nn.Module) -> None:
@@ -102,7 +121,10 @@ def token_outputs(
     b, t = ids.shape
     if packed:
         packed_ids, position_ids, layout = pack(ids, mask)
-        out = model(input_ids=packed_ids, position_ids=position_ids, use_cache=False)
+        varlen = packed_attention_kwargs(
+            attn_implementation(model), layout.cu_seqlens, layout.lengths
+        )
+        out = model(input_ids=packed_ids, position_ids=position_ids, use_cache=False, **varlen)
         logits = out.logits  # [1, N, V] or [1, N, 1]
         starts = layout.cu_seqlens[:-1].long()
         if role == "critic":

@@ -62,8 +62,8 @@ def build_backend(
 ) -> TrainBackend:
     """Build a backend for ``role`` (actor/critic/reference) from ROLL-style worker config parts.
 
-    ``loss_config`` (the pipeline's algorithm keys: ``pg_variant``/``loss_agg_mode``/``use_kl_loss``
-    ...) builds the default loss of the actor or critic when no ``loss_fn`` is given.
+    ``loss_config`` (``rl_train.losses.ActorLossConfig`` for the actor, ``CriticLossConfig`` for
+    the critic) builds the default loss when no ``loss_fn`` is given.
     """
     if strategy_name not in _REGISTRY:
         raise ValueError(

@@ -11,10 +11,13 @@ from rl_config.schema.base import StrictModel
 AdvEstimatorName = Literal[
     "gae",
     "grpo",
+    "dr_grpo",
     "reinforce",
     "rloo",
     "reinforce_pp",
     "reinforce_pp_baseline",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
     "remax",
     "opo",
     "gpg",
@@ -36,9 +39,9 @@ class RewardNormalization(StrictModel):
         "same env and seed; `state` is ROLL's alias), tags (all trajectories of one env tag) or "
         "batch (the whole rollout batch).",
     )
-    method: Literal["mean_std", "asym_clip", "identity"] = Field(
+    method: Literal["mean_std", "mean", "asym_clip", "identity"] = Field(
         default="mean_std",
-        description="mean_std: (r - mean) / (std + eps); asym_clip: mean_std then clip negative "
+        description="mean_std: (r - mean) / (std + eps); mean: r - mean; asym_clip: mean_std then clip negative "
         "scores; identity: rewards unchanged.",
     )
 
@@ -127,8 +130,11 @@ class AlgorithmFields(StrictModel):
 
     adv_estimator: AdvEstimatorName = Field(
         default="grpo",
-        description="Advantage estimator (rl_algos registry name): gae (needs a critic), grpo, "
-        "reinforce, rloo, reinforce_pp, reinforce_pp_baseline, remax, opo, gpg, grpo_passk, gigpo.",
+        description="Advantage estimator (rl_algos registry name; a test keeps this list equal to "
+        "the registry): gae (needs a critic), grpo, dr_grpo, reinforce, rloo, reinforce_pp "
+        "(= reinforce_plus_plus), reinforce_pp_baseline (= reinforce_plus_plus_baseline), remax "
+        "(greedy baseline rollouts), opo, gpg, grpo_passk, gigpo (per-turn steps). Reward "
+        "normalisation (reward_normalization) runs first; group estimators use its groups.",
     )
     ppo_epochs: int = Field(
         default=1,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, Self
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
+from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 
 from rl_config.schema.agentic import CustomEnv, EnvManagerConfig
 from rl_config.schema.algorithm import AlgorithmFields
@@ -75,6 +76,9 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
         description="Asynchronous training bounds (staleness in weight versions, queue in samples).",
     )
 
+    _roll_notes: list[Any] = PrivateAttr(default_factory=list)
+    _pipeline_kind: str = PrivateAttr(default="rlvr")
+
     @classmethod
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
         """Validate a mapping; raises ``rl_config.ConfigError`` with every problem found."""
@@ -84,6 +88,32 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
             return super().model_validate(obj, *args, **kwargs)
         except ValidationError as exc:
             raise config_error_from_validation(exc, cls) from None
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _roll_compat(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Self:
+        """Refuse Megatron configs; drop ROLL's accepted-but-unimplemented keys (with notes)."""
+        from rl_config.roll_keys import (
+            megatron_issue,
+            pipeline_kind,
+            strip_roll_keys,
+            unsupported_values,
+        )
+
+        if not isinstance(data, dict):
+            return handler(data)
+        issue = megatron_issue(data)
+        if issue is not None:
+            raise RuleViolations([issue])
+        refused = unsupported_values(data)
+        if refused:
+            raise RuleViolations(refused)
+        kind = pipeline_kind(data)
+        data, notes = strip_roll_keys(data)
+        cfg = handler(data)
+        cfg._roll_notes = notes
+        cfg._pipeline_kind = kind
+        return cfg
 
     # ----------------------------------------------------------------------------- derived values
     @model_validator(mode="after")
@@ -97,6 +127,7 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
         return self
 
     def _derive(self) -> None:
+        self._derive_num_nodes()
         for role, worker in self.workers().items():
             if worker.strategy_args is None:
                 worker.strategy_args = StrategyArgs(strategy_name=DEFAULT_STRATEGY[role])
@@ -129,6 +160,22 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
         if self.async_.queue_size is None and self.async_.max_staleness > 0:
             self.async_.queue_size = self.samples_per_step * self.async_.max_staleness
 
+    def _derive_num_nodes(self) -> None:
+        """Unset num_nodes: as many nodes as the highest device id needs (ROLL does the same)."""
+        from rl_config.errors import ConfigIssue
+
+        ids = [d for w in self.workers().values() for d in (w.device_mapping or [])]
+        if "num_nodes" in self.model_fields_set or not ids or max(ids) < self.total_devices:
+            return  # an explicit num_nodes that is too small is an error (check_devices)
+        self.num_nodes = math.ceil((max(ids) + 1) / self.num_gpus_per_node)
+        self._roll_notes.append(
+            ConfigIssue(
+                "num_nodes",
+                f"not set; derived as {self.num_nodes} from device id {max(ids)} and "
+                f"num_gpus_per_node {self.num_gpus_per_node} (as ROLL does); set it to confirm",
+            )
+        )
+
     # ------------------------------------------------------------------------------- properties
     def workers(self) -> dict[WorkerRole, WorkerConfig]:
         """The configured worker roles (critic only when set), in placement order."""
@@ -145,6 +192,11 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
     def is_agentic(self) -> bool:
         """True when a train_env_manager is configured (multi-turn env rollouts)."""
         return self.train_env_manager is not None
+
+    @property
+    def pipeline_kind(self) -> str:
+        """agentic (train_env_manager set), dpo (ROLL DPO keys present) or rlvr."""
+        return "agentic" if self.is_agentic else self._pipeline_kind
 
     @property
     def samples_per_step(self) -> int:
@@ -192,7 +244,7 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
         """Legal but suspicious settings, as readable lines (printed by ``rl-config check``)."""
         from rl_config.rules import collect_warnings
 
-        return collect_warnings(self)
+        return [str(note) for note in self._roll_notes] + collect_warnings(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain mapping (YAML-safe builtins) with YAML key names (``async``, not ``async_``).

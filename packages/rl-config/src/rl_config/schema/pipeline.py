@@ -42,6 +42,15 @@ class PipelineFields(StrictModel):
     rpc_timeout: int = Field(
         default=3600, ge=1, description="Timeout of a remote call between workers, in seconds."
     )
+    max_failed_fraction: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="Largest fraction of a training batch's episodes that may fail (env or engine "
+        "error, env step timeout, reward function failure) before training stops with an error. "
+        "Failed episodes are never trained on: they are dropped from the batch and counted in "
+        "the failures/* metrics. 1.0: never stop (a batch with no episode left still stops).",
+    )
     output_dir: str = Field(
         default="./output", description="Directory of run outputs (resolved config, exports)."
     )
@@ -79,6 +88,12 @@ class PipelineFields(StrictModel):
         default=False,
         description="false: start fresh; true: resume from the newest checkpoint of the "
         "checkpoint dir; a path: resume from that checkpoint.",
+    )
+    sandbox_allow_weak_isolation: bool = Field(
+        default=False,
+        description="Let untrusted code (reward functions, tool code) run where the host "
+        "refuses network namespaces (e.g. Docker's default seccomp profile). The sandbox then "
+        "only patches Python's socket module, which a subprocess bypasses; false: refuse.",
     )
     checkpoint_config: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="Checkpoint storage."

@@ -25,6 +25,19 @@ KNOWN_UNSUPPORTED_STRATEGIES = (
 )
 """ROLL strategy names this stack does not implement (rejected with a hint)."""
 
+FSDP2_OPTIONS: dict[str, str] = {
+    "param_dtype": "compute dtype of sharded parameters: fp32, bf16 or fp16 (default: model dtype)",
+    "reduce_dtype": "gradient reduction dtype: fp32 (default), bf16 or fp16",
+    "cpu_offload": "true: keep parameters and optimizer states on the CPU (ROLL: offload_policy)",
+    "reshard_after_forward": "free gathered parameters after forward (default true)",
+    "gradient_checkpointing": "activation checkpointing override",
+    "keep_last": "checkpoints kept by the backend",
+    "packed_forward": "pack sequences without padding in forward",
+    "offload_reference": "reference role: offload its parameters between uses",
+}
+"""strategy_config keys of fsdp2_train (rl_train.backends.native._FSDP_KEYS; a test keeps them equal)."""
+DTYPE_NAMES = ("fp32", "bf16", "fp16")
+
 PolicyLossName = Literal[
     "ppo_clip", "gspo", "cispo", "gmpo", "clip_cov", "kl_cov", "sapo", "topr", "reinforce"
 ]

@@ -6,7 +6,16 @@ from __future__ import annotations
 import re
 
 _HASH_RE = re.compile(r"####\s*([^\n]*)")
-_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# a number: thousands groups only as 1,234,567 (so "1,2,3" is three numbers, not 123)
+_NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+_NUMBER_RE = re.compile(_NUMBER)
+# what may stand between the numbers of a list: spaces, commas, semicolons, ellipses, or/and
+_LIST_GAP_RE = re.compile(r"(?:\s*(?:[,;]|\.{2,}|…|\bor\b|\band\b)\s*|\s+)")
+
+
+def all_hash_answers(text: str) -> list[str]:
+    """The non-empty answers after every ``####`` (GSM8K), in order."""
+    return [m.strip() for m in _HASH_RE.findall(text) if m.strip()]
 
 
 def extract_hash_answer(text: str) -> str | None:
@@ -18,36 +27,76 @@ def extract_hash_answer(text: str) -> str | None:
     return answer or None
 
 
+def _box_at(text: str, i: int) -> tuple[str, int] | None:
+    """``(content, end)`` of the box whose argument starts at ``i`` (after ``\\boxed``)."""
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i < len(text) and text[i] == "{":
+        depth = 0
+        for j in range(i, len(text)):
+            if text[j] == "{" and text[j - 1] != "\\":
+                depth += 1
+            elif text[j] == "}" and text[j - 1] != "\\":
+                depth -= 1
+                if depth == 0:
+                    return text[i + 1 : j], j + 1
+        return None  # unbalanced
+    tail = re.match(r"[^\s$]+", text[i:])
+    return (tail.group(0), i + tail.end()) if tail else None
+
+
+def all_boxed(text: str) -> list[str]:
+    """Every ``\\boxed{...}``/``\\fbox{...}`` (balanced braces; ``\\boxed 5`` too) in order;
+    a box nested in another is part of the outer one; unbalanced boxes are skipped."""
+    found = []
+    end = 0
+    for match in re.finditer(r"\\(?:boxed|fbox)\b", text):
+        if match.start() < end:
+            continue
+        box = _box_at(text, match.end())
+        if box is not None:
+            found.append(box[0])
+            end = box[1]
+    return found
+
+
 def extract_boxed(text: str) -> str | None:
-    """Content of the LAST ``\\boxed{...}`` or ``\\fbox{...}``, braces balanced; None if absent or
-    unbalanced. ``\\boxed 5`` (no braces) is accepted too."""
-    starts = [m.start() for m in re.finditer(r"\\(?:boxed|fbox)\b", text)]
-    for start in reversed(starts):
-        i = text.index("\\", start) + 1
-        while i < len(text) and text[i].isalpha():
-            i += 1
-        while i < len(text) and text[i] == " ":
-            i += 1
-        if i < len(text) and text[i] == "{":
-            depth = 0
-            for j in range(i, len(text)):
-                if text[j] == "{" and (j == 0 or text[j - 1] != "\\"):
-                    depth += 1
-                elif text[j] == "}" and text[j - 1] != "\\":
-                    depth -= 1
-                    if depth == 0:
-                        return text[i + 1 : j]
-            continue  # unbalanced: try an earlier one
-        tail = re.match(r"[^\s$]+", text[i:])
-        if tail:
-            return tail.group(0)
-    return None
+    """Content of the LAST ``\\boxed{...}`` or ``\\fbox{...}``, braces balanced; None if absent
+    or unbalanced. ``\\boxed 5`` (no braces) is accepted too."""
+    found = all_boxed(text)
+    return found[-1] if found else None
+
+
+def single_answer(candidates: list[str]) -> str | None:
+    """The one final answer among ``candidates``: None if there is none or if they disagree
+    (after ``normalize_answer``). Repeating the same answer is fine; hedging is not."""
+    if not candidates:
+        return None
+    if len({normalize_answer(c) for c in candidates}) > 1:
+        return None
+    return candidates[-1]
 
 
 def last_number(text: str) -> str | None:
-    """The last number in the text (commas removed)."""
+    """The last number in the text (thousands commas removed)."""
     matches = _NUMBER_RE.findall(text)
     return matches[-1].replace(",", "") if matches else None
+
+
+def final_number(text: str) -> str | None:
+    """GSM8K flexible answer: the last number, unless it ends a list of two or more different
+    numbers (``"1 2 3 ... 10"``, ``"41, 42 or 43"``), which names no single answer."""
+    matches = list(_NUMBER_RE.finditer(text))
+    if not matches:
+        return None
+    run = [matches[-1].group(0)]
+    for before, after in zip(reversed(matches[:-1]), reversed(matches[1:]), strict=True):
+        if not _LIST_GAP_RE.fullmatch(text[before.end() : after.start()]):
+            break
+        run.append(before.group(0))
+    if len({n.replace(",", "") for n in run}) > 1:
+        return None
+    return run[0].replace(",", "")
 
 
 def normalize_answer(answer: str) -> str:

@@ -12,10 +12,13 @@ from typing import Any
 
 from rl_envs import arith
 from rl_envs.rewards.extraction import (
+    all_boxed,
+    all_hash_answers,
     extract_boxed,
     extract_hash_answer,
-    last_number,
+    final_number,
     normalize_answer,
+    single_answer,
     to_number,
 )
 
@@ -42,10 +45,13 @@ def gsm8k_score(
     format_score: float = 0.0,
     score: float = 1.0,
 ) -> float:
-    """verl-style GSM8K: ``strict`` needs ``#### answer``; ``flexible`` takes the last number."""
-    answer = extract_hash_answer(solution_str)
-    if answer is None and method == "flexible":
-        answer = last_number(solution_str)
+    """verl-style GSM8K: ``strict`` needs ``#### answer``; ``flexible`` also takes the last
+    number. Canary rules: several ``####`` lines with different answers score 0; ``flexible``
+    finds no answer in a trailing list of numbers (``"1 2 3 ... 10"``)."""
+    answers = all_hash_answers(solution_str)
+    answer = single_answer(answers)
+    if not answers and method == "flexible":
+        answer = final_number(solution_str)
     if answer is None:
         return 0.0
     gold = extract_hash_answer(str(ground_truth)) or str(ground_truth)
@@ -82,8 +88,9 @@ def math_equivalent(answer: str, gold: str) -> bool:
 
 
 def math_score(solution_str: str, ground_truth: str) -> float:
-    """1.0 if the last ``\\boxed{}`` answer equals the ground truth, else 0.0."""
-    answer = extract_boxed(solution_str)
+    """1.0 if the boxed answer equals the ground truth, else 0.0. Several boxes that disagree
+    (``\\boxed{41} or \\boxed{42}``) score 0.0; the same answer boxed twice counts once."""
+    answer = single_answer(all_boxed(solution_str))
     if answer is None:
         return 0.0
     gold = extract_boxed(str(ground_truth)) or str(ground_truth)
@@ -91,11 +98,15 @@ def math_score(solution_str: str, ground_truth: str) -> float:
 
 
 def dapo_score(solution_str: str, ground_truth: str) -> dict[str, Any]:
-    """DAPO rule: +1 correct, -1 otherwise; the answer is the last boxed one or ``Answer: x``."""
-    answer = extract_boxed(solution_str)
-    if answer is None:
-        found = re.findall(r"Answer\s*:\s*([^\n]+)", solution_str)
-        answer = found[-1].strip() if found else None
+    """DAPO rule: +1 correct, -1 otherwise; the answer is the boxed one or ``Answer: x``
+    (disagreeing boxes or ``Answer:`` lines name no answer: -1)."""
+    boxed = all_boxed(solution_str)
+    if boxed:
+        answer = single_answer(boxed)
+    else:
+        answer = single_answer(
+            [a.strip() for a in re.findall(r"Answer\s*:\s*([^\n]+)", solution_str)]
+        )
     correct = answer is not None and math_equivalent(answer, str(ground_truth))
     return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": (answer or "")[:200]}
 

@@ -1,6 +1,6 @@
 """Out-of-process execution of untrusted functions and code with hard limits."""
 
 from rl_envs.sandbox.limits import SandboxLimits
-from rl_envs.sandbox.pool import SandboxPool, SandboxResult
+from rl_envs.sandbox.pool import SandboxPool, SandboxResult, WeakIsolationError
 
-__all__ = ["SandboxLimits", "SandboxPool", "SandboxResult"]
+__all__ = ["SandboxLimits", "SandboxPool", "SandboxResult", "WeakIsolationError"]

@@ -1,13 +1,14 @@
 """Sandbox worker process: ``python -m rl_envs.sandbox._worker`` (started by ``SandboxPool``).
 
-The worker is trusted code. For each task it forks a CALL process that: gets its own process
-group, dies with the worker (PDEATHSIG), redirects stdout/stderr to a size-capped file, sets
-RLIMIT_CPU/AS/FSIZE/NPROC/CORE, drops to ``sandbox_uid`` when root (so RLIMIT_NPROC applies),
-works in a private temp dir, and writes its JSON result to a pipe. The worker enforces the wall
-timeout, kills the call's process group and every descendant that escaped it (the worker is a
-child subreaper, so orphans come back to it), and reaps them all.
+The worker is trusted code; it serves one call slot of the pool (its own uid when root, its
+own control group). For each task it forks the call (``rl_envs.sandbox.call``) with two pipes
+opened BEFORE the fork, one for stdout/stderr and one for the JSON result: nothing the call
+leaves in a directory is ever opened by path. The worker enforces the wall timeout, kills the
+call's control group, process group and every descendant that escaped them (the worker is a
+child subreaper), and reaps them all.
 
-The worker itself lives in an empty network namespace when that is permitted.
+At start the worker isolates itself (``rl_envs.sandbox.isolation``), probes which isolation a
+call gets, and reports it in its ready frame (see ``SandboxPool.isolation``).
 """
 
 from __future__ import annotations
@@ -15,26 +16,24 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
-import json
 import os
-import resource
-import runpy
 import select
 import shutil
 import signal
 import sys
 import tempfile
 import time
-import traceback
+from dataclasses import dataclass, field
 from typing import Any
 
+from rl_envs.sandbox import isolation
+from rl_envs.sandbox.call import _resolve, start_call
+from rl_envs.sandbox.cgroups import SlotCgroup, open_slot_cgroup
 from rl_envs.sandbox.protocol import read_frame, write_frame
 
-PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWNET = 0x40000000
-OUTPUT_FILE = ".sandbox_output"
+OUTPUT_KEEP_BYTES = 64 * 1024  # of the call's stdout/stderr, returned to the caller
+SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 # Modules imported by the worker before any call so that a call running as an unprivileged user
 # (which may not read the interpreter's files) can still use them.
@@ -53,145 +52,6 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def _prctl(option: int, value: int) -> bool:
     return _libc.prctl(option, value, 0, 0, 0) == 0
-
-
-def _isolate_network() -> str:
-    """Put the worker in an empty network namespace; returns how network is cut off."""
-    if _libc.unshare(CLONE_NEWNET) == 0:
-        return "netns"
-    if os.geteuid() != 0 and _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
-        return "userns+netns"
-    return "python-socket-block"
-
-
-def _block_python_sockets() -> None:
-    import socket
-
-    def _refuse(*_args: Any, **_kwargs: Any) -> Any:
-        raise PermissionError("network access is disabled in the sandbox")
-
-    socket.socket = _refuse  # type: ignore[assignment,misc]
-    socket.create_connection = _refuse  # type: ignore[assignment]
-    socket.socketpair = _refuse  # type: ignore[assignment]
-    socket.getaddrinfo = _refuse  # type: ignore[assignment]
-    _socket = sys.modules.get("_socket")
-    if _socket is not None:
-        _socket.socket = _refuse  # type: ignore[attr-defined]
-
-
-def _resolve(target: str) -> Any:
-    module_name, _, qualname = target.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _json_default(value: Any) -> Any:
-    item = getattr(value, "item", None)
-    if callable(item):
-        return item()
-    if isinstance(value, set | frozenset | tuple):
-        return list(value)
-    raise TypeError(f"result of type {type(value).__name__} is not JSON serialisable")
-
-
-def _set_limits(limits: dict[str, Any], baseline_vm: int) -> None:
-    cpu = int(limits["cpu_s"])
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    address_space = baseline_vm + int(limits["memory_mb"]) * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-    fsize = int(limits["max_output_bytes"]) + 1
-    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    nproc = int(limits["max_processes"])
-    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-
-
-def _drop_privileges(uid: int) -> None:
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    if os.getuid() != uid or os.geteuid() != uid:
-        raise RuntimeError("could not drop privileges")
-
-
-def _call_process(
-    task: dict[str, Any], state: dict[str, Any], result_fd: int, workdir: str
-) -> None:
-    """Body of the forked call process. Never returns."""
-    me = os.getpid()
-    status = 0
-    try:
-        os.setpgid(0, 0)
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        for fd in (state["proto_in"], state["proto_out"]):
-            os.close(fd)
-        limits = task["limits"]
-        kind = task["kind"]
-        target = _resolve(task["target"]) if kind == "call" else None  # trusted: before the drop
-        _set_limits(limits, state["baseline_vm"])
-        if state["root"] and limits["drop_privileges"]:
-            _drop_privileges(int(limits["sandbox_uid"]))
-        os.chdir(workdir)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        out = os.open(OUTPUT_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        if not limits["network"] and state["network"] == "python-socket-block":
-            _block_python_sockets()
-        args = task.get("args", [])
-        kwargs = task.get("kwargs", {})
-        if kind == "call":
-            assert target is not None
-            value = target(*args, **kwargs)
-        elif kind == "source":
-            path = os.path.join(workdir, task.get("filename") or "reward_fn.py")
-            with open(path, "w") as handle:
-                handle.write(task["source"])
-            namespace = runpy.run_path(path, run_name="rl_envs_sandboxed_module")
-            fn = namespace.get(task["function"])
-            if not callable(fn):
-                raise AttributeError(
-                    f"{task.get('filename')} defines no function {task['function']!r}"
-                )
-            value = fn(*args, **kwargs)
-        elif kind == "python":
-            path = os.path.join(workdir, "main.py")
-            with open(path, "w") as handle:
-                handle.write(task["source"])
-            runpy.run_path(path, run_name="__main__")
-            value = None
-        else:
-            raise ValueError(f"unknown task kind {kind!r}")
-        payload = {"ok": True, "value": value}
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        payload = {"ok": code == 0, "value": None, "kind": "ok" if code == 0 else "exit",
-                   "error": f"SystemExit({exc.code!r})"}  # fmt: skip
-    except BaseException as exc:
-        kind_name = "memory" if isinstance(exc, MemoryError) else "exception"
-        tb = traceback.format_exc(limit=8)
-        payload = {"ok": False, "value": None, "kind": kind_name,
-                   "error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": tb[-4000:]}  # fmt: skip
-    if os.getpid() != me:  # a process the call forked fell through to here
-        os._exit(0)
-    try:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        try:
-            data = json.dumps(payload, default=_json_default, allow_nan=True).encode()
-        except (TypeError, ValueError) as exc:
-            data = json.dumps({"ok": False, "kind": "bad_result", "error": str(exc)[:500]}).encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(result_fd, view) :]
-    except BaseException:
-        status = 3
-    os._exit(status)
 
 
 def _children() -> list[int]:
@@ -238,6 +98,98 @@ def _drain(fd: int, chunks: list[bytes]) -> bool:
         chunks.append(chunk)
 
 
+def _cleanup_shared_tmp(uid: int) -> None:
+    """Without a mount namespace: remove what the slot's uid left at the top of the shared
+    temp dirs (only that uid's entries; ``rmtree`` does not follow symlinks)."""
+    for base in SHARED_TMP_DIRS:
+        with contextlib.suppress(OSError), os.scandir(base) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_uid != uid:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                    else:
+                        os.unlink(entry.path)
+
+
+@dataclass
+class _Collected:
+    """What the worker gathered from one call."""
+
+    outcome: str = ""  # "", "timeout" or "output_too_large"
+    status: int | None = None  # wait status of the call process
+    cpu_s: float = 0.0  # CPU time of the call process
+    chunks: list[bytes] = field(default_factory=list)  # the JSON result
+    output: bytes = b""  # the first OUTPUT_KEEP_BYTES of stdout/stderr
+    output_size: int = 0
+
+
+def _supervise(pid: int, deadline: float, result_fd: int, output_fd: int, cap: int) -> _Collected:
+    """Collect the result and output pipes until the call process exits or the deadline
+    passes."""
+    pidfd = None
+    with contextlib.suppress(OSError, AttributeError):
+        pidfd = os.pidfd_open(pid)
+    chunks: list[bytes] = []
+    output: list[bytes] = []
+    output_size = 0
+    outcome = ""
+    status: int | None = None
+    open_fds = {result_fd, output_fd}
+    for fd in open_fds:
+        os.set_blocking(fd, False)
+
+    def drain() -> None:
+        nonlocal output_size
+        for fd in list(open_fds):
+            sink = chunks if fd == result_fd else output
+            fresh: list[bytes] = []
+            if _drain(fd, fresh):
+                open_fds.discard(fd)
+            if fd == output_fd:
+                for chunk in fresh:
+                    kept = sum(len(c) for c in sink)
+                    if kept < OUTPUT_KEEP_BYTES:
+                        sink.append(chunk[: OUTPUT_KEEP_BYTES - kept])
+                    output_size += len(chunk)
+            else:
+                sink.extend(fresh)
+
+    cpu_s = 0.0
+    try:
+        # Finished when the call process has exited (descendants may hold the pipes open).
+        while status is None:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                outcome = "timeout"
+                break
+            watch = list(open_fds)
+            if pidfd is not None:
+                watch.append(pidfd)
+            else:
+                wait = min(wait, 0.002)
+            if watch:
+                select.select(watch, [], [], wait)
+            else:
+                time.sleep(wait)
+            drain()
+            if sum(len(c) for c in chunks) > cap + 4096 or output_size > cap:
+                outcome = "output_too_large"
+                break
+            got, raw_status, usage = os.wait4(pid, os.WNOHANG)
+            if got:
+                status = raw_status
+                cpu_s = usage.ru_utime + usage.ru_stime
+                drain()
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    if not outcome and (sum(len(c) for c in chunks) > cap + 4096 or output_size > cap):
+        outcome = "output_too_large"
+    return _Collected(outcome, status, cpu_s, chunks, b"".join(output), output_size)
+
+
 def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     limits = task["limits"]
     if task["kind"] == "call":
@@ -251,81 +203,64 @@ def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
                 "error": f"cannot import target: {exc!r}"[:2000],
             }
     cap = int(limits["max_output_bytes"])
-    workdir = tempfile.mkdtemp(prefix="rl_sandbox_")
-    if state["root"] and limits["drop_privileges"]:
-        os.chown(workdir, int(limits["sandbox_uid"]), int(limits["sandbox_uid"]))
-    read_fd, write_fd = os.pipe()
+    uid = state["uid"]
+    namespaces = state["namespaces"]
+    workdir = "/tmp" if namespaces else tempfile.mkdtemp(prefix="rl_sandbox_")
+    if not namespaces and uid is not None:
+        os.chown(workdir, uid, uid)
+    cgroup: SlotCgroup | None = state["cgroup"]
+    oom_before = 0
+    if cgroup is not None:
+        cgroup.set_limits(int(limits["memory_mb"]) << 20, int(limits["max_processes"]) + 1)
+        oom_before = cgroup.oom_kills()
+    call = {"workdir": workdir, "uid": uid, "namespaces": namespaces,
+            "baseline_vm": state["baseline_vm"], "block_sockets": state["block_sockets"]}  # fmt: skip
+    result_r, result_w = os.pipe()
+    output_r, output_w = os.pipe()
     start = time.monotonic()
-    deadline = start + float(limits["timeout_s"])
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read_fd)
-            _call_process(task, state, write_fd, workdir)
-        finally:
-            os._exit(70)
-    os.close(write_fd)
-    pidfd = None
-    with contextlib.suppress(OSError, AttributeError):
-        pidfd = os.pidfd_open(pid)
-    chunks: list[bytes] = []
-    size = 0
-    outcome = ""
-    status: int | None = None
-    os.set_blocking(read_fd, False)
-    eof = False
+    close = [state["proto_in"], state["proto_out"], result_r, output_r]
+    pid = start_call(task, call, cgroup, result_w, output_w, close)
+    os.close(result_w)
+    os.close(output_w)
     try:
-        # Finished when the call process has exited (descendants may hold the pipe open).
-        while status is None:
-            wait = deadline - time.monotonic()
-            if wait <= 0:
-                outcome = "timeout"
-                break
-            watch = [read_fd] if not eof else []
-            if pidfd is not None:
-                watch.append(pidfd)
-            else:
-                wait = min(wait, 0.002)
-            if watch:
-                select.select(watch, [], [], wait)
-            else:
-                time.sleep(wait)
-            eof = eof or _drain(read_fd, chunks)
-            size = sum(len(c) for c in chunks)
-            if size > cap + 4096:
-                outcome = "output_too_large"
-                break
-            got, raw_status = os.waitpid(pid, os.WNOHANG)
-            if got:
-                status = raw_status
-                _drain(read_fd, chunks)
-                if sum(len(c) for c in chunks) > cap + 4096:
-                    outcome = "output_too_large"
+        got = _supervise(pid, start + float(limits["timeout_s"]), result_r, output_r, cap)
     finally:
+        if cgroup is not None:
+            cgroup.kill_all()
         _reap_all(pid)
-        if status is None:
-            with contextlib.suppress(ChildProcessError):
-                _, status = os.waitpid(pid, 0)
-        os.close(read_fd)
-        if pidfd is not None:
-            os.close(pidfd)
+        os.close(result_r)
+        os.close(output_r)
+    if got.status is None:
+        with contextlib.suppress(ChildProcessError):
+            _, got.status = os.waitpid(pid, 0)
     duration = time.monotonic() - start
-    output_path = os.path.join(workdir, OUTPUT_FILE)
-    output = b""
-    output_size = 0
-    with contextlib.suppress(OSError):
-        output_size = os.path.getsize(output_path)
-        with open(output_path, "rb") as handle:
-            output = handle.read(min(cap, 64 * 1024))
-    shutil.rmtree(workdir, ignore_errors=True)
-    response: dict[str, Any] = {"duration_s": duration, "stdout": output.decode(errors="replace")}
+    if namespaces:
+        pass  # the private /tmp went away with the call's mount namespace
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if uid is not None:
+            _cleanup_shared_tmp(uid)
+    oom = cgroup is not None and cgroup.oom_kills() > oom_before
+    response = _classify(got, oom, float(limits["cpu_s"]))
+    response["duration_s"] = duration
+    return response
+
+
+def _classify(got: _Collected, oom: bool, cpu_limit_s: float) -> dict[str, Any]:
+    status = got.status
+    response: dict[str, Any] = {"stdout": got.output.decode(errors="replace"),
+                                "output_bytes": got.output_size}  # fmt: skip
     signal_number = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
-    if outcome:
-        response.update(ok=False, kind=outcome, error=f"call {outcome.replace('_', ' ')}")
-    elif output_size > cap:
-        response.update(ok=False, kind="output_too_large", error=f"output over {cap} bytes")
-    elif not chunks:
-        if signal_number == signal.SIGXCPU:
+    # pid 1 of a pid namespace ignores SIGXCPU: the hard limit's SIGKILL ends it instead
+    cpu_killed = signal_number == signal.SIGXCPU or (
+        signal_number == signal.SIGKILL and got.cpu_s >= cpu_limit_s
+    )
+    if got.outcome:
+        response.update(ok=False, kind=got.outcome, error=f"call {got.outcome.replace('_', ' ')}")
+    elif not got.chunks and oom:
+        response.update(ok=False, kind="memory", error="memory cap of the call's processes hit")
+    elif not got.chunks:
+        if cpu_killed:
             response.update(ok=False, kind="cpu_limit", error="CPU time limit exceeded")
         elif signal_number is not None:
             name = signal.Signals(signal_number).name
@@ -334,7 +269,8 @@ def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
             code = os.WEXITSTATUS(status) if status is not None else -1
             response.update(ok=False, kind="crashed", error=f"call exited with status {code}")
     else:
-        response.update(ok=True, kind="ok", result_json=b"".join(chunks).decode(errors="replace"))
+        result_json = b"".join(got.chunks).decode(errors="replace")
+        response.update(ok=True, kind="ok", result_json=result_json)
     return response
 
 
@@ -344,6 +280,48 @@ def _baseline_vm() -> int:
             if line.startswith("VmSize:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def _probe_call_namespaces() -> bool:
+    """Can a call get its mount and pid namespaces and private mounts here? (A throwaway fork
+    tries the same steps as a real call.)"""
+    try:
+        pid = isolation.fork_into_call_namespaces()
+    except OSError:
+        return False
+    if pid == 0:
+        try:
+            isolation.private_mounts(64 << 10, os.geteuid(), os.getegid())
+            os._exit(0)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def _setup(config: dict[str, Any]) -> dict[str, Any]:
+    """Isolate the worker; returns the per-call state and the isolation report."""
+    limits = config["limits"]
+    root = os.geteuid() == 0
+    uid = int(limits["uid_base"]) + int(config.get("slot", 0)) if root else None
+    cgroup = open_slot_cgroup(
+        f"rl_sandbox.{os.getpid()}",
+        int(limits["memory_mb"]) << 20,
+        int(limits["max_processes"]) + 1,
+    )  # before a user namespace makes the cgroup files foreign
+    network = "allowed" if config.get("network") else isolation.isolate_network(root)
+    namespaces = network != "none" and _probe_call_namespaces()
+    report = {
+        "network": network,
+        "uid": "per-slot" if uid is not None else "shared-with-caller",
+        "sandbox_uid": uid,
+        "limits": cgroup.version if cgroup is not None else "rlimit",
+        "mounts": "private" if namespaces else "shared",
+        "pids": "pidns" if namespaces else "shared",
+    }
+    state = {"uid": uid, "cgroup": cgroup, "namespaces": namespaces,
+             "block_sockets": network == "none"}  # fmt: skip
+    return {"state": state, "isolation": report}
 
 
 def main() -> None:
@@ -357,7 +335,7 @@ def main() -> None:
     if config is None:
         return
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    network = "allowed" if config.get("network") else _isolate_network()
+    setup = _setup(config)
     errors = []
     for name in [*DEFAULT_PRELOAD, *config.get("preload", [])]:
         try:
@@ -369,24 +347,25 @@ def main() -> None:
             _resolve(target)()
         except Exception as exc:
             errors.append(f"warmup {target}: {type(exc).__name__}: {exc}")
-    state = {
-        "proto_in": proto_in,
-        "proto_out": proto_out,
-        "root": os.geteuid() == 0,
-        "network": network,
-        "baseline_vm": _baseline_vm(),
-    }
-    write_frame(proto_out, {"ready": True, "pid": os.getpid(), "network": network,
-                            "root": state["root"], "preload_errors": errors})  # fmt: skip
-    while True:
-        task = read_frame(proto_in)
-        if task is None:
-            return
-        try:
-            response = _run_task(task, state)
-        except Exception as exc:  # a bug here must not kill the worker silently
-            response = {"ok": False, "kind": "worker_error", "error": repr(exc)[:2000]}
-        write_frame(proto_out, response)
+    state = {**setup["state"], "proto_in": proto_in, "proto_out": proto_out,
+             "baseline_vm": _baseline_vm()}  # fmt: skip
+    cgroup = state["cgroup"]
+    write_frame(proto_out, {"ready": True, "pid": os.getpid(), "isolation": setup["isolation"],
+                            "cgroup": [cgroup.version, *cgroup.dirs] if cgroup else [],
+                            "preload_errors": errors})  # fmt: skip
+    try:
+        while True:
+            task = read_frame(proto_in)
+            if task is None:
+                return
+            try:
+                response = _run_task(task, state)
+            except Exception as exc:  # a bug here must not kill the worker silently
+                response = {"ok": False, "kind": "worker_error", "error": repr(exc)[:2000]}
+            write_frame(proto_out, response)
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
 
 
 if __name__ == "__main__":

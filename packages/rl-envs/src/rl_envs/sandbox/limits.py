@@ -12,13 +12,20 @@ class SandboxLimits:
     """Hard limits applied to every call.
 
     ``timeout_s``: wall clock; the call is killed (with everything it started) past it.
-    ``cpu_s``: RLIMIT_CPU (default ``ceil(timeout_s) + 1``). ``memory_mb``: address space
-    (RLIMIT_AS) allowed ABOVE the worker's baseline. ``max_processes``: RLIMIT_NPROC (enforced
-    because the call runs as ``sandbox_uid`` when the pool runs as root). ``max_output_bytes``:
-    cap on captured stdout/stderr (RLIMIT_FSIZE) and on the returned value's JSON.
-    ``network``: False isolates the worker in an empty network namespace (or, where that is not
-    permitted, blocks Python sockets in the call). ``drop_privileges``: run calls as
-    ``sandbox_uid`` when root.
+    ``cpu_s``: RLIMIT_CPU per process (default ``ceil(timeout_s) + 1``). ``memory_mb``: the
+    TOTAL memory of all the call's processes where a control group is available (cgroup v2, or
+    v1 on hybrid hosts); in every case also RLIMIT_AS per process above the worker's baseline.
+    ``max_processes``: tasks in the call's control group (total) and RLIMIT_NPROC (per uid;
+    root ignores it, hence the uid drop). ``max_output_bytes``: cap on captured stdout/stderr
+    and on the returned value's JSON (and RLIMIT_FSIZE on files it writes). ``tmp_mb``: size of
+    the call's private ``/tmp`` (a tmpfs in its own mount namespace, gone after the call).
+    ``network``: False runs calls in an empty network namespace. ``allow_weak_isolation``:
+    without it a pool refuses to start where no network namespace can be made (Docker's default
+    seccomp profile): the fallback that patches Python's ``socket`` is bypassed by
+    ``socket.SocketType``, ctypes or any subprocess. ``uid_base``: when the pool runs as root,
+    worker (call slot) ``i`` runs its calls as uid ``uid_base + i``, so calls cannot signal or
+    read each other or write the caller's files; pools sharing a host without namespaces should
+    use disjoint ranges.
     """
 
     timeout_s: float = 5.0
@@ -26,14 +33,15 @@ class SandboxLimits:
     memory_mb: int = 1024
     max_processes: int = 32
     max_output_bytes: int = 1 << 20
+    tmp_mb: int = 64
     network: bool = False
-    drop_privileges: bool = True
-    sandbox_uid: int = 65534
+    allow_weak_isolation: bool = False
+    uid_base: int = 64000
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
-        for name in ("memory_mb", "max_processes", "max_output_bytes"):
+        for name in ("memory_mb", "max_processes", "max_output_bytes", "tmp_mb", "uid_base"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 

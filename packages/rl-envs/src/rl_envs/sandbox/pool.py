@@ -1,15 +1,18 @@
 """``SandboxPool``: run untrusted functions and code out of the caller's process.
 
 Workers are separate interpreters (``python -m rl_envs.sandbox._worker``, spawn semantics, own
-session). Each call forks a fresh call process inside a worker with hard limits (see
-``SandboxLimits``); results come back as JSON. A worker that stops answering is killed with its
-whole process group, reaped and replaced. Safe to use from any thread.
+session), one per call slot. Each call forks a fresh call process inside a worker with hard
+limits (see ``SandboxLimits``); results come back as JSON. A worker that stops answering is
+killed with its whole process group, reaped and replaced in the same slot. Safe to use from any
+thread. ``isolation`` says what the workers could set up; ``stats()`` counts calls, failures by
+kind, timeouts and worker restarts for the caller's metrics.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import queue
 import signal
@@ -21,8 +24,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl_envs.sandbox.cgroups import SlotCgroup
 from rl_envs.sandbox.limits import SandboxLimits
 from rl_envs.sandbox.protocol import FrameTimeout, read_frame, write_frame
+
+logger = logging.getLogger(__name__)
 
 GRACE_S = 3.0
 _ENV_KEEP = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "VIRTUAL_ENV", "TZ")
@@ -42,9 +48,14 @@ class SandboxResult:
     traceback: str = ""
 
 
+class WeakIsolationError(RuntimeError):
+    """The host refused the namespaces that isolate untrusted code from the network."""
+
+
 @dataclass(eq=False)
 class _Worker:
     process: subprocess.Popen[bytes]
+    slot: int
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -74,9 +85,10 @@ def _default(value: Any) -> Any:
 
 
 class SandboxPool:
-    """A pool of sandbox workers.
+    """A pool of sandbox workers, one per call slot.
 
-    ``preload``: modules imported by each worker at start (calls running as an unprivileged user
+    Start fails with ``WeakIsolationError`` where the workers cannot get a network namespace,
+    unless ``limits.allow_weak_isolation`` (or ``limits.network``) is set. ``preload``: modules imported by each worker at start (calls running as an unprivileged user
     may not be able to import anything else). ``warmup``: ``"module:function"`` targets called
     once at start (to trigger lazy imports).
     """
@@ -95,20 +107,40 @@ class SandboxPool:
         self.limits = limits or SandboxLimits()
         self.num_workers = num_workers
         self._config = {"preload": list(preload), "warmup": list(warmup),
-                        "network": self.limits.network}  # fmt: skip
+                        "network": self.limits.network, "limits": self.limits.to_dict()}  # fmt: skip
         self._start_timeout_s = start_timeout_s
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._all: set[_Worker] = set()
         self._lock = threading.Lock()
         self._stats: Counter[str] = Counter()
         self._closed = False
-        starting = [self._spawn() for _ in range(num_workers)]
+        self._isolation: dict[str, Any] = {}
+        starting = [self._spawn(slot) for slot in range(num_workers)]
+        try:
+            for worker in starting:
+                self._await_ready(worker)
+            self._isolation = dict(starting[0].info.get("isolation", {}))
+            self._check_isolation()
+        except BaseException:
+            self.close()
+            raise
         for worker in starting:
-            self._await_ready(worker)
             self._idle.put(worker)
+        logger.info("sandbox pool of %d workers, isolation %s", num_workers, self._isolation)
+
+    def _check_isolation(self) -> None:
+        if self._isolation.get("network") != "none" or self.limits.allow_weak_isolation:
+            return
+        raise WeakIsolationError(
+            "sandbox: this host refuses network namespaces (e.g. Docker's default seccomp "
+            "profile), so untrusted code could reach the network; set "
+            "SandboxLimits(allow_weak_isolation=True) (config key "
+            "sandbox_allow_weak_isolation) to run with Python-level socket blocking only, "
+            f"which a subprocess or socket.SocketType bypasses. Isolation here: {self._isolation}"
+        )
 
     # ----- workers ---------------------------------------------------------------------------
-    def _spawn(self) -> _Worker:
+    def _spawn(self, slot: int) -> _Worker:
         process = subprocess.Popen(
             [sys.executable, "-m", "rl_envs.sandbox._worker"],
             stdin=subprocess.PIPE,
@@ -118,9 +150,9 @@ class SandboxPool:
             env=_clean_env(),
             close_fds=True,
         )
-        worker = _Worker(process)
+        worker = _Worker(process, slot)
         assert process.stdin is not None
-        write_frame(process.stdin.fileno(), self._config)
+        write_frame(process.stdin.fileno(), {**self._config, "slot": slot})
         with self._lock:
             self._all.add(worker)
         return worker
@@ -144,6 +176,9 @@ class SandboxPool:
             worker.process.kill()
         with contextlib.suppress(Exception):
             worker.process.wait(timeout=10)
+        cgroup = worker.info.get("cgroup") or []
+        if cgroup:  # the killed worker's control group, and any call process still in it
+            SlotCgroup(str(cgroup[0]), tuple(str(d) for d in cgroup[1:])).remove()
         for stream in (worker.process.stdin, worker.process.stdout):
             with contextlib.suppress(Exception):
                 if stream is not None:
@@ -151,10 +186,10 @@ class SandboxPool:
         with self._lock:
             self._all.discard(worker)
 
-    def _replace_async(self) -> None:
+    def _replace_async(self, slot: int) -> None:
         def _start() -> None:
             try:
-                worker = self._spawn()
+                worker = self._spawn(slot)
                 self._await_ready(worker)
             except Exception:
                 self._stats["worker_start_failures"] += 1
@@ -166,6 +201,23 @@ class SandboxPool:
 
         self._stats["worker_restarts"] += 1
         threading.Thread(target=_start, name="sandbox-replace", daemon=True).start()
+
+    @property
+    def isolation(self) -> dict[str, Any]:
+        """What a call gets, as the workers measured it at start: ``network`` (netns |
+        userns+netns | none | allowed), ``uid`` (per-slot | shared-with-caller), ``limits``
+        (cgroup2 | cgroup1 | rlimit), ``mounts`` (private | shared), ``pids`` (pidns | shared),
+        and ``mode``: "strong" when all of network, mounts and pids are isolated and memory is
+        capped in total, else "weak"."""
+        report = dict(self._isolation)
+        strong = (
+            report.get("network") in ("netns", "userns+netns")
+            and report.get("mounts") == "private"
+            and report.get("pids") == "pidns"
+            and report.get("limits") in ("cgroup2", "cgroup1")
+        )
+        report["mode"] = "strong" if strong else "weak"
+        return report
 
     @property
     def worker_info(self) -> dict[str, Any]:
@@ -188,7 +240,7 @@ class SandboxPool:
             return self._count(SandboxResult(False, kind="pool_busy", error="no idle worker"))
         if not worker.alive:
             self._kill(worker)
-            self._replace_async()
+            self._replace_async(worker.slot)
             return self._submit_again(task, timeout_s, start)
         assert worker.process.stdin is not None and worker.process.stdout is not None
         try:
@@ -200,7 +252,7 @@ class SandboxPool:
             response = None
         if response is None:
             self._kill(worker)
-            self._replace_async()
+            self._replace_async(worker.slot)
             result = SandboxResult(
                 False, kind="worker_lost", error="sandbox worker stopped answering"
             )
@@ -285,8 +337,19 @@ class SandboxPool:
         """Run untrusted Python code as ``__main__``; ``stdout`` holds what it printed."""
         return self._submit({"kind": "python", "source": code}, timeout_s)
 
-    def stats(self) -> dict[str, int]:
-        return dict(self._stats)
+    def stats(self) -> dict[str, Any]:
+        """Counters for the caller's metrics: ``calls``, ``failures``, ``timeouts``,
+        ``worker_restarts``, ``worker_start_failures``, ``kind.<kind>`` per outcome, and
+        ``isolation`` (the ``mode``, "strong" or "weak") plus ``isolation.<aspect>`` strings."""
+        counters = Counter({"calls": 0, "failures": 0, "worker_restarts": 0,
+                            "worker_start_failures": 0})  # fmt: skip
+        counters.update(self._stats)
+        out: dict[str, Any] = dict(counters)
+        out["timeouts"] = counters["kind.timeout"]
+        isolation = self.isolation
+        out["isolation"] = isolation.pop("mode")
+        out.update({f"isolation.{k}": str(v) for k, v in isolation.items()})
+        return out
 
     # ----- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:

@@ -124,7 +124,14 @@ class DeepSpeedBackend(BackendCore):
         from rl_sync.device import backend_for
 
         deepspeed.init_distributed(dist_backend=backend_for(self.device_kind))  # reuses our group
-        model = load_model(model_path, role, model_args, dtype=torch.float32, seed=args.seed)
+        model = load_model(
+            model_path,
+            role,
+            model_args,
+            dtype=torch.float32,
+            seed=args.seed,
+            device_kind=self.device_kind,
+        )
         self.hf_config = model.config
         self.hf_model_class = type(model)
         use_gc = bool(

@@ -80,7 +80,14 @@ class NativeBackend(BackendCore):
         compute_dtype = DTYPES[model_args.dtype]
         # FSDP2 keeps float32 master weights and computes in param_dtype; hf_infer loads as is.
         load_dtype = torch.float32 if (self.shard and role != "reference") else compute_dtype
-        model = load_model(model_path, role, model_args, dtype=load_dtype, seed=args.seed)
+        model = load_model(
+            model_path,
+            role,
+            model_args,
+            dtype=load_dtype,
+            seed=args.seed,
+            device_kind=self.device_kind,
+        )
         self.hf_config = model.config
         self.hf_model_class = type(model)
         use_gc = bool(
@@ -189,8 +196,8 @@ class NativeBackend(BackendCore):
     def _move(self, device: torch.device) -> None:
         if self.device_kind == "cpu":
             return  # parameters already live in host memory
-        for p in self.model.parameters():
-            p.data = p.data.to(device, non_blocking=True)
+        # Module.to, not `p.data = ...`: FSDP2's `_apply` keeps its sharded DTensors consistent
+        self.model.to(device)
         if self.optimizer is not None:
             for state in self.optimizer.state.values():
                 for key, value in state.items():

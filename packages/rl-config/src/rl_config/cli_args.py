@@ -1,0 +1,120 @@
+"""Command line of an app: ``--config FILE [key=value ...]`` or ROLL's launcher form.
+
+ROLL's run scripts call ``python examples/start_<pipeline>.py --config_path DIR --config_name
+NAME`` (Hydra: NAME without ``.yaml``, DIR relative to the script's folder ``examples/``). Apps
+that parse their arguments with ``parse_app_args`` accept that line unchanged, so a ROLL run
+script works with only the program name changed::
+
+    args = parse_app_args(argv, flags={"dry-run": "print the plan and exit"})
+    cfg = load_config(args.config, args.overrides)
+    if "dry_run" in args.flags: ...
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rl_config.errors import ConfigError, ConfigIssue
+
+ROLL_SCRIPT_DIRS = ("examples",)
+"""Folders (under the working directory) where ROLL's start scripts, and so its relative
+``--config_path``, live."""
+
+
+@dataclass(frozen=True)
+class AppArgs:
+    """Parsed app arguments."""
+
+    config: Path | None
+    """The experiment YAML (None when neither form was given and there is no default)."""
+    overrides: list[str]
+    """Dotted ``key=value`` overrides, in order."""
+    flags: frozenset[str]
+    """Boolean options that were given, by their Python name (``dry_run``)."""
+
+
+def resolve_roll_config(config_path: str, config_name: str, cwd: Path | None = None) -> Path:
+    """The file Hydra would load for ``--config_path DIR --config_name NAME``.
+
+    DIR is tried as given (absolute or relative to ``cwd``), then under ``cwd/examples`` (ROLL's
+    scripts pass DIR relative to their own folder). NAME may carry ``.yaml`` or not."""
+    base = Path(cwd or Path.cwd())
+    name = config_name if config_name.endswith(".yaml") else f"{config_name}.yaml"
+    folder = Path(config_path).expanduser()
+    candidates = [folder] if folder.is_absolute() else [base / folder]
+    if not folder.is_absolute():
+        candidates += [base / d / folder for d in ROLL_SCRIPT_DIRS]
+    for candidate in candidates:
+        if (candidate / name).is_file():
+            return (candidate / name).resolve()
+    searched = ", ".join(str(c / name) for c in candidates)
+    raise ConfigError(
+        ConfigIssue(
+            "",
+            f"--config_path {config_path} --config_name {config_name}: no such file "
+            f"(searched {searched})",
+        )
+    )
+
+
+def build_app_parser(
+    prog: str, flags: Mapping[str, str], default_config: Path | None
+) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument(
+        "--config", type=Path, default=None, help=f"experiment YAML (default: {default_config})"
+    )
+    parser.add_argument(
+        "--config_path",
+        "--config-path",
+        dest="config_path",
+        help="ROLL/Hydra form: folder of the config (relative paths also tried under examples/)",
+    )
+    parser.add_argument(
+        "--config_name",
+        "--config-name",
+        dest="config_name",
+        help="ROLL/Hydra form: config file name without .yaml",
+    )
+    parser.add_argument("overrides", nargs="*", help="dotted overrides: a.b=1, +a.new=2, ~a.b")
+    for flag, text in flags.items():
+        parser.add_argument(f"--{flag}", action="store_true", help=text)
+    return parser
+
+
+def parse_app_args(
+    argv: Sequence[str] | None = None,
+    *,
+    flags: Mapping[str, str] | None = None,
+    default_config: Path | None = None,
+    prog: str = "app",
+    cwd: Path | None = None,
+) -> AppArgs:
+    """Parse ``--config FILE key=value ... --FLAG`` or ``--config_path DIR --config_name NAME``.
+
+    ``flags`` maps option names (``dry-run``) to help texts. Raises ``ConfigError`` when both
+    forms are mixed, when only half of the ROLL form is given, or when its file does not exist;
+    argparse exits on unknown options."""
+    options = dict(flags or {"dry-run": "print the plan and exit"})
+    args = build_app_parser(prog, options, default_config).parse_args(
+        None if argv is None else list(argv)
+    )
+    roll = (args.config_path, args.config_name)
+    if any(roll) and args.config is not None:
+        raise ConfigError(
+            ConfigIssue("", "give either --config FILE or --config_path DIR --config_name NAME")
+        )
+    if any(roll) and not all(roll):
+        missing = "--config_name" if args.config_name is None else "--config_path"
+        raise ConfigError(ConfigIssue("", f"the ROLL form needs {missing} too"))
+    if all(roll):
+        config: Path | None = resolve_roll_config(args.config_path, args.config_name, cwd)
+    else:
+        config = args.config if args.config is not None else default_config
+    given = frozenset(
+        name.replace("-", "_") for name in options if getattr(args, name.replace("-", "_"))
+    )
+    return AppArgs(config=config, overrides=list(args.overrides), flags=given)

@@ -1,0 +1,260 @@
+"""The key contract: every schema field is consumed by rl_runtime.compose, or declared here.
+
+``UNSUPPORTED`` maps a dotted key pattern (``fnmatch``; ``*`` stands for a role-independent part or
+a ``custom_envs`` tag) to what is missing: rl_runtime.compose refuses a non-default value with an
+error naming the key (before anything starts), and ``rl-config check`` warns about it.
+``IGNORED`` maps a pattern to why it has no effect (as ROLL ignores it, or meaningless for the
+role): a non-default value is a warning. ``AGENTIC_IGNORED``: keys of other pipelines (RLVR), a
+warning only in an agentic config. Both are plain ``{pattern: reason}`` mappings so other
+tables (e.g. ROLL-compat ignores) join with ``{**IGNORED, **OTHER}``.
+
+``schema_keys()`` lists every leaf key of the schema (worker sections expanded per role,
+``custom_envs.*`` for env definitions); a test checks each is consumed or declared.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import Any, get_args, get_origin
+
+from pydantic import BaseModel
+
+from rl_config.schema_walk import is_model, unwrap
+
+ROLES = ("actor_train", "actor_infer", "reference", "critic")
+_TRAIN_ONLY = (
+    "training_args.*",
+    "use_dynamic_batching_in_train",
+    "max_tokens_per_microbatch_in_train",
+    "sequence_length_round_in_train",
+    "pg_variant",
+    "topr_positive_weight",
+    "topr_negative_weight",
+    "model_args.disable_gradient_checkpointing",
+    "model_args.gradient_checkpointing_use_reentrant",
+    "model_args.freeze_module_prefix",
+)
+
+UNSUPPORTED: dict[str, str] = {
+    "*.model_args.adapter_name_or_path": "PEFT adapters are not loaded by this stack (merge the "
+    "adapter into the model, or leave it unset)",
+    "*.model_args.model_type": "classification/TRL heads are chosen by role (critic = value head)",
+    "*.model_args.num_labels": "the critic's value head has one output",
+    "*.model_args.model_config_kwargs": "model config overrides are not applied",
+    "*.model_args.freeze_module_prefix": "freezing parameters is not implemented",
+    "*.model_args.trust_remote_code": "remote model code is never run",
+    "*.model_args.gradient_checkpointing_use_reentrant": "checkpointing is always non-reentrant",
+    "*.use_dynamic_batching_in_infer": "dynamic batching of forward passes is not implemented",
+    "*.max_tokens_per_microbatch_in_infer": "dynamic batching of forward passes is not implemented",
+    "*.sequence_length_round_in_train": "micro-batches are padded to their longest row",
+    "*.sequence_length_round_in_infer": "micro-batches are padded to their longest row",
+    "*.logits_in_fp32": "log-probs are always computed from float32 logits",
+    "*.generating_args.num_beams": "beam search is not supported",
+    "*.generating_args.num_return_sequences": "agentic rollouts use one sample per env (group_size "
+    "gives G)",
+    "*.generating_args.include_stop_str_in_output": "a matched stop string always stays in the "
+    "output tokens",
+    "*.training_args.num_train_epochs": "use ppo_epochs",
+    "train_infer_correction.is_weight.detach": "IS weights are always detached",
+    "actor_train.num_gpus_per_worker": "training workers use one device each",
+    "critic.num_gpus_per_worker": "training workers use one device each",
+    "*.topr_positive_weight": "rl_algos' topr loss has no per-sign weights",
+    "*.topr_negative_weight": "rl_algos' topr loss has no per-sign weights",
+    "l2": "use actor_train.training_args.weight_decay",
+    "sft_loss_coef": "an SFT term on positive samples is not implemented",
+    "use_topr_loss": "set actor_train.pg_variant: topr",
+    "critic_warmup": "critic-only warm-up steps are not implemented",
+    "use_reward_scaling": "running reward scaling is not implemented",
+    "use_reward_norm": "running reward scaling is not implemented",
+    "reward_clip": "reward clipping is not implemented in the agentic pipeline",
+    "whiten_rewards": "reward whitening is not implemented (see whiten_advantages)",
+    "add_len_reward": "a length reward is not implemented",
+    "difficulty_loss_weight": "difficulty loss weighting is not implemented",
+    "length_loss_weight": "length loss weighting is not implemented",
+    "max_len_mask": "masking truncated responses is not implemented",
+    "dynamic_sampling.*": "DAPO dynamic sampling is not implemented in the agentic pipeline",
+    "overlong_penalty.*": "the DAPO overlong penalty is not implemented in the agentic pipeline",
+    "async.*": "the asynchronous pipeline is not implemented yet (run synchronously)",
+    "async_generation_ratio": "the asynchronous pipeline is not implemented yet (use 0)",
+    "is_offload_states": "offloading states between phases is not implemented",
+    "train_env_manager.group_size_redundancy": "redundant envs per group are not started",
+    "val_env_manager.group_size_redundancy": "redundant envs per group are not started",
+    "train_env_manager.max_traj_per_env": "each env plays rollout_batch_size / num_envs episodes",
+    "val_env_manager.max_traj_per_env": "each val env plays one episode",
+    "custom_envs.*.agent_system_template": "prompts come from env_config (system_prompt, "
+    "env_instruction, turn_template)",
+    "custom_envs.*.agent_template": "prompts come from env_config (turn_template)",
+    "custom_envs.*.max_env_step_concurrent": "env steps are not rate-limited per env type",
+}
+
+IGNORED: dict[str, str] = {
+    # ROLL bookkeeping this stack has no use for
+    "local_rank": "set by ROLL's launchers; workers get their rank from the cluster",
+    "generate_opt_level": "generation always goes through the request scheduler",
+    "checkpoint_config.type": "only file_system exists",
+    "*.worker_cls": "workers are chosen by role",
+    "*.backend_timeout": "collective timeouts follow rpc_timeout",
+    "*.system_envs": "the top-level system_envs apply to every worker",
+    "*.world_size": "derived from device_mapping",
+    "train_env_manager.max_env_num_per_worker": "envs run inside the rollout workers",
+    "val_env_manager.max_env_num_per_worker": "envs run inside the rollout workers",
+    "train_env_manager.worker_cls": "ROLL env worker class; accepted for compatibility",
+    "val_env_manager.worker_cls": "ROLL env worker class; accepted for compatibility",
+    "val_env_manager.format_penalty": "the env's own format_penalty (env_config) applies",
+    "train_env_manager.format_penalty": "the env's own format_penalty (env_config) applies",
+    "custom_envs.*.env_manager_cls": "ROLL env-manager class; accepted for compatibility",
+    "custom_envs.*.use_thread_lock": "ROLL option; accepted for compatibility",
+    "custom_envs.*.max_tokens_per_step": "turns use the top-level max_tokens_per_step",
+    # parts a role does not use
+    "actor_infer.infer_batch_size": "the engine batches its requests itself",
+    "actor_infer.model_args.attn_implementation": "the engines choose their attention kernel",
+    **{f"{role}.generating_args.*": "only actor_infer generates" for role in ROLES[:1] + ROLES[2:]},
+    **{
+        f"{role}.{key}": "only training roles use it"
+        for role in ("actor_infer", "reference")
+        for key in _TRAIN_ONLY
+    },
+    **{f"critic.{key}": "the critic has no policy loss" for key in ("pg_variant", "topr_*")},
+}
+
+
+AGENTIC_IGNORED: dict[str, str] = {
+    "val_batch_size": "agentic validation runs val_env_manager's num_env_groups x group_size "
+    "episodes",
+    "*.data_args.*": "datasets and chat templates are RLVR/DPO settings (agentic prompts come "
+    "from the envs)",
+    "is_num_return_sequences_expand": "RLVR only (no effect in agentic pipelines)",
+    "is_use_additional_prompts": "RLVR only (no effect in agentic pipelines)",
+    "max_additional_running_prompts": "RLVR only (no effect in agentic pipelines)",
+    "num_return_sequences_in_group": "RLVR only (agentic groups come from group_size)",
+    "prompt_length": "RLVR only (agentic prompts come from the envs)",
+    "response_length": "RLVR only (agentic turns use max_tokens_per_step)",
+    "reward_pretrain": "RLVR reward models are not used by agentic pipelines",
+    "reward_norm": "RLVR only (agentic pipelines use reward_normalization)",
+    "norm_mean_type": "RLVR only (agentic pipelines use reward_normalization)",
+    "norm_std_type": "RLVR only (agentic pipelines use reward_normalization)",
+    "reward_shift": "RLVR only (agentic pipelines use reward_normalization)",
+    "reward_scale": "RLVR only (agentic pipelines use reward_normalization)",
+}
+
+
+def declared(key: str) -> tuple[str, str] | None:
+    """``("unsupported" | "ignored", reason)`` for a dotted key, or None (consumed)."""
+    for kind, table in (
+        ("unsupported", UNSUPPORTED),
+        ("ignored", IGNORED),
+        ("ignored", AGENTIC_IGNORED),
+    ):
+        for pattern, reason in table.items():
+            if fnmatchcase(key, pattern):
+                return kind, reason
+    return None
+
+
+def declared_in(key: str, table: dict[str, str]) -> bool:
+    return any(fnmatchcase(key, p) for p in table)
+
+
+def schema_keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
+    """Every leaf key of the schema: nested models expanded, worker sections per role,
+    ``dict[str, Model]`` values as ``key.*.field``; lists and plain dicts are leaves."""
+    if model is None:
+        from rl_config.schema import ExperimentConfig
+
+        model = ExperimentConfig
+    out: list[str] = []
+    for name, info in model.model_fields.items():
+        key = f"{prefix}{info.alias or name}"
+        ann = unwrap(info.annotation)
+        if is_model(ann):
+            out += schema_keys(ann, key + ".")
+            continue
+        args = get_args(ann)
+        if get_origin(ann) is dict and len(args) == 2 and is_model(unwrap(args[1])):
+            out += schema_keys(unwrap(args[1]), key + ".*.")
+            continue
+        out.append(key)
+    return out
+
+
+_BASELINE: list[Any] = []
+
+
+def _baseline() -> Any:
+    """A derived all-defaults experiment (derived values filled in), built once."""
+    if not _BASELINE:
+        from rl_config.schema import ExperimentConfig
+
+        _BASELINE.append(None)  # guard: validating the baseline runs the rules again
+        try:
+            _BASELINE[0] = ExperimentConfig.model_validate({"pretrain": "baseline"})
+        except BaseException:
+            _BASELINE.clear()
+            raise
+    return _BASELINE[0]
+
+
+def _leaf_values(obj: BaseModel, prefix: str = "") -> list[tuple[str, str, Any, Any]]:
+    """``(concrete key, pattern key, value, field default)`` of every leaf set in ``obj``."""
+    from rl_config.schema_walk import default_of
+
+    out = []
+    for name, info in type(obj).model_fields.items():
+        key = f"{prefix}{info.alias or name}"
+        value = getattr(obj, name)
+        if isinstance(value, BaseModel):
+            out += _leaf_values(value, key + ".")
+        elif (
+            isinstance(value, dict)
+            and value
+            and all(isinstance(v, BaseModel) for v in value.values())
+        ):
+            for tag, item in value.items():
+                out += [
+                    (f"{key}.{tag}.{k[len(key) + 3 :]}", k, v, d)
+                    for k, _, v, d in _leaf_values(item, key + ".*.")
+                ]
+        else:
+            out.append((key, key, value, default_of(info)))
+    return out
+
+
+def _baseline_value(key: str) -> Any:
+    node: Any = _baseline()
+    for part in key.split("."):
+        if node is None or not isinstance(node, BaseModel):
+            return _MISSING
+        field = next(
+            (n for n, i in type(node).model_fields.items() if (i.alias or n) == part), None
+        )
+        if field is None:
+            return _MISSING
+        node = getattr(node, field)
+    return node
+
+
+_MISSING = object()
+
+
+def contract_issues(cfg: BaseModel) -> tuple[list[tuple[str, str]], list[str]]:
+    """``(errors as (key, message), warnings)`` for the declared keys set to a non-default value."""
+    if _BASELINE and _BASELINE[0] is None:
+        return [], []
+    errors: list[tuple[str, str]] = []
+    warnings: list[str] = []
+    agentic = getattr(cfg, "train_env_manager", None) is not None
+    for key, pattern, value, default in _leaf_values(cfg):
+        found = declared(pattern) or declared(key)
+        if found is None:
+            continue
+        base = _baseline_value(key)
+        if value == (default if base is _MISSING else base) or (value == default):
+            continue
+        kind, reason = found
+        if kind == "ignored" and not agentic and declared_in(pattern, AGENTIC_IGNORED):
+            continue
+        if kind == "unsupported":
+            errors.append((key, f"{value!r} is not supported: {reason}"))
+        else:
+            warnings.append(f"{key}={value!r} has no effect: {reason}")
+    return errors, warnings

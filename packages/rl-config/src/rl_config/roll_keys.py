@@ -1,0 +1,175 @@
+"""Apply the ROLL compatibility tables (``rl_config.roll_compat``) to a raw config mapping.
+
+``strip_roll_keys`` removes accepted-but-unimplemented keys (returning one note per key), renames
+aliased strategy names and turns ROLL's ``None`` strings into null; ``megatron_issue`` gives the
+single error of a config that uses a Megatron strategy.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from fnmatch import fnmatchcase
+from typing import Any
+
+from rl_config.errors import ConfigIssue
+from rl_config.roll_compat import (
+    DPO_KEYS,
+    KEY_ALIASES,
+    MEGATRON_STRATEGIES,
+    NONE_STRINGS,
+    ROLES,
+    ROLL_IGNORED,
+    ROLL_NOT_SUPPORTED,
+    ROLL_UNSUPPORTED_VALUES,
+    STRATEGY_ALIASES,
+    VALUE_ALIASES,
+)
+
+CONVERT_HINT = "rl-config convert {file} --strategy fsdp2|deepspeed -o OUT"
+
+
+def pipeline_kind(data: dict[str, Any]) -> str:
+    """agentic (has train_env_manager), dpo (has a DPO key) or rlvr."""
+    if data.get("train_env_manager") is not None:
+        return "agentic"
+    if any(key in data for key in DPO_KEYS):
+        return "dpo"
+    return "rlvr"
+
+
+def unsupported_values(data: dict[str, Any]) -> list[ConfigIssue]:
+    """Errors for ROLL values this stack refuses (``adv_estimator: step_reinforce``)."""
+    issues: list[ConfigIssue] = []
+    for key, values in ROLL_UNSUPPORTED_VALUES.items():
+        value = data.get(key)
+        if isinstance(value, str) and value in values:
+            issues.append(ConfigIssue(key, f"'{value}' is not supported: {values[value]}"))
+    return issues
+
+
+def matches(pattern: str, path: str) -> bool:
+    """Whether dotted ``path`` matches ``pattern`` (segment-wise; ``ROLE`` = a worker role)."""
+    want = pattern.split(".")
+    got = path.split(".")
+    if len(want) != len(got):
+        return False
+    for w, g in zip(want, got):
+        if w == "ROLE":
+            if g not in ROLES:
+                return False
+        elif not fnmatchcase(g, w):
+            return False
+    return True
+
+
+def lookup(table: dict[str, str], path: str) -> str | None:
+    """The reason ``table`` gives for ``path``, or None."""
+    for pattern, reason in table.items():
+        if matches(pattern, path):
+            return reason
+    return None
+
+
+def _unset(value: Any) -> bool:
+    return value is None or value is False or value == {} or value == [] or value == ""
+
+
+def _walk(node: dict[str, Any], prefix: str) -> Iterator[tuple[dict[str, Any], str, str]]:
+    """(parent mapping, key, dotted path) of every mapping entry, parents before children."""
+    for key in list(node):
+        path = f"{prefix}.{key}" if prefix else str(key)
+        yield node, key, path
+        value = node.get(key)
+        if isinstance(value, dict):
+            yield from _walk(value, path)
+
+
+def strip_roll_keys(data: dict[str, Any]) -> tuple[dict[str, Any], list[ConfigIssue]]:
+    """A copy of ``data`` without the keys of the compatibility tables, and a note per key.
+
+    Notes of unimplemented ROLL fields whose value is unset (null, false, empty) are skipped: the
+    feature is off either way.
+    """
+    out = copy.deepcopy(data)
+    notes: list[ConfigIssue] = []
+    removed: set[str] = set()
+    for parent, key, path in list(_walk(out, "")):
+        if any(path.startswith(r + ".") for r in removed) or key not in parent:
+            continue
+        value = parent[key]
+        reason = lookup(ROLL_IGNORED, path)
+        if reason is not None:
+            notes.append(ConfigIssue(path, f"ignored, as ROLL ignores it ({reason})"))
+        else:
+            reason = lookup(ROLL_NOT_SUPPORTED, path)
+            if reason is None:
+                _normalise(parent, key, path, notes)
+                continue
+            if not _unset(value):
+                notes.append(ConfigIssue(path, f"not supported, value ignored: {reason}"))
+        del parent[key]
+        removed.add(path)
+    return out, notes
+
+
+def _normalise(parent: dict[str, Any], key: str, path: str, notes: list[ConfigIssue]) -> None:
+    value = parent[key]
+    for pattern, new in KEY_ALIASES.items():
+        if matches(pattern, path) and new not in parent:
+            parent[new] = parent.pop(key)
+            notes.append(ConfigIssue(path, f"ROLL's name of {new}; read as {new}"))
+            return
+    for pattern, spellings in VALUE_ALIASES.items():
+        if matches(pattern, path) and isinstance(value, str) and value in spellings:
+            parent[key] = spellings[value]
+            return
+    if path in NONE_STRINGS and isinstance(value, str) and value.lower() == "none":
+        parent[key] = None
+        return
+    aliases = STRATEGY_ALIASES.get(path)
+    if aliases and isinstance(value, str) and value in aliases:
+        parent[key] = aliases[value]
+        notes.append(
+            ConfigIssue(
+                path, f"'{value}' runs as '{aliases[value]}' here (forward only, same result)"
+            )
+        )
+
+
+def megatron_roles(data: dict[str, Any]) -> dict[str, str]:
+    """Role -> Megatron strategy name, for every role section using one."""
+    found: dict[str, str] = {}
+    for role, section in data.items():
+        if not isinstance(section, dict):
+            continue
+        strategy = section.get("strategy_args")
+        name = strategy.get("strategy_name") if isinstance(strategy, dict) else None
+        if isinstance(name, str) and name in MEGATRON_STRATEGIES:
+            found[str(role)] = name
+    return found
+
+
+def megatron_keys(data: dict[str, Any]) -> list[str]:
+    """Dotted paths of the Megatron-only keys of ``data`` (strategy names and their options)."""
+    keys: list[str] = []
+    for role, name in megatron_roles(data).items():
+        keys.append(f"{role}.strategy_args.strategy_name={name}")
+        options = data[role]["strategy_args"].get("strategy_config")
+        if isinstance(options, dict):
+            keys.extend(f"{role}.strategy_args.strategy_config.{k}" for k in options)
+    return keys
+
+
+def megatron_issue(data: dict[str, Any], source: str | None = None) -> ConfigIssue | None:
+    """The one error of a Megatron config (None when no role uses a Megatron strategy)."""
+    keys = megatron_keys(data)
+    if not keys:
+        return None
+    first = next(iter(megatron_roles(data)))
+    return ConfigIssue(
+        f"{first}.strategy_args.strategy_name",
+        "Megatron-LM is not implemented in this stack; Megatron-only keys: "
+        f"{'; '.join(keys)}. Convert the file to FSDP2 or DeepSpeed with: "
+        + CONVERT_HINT.format(file=source or "FILE"),
+    )

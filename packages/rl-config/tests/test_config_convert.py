@@ -1,0 +1,138 @@
+"""rl-config convert: Megatron -> FSDP2/DeepSpeed, parallel sizes folded, a note per dropped key."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl_config import ConfigError, load_config
+from rl_config.convert import convert_file
+
+MEGATRON_YAML = """\
+defaults:
+  - ../config/deepspeed_zero@_here_
+exp_name: conv
+pretrain: Qwen/Qwen2.5-0.5B
+rollout_batch_size: 8
+num_return_sequences_in_group: 4
+num_gpus_per_node: 8
+tp: 2
+actor_train:
+  training_args:
+    per_device_train_batch_size: 1
+    gradient_accumulation_steps: 8
+  strategy_args:
+    strategy_name: megatron_train
+    strategy_config:
+      tensor_model_parallel_size: ${tp}
+      pipeline_model_parallel_size: 2
+      expert_model_parallel_size: 1
+      use_distributed_optimizer: true
+      recompute_granularity: full
+  device_mapping: list(range(0,8))
+actor_infer:
+  strategy_args:
+    strategy_name: sglang
+    strategy_config:
+      mem_fraction_static: 0.7
+      load_format: dummy
+  device_mapping: list(range(0,8))
+reference:
+  strategy_args:
+    strategy_name: megatron_infer
+    strategy_config:
+      tensor_model_parallel_size: 1
+  device_mapping: list(range(0,8))
+tracker_kwargs:
+  api_key: ${oc.env:SOME_SECRET_FOR_TEST}
+"""
+
+
+@pytest.fixture
+def megatron_yaml(write_yaml) -> Path:
+    return write_yaml("run/megatron.yaml", MEGATRON_YAML)
+
+
+@pytest.mark.parametrize("target", ["fsdp2", "deepspeed"])
+def test_convert_megatron_to_target_passes_check(
+    megatron_yaml: Path, tmp_path: Path, target: str
+) -> None:
+    out = tmp_path / "out" / f"{target}.yaml"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rl_config.cli",
+            "convert",
+            str(megatron_yaml),
+            "--strategy",
+            target,
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "SOME_SECRET_FOR_TEST": "s3cret"},
+    )
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    assert "s3cret" not in text  # the env reference is kept, not its value
+    assert "${oc.env:SOME_SECRET_FOR_TEST}" in text
+    cfg = load_config(out)
+    train = "fsdp2_train" if target == "fsdp2" else "deepspeed_train"
+    assert cfg.actor_train.strategy_args.strategy_name == train
+    assert cfg.reference.strategy_args.strategy_name == train
+    assert cfg.actor_infer.strategy_args.strategy_name == "vllm"
+    assert cfg.actor_infer.strategy_args.strategy_config == {
+        "gpu_memory_utilization": 0.7,
+        "load_format": "dummy",
+    }
+    # tensor 2 × pipeline 2 fold into data parallelism: 8 ranks, accumulation 8 -> 2
+    assert cfg.actor_train.world_size == 8
+    assert cfg.actor_train.training_args.gradient_accumulation_steps == 2
+    for key in ("tensor_model_parallel_size", "use_distributed_optimizer", "recompute_granularity"):
+        assert f"note: dropped actor_train.strategy_args.strategy_config.{key}=" in result.stderr
+    assert "note: dropped reference.strategy_args.strategy_config.tensor_model_parallel_size" in (
+        result.stderr
+    )
+    if target == "deepspeed":
+        options = cfg.actor_train.strategy_args.strategy_config or {}
+        assert options["zero_optimization"]["stage"] == 3
+
+
+def test_convert_keeps_accumulation_when_not_divisible(write_yaml) -> None:
+    path = write_yaml(
+        "m.yaml",
+        MEGATRON_YAML.replace("gradient_accumulation_steps: 8", "gradient_accumulation_steps: 3"),
+    )
+    conversion = convert_file(path, "fsdp2")
+    assert conversion.data["actor_train"]["training_args"]["gradient_accumulation_steps"] == 3
+    assert any("kept 3, not divisible by 4" in n for n in conversion.notes)
+
+
+def test_convert_refuses_bad_parallel_size(write_yaml) -> None:
+    path = write_yaml(
+        "m.yaml",
+        MEGATRON_YAML.replace(
+            "pipeline_model_parallel_size: 2", "pipeline_model_parallel_size: two"
+        ),
+    )
+    with pytest.raises(ConfigError) as info:
+        convert_file(path, "fsdp2")
+    assert info.value.issues[0].path == (
+        "actor_train.strategy_args.strategy_config.pipeline_model_parallel_size"
+    )
+
+
+def test_convert_cli_refuses_overwriting_input(megatron_yaml: Path) -> None:
+    from rl_config.cli import main
+
+    assert (
+        main(["convert", str(megatron_yaml), "--strategy", "fsdp2", "-o", str(megatron_yaml)]) == 1
+    )
+    assert "megatron_train" in megatron_yaml.read_text()

@@ -1,0 +1,192 @@
+"""The process of one sandboxed call, forked by the worker (``rl_envs.sandbox._worker``).
+
+``start_call`` forks it, where permitted straight into new mount and pid namespaces (it is
+pid 1 there: when it exits the kernel kills everything else it started). The child gets its own
+process group, dies with the worker, joins the worker's control group, then ``run_body`` sets up
+the private mounts and rlimits, drops to the slot's uid (root) or drops every capability (user
+namespace), and runs the untrusted code. stdout/stderr go to a pipe the worker opened before the
+fork and the JSON result to another: the worker never opens a path the call could have replaced
+(a symlink to ``/etc/shadow`` in the work dir reads nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import resource
+import runpy
+import signal
+import sys
+import traceback
+from typing import Any
+
+from rl_envs.sandbox import isolation
+from rl_envs.sandbox.cgroups import SlotCgroup
+
+PR_SET_PDEATHSIG = 1
+
+
+def _resolve(target: str) -> Any:
+    module_name, _, qualname = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _json_default(value: Any) -> Any:
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    raise TypeError(f"result of type {type(value).__name__} is not JSON serialisable")
+
+
+def _die_with_parent() -> None:
+    isolation._libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _set_limits(limits: dict[str, Any], baseline_vm: int) -> None:
+    cpu = int(limits["cpu_s"])
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    address_space = baseline_vm + int(limits["memory_mb"]) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+    fsize = int(limits["max_output_bytes"]) + 1
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    nproc = int(limits["max_processes"])
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+
+def _drop_privileges(uid: int) -> None:
+    isolation.drop_bounding_capabilities()
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise RuntimeError("could not drop privileges")
+    isolation.drop_capabilities()
+
+
+def _block_python_sockets() -> None:
+    """The weak mode's only network barrier (accepted only with ``allow_weak_isolation``):
+    bypassed by ``socket.SocketType``, ctypes or any subprocess."""
+    import socket
+
+    def _refuse(*_args: Any, **_kwargs: Any) -> Any:
+        raise PermissionError("network access is disabled in the sandbox")
+
+    socket.socket = _refuse  # type: ignore[assignment,misc]
+    socket.create_connection = _refuse  # type: ignore[assignment]
+    socket.socketpair = _refuse  # type: ignore[assignment]
+    socket.getaddrinfo = _refuse  # type: ignore[assignment]
+
+
+def _execute(task: dict[str, Any], target: Any, workdir: str) -> Any:
+    args = task.get("args", [])
+    kwargs = task.get("kwargs", {})
+    kind = task["kind"]
+    if kind == "call":
+        return target(*args, **kwargs)
+    if kind == "source":
+        path = os.path.join(workdir, task.get("filename") or "reward_fn.py")
+        with open(path, "w") as handle:
+            handle.write(task["source"])
+        namespace = runpy.run_path(path, run_name="rl_envs_sandboxed_module")
+        fn = namespace.get(task["function"])
+        if not callable(fn):
+            raise AttributeError(f"{task.get('filename')} defines no function {task['function']!r}")
+        return fn(*args, **kwargs)
+    if kind == "python":
+        path = os.path.join(workdir, "main.py")
+        with open(path, "w") as handle:
+            handle.write(task["source"])
+        runpy.run_path(path, run_name="__main__")
+        return None
+    raise ValueError(f"unknown task kind {kind!r}")
+
+
+def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_fd: int) -> None:
+    """The untrusted call itself (pid 1 of its namespaces where they exist). Never returns."""
+    me = os.getpid()
+    status = 0
+    try:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        limits = task["limits"]
+        target = _resolve(task["target"]) if task["kind"] == "call" else None  # trusted, first
+        workdir = call["workdir"]
+        if call["namespaces"]:
+            owner = call["uid"] if call["uid"] is not None else os.geteuid()
+            isolation.private_mounts(int(limits["tmp_mb"]) << 20, owner, owner)
+            os.makedirs(workdir, exist_ok=True)
+        _set_limits(limits, call["baseline_vm"])
+        if call["uid"] is not None:
+            _drop_privileges(call["uid"])
+            _die_with_parent()  # a change of credentials clears the parent-death signal
+        elif os.geteuid() == 0:  # uid 0 of a user namespace: keep the uid, lose every capability
+            isolation.drop_bounding_capabilities()
+            isolation.drop_capabilities()
+        os.chdir(workdir)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(output_fd, 1)
+        os.dup2(output_fd, 2)
+        os.close(output_fd)
+        if call["block_sockets"]:
+            _block_python_sockets()
+        payload = {"ok": True, "value": _execute(task, target, workdir)}
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        payload = {"ok": code == 0, "value": None, "kind": "ok" if code == 0 else "exit",
+                   "error": f"SystemExit({exc.code!r})"}  # fmt: skip
+    except BaseException as exc:
+        kind_name = "memory" if isinstance(exc, MemoryError) else "exception"
+        tb = traceback.format_exc(limit=8)
+        payload = {"ok": False, "value": None, "kind": kind_name,
+                   "error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": tb[-4000:]}  # fmt: skip
+    if os.getpid() != me:  # a process the call forked fell through to here
+        os._exit(0)
+    try:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        try:
+            data = json.dumps(payload, default=_json_default, allow_nan=True).encode()
+        except (TypeError, ValueError) as exc:
+            data = json.dumps({"ok": False, "kind": "bad_result", "error": str(exc)[:500]}).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(result_fd, view) :]
+    except BaseException:
+        status = 3
+    os._exit(status)
+
+
+def start_call(
+    task: dict[str, Any],
+    call: dict[str, Any],
+    cgroup: SlotCgroup | None,
+    result_fd: int,
+    output_fd: int,
+    close_fds: list[int],
+) -> int:
+    """Fork the call; returns its pid (in the worker's pid namespace)."""
+    pid = isolation.fork_into_call_namespaces() if call["namespaces"] else os.fork()
+    if pid != 0:
+        return pid
+    try:
+        os.setpgid(0, 0)
+        _die_with_parent()
+        for fd in close_fds:
+            os.close(fd)
+        if cgroup is not None:
+            cgroup.enter()
+        run_body(task, call, result_fd, output_fd)
+    finally:
+        os._exit(70)
+
+
+__all__ = ["run_body", "start_call"]

@@ -1,0 +1,166 @@
+"""Linux namespaces and mounts for sandboxed calls (trusted code, run before untrusted code).
+
+Per worker: an empty network namespace (``isolate_network``). Per call: the worker forks the
+call straight into new mount and pid namespaces (``fork_into_call_namespaces``, one clone(2),
+so a large worker is copied once), and the call, pid 1 there, runs ``private_mounts``: the whole
+file tree read-only, a fresh size-capped tmpfs on ``/tmp``, an empty read-only ``/dev/shm`` and
+a ``/proc`` that shows only the call's own processes. When pid 1 exits the kernel kills the rest
+of the namespace, and everything mounted there disappears.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import platform
+import signal
+from typing import Any
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+AT_FDCWD = -100
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+SYS_MOUNT_SETATTR = 442  # same number on x86_64 and aarch64 (unified syscall table)
+
+CALL_NAMESPACES = CLONE_NEWNS | CLONE_NEWPID
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(platform.machine())
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc_holding_gil = ctypes.PyDLL(None, use_errno=True)  # the clone must not release the GIL
+_libc_holding_gil.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]  # fmt: skip
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]  # fmt: skip
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def unshare(flags: int) -> bool:
+    return _libc.unshare(flags) == 0
+
+
+def _map_self(uid: int, gid: int) -> None:
+    """Inside a fresh user namespace: map the caller's outside ids to 0 (the only ids an
+    unprivileged process may map)."""
+    with open("/proc/self/setgroups", "w") as handle:
+        handle.write("deny")
+    with open("/proc/self/uid_map", "w") as handle:
+        handle.write(f"0 {uid} 1")
+    with open("/proc/self/gid_map", "w") as handle:
+        handle.write(f"0 {gid} 1")
+
+
+def isolate_network(can_switch_uid: bool) -> str:
+    """Put the worker in an empty network namespace. Returns ``"netns"`` (as root),
+    ``"userns+netns"`` (without root, inside a user namespace that maps our uid to 0, which
+    also lets calls create mount and pid namespaces) or ``"none"`` (namespaces refused)."""
+    if can_switch_uid and unshare(CLONE_NEWNET):
+        return "netns"
+    if not can_switch_uid:
+        uid, gid = os.geteuid(), os.getegid()
+        if unshare(CLONE_NEWUSER | CLONE_NEWNET):
+            with contextlib.suppress(OSError):  # unmapped (e.g. AppArmor): no mounts, still no net
+                _map_self(uid, gid)
+            return "userns+netns"
+    return "none"
+
+
+def fork_into_call_namespaces() -> int:
+    """``os.fork()`` whose child starts in new mount and pid namespaces (it is pid 1 of the
+    latter). Python's fork hooks run as for ``os.fork``. Raises OSError where refused."""
+    if _SYS_CLONE is None:
+        raise OSError(38, f"clone with namespaces is not wired for {platform.machine()}")
+    ctypes.pythonapi.PyOS_BeforeFork()
+    flags = ctypes.c_long(CALL_NAMESPACES | signal.SIGCHLD)
+    null = ctypes.c_long(0)  # no new stack, no tid pointers, no tls: fork semantics
+    pid = _libc_holding_gil.syscall(ctypes.c_long(_SYS_CLONE), flags, null, null, null, null)
+    if pid == 0:
+        ctypes.pythonapi.PyOS_AfterFork_Child()
+        return 0
+    errno = ctypes.get_errno()
+    ctypes.pythonapi.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(errno, f"clone(CLONE_NEWNS | CLONE_NEWPID): {os.strerror(errno)}")
+    return int(pid)
+
+
+def _mount(source: str, target: str, fstype: str, flags: int, data: str = "") -> None:
+    result = _libc.mount(source.encode(), target.encode(), fstype.encode(), flags,
+                         data.encode() if data else None)  # fmt: skip
+    _check(result, f"mount {fstype} on {target}")
+
+
+def _read_only_tree() -> None:
+    attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY)
+    result = _libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr),
+                           ctypes.sizeof(attr))  # fmt: skip
+    _check(result, "mount_setattr(/, read-only)")
+
+
+def private_mounts(tmp_bytes: int, owner_uid: int, owner_gid: int) -> dict[str, Any]:
+    """In pid 1 of the call's namespaces: read-only tree, private ``/tmp`` (``tmp_bytes``, owned
+    by the call's uid), no writable ``/dev/shm``, a ``/proc`` of this pid namespace."""
+    _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+    _read_only_tree()
+    size_kb = max(tmp_bytes // 1024, 64)
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={size_kb}k,mode=0700,uid={owner_uid},gid={owner_gid}")  # fmt: skip
+    if os.path.isdir("/dev/shm"):
+        _mount("tmpfs", "/dev/shm", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+               "size=4k,mode=0555")  # fmt: skip
+    try:  # refused where the host /proc is partly masked (containers) inside a user namespace
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        proc = "pidns"
+    except OSError:
+        proc = "host"
+    return {"fs": "read-only", "tmp": "private", "dev_shm": "none", "proc": proc}
+
+
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+_CAP_VERSION_3 = 0x20080522
+
+
+def drop_bounding_capabilities() -> None:
+    """Empty the capability bounding set (no capability can come back through execve). Needs
+    CAP_SETPCAP: call it before giving up root."""
+    for cap in range(64):
+        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last capability
+
+
+def drop_capabilities() -> None:
+    """Clear the effective, permitted and inheritable sets and forbid new privileges. Matters
+    inside a user namespace, where the call keeps uid 0 and would otherwise hold
+    CAP_SYS_ADMIN over its own mount namespace (and could remount the tree writable)."""
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    _check(_libc.capset(header, data), "capset")
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+
+
+__all__ = [
+    "drop_bounding_capabilities",
+    "drop_capabilities",
+    "fork_into_call_namespaces",
+    "isolate_network",
+    "private_mounts",
+    "unshare",
+]

@@ -1,0 +1,80 @@
+"""A "trainer" process for the sandbox tests that must run under another identity (a non-root
+uid, or root without CAP_SYS_ADMIN so that namespaces are refused as under Docker's default
+seccomp profile). Run by ``test_envs_sandbox_escapes.py``:
+
+    python sandbox_scenario.py WORKDIR SECRET
+
+It owns ``WORKDIR/checkpoint.pt``, tries to start a strict pool (recording the refusal), then
+a pool that accepts weak isolation, lets hostile calls attack it, and prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+from rl_envs.sandbox import SandboxLimits, SandboxPool, WeakIsolationError
+
+ATTACK = """
+import json, os, signal
+out = {{}}
+try:
+    with open({checkpoint!r}, "w") as handle:
+        handle.write("overwritten")
+    out["checkpoint"] = "written"
+except OSError as exc:
+    out["checkpoint"] = type(exc).__name__
+try:
+    os.kill({trainer}, signal.SIGUSR1)
+    out["signal"] = "sent"
+except OSError as exc:
+    out["signal"] = type(exc).__name__
+try:
+    with open("/proc/{trainer}/cmdline", "rb") as handle:
+        out["cmdline"] = handle.read().decode(errors="replace")
+except OSError as exc:
+    out["cmdline"] = type(exc).__name__
+with open("/tmp/left_by_call_{secret}", "w") as handle:
+    handle.write("x")
+try:
+    with open("/dev/shm/left_by_call_{secret}", "w") as handle:
+        handle.write("x")
+    out["dev_shm"] = "written"
+except OSError as exc:
+    out["dev_shm"] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+def main(workdir: str, secret: str) -> None:
+    signals: list[int] = []
+    signal.signal(signal.SIGUSR1, lambda number, _frame: signals.append(number))
+    checkpoint = os.path.join(workdir, "checkpoint.pt")
+    with open(checkpoint, "w") as handle:
+        handle.write("weights")
+    report: dict = {"uid": os.getuid()}
+    try:
+        SandboxPool(1, limits=SandboxLimits(timeout_s=5)).close()
+        report["strict_pool"] = "started"
+    except WeakIsolationError as exc:
+        report["strict_pool"] = f"refused: {exc}"
+    with SandboxPool(1, limits=SandboxLimits(timeout_s=5, allow_weak_isolation=True)) as pool:
+        report["isolation"] = pool.isolation
+        report["stats"] = pool.stats()
+        code = ATTACK.format(checkpoint=checkpoint, trainer=os.getpid(), secret=secret)
+        result = pool.run_python(code)
+        report["call_ok"] = result.ok
+        report["call_error"] = result.error
+        report["attack"] = json.loads(result.stdout) if result.ok else None
+    with open(checkpoint) as handle:
+        report["checkpoint_after"] = handle.read()
+    report["signals_received"] = signals
+    report["left_in_tmp"] = os.path.exists(f"/tmp/left_by_call_{secret}")
+    report["left_in_dev_shm"] = os.path.exists(f"/dev/shm/left_by_call_{secret}")
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,333 @@
+"""The run skeleton shared by apps: `Runner(cfg, components, recipe, options).run()`.
+
+The runner owns what every pipeline needs (seeding, the cluster, tracker, weight sync, checkpoint
+manager and resume; the cadence of logging/eval/save, progress, summary; teardown in `finally`).
+A recipe supplies its science through a small protocol (composition, not inheritance):
+
+    step(ctx) -> metrics             one pipeline step (the runner counts steps)
+    evaluate(ctx) -> metrics         validation ({} when there is none)
+    setup(ctx)                       optional: recipe state that needs the cluster (tokenizer ...)
+    before_training(ctx) -> metrics  optional: e.g. a supervised warm-up (not on resume)
+    state() / load_state(d)          optional: recipe-only state saved in checkpoints
+
+`ctx` exposes the cluster, the components, the step, the weight version (`ctx.sync_weights()`
+bumps it), the phase timer, `log`, and sharded `forward`/`train` calls on a role. The last step always logs, evaluates and saves.
+At start the runner prints the config warnings and writes the resolved config (secrets redacted)
+to output_dir; at the end it writes output_dir/summary.json. A resumed run says so first.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
+from rl_runtime.compose import Components, role_specs
+from rl_runtime.timing import PhaseTimer, StepProgress
+from rl_runtime.tracking import Tracker
+
+
+class Recipe(Protocol):
+    def step(self, ctx: Context) -> dict[str, float]: ...
+
+    def evaluate(self, ctx: Context) -> dict[str, float]: ...
+
+
+@dataclass
+class RunOptions:
+    """Runtime-only choices of an app (never config keys)."""
+
+    model_path: str
+    use_ray: bool = True
+    num_cpus: float | None = None
+    object_store_mb: int = 200
+    cpu_per_bundle: float = 1.0
+    agent_mode: str = "lockstep"
+    eval_before_training: bool = True
+    export_hf: bool = False
+    stdout_keys: tuple[str, ...] = ()
+    progress_key: str = "env/success_rate"
+
+
+@dataclass
+class Context:
+    """What a recipe sees: cluster, components, step counters, timer, logging."""
+
+    components: Components
+    options: RunOptions
+    cluster: Any
+    tracker: Tracker
+    sync: Any = None
+    step: int = 0
+    weight_version: int = 0
+    timer: PhaseTimer = field(default_factory=PhaseTimer)
+
+    def sync_weights(self, *, new_version: bool = True) -> dict[str, float]:
+        """Hand the devices to rollout and push the trainer's weights to the engines, as the next
+        weight version (or again as the current one, after a restore). Colocated, the engines wake
+        first and the weights cross while the trainer still holds them on the device; then the
+        trainer offloads (`Cluster.enter_phase(..., handoff=...)`)."""
+        if new_version:
+            self.weight_version += 1
+        return self.cluster.enter_phase(
+            "rollout", handoff=lambda: self.sync.sync(self.weight_version)
+        )
+
+    def forward(self, role: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`forward` on every rank of `role`, rows sharded over the ranks and merged back."""
+        from rl_runtime.collate import merge_rows, shard_rows
+
+        group = self.cluster[role]
+        shards = shard_rows(tensors, len(group.workers))
+        outs = group.wait(group.submit_each("forward", [(s,) for s in shards]), "forward")
+        return merge_rows(outs)
+
+    def train(self, role: str, tensors: dict[str, torch.Tensor], loss: str = "default") -> dict:
+        """One `train_step` of `role` on sharded rows; rank 0's metrics."""
+        from rl_runtime.collate import shard_rows
+
+        group = self.cluster[role]
+        args = [(s, loss) for s in shard_rows(tensors, len(group.workers))]
+        return group.wait(group.submit_each("train_step", args), "train_step")[0]
+
+    def log(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.tracker.log(metrics, step=self.step if step is None else step)
+
+
+@dataclass
+class RunResult:
+    step: int
+    weight_version: int
+    wall_seconds: float
+    eval_before: dict[str, float]
+    eval_after: dict[str, float]
+    resumed_from: str | None
+    curves: str | None = None
+    hf_model: str | None = None
+
+
+def engine_weight_diff(cluster: Any) -> float:
+    """Largest |trainer - engine| over the parameters the engines expose (0.0 after an exact
+    sync). vLLM on the CPU cannot read back oneDNN-packed weights, so only the common names are
+    compared; an engine name the trainer lacks is an error."""
+    trainer = cluster["actor_train"].call_rank0("state_dict_for_check")
+    diffs = []
+    for engine in cluster["actor_infer"].call_all("state_dict_for_check"):
+        extra = sorted(set(engine) - set(trainer))
+        if extra or not engine:
+            raise RuntimeError(f"engine parameters not in the trainer: {extra[:5]}")
+        diffs += [float((trainer[k].float() - engine[k].float()).abs().max()) for k in engine]
+    return max(diffs) if diffs else 0.0
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Runner:
+    def __init__(self, cfg: Any, components: Components, recipe: Any, options: RunOptions) -> None:
+        self.cfg = cfg
+        self.components = components
+        self.recipe = recipe
+        self.options = options
+        self.ckpt: CheckpointManager | None = None
+        self.ctx: Context | None = None
+
+    # ------------------------------------------------------------------------------ setup
+    def _announce(self) -> tuple[Path | None, RunState | None]:
+        """First output: the resume line (if any), then warnings; writes the resolved config."""
+        c = self.components
+        resume, state = None, None
+        if c.role("actor_train") is not None:
+            self.ckpt = CheckpointManager(
+                c.checkpoint.directory,
+                keep_last=c.checkpoint.keep_last,
+                key_file=c.checkpoint.key_file,
+            )
+            self.ckpt.cleanup()
+            resume = self.ckpt.resolve(c.checkpoint.resume)
+            if resume is not None:
+                state = self.ckpt.load_state(resume)
+                print(
+                    f"resuming from checkpoint {resume} at step {state.step} "
+                    f"(weight version {state.weight_version})",
+                    flush=True,
+                )
+        for line in (*self.cfg.config_warnings(), *c.warnings):
+            print(f"warning: {line}", flush=True)
+        from rl_config.redact import dump_resolved
+
+        dump_resolved(self.cfg, c.output_dir)
+        return resume, state
+
+    def _setup(self) -> Context:
+        from rl_runtime.cluster import Cluster, WeightSync
+        from rl_runtime.ray_setup import RayOptions
+        from rl_sync.device import detect_device_kind, ray_resource_name
+
+        c, o = self.components, self.options
+        seed_everything(c.seed)
+        kind = detect_device_kind()
+        specs = self.recipe.roles(c) if hasattr(self.recipe, "roles") else None
+        cluster = Cluster.start(
+            specs or role_specs(c, o.model_path, o.agent_mode),
+            num_devices=c.cluster.num_devices,
+            device_kind=kind,
+            resource_name=ray_resource_name(kind),
+            use_ray=o.use_ray,
+            ray_options=RayOptions(
+                num_cpus=o.num_cpus,
+                object_store_bytes=o.object_store_mb * 1024**2 if kind == "cpu" else None,
+                env_vars=dict(c.cluster.system_envs),
+            ),
+            rpc_timeout=c.cluster.rpc_timeout,
+            cpu_per_bundle=o.cpu_per_bundle,
+        )
+        # in-process runs on an accelerator also record device memory per phase (memory/*)
+        timer = PhaseTimer(None if o.use_ray else kind)
+        self.ctx = Context(c, o, cluster, tracker=None, timer=timer)  # type: ignore[arg-type]
+        self.ctx.tracker = Tracker(
+            c.tracker.track_with, c.tracker.log_dir, c.tracker.kwargs, stdout_keys=o.stdout_keys
+        )
+        if cluster.has("actor_train"):
+            self.ctx.sync = WeightSync(
+                cluster["actor_train"],
+                cluster["actor_infer"],
+                mode="broadcast" if o.use_ray else "direct",
+                timeout_s=c.cluster.rpc_timeout,
+                bucket_bytes=c.cluster.sync_bucket_bytes,
+            )
+        if hasattr(self.recipe, "setup"):
+            self.recipe.setup(self.ctx)
+        return self.ctx
+
+    # ------------------------------------------------------------------------ checkpoints
+    def _optimizer_roles(self) -> list[str]:
+        return [r.role for r in self.components.roles if r.loss is not None]
+
+    def save(self) -> Path:
+        ctx = self.ctx
+        assert ctx is not None and self.ckpt is not None
+
+        def write(d: Path) -> None:
+            for role in self._optimizer_roles():
+                ctx.cluster[role].call_all(
+                    "save_checkpoint", str(d / role), ctx.step, None, self.ckpt.key_file
+                )
+
+        recipe_state = self.recipe.state() if hasattr(self.recipe, "state") else {}
+        state = RunState(
+            step=ctx.step,
+            weight_version=ctx.weight_version,
+            env_seed_epoch=ctx.step,
+            rng=capture_rng(),
+            extra={"recipe": recipe_state},
+        )
+        return self.ckpt.save(state, write)
+
+    def restore(self, path: Path, state: RunState) -> None:
+        ctx = self.ctx
+        assert ctx is not None and self.ckpt is not None
+        for role in self._optimizer_roles():
+            ctx.cluster[role].call_all("load_checkpoint", str(path / role), self.ckpt.key_file)
+        ctx.step, ctx.weight_version = state.step, state.weight_version
+        restore_rng(state.rng)
+        if hasattr(self.recipe, "load_state"):
+            self.recipe.load_state(dict(state.extra.get("recipe") or {}))
+        ctx.sync_weights(new_version=False)  # engines get the restored weights, same version
+
+    # -------------------------------------------------------------------------------- run
+    def run(self) -> RunResult:
+        t0 = time.perf_counter()
+        resume, state = self._announce()
+        before: dict[str, float] = {}
+        after: dict[str, float] = {}
+        try:
+            ctx = self._setup()
+            if resume is not None and state is not None:
+                self.restore(resume, state)
+            else:
+                if hasattr(self.recipe, "before_training"):
+                    warm = self.recipe.before_training(ctx) or {}
+                    if warm:
+                        ctx.log(warm, step=0)
+                if self.options.eval_before_training:
+                    before = self.recipe.evaluate(ctx)
+                    if before:
+                        ctx.log(before)
+            after = self._loop(ctx)
+            return self._finish(ctx, t0, before, after, resume)
+        finally:
+            self.teardown()
+
+    def _loop(self, ctx: Context) -> dict[str, float]:
+        cad = self.components.cadence
+        last_eval: dict[str, float] = {}
+        with StepProgress(cad.max_steps, ctx.step) as progress:
+            while ctx.step < cad.max_steps:
+                ctx.timer.reset()
+                metrics = self.recipe.step(ctx)
+                ctx.step += 1
+                last = ctx.step == cad.max_steps
+                if last or (cad.eval_steps and ctx.step % cad.eval_steps == 0):
+                    last_eval = self.recipe.evaluate(ctx)
+                    metrics.update(last_eval)
+                if last or ctx.step % cad.logging_steps == 0:
+                    ctx.log(metrics)
+                if self.ckpt is not None and (last or ctx.step % cad.save_steps == 0):
+                    self.save()
+                key = self.options.progress_key
+                progress.advance(
+                    {k: v for k, v in metrics.items() if k.startswith("timing/")},
+                    f"{key.split('/')[-1]}={metrics.get(key, float('nan')):.2f}",
+                )
+        return last_eval
+
+    def _finish(
+        self,
+        ctx: Context,
+        t0: float,
+        before: dict[str, float],
+        after: dict[str, float],
+        resume: Path | None,
+    ) -> RunResult:
+        from rl_runtime.curves import write_curves
+
+        out = Path(self.components.output_dir)
+        png = write_curves(ctx.tracker.history, out / "curves.png", title=self.components.exp_name)
+        hf_dir = None
+        if self.options.export_hf and ctx.cluster.has("actor_train"):
+            hf_dir = ctx.cluster["actor_train"].call_rank0("export_hf", str(out / "hf_model"))
+        result = RunResult(
+            step=ctx.step,
+            weight_version=ctx.weight_version,
+            wall_seconds=time.perf_counter() - t0,
+            eval_before=before,
+            eval_after=after,
+            resumed_from=str(resume) if resume is not None else None,
+            curves=str(png) if png else None,
+            hf_model=hf_dir,
+        )
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps(result.__dict__, indent=2, default=str))
+        return result
+
+    def teardown(self) -> None:
+        ctx = self.ctx
+        if ctx is None:
+            return
+        if ctx.tracker is not None:
+            ctx.tracker.close()
+        if ctx.cluster is not None:
+            ctx.cluster.shutdown()
+            ctx.cluster = None
+        self.ctx = None

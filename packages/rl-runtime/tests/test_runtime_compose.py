@@ -1,0 +1,250 @@
+"""rl_runtime.compose: each formerly silent config key reaches the component that uses it."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from rl_config.errors import ConfigError
+from rl_config.records import Trajectory, Turn
+from rl_config.schema import ExperimentConfig
+from rl_runtime.advantages import compute_advantages, update_kl_controller
+from rl_runtime.collate import collate_trajectories
+from rl_runtime.compose import compose
+from rl_train.losses import build_actor_loss
+from rl_train.types import ForwardOutput, LossContext
+
+BASE: dict[str, Any] = {
+    "pretrain": "tiny",
+    "rollout_batch_size": 4,
+    "train_env_manager": {"num_env_groups": 2, "group_size": 2, "tags": ["FL"]},
+    "val_env_manager": {"num_env_groups": 2, "group_size": 1, "tags": ["FL"]},
+    "custom_envs": {"FL": {"env_type": "frozen_lake", "max_steps": 4}},
+    "actor_train": {"training_args": {"per_device_train_batch_size": 2}},
+}
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _components(extra: dict | None = None, **kwargs):
+    return compose(ExperimentConfig.model_validate(_merge(BASE, extra or {})), **kwargs)
+
+
+def _actor_loss(extra: dict):
+    return build_actor_loss(_components(extra).role("actor_train").loss)
+
+
+def _loss(loss_fn, log_ratio: float, adv: float, **batch_extra) -> float:
+    """The loss of one token with ratio exp(log_ratio) and advantage `adv`."""
+    old = torch.zeros(1, 1)
+    batch = {
+        "response_mask": torch.ones(1, 1, dtype=torch.bool),
+        "old_log_probs": old,
+        "advantages": torch.full((1, 1), adv),
+        **batch_extra,
+    }
+    out = ForwardOutput(log_probs=old + log_ratio)
+    loss, _ = loss_fn(batch, out, LossContext(global_tokens=1, global_seqs=1, max_seq_len=1))
+    return float(loss)
+
+
+def test_pg_clip_is_the_clip_range():
+    # ratio 1.15, advantage +1: clipped at 1 + pg_clip (old code: always pg_clip_low/high = 0.2)
+    loss = _actor_loss({"pg_clip": 0.1, "loss_agg_mode": "token-mean"})
+    assert _loss(loss, math.log(1.15), 1.0) == pytest.approx(-1.1)
+    wide = _actor_loss({"use_pg_clip_range": True, "pg_clip_high": 0.28})
+    assert _loss(wide, math.log(1.5), 1.0) == pytest.approx(-1.28)
+
+
+def test_dual_clip_c_bounds_negative_advantages():
+    loss = _actor_loss({"dual_clip_loss": True, "dual_clip_c": 5.0})
+    assert _loss(loss, math.log(10.0), -1.0) == pytest.approx(5.0)  # old code: 3.0
+    assert _actor_loss({"dual_clip_c": 5.0}).__class__  # off without dual_clip_loss
+    assert _loss(_actor_loss({"dual_clip_c": 5.0}), math.log(10.0), -1.0) == pytest.approx(10.0)
+
+
+def test_train_infer_correction_weights_the_loss():
+    tic = {"train_infer_correction": {"is_weight": {"enabled": True, "upper_bound": 1.5}}}
+    loss = _actor_loss(tic)
+    # engine log-prob log(1/2) below the trainer's: IS weight 2, truncated at 1.5
+    rollout = torch.full((1, 1), math.log(0.5))
+    assert _loss(loss, 0.0, 1.0, rollout_log_probs=rollout) == pytest.approx(-1.5)
+    filt = {"train_infer_correction": {"filters": [{"enabled": True, "ratio_high": 1.2}]}}
+    assert _loss(_actor_loss(filt), 0.0, 1.0, rollout_log_probs=rollout) == pytest.approx(0.0)
+
+
+def test_segment_level_correction_is_refused_by_name():
+    tic = {"train_infer_correction": {"is_weight": {"enabled": True, "weight_type": "segment"}}}
+    with pytest.raises(ValueError, match="is_weight.weight_type"):
+        _components(tic)
+
+
+def _traj(tid: str, group: str, reward: float, n_turns: int = 1) -> Trajectory:
+    ids, mask, turns = [1, 2], [False, False], []
+    for k in range(n_turns):
+        start = len(ids)
+        ids += [10 + k, 11 + k]
+        mask += [True, True]
+        turns.append(Turn(turn_idx=k, start=start, end=len(ids), reward=reward / n_turns))
+        ids += [7 + (k if reward > 0 else 0)]
+        mask += [False]
+    return Trajectory(
+        traj_id=tid,
+        group_id=group,
+        tag="FL",
+        env_seed=0,
+        token_ids=ids,
+        prompt_length=2,
+        response_mask=mask,
+        rollout_log_probs=[0.0] * len(ids),
+        turns=turns,
+        episode_reward=reward,
+        success=reward > 0,
+    )
+
+
+def _batch(n_turns: int = 1):
+    trajs = [_traj("a", "g", 1.0, n_turns), _traj("b", "g", 0.0, n_turns)]
+    return collate_trajectories(trajs, pad_token_id=0)
+
+
+def test_kl_penalty_kind_and_add_token_level_kl():
+    batch = _batch()
+    mask = batch.tensors["response_mask"]
+    lp = torch.zeros(mask.shape)
+    ref = torch.full(mask.shape, -1.0)  # log ratio 1 on every token
+    kl = {"init_kl_coef": 0.5, "add_token_level_kl": True}
+    for kind, per_token in (("k1", 1.0), ("mse", 0.5)):
+        c = _components({**kl, "kl_penalty": kind, "reward_normalization": {"method": "identity"}})
+        coef = c.kl.build().value if c.kl.in_reward else 0.0
+        adv = c.advantage
+        out = compute_advantages(batch, adv, log_probs=lp, ref_log_probs=ref, kl_coef=coef)
+        assert float(out["kl"][mask].mean()) == pytest.approx(per_token)
+    off = _components({"init_kl_coef": 0.5})
+    assert not off.kl.in_reward  # init_kl_coef alone adds no reward KL (ROLL semantics)
+    assert any("add_token_level_kl" in w for w in off.warnings)
+
+
+def test_adaptive_kl_controller_is_built_and_moves():
+    c = _components({"init_kl_coef": 0.2, "add_token_level_kl": True, "target_kl": 0.01})
+    ctl = c.kl.build()
+    assert type(ctl).__name__ == "AdaptiveKLController"
+    batch = _batch()
+    mask = batch.tensors["response_mask"]
+    out = compute_advantages(
+        batch,
+        c.advantage,
+        log_probs=torch.zeros(mask.shape),
+        ref_log_probs=torch.full(mask.shape, -1.0),
+        kl_coef=ctl.value,
+    )
+    metrics = update_kl_controller(ctl, out, mask)
+    assert metrics["train/kl_coef"] > 0.2  # KL 1 >> target 0.01: the coefficient grows
+    fixed = _components({"init_kl_coef": 0.2, "adaptive_kl_ctrl": False, "target_kl": 0.01})
+    assert type(fixed.kl.build()).__name__ == "FixedKLController"
+
+
+def test_do_sample_false_is_greedy_and_generation_options_reach_sampling():
+    gen = {"do_sample": False, "repetition_penalty": 1.3, "stop_strings": ["</answer>"]}
+    c = _components({"actor_infer": {"generating_args": gen}})
+    s = c.sampling("train", epoch=3)
+    assert (s.temperature, s.top_p, s.top_k) == (0.0, 1.0, -1)
+    assert s.repetition_penalty == 1.3 and s.stop == ["</answer>"]
+    sampled = _components().sampling("train", epoch=3)
+    assert sampled.temperature == 1.0 and sampled.seed == s.seed
+
+
+def test_gigpo_weights_and_gamma_come_from_the_config():
+    c = _components(
+        {
+            "adv_estimator": "gigpo",
+            "episode_reward_weight": 0.0,
+            "step_reward_weight": 3.0,
+            "step_reward_gamma": 0.5,
+            "reward_normalization": {"method": "identity"},
+        }
+    )
+    a = c.advantage
+    assert (a.gigpo_episode_weight, a.gigpo_step_weight, a.gigpo_gamma) == (0.0, 3.0, 0.5)
+    out = compute_advantages(_batch(n_turns=2), a)
+    full = compute_advantages(_batch(n_turns=2), _components({"adv_estimator": "gigpo"}).advantage)
+    assert not torch.allclose(out["advantages"], full["advantages"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        (
+            {"actor_train": {"model_args": {"adapter_name_or_path": "lora/"}}},
+            "adapter_name_or_path",
+        ),
+        ({"dynamic_sampling": {"enable": True}}, "dynamic_sampling.enable"),
+        ({"overlong_penalty": {"enable": True}}, "overlong_penalty.enable"),
+        ({"async": {"max_staleness": 1}}, "async.max_staleness"),
+        ({"async_generation_ratio": 1.0}, "async_generation_ratio"),
+        ({"sft_loss_coef": 0.1}, "sft_loss_coef"),
+    ],
+)
+def test_unsupported_keys_are_refused_by_name(extra, key):
+    cfg = ExperimentConfig.model_validate(_merge(BASE, extra))  # valid ROLL config ...
+    assert any(key in w for w in cfg.config_warnings())  # ... flagged by the check
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        compose(cfg)  # ... and refused before anything starts
+
+
+def test_ignored_keys_warn_by_name():
+    cfg = ExperimentConfig.model_validate(_merge(BASE, {"val_batch_size": 64}))
+    assert any(w.startswith("val_batch_size=64 has no effect") for w in cfg.config_warnings())
+
+
+def test_cosine_with_min_lr_schedules_down_to_the_floor():
+    from rl_train.optim import lr_multiplier
+
+    args = {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": 0.1}}
+    t = _components({"actor_train": {"training_args": args}}).role("actor_train").training_args
+    assert t.lr_scheduler_type == "cosine_with_min_lr" and t.min_lr_ratio == 0.1
+    assert lr_multiplier(t.max_steps, t) == pytest.approx(0.1)
+    assert lr_multiplier(0, t) == pytest.approx(1.0)
+
+
+def test_fa2_falls_back_with_a_warning_naming_the_key():
+    extra = {"actor_train": {"model_args": {"attn_implementation": "fa2", "dtype": "bf16"}}}
+    cpu = _components(extra)
+    assert cpu.role("actor_train").model_args.attn_implementation == "sdpa"
+    assert any("actor_train.model_args.attn_implementation='fa2'" in w for w in cpu.warnings)
+    cuda = _components(extra, device_kind="cuda", flash_attn_available=True)
+    assert cuda.role("actor_train").model_args.attn_implementation == "flash_attention_2"
+    # CUDA without the flash-attn package: PyTorch's own varlen flash kernel
+    no_flash = _components(extra, device_kind="cuda", flash_attn_available=False)
+    assert no_flash.role("actor_train").model_args.attn_implementation == "rl_varlen"
+    assert any("flash-attn is not available on cuda" in w for w in no_flash.warnings)
+
+
+def test_grouping_state_is_rolls_alias_of_traj_group_id():
+    c = _components({"reward_normalization": {"grouping": "state"}})
+    assert c.advantage.grouping == "traj_group_id"
+
+
+def test_every_registered_estimator_is_nameable_in_the_schema():
+    from typing import get_args
+
+    from rl_algos.advantages import list_estimators
+    from rl_config.schema.algorithm import AdvEstimatorName
+
+    assert set(get_args(AdvEstimatorName)) == set(list_estimators())
+
+
+def test_optimizer_steps_plan_the_lr_schedule():
+    # 4 samples / (2 per micro-batch x 1 accumulation) = 2 optimizer steps per pipeline step
+    c = _components({"max_steps": 10})
+    assert c.role("actor_train").training_args.max_steps == 20
+    assert c.sizes["optimizer_steps_total"] == 20

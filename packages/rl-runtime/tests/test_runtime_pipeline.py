@@ -1,0 +1,168 @@
+"""rl_runtime.pipeline.Runner with a fake recipe and in-process fake workers: cadence (the last
+step logs, evaluates and saves), teardown after an exception, resume (first line, step, weight
+version, recipe state), summary.json and the resolved config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl_config.schema import ExperimentConfig
+from rl_runtime.cluster import RoleSpec
+from rl_runtime.compose import compose
+from rl_runtime.pipeline import Runner, RunOptions
+
+
+class FakeTrainer:
+    def __init__(self, **_: object) -> None:
+        self.w = torch.zeros(2)
+
+    def ready(self) -> bool:
+        return True
+
+    def named_tensors(self, bucket_bytes: int = 0) -> list:
+        return [("w", self.w.clone())]
+
+    def save_checkpoint(self, root: str, step: int) -> str:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        (Path(root) / "step.txt").write_text(str(step))
+        return root
+
+    def load_checkpoint(self, root: str) -> tuple[int, dict]:
+        return int((Path(root) / "step.txt").read_text()), {}
+
+    def offload(self) -> None: ...
+
+    def onload(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class FakeEngine:
+    def __init__(self, **_: object) -> None:
+        self.version = 0
+
+    def ready(self) -> bool:
+        return True
+
+    def update_weights(self, named: list, version: int) -> int:
+        self.version = version
+        return version
+
+    def weight_version(self) -> int:
+        return self.version
+
+    def sleep(self, level: int = 1) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class FakeRecipe:
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.fail_at = fail_at
+        self.calls: list[tuple[str, int]] = []
+        self.counter = 0
+
+    def roles(self, components):
+        return [
+            RoleSpec("actor_train", FakeTrainer, [0]),
+            RoleSpec("actor_infer", FakeEngine, [0]),
+        ]
+
+    def step(self, ctx) -> dict[str, float]:
+        if ctx.step == self.fail_at:
+            raise RuntimeError("boom")
+        self.counter += 1
+        self.calls.append(("step", ctx.step))
+        ctx.sync_weights()
+        return {"train/loss": float(ctx.step)}
+
+    def evaluate(self, ctx) -> dict[str, float]:
+        self.calls.append(("eval", ctx.step))
+        return {"val/success_rate": ctx.step / 10}
+
+    def state(self) -> dict:
+        return {"counter": self.counter}
+
+    def load_state(self, state: dict) -> None:
+        self.counter = state["counter"]
+
+
+def _runner(tmp_path: Path, recipe: FakeRecipe, **extra: object) -> Runner:
+    data = {
+        "pretrain": "unused",
+        "output_dir": str(tmp_path / "out"),
+        "logging_dir": str(tmp_path / "out" / "logs"),
+        "track_with": "stdout",
+        "max_steps": 5,
+        "eval_steps": 2,
+        "save_steps": 3,
+        "logging_steps": 2,
+        "rollout_batch_size": 2,
+        "train_env_manager": {"num_env_groups": 1, "group_size": 2, "tags": ["FL"]},
+        "custom_envs": {"FL": {"env_type": "frozen_lake"}},
+        **extra,
+    }
+    cfg = ExperimentConfig.model_validate(data)
+    options = RunOptions(model_path="unused", use_ray=False)
+    return Runner(cfg, compose(cfg), recipe, options)
+
+
+def _run(tmp_path: Path, recipe: FakeRecipe, **extra: object):
+    runner = _runner(tmp_path, recipe, **extra)
+    return runner, runner.run()
+
+
+def _logged_steps(tmp_path: Path) -> list[int]:
+    lines = (tmp_path / "out" / "logs" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(x)["step"] for x in lines if "train/loss" in json.loads(x)]
+
+
+def test_cadence_summary_and_resolved_config(tmp_path):
+    recipe = FakeRecipe()
+    _, result = _run(tmp_path, recipe)
+    evals = [s for kind, s in recipe.calls if kind == "eval"]
+    assert evals == [0, 2, 4, 5]  # before training, every eval_steps, and the last step
+    assert _logged_steps(tmp_path) == [2, 4, 5]  # logging_steps 2, and the last step
+    ckpts = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())
+    assert ckpts == ["step-000003", "step-000005"]  # save_steps 3, and the last step
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["step"] == 5 and summary["weight_version"] == 5
+    assert summary["eval_before"] == {"val/success_rate": 0.0}
+    assert summary["eval_after"] == {"val/success_rate": 0.5}
+    assert (tmp_path / "out" / "resolved_config.yaml").exists()
+    assert result.resumed_from is None
+
+
+def test_teardown_after_an_exception(tmp_path):
+    runner = _runner(tmp_path, FakeRecipe(fail_at=2))
+    seen = {}
+    original = runner.teardown
+
+    def teardown() -> None:
+        seen["cluster"], seen["tracker"] = runner.ctx.cluster, runner.ctx.tracker
+        original()
+
+    runner.teardown = teardown
+    with pytest.raises(RuntimeError, match="boom"):
+        runner.run()
+    assert runner.ctx is None and seen["cluster"].groups == {}  # workers shut down
+    assert seen["tracker"].backends == []  # the tracker was closed
+    assert _logged_steps(tmp_path) == [2]  # the third step failed; step 2 was logged
+
+
+def test_resume_continues_step_version_and_recipe_state(tmp_path, capsys):
+    _run(tmp_path, FakeRecipe(), max_steps=3)
+    capsys.readouterr()
+    recipe = FakeRecipe()
+    _, result = _run(tmp_path, recipe, max_steps=5, resume_from_checkpoint=True)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("resuming from checkpoint") and "step 3 (weight version 3)" in first
+    assert [s for kind, s in recipe.calls if kind == "step"] == [3, 4]
+    assert recipe.counter == 5  # 3 restored + 2 new
+    assert result.resumed_from is not None and result.weight_version == 5

@@ -1,0 +1,288 @@
+"""The key contract: every schema key is consumed by rl_runtime.compose or declared in
+rl_config.contract, and every consumed key changes what compose builds.
+
+"Consumed" is measured, not listed: compose runs on configs wrapped in a tracing proxy that records
+each schema field it reads (worker sections per role, `custom_envs.*` per env definition).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from rl_config.contract import IGNORED, UNSUPPORTED, declared, schema_keys
+from rl_config.loading import compose_config
+from rl_config.schema import ExperimentConfig
+from rl_runtime.compose import compose
+
+ROOT = Path(__file__).resolve().parents[1]
+ROLES = ("actor_train", "actor_infer", "reference", "critic")
+SHIPPED = [
+    ROOT / "apps/agentic/configs/cpu_default.yaml",
+    ROOT / "apps/agentic/configs/examples/agentic_val_sokoban.yaml",
+]
+CRITIC = {
+    "adv_estimator": "gae",
+    "critic": {
+        "training_args": {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 4},
+        "device_mapping": [0],
+        "strategy_args": {"strategy_name": "fsdp2_train", "strategy_config": {}},
+    },
+}
+ALGO = {
+    "use_pg_clip_range": True,
+    "dual_clip_loss": True,
+    "train_infer_correction": {"is_weight": {"enabled": True}},
+}
+KL = {"init_kl_coef": 0.1, "add_token_level_kl": True, "use_kl_loss": True, "kl_loss_coef": 0.1}
+
+
+class Trace:
+    """Proxy of a pydantic config: records the dotted key of every schema field read."""
+
+    def __init__(self, obj: BaseModel, path: str, seen: set[str]) -> None:
+        object.__setattr__(self, "_obj", obj)
+        object.__setattr__(self, "_path", path)
+        object.__setattr__(self, "_seen", seen)
+
+    @property
+    def __wrapped__(self) -> BaseModel:
+        return self._obj
+
+    def __getattr__(self, name: str) -> Any:
+        obj, path, seen = self._obj, self._path, self._seen
+        value = getattr(obj, name)
+        info = type(obj).model_fields.get(name)
+        if info is None:
+            return value
+        key = f"{path}{info.alias or name}"
+        if isinstance(value, BaseModel):
+            return Trace(value, key + ".", seen)
+        if (
+            isinstance(value, dict)
+            and value
+            and all(isinstance(v, BaseModel) for v in value.values())
+        ):
+            return {k: Trace(v, key + ".*.", seen) for k, v in value.items()}
+        seen.add(key)
+        return value
+
+
+@functools.cache
+def _loaded(path: Path) -> dict[str, Any]:
+    data = dict(compose_config(path, []).data)
+    data.pop("agentic_app", None)
+    return data
+
+
+def _data(path: Path) -> dict[str, Any]:
+    return copy.deepcopy(_loaded(path))
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _variants() -> list[dict[str, Any]]:
+    base = _data(SHIPPED[0])
+    return [_data(p) for p in SHIPPED] + [
+        _merge(base, CRITIC),
+        _merge(base, KL),
+        _merge(base, ALGO),
+    ]
+
+
+def _consumed() -> set[str]:
+    seen: set[str] = set()
+    for data in _variants():
+        compose(Trace(ExperimentConfig.model_validate(data), "", seen))
+    return seen
+
+
+def test_every_schema_key_is_consumed_or_declared():
+    consumed = _consumed()
+    keys = schema_keys()
+    missing = [k for k in keys if k not in consumed and declared(k) is None]
+    assert not missing, f"schema keys neither consumed by compose nor declared: {missing}"
+    both = sorted(k for k in consumed if declared(k) is not None)
+    assert not both, f"consumed by compose but declared unsupported/ignored: {both}"
+    stale = [p for p in {**UNSUPPORTED, **IGNORED} if not any(_match(k, p) for k in keys)]
+    assert not stale, f"contract patterns that match no schema key: {stale}"
+
+
+def _match(key: str, pattern: str) -> bool:
+    from fnmatch import fnmatchcase
+
+    return fnmatchcase(key, pattern)
+
+
+# A changed value per consumed key (where the default rule below would not validate).
+CHANGES: dict[str, Any] = {
+    "rollout_batch_size": 128,
+    "train_env_manager.num_env_groups": 16,
+    "train_env_manager.group_size": 4,
+    "train_env_manager.num_groups_partition": None,
+    "val_env_manager.num_env_groups": 64,
+    "val_env_manager.num_groups_partition": None,
+    "train_env_manager.tags": ["Other"],
+    "val_env_manager.tags": ["Other"],
+    "custom_envs.*.env_type": "sokoban",
+    "custom_envs.*.env_config": {"size": 5},
+    "reward_normalization.grouping": "batch",
+    "resume_from_checkpoint": "/tmp/ckpt",
+    "checkpoint_config.output_dir": "/tmp/other_ckpt",
+    "checkpoint_config.key_file": "/tmp/other.key",
+    "render_save_dir": "/tmp/render",
+    "tracker_kwargs": {"project": "x"},
+    "system_envs": {"A": "1"},
+    "pretrain": "/tmp/other_model",
+    "adv_estimator": "rloo",
+    "target_kl": 0.05,
+    "adaptive_kl_ctrl": False,
+    "advantage_clip": 2.0,
+    "value_clip": 0.3,
+    "num_gpus_per_node": 2,
+    "num_nodes": 2,
+    "max_tokens_per_step": 6,
+    "actor_infer.generating_args.max_new_tokens": 6,
+    "actor_infer.generating_args.stop_strings": ["</answer>"],
+    "actor_infer.generating_args.top_k": 5,
+    "actor_infer.generating_args.temperature": 0.7,
+    "actor_train.training_args.lr_scheduler_kwargs": {"min_lr_rate": 0.1},
+    "critic.training_args.lr_scheduler_kwargs": {"min_lr_rate": 0.1},
+    "actor_train.pg_variant": "gspo",
+    "pg_clip_low": 0.1,
+    "pg_clip_high": 0.3,
+    "use_pg_clip_range": True,
+    "dual_clip_c": 5.0,
+    "kl_penalty": "k3",
+    "kl_loss_type": "k1",
+    "loss_agg_mode": "token-mean",
+    "train_infer_correction.is_weight.weight_type": "sequence",
+    "train_infer_correction.is_weight.upper_bound": 3.0,
+    "train_infer_correction.filters": [{"enabled": True}],
+    "step_reward_gamma": 0.5,
+    "reward_normalization.method": "identity",
+    "track_with": "stdout",
+    "reference.strategy_args.strategy_name": "fsdp2_train",
+    "custom_envs.*.max_steps": 6,
+    "actor_infer.num_gpus_per_worker": 2,
+    "reference.num_gpus_per_worker": 2,
+    "actor_train.training_args.lr_scheduler_type": "cosine",
+    "critic.training_args.lr_scheduler_type": "cosine",
+    **{
+        f"{r}.model_args.attn_implementation": "eager"
+        for r in ("actor_train", "critic", "reference")
+    },
+    **{f"{r}.strategy_args.strategy_config": {"keep_last": 1} for r in ROLES},
+    **{f"{r}.device_mapping": [1] for r in ROLES},
+    "lambd": 0.5,
+    "gamma": 0.5,
+}
+# keys whose effect shows only together with another key
+CONTEXT: dict[str, dict[str, Any]] = {
+    "pg_clip_low": {"use_pg_clip_range": True},
+    "pg_clip_high": {"use_pg_clip_range": True},
+    "dual_clip_c": {"dual_clip_loss": True},
+    "train_infer_correction.is_weight.weight_type": {
+        "train_infer_correction": {"is_weight": {"enabled": True}}
+    },
+    "train_infer_correction.is_weight.upper_bound": {
+        "train_infer_correction": {"is_weight": {"enabled": True}}
+    },
+    "target_kl": {"init_kl_coef": 0.1, "add_token_level_kl": True},
+    "kl_horizon": {"init_kl_coef": 0.1, "add_token_level_kl": True, "target_kl": 0.05},
+    "adaptive_kl_ctrl": {"init_kl_coef": 0.1, "add_token_level_kl": True, "target_kl": 0.05},
+    "kl_loss_coef": {"use_kl_loss": True},
+    "kl_loss_type": {"use_kl_loss": True},
+    "num_nodes": {"num_gpus_per_node": 1},
+    "use_pg_clip_range": {"pg_clip_high": 0.28},
+    "train_env_manager.num_env_groups": {"train_env_manager": {"num_groups_partition": None}},
+    "val_env_manager.num_env_groups": {"val_env_manager": {"num_groups_partition": None}},
+    "train_env_manager.tags": {"train_env_manager": {"num_groups_partition": None}},
+    "val_env_manager.tags": {"val_env_manager": {"num_groups_partition": None}},
+    "actor_train.use_dynamic_batching_in_train": {
+        "actor_train": {"max_tokens_per_microbatch_in_train": 1280}
+    },
+    "critic.use_dynamic_batching_in_train": {
+        "critic": {"max_tokens_per_microbatch_in_train": 1280}
+    },
+    **{f"{r}.device_mapping": {"num_gpus_per_node": 2} for r in ROLES},
+    "actor_infer.num_gpus_per_worker": {
+        "num_gpus_per_node": 2,
+        "actor_infer": {"device_mapping": [0, 1]},
+    },
+    "reference.num_gpus_per_worker": {
+        "num_gpus_per_node": 2,
+        "reference": {"device_mapping": [0, 1]},
+    },
+}
+
+
+def _set(data: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        if part == "*":
+            node = next(iter(node.values()))
+            continue
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def _get(cfg: Any, key: str) -> Any:
+    node = cfg
+    for part in key.split("."):
+        if part == "*":
+            node = next(iter(node.values()))
+        else:
+            node = getattr(node, "async_" if part == "async" else part)
+    return node
+
+
+def _changed(value: Any) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value * 2 if value else 1
+    if isinstance(value, float):
+        return value * 0.5 if value else 0.1
+    if isinstance(value, str):
+        return {"fp32": "bf16", "hf_infer": "vllm", "fsdp2_train": "deepspeed_train"}.get(
+            value, value + "_x"
+        )
+    if isinstance(value, list) and value and isinstance(value[0], int):
+        return [*value, max(value) + 1]
+    raise AssertionError(f"no default change for {value!r}: add it to CHANGES")
+
+
+def _base_for(key: str) -> dict[str, Any]:
+    base = _data(SHIPPED[0])
+    if key.startswith("critic.") or key in ("value_clip", "lambd"):
+        base = _merge(base, CRITIC)
+    if key.startswith("reference."):
+        base = _merge(base, KL)
+    if key.endswith(".tags"):
+        base["custom_envs"]["Other"] = copy.deepcopy(base["custom_envs"]["FrozenLake"])
+    if key == "custom_envs.*.max_steps":
+        next(iter(base["custom_envs"].values()))["env_config"].pop("max_steps", None)
+    return _merge(base, CONTEXT.get(key, {}))
+
+
+@pytest.mark.parametrize("key", sorted(_consumed() & set(schema_keys())))
+def test_every_consumed_key_changes_the_components(key):
+    base = _base_for(key)
+    before = ExperimentConfig.model_validate(base)
+    data = copy.deepcopy(base)
+    value = CHANGES[key] if key in CHANGES else _changed(_get(before, key))
+    _set(data, key, value)
+    after = ExperimentConfig.model_validate(data)
+    assert compose(after) != compose(before), f"{key}: {value!r} did not change the components"
