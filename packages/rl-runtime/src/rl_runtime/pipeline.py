@@ -221,7 +221,7 @@ class Runner:
         def write(d: Path) -> None:
             for role in self._optimizer_roles():
                 ctx.cluster[role].call_all(
-                    "save_checkpoint", str(d / role), ctx.step, None, self.ckpt.key_file
+                    "save_checkpoint", str(d / role), ctx.step, key_file=self.ckpt.key_file
                 )
 
         recipe_state = self.recipe.state() if hasattr(self.recipe, "state") else {}
@@ -238,7 +238,9 @@ class Runner:
         ctx = self.ctx
         assert ctx is not None and self.ckpt is not None
         for role in self._optimizer_roles():
-            ctx.cluster[role].call_all("load_checkpoint", str(path / role), self.ckpt.key_file)
+            ctx.cluster[role].call_all(
+                "load_checkpoint", str(path / role), key_file=self.ckpt.key_file
+            )
         ctx.step, ctx.weight_version = state.step, state.weight_version
         restore_rng(state.rng)
         if hasattr(self.recipe, "load_state"):
