@@ -139,6 +139,7 @@ CHANGES: dict[str, Any] = {
     "reward_normalization.grouping": "batch",
     "resume_from_checkpoint": "/tmp/ckpt",
     "checkpoint_config.output_dir": "/tmp/other_ckpt",
+    "checkpoint_config.key_file": "/tmp/other.key",
     "render_save_dir": "/tmp/render",
     "tracker_kwargs": {"project": "x"},
     "system_envs": {"A": "1"},

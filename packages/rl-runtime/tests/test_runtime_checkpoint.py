@@ -1,3 +1,6 @@
+import hashlib
+import json
+import os
 import random
 
 import numpy as np
@@ -5,6 +8,7 @@ import pytest
 import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
+from rl_train.signing import CheckpointError
 
 
 def test_save_latest_and_prune(tmp_path):
@@ -39,7 +43,7 @@ def test_interrupted_save_is_ignored_and_previous_kept(tmp_path):
     # a directory without the commit marker is not a checkpoint
     (tmp_path / "step-000009").mkdir()
     assert mgr.latest() == mgr.step_dir(1)
-    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+    with pytest.raises(CheckpointError, match="step-000009 has no COMMITTED marker"):
         mgr.load_state(tmp_path / "step-000009")
 
 
@@ -60,7 +64,7 @@ def test_resolve(tmp_path):
     assert mgr.resolve(True) == saved
     assert mgr.resolve(str(saved)) == saved
     assert mgr.resolve(str(tmp_path / "ck")) == saved
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+    with pytest.raises(CheckpointError, match="no valid checkpoint under .*elsewhere"):
         mgr.resolve(str(tmp_path / "elsewhere"))
 
 
@@ -76,3 +80,122 @@ def test_rng_roundtrip_through_checkpoint(tmp_path):
     torch.manual_seed(99)
     restore_rng(mgr.load_state(saved).rng)
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
+
+
+def _save(mgr, step, payload=b"weights"):
+    def write(d):
+        (d / "actor_train").mkdir()
+        (d / "actor_train" / "shard.bin").write_bytes(payload + bytes([step]))
+
+    return mgr.save(RunState(step=step, weight_version=step, env_seed_epoch=step), write)
+
+
+def _forge_manifest(ckpt_dir):
+    files = {
+        p.relative_to(ckpt_dir).as_posix(): {
+            "bytes": p.stat().st_size,
+            "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+        }
+        for p in sorted(ckpt_dir.rglob("*"))
+        if p.is_file() and p.name not in ("MANIFEST.json", "MANIFEST.hmac", "COMMITTED")
+    }
+    (ckpt_dir / "MANIFEST.json").write_text(json.dumps({"format": 1, "step": 0, "files": files}))
+
+
+def test_latest_verifies_and_falls_back_naming_what_it_skipped(tmp_path, caplog):
+    mgr = CheckpointManager(tmp_path, keep_last=None)
+    for step in (1, 2, 3):
+        _save(mgr, step)
+    shard3 = mgr.step_dir(3) / "actor_train" / "shard.bin"
+    shard3.write_bytes(b"X" + shard3.read_bytes()[1:])  # same size, other bytes
+    (mgr.step_dir(2) / "run_state.json").write_text('{"step": 99, "weight_version": 0}')
+    _forge_manifest(mgr.step_dir(2))  # whoever writes the dir can rewrite a plain manifest
+    assert mgr.latest() == mgr.step_dir(1)
+    (p3, why3), (p2, why2) = mgr.skipped
+    assert p3.name == "step-000003" and "actor_train/shard.bin fails its sha256" in why3
+    assert p2.name == "step-000002" and "MANIFEST.json fails its HMAC check" in why2
+    assert "skipping checkpoint step-000003" in caplog.text
+    assert mgr.resolve(True) == mgr.step_dir(1)
+    assert mgr.load_state(mgr.step_dir(1)).step == 1
+    with pytest.raises(CheckpointError, match="MANIFEST.json fails its HMAC"):
+        mgr.load_state(mgr.step_dir(2))
+
+
+def test_resume_true_with_checkpoints_but_none_valid_is_an_error_naming_them(tmp_path):
+    mgr = CheckpointManager(tmp_path / "ck", keep_last=None)
+    assert mgr.resolve(True) is None  # nothing there at all: a fresh start
+    mgr.root.mkdir()
+    (mgr.root / ".tmp-step-000004-1").mkdir()  # an interrupted first save is not a checkpoint
+    assert mgr.resolve(True) is None
+    (mgr.root / "step-000005").mkdir()  # e.g. copied without its marker
+    with pytest.raises(CheckpointError, match="step-000005: .*no COMMITTED marker"):
+        mgr.resolve(True)
+    saved = _save(mgr, 6)
+    (saved / "MANIFEST.hmac").unlink()
+    with pytest.raises(CheckpointError) as err:
+        mgr.resolve(True)
+    assert "step-000006: " in str(err.value) and "MANIFEST.hmac" in str(err.value)
+    assert "step-000005: " in str(err.value)
+    with pytest.raises(CheckpointError, match="MANIFEST.hmac"):
+        mgr.resolve(str(saved))
+
+
+def test_key_file_option_signs_with_that_key(tmp_path):
+    mine = CheckpointManager(tmp_path / "ck", key_file=tmp_path / "mine.key")
+    saved = _save(mine, 1)
+    assert mine.latest() == saved
+    theirs = CheckpointManager(tmp_path / "ck", key_file=tmp_path / "theirs.key")
+    assert theirs.latest() is None
+    assert "fails its HMAC check" in theirs.skipped[0][1]
+    assert str(tmp_path / "theirs.key") in theirs.skipped[0][1]
+
+
+def test_every_file_fsynced_before_marker_and_prune_after_durable(tmp_path, monkeypatch):
+    import rl_runtime.checkpoint as rc
+
+    mgr = CheckpointManager(tmp_path, keep_last=1)
+    _save(mgr, 1)
+    events = []
+    real_fsync, real_rmtree = os.fsync, rc.shutil.rmtree
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def rmtree(path, *a, **kw):
+        events.append(("rmtree", str(path)))
+        return real_rmtree(path, *a, **kw)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(rc.shutil, "rmtree", rmtree)
+    final = _save(mgr, 2)
+    synced = [p for kind, p in events if kind == "fsync"]
+    tmp = next(p for p in synced if p.endswith("/COMMITTED"))
+    tmp_dir = tmp.rsplit("/", 1)[0]
+    marker_at = synced.index(tmp)
+    for rel in ("actor_train/shard.bin", "actor_train", "run_state.json", "MANIFEST.json"):
+        assert f"{tmp_dir}/{rel}" in synced[:marker_at], rel
+    prune_at = events.index(("rmtree", str(mgr.step_dir(1))))
+    assert ("fsync", str(tmp_path)) in events[:prune_at]
+    assert mgr.complete() == [final]
+
+
+def test_worker_processes_seed_every_rng_stream():
+    """Two fresh worker processes with the same seed draw the same torch, python and numpy
+    numbers (python's and numpy's streams used to start from OS entropy)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import random, numpy as np, torch\n"
+        "from rl_runtime.workers import _init_process\n"
+        "_init_process({}, 1, 5)\n"
+        "print(random.random(), float(np.random.rand()), float(torch.rand(1)))\n"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+        ).stdout
+        for _ in range(2)
+    }
+    assert len(outs) == 1, outs

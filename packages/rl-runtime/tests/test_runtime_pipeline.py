@@ -26,12 +26,14 @@ class FakeTrainer:
     def named_tensors(self, bucket_bytes: int = 0) -> list:
         return [("w", self.w.clone())]
 
-    def save_checkpoint(self, root: str, step: int) -> str:
+    def save_checkpoint(
+        self, root: str, step: int, extra: dict | None = None, key_file: str | None = None
+    ) -> str:
         Path(root).mkdir(parents=True, exist_ok=True)
         (Path(root) / "step.txt").write_text(str(step))
         return root
 
-    def load_checkpoint(self, root: str) -> tuple[int, dict]:
+    def load_checkpoint(self, root: str, key_file: str | None = None) -> tuple[int, dict]:
         return int((Path(root) / "step.txt").read_text()), {}
 
     def offload(self) -> None: ...

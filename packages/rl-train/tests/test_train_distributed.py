@@ -199,3 +199,91 @@ def test_fsdp2_resume_bit_exact_and_truncated_shard_falls_back(tiny_model_path, 
     assert rejected_name == "step_00000003" and "__1_0.distcp" in reason and "truncated" in reason
     # step_00000001 is a copy of the step-2 state: resuming from it reproduces the straight run
     assert _max_diff(straight["params"], fallback["params"]) == 0.0
+
+
+class _Payload:
+    def __init__(self, sentinel):
+        self.sentinel = sentinel
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.sentinel}",))
+
+
+@pytest.mark.slow
+def test_deepspeed_crafted_checkpoint_runs_nothing(tiny_model_path, tmp_path):
+    """DeepSpeed loads its files with torch.load(weights_only=False): a checkpoint whose model
+    states file carries a pickle payload (and a manifest forged to match) runs nothing on resume
+    and is refused naming MANIFEST.json; the untouched checkpoint resumes."""
+    import hashlib
+    import json
+    import shutil
+
+    ck = tmp_path / "ck"
+    cfg = {"zero_optimization": {"stage": 2, "overlap_comm": False}}
+    spawn(
+        train_worker,
+        2,
+        _spec(
+            tmp_path / "first",
+            tiny_model_path,
+            "deepspeed_train",
+            cfg,
+            2,
+            steps=1,
+            save_at=1,
+            ckpt_root=str(ck),
+        ),
+        env=ENV,
+    )
+    saved = ck / "step_00000001"
+    spawn(
+        train_worker,
+        2,
+        _spec(
+            tmp_path / "ok",
+            tiny_model_path,
+            "deepspeed_train",
+            cfg,
+            2,
+            steps=1,
+            resume_from=str(ck),
+        ),
+        env=ENV,
+    )
+    assert _result(tmp_path / "ok")["load_report"]["loaded"] == "step_00000001"
+    sentinel = tmp_path / "PWNED"
+    states = sorted(saved.rglob("*model_states.pt"))
+    assert states, sorted(p.name for p in saved.rglob("*"))
+    torch.save({"module": _Payload(sentinel)}, states[0])
+    files = {
+        p.relative_to(saved).as_posix(): {
+            "bytes": p.stat().st_size,
+            "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+        }
+        for p in sorted(saved.rglob("*"))
+        if p.is_file() and p.name not in ("MANIFEST.json", "MANIFEST.hmac", "COMMITTED")
+    }
+    (saved / "MANIFEST.json").write_text(json.dumps({"format": 1, "step": 1, "files": files}))
+    shutil.rmtree(tmp_path / "ok")
+    with pytest.raises(Exception):  # noqa: B017 - the rank's CheckpointError ends the spawn
+        spawn(
+            train_worker,
+            2,
+            _spec(
+                tmp_path / "evil",
+                tiny_model_path,
+                "deepspeed_train",
+                cfg,
+                2,
+                steps=1,
+                resume_from=str(ck),
+            ),
+            env=ENV,
+        )
+    assert not sentinel.exists(), "resuming executed the checkpoint's payload"
+    from rl_train import checkpoint as ckpt
+
+    with pytest.raises(ckpt.CheckpointError, match="MANIFEST.json fails its HMAC check"):
+        ckpt.verify(saved)

@@ -1,20 +1,26 @@
-"""Atomic checkpoints of a run: model/optimizer files plus the run state needed to resume.
+"""Atomic, signed checkpoints of a run: model/optimizer files plus the run state needed to resume.
 
 Layout under `root`:
 ```
 step-000010/            committed checkpoint (renamed into place atomically)
-  COMMITTED             marker written last, after every file was flushed
+  COMMITTED             marker written last, after every file and directory was fsynced
+  MANIFEST.json         size and sha256 of every file below (rl_train.signing)
+  MANIFEST.hmac         HMAC-SHA256 of the manifest under a key kept outside `root`
   run_state.json        step, weight_version, env_seed_epoch, RNG states, extra
-  <files written by the caller's `write(dir)`: actor/, critic/, hf/ ...>
+  <files written by the caller's `write(dir)`: actor_train/, critic/ ...>
 .tmp-step-000012-<pid>/ an interrupted save: ignored by `latest()`, removed by `cleanup()`
 ```
-`latest()` returns the newest complete checkpoint, so a crash mid-save never loses the previous one.
+`latest()` returns the newest checkpoint that verifies (marker, signature, every file), skipping
+and naming newer ones that do not, so a crash mid-save or a tampered directory never loses the
+previous one and never runs anything. Older checkpoints are pruned only after the new one is
+durable.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import random
 import shutil
@@ -23,7 +29,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-COMMIT_MARKER = "COMMITTED"
+from rl_train.checkpoint import MARKER, open_verified, seal
+from rl_train.durable import fsync_path
+from rl_train.faults import fault_point
+from rl_train.signing import CheckpointError, load_key, verify_manifest
+
+log = logging.getLogger(__name__)
+
+COMMIT_MARKER = MARKER
 STATE_FILE = "run_state.json"
 _PREFIX = "step-"
 
@@ -72,25 +85,23 @@ def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone())
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class CheckpointManager:
-    """Saves checkpoints atomically under `root` and finds the latest complete one."""
+    """Saves checkpoints atomically under `root`, signed with the key in `key_file` (default:
+    `rl_train.signing.default_key_file()`), and finds the newest one that verifies."""
 
-    def __init__(self, root: str | os.PathLike[str], keep_last: int | None = 2) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        keep_last: int | None = 2,
+        key_file: str | os.PathLike[str] | None = None,
+    ) -> None:
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
         self.root = Path(root)
         self.keep_last = keep_last
+        self.key_file = None if key_file is None else str(key_file)
+        #: checkpoints the last `latest()` skipped, newest first: (path, reason)
+        self.skipped: list[tuple[Path, str]] = []
 
     def step_dir(self, step: int) -> Path:
         return self.root / f"{_PREFIX}{step:06d}"
@@ -101,7 +112,9 @@ class CheckpointManager:
         write: Callable[[Path], None] | None = None,
     ) -> Path:
         """Write a checkpoint for `state.step`: `write(tmp_dir)` adds the model files, then the run
-        state and the commit marker are written and the directory is renamed into place."""
+        state; every file and directory is fsynced, the signed manifest and the commit marker are
+        written (fsynced), the directory is renamed into place and `root` fsynced; only then are
+        checkpoints beyond `keep_last` removed."""
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-{_PREFIX}{state.step:06d}-{os.getpid()}"
         if tmp.exists():
@@ -109,74 +122,104 @@ class CheckpointManager:
         tmp.mkdir()
         if write is not None:
             write(tmp)
-        with (tmp / STATE_FILE).open("w", encoding="utf-8") as f:
-            json.dump(asdict(state), f)
-            f.flush()
-            os.fsync(f.fileno())
-        with (tmp / COMMIT_MARKER).open("w", encoding="utf-8") as f:
-            f.write(f"{state.step}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state)), encoding="utf-8")
+        seal(tmp, state.step, self.key_file)
         final = self.step_dir(state.step)
         if final.exists():
             trash = self.root / f".old-{final.name}-{os.getpid()}"
             os.replace(final, trash)
             os.replace(tmp, final)
+            fsync_path(self.root)
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_dir(self.root)
+        fsync_path(self.root)
+        fault_point("run_checkpoint.after_commit", state.step)
         self._prune()
         return final
 
-    def complete(self) -> list[Path]:
-        """Committed checkpoints, oldest first."""
+    def present(self) -> list[Path]:
+        """Every `step-<N>` directory under `root` (complete or not), oldest first."""
         if not self.root.is_dir():
             return []
         found = []
         for p in self.root.iterdir():
-            if p.is_dir() and p.name.startswith(_PREFIX) and (p / COMMIT_MARKER).is_file():
+            if p.is_dir() and p.name.startswith(_PREFIX):
                 try:
                     found.append((int(p.name[len(_PREFIX) :]), p))
                 except ValueError:
                     continue
         return [p for _s, p in sorted(found)]
 
-    def latest(self) -> Path | None:
-        done = self.complete()
-        return done[-1] if done else None
+    def complete(self) -> list[Path]:
+        """Committed checkpoints (marker present, not yet verified), oldest first."""
+        return [p for p in self.present() if (p / COMMIT_MARKER).is_file()]
 
-    @staticmethod
-    def load_state(ckpt_dir: str | os.PathLike[str]) -> RunState:
+    def verify(self, ckpt_dir: str | os.PathLike[str], *, hashes: bool = True) -> dict[str, str]:
+        """Raise `CheckpointError` naming the first problem of `ckpt_dir` (no marker, unsigned or
+        wrongly signed manifest, missing/truncated/corrupt/unlisted file); returns the verified
+        `{relative path: sha256}`. Reads no pickle."""
         path = Path(ckpt_dir)
+        if not path.is_dir():
+            raise CheckpointError(f"checkpoint {path} does not exist")
         if not (path / COMMIT_MARKER).is_file():
-            raise FileNotFoundError(
-                f"{path} is not a complete checkpoint (no {COMMIT_MARKER} marker); "
-                f"an interrupted save is never resumed from"
+            raise CheckpointError(
+                f"checkpoint {path} has no {COMMIT_MARKER} marker (interrupted save)"
             )
+        return verify_manifest(path, load_key(self.key_file), hashes=hashes, skip=(COMMIT_MARKER,))
+
+    def latest(self) -> Path | None:
+        """The newest checkpoint that verifies; newer ones that do not are logged and kept in
+        `self.skipped` with the reason."""
+        self.skipped = []
+        for path in reversed(self.present()):
+            try:
+                self.verify(path)
+            except CheckpointError as err:
+                self.skipped.append((path, str(err)))
+                log.warning("skipping checkpoint %s: %s", path.name, err)
+                continue
+            return path
+        return None
+
+    def load_state(self, ckpt_dir: str | os.PathLike[str]) -> RunState:
+        """The run state of a checkpoint whose signed manifest verifies (sizes; the file itself is
+        hashed as it is read)."""
+        path = Path(ckpt_dir)
+        files = self.verify(path, hashes=False)
         try:
-            data = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+            with open_verified(path, path / STATE_FILE, files) as f:
+                data = json.loads(f.read())
             return RunState(**data)
         except (OSError, json.JSONDecodeError, TypeError) as exc:
-            raise ValueError(f"{path / STATE_FILE}: unreadable run state: {exc}") from exc
+            raise CheckpointError(f"{path / STATE_FILE}: unreadable run state: {exc}") from exc
 
     def resolve(self, resume_from_checkpoint: bool | str | None) -> Path | None:
         """Map the config's `resume_from_checkpoint` (false / true = latest here / a path) to a
-        checkpoint dir, or None to start fresh."""
+        verified checkpoint dir, or None to start fresh. `true` starts fresh only when `root`
+        holds no `step-<N>` directory at all; checkpoints that are all invalid are an error naming
+        each and why."""
         if resume_from_checkpoint in (None, False, "", "false", "False"):
             return None
         if resume_from_checkpoint is True or resume_from_checkpoint in ("true", "True", "latest"):
-            return self.latest()
+            return self._latest_or_raise(self, allow_empty=True)
         path = Path(str(resume_from_checkpoint))
-        if (path / COMMIT_MARKER).is_file():
+        if path.name.startswith(_PREFIX) or (path / COMMIT_MARKER).exists():
+            self.verify(path)
             return path
-        latest = CheckpointManager(path, keep_last=None).latest()
-        if latest is None:
-            raise FileNotFoundError(
-                f"resume_from_checkpoint={resume_from_checkpoint!r}: no complete checkpoint there"
-            )
-        return latest
+        other = CheckpointManager(path, keep_last=None, key_file=self.key_file)
+        return self._latest_or_raise(other, allow_empty=False)
+
+    @staticmethod
+    def _latest_or_raise(mgr: CheckpointManager, *, allow_empty: bool) -> Path | None:
+        found = mgr.latest()
+        if found is not None or (allow_empty and not mgr.present()):
+            return found
+        reasons = "; ".join(f"{p.name}: {why}" for p, why in mgr.skipped)
+        raise CheckpointError(
+            f"resume_from_checkpoint: no valid checkpoint under {mgr.root}"
+            + (f" ({reasons})" if reasons else " (none there)")
+        )
 
     def cleanup(self) -> None:
         """Remove leftovers of interrupted saves."""

@@ -91,6 +91,7 @@ class CheckpointSettings:
     directory: str
     keep_last: int | None
     resume: bool | str
+    key_file: str | None  # signs/verifies manifests; None: rl_train.signing.default_key_file()
 
 
 @dataclass(frozen=True)
@@ -461,6 +462,7 @@ def compose(
             directory=ckpt,
             keep_last=cfg.max_ckpt_to_keep or None,
             resume=cfg.resume_from_checkpoint,
+            key_file=cfg.checkpoint_config.key_file,
         ),
         tracker=TrackerSettings(
             track_with=cfg.track_with, log_dir=cfg.logging_dir, kwargs=dict(cfg.tracker_kwargs)

@@ -148,7 +148,11 @@ class Runner:
         c = self.components
         resume, state = None, None
         if c.role("actor_train") is not None:
-            self.ckpt = CheckpointManager(c.checkpoint.directory, keep_last=c.checkpoint.keep_last)
+            self.ckpt = CheckpointManager(
+                c.checkpoint.directory,
+                keep_last=c.checkpoint.keep_last,
+                key_file=c.checkpoint.key_file,
+            )
             self.ckpt.cleanup()
             resume = self.ckpt.resolve(c.checkpoint.resume)
             if resume is not None:
@@ -216,7 +220,9 @@ class Runner:
 
         def write(d: Path) -> None:
             for role in self._optimizer_roles():
-                ctx.cluster[role].call_all("save_checkpoint", str(d / role), ctx.step)
+                ctx.cluster[role].call_all(
+                    "save_checkpoint", str(d / role), ctx.step, key_file=self.ckpt.key_file
+                )
 
         recipe_state = self.recipe.state() if hasattr(self.recipe, "state") else {}
         state = RunState(
@@ -230,9 +236,11 @@ class Runner:
 
     def restore(self, path: Path, state: RunState) -> None:
         ctx = self.ctx
-        assert ctx is not None
+        assert ctx is not None and self.ckpt is not None
         for role in self._optimizer_roles():
-            ctx.cluster[role].call_all("load_checkpoint", str(path / role))
+            ctx.cluster[role].call_all(
+                "load_checkpoint", str(path / role), key_file=self.ckpt.key_file
+            )
         ctx.step, ctx.weight_version = state.step, state.weight_version
         restore_rng(state.rng)
         if hasattr(self.recipe, "load_state"):

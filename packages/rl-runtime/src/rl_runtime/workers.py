@@ -17,10 +17,19 @@ import torch
 
 
 def _init_process(dist_env: Mapping[str, str], threads: int, seed: int) -> None:
+    """Environment, threads and every global RNG stream of a worker process (torch, python,
+    numpy): unseeded, python's and numpy's would start from OS entropy in each process, so a run
+    could not be repeated nor a resumed worker match an uninterrupted one."""
+    import random
+
+    import numpy as np
+
     os.environ.update({k: str(v) for k, v in dist_env.items()})
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(max(1, threads))
     torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
 
 
 class TrainWorker:
@@ -143,11 +152,13 @@ class TrainWorker:
         sender = WeightSender(self._sync_group, bucket_bytes=bucket_bytes)
         return _sync_metrics(send_from_backend(sender, self.backend, version))
 
-    def save_checkpoint(self, root: str, step: int, extra: dict | None = None) -> str:
-        return str(self.backend.save_checkpoint(root, step, extra or {}))
+    def save_checkpoint(
+        self, root: str, step: int, extra: dict | None = None, key_file: str | None = None
+    ) -> str:
+        return str(self.backend.save_checkpoint(root, step, extra or {}, key_file=key_file))
 
-    def load_checkpoint(self, root: str) -> tuple[int, dict]:
-        step, extra = self.backend.load_checkpoint(root)
+    def load_checkpoint(self, root: str, key_file: str | None = None) -> tuple[int, dict]:
+        step, extra = self.backend.load_checkpoint(root, key_file=key_file)
         return int(step), dict(extra or {})
 
     def export_hf(self, out_dir: str) -> str:

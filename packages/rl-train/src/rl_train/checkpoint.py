@@ -1,9 +1,12 @@
-"""Atomic checkpoint directories: write into ``root/.tmp_step_<N>``, record a manifest (size and
-sha256 of every file), write the ``COMMITTED`` marker, then rename to ``root/step_<N>``.
+"""Atomic, signed checkpoint directories: write into ``root/.tmp_step_<N>``, fsync every file,
+write the manifest (size and sha256 of every file) signed with HMAC-SHA256 under a key kept outside
+the directory (:mod:`rl_train.signing`), then the ``COMMITTED`` marker (fsynced), then rename to
+``root/step_<N>``, fsync ``root``, and only then prune older checkpoints.
 
-A directory without the marker (a crash mid-save) is never picked. Loading verifies the manifest,
-names the first missing/truncated/corrupt file and falls back to the previous complete checkpoint.
-Every function here is collective-safe: rank 0 does the filesystem work, the others wait.
+A directory without the marker (a crash mid-save) is never picked. Loading verifies the signature
+and every file BEFORE anything in the directory is unpickled, names the first missing, truncated,
+corrupt, unlisted or unsigned file and falls back to the previous complete checkpoint. Every
+function here is collective-safe: rank 0 does the filesystem work, the others wait.
 """
 
 from __future__ import annotations
@@ -15,24 +18,36 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 from rl_train import dist as rdist
+from rl_train.durable import fsync_path, fsync_tree, write_durable
+from rl_train.faults import fault_point
+from rl_train.signing import CheckpointError, load_key, verify_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
 MARKER = "COMMITTED"
-MANIFEST = "MANIFEST.json"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is incomplete or corrupt; the message names the directory and the file."""
+__all__ = [
+    "MARKER",
+    "CheckpointError",
+    "LoadReport",
+    "begin",
+    "commit",
+    "committed_checkpoints",
+    "latest_checkpoint",
+    "load_newest_valid",
+    "open_verified",
+    "verify",
+]
 
 
 def step_dir_name(step: int) -> str:
@@ -52,61 +67,44 @@ def begin(root: str | Path, step: int) -> Path:
     return tmp
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def seal(tmp: Path, step: int, key_file: str | os.PathLike[str] | None) -> None:
+    """Make ``tmp`` a complete checkpoint in place: fsync every file and directory, write the
+    signed manifest, then the marker, each fsynced (single process; no rename)."""
+    key = load_key(key_file)
+    fsync_tree(tmp)
+    write_manifest(tmp, key, step=step, skip=(MARKER,))
+    fault_point("checkpoint.before_marker", step)
+    write_durable(tmp / MARKER, json.dumps({"step": step}).encode())
+    fsync_path(tmp)
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_manifest(ckpt: Path) -> dict[str, dict[str, Any]]:
-    files = {}
-    for path in sorted(p for p in ckpt.rglob("*") if p.is_file()):
-        rel = path.relative_to(ckpt).as_posix()
-        if rel in (MANIFEST, MARKER):
-            continue
-        files[rel] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-    (ckpt / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
-    return files
-
-
-def commit(root: str | Path, step: int, tmp: Path, *, keep_last: int | None = None) -> Path:
-    """Seal ``tmp`` as ``root/step_<N>`` (collective: call after every rank finished writing)."""
+def commit(
+    root: str | Path,
+    step: int,
+    tmp: Path,
+    *,
+    keep_last: int | None = None,
+    key_file: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Seal ``tmp`` as ``root/step_<N>`` (collective: call after every rank finished writing).
+    Older checkpoints beyond ``keep_last`` are removed only once the new one is durable."""
     root = Path(root)
     final = root / step_dir_name(step)
     rdist.barrier()
     if rdist.rank() == 0:
-        write_manifest(tmp)
-        marker = tmp / MARKER
-        with open(marker, "w") as f:
-            f.write(json.dumps({"step": step}))
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        seal(tmp, step, key_file)
         if final.exists():  # re-saving a step: move the old one aside, then drop it
             old = root / f".old_{final.name}"
             if old.exists():
                 shutil.rmtree(old)
             os.replace(final, old)
             os.replace(tmp, final)
+            fsync_path(root)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_path(root)
+        fault_point("checkpoint.after_commit", step)
         if keep_last:
             for stale in committed_checkpoints(root)[keep_last:]:
                 shutil.rmtree(stale, ignore_errors=True)
@@ -115,7 +113,7 @@ def commit(root: str | Path, step: int, tmp: Path, *, keep_last: int | None = No
 
 
 def committed_checkpoints(root: str | Path) -> list[Path]:
-    """Committed ``step_<N>`` directories under ``root``, newest step first."""
+    """Committed ``step_<N>`` directories under ``root``, newest step first (not yet verified)."""
     root = Path(root)
     if not root.is_dir():
         return []
@@ -127,50 +125,55 @@ def committed_checkpoints(root: str | Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    found = committed_checkpoints(root)
-    return found[0] if found else None
+def latest_checkpoint(
+    root: str | Path, *, key_file: str | os.PathLike[str] | None = None
+) -> Path | None:
+    """The newest committed checkpoint under ``root`` that :func:`verify` accepts (others are
+    logged, naming the problem), or None."""
+    for cand in committed_checkpoints(root):
+        try:
+            verify(cand, key_file=key_file)
+        except CheckpointError as err:
+            log.warning("skipping checkpoint: %s", err)
+            continue
+        return cand
+    return None
 
 
-def verify(ckpt: str | Path, *, hashes: bool = True) -> None:
-    """Raise :class:`CheckpointError` naming the first problem of checkpoint directory ``ckpt``."""
+def verify(
+    ckpt: str | Path, *, hashes: bool = True, key_file: str | os.PathLike[str] | None = None
+) -> dict[str, str]:
+    """Raise :class:`CheckpointError` naming the first problem of checkpoint directory ``ckpt``
+    (no marker, unsigned or wrongly signed manifest, a missing/truncated/corrupt/unlisted file);
+    returns ``{relative path: sha256}`` of its files."""
     ckpt = Path(ckpt)
     if not ckpt.is_dir():
         raise CheckpointError(f"checkpoint {ckpt} does not exist")
     if not (ckpt / MARKER).is_file():
         raise CheckpointError(f"checkpoint {ckpt} has no {MARKER} marker (incomplete save)")
-    manifest_path = ckpt / MANIFEST
-    try:
-        files = json.loads(manifest_path.read_text())["files"]
-    except (OSError, ValueError, KeyError) as err:
-        raise CheckpointError(f"checkpoint {ckpt}: unreadable {MANIFEST}: {err}") from None
-    for rel, meta in files.items():
-        path = ckpt / rel
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint {ckpt}: missing file {rel}")
-        size = path.stat().st_size
-        if size != meta["bytes"]:
-            raise CheckpointError(
-                f"checkpoint {ckpt}: file {rel} has {size} bytes, manifest says {meta['bytes']} "
-                "(truncated or overwritten)"
-            )
-        if hashes and _sha256(path) != meta["sha256"]:
-            raise CheckpointError(f"checkpoint {ckpt}: file {rel} fails its sha256 check (corrupt)")
+    return verify_manifest(ckpt, load_key(key_file), hashes=hashes, skip=(MARKER,))
 
 
 @dataclass
 class LoadReport:
-    """Which checkpoint was loaded and which newer ones were rejected (path, reason)."""
+    """Which checkpoint was loaded, the sha256 of its verified files, and which newer ones were
+    rejected (path, reason)."""
 
     loaded: Path | None = None
     rejected: list[tuple[Path, str]] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
 
 
 def load_newest_valid(
-    root_or_ckpt: str | Path, load_fn: Callable[[Path], Any], *, hashes: bool = True
+    root_or_ckpt: str | Path,
+    load_fn: Callable[[Path, LoadReport], Any],
+    *,
+    hashes: bool = True,
+    key_file: str | os.PathLike[str] | None = None,
 ) -> tuple[Any, LoadReport]:
     """Verify candidates newest first (rank 0 decides, all ranks agree) and ``load_fn`` the first
-    complete one. ``root_or_ckpt`` is a root of ``step_<N>`` dirs or one checkpoint dir."""
+    complete one; ``report.files`` (every rank) holds the verified hashes, for
+    :func:`open_verified`. ``root_or_ckpt`` is a root of ``step_<N>`` dirs or one checkpoint dir."""
     target = Path(root_or_ckpt)
     candidates = (
         [target]
@@ -180,10 +183,11 @@ def load_newest_valid(
     report = LoadReport()
     chosen = -1
     reasons: list[str] = []
+    files: dict[str, str] = {}
     if rdist.rank() == 0:
         for i, cand in enumerate(candidates):
             try:
-                verify(cand, hashes=hashes)
+                files = verify(cand, hashes=hashes, key_file=key_file)
             except CheckpointError as err:
                 reasons.append(str(err))
                 log.warning("skipping checkpoint: %s", err)
@@ -193,19 +197,44 @@ def load_newest_valid(
     if rdist.is_dist() and rdist.world_size() > 1:
         import torch.distributed as dist
 
-        box: list[Any] = [chosen, reasons]
+        box: list[Any] = [chosen, reasons, files]
         dist.broadcast_object_list(box, src=0)
-        chosen, reasons = box[0], box[1]
+        chosen, reasons, files = box[0], box[1], box[2]
     report.rejected = [(candidates[i], r) for i, r in enumerate(reasons)]
     if chosen < 0:
         detail = "; ".join(reasons) if reasons else "no committed step_<N> directory"
         raise CheckpointError(f"no complete checkpoint under {target}: {detail}")
     report.loaded = candidates[chosen]
-    return load_fn(candidates[chosen]), report
+    report.files = files
+    return load_fn(candidates[chosen], report), report
+
+
+@contextmanager
+def open_verified(ckpt: Path, path: Path, files: dict[str, str]) -> Iterator[IO[bytes]]:
+    """Open ``path`` (inside checkpoint ``ckpt``), hash it through the open descriptor, and yield
+    it rewound only if the hash is the verified one: a file swapped after verification is never
+    read. ``files`` is :attr:`LoadReport.files`."""
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(ckpt))
+    expected = files.get(Path(rel).as_posix())
+    if expected is None:
+        raise CheckpointError(f"checkpoint {ckpt}: file {rel} is not in the verified manifest")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {ckpt}: cannot open file {rel}: {err}") from None
+    with os.fdopen(fd, "rb") as f:
+        h = hashlib.sha256()
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+        if h.hexdigest() != expected:
+            raise CheckpointError(f"checkpoint {ckpt}: file {rel} changed after verification")
+        f.seek(0)
+        yield f
 
 
 # -- RNG state of this rank ------------------------------------------------------------------------
 def capture_rng(device_kind: str | None = None) -> dict[str, Any]:
+    """torch (CPU), python, numpy (legacy global) and device RNG states of this process."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     try:
         import numpy as np
@@ -242,13 +271,14 @@ def save_rng(ckpt: Path, device_kind: str | None) -> None:
     torch.save(capture_rng(device_kind), ckpt / f"rng_rank{rdist.rank()}.pt")
 
 
-def load_rng(ckpt: Path, device_kind: str | None) -> None:
+def load_rng(ckpt: Path, device_kind: str | None, files: dict[str, str]) -> None:
     path = ckpt / f"rng_rank{rdist.rank()}.pt"
     if not path.is_file():
         raise CheckpointError(
             f"checkpoint {ckpt}: missing file {path.name} for rank {rdist.rank()}"
         )
-    restore_rng(torch.load(path, weights_only=True), device_kind)
+    with open_verified(ckpt, path, files) as f:
+        restore_rng(torch.load(f, weights_only=True), device_kind)
 
 
 def save_json(path: Path, data: dict[str, Any]) -> None:
@@ -256,8 +286,9 @@ def save_json(path: Path, data: dict[str, Any]) -> None:
         path.write_text(json.dumps(data, indent=1, sort_keys=True))
 
 
-def load_json(path: Path) -> dict[str, Any]:
+def load_json(path: Path, files: dict[str, str]) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        with open_verified(path.parent, path, files) as f:
+            return json.loads(f.read())
     except (OSError, ValueError) as err:
         raise CheckpointError(f"checkpoint {path.parent}: unreadable {path.name}: {err}") from None

@@ -18,6 +18,7 @@ from torch import nn
 from rl_train import batching
 from rl_train import dist as rdist
 from rl_train.args import ModelArgs, TrainingArgs
+from rl_train.faults import fault_point
 from rl_train.guard import NonFiniteGuard, any_rank_true, is_finite
 from rl_train.modeling import check_role, token_outputs
 from rl_train.types import Batch, ForwardOutput, LossContext, LossFn
@@ -239,6 +240,7 @@ class BackendCore:
                         for key, value in metrics.items():
                             step_sums[key] = step_sums.get(key, 0.0) + float(value)
                 grad_norm, was_skipped = self._finish_step(nonfinite)
+                fault_point("train.after_optimizer_step", self.global_step)
                 steps += 1
                 skipped += int(was_skipped)
                 if not was_skipped:

@@ -34,13 +34,22 @@ class TrainBackend(Protocol):
         ...
 
     def save_checkpoint(
-        self, root: str | Path, step: int, extra: dict[str, Any] | None = None
+        self,
+        root: str | Path,
+        step: int,
+        extra: dict[str, Any] | None = None,
+        *,
+        key_file: str | Path | None = None,
     ) -> Path:
-        """Atomically write a resumable checkpoint ``root/step_<step>``; returns its path."""
+        """Atomically write a resumable checkpoint ``root/step_<step>``, its manifest signed with
+        the key in ``key_file`` (default: :func:`rl_train.signing.default_key_file`)."""
         ...
 
-    def load_checkpoint(self, root: str | Path) -> tuple[int, dict[str, Any]]:
-        """Load the newest complete checkpoint under ``root`` (or a given one); ``(step, extra)``."""
+    def load_checkpoint(
+        self, root: str | Path, *, key_file: str | Path | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """Load the newest complete checkpoint under ``root`` (or a given one) whose signed
+        manifest verifies under ``key_file``; ``(step, extra)``."""
         ...
 
     def export_hf(self, out_dir: str | Path) -> Path:

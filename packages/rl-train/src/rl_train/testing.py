@@ -5,6 +5,8 @@ so it must live in an importable module)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,23 @@ import torch
 
 from rl_algos.aggregate import aggregate
 from rl_train.types import Batch, ForwardOutput, LossContext, LossResult
+
+
+@contextmanager
+def throwaway_checkpoint_key(directory: Path) -> Iterator[Path]:
+    """Point ``$RL_CHECKPOINT_KEY_FILE`` at a fresh key in ``directory`` (inherited by child
+    processes), so tests never sign with, or create, the user's key; restores the variable."""
+    from rl_train.signing import KEY_FILE_ENV
+
+    old = os.environ.get(KEY_FILE_ENV)
+    os.environ[KEY_FILE_ENV] = str(directory / "checkpoint.key")
+    try:
+        yield directory / "checkpoint.key"
+    finally:
+        if old is None:
+            os.environ.pop(KEY_FILE_ENV, None)
+        else:
+            os.environ[KEY_FILE_ENV] = old
 
 
 def make_batch(

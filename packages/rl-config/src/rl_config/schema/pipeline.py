@@ -19,6 +19,13 @@ class CheckpointConfig(StrictModel):
     output_dir: str | None = Field(
         default=None, description="Checkpoint directory; unset: <output_dir>/checkpoints."
     )
+    key_file: str | None = Field(
+        default=None,
+        description="File holding the secret that signs checkpoint manifests (HMAC-SHA256); "
+        "a checkpoint loads only if its signature verifies with it. Keep it outside the "
+        "checkpoint directory, mode 0600; created on first use. Unset: $RL_CHECKPOINT_KEY_FILE, "
+        "else ~/.config/rl-stack/checkpoint.key.",
+    )
 
 
 class PipelineFields(StrictModel):

@@ -214,23 +214,32 @@ class DeepSpeedBackend(BackendCore):
 
     # -- checkpoints (DeepSpeed's own format + our commit rule) ------------------------------------
     def save_checkpoint(
-        self, root: str | Path, step: int, extra: dict[str, Any] | None = None
+        self,
+        root: str | Path,
+        step: int,
+        extra: dict[str, Any] | None = None,
+        *,
+        key_file: str | Path | None = None,
     ) -> Path:
         if self.engine is None:
-            return dcp_io.save(self, root, step, extra)
+            return dcp_io.save(self, root, step, extra, key_file)
         tmp = ckpt.begin(root, step)
         self.engine.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
         ckpt.save_rng(tmp, self.device_kind)
         ckpt.save_json(tmp / "trainer_state.json", dcp_io.trainer_state(self, step, extra))
-        return ckpt.commit(root, step, tmp, keep_last=self.keep_last)
+        return ckpt.commit(root, step, tmp, keep_last=self.keep_last, key_file=key_file)
 
-    def load_checkpoint(self, root: str | Path) -> tuple[int, dict[str, Any]]:
+    def load_checkpoint(
+        self, root: str | Path, *, key_file: str | Path | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """DeepSpeed reads its files (pickles) itself: they are loaded only after rank 0 verified
+        the signed manifest and every hash."""
         if self.engine is None:
-            return dcp_io.load(self, root)
+            return dcp_io.load(self, root, key_file)
 
-        def _load(path: Path) -> tuple[int, dict[str, Any]]:
+        def _load(path: Path, report: ckpt.LoadReport) -> tuple[int, dict[str, Any]]:
             assert self.engine is not None
-            state = ckpt.load_json(path / "trainer_state.json")
+            state = ckpt.load_json(path / "trainer_state.json", report.files)
             loaded, _ = self.engine.load_checkpoint(
                 str(path / "deepspeed"),
                 tag="state",
@@ -241,10 +250,10 @@ class DeepSpeedBackend(BackendCore):
                 raise ckpt.CheckpointError(
                     f"checkpoint {path}: DeepSpeed could not load {path / 'deepspeed'}"
                 )
-            ckpt.load_rng(path, self.device_kind)
+            ckpt.load_rng(path, self.device_kind, report.files)
             return dcp_io.restore_trainer_state(self, state)
 
-        result, report = ckpt.load_newest_valid(root, _load)
+        result, report = ckpt.load_newest_valid(root, _load, key_file=key_file)
         self.last_load_report = report
         return result
 

@@ -178,12 +178,19 @@ class NativeBackend(BackendCore):
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(
-        self, root: str | Path, step: int, extra: dict[str, Any] | None = None
+        self,
+        root: str | Path,
+        step: int,
+        extra: dict[str, Any] | None = None,
+        *,
+        key_file: str | Path | None = None,
     ) -> Path:
-        return dcp_io.save(self, root, step, extra)
+        return dcp_io.save(self, root, step, extra, key_file)
 
-    def load_checkpoint(self, root: str | Path) -> tuple[int, dict[str, Any]]:
-        return dcp_io.load(self, root)
+    def load_checkpoint(
+        self, root: str | Path, *, key_file: str | Path | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        return dcp_io.load(self, root, key_file)
 
     # -- colocation -------------------------------------------------------------------------------
     def _move(self, device: torch.device) -> None:

@@ -1,0 +1,242 @@
+"""Signed manifests: how a checkpoint directory proves this project wrote it.
+
+A checkpoint holds pickles (DCP's ``.metadata``, DCP byte items, DeepSpeed's files) that execute
+code when loaded, and whoever can write the directory can also rewrite a plain manifest. So the
+manifest (size and sha256 of every file) is authenticated with HMAC-SHA256 under a secret key kept
+OUTSIDE the checkpoint directory, and nothing in a checkpoint is opened by a loader before
+:func:`verify_manifest` has checked the MAC, then every file's size and hash, and found no file
+the manifest does not list (and no symlink).
+
+The key file: ``key_file`` when given, else ``$RL_CHECKPOINT_KEY_FILE``, else
+``$XDG_CONFIG_HOME/rl-stack/checkpoint.key`` (``~/.config/rl-stack/checkpoint.key``). It is
+created on first use (32 random bytes, hex, mode 0600, in a 0700 directory) and must stay
+private: one that others can read or write is refused. Every host that loads a checkpoint needs
+the same key file (copy it, or point ``$RL_CHECKPOINT_KEY_FILE`` at a shared private path).
+
+Files: ``MANIFEST.json`` (``{"format": 1, "step": N, "files": {rel: {"bytes", "sha256"}}}``)
+and ``MANIFEST.hmac`` (``{"alg": "hmac-sha256", "key_id": ..., "mac": hex}``; ``key_id`` is a
+fingerprint that names the key in errors, not the key).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rl_train.durable import write_durable
+
+KEY_FILE_ENV = "RL_CHECKPOINT_KEY_FILE"
+MANIFEST = "MANIFEST.json"
+SIGNATURE = "MANIFEST.hmac"
+_ALG = "hmac-sha256"
+_KEY_BYTES = 32
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is incomplete, corrupt or not vouched for; the message names the file."""
+
+
+@dataclass(frozen=True)
+class CheckpointKey:
+    """The secret that signs manifests, and where it came from."""
+
+    path: Path
+    secret: bytes = b""
+
+    @property
+    def key_id(self) -> str:
+        return hashlib.sha256(b"rl-stack key id\0" + self.secret).hexdigest()[:16]
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"CheckpointKey(path={str(self.path)!r}, key_id={self.key_id!r})"
+
+
+def default_key_file() -> Path:
+    """``$RL_CHECKPOINT_KEY_FILE``, else ``$XDG_CONFIG_HOME/rl-stack/checkpoint.key``."""
+    if os.environ.get(KEY_FILE_ENV):
+        return Path(os.environ[KEY_FILE_ENV]).expanduser()
+    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config) / "rl-stack" / "checkpoint.key"
+
+
+def load_key(
+    key_file: str | os.PathLike[str] | None = None, *, create: bool = True
+) -> CheckpointKey:
+    """Read the signing key (creating it when missing and ``create``); refuses a key file that
+    is not a private regular file of this user."""
+    path = Path(key_file).expanduser() if key_file else default_key_file()
+    if create and not path.exists():
+        _create_key(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint key file {path} does not exist") from None
+    except OSError as err:
+        raise CheckpointError(f"checkpoint key file {path}: cannot open ({err})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(f"checkpoint key file {path} is not a regular file")
+        if info.st_mode & 0o077:
+            raise CheckpointError(
+                f"checkpoint key file {path} is accessible by others "
+                f"(mode {stat.S_IMODE(info.st_mode):04o}); run `chmod 600 {path}`"
+            )
+        if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+            raise CheckpointError(f"checkpoint key file {path} belongs to another user")
+        text = f.read().strip()
+    try:
+        secret = bytes.fromhex(text.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise CheckpointError(f"checkpoint key file {path}: not a hex key") from None
+    if len(secret) < _KEY_BYTES:
+        raise CheckpointError(
+            f"checkpoint key file {path}: key has {len(secret)} bytes, need {_KEY_BYTES}"
+        )
+    return CheckpointKey(path, secret)
+
+
+def _create_key(path: Path) -> None:
+    """Write the key to a private temporary file, then link it into place: a process racing us
+    (another rank, the critic's worker) sees either no key or the complete one."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(_KEY_BYTES) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        # another process created it first: use theirs
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def list_files(ckpt: Path) -> list[str]:
+    """Every file under ``ckpt`` as a relative posix path, sorted; a symlink is an error."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(ckpt, followlinks=False):
+        here = Path(dirpath)
+        for name in dirnames + filenames:
+            p = here / name
+            if p.is_symlink():
+                raise CheckpointError(
+                    f"checkpoint {ckpt}: {p.relative_to(ckpt).as_posix()} is a symlink"
+                )
+        out.extend((here / name).relative_to(ckpt).as_posix() for name in filenames)
+    return sorted(out)
+
+
+def _mac(key: CheckpointKey, payload: bytes) -> str:
+    return hmac.new(key.secret, payload, hashlib.sha256).hexdigest()
+
+
+def write_manifest(
+    ckpt: Path, key: CheckpointKey, *, step: int, skip: tuple[str, ...] = ()
+) -> dict[str, dict[str, Any]]:
+    """Hash every file under ``ckpt`` (but ``skip``), write and sign the manifest (fsynced)."""
+    ignored = {MANIFEST, SIGNATURE, *skip}
+    files = {
+        rel: {"bytes": (ckpt / rel).stat().st_size, "sha256": sha256_file(ckpt / rel)}
+        for rel in list_files(ckpt)
+        if rel not in ignored
+    }
+    payload = json.dumps({"format": 1, "step": step, "files": files}, indent=1).encode()
+    write_durable(ckpt / MANIFEST, payload)
+    sig = {"alg": _ALG, "key_id": key.key_id, "mac": _mac(key, payload)}
+    write_durable(ckpt / SIGNATURE, json.dumps(sig).encode())
+    return files
+
+
+def verify_manifest(
+    ckpt: Path, key: CheckpointKey, *, hashes: bool = True, skip: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """Check the MAC, then each file's size (and sha256 when ``hashes``), and that no file is
+    unlisted. Returns ``{relative path: sha256}``. Raises :class:`CheckpointError` naming the file.
+    Reads only the manifest, its signature and file bytes: nothing is unpickled."""
+    try:
+        payload = (ckpt / MANIFEST).read_bytes()
+    except OSError:
+        raise CheckpointError(f"checkpoint {ckpt}: missing file {MANIFEST}") from None
+    try:
+        sig = json.loads((ckpt / SIGNATURE).read_bytes())
+        mac, key_id = str(sig["mac"]), str(sig.get("key_id", "?"))
+    except OSError:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: missing file {SIGNATURE}: the checkpoint is not signed, so it "
+            "cannot be vouched for (written by an older version or by someone else)"
+        ) from None
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointError(f"checkpoint {ckpt}: unreadable {SIGNATURE}") from None
+    if not hmac.compare_digest(mac, _mac(key, payload)):
+        other = "" if key_id == key.key_id else f" (signed by key {key_id})"
+        raise CheckpointError(
+            f"checkpoint {ckpt}: {MANIFEST} fails its HMAC check under key {key.key_id} from "
+            f"{key.path}{other}: modified, or not written by a holder of this key"
+        )
+    files = json.loads(payload)["files"]
+    ignored = {MANIFEST, SIGNATURE, *skip}
+    present = list_files(ckpt)
+    unlisted = [rel for rel in present if rel not in files and rel not in ignored]
+    if unlisted:
+        raise CheckpointError(f"checkpoint {ckpt}: file {unlisted[0]} is not in {MANIFEST}")
+    for rel, meta in files.items():
+        path = ckpt / rel
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint {ckpt}: missing file {rel}")
+        size = path.stat().st_size
+        if size != meta["bytes"]:
+            raise CheckpointError(
+                f"checkpoint {ckpt}: file {rel} has {size} bytes, manifest says {meta['bytes']} "
+                "(truncated or overwritten)"
+            )
+        if hashes and sha256_file(path) != meta["sha256"]:
+            raise CheckpointError(f"checkpoint {ckpt}: file {rel} fails its sha256 check (corrupt)")
+    return {rel: str(meta["sha256"]) for rel, meta in files.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rl_train.signing trust DIR [--key-file F]``: sign an existing checkpoint you
+    trust (e.g. one written before checkpoints were signed) with this host's key."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m rl_train.signing")
+    parser.add_argument("command", choices=["trust", "verify"])
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--key-file", default=None)
+    parser.add_argument("--step", type=int, default=-1)
+    args = parser.parse_args(argv)
+    key = load_key(args.key_file)
+    if args.command == "trust":
+        write_manifest(args.checkpoint, key, step=args.step, skip=("COMMITTED",))
+        print(f"signed {args.checkpoint} with key {key.key_id} ({key.path})")
+        return 0
+    try:
+        verify_manifest(args.checkpoint, key, skip=("COMMITTED",))
+    except CheckpointError as err:
+        print(err)
+        return 1
+    print(f"{args.checkpoint}: verified with key {key.key_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
