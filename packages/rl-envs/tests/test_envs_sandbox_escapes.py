@@ -402,3 +402,27 @@ def test_without_namespaces_strict_pool_refuses_and_weak_mode_says_so():
     assert report["call_ok"], report
     assert report["checkpoint_after"] == "weights" and report["signals_received"] == []
     assert not report["left_in_tmp"] and not report["left_in_dev_shm"]
+
+
+def test_code_under_tmp_stays_importable_through_the_private_tmp(tmp_path, monkeypatch):
+    """A checkout or venv under /tmp (a CI clone) must not vanish behind the call's private /tmp:
+    the interpreter's import roots there are bound back read-only; other /tmp content is not."""
+    from rl_envs.sandbox import SandboxLimits, SandboxPool
+
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "tmp_resident_mod.py").write_text("VALUE = 41 + 1\n")
+    (tmp_path / "secret.txt").write_text("not for sandboxed code")
+    monkeypatch.setenv("PYTHONPATH", str(mods))
+    pool = SandboxPool(1, limits=SandboxLimits(timeout_s=20.0, allow_weak_isolation=True))
+    try:
+        if pool.isolation.get("mounts") != "private":
+            pytest.skip(f"no private mounts here: {pool.isolation}")
+        out = pool.run_python(
+            "import os, tmp_resident_mod\n"
+            f"print(tmp_resident_mod.VALUE, os.path.exists({str(tmp_path / 'secret.txt')!r}))"
+        )
+        assert out.ok, out.error
+        assert out.stdout.split() == ["42", "False"]
+    finally:
+        pool.close()

@@ -15,6 +15,7 @@ import ctypes
 import os
 import platform
 import signal
+import sys
 from typing import Any
 
 CLONE_NEWNS = 0x00020000
@@ -26,6 +27,7 @@ MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MS_NOEXEC = 0x8
 MS_REC = 0x4000
+MS_BIND = 0x1000
 MS_PRIVATE = 1 << 18
 AT_FDCWD = -100
 AT_RECURSIVE = 0x8000
@@ -108,11 +110,24 @@ def _mount(source: str, target: str, fstype: str, flags: int, data: str = "") ->
     _check(result, f"mount {fstype} on {target}")
 
 
-def _read_only_tree() -> None:
+def _read_only_tree(path: str = "/") -> None:
     attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY)
-    result = _libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr),
-                           ctypes.sizeof(attr))  # fmt: skip
-    _check(result, "mount_setattr(/, read-only)")
+    result = _libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path.encode(), AT_RECURSIVE,
+                           ctypes.byref(attr), ctypes.sizeof(attr))  # fmt: skip
+    _check(result, f"mount_setattr({path}, read-only)")
+
+
+def import_roots_under(tmp: str = "/tmp") -> list[str]:
+    """Directories Python runs and imports from that lie under ``tmp`` (a venv or a checkout
+    cloned there, e.g. a CI clone in /tmp): outermost first, ``tmp`` itself excluded. They stay
+    visible, read-only, through the call's private ``tmp``; nothing else of the host's does."""
+    real = {os.path.realpath(p) for p in (sys.prefix, sys.exec_prefix, *sys.path) if p}
+    under = sorted(p for p in real if p.startswith(tmp + os.sep) and os.path.isdir(p))
+    roots: list[str] = []
+    for path in under:
+        if not any(path.startswith(root + os.sep) for root in roots):
+            roots.append(path)
+    return roots
 
 
 def private_mounts(tmp_bytes: int, owner_uid: int, owner_gid: int) -> dict[str, Any]:
@@ -121,8 +136,14 @@ def private_mounts(tmp_bytes: int, owner_uid: int, owner_gid: int) -> dict[str, 
     _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
     _read_only_tree()
     size_kb = max(tmp_bytes // 1024, 64)
+    keep = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in import_roots_under()]
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
            f"size={size_kb}k,mode=0700,uid={owner_uid},gid={owner_gid}")  # fmt: skip
+    for path, fd in keep:  # the interpreter's own files under /tmp, read-only
+        os.makedirs(path, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, "", MS_BIND | MS_REC)
+        _read_only_tree(path)
+        os.close(fd)
     if os.path.isdir("/dev/shm"):
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
                "size=4k,mode=0555")  # fmt: skip
