@@ -335,64 +335,18 @@ def _cuda_worker(rank: int, spec: dict) -> None:
     _time_steps(lambda b: backend.train_step(b, nll_loss), batches, spec)
 
 
+_ZERO2, _ZERO3 = {"zero_optimization": {"stage": 2}}, {"zero_optimization": {"stage": 3}}
 CUDA_CONFIGS: list[dict[str, Any]] = [
-    # name, strategy, strategy config, attention, packed, activation checkpointing
-    dict(
-        name="baseline: HF + AdamW loop, padded, sdpa",
-        strategy="baseline",
-        cfg={},
-        attn="sdpa",
-        packed=False,
-        gc=False,
-    ),
-    dict(
-        name="fsdp2, padded, sdpa",
-        strategy="fsdp2_train",
-        cfg={},
-        attn="sdpa",
-        packed=False,
-        gc=False,
-    ),
-    dict(
-        name="fsdp2, packed, sdpa (block mask)",
-        strategy="fsdp2_train",
-        cfg={},
-        attn="sdpa",
-        packed=True,
-        gc=False,
-    ),
-    dict(
-        name="fsdp2, packed, varlen",
-        strategy="fsdp2_train",
-        cfg={},
-        attn="varlen",
-        packed=True,
-        gc=False,
-    ),
-    dict(
-        name="fsdp2, packed, varlen, act. ckpt",
-        strategy="fsdp2_train",
-        cfg={},
-        attn="varlen",
-        packed=True,
-        gc=True,
-    ),
-    dict(
-        name="deepspeed zero2, packed, varlen",
-        strategy="deepspeed_train",
-        cfg={"zero_optimization": {"stage": 2}},
-        attn="varlen",
-        packed=True,
-        gc=False,
-    ),
-    dict(
-        name="deepspeed zero3, packed, varlen",
-        strategy="deepspeed_train",
-        cfg={"zero_optimization": {"stage": 3}},
-        attn="varlen",
-        packed=True,
-        gc=False,
-    ),
+    dict(name=name, strategy=strategy, cfg=cfg, attn=attn, packed=packed, gc=gc)
+    for name, strategy, cfg, attn, packed, gc in (
+        ("baseline: HF + AdamW loop, padded, sdpa", "baseline", {}, "sdpa", False, False),
+        ("fsdp2, padded, sdpa", "fsdp2_train", {}, "sdpa", False, False),
+        ("fsdp2, packed, sdpa (block mask)", "fsdp2_train", {}, "sdpa", True, False),
+        ("fsdp2, packed, varlen", "fsdp2_train", {}, "varlen", True, False),
+        ("fsdp2, packed, varlen, act. ckpt", "fsdp2_train", {}, "varlen", True, True),
+        ("deepspeed zero2, packed, varlen", "deepspeed_train", _ZERO2, "varlen", True, False),
+        ("deepspeed zero3, packed, varlen", "deepspeed_train", _ZERO3, "varlen", True, False),
+    )
 ]
 
 
