@@ -147,3 +147,23 @@ def test_bad_override_names_the_key():
     )
     assert proc.returncode == 1
     assert "learning_rat" in proc.stderr and "learning_rate" in proc.stderr
+
+
+def test_missing_optional_package_fails_before_anything_starts(tmp_path):
+    """track_with: wandb without wandb installed: a config error naming the key and the install
+    command, before Ray, the tracker or any worker starts (it used to fail 30 s in, in Ray)."""
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    proc = subprocess.run(
+        [sys.executable, str(APP), "track_with=wandb", f"output_dir={tmp_path / 'out'}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "track_with" in proc.stderr and "install it with" in proc.stderr
+    assert not (tmp_path / "out" / "checkpoints").exists()
+    assert "ray" not in proc.stdout.lower()

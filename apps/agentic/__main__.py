@@ -118,7 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         stdout_keys=STDOUT_KEYS,
     )
     recipe = RolloutOnlyRecipe(cfg.output_dir) if rollout_only else AgenticRecipe(app, path)
-    result = Runner(cfg, components, recipe, options).run()
+    try:
+        result = Runner(cfg, components, recipe, options).run()
+    except ConfigError as exc:  # e.g. an optional package the config needs is missing
+        print(f"config error: {exc}", file=sys.stderr)
+        return 1
     rows = {
         "before RL": summary_row(result.eval_before),
         "after RL": summary_row(result.eval_after),

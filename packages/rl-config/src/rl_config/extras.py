@@ -73,8 +73,8 @@ def required_extras(cfg: ExperimentConfig) -> list[Extra]:
                     f"{role}.model_args.attn_implementation",
                     "flash_attn",
                     _FLASH_ATTN,
-                    f"attn_implementation {attn} on CUDA (on CPU/NPU, or without flash-attn, the "
-                    "runtime uses sdpa)",
+                    f"attn_implementation {attn} on CUDA (without flash-attn the runtime uses "
+                    "PyTorch's varlen flash kernel on CUDA, sdpa on CPU/NPU)",
                     required=False,
                 )
             )

@@ -127,6 +127,20 @@ def engine_weight_diff(cluster: Any) -> float:
     return max(diffs) if diffs else 0.0
 
 
+def check_optional_packages(cfg: Any) -> list[str]:
+    """Before anything starts: a ``ConfigError`` naming each optional package the config needs
+    that is not installed (key, reason and the install command); returns the descriptions of
+    missing packages the run can do without (warnings)."""
+    from rl_config.errors import ConfigError, ConfigIssue
+    from rl_config.extras import missing_extras
+
+    missing = missing_extras(cfg)
+    required = [ConfigIssue(e.key, e.describe()) for e in missing if e.required]
+    if required:
+        raise ConfigError(required)
+    return [e.describe() for e in missing]
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -162,7 +176,7 @@ class Runner:
                     f"(weight version {state.weight_version})",
                     flush=True,
                 )
-        for line in (*self.cfg.config_warnings(), *c.warnings):
+        for line in (*self.cfg.config_warnings(), *c.warnings, *check_optional_packages(self.cfg)):
             print(f"warning: {line}", flush=True)
         from rl_config.redact import dump_resolved
 
