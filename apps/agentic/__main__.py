@@ -28,34 +28,6 @@ def load(config: Path, overrides: list[str]):
     return cfg, AppOptions.from_mapping(section)
 
 
-def components_of(cfg, rollout_only: bool = False):
-    import importlib.util
-
-    from rl_runtime.compose import compose
-    from rl_sync.device import detect_device_kind
-
-    flash = importlib.util.find_spec("flash_attn") is not None
-    return compose(
-        cfg, device_kind=detect_device_kind(), flash_attn_available=flash, rollout_only=rollout_only
-    )
-
-
-def dry_run(components) -> str:
-    from rl_runtime.compose import describe
-    from rl_runtime.placement import plan_placement
-    from rl_sync.device import detect_device_kind, ray_resource_name
-
-    kind = detect_device_kind()
-    plan = plan_placement(
-        {r.role: list(r.device_mapping) for r in components.roles},
-        num_devices=components.cluster.num_devices,
-        device_kind=kind,
-        resource_name=ray_resource_name(kind),
-        devices_per_worker={r.role: r.devices_per_worker for r in components.roles},
-    )
-    return plan.describe() + "\n" + describe(components)
-
-
 def model_path(cfg, app) -> str:
     """The policy model: `pretrain`, built first when agentic_app.build_tiny_model is set."""
     from rl_runtime.compose import resolve_local
@@ -83,12 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
+    from rl_runtime.pipeline import compose_here, plan_text
 
     try:
         args = parse_app_args(argv, flags=FLAGS, default_config=DEFAULT_CONFIG, prog="apps/agentic")
         rollout_only = "rollout_only" in args.flags
         cfg, app = load(args.config, args.overrides)
-        components = components_of(cfg, rollout_only)
+        components = compose_here(cfg, rollout_only=rollout_only)
     except (ConfigError, ValueError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
@@ -97,13 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     if "dry_run" in args.flags:
         for line in (*cfg.config_warnings(), *components.warnings):
             print(f"warning: {line}")
-        print(dry_run(components))
+        print(plan_text(components))
         return 0
     from agentic_pipeline import STDOUT_KEYS, AgenticRecipe, RolloutOnlyRecipe, summary_row
-    from rich.console import Console
 
-    from rl_runtime.pipeline import Runner, RunOptions
-    from rl_runtime.timing import summary_table
+    from rl_runtime.pipeline import Runner, RunOptions, print_result
 
     path = model_path(cfg, app)
     options = RunOptions(
@@ -123,19 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # e.g. an optional package the config needs is missing
         print(f"config error: {exc}", file=sys.stderr)
         return 1
-    rows = {
-        "before RL": summary_row(result.eval_before),
-        "after RL": summary_row(result.eval_after),
-    }
-    rows = {k: v for k, v in rows.items() if v}
-    console = Console()
-    if rows:
-        title = "validation (success_rate: sampled like training; greedy/success_rate: greedy)"
-        console.print(summary_table(title, rows))
-    console.print(
-        f"steps={result.step} weight_version={result.weight_version} "
-        f"wall={result.wall_seconds:.0f}s curves={result.curves} hf_model={result.hf_model}"
-    )
+    title = "validation (success_rate: sampled like training; greedy/success_rate: greedy)"
+    print_result(result, title, summary_row)
     return 0
 
 

@@ -127,6 +127,55 @@ def engine_weight_diff(cluster: Any) -> float:
     return max(diffs) if diffs else 0.0
 
 
+def compose_here(cfg: Any, *, rollout_only: bool = False) -> Components:
+    """`compose(cfg)` for this machine: its device kind and whether flash-attn imports."""
+    import importlib.util
+
+    from rl_runtime.compose import compose
+    from rl_sync.device import detect_device_kind
+
+    return compose(
+        cfg,
+        device_kind=detect_device_kind(),
+        flash_attn_available=importlib.util.find_spec("flash_attn") is not None,
+        rollout_only=rollout_only,
+    )
+
+
+def plan_text(components: Components) -> str:
+    """What `--dry-run` prints: the device placement of every role, then the components."""
+    from rl_runtime.compose import describe
+    from rl_runtime.placement import plan_placement
+    from rl_sync.device import detect_device_kind, ray_resource_name
+
+    kind = detect_device_kind()
+    plan = plan_placement(
+        {r.role: list(r.device_mapping) for r in components.roles},
+        num_devices=components.cluster.num_devices,
+        device_kind=kind,
+        resource_name=ray_resource_name(kind),
+        devices_per_worker={r.role: r.devices_per_worker for r in components.roles},
+    )
+    return plan.describe() + "\n" + describe(components)
+
+
+def print_result(result: RunResult, title: str, row: Any) -> None:
+    """The before/after evaluation table (`row(metrics) -> columns`) and the run's result line."""
+    from rich.console import Console
+
+    from rl_runtime.timing import summary_table
+
+    rows = {"before RL": row(result.eval_before), "after RL": row(result.eval_after)}
+    rows = {k: v for k, v in rows.items() if v}
+    console = Console()
+    if rows:
+        console.print(summary_table(title, rows))
+    console.print(
+        f"steps={result.step} weight_version={result.weight_version} "
+        f"wall={result.wall_seconds:.0f}s curves={result.curves} hf_model={result.hf_model}"
+    )
+
+
 def check_optional_packages(cfg: Any) -> list[str]:
     """Before anything starts: a ``ConfigError`` naming each optional package the config needs
     that is not installed (key, reason and the install command); returns the descriptions of

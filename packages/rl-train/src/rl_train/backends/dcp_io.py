@@ -1,7 +1,7 @@
 """Resumable checkpoints with torch.distributed.checkpoint (DCP) for plain and FSDP2 modules:
 model + optimizer (sharded per rank), scheduler, step, guard counters and every rank's RNG.
 
-DCP's ``.metadata`` is a pickle and its byte items go through ``torch.load(weights_only=False)``,
+DCP's ``.metadata`` is a pickle and it reads byte items with an unrestricted ``torch.load``,
 so a load reads only files whose hashes rank 0 verified against the signed manifest, each hashed
 again through the descriptor DCP then reads (:class:`_VerifiedFileSystem`).
 """
