@@ -1,0 +1,137 @@
+"""The record `compose` returns: typed plans of every part of a run (frozen, printable)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from rl_config.records import SamplingParams
+from rl_runtime.advantages import AdvantageConfig, KLControlConfig
+from rl_train.args import ModelArgs, TrainingArgs
+from rl_train.losses import ActorLossConfig, CriticLossConfig
+
+BACKEND_ROLE = {"actor_train": "actor", "critic": "critic", "reference": "reference"}
+"""Training roles -> the rl-train backend role they run."""
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """One role: devices, backend, model and (training roles) optimiser, model args and loss."""
+
+    role: str
+    device_mapping: tuple[int, ...]
+    devices_per_worker: int
+    strategy_name: str
+    strategy_config: dict[str, Any]
+    model_path: str | None
+    dtype: str
+    training_args: TrainingArgs | None = None
+    model_args: ModelArgs | None = None
+    loss: ActorLossConfig | CriticLossConfig | None = None
+
+    @property
+    def trains(self) -> bool:
+        return self.role in BACKEND_ROLE
+
+
+@dataclass(frozen=True)
+class EnvManagerPlan:
+    """Which envs a split plays: tags, groups x group_size, episodes per step (train)."""
+
+    tags: tuple[str, ...]
+    num_env_groups: int
+    group_size: int
+    num_groups_partition: tuple[int, ...] | None
+    num_episodes: int | None
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """One env definition by tag: registry type and constructor options."""
+
+    env_type: str
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AgentPlan:
+    """AgentLoop options of the rollout workers."""
+
+    max_tokens_per_step: int
+    max_running_requests: int
+    max_sequence_length: int
+
+
+@dataclass(frozen=True)
+class Cadence:
+    max_steps: int
+    logging_steps: int
+    eval_steps: int
+    save_steps: int
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    directory: str
+    keep_last: int | None
+    resume: bool | str
+    key_file: str | None  # signs/verifies manifests; None: rl_train.signing.default_key_file()
+
+
+@dataclass(frozen=True)
+class TrackerSettings:
+    track_with: str
+    log_dir: str
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    num_devices: int
+    rpc_timeout: float
+    system_envs: dict[str, str]
+    sync_bucket_bytes: int
+
+
+@dataclass(frozen=True)
+class Components:
+    """Everything a run is built from (see module docstring); `--dry-run` prints it."""
+
+    exp_name: str
+    seed: int
+    output_dir: str
+    render_dir: str | None
+    pretrain: str | None
+    roles: tuple[RolePlan, ...]
+    advantage: AdvantageConfig
+    kl: KLControlConfig
+    base_sampling: SamplingParams
+    train_envs: EnvManagerPlan | None
+    val_envs: EnvManagerPlan | None
+    env_specs: dict[str, EnvSpec]
+    agent: AgentPlan
+    sequence_length: int
+    cadence: Cadence
+    checkpoint: CheckpointSettings
+    tracker: TrackerSettings
+    cluster: ClusterSettings
+    sizes: dict[str, int]
+    max_failed_fraction: float = 0.5
+    """Stop training when a batch has a larger share of failed episodes (rl_runtime.failures)."""
+    sandbox_allow_weak_isolation: bool = False
+    """Let untrusted reward/tool code run without network namespaces (rl-envs sandbox)."""
+    warnings: tuple[str, ...] = field(default=())
+
+    def role(self, name: str) -> RolePlan | None:
+        return next((r for r in self.roles if r.role == name), None)
+
+    def sampling(self, split: str, epoch: int, greedy: bool = False) -> SamplingParams:
+        """Sampling of one rollout batch: the configured params (greedy when `greedy` or
+        `do_sample: false`), a seed from (seed, epoch, split)."""
+        seed = self.seed * 100_003 + epoch * 7 + (0 if split == "train" else 1)
+        params = msgspec.structs.replace(self.base_sampling, seed=seed)
+        if greedy:
+            params = msgspec.structs.replace(params, temperature=0.0, top_p=1.0, top_k=-1)
+        return params

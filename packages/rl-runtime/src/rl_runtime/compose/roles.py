@@ -1,0 +1,172 @@
+"""Roles: devices, backend, model args, optimiser schedule and loss per worker; `RoleSpec`s for the cluster."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from rl_runtime.compose.components import BACKEND_ROLE, Components, RolePlan
+from rl_runtime.compose.losses import build_actor_loss, build_critic_loss
+from rl_train.args import ModelArgs, TrainingArgs
+
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def attn_implementation(
+    requested: str | None,
+    key: str,
+    device_kind: str,
+    dtype: str,
+    flash_attn: bool,
+    warnings: list[str],
+) -> str | None:
+    """The attention kernel for this device and compute dtype, decided by rl-train's
+    `resolve_attn_implementation` (fa2 only where flash-attn imports on CUDA, else the varlen kernel
+    on CUDA or sdpa, with a warning naming `key`); unset: the backend's choice (`auto`)."""
+    import warnings as py_warnings
+
+    from rl_train.attention import resolve_attn_implementation
+
+    if requested is None:
+        return None
+    with py_warnings.catch_warnings(record=True) as caught:
+        py_warnings.simplefilter("always")
+        chosen = resolve_attn_implementation(
+            requested, device_kind, dtype, key=key, flash_attn=flash_attn
+        )
+    warnings.extend(str(w.message) for w in caught)
+    return chosen
+
+
+def optimizer_steps_per_step(samples: int, targs: Any, world_size: int, ppo_epochs: int) -> int:
+    per_step = targs.per_device_train_batch_size * targs.gradient_accumulation_steps * world_size
+    return max(1, math.ceil(samples / per_step)) * ppo_epochs
+
+
+def build_role(
+    cfg: Any, role: str, samples: int, device_kind: str, flash_attn: bool, warnings: list[str]
+) -> RolePlan:
+    w = getattr(cfg, role)
+    mapping = tuple(w.device_mapping or [0])
+    # training workers use one device each (rl_config's rules refuse anything else)
+    per_worker = 1 if role in ("actor_train", "critic") else w.num_gpus_per_worker
+    sa = w.strategy_args
+    common = dict(
+        role=role,
+        device_mapping=mapping,
+        devices_per_worker=per_worker,
+        strategy_name=sa.strategy_name,
+        strategy_config=dict(sa.strategy_config or {}),
+        model_path=w.model_args.model_name_or_path,
+        dtype=DTYPE_NAMES[w.model_args.dtype],
+    )
+    if role == "actor_infer":
+        return RolePlan(**common)  # type: ignore[arg-type]
+    attn = attn_implementation(
+        w.model_args.attn_implementation,
+        f"{role}.model_args.attn_implementation",
+        device_kind,
+        w.model_args.dtype,
+        flash_attn,
+        warnings,
+    )
+    model_args = ModelArgs(
+        dtype=w.model_args.dtype,
+        attn_implementation=attn or "sdpa",
+        disable_gradient_checkpointing=(
+            True if role == "reference" else w.model_args.disable_gradient_checkpointing
+        ),
+    )
+    world = max(1, len(mapping) // per_worker)
+    t = w.training_args
+    training = None
+    if role != "reference":
+        kwargs = dict(t.lr_scheduler_kwargs or {})
+        min_lr_ratio = float(kwargs.pop("min_lr_rate", 0.0))
+        if "min_lr" in kwargs:
+            min_lr_ratio = float(kwargs.pop("min_lr")) / t.learning_rate
+        if kwargs:
+            raise ValueError(
+                f"{role}.training_args.lr_scheduler_kwargs: unsupported {sorted(kwargs)} "
+                "(known: min_lr_rate, min_lr)"
+            )
+        steps = optimizer_steps_per_step(samples, t, world, cfg.ppo_epochs)
+        training = TrainingArgs(
+            learning_rate=t.learning_rate,
+            weight_decay=t.weight_decay,
+            adam_beta1=t.adam_beta1,
+            adam_beta2=t.adam_beta2,
+            adam_epsilon=t.adam_epsilon,
+            lr_scheduler_type=t.lr_scheduler_type,
+            warmup_steps=t.warmup_steps,
+            warmup_ratio=t.warmup_ratio,
+            min_lr_ratio=min_lr_ratio,
+            max_steps=steps * cfg.max_steps,
+            max_grad_norm=cfg.max_grad_norm,
+            per_device_train_batch_size=t.per_device_train_batch_size,
+            gradient_accumulation_steps=t.gradient_accumulation_steps,
+            ppo_epochs=cfg.ppo_epochs,
+            use_dynamic_batching=w.use_dynamic_batching_in_train,
+            max_tokens_per_microbatch=w.max_tokens_per_microbatch_in_train or 4096,
+            seed=cfg.seed,
+            infer_batch_size=w.infer_batch_size,
+        )
+    else:
+        training = TrainingArgs(seed=cfg.seed, infer_batch_size=w.infer_batch_size)
+    loss = None
+    if role == "actor_train":
+        loss = build_actor_loss(cfg)
+    elif role == "critic":
+        loss = build_critic_loss(cfg)
+    return RolePlan(**common, training_args=training, model_args=model_args, loss=loss)  # type: ignore[arg-type]
+
+
+def role_specs(components: Components, model_path: str, agent_mode: str = "lockstep") -> list:
+    """`RoleSpec`s of the cluster, given the run's policy model path (runtime value)."""
+    from rl_runtime.cluster import RoleSpec
+    from rl_runtime.workers import RolloutWorker, TrainWorker
+
+    specs = []
+    for r in components.roles:
+        path = resolve_local(r.model_path or model_path)
+        if r.role == "actor_infer":
+            kwargs: dict[str, Any] = dict(
+                model_path=path,
+                strategy_name=r.strategy_name,
+                strategy_config=r.strategy_config,
+                dtype=r.dtype,
+                seed=components.seed,
+                env_configs={
+                    tag: {"env_type": s.env_type, "config": s.config}
+                    for tag, s in components.env_specs.items()
+                },
+                agent_kwargs=dict(
+                    max_tokens_per_step=components.agent.max_tokens_per_step,
+                    max_running_requests=components.agent.max_running_requests,
+                    max_sequence_length=components.agent.max_sequence_length,
+                    mode=agent_mode,
+                ),
+                sandbox_allow_weak_isolation=components.sandbox_allow_weak_isolation,
+            )
+            specs.append(
+                RoleSpec(r.role, RolloutWorker, r.device_mapping, kwargs, r.devices_per_worker)
+            )
+            continue
+        kwargs = dict(
+            role=BACKEND_ROLE[r.role],
+            model_path=path,
+            strategy_name=r.strategy_name,
+            strategy_config=r.strategy_config,
+            training_args=r.training_args,
+            model_args=r.model_args,
+            loss_config=r.loss,
+            seed=components.seed,
+        )
+        specs.append(RoleSpec(r.role, TrainWorker, r.device_mapping, kwargs, r.devices_per_worker))
+    return specs
+
+
+def resolve_local(path: str) -> str:
+    """An existing local path made absolute (Ray workers may run elsewhere); a hub id unchanged."""
+    return str(Path(path).resolve()) if Path(path).exists() else path
