@@ -138,12 +138,29 @@ AGENTIC_IGNORED: dict[str, str] = {
 }
 
 
-def declared(key: str) -> tuple[str, str] | None:
-    """``("unsupported" | "ignored", reason)`` for a dotted key, or None (consumed)."""
+PIPELINE_IGNORED: dict[str, dict[str, str]] = {"agentic": AGENTIC_IGNORED}
+"""Per pipeline kind: keys of other pipelines, a warning only in a config of that kind."""
+
+PIPELINE_CONSUMED: dict[str, tuple[str, ...]] = {}
+"""Per pipeline kind: key patterns that pipeline consumes although ``UNSUPPORTED`` or ``IGNORED``
+declare them for the others (e.g. RLVR's ``dynamic_sampling.*``)."""
+
+
+def declared(key: str, pipeline: str | None = None) -> tuple[str, str] | None:
+    """``("unsupported" | "ignored", reason)`` for a dotted key, or None (consumed); with a
+    ``pipeline`` kind, the keys that pipeline consumes are None and only its own
+    ``PIPELINE_IGNORED`` table applies (without one: every pipeline's table)."""
+    if pipeline is not None and declared_in(
+        key, dict.fromkeys(PIPELINE_CONSUMED.get(pipeline, ()))
+    ):
+        return None
+    others = (
+        [PIPELINE_IGNORED.get(pipeline, {})] if pipeline is not None else PIPELINE_IGNORED.values()
+    )
     for kind, table in (
         ("unsupported", UNSUPPORTED),
         ("ignored", IGNORED),
-        ("ignored", AGENTIC_IGNORED),
+        *(("ignored", t) for t in others),
     ):
         for pattern, reason in table.items():
             if fnmatchcase(key, pattern):
@@ -236,22 +253,34 @@ def _baseline_value(key: str) -> Any:
 _MISSING = object()
 
 
-def contract_issues(cfg: BaseModel) -> tuple[list[tuple[str, str]], list[str]]:
-    """``(errors as (key, message), warnings)`` for the declared keys set to a non-default value."""
+def _pipeline_specific(pattern: str) -> bool:
+    return any(declared_in(pattern, t) for t in PIPELINE_IGNORED.values())
+
+
+def pipeline_kind(cfg: BaseModel) -> str | None:
+    """The pipeline a config is for when it says so by its sections (env managers: agentic)."""
+    return "agentic" if getattr(cfg, "train_env_manager", None) is not None else None
+
+
+def contract_issues(
+    cfg: BaseModel, pipeline: str | None = None
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """``(errors as (key, message), warnings)`` for the declared keys set to a non-default value,
+    for the ``pipeline`` kind (default: `pipeline_kind(cfg)`; None: any pipeline's keys pass)."""
     if _BASELINE and _BASELINE[0] is None:
         return [], []
     errors: list[tuple[str, str]] = []
     warnings: list[str] = []
-    agentic = getattr(cfg, "train_env_manager", None) is not None
+    pipeline = pipeline or pipeline_kind(cfg)
     for key, pattern, value, default in _leaf_values(cfg):
-        found = declared(pattern) or declared(key)
+        found = declared(pattern, pipeline) or declared(key, pipeline)
         if found is None:
             continue
         base = _baseline_value(key)
         if value == (default if base is _MISSING else base) or (value == default):
             continue
         kind, reason = found
-        if kind == "ignored" and not agentic and declared_in(pattern, AGENTIC_IGNORED):
+        if kind == "ignored" and pipeline is None and _pipeline_specific(pattern):
             continue
         if kind == "unsupported":
             errors.append((key, f"{value!r} is not supported: {reason}"))

@@ -65,12 +65,14 @@ def compose(
     device_kind: str = "cpu",
     flash_attn_available: bool = False,
     rollout_only: bool = False,
+    pipeline: str | None = None,
 ) -> Components:
     """The components of `cfg` (a validated `ExperimentConfig`), for `device_kind`.
 
     Raises `ConfigError` naming every key set to a value rl_config.contract declares unsupported
-    (`cfg.__wrapped__`, when present, is the config behind a proxy)."""
-    refuse_unsupported(getattr(cfg, "__wrapped__", cfg))
+    for `pipeline` (the app's kind: agentic, rlvr, dpo; default: inferred from the config's
+    sections); `cfg.__wrapped__`, when present, is the config behind a proxy."""
+    refuse_unsupported(getattr(cfg, "__wrapped__", cfg), pipeline)
     warnings: list[str] = []
     samples = cfg.rollout_batch_size
     gen = cfg.actor_infer.generating_args
@@ -151,11 +153,11 @@ def compose(
     )
 
 
-def refuse_unsupported(cfg: Any) -> None:
+def refuse_unsupported(cfg: Any, pipeline: str | None = None) -> None:
     from rl_config.contract import contract_issues
     from rl_config.errors import ConfigError, ConfigIssue
 
-    errors, _ = contract_issues(cfg)
+    errors, _ = contract_issues(cfg, pipeline)
     if errors:
         raise ConfigError([ConfigIssue(key, message) for key, message in errors])
 
