@@ -30,9 +30,9 @@ HOSTILE = {
                      "    try:\n        print('x' * 100_000_000)\n    except OSError:\n        pass\n"
                      "    return 1.0\n", "output_too_large"),
     "returns_nan": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
-                    "    return float('nan')\n", "bad_result"),
+                    "    return float('nan')\n", "not_finite"),
     "returns_none": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
-                     "    return None\n", "bad_result"),
+                     "    return None\n", "none"),
     "returns_string": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
                        "    return '1.0'\n", "bad_result"),
     "huge_result": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 _REWARDS: dict[str, str] = {
     "default": "rl_envs.rewards.graders:default_compute_score",
+    "math_rule": "rl_envs.rewards.rules:math_rule_score",
+    "format": "rl_envs.rewards.rules:format_score",
+    "code_sandbox": "rl_envs.rewards.code_tests:code_sandbox_score",
 }
 _GRADERS: dict[str, str] = {
     "gsm8k": "rl_envs.rewards.graders:gsm8k_score",

@@ -11,8 +11,10 @@ fork and the JSON result to another: the worker never opens a path the call coul
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
+import inspect
 import json
 import os
 import resource
@@ -76,6 +78,8 @@ def _block_python_sockets() -> None:
     bypassed by ``socket.SocketType``, ctypes or any subprocess."""
     import socket
 
+    _LOOPS.append(asyncio.new_event_loop())  # its self-pipe needs socketpair
+
     def _refuse(*_args: Any, **_kwargs: Any) -> Any:
         raise PermissionError("network access is disabled in the sandbox")
 
@@ -85,12 +89,23 @@ def _block_python_sockets() -> None:
     socket.getaddrinfo = _refuse  # type: ignore[assignment]
 
 
+_LOOPS: list[asyncio.AbstractEventLoop] = []  # made before sockets are patched (weak mode)
+
+
+def _awaited(value: Any) -> Any:
+    """The result of an ``async def`` function: its coroutine run to completion here."""
+    if not inspect.iscoroutine(value):
+        return value
+    loop = _LOOPS[0] if _LOOPS else asyncio.new_event_loop()
+    return loop.run_until_complete(value)
+
+
 def _execute(task: dict[str, Any], target: Any, workdir: str) -> Any:
     args = task.get("args", [])
     kwargs = task.get("kwargs", {})
     kind = task["kind"]
     if kind == "call":
-        return target(*args, **kwargs)
+        return _awaited(target(*args, **kwargs))
     if kind == "source":
         path = os.path.join(workdir, task.get("filename") or "reward_fn.py")
         with open(path, "w") as handle:
@@ -99,7 +114,7 @@ def _execute(task: dict[str, Any], target: Any, workdir: str) -> Any:
         fn = namespace.get(task["function"])
         if not callable(fn):
             raise AttributeError(f"{task.get('filename')} defines no function {task['function']!r}")
-        return fn(*args, **kwargs)
+        return _awaited(fn(*args, **kwargs))
     if kind == "python":
         path = os.path.join(workdir, "main.py")
         with open(path, "w") as handle:

@@ -1,19 +1,54 @@
-"""Dataset-backed single-turn tasks (GSM8K/MATH), Countdown and the tool-use env."""
+"""Dataset-backed single-turn tasks (GSM8K/MATH), Countdown and the tool-use env.
+
+RLVR data: ``load_dataset``/``data_spec`` (files, ROLL column names, domains),
+``filter_overlong_prompts``, ``PromptSampler``/``EpochSampler`` (resumable, domain mixing),
+``convert`` (GSM8K/MATH rows to verl's parquet schema).
+"""
 
 from rl_envs.tasks.countdown import CountdownEnv, generate_countdown
-from rl_envs.tasks.data import LoadReport, RowError, TaskRow, load_rows, validate_records
+from rl_envs.tasks.data import (
+    LoadReport,
+    RowError,
+    RowKeys,
+    TaskRow,
+    load_rows,
+    validate_records,
+)
+from rl_envs.tasks.dataset import (
+    DataError,
+    Dataset,
+    DataSpec,
+    OverlongReport,
+    chat_token_counter,
+    data_spec,
+    filter_overlong_prompts,
+    load_dataset,
+)
+from rl_envs.tasks.sampler import EpochSampler, PromptSampler, domain_quotas
 from rl_envs.tasks.single_turn import SingleTurnEnv
 from rl_envs.tasks.tool_env import ToolEnv, generate_arithmetic_task
 
 __all__ = [
     "CountdownEnv",
+    "DataError",
+    "DataSpec",
+    "Dataset",
+    "EpochSampler",
     "LoadReport",
+    "OverlongReport",
+    "PromptSampler",
     "RowError",
+    "RowKeys",
     "SingleTurnEnv",
     "TaskRow",
     "ToolEnv",
+    "chat_token_counter",
+    "data_spec",
+    "domain_quotas",
+    "filter_overlong_prompts",
     "generate_arithmetic_task",
     "generate_countdown",
+    "load_dataset",
     "load_rows",
     "validate_records",
 ]

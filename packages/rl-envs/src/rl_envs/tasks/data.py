@@ -1,8 +1,14 @@
 """Rows of single-turn tasks from parquet or jsonl, validated row by row.
 
-Two schemas: verl's (``prompt`` = chat messages, ``data_source``, ``reward_model.ground_truth``,
-``extra_info``) and a plain one (``prompt`` string, ``answer``). A bad row is rejected with its row
-number (0-based) and the field at fault; the other rows load.
+Offers: ``TaskRow`` (one validated prompt row), ``RowKeys`` (column names, ROLL's ``data_args``
+names), ``validate_records``/``load_rows`` (one file -> ``LoadReport`` of rows and ``RowError``s
+naming file, row and field). Multi-file loading with domains: ``rl_envs.tasks.dataset``.
+
+Schemas: verl's (``prompt`` = chat messages, ``data_source``, ``ability``,
+``reward_model.{style,ground_truth}``, ``extra_info``), ROLL's (``messages`` = chat messages or
+their JSON string, or ``prompt`` = text; ``ground_truth``; ``tag``; ``id``; optional ``domain``;
+code rows ``test_cases``/``case_type``) and a plain one (``prompt`` string, ``answer``). A bad row
+is rejected with its row number (0-based) and the field at fault; the other rows load.
 """
 
 from __future__ import annotations
@@ -16,12 +22,48 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class RowKeys:
+    """Column names of a row (ROLL ``data_args``: ``messages``, ``prompt``, ``tag``, ``id``).
+
+    ``messages``: column of chat messages (a list or its JSON string); when set and present in a
+    row it wins over ``prompt``. ``prompt``: column of a text prompt or (verl) chat messages.
+    ``domain``: column naming the reward domain of a row (ROLL), else the tag decides.
+    """
+
+    prompt: str = "prompt"
+    messages: str | None = None
+    tag: str = "tag"
+    id: str = "id"
+    domain: str = "domain"
+
+
+DEFAULT_KEYS = RowKeys()
+
+
+@dataclass(frozen=True)
 class TaskRow:
+    """One validated prompt row. ``prompt``: chat messages (a text prompt becomes one user
+    message; ``is_chat`` False remembers it was text). ``tag``: the row's tag column, else its
+    ``data_source``. ``domain``: reward domain (set by ``rl_envs.tasks.dataset``; None until
+    then unless the row names one). ``columns``: the row's other raw columns (JSON-able), passed
+    to TRL-style reward functions. ``source``: the file it came from."""
+
     index: int
     prompt: list[dict[str, str]]  # chat messages
     ground_truth: Any
     data_source: str
     extra_info: dict[str, Any] = field(default_factory=dict)
+    tag: str | None = None
+    domain: str | None = None
+    row_id: Any = None
+    is_chat: bool = True
+    columns: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def prompt_text(self) -> str | list[dict[str, str]]:
+        """The prompt as the file gave it: text for a text prompt, else the messages."""
+        return self.prompt if self.is_chat else self.prompt[-1]["content"]
 
     @property
     def question(self) -> str:
@@ -33,9 +75,11 @@ class RowError:
     row: int
     field: str
     reason: str
+    source: str = ""  # the file
 
     def __str__(self) -> str:
-        return f"row {self.row}: field {self.field!r}: {self.reason}"
+        where = f"{self.source}: " if self.source else ""
+        return f"{where}row {self.row}: field {self.field!r}: {self.reason}"
 
 
 @dataclass
@@ -95,23 +139,95 @@ def _ground_truth(value: Any, name: str, max_chars: int) -> Any:
     raise RowInvalid(name, f"wrong type {type(value).__name__}")
 
 
-def _messages(value: Any, max_chars: int) -> list[dict[str, str]]:
+def _messages(value: Any, max_chars: int, name: str = "prompt") -> list[dict[str, str]]:
     if isinstance(value, str) or value is None or (isinstance(value, float) and math.isnan(value)):
-        return [{"role": "user", "content": _text(value, "prompt", max_chars)}]
+        return [{"role": "user", "content": _text(value, name, max_chars)}]
     if not isinstance(value, list | tuple) or not value:
-        raise RowInvalid("prompt", f"wrong type {type(value).__name__}, expected str or messages")
+        raise RowInvalid(name, f"wrong type {type(value).__name__}, expected str or messages")
     messages = []
     total = 0
     for i, message in enumerate(value):
         if not isinstance(message, dict):
-            raise RowInvalid(f"prompt[{i}]", f"wrong type {type(message).__name__}, expected dict")
-        role = _text(message.get("role"), f"prompt[{i}].role", 64)
-        content = _text(message.get("content"), f"prompt[{i}].content", max_chars)
+            raise RowInvalid(f"{name}[{i}]", f"wrong type {type(message).__name__}, expected dict")
+        role = _text(message.get("role"), f"{name}[{i}].role", 64)
+        content = _text(message.get("content"), f"{name}[{i}].content", max_chars)
         total += len(content)
         if total > max_chars:
-            raise RowInvalid("prompt", f"overlong: more than {max_chars} characters")
+            raise RowInvalid(name, f"overlong: more than {max_chars} characters")
         messages.append({"role": role, "content": content})
     return messages
+
+
+def _chat_messages(value: Any, max_chars: int, name: str) -> list[dict[str, str]]:
+    """ROLL's ``messages`` column: a list of messages or its JSON string."""
+    if isinstance(value, str):
+        if len(value) > max_chars * 2:
+            raise RowInvalid(name, f"overlong: {len(value)} characters")
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise RowInvalid(name, f"not a JSON list of messages: {exc}") from None
+    if not isinstance(value, list | tuple):
+        raise RowInvalid(name, f"wrong type {type(value).__name__}, expected a list of messages")
+    return _messages(value, max_chars, name)
+
+
+def _prompt(record: dict[str, Any], keys: RowKeys, max_chars: int) -> tuple[list, bool]:
+    """``(messages, is_chat)`` from the messages column, else the prompt column."""
+    if keys.messages is not None and record.get(keys.messages) is not None:
+        return _chat_messages(record[keys.messages], max_chars, keys.messages), True
+    if keys.prompt not in record:
+        named = f"{keys.messages!r} or {keys.prompt!r}" if keys.messages else repr(keys.prompt)
+        raise RowInvalid(keys.prompt, f"missing (no column {named})")
+    value = record[keys.prompt]
+    return _messages(value, max_chars, keys.prompt), not isinstance(value, str)
+
+
+def _truth(record: dict[str, Any], max_chars: int) -> Any:
+    """The ground truth: verl's ``reward_model.ground_truth``, ROLL's ``ground_truth``, the
+    plain ``answer``; None for a code row that carries only ``test_cases``."""
+    if "reward_model" in record and record["reward_model"] is not None:
+        reward_model = record["reward_model"]
+        if not isinstance(reward_model, dict):
+            raise RowInvalid("reward_model", f"wrong type {type(reward_model).__name__}")
+        return _ground_truth(
+            reward_model.get("ground_truth"), "reward_model.ground_truth", max_chars
+        )
+    for name in ("ground_truth", "answer"):
+        if name in record and not (_blank(record[name]) and _has_tests(record)):
+            return _ground_truth(record[name], name, max_chars)
+    if _has_tests(record):
+        return None
+    raise RowInvalid(
+        "reward_model.ground_truth",
+        "missing (neither reward_model, ground_truth, answer nor test_cases)",
+    )
+
+
+def _blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def _has_tests(record: dict[str, Any]) -> bool:
+    return not _blank(record.get("test_cases"))
+
+
+def _optional_text(record: dict[str, Any], name: str, limit: int) -> str | None:
+    value = record.get(name)
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)
+    return _text(value, name, limit)
+
+
+def _jsonable(value: Any) -> Any:
+    """Parquet gives numpy-free Python values already; tuples become lists."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
 
 
 def validate_row(
@@ -121,32 +237,42 @@ def validate_row(
     max_prompt_chars: int,
     max_answer_chars: int,
     default_data_source: str,
+    keys: RowKeys = DEFAULT_KEYS,
+    source: str = "",
 ) -> TaskRow:
     if isinstance(record, _BadJson):
         raise RowInvalid("<json>", f"invalid JSON: {record.error}")
     if not isinstance(record, dict):
         raise RowInvalid("<row>", f"wrong type {type(record).__name__}, expected an object")
-    if "prompt" not in record:
-        raise RowInvalid("prompt", "missing")
-    prompt = _messages(record["prompt"], max_prompt_chars)
-    if "reward_model" in record:
-        reward_model = record["reward_model"]
-        if not isinstance(reward_model, dict):
-            raise RowInvalid("reward_model", f"wrong type {type(reward_model).__name__}")
-        truth = _ground_truth(
-            reward_model.get("ground_truth"), "reward_model.ground_truth", max_answer_chars
-        )
-    elif "answer" in record:
-        truth = _ground_truth(record["answer"], "answer", max_answer_chars)
-    else:
-        raise RowInvalid("reward_model.ground_truth", "missing (neither reward_model nor answer)")
-    source = record.get("data_source", default_data_source)
-    source = _text(source, "data_source", 256)
+    prompt, is_chat = _prompt(record, keys, max_prompt_chars)
+    truth = _truth(record, max_answer_chars)
+    if truth is None or _has_tests(record):
+        from rl_envs.rewards.code_tests import parse_test_cases
+
+        try:
+            parse_test_cases(record.get("test_cases"), record.get("case_type"), truth)
+        except ValueError as exc:
+            raise RowInvalid("test_cases", str(exc)) from None
+    data_source = _text(record.get("data_source", default_data_source), "data_source", 256)
     extra = record.get("extra_info") or {}
     if not isinstance(extra, dict):
         raise RowInvalid("extra_info", f"wrong type {type(extra).__name__}, expected dict")
+    tag = _optional_text(record, keys.tag, 256) or data_source
+    domain = _optional_text(record, keys.domain, 256)
+    used = {keys.prompt, keys.messages, "reward_model", "extra_info", "data_source"}
+    columns = {k: _jsonable(v) for k, v in record.items() if k not in used}
     return TaskRow(
-        index=index, prompt=prompt, ground_truth=truth, data_source=source, extra_info=extra
+        index=index,
+        prompt=prompt,
+        ground_truth=truth,
+        data_source=data_source,
+        extra_info=_jsonable(extra),
+        tag=tag,
+        domain=domain,
+        row_id=record.get(keys.id, index),
+        is_chat=is_chat,
+        columns=columns,
+        source=source,
     )
 
 
@@ -157,6 +283,7 @@ def validate_records(
     max_prompt_chars: int = 32_000,
     max_answer_chars: int = 4_000,
     default_data_source: str = "openai/gsm8k",
+    keys: RowKeys = DEFAULT_KEYS,
 ) -> LoadReport:
     rows: list[TaskRow] = []
     rejected: list[RowError] = []
@@ -169,10 +296,12 @@ def validate_records(
                     max_prompt_chars=max_prompt_chars,
                     max_answer_chars=max_answer_chars,
                     default_data_source=default_data_source,
+                    keys=keys,
+                    source=source,
                 )
             )
         except RowInvalid as exc:
-            rejected.append(RowError(index, exc.field_name, exc.reason))
+            rejected.append(RowError(index, exc.field_name, exc.reason, source))
     return LoadReport(source, rows, rejected)
 
 

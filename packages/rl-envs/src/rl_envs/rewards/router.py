@@ -1,0 +1,360 @@
+"""Rewards by domain (ROLL's ``rewards:`` section, verl's ``custom_reward_function``).
+
+Offers:
+
+* ``reward_router_spec(rewards, custom_reward_function, *, allow_unsupported=False)
+  -> RewardRouterSpec``: pure (no I/O), for dry runs and for the data loader's
+  ``tag_to_domain``/``default_domain``.
+* ``build_reward_router(rewards, custom_reward_function, *, pool, timeout_s=None)
+  -> RewardRouter``: ``RewardRouter.score(items) -> list[RewardOutput]`` in input order, each
+  item scored by its domain's reward in the sandbox ``pool``; ``RewardRouter.stats`` counts
+  failures per kind since creation.
+* ``reward_metrics(items, outputs) -> dict[str, float]``: per-batch metrics, per domain mean
+  and count, failures per reason, and the mean of every numeric extra a reward returned.
+
+Arguments are plain mappings (``model_dump()`` of the config sections, or ``None``):
+``rewards``: ``{domain: {reward_fn, worker_cls, tag_included, format_pattern, timeout_s, ...}}``
+(ROLL keys this stack does not use are accepted and ignored: model_args, world_size, ...);
+``custom_reward_function``: ``{path, name, style, reward_kwargs}``.
+
+A domain's reward is, by name (``DOMAIN_REWARDS``): ``math_rule``, ``code_sandbox``, ``format``
+(``format_pattern``), ``custom`` (the ``custom_reward_function``) or ``verl_default`` (verl's
+dispatch by ``data_source``). Chosen by ``reward_fn``, else by ROLL's ``worker_cls`` class name
+(``MathRuleRewardWorker`` -> math_rule, ``CodeSandboxRewardWorker`` -> code_sandbox), else by the
+domain's own name. Without a ``rewards`` section every row goes to one domain: ``custom`` when
+``custom_reward_function.path`` is set, else ``verl_default``. A row's domain: its ``domain``
+field, else the domain whose ``tag_included`` holds its tag or data source, else
+``default_domain`` (``math_rule`` if configured, as ROLL; else the only domain).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_envs.rewards.code_tests import parse_test_cases
+from rl_envs.rewards.custom import load_custom_reward
+from rl_envs.rewards.manager import RewardInput, RewardManager, RewardOutput
+from rl_envs.sandbox.pool import SandboxPool
+
+DOMAIN_REWARDS = ("math_rule", "code_sandbox", "format", "custom", "verl_default")
+ROLL_WORKERS = {
+    "MathRuleRewardWorker": "math_rule",
+    "CodeSandboxRewardWorker": "code_sandbox",
+}
+ROLL_UNSUPPORTED_WORKERS = {
+    "LLMJudgeRewardWorker": "an LLM judge needs a reward-model worker, which this stack lacks",
+    "GeneralRuleRewardWorker": "IFEval instruction-following rules are not implemented",
+    "CrossThinkQARuleRewardWorker": "CrossThink-QA rules are not implemented",
+    "GeneralValRuleRewardWorker": "ROLL's general validation rules are not implemented",
+    "MultipleChoiceBoxedRuleRewardWorker": "multiple-choice rules are not implemented",
+    "DetectionRewardWorker": "detection (vision) rewards are not implemented",
+    "RemoteRewardSystemWorker": "remote reward systems are not implemented",
+}
+DEFAULT_CODE_TEST_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class CustomRewardSpec:
+    """verl's ``custom_reward_function``: ``path`` of the file, ``name`` of the function,
+    ``style`` (auto | verl | trl), ``reward_kwargs`` passed to every call."""
+
+    path: str
+    name: str = "compute_score"
+    style: str = "auto"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DomainRewardSpec:
+    """One reward domain: its reward by name, the tags routed to it, its options."""
+
+    domain: str
+    reward_fn: str
+    tags: tuple[str, ...] = ()
+    format_pattern: str | None = None
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RewardRouterSpec:
+    """Validated routing: domains by name, the custom function, the fallback domain, and the
+    domains that cannot be scored here (only with ``allow_unsupported``; ``build`` refuses)."""
+
+    domains: dict[str, DomainRewardSpec]
+    custom: CustomRewardSpec | None = None
+    default_domain: str | None = None
+    unsupported: dict[str, str] = field(default_factory=dict)
+
+    def tag_to_domain(self) -> dict[str, str]:
+        """ROLL's ``tag_2_domain``: each tag of a ``tag_included`` list to its domain."""
+        return {tag: d.domain for d in self.domains.values() for tag in d.tags}
+
+    def domain_of(self, tag: str | None, data_source: str | None = None) -> str | None:
+        """The domain of a row with this tag/data source (None: no domain takes it)."""
+        table = self.tag_to_domain()
+        for key in (tag, data_source):
+            if key is not None and key in table:
+                return table[key]
+        return self.default_domain
+
+
+def _get(section: Any, key: str, default: Any = None) -> Any:
+    if section is None:
+        return default
+    if hasattr(section, "model_dump"):
+        section = section.model_dump()
+    if not isinstance(section, Mapping):
+        raise TypeError(f"expected a mapping, got {type(section).__name__}")
+    value = section.get(key, default)
+    return default if value is None else value
+
+
+def _custom_spec(cfg: Any) -> CustomRewardSpec | None:
+    path = _get(cfg, "path")
+    if path is None:
+        return None
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"custom_reward_function.path must be a file path, got {path!r}")
+    kwargs = _get(cfg, "reward_kwargs", {})
+    if not isinstance(kwargs, Mapping):
+        raise ValueError("custom_reward_function.reward_kwargs must be a mapping")
+    return CustomRewardSpec(
+        path=path,
+        name=str(_get(cfg, "name", "compute_score")),
+        style=str(_get(cfg, "style", "auto")),
+        reward_kwargs=dict(kwargs),
+    )
+
+
+def _reward_name(domain: str, cfg: Any) -> tuple[str | None, str]:
+    """``(registry name, "")`` or ``(None, why it is unsupported)``."""
+    explicit = _get(cfg, "reward_fn")
+    if explicit is not None:
+        if explicit not in DOMAIN_REWARDS:
+            raise ValueError(
+                f"rewards.{domain}.reward_fn: unknown reward {explicit!r}; known: "
+                f"{list(DOMAIN_REWARDS)}"
+            )
+        return explicit, ""
+    worker = _get(cfg, "worker_cls")
+    if worker is not None:
+        cls_name = str(worker).rsplit(".", 1)[-1]
+        if cls_name in ROLL_WORKERS:
+            return ROLL_WORKERS[cls_name], ""
+        why = ROLL_UNSUPPORTED_WORKERS.get(cls_name, "an unknown reward worker class")
+        return None, f"rewards.{domain}.worker_cls {worker!r}: {why}; set reward_fn"
+    if domain in DOMAIN_REWARDS:
+        return domain, ""
+    return None, (
+        f"rewards.{domain}: no reward_fn, and neither worker_cls nor the domain name names one "
+        f"of {list(DOMAIN_REWARDS)}"
+    )
+
+
+def reward_router_spec(
+    rewards: Any, custom_reward_function: Any = None, *, allow_unsupported: bool = False
+) -> RewardRouterSpec:
+    """Validate the ``rewards`` and ``custom_reward_function`` sections (see module doc).
+    Raises ``ValueError`` naming the key at fault; with ``allow_unsupported`` (dry runs) the
+    domains that cannot be scored are listed in ``unsupported`` instead."""
+    custom = _custom_spec(custom_reward_function)
+    if not rewards:
+        name = "custom" if custom is not None else "verl_default"
+        return RewardRouterSpec({name: DomainRewardSpec(name, name)}, custom, name)
+    domains: dict[str, DomainRewardSpec] = {}
+    unsupported: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    for domain, cfg in dict(rewards).items():
+        reward_fn, why = _reward_name(domain, cfg)
+        tags = tuple(str(t) for t in _get(cfg, "tag_included", []))
+        for tag in tags:
+            if tag in owner and owner[tag] != domain:
+                raise ValueError(
+                    f"rewards.{domain}.tag_included: tag {tag!r} is already in "
+                    f"rewards.{owner[tag]}.tag_included"
+                )
+            owner[tag] = domain
+        if reward_fn is None:
+            if not allow_unsupported:
+                raise ValueError(why)
+            unsupported[domain] = why
+            continue
+        pattern = _get(cfg, "format_pattern")
+        if reward_fn == "format" and not pattern:
+            raise ValueError(f"rewards.{domain}: reward_fn format needs format_pattern")
+        if reward_fn == "custom" and custom is None:
+            raise ValueError(
+                f"rewards.{domain}: reward_fn custom needs custom_reward_function.path"
+            )
+        timeout = _get(cfg, "timeout_s")
+        if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
+            raise ValueError(f"rewards.{domain}.timeout_s must be > 0, got {timeout!r}")
+        domains[domain] = DomainRewardSpec(domain, reward_fn, tags, pattern, timeout)
+    if custom is not None and not any(d.reward_fn == "custom" for d in domains.values()):
+        raise ValueError(
+            "custom_reward_function.path is set but no rewards domain uses it (set "
+            "reward_fn: custom on a domain, or drop the rewards section)"
+        )
+    default = "math_rule" if "math_rule" in domains else None
+    if default is None and len(domains) == 1 and not unsupported:
+        default = next(iter(domains))
+    return RewardRouterSpec(domains, custom, default, unsupported)
+
+
+class CodeRewardManager(RewardManager):
+    """``code_sandbox``: the row's tests (``columns["test_cases"]``/``case_type``, or a
+    ``{"inputs", "outputs"}`` ground truth) run in the sandbox; ``timeout_s`` is per test."""
+
+    def __init__(self, pool: SandboxPool, *, per_test_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(pool, "code_sandbox", **kwargs)
+        self.per_test_timeout_s = per_test_timeout_s
+
+    def _kwargs(self, item: RewardInput) -> dict[str, Any]:
+        columns = item.columns or {}
+        return {
+            "test_cases": columns.get("test_cases"),
+            "case_type": columns.get("case_type"),
+            "per_test_timeout_s": self.per_test_timeout_s,
+        }
+
+    def _timeout(self, item: RewardInput) -> float | None:
+        columns = item.columns or {}
+        try:
+            tests = parse_test_cases(
+                columns.get("test_cases"), columns.get("case_type"), item.ground_truth
+            )
+        except ValueError:
+            return None  # the sandboxed call raises the same error: counted as a failure
+        return self.per_test_timeout_s * len(tests) + 5.0
+
+
+def _manager(spec: DomainRewardSpec, custom: Any, pool: SandboxPool, timeout_s: float | None):
+    timeout = spec.timeout_s if spec.timeout_s is not None else timeout_s
+    if spec.reward_fn == "code_sandbox":
+        per_test = spec.timeout_s or DEFAULT_CODE_TEST_TIMEOUT_S
+        return CodeRewardManager(pool, per_test_timeout_s=per_test)
+    if spec.reward_fn == "format":
+        return RewardManager(pool, "format", timeout_s=timeout,
+                             options={"pattern": spec.format_pattern})  # fmt: skip
+    if spec.reward_fn == "custom":
+        return RewardManager(pool, custom[0], timeout_s=timeout, options=custom[1])
+    name = "default" if spec.reward_fn == "verl_default" else spec.reward_fn
+    return RewardManager(pool, name, timeout_s=timeout)
+
+
+class RewardRouter:
+    """Scores each item with its domain's reward, in the sandbox."""
+
+    def __init__(
+        self, spec: RewardRouterSpec, *, pool: SandboxPool, timeout_s: float | None = None
+    ) -> None:
+        if spec.unsupported:
+            raise ValueError("; ".join(spec.unsupported.values()))
+        self.spec = spec
+        custom = None
+        if spec.custom is not None:
+            loaded = load_custom_reward(spec.custom.path, spec.custom.name, spec.custom.style)
+            custom = (loaded, spec.custom.reward_kwargs)
+        self.managers = {
+            name: _manager(d, custom, pool, timeout_s) for name, d in spec.domains.items()
+        }
+        self.stats: Counter[str] = Counter()
+
+    def domain_of(self, item: RewardInput) -> str | None:
+        if item.domain is not None:
+            return item.domain
+        tag = (item.columns or {}).get("tag")
+        return self.spec.domain_of(tag if isinstance(tag, str) else None, item.data_source)
+
+    def score(self, items: list[RewardInput]) -> list[RewardOutput]:
+        """One output per item, in input order; an item of no configured domain is a failure
+        of kind ``unknown_domain``."""
+        outputs: list[RewardOutput | None] = [None] * len(items)
+        by_domain: dict[str, list[int]] = defaultdict(list)
+        for i, item in enumerate(items):
+            domain = self.domain_of(item)
+            if domain in self.managers:
+                by_domain[domain].append(i)
+            else:
+                error = f"no reward domain for domain={domain!r} data_source={item.data_source!r}"
+                outputs[i] = RewardOutput(0.0, False, "unknown_domain", error)
+        for domain, indices in by_domain.items():
+            scored = self.managers[domain].score([items[i] for i in indices])
+            for i, out in zip(indices, scored, strict=True):
+                outputs[i] = out
+        done = [o for o in outputs if o is not None]
+        for out in done:
+            self.stats["calls"] += 1
+            if not out.ok:
+                self.stats["failures"] += 1
+                self.stats[f"failure.{out.kind}"] += 1
+        return done
+
+    def domains(self, items: list[RewardInput]) -> list[str | None]:
+        """The domain each item is routed to."""
+        return [self.domain_of(i) for i in items]
+
+    def metrics(self, items: list[RewardInput], outputs: list[RewardOutput]) -> dict[str, float]:
+        """``reward_metrics`` with the domains this router resolved."""
+        return reward_metrics(items, outputs, self.domains(items))
+
+
+def build_reward_router(
+    rewards: Any,
+    custom_reward_function: Any = None,
+    *,
+    pool: SandboxPool,
+    timeout_s: float | None = None,
+) -> RewardRouter:
+    """``RewardRouter`` for the ``rewards`` and ``custom_reward_function`` config sections;
+    ``timeout_s``: per reward call where a domain sets none (None: the pool's limit)."""
+    return RewardRouter(
+        reward_router_spec(rewards, custom_reward_function), pool=pool, timeout_s=timeout_s
+    )
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool | int | float) and math.isfinite(float(value)):
+        return float(value)
+    return None
+
+
+def reward_metrics(
+    items: list[RewardInput],
+    outputs: list[RewardOutput],
+    domains: list[str | None] | None = None,
+) -> dict[str, float]:
+    """Metrics of one scored batch: ``reward/mean``, ``reward/<domain>/{mean,count,failures}``,
+    ``reward/failures`` and ``reward/failures/<kind>`` (counts), and
+    ``reward/<domain>/<extra>`` (mean of each numeric entry a reward returned besides
+    ``score``). ``domains``: per item (default: ``item.domain`` or ``unknown``)."""
+    names = domains or [i.domain for i in items]
+    metrics: dict[str, float] = {}
+    sums: dict[str, list[float]] = defaultdict(list)
+    extras: dict[str, list[float]] = defaultdict(list)
+    failures: Counter[str] = Counter()
+    domain_failures: Counter[str] = Counter()
+    for name, out in zip(names, outputs, strict=True):
+        domain = name or "unknown"
+        sums[domain].append(out.reward)
+        if not out.ok:
+            failures[out.kind] += 1
+            domain_failures[domain] += 1
+        for key, value in out.extra.items():
+            number = _number(value)
+            if number is not None:
+                extras[f"reward/{domain}/{key}"].append(number)
+    rewards = [r for values in sums.values() for r in values]
+    metrics["reward/mean"] = sum(rewards) / len(rewards) if rewards else 0.0
+    for domain, values in sums.items():
+        metrics[f"reward/{domain}/mean"] = sum(values) / len(values)
+        metrics[f"reward/{domain}/count"] = float(len(values))
+        metrics[f"reward/{domain}/failures"] = float(domain_failures[domain])
+    metrics["reward/failures"] = float(sum(failures.values()))
+    metrics.update({f"reward/failures/{k}": float(v) for k, v in failures.items()})
+    metrics.update({k: sum(v) / len(v) for k, v in extras.items()})
+    return metrics
