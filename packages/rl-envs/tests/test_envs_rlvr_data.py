@@ -49,9 +49,13 @@ def test_verl_parquet_and_roll_jsonl_load_with_domains(tmp_path):
     code = {"test_cases": json.dumps([{"assert_code": "assert f(1) == 2"}]), "case_type": "assert"}
     roll = _jsonl(tmp_path / "roll.jsonl", [_roll(0, "deepmath_103k"), _roll(1, "KodCode", **code)])
     spec = reward_router_spec(
-        {"math_rule": {"worker_cls": "roll.x.MathRuleRewardWorker",
-                       "tag_included": ["deepmath_103k", "openai/gsm8k"]},
-         "code_sandbox": {"tag_included": ["KodCode"]}}  # fmt: skip
+        {
+            "math_rule": {
+                "worker_cls": "roll.x.MathRuleRewardWorker",
+                "tag_included": ["deepmath_103k", "openai/gsm8k"],
+            },
+            "code_sandbox": {"tag_included": ["KodCode"]},
+        }
     )
     dataset = load_dataset(
         data_spec(

@@ -205,7 +205,7 @@ def code_sandbox_score(
     tests = parse_test_cases(test_cases, case_type, ground_truth)
     program = extract_code(solution_str)
     if program is None:
-        return {"score": 0.0, "passed": 0, "total": len(tests), "no_code": True}
+        return {"score": 0.0, "passed": 0, "total": len(tests), "test_timeouts": 0, "no_code": True}
     passed = timeouts = 0
     for case in tests:
         ok, timed_out = _run_one(program, case, per_test_timeout_s)
