@@ -1,0 +1,74 @@
+"""GSM8K/MATH local files to verl's parquet schema, read back by the RLVR loader; the CLI in
+tools/ run as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from rl_envs.tasks import data_spec, load_dataset
+from rl_envs.tasks.convert import ConvertError, convert_file
+
+ROOT = Path(__file__).resolve().parents[3]
+GSM8K = [
+    {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"},
+    {"question": "A shop sells 1,200 pens a day. Per 2 days?", "answer": "2 * 1200\n#### 2,400"},
+]
+MATH = [
+    {"problem": "What is $\\frac{1}{2} + \\frac{1}{4}$?", "level": "Level 1",
+     "solution": "We get $\\boxed{\\frac{3}{4}}$."},
+    {"problem": "Solve $x^2 = 4$ for $x > 0$.", "solution": "So $x = \\boxed{2}$."},
+]  # fmt: skip
+
+
+def test_gsm8k_jsonl_to_verl_parquet(tmp_path):
+    src = tmp_path / "gsm8k.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in GSM8K) + "\n")
+    report = convert_file(str(src), str(tmp_path / "out" / "train.parquet"))
+    assert (report.kind, report.rows) == ("gsm8k", 2)
+    rows = pq.read_table(report.out).to_pylist()
+    assert rows[1]["data_source"] == "openai/gsm8k" and rows[1]["ability"] == "math"
+    assert rows[1]["reward_model"] == {"style": "rule", "ground_truth": "2400"}
+    assert rows[0]["prompt"][0]["role"] == "user"
+    assert rows[0]["prompt"][0]["content"].startswith("Tom has 3 apples")
+    assert rows[0]["prompt"][0]["content"].endswith('final answer after "####".')
+    assert rows[0]["extra_info"]["index"] == 0 and rows[0]["extra_info"]["split"] == "train"
+    loaded = load_dataset(data_spec({"file_name": report.out}))
+    assert [r.ground_truth for r in loaded.rows] == ["7", "2400"]
+
+
+def test_math_json_list_via_the_cli(tmp_path):
+    src = tmp_path / "math.json"
+    src.write_text(json.dumps(MATH))
+    out = tmp_path / "math.parquet"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools/convert_math_data.py"), str(src), "-o", str(out),
+         "--split", "test"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "wrote 2 math rows" in result.stdout
+    rows = pq.read_table(out).to_pylist()
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["\\frac{3}{4}", "2"]
+    assert rows[0]["data_source"] == "DigitalLearningGmbH/MATH-lighteval"
+    assert rows[0]["prompt"][0]["content"].endswith("within \\boxed{}.")
+    assert rows[1]["extra_info"] == {"split": "test", "index": 1}
+
+
+def test_bad_records_name_file_and_row(tmp_path):
+    src = tmp_path / "bad.jsonl"
+    src.write_text(json.dumps(GSM8K[0]) + "\n" + json.dumps({"question": "q", "answer": "7"}))
+    with pytest.raises(ConvertError, match=r"bad.jsonl: row 1: .*no '#### <final answer>'"):
+        convert_file(str(src), str(tmp_path / "o.parquet"))
+    src.write_text(json.dumps(MATH[0]) + "\n" + json.dumps({"problem": "p", "solution": "none"}))
+    with pytest.raises(ConvertError, match=r"row 1: .*no balanced \\boxed"):
+        convert_file(str(src), str(tmp_path / "o.parquet"))
+    src.write_text(json.dumps({"text": "?"}))
+    with pytest.raises(ConvertError, match="cannot tell GSM8K"):
+        convert_file(str(src), str(tmp_path / "o.parquet"))
+    assert not (tmp_path / "o.parquet").exists()
