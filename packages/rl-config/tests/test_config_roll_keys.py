@@ -68,7 +68,7 @@ def test_roll_accepted_keys_are_named_in_warnings() -> None:
             "pretrain": "m",
             "difficulty_mask": True,
             "error_max_len_clip": False,  # unset: off either way, no warning
-            "rewards": {"math": {"worker_cls": "x"}},
+            "reward_model": {"worker_cls": "x"},
             "actor_train": {"model_args": {"flash_attn": "fa2", "lora_rank": 8}},
             "reference": {"strategy_args": {"strategy_name": "fsdp2_infer"}},
             "reward_norm": "None",
@@ -76,7 +76,7 @@ def test_roll_accepted_keys_are_named_in_warnings() -> None:
     )
     warnings = cfg.config_warnings()
     assert any(w.startswith("difficulty_mask: not supported, value ignored") for w in warnings)
-    assert any(w.startswith("rewards: not supported") for w in warnings)
+    assert any(w.startswith("reward_model: not supported") for w in warnings)
     assert any(
         w.startswith("actor_train.model_args.flash_attn: ignored, as ROLL ignores it")
         for w in warnings

@@ -85,9 +85,34 @@ UNSUPPORTED: dict[str, str] = {
     "env_instruction, turn_template)",
     "custom_envs.*.agent_template": "prompts come from env_config (turn_template)",
     "custom_envs.*.max_env_step_concurrent": "env steps are not rate-limited per env type",
+    "rewards.*.code_url": "code tests run in the local rl-envs sandbox, not a remote one",
+    "rewards.*.response_length_penalty_coef": "a length penalty of rule rewards is not "
+    "implemented (see overlong_penalty)",
+    "rewards.*.query_filter_config": "reward-based prompt filters are not implemented (see "
+    "dynamic_sampling)",
+    "rewards.*.response_filter_config": "reward-based response filters are not implemented",
+    "rewards.*.reward_manager_config": "ROLL reward-system plugins are not implemented",
 }
 
 IGNORED: dict[str, str] = {
+    # ROLL reward-worker keys (before the role-wide patterns below, which also match them)
+    **{
+        f"rewards.*.{key}": "rule rewards run in the rl-envs sandbox, not on a reward worker"
+        for key in (
+            "model_args",
+            "data_args",
+            "strategy_args",
+            "device_mapping",
+            "world_size",
+            "infer_batch_size",
+            "use_local",
+        )
+    },
+    **{
+        f"rewards.*.{key}": "only ROLL's LLM-judge/IFEval/CrossThink-QA workers read it; "
+        "domains with those workers are refused when the rewards are built"
+        for key in ("generating_args", "reward_type", "judge_*")
+    },
     # ROLL bookkeeping this stack has no use for
     "local_rank": "set by ROLL's launchers; workers get their rank from the cluster",
     "generate_opt_level": "generation always goes through the request scheduler",
@@ -135,13 +160,18 @@ AGENTIC_IGNORED: dict[str, str] = {
     "norm_std_type": "RLVR only (agentic pipelines use reward_normalization)",
     "reward_shift": "RLVR only (agentic pipelines use reward_normalization)",
     "reward_scale": "RLVR only (agentic pipelines use reward_normalization)",
+    "rewards.*": "RLVR reward domains (agentic rewards come from the envs)",
+    "custom_reward_function.*": "RLVR only (agentic rewards come from the envs)",
 }
 
 
 PIPELINE_IGNORED: dict[str, dict[str, str]] = {"agentic": AGENTIC_IGNORED}
 """Per pipeline kind: keys of other pipelines, a warning only in a config of that kind."""
 
-PIPELINE_CONSUMED: dict[str, tuple[str, ...]] = {}
+PIPELINE_CONSUMED: dict[str, tuple[str, ...]] = {
+    # rl_envs.rewards.router.reward_router_spec reads worker_cls to pick a domain's reward
+    "rlvr": ("rewards.*.worker_cls",),
+}
 """Per pipeline kind: key patterns that pipeline consumes although ``UNSUPPORTED`` or ``IGNORED``
 declare them for the others (e.g. RLVR's ``dynamic_sampling.*``)."""
 

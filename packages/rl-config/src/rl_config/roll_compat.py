@@ -47,7 +47,6 @@ _ENV = "ROLL env-manager option; this stack's env manager does not implement it"
 
 ROLL_NOT_SUPPORTED: dict[str, str] = {
     # RLVR pipeline sections and knobs
-    "rewards": f"per-domain reward workers of ROLL's RLVR pipeline; {_RLVR}",
     "reward_model": f"ROLL's reward-model worker; {_RLVR}",
     "reward": f"ROLL's reward worker; {_RLVR}",
     "reward_system_config": f"ROLL's remote reward system; {_RLVR}",

@@ -12,6 +12,7 @@ from rl_config.schema.algorithm import (
 from rl_config.schema.async_ import AsyncConfig
 from rl_config.schema.experiment import ExperimentConfig, WorkerRole
 from rl_config.schema.pipeline import CheckpointConfig
+from rl_config.schema.rewards import CustomRewardFunction, DomainRewardName, RewardDomain
 from rl_config.schema.worker import (
     DataArgs,
     GeneratingArgs,
@@ -25,7 +26,9 @@ __all__ = [
     "AsyncConfig",
     "CheckpointConfig",
     "CustomEnv",
+    "CustomRewardFunction",
     "DataArgs",
+    "DomainRewardName",
     "DynamicSampling",
     "EnvManagerConfig",
     "ExperimentConfig",
@@ -34,6 +37,7 @@ __all__ = [
     "ISWeight",
     "ModelArgs",
     "OverlongPenalty",
+    "RewardDomain",
     "RewardNormalization",
     "StrategyArgs",
     "TrainInferCorrection",

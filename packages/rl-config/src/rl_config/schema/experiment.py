@@ -17,6 +17,7 @@ from rl_config.schema.agentic import CustomEnv, EnvManagerConfig
 from rl_config.schema.algorithm import AlgorithmFields
 from rl_config.schema.async_ import AsyncConfig
 from rl_config.schema.pipeline import PipelineFields
+from rl_config.schema.rewards import CustomRewardFunction, RewardDomain
 from rl_config.schema.worker import GeneratingArgs, StrategyArgs, WorkerConfig
 
 WorkerRole = Literal["actor_train", "actor_infer", "reference", "critic"]
@@ -68,6 +69,17 @@ class ExperimentConfig(AlgorithmFields, PipelineFields):
     custom_envs: dict[str, CustomEnv] = Field(
         default_factory=dict,
         description="Env definitions by tag, e.g. SimpleSokoban: ${custom_env.SimpleSokoban}.",
+    )
+    rewards: dict[str, RewardDomain] = Field(
+        default_factory=dict,
+        description="RLVR reward domains (ROLL rewards): domain name -> its reward and the row "
+        "tags it scores, e.g. math_rule: {worker_cls: ...MathRuleRewardWorker, tag_included: "
+        "[gsm8k]}. Empty: every row is scored by custom_reward_function, else by verl's "
+        "default dispatch on data_source. Rewards run in the rl-envs sandbox.",
+    )
+    custom_reward_function: CustomRewardFunction = Field(
+        default_factory=CustomRewardFunction,
+        description="verl's user reward function (RLVR): path and name of a Python function.",
     )
     async_generation_ratio: float = Field(
         default=0.0,
