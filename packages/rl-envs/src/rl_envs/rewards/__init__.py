@@ -26,6 +26,7 @@ from rl_envs.rewards.router import (
     RewardRouter,
     RewardRouterSpec,
     build_reward_router,
+    make_reward_pool,
     reward_metrics,
     reward_router_spec,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "grader_target",
     "list_rewards",
     "load_custom_reward",
+    "make_reward_pool",
     "normalize_answer",
     "overlong_penalty",
     "parse_test_cases",

@@ -9,6 +9,8 @@ Offers:
   -> RewardRouter``: ``RewardRouter.score(items) -> list[RewardOutput]`` in input order, each
   item scored by its domain's reward in the sandbox ``pool``; ``RewardRouter.stats`` counts
   failures per kind since creation.
+* ``make_reward_pool(num_workers=2, *, timeout_s=10.0, allow_weak_isolation=False)
+  -> SandboxPool``: a sandbox pool with the graders (math-verify) preloaded, for the router.
 * ``reward_metrics(items, outputs) -> dict[str, float]``: per-batch metrics, per domain mean
   and count, failures per reason, and the mean of every numeric extra a reward returned.
 
@@ -38,6 +40,7 @@ from typing import Any
 from rl_envs.rewards.code_tests import parse_test_cases
 from rl_envs.rewards.custom import load_custom_reward
 from rl_envs.rewards.manager import RewardInput, RewardManager, RewardOutput
+from rl_envs.sandbox.limits import SandboxLimits
 from rl_envs.sandbox.pool import SandboxPool
 
 DOMAIN_REWARDS = ("math_rule", "code_sandbox", "format", "custom", "verl_default")
@@ -301,6 +304,24 @@ class RewardRouter:
     def metrics(self, items: list[RewardInput], outputs: list[RewardOutput]) -> dict[str, float]:
         """``reward_metrics`` with the domains this router resolved."""
         return reward_metrics(items, outputs, self.domains(items))
+
+
+def make_reward_pool(
+    num_workers: int = 2,
+    *,
+    timeout_s: float = 10.0,
+    memory_mb: int = 1024,
+    allow_weak_isolation: bool = False,
+) -> SandboxPool:
+    """A sandbox pool for ``RewardRouter``: math-verify and the graders preloaded and warmed
+    up (calls run as an unprivileged user that may not import them itself). Close it after
+    use (``with make_reward_pool() as pool:``)."""
+    from rl_envs.rewards import MATH_PRELOAD, MATH_WARMUP
+
+    limits = SandboxLimits(
+        timeout_s=timeout_s, memory_mb=memory_mb, allow_weak_isolation=allow_weak_isolation
+    )
+    return SandboxPool(num_workers, limits=limits, preload=MATH_PRELOAD, warmup=MATH_WARMUP)
 
 
 def build_reward_router(
