@@ -4,6 +4,7 @@ overlong filter, domain mixing and a sampler that resumes mid-epoch with the nex
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -73,6 +74,10 @@ def test_verl_parquet_and_roll_jsonl_load_with_domains(tmp_path):
     assert (roll_row.tag, roll_row.row_id, roll_row.domain) == ("deepmath_103k", "r0", "math_rule")
     assert code_row.domain == "code_sandbox" and code_row.columns["case_type"] == "assert"
     assert dataset.domains() == {"math_rule": 4, "code_sandbox": 1}
+    # ROLL names JSON-lines files .json too
+    as_json = tmp_path / "roll.json"
+    as_json.write_text(Path(roll).read_text())
+    assert len(load_dataset(data_spec({"file_name": str(as_json)})).rows) == 2
     # ROLL's prompt column (text) when no messages key is configured
     text = load_dataset(data_spec({"file_name": roll, "prompt": "prompt"})).rows[0]
     assert text.prompt == [{"role": "user", "content": "q0"}] and not text.is_chat

@@ -319,7 +319,8 @@ def _read_jsonl(path: str) -> list[Any]:
 
 
 def load_rows(path: str, **options: Any) -> LoadReport:
-    """Load and validate a ``.parquet``, ``.jsonl`` or ``.json`` file."""
+    """Load and validate a ``.parquet``, ``.jsonl`` or ``.json`` file (a list, or JSON lines
+    as ROLL's ``dataset_type: json`` files often are)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"dataset file not found: {path}")
     if path.endswith(".parquet"):
@@ -332,9 +333,12 @@ def load_rows(path: str, **options: Any) -> LoadReport:
         records = _read_jsonl(path)
     elif path.endswith(".json"):
         with open(path, encoding="utf-8") as handle:
-            records = json.load(handle)
+            try:
+                records = json.load(handle)
+            except json.JSONDecodeError:  # JSON lines named .json, as HF's json loader reads
+                records = _read_jsonl(path)
         if not isinstance(records, list):
-            raise ValueError(f"{path}: expected a JSON list of rows")
+            raise ValueError(f"{path}: expected a JSON list of rows or JSON lines")
     else:
         raise ValueError(f"{path}: unsupported dataset format (use .parquet, .jsonl or .json)")
     return validate_records(records, source=path, **options)
