@@ -50,12 +50,16 @@ def _overrides(out: Path, **extra: object) -> list[str]:
     return [f"{k}={v}" for k, v in base.items()]
 
 
-def _run(out: Path, *args: str, **extra: object) -> list[dict]:
+def _run_with_stdout(out: Path, *args: str, **extra: object) -> tuple[list[dict], str]:
     cmd = [sys.executable, str(APP), "--config", str(CONFIG), *args, *_overrides(out, **extra)]
     proc = subprocess.run(cmd, cwd=out.parent, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["step"] > 0]
+    return [r for r in rows if r["step"] > 0], proc.stdout
+
+
+def _run(out: Path, *args: str, **extra: object) -> list[dict]:
+    return _run_with_stdout(out, *args, **extra)[0]
 
 
 def _check_run(rows: list[dict], out: Path) -> None:
@@ -93,7 +97,14 @@ def test_agentic_resume_matches_uninterrupted(tmp_path):
     common = {"max_steps": 3, "save_steps": 2, "agentic_app.check_sync_weights": "false"}
     full = _run(tmp_path / "full", "--no-ray", **common)
     _run(tmp_path / "part", "--no-ray", **{**common, "max_steps": 2})
-    resumed = _run(tmp_path / "part", "--no-ray", **{**common, "resume_from_checkpoint": "true"})
+    resumed, stdout = _run_with_stdout(
+        tmp_path / "part", "--no-ray", **{**common, "resume_from_checkpoint": "true"}
+    )
+    lines = stdout.splitlines()
+    # the first line names the checkpoint, its step and weight version (warm-up sync = 1)
+    assert lines[0].startswith("resuming from checkpoint ") and "step-000002" in lines[0]
+    assert lines[0].endswith("at step 2 (weight version 3)")
+    assert any(x.startswith("warning: max_steps changed since checkpoint") for x in lines)
     step3_full = next(r for r in full if r["step"] == 3 and "train/loss" in r)
     step3_resumed = next(r for r in resumed if r["step"] == 3 and "train/loss" in r)
     for key in (

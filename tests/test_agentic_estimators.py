@@ -60,23 +60,20 @@ def _overrides(out: Path, tiny: Path, estimator: str) -> list[str]:
     return [f"{k}={v}" for k, v in base.items()]
 
 
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """Where the app builds the tiny model on the first run; later runs reuse it."""
+    return tmp_path_factory.mktemp("estimators") / "tiny_model"
+
+
 @pytest.mark.slow
-def test_every_estimator_runs_two_steps(tmp_path):
-    main = _app_main()
-    tiny = tmp_path / "tiny_model"
-    failures = {}
-    for name in list_estimators():
-        out = tmp_path / name
-        code = main(["--no-ray", *_overrides(out, tiny, name)])
-        if code != 0:
-            failures[name] = f"exit code {code}"
-            continue
-        rows = [json.loads(x) for x in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
-        steps = [r for r in rows if "train/loss" in r]
-        if [r["step"] for r in steps] != [1, 2]:
-            failures[name] = f"steps {[r['step'] for r in steps]}"
-        elif not all(math.isfinite(r["train/loss"]) for r in steps):
-            failures[name] = "non-finite loss"
-        elif name == "gae" and not all(math.isfinite(r["critic/vf_loss"]) for r in steps):
-            failures[name] = "no critic loss"
-    assert not failures, failures
+@pytest.mark.parametrize("name", list_estimators())
+def test_estimator_runs_two_steps(name, tmp_path, tiny_model_dir):
+    out = tmp_path / name
+    assert _app_main()(["--no-ray", *_overrides(out, tiny_model_dir, name)]) == 0
+    rows = [json.loads(x) for x in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(math.isfinite(r["train/loss"]) for r in steps)
+    if name == "gae":
+        assert all(math.isfinite(r["critic/vf_loss"]) for r in steps)

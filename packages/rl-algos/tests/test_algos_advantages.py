@@ -339,6 +339,112 @@ def test_gigpo_validates_inputs() -> None:
         A.gigpo(torch.tensor([1.0, 1.0]), m, [0, 0], step_ids=torch.tensor([0, 0]), **kw)
 
 
+# --------------------------------------------------------------------------- step REINFORCE
+
+
+def test_step_reinforce_hand_values() -> None:
+    # one group, two trajectories: a = (0, 1), b = (0, 0, 2); step_reward_gamma = 0.5
+    # step returns: a0 = 0 + .5*1 = .5, a1 = 1; b0 = .25*2 = .5, b1 = .5*2 = 1, b2 = 2
+    rows = dict(
+        traj_ids=["a", "a", "b", "b", "b"],
+        step_ids=torch.tensor([0, 1, 0, 1, 2]),
+        step_rewards=torch.tensor([0.0, 1.0, 0.0, 0.0, 2.0]),
+    )
+    m = torch.ones(5, 2, dtype=torch.bool)
+    adv, ret = A.step_reinforce(torch.zeros(5), m, [0] * 5, gamma=0.5, method="identity", **rows)
+    torch.testing.assert_close(adv[:, 0], torch.tensor([0.5, 1.0, 0.5, 1.0, 2.0]))
+    assert adv is ret and bool((adv[:, 0] == adv[:, 1]).all())  # token_gamma 1: whole step
+    # mean 1.0 -> centred [-.5, 0, -.5, 0, 1]; unbiased std sqrt(1.5 / 4)
+    adv, _ = A.step_reinforce(torch.zeros(5), m, [0] * 5, gamma=0.5, **rows)
+    std = math.sqrt(1.5 / 4)
+    want = torch.tensor([-0.5, 0.0, -0.5, 0.0, 1.0]) / (std + 1e-6)
+    torch.testing.assert_close(adv[:, 1], want)
+
+
+def test_step_reinforce_groups_mask_and_token_discount() -> None:
+    # two groups of one trajectory each: within a group the steps are compared with each other;
+    # the normalised return sits on the step's last token and is discounted back by token_gamma
+    rows = dict(
+        traj_ids=["a", "a", "b", "b"],
+        step_ids=torch.tensor([1, 0, 0, 1]),  # rows need not be in step order
+        step_rewards=torch.tensor([3.0, 1.0, 0.0, 0.0]),
+    )
+    m = torch.tensor([[1, 1, 0], [0, 1, 1], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    adv, _ = A.step_reinforce(
+        torch.zeros(4), m, [7, 7, 9, 9], gamma=1.0, token_gamma=0.5, method="mean", **rows
+    )
+    # group 7: returns a1 = 3, a0 = 1 + 3 = 4 -> mean 3.5 -> a1 -0.5, a0 +0.5; group 9: all 0
+    want = torch.tensor([[-0.25, -0.5, 0.0], [0.0, 0.25, 0.5], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(adv, want)
+
+
+def loop_step_reinforce(traj, steps, rewards, index, mask, gamma, token_gamma):
+    returns = {}
+    for t in set(traj):
+        rows = sorted((steps[i], i) for i in range(len(traj)) if traj[i] == t)
+        acc = 0.0
+        for _, i in reversed(rows):
+            acc = rewards[i] + gamma * acc
+            returns[i] = acc
+    normed = {}
+    for g in set(index):
+        rows = [i for i in range(len(traj)) if index[i] == g]
+        vals = [returns[i] for i in rows]
+        mean = sum(vals) / len(vals)
+        var = sum((v - mean) ** 2 for v in vals) / max(len(vals) - 1, 1)
+        for i in rows:
+            normed[i] = (returns[i] - mean) / (math.sqrt(var) + 1e-6)
+    out = torch.zeros(mask.shape, dtype=torch.float64)
+    for i in range(mask.shape[0]):
+        cols = [j for j in range(mask.shape[1]) if mask[i, j]]
+        acc = 0.0
+        for k, j in enumerate(reversed(cols)):
+            acc = (normed[i] if k == 0 else 0.0) + token_gamma * acc
+            out[i, j] = acc
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_step_reinforce_matches_loop(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    traj, steps, index = [], [], []
+    for t in range(12):  # 12 trajectories of 1..5 steps in 4 groups, rows shuffled
+        n = int(torch.randint(1, 6, (1,), generator=gen))
+        traj += [f"t{t}"] * n
+        steps += list(range(n))
+        index += [t % 4] * n
+    order = torch.randperm(len(traj), generator=gen).tolist()
+    traj = [traj[i] for i in order]
+    steps = [steps[i] for i in order]
+    index = [index[i] for i in order]
+    b = len(traj)
+    rewards = torch.randn(b, generator=gen, dtype=torch.float64)
+    mask = torch.rand(b, 7, generator=gen) < 0.7
+    adv, _ = A.step_reinforce(
+        torch.zeros(b, dtype=torch.float64),
+        mask,
+        index,
+        traj_ids=traj,
+        step_ids=torch.tensor(steps),
+        step_rewards=rewards,
+        gamma=0.9,
+        token_gamma=0.8,
+    )
+    want = loop_step_reinforce(traj, steps, rewards.tolist(), index, mask, 0.9, 0.8)
+    torch.testing.assert_close(adv, want)
+
+
+def test_step_reinforce_validates_inputs() -> None:
+    m = torch.ones(2, 1, dtype=torch.bool)
+    kw = dict(traj_ids=["a", "a"], step_rewards=torch.zeros(2))
+    with pytest.raises(ValueError, match="step_reinforce: a .trajectory, step. pair"):
+        A.step_reinforce(torch.zeros(2), m, [0, 0], step_ids=torch.tensor([0, 0]), **kw)
+    with pytest.raises(ValueError, match="step_ids must be >= 0"):
+        A.step_reinforce(torch.zeros(2), m, [0, 0], step_ids=torch.tensor([0, -1]), **kw)
+    with pytest.raises(ValueError, match="B=2"):
+        A.step_reinforce(torch.zeros(2), m, [0, 0], step_ids=torch.tensor([0]), **kw)
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -355,6 +461,7 @@ def test_registry() -> None:
         "gpg",
         "grpo_passk",
         "gigpo",
+        "step_reinforce",
     ):
         assert callable(get_estimator(name))
     assert get_estimator("grpo") is A.grpo

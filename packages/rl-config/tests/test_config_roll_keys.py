@@ -101,11 +101,18 @@ def test_roll_unknown_keys_still_fail_with_suggestion() -> None:
     assert "did you mean" in issue.message
 
 
-def test_roll_step_reinforce_refused_with_alternative() -> None:
+def test_roll_agentic_reinforce_refused_with_alternative() -> None:
     with pytest.raises(ConfigError) as info:
-        ExperimentConfig.model_validate({"pretrain": "m", "adv_estimator": "step_reinforce"})
+        ExperimentConfig.model_validate({"pretrain": "m", "adv_estimator": "agentic_reinforce"})
     (issue,) = info.value.issues
-    assert issue.path == "adv_estimator" and "use gigpo" in issue.message
+    assert issue.path == "adv_estimator" and "use reinforce" in issue.message
+
+
+def test_roll_step_reinforce_is_accepted() -> None:
+    cfg = ExperimentConfig.model_validate(
+        {"pretrain": "m", "adv_estimator": "step_reinforce", "step_reward_gamma": 1.0}
+    )
+    assert (cfg.adv_estimator, cfg.step_reward_gamma) == ("step_reinforce", 1.0)
 
 
 def test_roll_compat_tables_are_plain_and_disjoint() -> None:

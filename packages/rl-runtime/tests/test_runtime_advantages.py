@@ -115,6 +115,35 @@ def test_gigpo_step_rows_and_advantages():
     assert float(adv[0, 2]) > float(adv[1, 2])
 
 
+def test_step_reinforce_gets_discounted_turn_returns_per_turn():
+    # a: two turns rewarded 0.5 each; b: two turns rewarded 0. step_reward_gamma 0.5 ->
+    # a's turn returns 0.5 + 0.5 * 0.5 = 0.75 and 0.5; token gamma 0.5 within each turn
+    trajs = [_traj("a", "g", "A", 1.0, n_turns=2), _traj("b", "g", "A", 0.0, n_turns=2)]
+    batch = collate_trajectories(trajs, pad_token_id=0)
+    cfg = AdvantageConfig(
+        adv_estimator="step_reinforce", method="identity", gigpo_gamma=0.5, gamma=0.5
+    )
+    adv, mask = compute_advantages(batch, cfg)["advantages"], batch.tensors["response_mask"]
+    assert adv[~mask].abs().sum() == 0
+    assert adv[0][mask[0]].tolist() == [0.375, 0.75, 0.25, 0.5]
+    assert adv[1][mask[1]].tolist() == [0.0, 0.0, 0.0, 0.0]
+    # defaults (step_reward_gamma 0.95, mean_std): returns 0.975, 0.5, 0, 0 normalised together
+    normed = compute_advantages(batch, AdvantageConfig(adv_estimator="step_reinforce"))
+    last = normed["advantages"][:, [3, 6]]  # each turn's last model token (turn = 2 tokens)
+    want = torch.tensor(_plain_group_norm([0.975, 0.5, 0.0, 0.0], [0] * 4))
+    torch.testing.assert_close(last.reshape(-1), want, atol=1e-4, rtol=0)
+
+
+def test_method_mean_subtracts_the_group_mean():
+    # schema and rl_algos accept method "mean"; the runtime refused it after validation
+    trajs = [_traj("a", "g", "A", 3.0), _traj("b", "g", "A", 1.0)]
+    batch = collate_trajectories(trajs, pad_token_id=0)
+    out = compute_advantages(batch, AdvantageConfig(adv_estimator="reinforce", method="mean"))
+    mask = batch.tensors["response_mask"]
+    assert out["advantages"][0][mask[0]].tolist() == [1.0, 1.0]
+    assert out["advantages"][1][mask[1]].tolist() == [-1.0, -1.0]
+
+
 def test_unknown_names_are_errors():
     with pytest.raises(ValueError, match="adv_estimator='ppo'"):
         AdvantageConfig(adv_estimator="ppo")

@@ -1,6 +1,7 @@
 """rl_runtime.pipeline.Runner with a fake recipe and in-process fake workers: cadence (the last
 step logs, evaluates and saves), teardown after an exception, resume (first line, step, weight
-version, recipe state), summary.json and the resolved config."""
+version, recipe state; a changed seed or estimator refused), summary.json and the resolved
+config."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rl_config.errors import ConfigError
 from rl_config.schema import ExperimentConfig
 from rl_runtime.cluster import RoleSpec
 from rl_runtime.compose import compose
@@ -168,3 +170,34 @@ def test_resume_continues_step_version_and_recipe_state(tmp_path, capsys):
     assert [s for kind, s in recipe.calls if kind == "step"] == [3, 4]
     assert recipe.counter == 5  # 3 restored + 2 new
     assert result.resumed_from is not None and result.weight_version == 5
+
+
+def test_resume_refuses_changed_seed_and_estimator_before_anything_starts(tmp_path, capsys):
+    _run(tmp_path, FakeRecipe(), max_steps=3)
+    state = json.loads(
+        (tmp_path / "out" / "checkpoints" / "step-000003" / "run_state.json").read_text()
+    )
+    assert state["extra"]["config"]["seed"] == 42  # the checkpoint records its config
+    capsys.readouterr()
+    recipe = FakeRecipe()
+    runner = _runner(
+        tmp_path, recipe, max_steps=5, resume_from_checkpoint=True, seed=7, adv_estimator="rloo"
+    )
+    with pytest.raises(ConfigError) as info:
+        runner.run()
+    assert [i.path for i in info.value.issues] == ["seed", "adv_estimator"]
+    assert "'grpo' in checkpoint" in info.value.issues[1].message
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("resuming from checkpoint") and "step-000003" in first
+    assert recipe.calls == [] and runner.ctx is None  # no cluster, no step
+
+
+def test_resume_warns_about_harmless_changes(tmp_path, capsys):
+    _run(tmp_path, FakeRecipe(), max_steps=3)
+    capsys.readouterr()
+    _, result = _run(tmp_path, FakeRecipe(), max_steps=5, resume_from_checkpoint=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("resuming from checkpoint")
+    assert any(x.startswith("warning: max_steps changed since checkpoint") for x in lines)
+    assert not any("resume_from_checkpoint changed" in x for x in lines)
+    assert result.step == 5

@@ -40,6 +40,7 @@ from rl_algos._groups import (
 )
 from rl_algos._scan import compact, compaction, discounted_reverse_cumsum, masked_discounted_returns
 from rl_algos.aggregate import masked_whiten
+from rl_algos.rewards import normalize_rewards
 
 __all__ = [
     "dr_grpo",
@@ -57,6 +58,7 @@ __all__ = [
     "reinforce_returns",
     "remax",
     "rloo",
+    "step_reinforce",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -583,6 +585,29 @@ def _norm_in_groups(x: Tensor, ids: Tensor, g: int, norm_by_std: bool, epsilon: 
     return a / (std.index_select(0, ids) + epsilon) if norm_by_std else a
 
 
+def _step_returns(
+    tid: Tensor, n_traj: int, step_ids: Tensor, step_rewards: Tensor, gamma: float, who: str
+) -> Tensor:
+    """Discounted return of each step row inside its trajectory, ``[B]``:
+    ``G_t = sum_{k >= t} gamma**(k-t) r_k`` over the steps ``k`` of the row's trajectory.
+
+    ``tid [B]``: dense trajectory id (``< n_traj``); ``step_ids [B]``: int turn index (>= 0, at
+    most one row per (trajectory, step); missing steps count as reward 0); ``step_rewards [B]``.
+    Built as an ``[n_traj, S]`` matrix and reduced with a blocked reverse scan.
+    """
+    dev, b = step_rewards.device, step_rewards.shape[0]
+    steps = step_ids.to(device=dev, dtype=torch.long)
+    if bool((steps < 0).any()):
+        raise ValueError(f"{who}: step_ids must be >= 0")
+    n_steps = int(steps.max()) + 1 if b else 0
+    flat = tid * n_steps + steps
+    if bool((torch.bincount(flat, minlength=n_traj * n_steps) > 1).any()):
+        raise ValueError(f"{who}: a (trajectory, step) pair occurs in more than one row")
+    mat = torch.zeros(n_traj * n_steps, dtype=step_rewards.dtype, device=dev)
+    mat[flat] = step_rewards
+    return discounted_reverse_cumsum(mat.view(n_traj, n_steps), gamma).reshape(-1)[flat]
+
+
 @register_estimator("gigpo")
 @torch.no_grad()
 def gigpo(
@@ -658,22 +683,65 @@ def gigpo(
     ep_adv_traj = torch.zeros(n_traj, dtype=s.dtype, device=dev)
     ep_adv_traj[present] = t_a
     ep_adv = ep_adv_traj.index_select(0, tid)
-    # discounted step returns inside each trajectory: [n_traj, S] matrix + blocked reverse scan
-    steps = step_ids.to(device=dev, dtype=torch.long)
-    if bool((steps < 0).any()):
-        raise ValueError("gigpo: step_ids must be >= 0")
-    n_steps = int(steps.max()) + 1 if b else 0
-    flat = tid * n_steps + steps
-    if bool((torch.bincount(flat, minlength=n_traj * n_steps) > 1).any()):
-        raise ValueError("gigpo: a (trajectory, step) pair occurs in more than one row")
-    mat = torch.zeros(n_traj * n_steps, dtype=s.dtype, device=dev)
-    mat[flat] = step_rewards.to(dev, s.dtype)
-    step_ret = discounted_reverse_cumsum(mat.view(n_traj, n_steps), gamma).reshape(-1)[flat]
+    step_ret = _step_returns(tid, n_traj, step_ids, step_rewards.to(dev, s.dtype), gamma, "gigpo")
     # anchor-state step groups inside episode groups
     aid, n_anchor = group_ids(anchor_ids, b, dev)
     sg_ids, sg = group_ids(ids * max(n_anchor, 1) + aid, b, dev)
     st_adv = _norm_in_groups(step_ret, sg_ids, sg, norm_by_std, epsilon)
     adv = _broadcast(episode_weight * ep_adv + step_weight * st_adv, mask)
+    return adv, adv
+
+
+@register_estimator("step_reinforce")
+@torch.no_grad()
+def step_reinforce(
+    scores: Tensor,
+    response_mask: Tensor,
+    index: GroupIndex,
+    *,
+    traj_ids: GroupIndex,
+    step_ids: Tensor,
+    step_rewards: Tensor,
+    gamma: float = 0.95,
+    token_gamma: float = 1.0,
+    method: str = "mean_std",
+    epsilon: float = 1e-6,
+) -> tuple[Tensor, Tensor]:
+    """Per-step REINFORCE (ROLL's ``adv_estimator: step_reinforce``, its step-wise agentic runs).
+
+    Rows are *steps* (one model turn each).  ``G_t = sum_{k >= t} gamma**(k-t) r_k`` is the
+    discounted return of the row's trajectory from this step (``gamma``: ROLL's
+    ``step_reward_gamma``); the returns are normalised over the rows of each group ``index`` by
+    ``method`` (``rl_algos.rewards.normalize_rewards``: the run's reward normalisation), put on
+    the step's last response token and turned into a token reward-to-go with ``token_gamma``
+    (ROLL's ``gamma``; 1.0 gives every token of the step the normalised return).  No critic, no
+    state grouping: unlike ``gigpo`` a step is compared with all steps of its group.
+
+    Args:
+        scores: ``[B]`` or ``[B, T]``: only checked (the outcome enters through ``step_rewards``).
+        response_mask: ``[B, T]`` (the step's response tokens).
+        index: ``[B]`` normalisation group per row (episode group, tag, or one group).
+        traj_ids: ``[B]`` trajectory key per row.  step_ids: ``[B]`` int turn index in it.
+        step_rewards: ``[B]`` reward of this step.
+    Returns:
+        ``(advantages [B, T], returns [B, T])`` (same tensor).
+    """
+    mask = _check_mask(response_mask)
+    s = _outcome_scores(scores, mask)
+    b, dev = s.shape[0], s.device
+    if step_ids.shape != (b,) or step_rewards.shape != (b,):
+        raise ValueError(
+            f"step_ids {tuple(step_ids.shape)} and step_rewards {tuple(step_rewards.shape)} "
+            f"must be [B={b}]"
+        )
+    tid, n_traj = group_ids(traj_ids, b, dev)
+    step_ret = _step_returns(
+        tid, n_traj, step_ids, step_rewards.to(dev, s.dtype), gamma, "step_reinforce"
+    )
+    normed = normalize_rewards(
+        step_ret, grouping="group", method=method, index=index, epsilon=epsilon
+    )
+    adv = masked_discounted_returns(_token_rewards(normed, mask), mask, token_gamma)
     return adv, adv
 
 

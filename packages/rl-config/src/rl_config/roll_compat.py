@@ -208,8 +208,6 @@ fill: a warning, not an error (other unknown placeholders are errors)."""
 
 ROLL_UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
     "adv_estimator": {
-        "step_reinforce": "ROLL's per-step REINFORCE is not implemented; use gigpo (step-level "
-        "advantages) or reinforce",
         "agentic_reinforce": "ROLL's agentic REINFORCE is not implemented; use reinforce",
     },
 }

@@ -39,7 +39,7 @@ def pipeline_kind(data: dict[str, Any]) -> str:
 
 
 def unsupported_values(data: dict[str, Any]) -> list[ConfigIssue]:
-    """Errors for ROLL values this stack refuses (``adv_estimator: step_reinforce``)."""
+    """Errors for ROLL values this stack refuses (``adv_estimator: agentic_reinforce``)."""
     issues: list[ConfigIssue] = []
     for key, values in ROLL_UNSUPPORTED_VALUES.items():
         value = data.get(key)

@@ -494,11 +494,18 @@ def check_async(cfg: ExperimentConfig) -> Issues:
             )
         shared = _overlap(cfg.actor_infer, cfg.actor_train)
         if shared:
+            partial = set(shared) == set(cfg.actor_train.device_mapping or [])
             issues.append(
                 ConfigIssue(
                     "actor_infer.device_mapping",
                     f"shares devices {shared} with actor_train; asynchronous training generates "
-                    "while training, so give actor_infer its own devices",
+                    "while training, so give actor_infer its own devices"
+                    + (
+                        " (ROLL's partial-GPU mode, actor_train's devices a subset of "
+                        "actor_infer's, is not implemented)"
+                        if partial
+                        else ""
+                    ),
                 )
             )
     elif cfg.async_.partial_rollout:

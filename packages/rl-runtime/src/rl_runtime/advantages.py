@@ -4,13 +4,15 @@ Composes rl_algos (no estimator math of its own):
 
 1. scores `[B]` = episode rewards (format penalties included by the envs).
 2. `reward_normalization`: `grouping` (`traj_group_id` | `tags` | `batch`; compose resolves ROLL's
-   aliases) picks the groups, `method` (`mean_std` | `asym_clip` | `identity`) the normalisation
+   aliases) picks the groups, `method` (`mean_std` | `mean` | `asym_clip` | `identity`) the
+   normalisation
    (rl_algos.rewards).
 3. With a reward KL penalty (`kl_coef > 0`, ROLL's `add_token_level_kl`), the scores go on each
    row's last model token and `kl_coef * KL(kind)` is subtracted per token (rl_algos.kl_control).
 4. The estimator, by name from rl_algos' registry (`get_estimator`); its signature declares what it
-   needs (`EstimatorSpec.needs`): critic `values` (gae), greedy `baseline_scores` (remax), GiGPO
-   step rows (`step_rewards`); group estimators get the normalisation groups as `index`.
+   needs (`EstimatorSpec.needs`): critic `values` (gae), greedy `baseline_scores` (remax), per-turn
+   step rows (`step_rewards`: gigpo, step_reinforce); group estimators get the normalisation
+   groups as `index`.
 5. `whiten_advantages` (rl_algos.aggregate.masked_whiten), `advantage_clip`.
 """
 
@@ -26,7 +28,7 @@ import torch
 from rl_runtime.collate import CollatedBatch
 
 GROUPINGS = ("traj_group_id", "tags", "batch")
-METHODS = ("mean_std", "asym_clip", "identity")
+METHODS = ("mean_std", "mean", "asym_clip", "identity")
 NEEDS = ("values", "baseline_scores", "step_rows")
 
 
@@ -85,8 +87,10 @@ class AdvantageConfig:
     """How advantages are computed (built by rl_runtime.compose from the experiment config).
 
     `kl_kind`: the reward KL estimator (rl_algos.losses.kl_penalty names); the coefficient itself
-    comes from the KL controller at each step. `gigpo_*`: GiGPO's episode/step weights and step
-    discount. `needs` is derived from the estimator's signature."""
+    comes from the KL controller at each step. `gigpo_*`: GiGPO's episode/step weights and the
+    discount across turns (step_reward_gamma) of the step-wise estimators (gigpo,
+    step_reinforce; the latter discounts within a turn by `gamma`). `needs` is derived from the
+    estimator's signature."""
 
     adv_estimator: str = "grpo"
     grouping: str = "traj_group_id"
@@ -177,7 +181,7 @@ def step_rows(batch: CollatedBatch) -> dict[str, torch.Tensor]:
             masks.append(step_mask)
             prev_end = end
     if not masks:
-        raise ValueError("gigpo: the batch has no model turns")
+        raise ValueError("step-wise advantages: the batch has no model turns")
     return {
         "row_of": torch.tensor(row_of),
         "step_ids": torch.tensor(steps),
@@ -264,22 +268,24 @@ def _step_estimate(
     keys: torch.Tensor,
     kwargs: dict[str, object],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A step-wise estimator (GiGPO): one row per model turn, written back onto its tokens."""
+    """A step-wise estimator (gigpo, step_reinforce): one row per model turn, written back onto
+    its tokens. The estimator gets those of the step inputs its signature names."""
     mask = batch.tensors["response_mask"]
     rows = step_rows(batch)
     row_of = rows["row_of"]
-    step_adv, _ = fn(
-        scores[row_of],
-        rows["step_mask"],
-        keys[row_of],
-        traj_ids=row_of,
-        step_ids=rows["step_ids"],
-        step_rewards=rows["step_rewards"],
-        anchor_ids=rows["anchor_ids"],
-        step_weight=cfg.gigpo_step_weight,
-        episode_weight=cfg.gigpo_episode_weight,
-        **kwargs,
-    )
+    offered = {
+        "traj_ids": row_of,
+        "step_ids": rows["step_ids"],
+        "step_rewards": rows["step_rewards"],
+        "anchor_ids": rows["anchor_ids"],
+        "step_weight": cfg.gigpo_step_weight,
+        "episode_weight": cfg.gigpo_episode_weight,
+        "token_gamma": cfg.gamma,
+        "method": cfg.method,
+    }
+    params = inspect.signature(fn).parameters
+    step_kwargs = {k: v for k, v in offered.items() if k in params}
+    step_adv, _ = fn(scores[row_of], rows["step_mask"], keys[row_of], **step_kwargs, **kwargs)
     adv = torch.zeros(mask.shape, dtype=torch.float32).index_add_(0, row_of, step_adv.float())
     return adv, adv
 

@@ -30,6 +30,7 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
+from rl_runtime.resume_guard import check_resume, config_record
 from rl_runtime.timing import PhaseTimer, StepProgress
 from rl_runtime.tracking import Tracker
 
@@ -207,9 +208,12 @@ class Runner:
 
     # ------------------------------------------------------------------------------ setup
     def _announce(self) -> tuple[Path | None, RunState | None]:
-        """First output: the resume line (if any), then warnings; writes the resolved config."""
+        """First output: the resume line (if any), then warnings; writes the resolved config.
+        A resume whose config changed a key the checkpoint depends on is refused here, before
+        anything starts (rl_runtime.resume_guard)."""
         c = self.components
         resume, state = None, None
+        resume_warnings: list[str] = []
         if c.role("actor_train") is not None:
             self.ckpt = CheckpointManager(
                 c.checkpoint.directory,
@@ -225,7 +229,13 @@ class Runner:
                     f"(weight version {state.weight_version})",
                     flush=True,
                 )
-        for line in (*self.cfg.config_warnings(), *c.warnings, *check_optional_packages(self.cfg)):
+                resume_warnings = check_resume(state.extra.get("config"), self.cfg, str(resume))
+        for line in (
+            *resume_warnings,
+            *self.cfg.config_warnings(),
+            *c.warnings,
+            *check_optional_packages(self.cfg),
+        ):
             print(f"warning: {line}", flush=True)
         from rl_config.redact import dump_resolved
 
@@ -293,7 +303,7 @@ class Runner:
             weight_version=ctx.weight_version,
             env_seed_epoch=ctx.step,
             rng=capture_rng(),
-            extra={"recipe": recipe_state},
+            extra={"recipe": recipe_state, "config": config_record(self.cfg)},
         )
         return self.ckpt.save(state, write)
 

@@ -23,6 +23,7 @@ AdvEstimatorName = Literal[
     "gpg",
     "grpo_passk",
     "gigpo",
+    "step_reinforce",
 ]
 KlKind = Literal["kl", "k1", "abs", "mse", "k2", "k3", "low_var_kl", "full"]
 LossAggMode = Literal[
@@ -133,8 +134,8 @@ class AlgorithmFields(StrictModel):
         description="Advantage estimator (rl_algos registry name; a test keeps this list equal to "
         "the registry): gae (needs a critic), grpo, dr_grpo, reinforce, rloo, reinforce_pp "
         "(= reinforce_plus_plus), reinforce_pp_baseline (= reinforce_plus_plus_baseline), remax "
-        "(greedy baseline rollouts), opo, gpg, grpo_passk, gigpo (per-turn steps). Reward "
-        "normalisation (reward_normalization) runs first; group estimators use its groups.",
+        "(greedy baseline rollouts), opo, gpg, grpo_passk, gigpo (per-turn steps), step_reinforce (ROLL's per-step "
+        "REINFORCE: each turn's discounted return, normalised). Reward normalisation (reward_normalization) runs first; group estimators use its groups.",
     )
     ppo_epochs: int = Field(
         default=1,
@@ -296,5 +297,8 @@ class AlgorithmFields(StrictModel):
         default=1.0, description="GiGPO: weight of the step-level advantage."
     )
     step_reward_gamma: float = Field(
-        default=0.95, ge=0, le=1, description="GiGPO: discount of step rewards."
+        default=0.95,
+        ge=0,
+        le=1,
+        description="Discount of step rewards across turns (gigpo, step_reinforce).",
     )

@@ -1,0 +1,126 @@
+"""Resume safety: the config a checkpoint was written under, against the config resuming it.
+
+A checkpoint records its run's resolved config (secrets redacted, `config_record`). On resume,
+`check_resume` compares it key by key with the new one:
+
+* a changed key matching `RESUME_REFUSED` (model and architecture, training strategy and ranks,
+  the seed and batch/group sizes that the env and sampling seeds derive from, the estimator ...)
+  is refused: one `ConfigError` naming every such key, its checkpointed and its new value;
+* a key in `RESUME_SILENT` (`resume_from_checkpoint` itself) is not reported;
+* any other changed key is a warning naming it (`max_steps`, `logging_steps`, a learning rate):
+  the run continues with the new value.
+
+Keys are dotted paths as in the YAML; patterns are `fnmatch` patterns (`*` spans dots). A section
+that appears or disappears (a critic added) is one key, the section's name.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from fnmatch import fnmatchcase
+from typing import Any
+
+from rl_config.errors import ConfigError, ConfigIssue
+
+_TRAINED = ("actor_train", "critic")
+_MODEL = "the checkpoint holds weights of another model"
+_RANKS = "the trainer's checkpoint is sharded over the role's ranks and strategy"
+_SEEDS = (
+    "the env and sampling seeds of each step derive from it; the resumed run would not "
+    "continue the checkpointed one"
+)
+
+RESUME_REFUSED: dict[str, str] = {
+    "pretrain": _MODEL,
+    **{
+        f"{r}.model_args.{k}": _MODEL
+        for r in _TRAINED
+        for k in (
+            "model_name_or_path",
+            "model_type",
+            "num_labels",
+            "model_config_kwargs",
+        )
+    },
+    **{f"{r}.strategy_args*": _RANKS for r in _TRAINED},
+    **{f"{r}.device_mapping": _RANKS for r in _TRAINED},
+    **{f"{r}.world_size": _RANKS for r in _TRAINED},
+    "critic": "a critic added or removed: its weights and optimizer are in the checkpoint, or not",
+    "seed": _SEEDS,
+    "rollout_batch_size": _SEEDS,
+    "num_return_sequences_in_group": _SEEDS,
+    "train_env_manager.num_env_groups": _SEEDS,
+    "train_env_manager.group_size": _SEEDS,
+    "train_env_manager.group_size_redundancy": _SEEDS,
+    "train_env_manager.tags": _SEEDS,
+    "train_env_manager.num_groups_partition": _SEEDS,
+    "custom_envs.*.env_type": "the task of the checkpointed run changes",
+    "custom_envs.*.env_config": "the task of the checkpointed run changes",
+    "actor_train.data_args.file_name": "the prompts of each step derive from the dataset and step",
+    "adv_estimator": "the checkpointed policy (and critic) were trained for another objective",
+}
+"""Keys whose change breaks a resume -> why (refused, each named)."""
+
+RESUME_SILENT: tuple[str, ...] = ("resume_from_checkpoint",)
+"""Keys that differ on every resume by design: not reported."""
+
+
+def config_record(cfg: Any) -> dict[str, Any]:
+    """The resolved config as JSON data, secrets redacted (what a checkpoint records)."""
+    from rl_config.redact import redact
+
+    data = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+    return json.loads(json.dumps(redact(data), default=str))
+
+
+def changed_keys(old: Any, new: Any, prefix: str = "") -> Iterator[tuple[str, Any, Any]]:
+    """`(dotted key, old value, new value)` of every leaf that differs; mappings are descended
+    into, anything else (lists included) is a leaf; a missing key reads as None."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for key in dict.fromkeys([*old, *new]):
+            path = f"{prefix}.{key}" if prefix else str(key)
+            yield from changed_keys(old.get(key), new.get(key), path)
+    elif old != new:
+        yield prefix, old, new
+
+
+def _show(value: Any) -> str:
+    """A value for a message: a section as `{...}`, long values cut."""
+    text = "{...}" if isinstance(value, Mapping) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _reason(key: str) -> str | None:
+    return next((why for p, why in RESUME_REFUSED.items() if fnmatchcase(key, p)), None)
+
+
+def check_resume(saved: Mapping[str, Any] | None, cfg: Any, checkpoint: str) -> list[str]:
+    """Warnings for the keys changed since `checkpoint` was written under the config `saved`;
+    raises `ConfigError` naming every changed key `RESUME_REFUSED` lists. `saved` None (a
+    checkpoint from before configs were recorded) is one warning."""
+    if saved is None:
+        return [f"checkpoint {checkpoint} records no config; changed keys cannot be checked"]
+    refused: list[ConfigIssue] = []
+    warnings: list[str] = []
+    for key, old, new in changed_keys(saved, config_record(cfg)):
+        if any(fnmatchcase(key, p) for p in RESUME_SILENT):
+            continue
+        why = _reason(key)
+        if why is None:
+            warnings.append(
+                f"{key} changed since checkpoint {checkpoint}: {_show(old)} -> {_show(new)} "
+                "(the run continues with the new value)"
+            )
+        else:
+            refused.append(
+                ConfigIssue(
+                    key,
+                    f"{_show(old)} in checkpoint {checkpoint}, now {_show(new)}: {why}. Resume "
+                    "with the checkpointed value, or start a new run (resume_from_checkpoint: "
+                    "false and another checkpoint_config.output_dir)",
+                )
+            )
+    if refused:
+        raise ConfigError(refused)
+    return warnings
