@@ -148,6 +148,9 @@ RLVR_IGNORED: dict[str, str] = {
     "render_save_dir": "agentic only (RLVR has no env frames to render)",
     "max_running_requests": "the RLVR recipe sends each rollout batch to the engines at once",
     "reward_pretrain": "RLVR rewards are rule/function based here (no reward model)",
+    "critic.*": "the RLVR pipeline has no critic (a critic section is refused: use a "
+    "critic-free estimator such as grpo, rloo, reinforce_plus_plus)",
+    "value_clip": "the RLVR pipeline has no critic",
     **{
         f"{role}.data_args.*": "only actor_train.data_args are read (RLVR data and template)"
         for role in ("actor_infer", "reference", "critic")
@@ -312,7 +315,11 @@ def _pipeline_specific(pattern: str) -> bool:
 
 
 def pipeline_kind(cfg: BaseModel) -> str | None:
-    """The pipeline a config is for when it says so by its sections (env managers: agentic)."""
+    """The pipeline a config is for: the validated config's own `pipeline_kind` (agentic with
+    env managers, dpo, else rlvr), or by its sections (env managers: agentic) for other models."""
+    kind = getattr(cfg, "pipeline_kind", None)
+    if isinstance(kind, str):
+        return kind
     return "agentic" if getattr(cfg, "train_env_manager", None) is not None else None
 
 
