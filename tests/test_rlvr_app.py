@@ -84,7 +84,7 @@ def test_dry_run_prints_the_rlvr_plan():
     assert proc.returncode == 0, proc.stderr
     assert "group_size=8" in proc.stdout
     assert "DynamicSamplingPlan(enable=True, max_extra_rounds=2)" in proc.stdout
-    assert "warning" not in proc.stdout  # the RLVR keys it sets are consumed, not refused
+    assert "warning:" not in proc.stdout  # the RLVR keys it sets are consumed, not refused
 
 
 def test_rlvr_keys_are_refused_by_the_agentic_pipeline():
@@ -96,3 +96,48 @@ def test_rlvr_keys_are_refused_by_the_agentic_pipeline():
     compose(cfg, pipeline="rlvr")
     with pytest.raises(ConfigError, match="dynamic_sampling.enable"):
         compose(cfg, pipeline="agentic")
+
+
+ROLL = ROOT / "packages" / "rl-config" / "tests" / "data" / "roll"
+ROLL_REFUSED = {
+    # rl-rollout has no qwen3 / qwen2-vl chat template (and no multimodal inputs)
+    "head/examples/ascend_examples/qwen3_8b_rlvr_fsdp2.yaml": "template='qwen3'",
+    "v0.2.0/examples/qwen2.5-vl-7B-math/rlvr_math_lora.yaml": "template='qwen2-vl'",
+    "v0.2.0/examples/qwen2.5-vl-7B-math/rlvr_math_zero3.yaml": "template='qwen2-vl'",
+    "head/examples/qwen2_5-vl-3B-rlvr_fsdp2/rlvr_fsdp2_offload.yaml": "freeze_module_prefix",
+}
+
+
+def _roll_rlvr() -> list[str]:
+    import csv
+
+    with (ROLL / "MANIFEST.tsv").open() as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    return [f"{r['version']}/{r['path']}" for r in rows
+            if r["kind"] == "rlvr" and r["strategy"] != "megatron"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", _roll_rlvr())
+def test_roll_rlvr_examples_without_megatron_dry_run(name):
+    """ROLL's own RLVR examples compose into the RLVR plan (or are refused for a named reason)."""
+    from rl_config import load_config
+    from rl_config.errors import ConfigError
+    from rl_runtime.compose import compose
+    from rl_runtime.compose.rlvr import build_rlvr
+
+    def dry_run() -> None:
+        cfg = load_config(ROLL / name)
+        build_rlvr(cfg)
+        compose(cfg, pipeline="rlvr")
+
+    if name in ROLL_REFUSED:
+        with pytest.raises((ConfigError, ValueError), match=ROLL_REFUSED[name]):
+            dry_run()
+    else:
+        dry_run()
+
+
+def test_roll_rlvr_examples_mostly_compose():
+    names = _roll_rlvr()
+    assert set(ROLL_REFUSED) <= set(names)
+    assert len(names) - len(ROLL_REFUSED) >= 8

@@ -178,15 +178,16 @@ class RlvrRecipe:
     # --------------------------------------------------------------------------- step
     def step(self, ctx: Context) -> dict[str, float]:
         c, plan, timer, cluster = ctx.components, self.plan, ctx.timer, ctx.cluster
-        rounds = [0]
+        drawn: list[Group] = []  # every generated group, dropped ones included (metrics)
 
         def draw(k: int) -> list[Group]:
             index = self.sampler.next(k)
-            seed = c.seed * 100_003 + ctx.step * 7 + rounds[0] * 100_000_007
-            rounds[0] += 1
+            seed = c.seed * 100_003 + ctx.step * 7 + len(drawn) * 100_000_007
             sampling = msgspec.structs.replace(plan.sampling, seed=seed)
             rows = [self.train_rows[i] for i in index]
-            return self.groups(ctx, rows, [self.train_ids[i] for i in index], sampling)
+            fresh = self.groups(ctx, rows, [self.train_ids[i] for i in index], sampling)
+            drawn.extend(fresh)
+            return fresh
 
         with timer.phase("rollout"):
             cluster.enter_phase("rollout")
@@ -195,10 +196,11 @@ class RlvrRecipe:
                 enable=plan.dynamic_sampling.enable,
                 max_extra_rounds=plan.dynamic_sampling.max_extra_rounds,
             )  # fmt: skip
-        metrics = {**fill.metrics(), **self.data_metrics, **group_metrics(fill.groups)}
+        metrics = {**fill.metrics(), **self.data_metrics, **group_metrics(drawn)}
         metrics.update({f"reward/failures/{k}": float(v) for k, v in self.failures.items()})
         if not fill.groups:  # every group dropped within the bound: nothing to learn from
             metrics["train/skipped"] = 1.0
+            metrics.update(timer.metrics())
             return metrics
         trajectories = self.trajectories(fill.groups, ctx.step)
         batch = collate_trajectories(trajectories, pad_token_id=self.pad_token_id)
@@ -286,7 +288,7 @@ class RlvrRecipe:
 
 
 def group_metrics(groups: list[Group]) -> dict[str, float]:
-    """reward/* (mean, accuracy, per domain), response/* (length, truncation) of kept groups."""
+    """reward/* (mean, accuracy, per domain), response/* (length, truncation) of `groups`."""
     if not groups:
         return {}
     samples = [(g.row.data_source, r, s, res) for g in groups

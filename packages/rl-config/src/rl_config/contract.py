@@ -148,6 +148,8 @@ RLVR_IGNORED: dict[str, str] = {
     "render_save_dir": "agentic only (RLVR has no env frames to render)",
     "max_running_requests": "the RLVR recipe sends each rollout batch to the engines at once",
     "reward_pretrain": "RLVR rewards are rule/function based here (no reward model)",
+    "actor_train.training_args.num_train_epochs": "ROLL's RLVR pipeline runs max_steps steps "
+    "and repeats the prompts as needed (as ROLL, it does not read it)",
     "critic.*": "the RLVR pipeline has no critic (a critic section is refused: use a "
     "critic-free estimator such as grpo, rloo, reinforce_plus_plus)",
     "value_clip": "the RLVR pipeline has no critic",
@@ -214,11 +216,13 @@ def declared(key: str, pipeline: str | None = None) -> tuple[str, str] | None:
     others = (
         [PIPELINE_IGNORED.get(pipeline, {})] if pipeline is not None else PIPELINE_IGNORED.values()
     )
-    for kind, table in (
-        ("unsupported", UNSUPPORTED),
-        ("ignored", IGNORED),
-        *(("ignored", t) for t in others),
-    ):
+    # a pipeline's own table first: it may downgrade a key the others refuse (RLVR ignores
+    # num_train_epochs as ROLL's RLVR pipeline does)
+    tables = [("ignored", t) for t in others] if pipeline is not None else []
+    tables += [("unsupported", UNSUPPORTED), ("ignored", IGNORED)]
+    if pipeline is None:
+        tables += [("ignored", t) for t in others]
+    for kind, table in tables:
         for pattern, reason in table.items():
             if fnmatchcase(key, pattern):
                 return kind, reason
