@@ -1,7 +1,7 @@
 """`uv run apps/rlvr [--config FILE] [key=value ...] [--dry-run] [--no-ray]`
 
-With no arguments: the CPU default (configs/cpu_default.yaml) — `a+b=` prompts generated locally
-into parquet (held-out pairs disjoint from training pairs), a tiny model built locally, a short
+With no arguments: the CPU default (configs/cpu_default.yaml) — `max 3 8 1 5 =` prompts generated
+locally into parquet (held-out problems disjoint from training ones), a tiny model built locally, a short
 supervised warm-up on noisy answers, then GRPO with DAPO's clip-higher, token-mean loss and
 dynamic sampling; it prints held-out accuracy before and after RL with standard errors and a
 trivial baseline (also written to output_dir/summary.json).
@@ -59,8 +59,8 @@ def prepare(cfg, app) -> str:
         from arith_task import write_arith_parquet
 
         d = app.arith_data
-        write_arith_parquet(d.out_dir, max_a=d.max_a, max_b=d.max_b,
-                            val_fraction=d.val_fraction, seed=d.seed)  # fmt: skip
+        write_arith_parquet(d.out_dir, kind=d.kind, num_digits=d.num_digits, max_a=d.max_a,
+                            max_b=d.max_b, val_fraction=d.val_fraction, seed=d.seed)  # fmt: skip
     path = cfg.pretrain
     if app.build_tiny_model:
         from rl_rollout.tiny_model import build_tiny_model

@@ -159,7 +159,7 @@ class Scorer:
         self, overlong: OverlongPlan, response_length: int, *, allow_weak_isolation: bool
     ) -> None:
         self.pool = SandboxPool(
-            1,
+            2,
             limits=SandboxLimits(timeout_s=10.0, allow_weak_isolation=allow_weak_isolation),
             preload=("rl_envs.rewards.graders",),
         )

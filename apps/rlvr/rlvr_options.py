@@ -29,11 +29,14 @@ class WarmupOptions:
 
 @dataclass
 class ArithDataOptions:
-    """`a+b=` prompts written to parquet (verl's schema) before the run; held-out pairs are
-    disjoint from training pairs (see arith_task)."""
+    """Task prompts written to parquet (verl's schema) before the run; held-out problems are
+    disjoint from training problems (see arith_task)."""
 
     generate: bool = False
     out_dir: str = "./output/rlvr_data"
+    #: `max` (largest of num_digits digits) or `add` (a+b)
+    kind: str = "max"
+    num_digits: int = 4
     max_a: int = 99
     max_b: int = 9
     val_fraction: float = 0.2

@@ -136,18 +136,23 @@ class RlvrRecipe:
         return out
 
     def groups(self, ctx: Context, rows: list, ids: list, sampling: SamplingParams) -> list[Group]:
-        """Generate and score the groups of `rows` (rewards after reward_clip)."""
+        """Generate and score the groups of `rows` (rewards after reward_clip); every sample of
+        the batch is scored in one call to the sandboxed reward manager."""
         results = self.generate(ctx, ids, sampling)
-        groups = []
-        for row, prompt, res in zip(rows, ids, results, strict=True):
-            texts = [self.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in res]
-            scores = self.scorer.score([row] * len(res), texts, [len(r.output_ids) for r in res])
-            for s in scores:
-                if not s.ok:
-                    self.failures[s.kind] += 1
+        texts = [[self.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in res]
+                 for res in results]  # fmt: skip
+        flat = self.scorer.score(
+            [row for row, res in zip(rows, results) for _ in res],
+            [t for ts in texts for t in ts],
+            [len(r.output_ids) for res in results for r in res],
+        )
+        self.failures.update(s.kind for s in flat if not s.ok)
+        groups, start = [], 0
+        for row, prompt, res, ts in zip(rows, ids, results, texts, strict=True):
+            scores, start = flat[start : start + len(res)], start + len(res)
             raw = torch.tensor([s.reward for s in scores])
             rewards = clip_rewards(raw, self.plan.reward_clip).tolist()
-            groups.append(Group(row, prompt, res, texts, scores, rewards))
+            groups.append(Group(row, prompt, res, ts, scores, rewards))
         return groups
 
     def trajectories(self, groups: list[Group], step: int) -> list[Trajectory]:
