@@ -42,7 +42,9 @@ def test_held_out_prompts_are_disjoint_by_content(tmp_path, kind):
     assert not train_text & {r.question for r in val}
     # the ground truth read back through verl's schema is the task's answer
     for r in val[:50]:
-        numbers = [int(x) for x in r.question.replace("max", "").replace("+", " ").strip("= ").split()]
+        numbers = [
+            int(x) for x in r.question.replace("max", "").replace("+", " ").strip("= ").split()
+        ]
         assert r.ground_truth == str(max(numbers) if kind == "max" else sum(numbers))
 
 

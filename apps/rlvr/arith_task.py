@@ -28,7 +28,7 @@ def problems(kind: str, *, num_digits: int = 4, max_a: int = 99, max_b: int = 9)
 def split(items: list, val_fraction: float, seed: int) -> tuple[list, list]:
     """(train, held-out): a seeded permutation cut in two; every item in exactly one."""
     order = np.random.default_rng(seed).permutation(len(items))
-    n_val = int(round(len(items) * val_fraction))
+    n_val = round(len(items) * val_fraction)
     if not 0 < n_val < len(items):
         raise ValueError(f"val_fraction={val_fraction} leaves no training or no held-out rows")
     return [items[i] for i in order[n_val:]], [items[i] for i in order[:n_val]]
@@ -55,6 +55,8 @@ def write_arith_parquet(out_dir: str, *, kind: str, val_fraction: float, seed: i
     paths = []
     for name, items in (("train", train), ("test", val)):
         path = out / f"{name}.parquet"
-        pq.write_table(pa.Table.from_pylist([row(p, a, name, i) for i, (p, a) in enumerate(items)]), path)
+        pq.write_table(
+            pa.Table.from_pylist([row(p, a, name, i) for i, (p, a) in enumerate(items)]), path
+        )
         paths.append(str(path))
     return paths[0], paths[1]

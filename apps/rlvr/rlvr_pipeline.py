@@ -69,13 +69,20 @@ class RlvrRecipe:
 
         plan, c = self.plan, ctx.components
         self.tokenizer = tok = AutoTokenizer.from_pretrained(self.model_path)
-        self.pad_token_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+        self.pad_token_id = int(
+            tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        )
         self.template = get_template(plan.data.template, tok)
         self.kl_ctl = c.kl.build()
         self.train_rows, self.train_ids, rejected, overlong = self._prompts(plan.data.train_files)
         val_files = plan.data.val_files
-        self.val_rows, self.val_ids, _, _ = self._prompts(val_files) if val_files else ([], [], [], 0)
-        self.val_rows, self.val_ids = self.val_rows[: plan.val_prompts], self.val_ids[: plan.val_prompts]
+        self.val_rows, self.val_ids, _, _ = (
+            self._prompts(val_files) if val_files else ([], [], [], 0)
+        )
+        self.val_rows, self.val_ids = (
+            self.val_rows[: plan.val_prompts],
+            self.val_ids[: plan.val_prompts],
+        )
         self.data_metrics = {"data/train_prompts": float(len(self.train_rows)),
                              "data/rejected_rows": float(len(rejected)),
                              "data/filtered_overlong_prompts": float(overlong)}  # fmt: skip
@@ -270,7 +277,9 @@ class RlvrRecipe:
         if w.steps <= 0:
             return {}
         t0 = time.perf_counter()
-        demos = demonstrations(self.train_rows, self.train_ids, self.tokenizer, w, ctx.components.seed)
+        demos = demonstrations(
+            self.train_rows, self.train_ids, self.tokenizer, w, ctx.components.seed
+        )
         batch = collate_trajectories(demos, pad_token_id=self.pad_token_id)
         gen = torch.Generator().manual_seed(ctx.components.seed)
         actor = ctx.cluster["actor_train"]
@@ -304,7 +313,9 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
         "reward/failed": float(sum(not s.ok for _, _, s, _ in samples)),
         "response/length_mean": mean(len(res.output_ids) for *_, res in samples),
         "response/length_max": float(max(len(res.output_ids) for *_, res in samples)),
-        "response/truncated_rate": mean(float(res.finish_reason == "length") for *_, res in samples),
+        "response/truncated_rate": mean(
+            float(res.finish_reason == "length") for *_, res in samples
+        ),
     }
     for domain in sorted({d for d, *_ in samples}):
         out[f"reward/{domain}/mean"] = mean(r for d, r, _, _ in samples if d == domain)
@@ -323,12 +334,24 @@ def accuracy_metrics(groups: list[Group], prefix: str) -> dict[str, float]:
         f"{prefix}/pass@k": mean(float(p > 0) for p in per_prompt),
         f"{prefix}/num_prompts": float(n),
         f"{prefix}/reward_failed": float(sum(not s.ok for g in groups for s in g.scores)),
-        **{f"{prefix}/{k.split('/', 1)[1]}": v for k, v in group_metrics(groups).items()
-           if k.startswith("response/")},  # fmt: skip
+        **{
+            f"{prefix}/{k.split('/', 1)[1]}": v
+            for k, v in group_metrics(groups).items()
+            if k.startswith("response/")
+        },
     }
 
 
+SUMMARY = {
+    "greedy": "val/greedy/accuracy",
+    "greedy_se": "val/greedy/accuracy_se",
+    "sampled": "val/accuracy",
+    "sampled_se": "val/accuracy_se",
+    "pass@k": "val/pass@k",
+    "baseline": "val/baseline_accuracy",
+}
+
+
 def summary_row(metrics: dict[str, float]) -> dict[str, float | str]:
-    keys = ("greedy/accuracy", "greedy/accuracy_se", "accuracy", "accuracy_se", "pass@k",
-            "baseline_accuracy")  # fmt: skip
-    return {k: float(metrics[f"val/{k}"]) for k in keys if f"val/{k}" in metrics}
+    """Held-out accuracy columns of the before/after table."""
+    return {name: float(metrics[key]) for name, key in SUMMARY.items() if key in metrics}

@@ -19,12 +19,16 @@ def noisy_answer(truth: Any, rng: random.Random, noise: float) -> str:
     return str(int(text) + rng.choice([d for d in range(-9, 10) if d]))
 
 
-def demonstrations(rows: list, prompt_ids: list[list[int]], tokenizer: Any, options: Any, seed: int):
+def demonstrations(
+    rows: list, prompt_ids: list[list[int]], tokenizer: Any, options: Any, seed: int
+):
     """One `Trajectory` per row: prompt tokens (not trained on), then the response and eos."""
     rng = random.Random(seed)
     out = []
     for row, prompt in zip(rows[: options.demos], prompt_ids, strict=False):
-        text = options.response_template.format(answer=noisy_answer(row.ground_truth, rng, options.answer_noise))
+        text = options.response_template.format(
+            answer=noisy_answer(row.ground_truth, rng, options.answer_noise)
+        )
         response = [*tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
         p = len(prompt)
         out.append(Trajectory(

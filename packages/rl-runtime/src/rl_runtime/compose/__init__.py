@@ -77,7 +77,9 @@ def compose(
     plain = getattr(cfg, "__wrapped__", cfg)
     refuse_unsupported(plain, pipeline)
     warnings: list[str] = []
-    samples = cfg.rollout_batch_size  # RLVR: prompts, each sampled num_return_sequences_in_group times
+    samples = (
+        cfg.rollout_batch_size
+    )  # RLVR: prompts, each sampled num_return_sequences_in_group times
     if (pipeline or pipeline_kind(plain)) == "rlvr":
         samples *= cfg.num_return_sequences_in_group
     gen = cfg.actor_infer.generating_args
