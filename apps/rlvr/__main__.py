@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         print(plan_text(components))
         print("rlvr: " + pprint.pformat(plan, width=98, sort_dicts=False).replace("\n", "\n  "))
         return 0
-    from rlvr_pipeline import STDOUT_KEYS, RlvrRecipe, summary_row
+    from rlvr_metrics import summary_row
+    from rlvr_pipeline import STDOUT_KEYS, RlvrRecipe
 
     from rl_runtime.pipeline import Runner, RunOptions, print_result
 
