@@ -156,7 +156,7 @@ CONFIG = APP / "configs" / "cpu_default.yaml"
 def _run_app(out: Path, *args: str, **extra: object) -> list[dict]:
     base = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
-        "pretrain": out.parent / "tiny_model", "rlvr_app.arith_data.out_dir": out.parent / "data",
+        "pretrain": out.parent / "tiny_model",  # the data goes to ./output/rlvr_data in cwd
         "track_with": "stdout", "max_steps": 2, "eval_steps": 2, "save_steps": 1000,
         "rollout_batch_size": 4, "num_return_sequences_in_group": 4, "val_batch_size": 8,
         "val_n_sample": 2, "actor_train.training_args.per_device_train_batch_size": 8,

@@ -46,6 +46,7 @@ class RlvrRecipe:
     def __init__(self, app: AppOptions, plan: RlvrPlan, model_path: str) -> None:
         self.app, self.plan, self.model_path = app, plan, model_path
         self.kl_ctl: Any = None
+        self.scorer: Scorer | None = None  # owns sandbox processes: made in setup, closed in close
         self.failures: Counter[str] = Counter()
 
     # --------------------------------------------------------------------------- setup
@@ -108,7 +109,9 @@ class RlvrRecipe:
             self.sampler.load_state(state["sampler"])
 
     def close(self) -> None:
-        self.scorer.close()
+        if self.scorer is not None:
+            self.scorer.close()
+            self.scorer = None
 
     # ------------------------------------------------------------------------ rollout
     def generate(self, ctx: Context, prompts: list[list[int]], sampling: SamplingParams) -> list:
@@ -135,6 +138,7 @@ class RlvrRecipe:
         results = self.generate(ctx, ids, sampling)
         texts = [[self.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in res]
                  for res in results]  # fmt: skip
+        assert self.scorer is not None, "setup() makes the scorer"
         flat = self.scorer.score(
             [row for row, res in zip(rows, results) for _ in res],
             [t for ts in texts for t in ts],
