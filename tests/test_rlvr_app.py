@@ -227,3 +227,18 @@ def test_rlvr_dynamic_sampling_refills_within_its_bound(tmp_path):
         if r["dynamic_sampling/rounds"] == 2:  # a refill round asked for the missing groups only
             assert r["dynamic_sampling/generated_groups"] <= 8
         assert ("train/loss" in r) == (kept > 0) and (r.get("train/skipped") == 1.0) == (kept == 0)
+
+
+@pytest.mark.slow
+def test_missing_data_file_is_named_and_the_run_ends_cleanly(tmp_path):
+    """A data file the config names but that does not exist: exit 1 with its path, no traceback
+    (the recipe's sandbox pool was never made, and closing must not fail)."""
+    cmd = [sys.executable, str(APP), "--no-ray", "max_steps=1", "rlvr_app.arith_data.generate=false",
+           "rlvr_app.warmup.steps=0", f"pretrain={tmp_path / 'tiny_model'}",
+           f"output_dir={tmp_path / 'out'}", f"logging_dir={tmp_path / 'out' / 'logs'}",
+           f"checkpoint_config.output_dir={tmp_path / 'out' / 'ckpt'}",
+           "actor_train.data_args.file_name=missing_train.parquet"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "data error: dataset file not found: missing_train.parquet" in proc.stderr
+    assert "Traceback" not in proc.stderr

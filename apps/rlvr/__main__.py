@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
+    except FileNotFoundError as exc:  # a data file the config names
+        print(f"data error: {exc}", file=sys.stderr)
+        return 1
     finally:
         recipe.close()
     print_result(result, "held-out accuracy (greedy; sampled mean and pass@k; trivial baseline)",
