@@ -32,12 +32,27 @@ def _plain(obj):
     return obj
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def _app(path: Path) -> str:
+    return path.relative_to(ROOT / "apps").parts[0]
+
+
+def _name(path: Path) -> str:
+    """Snapshot name: the config's stem, prefixed by its app except for apps/agentic's."""
+    app = _app(path)
+    return path.stem if app == "agentic" else f"{app}_{path.stem}"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=_name)
 def test_shipped_config_composes_to_its_snapshot(path):
     data = dict(compose_config(path, []).data)
-    data.pop("agentic_app", None)
-    got = _plain(compose(ExperimentConfig.model_validate(data), device_kind="cpu"))
-    snap = ROOT / "tests" / "snapshots" / f"compose_{path.stem}.json"
+    data.pop(f"{_app(path)}_app", None)
+    cfg = ExperimentConfig.model_validate(data)
+    got = _plain(compose(cfg, device_kind="cpu"))
+    if _app(path) == "rlvr":
+        from rl_runtime.compose.rlvr import build_rlvr
+
+        got["rlvr"] = _plain(build_rlvr(cfg))
+    snap = ROOT / "tests" / "snapshots" / f"compose_{_name(path)}.json"
     text = json.dumps(got, indent=1, sort_keys=True) + "\n"
     if os.environ.get("RL_UPDATE_SNAPSHOTS"):
         snap.write_text(text)

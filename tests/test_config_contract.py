@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from rl_config.contract import IGNORED, UNSUPPORTED, declared, schema_keys
+from rl_config.contract import IGNORED, PIPELINE_CONSUMED, UNSUPPORTED, declared, schema_keys
 from rl_config.loading import compose_config
 from rl_config.schema import ExperimentConfig
 from rl_runtime.compose import compose
+from rl_runtime.compose.rlvr import build_rlvr
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLES = ("actor_train", "actor_infer", "reference", "critic")
@@ -77,6 +78,7 @@ class Trace:
 def _loaded(path: Path) -> dict[str, Any]:
     data = dict(compose_config(path, []).data)
     data.pop("agentic_app", None)
+    data.pop("rlvr_app", None)
     return data
 
 
@@ -110,9 +112,9 @@ def _consumed() -> set[str]:
 def test_every_schema_key_is_consumed_or_declared():
     consumed = _consumed()
     keys = schema_keys()
-    missing = [k for k in keys if k not in consumed and declared(k) is None]
+    missing = [k for k in keys if k not in consumed and declared(k, "agentic") is None]
     assert not missing, f"schema keys neither consumed by compose nor declared: {missing}"
-    both = sorted(k for k in consumed if declared(k) is not None)
+    both = sorted(k for k in consumed if declared(k, "agentic") is not None)
     assert not both, f"consumed by compose but declared unsupported/ignored: {both}"
     stale = [p for p in {**UNSUPPORTED, **IGNORED} if not any(_match(k, p) for k in keys)]
     assert not stale, f"contract patterns that match no schema key: {stale}"
@@ -286,3 +288,80 @@ def test_every_consumed_key_changes_the_components(key):
     _set(data, key, value)
     after = ExperimentConfig.model_validate(data)
     assert compose(after) != compose(before), f"{key}: {value!r} did not change the components"
+
+
+# ------------------------------------------------------------------------------------ RLVR
+RLVR = ROOT / "apps/rlvr/configs/cpu_default.yaml"
+RLVR_VARIANTS: list[dict[str, Any]] = [
+    {},
+    {"overlong_penalty": {"enable": True, "buffer_length": 4}, "max_len_mask": True,
+     "reward_clip": 5.0, "dynamic_sampling": {"enable": False}},
+    {"actor_train": {"data_args": {"messages": "messages", "file_name": ["a.jsonl", "b.jsonl"],
+                                   "domain_interleave_probs": {"math": 1.0}}}},
+    {"actor_train": {"data_args": {"prompt": "question", "response": "answer", "tag": "domain"}}},
+    _merge(KL, {}),
+    ALGO,
+    {"actor_train": {"pg_variant": "gspo"}},
+    {"use_pg_clip_range": False},
+]  # fmt: skip
+
+
+def _rlvr_consumed() -> tuple[set[str], set[str]]:
+    """(keys compose(pipeline="rlvr") or build_rlvr read, keys build_rlvr reads)."""
+    seen: set[str] = set()
+    own: set[str] = set()
+    for extra in RLVR_VARIANTS:
+        cfg = ExperimentConfig.model_validate(_merge(_data(RLVR), extra))
+        compose(Trace(cfg, "", seen), pipeline="rlvr")
+        build_rlvr(Trace(cfg, "", own))
+    return seen | own, own
+
+
+def test_rlvr_every_schema_key_is_consumed_or_declared():
+    consumed, own = _rlvr_consumed()
+    missing = [k for k in schema_keys() if k not in consumed and declared(k, "rlvr") is None]
+    assert not missing, f"schema keys neither consumed by the RLVR pipeline nor declared: {missing}"
+    both = sorted(k for k in own if declared(k, "rlvr") is not None)
+    assert not both, f"read by build_rlvr but declared unsupported/ignored for rlvr: {both}"
+    unused = [p for p in PIPELINE_CONSUMED["rlvr"] if not any(_match(k, p) for k in own)]
+    assert not unused, f"PIPELINE_CONSUMED['rlvr'] patterns build_rlvr never reads: {unused}"
+
+
+RLVR_CHANGES: dict[str, Any] = {
+    "actor_train.data_args.template": "qwen2_5",
+    "actor_train.data_args.file_name": "other.parquet",
+    "actor_train.data_args.eval_file_name": "other_test.parquet",
+    "actor_train.data_args.prompt": "question",
+    "actor_train.data_args.messages": "messages",
+    "actor_train.data_args.domain_interleave_probs": {"math": 1.0},
+    "reward_clip": 3.0,
+    "overlong_penalty.buffer_length": 4,
+    "actor_infer.generating_args.max_new_tokens": 6,
+    "response_length": 6,
+    "num_return_sequences_in_group": 4,
+}
+# keys that only check: a wrong value is refused with the key's name
+RLVR_REFUSED: dict[str, Any] = {"actor_infer.generating_args.num_return_sequences": 3}
+RLVR_CONTEXT: dict[str, dict[str, Any]] = {
+    "actor_infer.generating_args.max_new_tokens": {"response_length": None},
+    "num_return_sequences_in_group": {"actor_infer": {"generating_args": {"num_return_sequences": 1}}},
+    "sequence_length": {"prompt_length": None},
+    "overlong_penalty.enable": {"overlong_penalty": {"buffer_length": 4}},
+    "response_length": {"actor_infer": {"generating_args": {"max_new_tokens": 4}}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("key", sorted(_rlvr_consumed()[1] & set(schema_keys())))
+def test_every_rlvr_key_changes_the_plan(key):
+    base = _merge(_data(RLVR), RLVR_CONTEXT.get(key, {}))
+    before = ExperimentConfig.model_validate(base)
+    data = copy.deepcopy(base)
+    changes = {**CHANGES, **RLVR_CHANGES, **RLVR_REFUSED}
+    value = changes[key] if key in changes else _changed(_get(before, key))
+    _set(data, key, value)
+    after = ExperimentConfig.model_validate(data)
+    if key in RLVR_REFUSED:
+        with pytest.raises(ValueError, match=key):
+            build_rlvr(after)
+        return
+    assert build_rlvr(after) != build_rlvr(before), f"{key}: {value!r} did not change the plan"

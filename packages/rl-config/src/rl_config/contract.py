@@ -162,15 +162,73 @@ AGENTIC_IGNORED: dict[str, str] = {
     "reward_scale": "RLVR only (agentic pipelines use reward_normalization)",
     "rewards.*": "RLVR reward domains (agentic rewards come from the envs)",
     "custom_reward_function.*": "RLVR only (agentic rewards come from the envs)",
+    "val_n_sample": "RLVR only (agentic validation plays val_env_manager's episodes)",
+    "val_greedy": "RLVR only (agentic apps choose greedy validation themselves)",
+}
+
+_NOT_IN_RLVR = "not implemented in the RLVR pipeline"
+RLVR_IGNORED: dict[str, str] = {
+    "train_env_manager.*": "agentic only (RLVR prompts come from actor_train.data_args)",
+    "val_env_manager.*": "agentic only (RLVR validation uses data_args.eval_file_name)",
+    "custom_envs.*": "agentic only (RLVR prompts come from actor_train.data_args)",
+    "max_tokens_per_step": "agentic only (RLVR responses use response_length)",
+    "render_save_dir": "agentic only (RLVR has no env frames to render)",
+    "max_running_requests": "the RLVR recipe sends each rollout batch to the engines at once",
+    "reward_pretrain": "RLVR rewards are rule/function based here (no reward model)",
+    "actor_train.training_args.num_train_epochs": "ROLL's RLVR pipeline runs max_steps steps "
+    "and repeats the prompts as needed (as ROLL, it does not read it)",
+    "critic.*": "the RLVR pipeline has no critic (a critic section is refused: use a "
+    "critic-free estimator such as grpo, rloo, reinforce_plus_plus)",
+    "value_clip": "the RLVR pipeline has no critic",
+    **{
+        f"{role}.data_args.*": "only actor_train.data_args are read (RLVR data and template)"
+        for role in ("actor_infer", "reference", "critic")
+    },
+    "actor_train.data_args.dataset_type": "the loader follows the file extension (.parquet, "
+    ".jsonl, .json)",
+    "actor_train.data_args.id": "rows are identified by file and row number",
+    "actor_train.data_args.preprocessing_num_workers": "prompts are tokenized on the driver",
+    "actor_train.data_args.cache_path": "prompts are tokenized on the driver (no cache)",
+    # RLVR knobs of ROLL this pipeline does not implement (a warning, as ROLL-only keys are)
+    "norm_mean_type": f"{_NOT_IN_RLVR}; advantages follow reward_normalization",
+    "norm_std_type": f"{_NOT_IN_RLVR}; advantages follow reward_normalization",
+    "reward_norm": f"{_NOT_IN_RLVR}; advantages follow reward_normalization",
+    "reward_shift": f"{_NOT_IN_RLVR}; advantages follow reward_normalization",
+    "reward_scale": f"{_NOT_IN_RLVR}; advantages follow reward_normalization",
+    "is_num_return_sequences_expand": "the engines are asked for G samples per prompt",
+    "is_use_additional_prompts": f"{_NOT_IN_RLVR}; use dynamic_sampling.enable",
+    "max_additional_running_prompts": f"{_NOT_IN_RLVR}; use dynamic_sampling.max_num_gen_batches",
 }
 
 
-PIPELINE_IGNORED: dict[str, dict[str, str]] = {"agentic": AGENTIC_IGNORED}
+PIPELINE_IGNORED: dict[str, dict[str, str]] = {"agentic": AGENTIC_IGNORED, "rlvr": RLVR_IGNORED}
 """Per pipeline kind: keys of other pipelines, a warning only in a config of that kind."""
 
 PIPELINE_CONSUMED: dict[str, tuple[str, ...]] = {
-    # rl_envs.rewards.router.reward_router_spec reads worker_cls to pick a domain's reward
-    "rlvr": ("rewards.*.worker_cls",),
+    # read by rl_runtime.compose.rlvr (apps/rlvr); rl_envs.rewards.router.reward_router_spec
+    # reads worker_cls to pick a domain's reward
+    "rlvr": (
+        "rewards.*.worker_cls",
+        "dynamic_sampling.*",
+        "overlong_penalty.*",
+        "max_len_mask",
+        "reward_clip",
+        "val_batch_size",
+        "val_n_sample",
+        "val_greedy",
+        "prompt_length",
+        "response_length",
+        "num_return_sequences_in_group",
+        "actor_infer.generating_args.num_return_sequences",
+        "actor_train.data_args.template",
+        "actor_train.data_args.file_name",
+        "actor_train.data_args.eval_file_name",
+        "actor_train.data_args.prompt",
+        "actor_train.data_args.messages",
+        "actor_train.data_args.response",
+        "actor_train.data_args.tag",
+        "actor_train.data_args.domain_interleave_probs",
+    ),
 }
 """Per pipeline kind: key patterns that pipeline consumes although ``UNSUPPORTED`` or ``IGNORED``
 declare them for the others (e.g. RLVR's ``dynamic_sampling.*``)."""
@@ -187,11 +245,13 @@ def declared(key: str, pipeline: str | None = None) -> tuple[str, str] | None:
     others = (
         [PIPELINE_IGNORED.get(pipeline, {})] if pipeline is not None else PIPELINE_IGNORED.values()
     )
-    for kind, table in (
-        ("unsupported", UNSUPPORTED),
-        ("ignored", IGNORED),
-        *(("ignored", t) for t in others),
-    ):
+    # a pipeline's own table first: it may downgrade a key the others refuse (RLVR ignores
+    # num_train_epochs as ROLL's RLVR pipeline does)
+    tables = [("ignored", t) for t in others] if pipeline is not None else []
+    tables += [("unsupported", UNSUPPORTED), ("ignored", IGNORED)]
+    if pipeline is None:
+        tables += [("ignored", t) for t in others]
+    for kind, table in tables:
         for pattern, reason in table.items():
             if fnmatchcase(key, pattern):
                 return kind, reason
@@ -288,7 +348,11 @@ def _pipeline_specific(pattern: str) -> bool:
 
 
 def pipeline_kind(cfg: BaseModel) -> str | None:
-    """The pipeline a config is for when it says so by its sections (env managers: agentic)."""
+    """The pipeline a config is for: the validated config's own `pipeline_kind` (agentic with
+    env managers, dpo, else rlvr), or by its sections (env managers: agentic) for other models."""
+    kind = getattr(cfg, "pipeline_kind", None)
+    if isinstance(kind, str):
+        return kind
     return "agentic" if getattr(cfg, "train_env_manager", None) is not None else None
 
 

@@ -30,6 +30,11 @@ METRIC_PREFIXES = (
     "warmup/",
     "failures/",
     "sandbox/",
+    # RLVR (apps/rlvr): rewards per domain, response lengths, DAPO dynamic sampling, data counts
+    "reward/",
+    "response/",
+    "dynamic_sampling/",
+    "data/",
 )
 
 

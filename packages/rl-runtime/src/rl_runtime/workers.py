@@ -271,6 +271,11 @@ class RolloutWorker:
                 if callable(close):
                     close()
 
+    def generate(self, requests: Sequence[Any]) -> list:
+        """Complete `GenerationRequest`s (single-turn, e.g. RLVR prompts): each request's
+        `sampling.n` `GenerationResult`s, in request order."""
+        return asyncio.run(self.engine.generate(list(requests)))
+
     def take_sandbox_stats(self) -> dict[str, float]:
         """`sandbox/*` counts (calls, failures, timeouts, worker restarts ...) of the sandbox pools
         this worker's envs used since the last take (see rl_runtime.failures.SandboxCounters)."""

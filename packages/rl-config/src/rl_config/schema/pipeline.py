@@ -117,6 +117,16 @@ class PipelineFields(StrictModel):
         ge=1,
         description="Per validation run. Agentic: trajectories (samples). RLVR: prompts.",
     )
+    val_n_sample: int = Field(
+        default=1,
+        ge=1,
+        description="RLVR: samples per held-out prompt in validation (pass@k with k = "
+        "val_n_sample, sampled like training).",
+    )
+    val_greedy: bool = Field(
+        default=False,
+        description="RLVR: also validate with greedy decoding (one sample per prompt).",
+    )
     prompt_length: int | None = Field(
         default=None,
         ge=1,

@@ -72,9 +72,16 @@ def compose(
     Raises `ConfigError` naming every key set to a value rl_config.contract declares unsupported
     for `pipeline` (the app's kind: agentic, rlvr, dpo; default: inferred from the config's
     sections); `cfg.__wrapped__`, when present, is the config behind a proxy."""
-    refuse_unsupported(getattr(cfg, "__wrapped__", cfg), pipeline)
+    from rl_config.contract import pipeline_kind
+
+    plain = getattr(cfg, "__wrapped__", cfg)
+    refuse_unsupported(plain, pipeline)
     warnings: list[str] = []
-    samples = cfg.rollout_batch_size
+    samples = (
+        cfg.rollout_batch_size
+    )  # RLVR: prompts, each sampled num_return_sequences_in_group times
+    if (pipeline or pipeline_kind(plain)) == "rlvr":
+        samples *= cfg.num_return_sequences_in_group
     gen = cfg.actor_infer.generating_args
     max_new = min(gen.max_new_tokens, cfg.max_tokens_per_step or gen.max_new_tokens)
     names = ["actor_infer"]

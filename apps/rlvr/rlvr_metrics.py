@@ -1,0 +1,81 @@
+"""RLVR metrics: rewards per domain, response lengths and truncation of a batch of groups, and
+held-out accuracy with its standard error, pass@k and the before/after summary columns."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import mean
+from typing import Any
+
+from rlvr_data import Scored
+
+from rl_config.records import GenerationResult
+
+
+@dataclass
+class Group:
+    """The G samples of one prompt: results, decoded texts, reward records, final rewards."""
+
+    row: Any
+    prompt_ids: list[int]
+    results: list[GenerationResult]
+    texts: list[str]
+    scores: list[Scored]
+    rewards: list[float]
+
+
+def group_metrics(groups: list[Group]) -> dict[str, float]:
+    """reward/* (mean, accuracy, per domain), response/* (length, truncation) of `groups`."""
+    if not groups:
+        return {}
+    samples = [(g.row.data_source, r, s, res) for g in groups
+               for r, s, res in zip(g.rewards, g.scores, g.results)]  # fmt: skip
+    out = {
+        "reward/mean": mean(r for _, r, _, _ in samples),
+        "reward/accuracy": mean(float(s.ok and s.reward >= 1.0) for _, _, s, _ in samples),
+        "reward/failed": float(sum(not s.ok for _, _, s, _ in samples)),
+        "response/length_mean": mean(len(res.output_ids) for *_, res in samples),
+        "response/length_max": float(max(len(res.output_ids) for *_, res in samples)),
+        "response/truncated_rate": mean(
+            float(res.finish_reason == "length") for *_, res in samples
+        ),
+    }
+    for domain in sorted({d for d, *_ in samples}):
+        out[f"reward/{domain}/mean"] = mean(r for d, r, _, _ in samples if d == domain)
+    return out
+
+
+def accuracy_metrics(groups: list[Group], prefix: str) -> dict[str, float]:
+    """`<prefix>/accuracy` (mean over samples), its standard error over prompts, `pass@k`."""
+    per_prompt = [mean(float(s.ok and s.reward >= 1.0) for s in g.scores) for g in groups]
+    n = len(per_prompt)
+    acc = mean(per_prompt)
+    sd = math.sqrt(sum((p - acc) ** 2 for p in per_prompt) / max(1, n - 1))
+    return {
+        f"{prefix}/accuracy": acc,
+        f"{prefix}/accuracy_se": sd / math.sqrt(n),
+        f"{prefix}/pass@k": mean(float(p > 0) for p in per_prompt),
+        f"{prefix}/num_prompts": float(n),
+        f"{prefix}/reward_failed": float(sum(not s.ok for g in groups for s in g.scores)),
+        **{
+            f"{prefix}/{k.split('/', 1)[1]}": v
+            for k, v in group_metrics(groups).items()
+            if k.startswith("response/")
+        },
+    }
+
+
+SUMMARY = {
+    "greedy": "val/greedy/accuracy",
+    "greedy_se": "val/greedy/accuracy_se",
+    "sampled": "val/accuracy",
+    "sampled_se": "val/accuracy_se",
+    "pass@k": "val/pass@k",
+    "baseline": "val/baseline_accuracy",
+}
+
+
+def summary_row(metrics: dict[str, float]) -> dict[str, float | str]:
+    """Held-out accuracy columns of the before/after table."""
+    return {name: float(metrics[key]) for name, key in SUMMARY.items() if key in metrics}

@@ -1,0 +1,86 @@
+"""App-only options (the `rlvr_app:` section of a config).
+
+The experiment itself is validated by rl_config (ROLL key names); `rlvr_app:` holds what only this
+app needs: generating the CPU default's arithmetic data, building the tiny model, the supervised
+warm-up, Ray vs in-process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class WarmupOptions:
+    """Supervised warm-up on training answers before RL (0 steps = off); it uses actor_train's
+    optimizer, at `learning_rate` when set."""
+
+    steps: int = 0
+    batch_size: int = 32
+    #: training rows used as demonstrations at most
+    demos: int = 1024
+    learning_rate: float | None = None
+    #: the demonstrated response; `{answer}` is the row's ground truth
+    response_template: str = "#### {answer}"
+    #: probability that a demonstrated numeric answer is wrong on purpose (a noisy teacher)
+    answer_noise: float = 0.0
+
+
+@dataclass
+class ArithDataOptions:
+    """Task prompts written to parquet (verl's schema) before the run; held-out problems are
+    disjoint from training problems (see arith_task)."""
+
+    generate: bool = False
+    out_dir: str = "./output/rlvr_data"
+    #: `max` (largest of num_digits digits) or `add` (a+b)
+    kind: str = "max"
+    num_digits: int = 4
+    max_a: int = 99
+    max_b: int = 9
+    val_fraction: float = 0.2
+    seed: int = 0
+
+
+@dataclass
+class TinyModelOptions:
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    intermediate_size: int = 256
+    seed: int = 0
+
+
+@dataclass
+class AppOptions:
+    build_tiny_model: bool = False
+    tiny_model: TinyModelOptions = field(default_factory=TinyModelOptions)
+    arith_data: ArithDataOptions = field(default_factory=ArithDataOptions)
+    warmup: WarmupOptions = field(default_factory=WarmupOptions)
+    use_ray: bool = True
+    num_cpus: float | None = None
+    object_store_mb: int = 200
+    cpu_per_bundle: float = 1.0
+    export_hf: bool = False
+    eval_before_training: bool = True
+
+    @classmethod
+    def from_mapping(cls, raw: dict[str, Any] | None) -> AppOptions:
+        raw = dict(raw or {})
+        _check(cls, raw, "rlvr_app")
+        subs = {"tiny_model": TinyModelOptions, "arith_data": ArithDataOptions,
+                "warmup": WarmupOptions}  # fmt: skip
+        for name, sub in subs.items():
+            if name in raw:
+                _check(sub, raw[name] or {}, f"rlvr_app.{name}")
+                raw[name] = sub(**(raw[name] or {}))
+        return cls(**raw)
+
+
+def _check(cls: type, raw: dict[str, Any], path: str) -> None:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {unknown}; known: {sorted(known)}")

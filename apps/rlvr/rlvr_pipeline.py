@@ -1,0 +1,292 @@
+"""The RLVR recipe (ROLL's RLVRPipeline, verl's GRPO/DAPO trainer) on rl_runtime.pipeline's Runner.
+
+One step: draw prompts (resumable sampler) -> G samples per prompt on the actor_infer engines ->
+sandboxed rewards (+ DAPO overlong penalty, reward_clip) -> dynamic sampling (drop zero-variance
+groups, refill up to a bound) -> collate -> old / reference log-probs -> advantages (estimator by
+name) -> train -> weight sync. Evaluation: held-out prompts, greedy accuracy and pass@k with
+val_n_sample samples. Before training: an optional supervised warm-up on the training answers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from statistics import mean
+from typing import Any
+
+import msgspec
+import torch
+from rlvr_data import PromptSampler, Scorer, load_prompts
+from rlvr_metrics import Group, accuracy_metrics, group_metrics
+from rlvr_options import AppOptions
+
+from rl_algos.correction import mismatch_metrics
+from rl_algos.rewards import clip_rewards
+from rl_config.records import GenerationRequest, GenerationResult, SamplingParams, Trajectory, Turn
+from rl_runtime.advantages import compute_advantages, reward_kl_coef, update_kl_controller
+from rl_runtime.collate import collate_trajectories, shard_rows
+from rl_runtime.compose.rlvr import RlvrPlan
+from rl_runtime.dynamic_sampling import fill_groups
+from rl_runtime.metrics import rollout_metrics
+from rl_runtime.pipeline import Context
+
+STDOUT_KEYS = (
+    "reward/mean",
+    "reward/accuracy",
+    "val/greedy/accuracy",
+    "val/pass@k",
+    "dynamic_sampling/dropped_groups",
+    "response/length_mean",
+    "train/pg_loss",
+    "timing/step",
+)
+
+
+class RlvrRecipe:
+    def __init__(self, app: AppOptions, plan: RlvrPlan, model_path: str) -> None:
+        self.app, self.plan, self.model_path = app, plan, model_path
+        self.kl_ctl: Any = None
+        self.scorer: Scorer | None = None  # owns sandbox processes: made in setup, closed in close
+        self.failures: Counter[str] = Counter()
+
+    # --------------------------------------------------------------------------- setup
+    def setup(self, ctx: Context) -> None:
+        from transformers import AutoTokenizer
+
+        from rl_rollout.templates import get_template
+
+        plan, c = self.plan, ctx.components
+        self.tokenizer = tok = AutoTokenizer.from_pretrained(self.model_path)
+        self.pad_token_id = int(
+            tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        )
+        self.template = get_template(plan.data.template, tok)
+        self.kl_ctl = c.kl.build()
+        self.train_rows, self.train_ids, rejected, overlong = self._prompts(plan.data.train_files)
+        val_files = plan.data.val_files
+        self.val_rows, self.val_ids, _, _ = (
+            self._prompts(val_files) if val_files else ([], [], [], 0)
+        )
+        self.val_rows, self.val_ids = (
+            self.val_rows[: plan.val_prompts],
+            self.val_ids[: plan.val_prompts],
+        )
+        self.data_metrics = {"data/train_prompts": float(len(self.train_rows)),
+                             "data/rejected_rows": float(len(rejected)),
+                             "data/filtered_overlong_prompts": float(overlong)}  # fmt: skip
+        for line in rejected[:20]:
+            print(f"warning: rejected {line}", flush=True)
+        if overlong:
+            print(f"filtered {overlong} prompts longer than prompt_length={plan.prompt_length}")
+        self.sampler = PromptSampler(
+            [r.data_source for r in self.train_rows], c.seed, plan.data.domain_interleave_probs
+        )
+        self.scorer = Scorer(
+            plan.overlong, plan.response_length, allow_weak_isolation=c.sandbox_allow_weak_isolation
+        )
+
+    def _prompts(self, files: tuple[str, ...]) -> tuple[list, list[list[int]], list[str], int]:
+        """Rows, their prompt token ids, rejected-row lines, and how many prompts were longer
+        than prompt_length (dropped, as verl's filter_overlong_prompts)."""
+        rows, rejected = load_prompts(files, self.plan.data)
+        kept, ids = [], []
+        for row in rows:
+            tokens = self.tokenizer(self.template.prefix(row.prompt), add_special_tokens=False)
+            if len(tokens["input_ids"]) <= self.plan.prompt_length:
+                kept.append(row)
+                ids.append(list(tokens["input_ids"]))
+        if not kept:
+            raise ValueError(f"{list(files)}: every prompt is longer than prompt_length")
+        return kept, ids, rejected, len(rows) - len(kept)
+
+    def state(self) -> dict[str, Any]:
+        return {"kl_controller": self.kl_ctl.state_dict(), "sampler": self.sampler.state()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if "kl_controller" in state:
+            self.kl_ctl.load_state_dict(state["kl_controller"])
+        if "sampler" in state:
+            self.sampler.load_state(state["sampler"])
+
+    def close(self) -> None:
+        if self.scorer is not None:
+            self.scorer.close()
+            self.scorer = None
+
+    # ------------------------------------------------------------------------ rollout
+    def generate(self, ctx: Context, prompts: list[list[int]], sampling: SamplingParams) -> list:
+        """`sampling.n` results per prompt, `[len(prompts)][n]`, over every engine."""
+        requests = [
+            GenerationRequest(
+                request_id=str(i),
+                prompt_ids=p,
+                sampling=msgspec.structs.replace(sampling, seed=(sampling.seed or 0) * 1009 + i),
+            )
+            for i, p in enumerate(prompts)
+        ]
+        infer = ctx.cluster["actor_infer"]
+        chunks = shard_rows(requests, len(infer.workers))
+        parts = infer.wait(infer.submit_each("generate", [(c,) for c in chunks]), "generate")
+        out: list[list[GenerationResult]] = [[] for _ in prompts]
+        for result in (r for part in parts for r in part):
+            out[int(result.request_id)].append(result)
+        return out
+
+    def groups(self, ctx: Context, rows: list, ids: list, sampling: SamplingParams) -> list[Group]:
+        """Generate and score the groups of `rows` (rewards after reward_clip); every sample of
+        the batch is scored in one call to the sandboxed reward manager."""
+        results = self.generate(ctx, ids, sampling)
+        texts = [[self.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in res]
+                 for res in results]  # fmt: skip
+        assert self.scorer is not None, "setup() makes the scorer"
+        flat = self.scorer.score(
+            [row for row, res in zip(rows, results) for _ in res],
+            [t for ts in texts for t in ts],
+            [len(r.output_ids) for res in results for r in res],
+        )
+        self.failures.update(s.kind for s in flat if not s.ok)
+        groups, start = [], 0
+        for row, prompt, res, ts in zip(rows, ids, results, texts, strict=True):
+            scores, start = flat[start : start + len(res)], start + len(res)
+            raw = torch.tensor([s.reward for s in scores])
+            rewards = clip_rewards(raw, self.plan.reward_clip).tolist()
+            groups.append(Group(row, prompt, res, ts, scores, rewards))
+        return groups
+
+    def trajectories(self, groups: list[Group], step: int) -> list[Trajectory]:
+        """One single-turn Trajectory per sample; with max_len_mask a truncated response is
+        kept for its group's statistics but not trained on (response_mask False)."""
+        out = []
+        for g_index, g in enumerate(groups):
+            p = len(g.prompt_ids)
+            for k, (res, reward, score) in enumerate(zip(g.results, g.rewards, g.scores)):
+                o = len(res.output_ids)
+                truncated = res.finish_reason == "length"
+                train = not (truncated and self.plan.max_len_mask)
+                success = score.ok and score.reward >= 1.0
+                out.append(Trajectory(
+                    traj_id=f"{step}-{g_index}-{k}", group_id=f"{step}-{g_index}",
+                    tag=g.row.data_source, env_seed=g.row.index,
+                    token_ids=[*g.prompt_ids, *res.output_ids], prompt_length=p,
+                    response_mask=[False] * p + [train] * o,
+                    rollout_log_probs=[0.0] * p + list(res.output_log_probs),
+                    turns=[Turn(turn_idx=0, start=p, end=p + o, reward=reward,
+                                truncated=truncated, info={"reward_ok": score.ok})],
+                    episode_reward=reward, success=success,
+                    termination_reason="max_length" if truncated else ("success" if success else "terminated"),
+                    weight_version=res.weight_version, failed=False,
+                ))  # fmt: skip
+        return out
+
+    # --------------------------------------------------------------------------- step
+    def step(self, ctx: Context) -> dict[str, float]:
+        c, plan, timer, cluster = ctx.components, self.plan, ctx.timer, ctx.cluster
+        drawn: list[Group] = []  # every generated group, dropped ones included (metrics)
+
+        def draw(k: int) -> list[Group]:
+            index = self.sampler.next(k)
+            seed = c.seed * 100_003 + ctx.step * 7 + len(drawn) * 100_000_007
+            sampling = msgspec.structs.replace(plan.sampling, seed=seed)
+            rows = [self.train_rows[i] for i in index]
+            fresh = self.groups(ctx, rows, [self.train_ids[i] for i in index], sampling)
+            drawn.extend(fresh)
+            return fresh
+
+        with timer.phase("rollout"):
+            cluster.enter_phase("rollout")
+            fill = fill_groups(
+                draw, lambda g: g.rewards, plan.prompts_per_step,
+                enable=plan.dynamic_sampling.enable,
+                max_extra_rounds=plan.dynamic_sampling.max_extra_rounds,
+            )  # fmt: skip
+        metrics = {**fill.metrics(), **self.data_metrics, **group_metrics(drawn)}
+        metrics.update({f"reward/failures/{k}": float(v) for k, v in self.failures.items()})
+        if not fill.groups:  # every group dropped within the bound: nothing to learn from
+            metrics["train/skipped"] = 1.0
+            metrics.update(timer.metrics())
+            return metrics
+        trajectories = self.trajectories(fill.groups, ctx.step)
+        batch = collate_trajectories(trajectories, pad_token_id=self.pad_token_id)
+        t = dict(batch.tensors)
+        cluster.enter_phase("train")
+        with timer.phase("old_log_probs"):
+            t["old_log_probs"] = ctx.forward("actor_train", t)["log_probs"]
+        mismatch = mismatch_metrics(t["old_log_probs"], t["rollout_log_probs"], t["response_mask"])
+        if cluster.has("reference"):
+            with timer.phase("ref_log_probs"):
+                t["ref_log_probs"] = ctx.forward("reference", t)["log_probs"]
+        with timer.phase("advantages"):
+            adv = compute_advantages(
+                batch, c.advantage, log_probs=t["old_log_probs"],
+                ref_log_probs=t.get("ref_log_probs"), kl_coef=reward_kl_coef(c.kl, self.kl_ctl),
+            )  # fmt: skip
+            t["advantages"], t["returns"] = adv["advantages"], adv["returns"]
+        metrics.update(update_kl_controller(self.kl_ctl, adv, t["response_mask"]))
+        with timer.phase("actor_train"):
+            train = ctx.train("actor_train", t)
+            metrics.update({f"train/{k.split('/')[-1]}": float(v) for k, v in train.items()
+                            if isinstance(v, int | float)})  # fmt: skip
+        with timer.phase("sync"):
+            metrics.update(ctx.sync_weights())
+        metrics.update(rollout_metrics(trajectories, batch))
+        metrics.update({f"rollout/{k}": float(v) for k, v in mismatch.items()})
+        metrics.update(timer.metrics())
+        return metrics
+
+    # --------------------------------------------------------------------- evaluation
+    def evaluate(self, ctx: Context) -> dict[str, float]:
+        """Held-out accuracy: greedy (val/greedy/*, with val_greedy) and sampled with
+        val_n_sample samples per prompt (val/accuracy = mean over samples, val/pass@k)."""
+        if not self.val_rows:
+            return {}
+        t0 = time.perf_counter()
+        ctx.cluster.enter_phase("rollout")
+        seed = ctx.components.seed * 100_003 + 1
+        out: dict[str, float] = {}
+        if self.plan.val_greedy:
+            sampling = self.plan.val_sampling(seed, greedy=True)
+            groups = self.groups(ctx, self.val_rows, self.val_ids, sampling)
+            out.update(accuracy_metrics(groups, "val/greedy"))
+        groups = self.groups(ctx, self.val_rows, self.val_ids, self.plan.val_sampling(seed, False))
+        out.update(accuracy_metrics(groups, "val"))
+        out["val/baseline_accuracy"] = self.baseline_accuracy()
+        out["timing/eval"] = time.perf_counter() - t0
+        return out
+
+    def baseline_accuracy(self) -> float:
+        """Accuracy on the held-out prompts of always answering the most frequent training
+        answer (a trivial baseline)."""
+        common = Counter(str(r.ground_truth) for r in self.train_rows).most_common(1)[0][0]
+        return mean(float(str(r.ground_truth) == common) for r in self.val_rows)
+
+    # ------------------------------------------------------------------------ warm-up
+    def before_training(self, ctx: Context) -> dict[str, float]:
+        """Supervised warm-up on the training answers (rlvr_app.warmup), then a sync."""
+        from rlvr_warmup import demonstrations
+
+        w = self.app.warmup
+        if w.steps <= 0:
+            return {}
+        t0 = time.perf_counter()
+        demos = demonstrations(
+            self.train_rows, self.train_ids, self.tokenizer, w, ctx.components.seed
+        )
+        batch = collate_trajectories(demos, pad_token_id=self.pad_token_id)
+        gen = torch.Generator().manual_seed(ctx.components.seed)
+        actor = ctx.cluster["actor_train"]
+        ctx.cluster.enter_phase("train")
+        base_lr = ctx.components.role("actor_train").training_args.learning_rate
+        factor = (w.learning_rate / base_lr) if w.learning_rate else 1.0
+        if factor != 1.0:
+            actor.call_all("scale_learning_rate", factor)
+        for i in range(w.steps):
+            rows = torch.randperm(batch.batch_size, generator=gen)[: w.batch_size]
+            last = ctx.train("actor_train", {k: v[rows] for k, v in batch.tensors.items()}, "sft")
+            if i % 10 == 0 or i == w.steps - 1:
+                ctx.log({f"warmup/{k}": v for k, v in last.items() if isinstance(v, int | float)},
+                        -(w.steps - i))  # fmt: skip
+        if factor != 1.0:
+            actor.call_all("scale_learning_rate", 1.0 / factor)
+        actor.call_all("reset_optimizer_state")
+        ctx.sync_weights()
+        return {"warmup/seconds": time.perf_counter() - t0, "warmup/demos": float(len(demos))}

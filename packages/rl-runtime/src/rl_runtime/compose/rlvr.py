@@ -1,0 +1,157 @@
+"""RLVR's part of the composition: data files and columns, lengths, group size, DAPO knobs,
+validation sampling. `build_rlvr(cfg, components)` is pure (no file is opened: a missing data
+file fails when the app loads it, with its path).
+
+Keys read here are the ones `rl_config.contract.PIPELINE_CONSUMED["rlvr"]` names (plus the shared
+ones every pipeline reads); compose(cfg, pipeline="rlvr") refuses the rest first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from rl_config.records import SamplingParams
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """Where prompts come from (actor_train.data_args): files, columns, domain mixing, template."""
+
+    train_files: tuple[str, ...]
+    val_files: tuple[str, ...]
+    prompt_key: str | None
+    messages_key: str | None
+    response_key: str
+    tag_key: str
+    domain_interleave_probs: dict[str, float] | None
+    template: str
+
+
+@dataclass(frozen=True)
+class DynamicSamplingPlan:
+    """DAPO dynamic sampling: drop groups whose G rewards are all equal and generate more prompts
+    (`max_extra_rounds` more rounds at most; None = until the batch is full)."""
+
+    enable: bool
+    max_extra_rounds: int | None
+
+
+@dataclass(frozen=True)
+class OverlongPlan:
+    """DAPO soft overlong penalty over the last `buffer_length` tokens of `response_length`."""
+
+    enable: bool
+    buffer_length: int
+    penalty_factor: float
+
+
+@dataclass(frozen=True)
+class RlvrPlan:
+    """Everything the RLVR recipe needs beyond the shared components.
+
+    prompts_per_step: prompts per step (rollout_batch_size); group_size: G samples per prompt
+    (num_return_sequences_in_group), so a step trains on prompts_per_step x G sequences.
+    val_prompts: held-out prompts per evaluation (val_batch_size); val_n_sample: samples per
+    held-out prompt for pass@k (k = val_n_sample); val_greedy: also greedy accuracy.
+    """
+
+    data: DataPlan
+    prompt_length: int
+    response_length: int
+    group_size: int
+    prompts_per_step: int
+    val_prompts: int
+    val_n_sample: int
+    val_greedy: bool
+    dynamic_sampling: DynamicSamplingPlan
+    overlong: OverlongPlan
+    max_len_mask: bool
+    reward_clip: float | None
+    sampling: SamplingParams  # train: n = group_size, max_new_tokens = response_length
+
+    def val_sampling(self, seed: int, greedy: bool) -> SamplingParams:
+        """Held-out sampling: `val_n_sample` samples at the train temperature, or 1 greedy."""
+        if greedy:
+            return msgspec.structs.replace(
+                self.sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1, seed=seed
+            )
+        return msgspec.structs.replace(self.sampling, n=self.val_n_sample, seed=seed)
+
+
+def _files(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def build_rlvr(cfg: Any) -> RlvrPlan:
+    """The RLVR plan of a validated config; ValueError names the key at fault."""
+    from rl_rollout.templates import list_templates
+    from rl_runtime.compose.sampling import build_sampling
+
+    if cfg.critic is not None:
+        raise ValueError(
+            "critic: the RLVR pipeline trains no critic (PPO with GAE is not implemented here); "
+            f"remove the section and use a critic-free adv_estimator (got {cfg.adv_estimator!r})"
+        )
+    data = cfg.actor_train.data_args
+    if data.prompt and data.messages:
+        raise ValueError(
+            "actor_train.data_args: set either `prompt` or `messages` (the prompt column), not both"
+        )
+    if data.template not in list_templates():
+        raise ValueError(
+            f"actor_train.data_args.template={data.template!r}: unknown; known: {list_templates()}"
+        )
+    train_files = _files(data.file_name)
+    if not train_files:
+        raise ValueError("actor_train.data_args.file_name: RLVR needs a training data file")
+    group = cfg.num_return_sequences_in_group
+    gen = cfg.actor_infer.generating_args
+    n_gen = gen.num_return_sequences
+    if n_gen not in (1, group):
+        raise ValueError(
+            f"actor_infer.generating_args.num_return_sequences={n_gen} differs from "
+            f"num_return_sequences_in_group={group} (set it to 1 or to the group size)"
+        )
+    response_length = cfg.response_length or gen.max_new_tokens
+    prompt_length = cfg.prompt_length or max(1, (cfg.sequence_length or 1024) - response_length)
+    ds, ol = cfg.dynamic_sampling, cfg.overlong_penalty
+    if ol.enable and ol.buffer_length > response_length:
+        raise ValueError(
+            f"overlong_penalty.buffer_length={ol.buffer_length} exceeds the response length "
+            f"{response_length}"
+        )
+    if cfg.val_n_sample < 1:
+        raise ValueError(f"val_n_sample must be >= 1, got {cfg.val_n_sample}")
+    return RlvrPlan(
+        data=DataPlan(
+            train_files=train_files,
+            val_files=_files(data.eval_file_name),
+            prompt_key=data.prompt,
+            messages_key=data.messages,
+            response_key=data.response,
+            tag_key=data.tag,
+            domain_interleave_probs=dict(data.domain_interleave_probs or {}) or None,
+            template=data.template,
+        ),
+        prompt_length=prompt_length,
+        response_length=response_length,
+        group_size=group,
+        prompts_per_step=cfg.rollout_batch_size,
+        val_prompts=cfg.val_batch_size,
+        val_n_sample=cfg.val_n_sample,
+        val_greedy=cfg.val_greedy,
+        dynamic_sampling=DynamicSamplingPlan(
+            enable=ds.enable, max_extra_rounds=ds.max_num_gen_batches or None
+        ),
+        overlong=OverlongPlan(
+            enable=ol.enable, buffer_length=ol.buffer_length, penalty_factor=ol.penalty_factor
+        ),
+        max_len_mask=cfg.max_len_mask,
+        reward_clip=cfg.reward_clip,
+        sampling=msgspec.structs.replace(build_sampling(gen, response_length), n=group),
+    )
