@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -16,11 +17,13 @@ APP = ROOT / "apps" / "rlvr"
 sys.path.insert(0, str(APP))
 
 from arith_task import problems, split, write_arith_parquet  # noqa: E402
-from rlvr_data import PromptSampler, load_prompts  # noqa: E402
+from rlvr_data import RowSampler, load_prompts  # noqa: E402
 
+from rl_envs.rewards.router import reward_router_spec  # noqa: E402
 from rl_runtime.compose.rlvr import DataPlan  # noqa: E402
 
 PLAN = DataPlan((), (), None, None, "solution", "tag", None, "native")
+ONE_DOMAIN = reward_router_spec(None)  # no rewards section: every row to verl's default
 
 
 @pytest.mark.parametrize("kind, total", [("max", 10_000), ("add", 1000)])
@@ -35,8 +38,8 @@ def test_held_out_split_is_disjoint_and_covers_all(kind, total):
 @pytest.mark.parametrize("kind", ["max", "add"])
 def test_held_out_prompts_are_disjoint_by_content(tmp_path, kind):
     train_path, val_path = write_arith_parquet(str(tmp_path), kind=kind, val_fraction=0.2, seed=0)
-    train, _ = load_prompts([train_path], PLAN)
-    val, _ = load_prompts([val_path], PLAN)
+    train, _ = load_prompts([train_path], PLAN, ONE_DOMAIN)
+    val, _ = load_prompts([val_path], PLAN, ONE_DOMAIN)
     train_text = {r.question for r in train}
     assert len(train_text) == len(train) and len(val) * 4 == len(train)
     assert not train_text & {r.question for r in val}
@@ -54,35 +57,28 @@ def test_malformed_rows_are_rejected_with_row_numbers(tmp_path):
             {"solution": "4"}]  # fmt: skip
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{not json\n")
     plan = DataPlan((), (), "question", None, "solution", "tag", None, "native")
-    good, rejected = load_prompts([str(path)], plan)
-    assert [r.question for r in good] == ["1+1="] and good[0].data_source == "math"
+    good, rejected = load_prompts([str(path)], plan, ONE_DOMAIN)
+    assert [r.question for r in good] == ["1+1="] and good[0].tag == "math"
+    assert good[0].ground_truth == "2"  # the `response` column (data_args.response)
     assert [line.split(": ", 1)[1].split(":")[0] for line in rejected] == [
         "row 1", "row 2", "row 3"]  # fmt: skip
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
-        load_prompts([str(tmp_path / "missing.jsonl")], plan)
+        load_prompts([str(tmp_path / "missing.jsonl")], plan, ONE_DOMAIN)
 
 
-def test_sampler_resumes_with_the_next_unseen_prompts():
-    domains = ["a"] * 10
-    full = PromptSampler(domains, seed=3)
+def test_sampler_resumes_with_the_next_unseen_prompts(tmp_path):
+    train_path, _ = write_arith_parquet(str(tmp_path), kind="add", val_fraction=0.2, seed=0)
+    rows, _ = load_prompts([train_path], PLAN, ONE_DOMAIN)
+    rows = [dataclasses.replace(r, index=i) for i, r in enumerate(rows[:10])]
+    full = RowSampler(rows, seed=3, probs=None)
     seen = [full.next(4) for _ in range(5)]
-    first = PromptSampler(domains, seed=3)
+    first = RowSampler(rows, seed=3, probs=None)
     first.next(4), first.next(4)
-    resumed = PromptSampler(domains, seed=3)
+    resumed = RowSampler(rows, seed=3, probs=None)
     resumed.load_state(json.loads(json.dumps(first.state())))
     assert [resumed.next(4) for _ in range(3)] == seen[2:]
     # an epoch is a permutation: the first 10 indices cover every row once
     assert sorted([i for batch in seen for i in batch][:10]) == list(range(10))
-
-
-def test_sampler_mixes_domains_by_weight():
-    domains = ["math"] * 50 + ["code"] * 50 + ["other"] * 5
-    sampler = PromptSampler(domains, seed=0, probs={"math": 3.0, "code": 1.0})
-    batch = sampler.next(8)
-    assert sum(domains[i] == "math" for i in batch) == 6
-    assert sum(domains[i] == "code" for i in batch) == 2
-    with pytest.raises(ValueError, match="nope"):
-        PromptSampler(domains, seed=0, probs={"nope": 1.0})
 
 
 def test_dry_run_prints_the_rlvr_plan():

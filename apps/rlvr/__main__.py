@@ -86,17 +86,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if "no_ray" in args.flags:
         app.use_ray = False
+    unscorable = [f"{why} (rewards.{d})" for d, why in plan.rewards.unsupported.items()]
     if "dry_run" in args.flags:
         import pprint
 
-        for line in (*cfg.config_warnings(), *components.warnings):
+        for line in (*cfg.config_warnings(), *components.warnings, *unscorable):
             print(f"warning: {line}")
         print(plan_text(components))
         print("rlvr: " + pprint.pformat(plan, width=98, sort_dicts=False).replace("\n", "\n  "))
         return 0
+    if unscorable:  # a dry run lists them; a run cannot score those rows
+        print("config error: " + "; ".join(unscorable), file=sys.stderr)
+        return 1
     from rlvr_metrics import summary_row
     from rlvr_pipeline import STDOUT_KEYS, RlvrRecipe
 
+    from rl_envs.tasks.dataset import DataError
     from rl_runtime.pipeline import Runner, RunOptions, print_result
 
     path = prepare(cfg, app)
@@ -117,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
-    except FileNotFoundError as exc:  # a data file the config names
+    except (FileNotFoundError, DataError) as exc:  # a data file the config names, bad rows
         print(f"data error: {exc}", file=sys.stderr)
         return 1
     finally:

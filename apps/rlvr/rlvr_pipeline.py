@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import replace
 from statistics import mean
 from typing import Any
 
 import msgspec
 import torch
-from rlvr_data import PromptSampler, Scorer, load_prompts
+from rlvr_data import RowSampler, Scorer, load_prompts
 from rlvr_metrics import Group, accuracy_metrics, group_metrics
 from rlvr_options import AppOptions
 
@@ -78,22 +79,19 @@ class RlvrRecipe:
             print(f"warning: rejected {line}", flush=True)
         if overlong:
             print(f"filtered {overlong} prompts longer than prompt_length={plan.prompt_length}")
-        self.sampler = PromptSampler(
-            [r.data_source for r in self.train_rows], c.seed, plan.data.domain_interleave_probs
-        )
-        self.scorer = Scorer(
-            plan.overlong, plan.response_length, allow_weak_isolation=c.sandbox_allow_weak_isolation
-        )
+        self.sampler = RowSampler(self.train_rows, c.seed, plan.data.domain_interleave_probs)
+        self.scorer = Scorer(plan.rewards, plan.overlong, plan.response_length,
+                             allow_weak_isolation=c.sandbox_allow_weak_isolation)  # fmt: skip
 
     def _prompts(self, files: tuple[str, ...]) -> tuple[list, list[list[int]], list[str], int]:
         """Rows, their prompt token ids, rejected-row lines, and how many prompts were longer
         than prompt_length (dropped, as verl's filter_overlong_prompts)."""
-        rows, rejected = load_prompts(files, self.plan.data)
+        rows, rejected = load_prompts(files, self.plan.data, self.plan.rewards)
         kept, ids = [], []
         for row in rows:
             tokens = self.tokenizer(self.template.prefix(row.prompt), add_special_tokens=False)
             if len(tokens["input_ids"]) <= self.plan.prompt_length:
-                kept.append(row)
+                kept.append(replace(row, index=len(kept)))  # index: position in the kept rows
                 ids.append(list(tokens["input_ids"]))
         if not kept:
             raise ValueError(f"{list(files)}: every prompt is longer than prompt_length")

@@ -28,6 +28,8 @@ class RowKeys:
     ``messages``: column of chat messages (a list or its JSON string); when set and present in a
     row it wins over ``prompt``. ``prompt``: column of a text prompt or (verl) chat messages.
     ``domain``: column naming the reward domain of a row (ROLL), else the tag decides.
+    ``response``: column of the reference answer (ROLL's ``data_args.response``), read when a row
+    has neither verl's ``reward_model``, ``ground_truth`` nor ``answer``.
     """
 
     prompt: str = "prompt"
@@ -35,6 +37,7 @@ class RowKeys:
     tag: str = "tag"
     id: str = "id"
     domain: str = "domain"
+    response: str | None = None
 
 
 DEFAULT_KEYS = RowKeys()
@@ -183,9 +186,10 @@ def _prompt(record: dict[str, Any], keys: RowKeys, max_chars: int) -> tuple[list
     return _messages(value, max_chars, keys.prompt), not isinstance(value, str)
 
 
-def _truth(record: dict[str, Any], max_chars: int) -> Any:
+def _truth(record: dict[str, Any], max_chars: int, keys: RowKeys = DEFAULT_KEYS) -> Any:
     """The ground truth: verl's ``reward_model.ground_truth``, ROLL's ``ground_truth``, the
-    plain ``answer``; None for a code row that carries only ``test_cases``."""
+    plain ``answer``, the ``keys.response`` column; None for a code row that carries only
+    ``test_cases``."""
     if "reward_model" in record and record["reward_model"] is not None:
         reward_model = record["reward_model"]
         if not isinstance(reward_model, dict):
@@ -193,7 +197,7 @@ def _truth(record: dict[str, Any], max_chars: int) -> Any:
         return _ground_truth(
             reward_model.get("ground_truth"), "reward_model.ground_truth", max_chars
         )
-    for name in ("ground_truth", "answer"):
+    for name in ("ground_truth", "answer", *((keys.response,) if keys.response else ())):
         if name in record and not (_blank(record[name]) and _has_tests(record)):
             return _ground_truth(record[name], name, max_chars)
     if _has_tests(record):
@@ -245,7 +249,7 @@ def validate_row(
     if not isinstance(record, dict):
         raise RowInvalid("<row>", f"wrong type {type(record).__name__}, expected an object")
     prompt, is_chat = _prompt(record, keys, max_prompt_chars)
-    truth = _truth(record, max_answer_chars)
+    truth = _truth(record, max_answer_chars, keys)
     if truth is None or _has_tests(record):
         from rl_envs.rewards.code_tests import parse_test_cases
 

@@ -66,13 +66,14 @@ def data_spec(
     on_bad_row: Literal["error", "skip"] = "error",
 ) -> DataSpec:
     """``DataSpec`` from ROLL's ``data_args`` (a mapping, e.g. ``model_dump()`` of the section;
-    the keys ``file_name``, ``messages``, ``prompt``, ``tag``, ``id`` are read)."""
+    the keys ``file_name``, ``messages``, ``prompt``, ``tag``, ``id``, ``response`` are read)."""
     args = data_args.model_dump() if hasattr(data_args, "model_dump") else dict(data_args)
     keys = RowKeys(
         prompt=args.get("prompt") or "prompt",
         messages=args.get("messages"),
         tag=args.get("tag") or "tag",
         id=args.get("id") or "id",
+        response=args.get("response"),
     )
     return DataSpec(
         files=_files(args.get("file_name")),

@@ -1,5 +1,6 @@
 """RLVR's part of the composition: data files and columns, lengths, group size, DAPO knobs,
-validation sampling. `build_rlvr(cfg, components)` is pure (no file is opened: a missing data
+validation sampling, the reward per domain (`rl_envs.rewards.router.reward_router_spec`).
+`build_rlvr(cfg)` is pure (no file is opened: a missing data
 file fails when the app loads it, with its path).
 
 Keys read here are the ones `rl_config.contract.PIPELINE_CONSUMED["rlvr"]` names (plus the shared
@@ -14,6 +15,7 @@ from typing import Any
 import msgspec
 
 from rl_config.records import SamplingParams
+from rl_envs.rewards.router import RewardRouterSpec, reward_router_spec
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class RlvrPlan:
     max_len_mask: bool
     reward_clip: float | None
     sampling: SamplingParams  # train: n = group_size, max_new_tokens = response_length
+    rewards: RewardRouterSpec  # reward per domain (rewards, custom_reward_function sections)
 
     def val_sampling(self, seed: int, greedy: bool) -> SamplingParams:
         """Held-out sampling: `val_n_sample` samples at the train temperature, or 1 greedy."""
@@ -125,6 +128,9 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
             f"overlong_penalty.buffer_length={ol.buffer_length} exceeds the response length "
             f"{response_length}"
         )
+    rewards = reward_router_spec(
+        cfg.rewards or None, cfg.custom_reward_function, allow_unsupported=True
+    )
     if cfg.val_n_sample < 1:
         raise ValueError(f"val_n_sample must be >= 1, got {cfg.val_n_sample}")
     return RlvrPlan(
@@ -154,4 +160,5 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
         max_len_mask=cfg.max_len_mask,
         reward_clip=cfg.reward_clip,
         sampling=msgspec.structs.replace(build_sampling(gen, response_length), n=group),
+        rewards=rewards,
     )
