@@ -238,3 +238,34 @@ def test_missing_data_file_is_named_and_the_run_ends_cleanly(tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "data error: dataset file not found: missing_train.parquet" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_custom_reward_function_from_the_config_scores_in_the_sandbox(tmp_path):
+    """`custom_reward_function` (verl's signature) reaches the recipe's scorer through the RLVR
+    plan: its value is the reward, one that raises is a counted failure, never a silent 0."""
+    from rlvr_data import Scorer
+
+    from rl_config.loading import load_app_config
+    from rl_runtime.compose.rlvr import build_rlvr
+
+    fn = tmp_path / "my_reward.py"
+    fn.write_text(
+        "def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if solution_str == 'boom':\n"
+        "        raise RuntimeError('bad response')\n"
+        "    return {'score': len(solution_str) / 10, 'chars': len(solution_str)}\n"
+    )
+    cfg, _ = load_app_config(CONFIG, [f"custom_reward_function.path={fn}",
+                                      "custom_reward_function.name=score"], section="rlvr_app")  # fmt: skip
+    plan = build_rlvr(cfg)
+    assert plan.rewards.custom is not None and plan.rewards.custom.name == "score"
+    train_path, _ = write_arith_parquet(str(tmp_path), kind="add", val_fraction=0.2, seed=0)
+    rows, _ = load_prompts([train_path], PLAN, plan.rewards)
+    scorer = Scorer(plan.rewards, plan.overlong, plan.response_length, allow_weak_isolation=True)
+    try:
+        scored = scorer.score(rows[:3], ["12", "boom", "1234"], [2, 2, 4])
+    finally:
+        scorer.close()
+    assert [s.ok for s in scored] == [True, False, True]
+    assert scored[0].reward == pytest.approx(0.2) and scored[2].reward == pytest.approx(0.4)
+    assert scored[1].reward == 0.0 and scored[1].kind != "ok"
