@@ -303,6 +303,13 @@ RLVR_VARIANTS: list[dict[str, Any]] = [
     ALGO,
     {"actor_train": {"pg_variant": "gspo"}},
     {"use_pg_clip_range": False},
+    REWARDS := {"rewards": {
+        "math_rule": {"worker_cls": "roll.pipeline.rlvr.rewards.MathRuleRewardWorker",
+                      "tag_included": ["gsm8k"], "timeout_s": 5.0},
+        "fmt": {"reward_fn": "format", "format_pattern": "^#### \\d+$", "tag_included": ["fmt"]},
+        "mine": {"reward_fn": "custom", "tag_included": ["mine"]}},
+        "custom_reward_function": {"path": "my_reward.py", "name": "score", "style": "verl",
+                                   "reward_kwargs": {"scale": 2}}},
 ]  # fmt: skip
 
 
@@ -351,7 +358,13 @@ RLVR_CONTEXT: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("key", sorted(_rlvr_consumed()[1] & set(schema_keys())))
+REWARD_KEYS = ("rewards.", "custom_reward_function.")
+
+
+@pytest.mark.parametrize(
+    "key",
+    sorted(k for k in _rlvr_consumed()[1] & set(schema_keys()) if not k.startswith(REWARD_KEYS)),
+)
 def test_every_rlvr_key_changes_the_plan(key):
     base = _merge(_data(RLVR), RLVR_CONTEXT.get(key, {}))
     before = ExperimentConfig.model_validate(base)
@@ -365,3 +378,39 @@ def test_every_rlvr_key_changes_the_plan(key):
             build_rlvr(after)
         return
     assert build_rlvr(after) != build_rlvr(before), f"{key}: {value!r} did not change the plan"
+
+
+REWARD_CHANGES: dict[str, Any] = {
+    "rewards.math_rule.worker_cls": "roll.pipeline.rlvr.rewards.CodeSandboxRewardWorker",
+    "rewards.math_rule.tag_included": ["gsm8k", "math"],
+    "rewards.math_rule.timeout_s": 9.0,
+    "rewards.fmt.reward_fn": "math_rule",
+    "rewards.fmt.format_pattern": "^\\d+$",
+    "custom_reward_function.path": "other.py",
+    "custom_reward_function.name": "other",
+    "custom_reward_function.style": "trl",
+    "custom_reward_function.reward_kwargs": {"scale": 3},
+}
+
+
+def test_every_reward_key_changes_the_reward_spec():
+    """Each rewards/custom_reward_function key the RLVR plan reads changes its reward spec."""
+    own = _rlvr_consumed()[1]
+    read = sorted(k for k in own & set(schema_keys()) if k.startswith(REWARD_KEYS))
+    assert {_pattern(k) for k in REWARD_CHANGES} == set(read)
+    base = _merge(_data(RLVR), REWARDS)
+    before = build_rlvr(ExperimentConfig.model_validate(base)).rewards
+    for key, value in REWARD_CHANGES.items():
+        data = copy.deepcopy(base)
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+        after = build_rlvr(ExperimentConfig.model_validate(data)).rewards
+        assert after != before, f"{key}: {value!r} did not change the reward spec"
+
+
+def _pattern(key: str) -> str:
+    parts = key.split(".")
+    return ".".join([parts[0], "*", *parts[2:]]) if parts[0] == "rewards" else key

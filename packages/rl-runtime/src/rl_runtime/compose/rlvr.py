@@ -90,6 +90,22 @@ def _files(value: Any) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
+REWARD_DOMAIN_KEYS = ("reward_fn", "worker_cls", "tag_included", "format_pattern", "timeout_s")
+CUSTOM_REWARD_KEYS = ("path", "name", "style", "reward_kwargs")
+
+
+def build_rewards(cfg: Any) -> RewardRouterSpec:
+    """`rewards` (per domain) and `custom_reward_function` -> the reward router's spec. ROLL's
+    other reward-worker keys are declared in the contract; a domain this stack cannot score (an
+    LLM judge ...) is listed in `spec.unsupported` (the app refuses to run it, a dry run warns)."""
+    rewards = {
+        domain: {k: getattr(section, k) for k in REWARD_DOMAIN_KEYS}
+        for domain, section in (cfg.rewards or {}).items()
+    }
+    custom = {k: getattr(cfg.custom_reward_function, k) for k in CUSTOM_REWARD_KEYS}
+    return reward_router_spec(rewards or None, custom, allow_unsupported=True)
+
+
 def build_rlvr(cfg: Any) -> RlvrPlan:
     """The RLVR plan of a validated config; ValueError names the key at fault."""
     from rl_rollout.templates import list_templates
@@ -128,9 +144,7 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
             f"overlong_penalty.buffer_length={ol.buffer_length} exceeds the response length "
             f"{response_length}"
         )
-    rewards = reward_router_spec(
-        cfg.rewards or None, cfg.custom_reward_function, allow_unsupported=True
-    )
+    rewards = build_rewards(cfg)
     if cfg.val_n_sample < 1:
         raise ValueError(f"val_n_sample must be >= 1, got {cfg.val_n_sample}")
     return RlvrPlan(
