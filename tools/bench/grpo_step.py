@@ -54,9 +54,14 @@ TRL_REQUIREMENT = "trl==1.16.*"
 
 
 def make_prompts(count: int, seed: int) -> list[str]:
-    """Short arithmetic questions (~28 characters), deterministic for a seed."""
+    """Arithmetic questions of 22 to 32 characters (so batches are padded, as real prompts are),
+    deterministic for a seed."""
     rng = random.Random(seed)
-    return [f"What is {rng.randint(10, 99)} + {rng.randint(10, 99)}? Answer:" for _ in range(count)]
+
+    def number() -> int:
+        return rng.randint(0, 10 ** rng.randint(1, 5) - 1)
+
+    return [f"What is {number()} + {number()}? Answer:" for _ in range(count)]
 
 
 def digit_reward(text: str) -> float:
@@ -65,18 +70,23 @@ def digit_reward(text: str) -> float:
 
 
 class Phases:
-    """Wall seconds per named phase of one step."""
+    """Wall seconds per named phase of one step, and this process's CPU seconds (all threads) as
+    `cpu_<name>`: on a loaded machine wall time grows with the load, CPU time much less."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+            for key, value in (
+                (name, time.perf_counter() - t0),
+                (f"cpu_{name}", time.process_time() - c0),
+            ):
+                self.seconds[key] = self.seconds.get(key, 0.0) + value
 
 
 class OurGRPOStep:
