@@ -221,3 +221,70 @@ def test_apply_repetition_penalty_is_ctrl_rule() -> None:
     out = apply_repetition_penalty(logits, [0, 1, 1], 2.0)
     assert out.tolist() == [1.0, -4.0, 1.0]
     assert apply_repetition_penalty(logits, [0], 1.0) is logits
+
+
+def test_kv_cache_layers_grow_in_place_and_equal_concatenation() -> None:
+    """The engine's cache layers append into spare capacity (no copy of the whole cache per
+    decode step) and always hold exactly what concatenation would; a layer whose tensors were
+    replaced from outside (retired rows, merged batches) is re-buffered from the new tensors."""
+    from transformers import Qwen2Config
+
+    from rl_rollout.hf_engine import _new_cache
+
+    config = Qwen2Config(
+        vocab_size=32,
+        hidden_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+    )
+    layer = _new_cache(config).layers[0]
+    gen = torch.Generator().manual_seed(0)
+
+    def kv(batch: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
+            torch.randn(batch, 1, n, 64, generator=gen),
+            torch.randn(batch, 1, n, 64, generator=gen),
+        )
+
+    ref_k, ref_v = kv(3, 5)  # prefill of 5 columns
+    layer.update(ref_k, ref_v)
+    storages = set()
+    for _ in range(40):  # decode steps, one column each
+        k, v = kv(3, 1)
+        keys, values = layer.update(k, v)
+        ref_k, ref_v = torch.cat([ref_k, k], dim=2), torch.cat([ref_v, v], dim=2)
+        assert torch.equal(keys, ref_k) and torch.equal(values, ref_v)
+        storages.add(keys.data_ptr())
+    assert len(storages) == 1  # 45 columns fit the first buffer: no reallocation, no copy
+    keep = torch.tensor([0, 2])  # the engine retires row 1 and drops 3 padding columns
+    layer.keys = layer.keys.index_select(0, keep)[:, :, 3:]
+    layer.values = layer.values.index_select(0, keep)[:, :, 3:]
+    ref_k, ref_v = ref_k[keep][:, :, 3:], ref_v[keep][:, :, 3:]
+    for _ in range(100):  # past the new buffer's capacity too
+        k, v = kv(2, 1)
+        keys, values = layer.update(k, v)
+        ref_k, ref_v = torch.cat([ref_k, k], dim=2), torch.cat([ref_v, v], dim=2)
+    assert torch.equal(keys, ref_k) and torch.equal(values, ref_v)
+    assert layer.get_seq_length() == 42 + 100
+
+
+def test_padded_batch_with_early_finishers_keeps_exact_log_probs(
+    fresh_engine, hf_reference_model
+) -> None:
+    """Rows of different prompt lengths (left padding in the decode mask) and lengths (rows
+    retire mid-batch while the others go on past the cache's first capacity)."""
+    requests = [
+        GenerationRequest(
+            request_id=f"r{i}",
+            prompt_ids=list(range(30, 33 + 9 * i)),
+            sampling=SamplingParams(max_new_tokens=(12, 90, 30, 75)[i], ignore_eos=True, seed=i),
+        )
+        for i in range(4)
+    ]
+    results = asyncio.run(fresh_engine.generate(requests))
+    assert [len(r.output_ids) for r in results] == [12, 90, 30, 75]
+    for r in results:
+        ref = _teacher_forced(hf_reference_model, r.prompt_ids, r.output_ids)
+        assert (ref - torch.tensor(r.output_log_probs)).abs().max().item() < 1e-3

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable
@@ -376,8 +377,6 @@ class HFEngine:
 
     def _prefill_fresh(self, rows: list[_Seq]) -> tuple[Any, torch.Tensor, list[_Seq]]:
         """Left-padded batched prefill of whole prompts. ids/mask: [n, width]."""
-        from transformers import DynamicCache
-
         width = max(len(s.prompt_ids) for s in rows)
         ids = torch.zeros((len(rows), width), dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -386,7 +385,7 @@ class HFEngine:
             mask[row, width - len(seq.prompt_ids) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        cache = _new_cache(self.model.config)
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -402,9 +401,7 @@ class HFEngine:
         self, seq: _Seq, cached: int, layers: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> tuple[Any, torch.Tensor, list[_Seq]]:
         """Prefill only prompt[cached:] on top of the cached KV of prompt[:cached]."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
+        cache = _new_cache(self.model.config)
         for layer_idx, (keys, values) in enumerate(layers):
             cache.update(keys, values, layer_idx)
         rest = seq.prompt_ids[cached:]
@@ -475,9 +472,12 @@ class HFEngine:
             [self._mask, torch.ones((len(rows), 1), dtype=self._mask.dtype, device=self.device)],
             dim=1,
         )
+        # The one new query of each row may attend to every real column: the padding mask as
+        # sdpa's boolean [B, 1, 1, L] mask (transformers passes a 4D mask through unchanged),
+        # instead of transformers rebuilding a causal mask from the 2D one at every step.
         out = self.model(
             input_ids=last.unsqueeze(1),
-            attention_mask=mask,
+            attention_mask=mask.bool()[:, None, None, :],
             position_ids=positions,
             past_key_values=self._cache,
             use_cache=True,
@@ -562,6 +562,85 @@ class HFEngine:
             self._running = [self._running[i] for i in keep]
         for seq in finished:
             _resolve(seq)
+
+
+def _new_cache(config: Any) -> Any:
+    """A transformers `DynamicCache` whose full-attention layers grow in place (GrowingLayer)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    growing = _growing_layer_class()
+    cache = DynamicCache(config=config)
+    cache.layers = [growing() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+@functools.cache
+def _growing_layer_class() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A `DynamicLayer` that appends new key/value columns into spare capacity instead of
+        concatenating (which copies the whole cache at every decode step: quadratic in length).
+
+        ``keys``/``values`` stay plain ``[B, H, L, D]`` tensors to every reader, here views of
+        the first ``L`` columns of buffers ``[B, H, capacity, D]``. When the engine replaces them
+        (retiring rows, merging batches), the next update copies them into a fresh buffer with
+        spare room (capacity grows by half, at least `_MIN_SPARE` columns)."""
+
+        _kbuf: torch.Tensor | None = None
+        _vbuf: torch.Tensor | None = None
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            keys, values = self.keys, self.values
+            length = keys.shape[-2] if keys.dim() == 4 else 0
+            new = key_states.shape[-2]
+            kbuf, vbuf = self._kbuf, self._vbuf
+            if (
+                kbuf is None
+                or vbuf is None
+                or length + new > kbuf.shape[-2]
+                or not _is_head_of(keys, kbuf)
+                or not _is_head_of(values, vbuf)
+            ):
+                capacity = length + new + max(_MIN_SPARE, (length + new) // 2)
+                kbuf = _with_capacity(keys if length else None, key_states, capacity)
+                vbuf = _with_capacity(values if length else None, value_states, capacity)
+                self._kbuf, self._vbuf = kbuf, vbuf
+            kbuf[:, :, length : length + new].copy_(key_states)
+            vbuf[:, :, length : length + new].copy_(value_states)
+            self.keys = kbuf[:, :, : length + new]
+            self.values = vbuf[:, :, : length + new]
+            return self.keys, self.values
+
+    return GrowingLayer
+
+
+_MIN_SPARE = 64
+
+
+def _is_head_of(view: torch.Tensor, buf: torch.Tensor) -> bool:
+    """Whether ``view`` is ``buf[:, :, :L]`` (same storage, start, batch and strides)."""
+    return (
+        view.dim() == 4
+        and view.data_ptr() == buf.data_ptr()
+        and view.shape[:2] == buf.shape[:2]
+        and view.shape[3] == buf.shape[3]
+        and view.stride() == buf.stride()
+    )
+
+
+def _with_capacity(current: torch.Tensor | None, like: torch.Tensor, capacity: int) -> torch.Tensor:
+    """A ``[B, H, capacity, D]`` buffer (dtype/device of ``like``) starting with ``current``."""
+    b, h, _, d = like.shape
+    buf = like.new_empty((b, h, capacity, d))
+    if current is not None:
+        buf[:, :, : current.shape[-2]].copy_(current)
+    return buf
 
 
 def _merge_caches(cache_a: Any, mask_a: torch.Tensor, cache_b: Any, mask_b: torch.Tensor):

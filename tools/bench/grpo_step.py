@@ -1,0 +1,398 @@
+"""Seconds per GRPO step of this stack's parts (rollout + log-probs + update), optionally side by
+side with TRL's `GRPOTrainer` in the same run (issue 12).
+
+One step, composed in-process from the parts the RLVR pipeline runs (no Ray, as `--no-ray`):
+1. generation: rl_rollout's HF engine (`hf_infer`) samples G completions for each of P prompts
+   (exactly N new tokens each: `ignore_eos`), raw log-probs recorded;
+2. rewards (the share of digits in the completion, cheap and identical on both sides) and
+   rl_runtime's `collate_trajectories`;
+3. log-probs: rl_train's `hf_infer` backend `forward` (old log-probs);
+4. update: rl_runtime's `compute_advantages` (rl_algos' `grpo`), the backend's `train_step` with
+   rl_train's actor loss (PPO-clip, token-mean, no KL: one optimizer step on the whole batch),
+   then the weight sync into the engine (`update_weights`, the next version).
+fp32 on the CPU, `torch.set_num_threads(--threads)`.
+
+Default model: the one TRL's step was measured with (tools/bench/char_model.py: Qwen2, hidden 256,
+4 layers, 4 heads, 2 KV heads, intermediate 1024, tied embeddings, 99 character tokens, ~4.0M
+parameters). `--model DIR` takes any HF causal-LM directory instead.
+
+`--trl` runs TRL's `GRPOTrainer` (tools/bench/grpo_step_trl.py) on the same model, prompts, batch
+and threads in a subprocess with its own Python (`--trl-python`, or a throw-away venv made with uv
+at `--trl-env`); the two take turns step by step (the order alternates), so load from other
+processes on the machine hits both alike. TRL is never a dependency of this project.
+
+    uv run python tools/bench/grpo_step.py [--model DIR] [--steps 5] [--trl]
+
+The last line printed is `median_s_per_step=<float>` (this stack, warm-up step excluded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+from char_model import build_char_model, parameter_count  # tools/bench/ (the script's dir)
+
+TRL_SCRIPT = Path(__file__).resolve().parent / "grpo_step_trl.py"
+TRL_REQUIREMENT = "trl==1.16.*"
+
+
+def make_prompts(count: int, seed: int) -> list[str]:
+    """Arithmetic questions of 22 to 32 characters (so batches are padded, as real prompts are),
+    deterministic for a seed."""
+    rng = random.Random(seed)
+
+    def number() -> int:
+        return rng.randint(0, 10 ** rng.randint(1, 5) - 1)
+
+    return [f"What is {number()} + {number()}? Answer:" for _ in range(count)]
+
+
+def digit_reward(text: str) -> float:
+    """The share of digits in a completion (the same function as grpo_step_trl.digit_reward)."""
+    return sum(ch.isdigit() for ch in text) / max(1, len(text))
+
+
+class Phases:
+    """Wall seconds per named phase of one step, and this process's CPU seconds (all threads) as
+    `cpu_<name>`: on a loaded machine wall time grows with the load, CPU time much less."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            for key, value in (
+                (name, time.perf_counter() - t0),
+                (f"cpu_{name}", time.process_time() - c0),
+            ):
+                self.seconds[key] = self.seconds.get(key, 0.0) + value
+
+
+class OurGRPOStep:
+    """This stack's GRPO step on one model (engine + actor backend in this process)."""
+
+    def __init__(self, model_dir: Path, args: argparse.Namespace) -> None:
+        from transformers import AutoTokenizer
+
+        from rl_rollout import build_engine
+        from rl_runtime.advantages import AdvantageConfig
+        from rl_train import ModelArgs, TrainingArgs, build_backend
+        from rl_train.losses import ActorLossConfig
+
+        batch = args.prompts_per_step * args.group
+        if batch % args.micro_batch:
+            raise SystemExit(f"--micro-batch {args.micro_batch} must divide the batch {batch}")
+        self.args = args
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
+        self.engine = build_engine(
+            "hf_infer",
+            model_dir,
+            {"max_num_seqs": batch},
+            dtype="float32",
+            device="cpu",
+            seed=args.seed,
+        )
+        self.backend = build_backend(
+            "hf_infer",
+            role="actor",
+            model_path=model_dir,
+            training_args=TrainingArgs(
+                learning_rate=args.learning_rate,
+                lr_scheduler_type="constant",
+                per_device_train_batch_size=args.micro_batch,
+                gradient_accumulation_steps=batch // args.micro_batch,
+                infer_batch_size=args.micro_batch,
+                seed=args.seed,
+            ),
+            model_args=ModelArgs(dtype="fp32"),
+            loss_config=ActorLossConfig(policy_loss="ppo_clip", loss_agg_mode="token-mean"),
+        )
+        self.advantage = AdvantageConfig(adv_estimator="grpo")
+        self.version = 0
+
+    def step(self, prompts: list[str], index: int) -> dict[str, float]:
+        """One GRPO step on `prompts`; wall seconds per phase and in all (`seconds`)."""
+        from rl_config.records import GenerationRequest, SamplingParams
+        from rl_runtime.advantages import compute_advantages
+        from rl_runtime.collate import collate_trajectories
+
+        args, phases = self.args, Phases()
+        t0 = time.perf_counter()
+        with phases("generation"):
+            requests = [
+                GenerationRequest(
+                    request_id=f"s{index}-p{i}",
+                    prompt_ids=self.tokenizer(p).input_ids,
+                    sampling=SamplingParams(
+                        n=args.group,
+                        max_new_tokens=args.new_tokens,
+                        ignore_eos=True,
+                        seed=args.seed * 1_000_003 + index * 1000 + i,
+                    ),
+                )
+                for i, p in enumerate(prompts)
+            ]
+            results = asyncio.run(self.engine.generate(requests))
+        with phases("rewards_collate"):
+            batch = collate_trajectories(
+                [self._trajectory(r) for r in results], pad_token_id=self.pad_token_id
+            )
+            tensors = dict(batch.tensors)
+        with phases("log_probs"):
+            tensors["old_log_probs"] = self.backend.forward(tensors).log_probs
+        with phases("update"):
+            adv = compute_advantages(batch, self.advantage, log_probs=tensors["old_log_probs"])
+            tensors["advantages"], tensors["returns"] = adv["advantages"], adv["returns"]
+            metrics = self.backend.train_step(tensors)
+        with phases("sync"):
+            self.version += 1
+            for bucket in self.backend.iter_full_tensor_buckets():
+                self.engine.update_weights(bucket, self.version)
+        phases.seconds["seconds"] = time.perf_counter() - t0
+        tokens = sum(len(r.output_ids) for r in results)
+        if tokens != len(results) * args.new_tokens or len(results) != len(prompts) * args.group:
+            raise RuntimeError(
+                f"expected {len(prompts)} x {args.group} completions of {args.new_tokens} tokens, "
+                f"got {len(results)} completions, {tokens} tokens"
+            )
+        if not (metrics.get("actor/optimizer_steps") == 1.0):
+            raise RuntimeError(f"expected one optimizer step, got {metrics}")
+        return phases.seconds
+
+    def _trajectory(self, result: Any):
+        from rl_config.records import Trajectory, Turn
+
+        prompt, out = list(result.prompt_ids), list(result.output_ids)
+        reward = digit_reward(self.tokenizer.decode(out, skip_special_tokens=True))
+        return Trajectory(
+            traj_id=f"{result.request_id}-{result.sample_index}",
+            group_id=result.request_id,
+            tag="bench",
+            env_seed=0,
+            token_ids=prompt + out,
+            prompt_length=len(prompt),
+            response_mask=[False] * len(prompt) + [True] * len(out),
+            rollout_log_probs=[0.0] * len(prompt) + list(result.output_log_probs),
+            turns=[Turn(turn_idx=0, start=len(prompt), end=len(prompt) + len(out), reward=reward)],
+            episode_reward=reward,
+            weight_version=result.weight_version,
+        )
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+class TrlSide:
+    """grpo_step_trl.py in lockstep: `step()` lets it run one trainer step and returns its JSON."""
+
+    def __init__(self, python: str, model_dir: Path, prompts_file: Path, args: argparse.Namespace):
+        command = [
+            python,
+            str(TRL_SCRIPT),
+            "--model",
+            str(model_dir),
+            "--prompts",
+            str(prompts_file),
+            "--steps",
+            str(args.steps + 1),
+            "--prompts-per-step",
+            str(args.prompts_per_step),
+            "--group",
+            str(args.group),
+            "--new-tokens",
+            str(args.new_tokens),
+            "--threads",
+            str(args.threads),
+            "--learning-rate",
+            str(args.learning_rate),
+            "--seed",
+            str(args.seed),
+            "--lockstep",
+        ]
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        self.proc = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=sys.stderr if args.verbose else subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        self.info = self._read_json("ready")
+
+    def _read_json(self, key: str) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.strip()
+            if line.startswith("{") and f'"{key}"' in line:
+                return json.loads(line)
+        code = self.proc.wait()
+        raise RuntimeError(f"TRL side ended (exit {code}) before reporting {key!r}; rerun with -v")
+
+    def step(self) -> dict[str, float]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self._read_json("seconds")
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def ensure_trl_env(env_dir: Path) -> str:
+    """A throw-away venv with TRL and this workspace's torch/transformers versions; its python."""
+    python = env_dir / "bin" / "python"
+    check = [str(python), "-c", "import trl, datasets, accelerate"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return str(python)
+    uv = shutil.which("uv")
+    if uv is None:
+        raise SystemExit("--trl needs uv on PATH to make the TRL environment (or --trl-python)")
+    import transformers
+
+    torch_version = torch.__version__.split("+")[0]
+    print(f"making the TRL environment at {env_dir} ({TRL_REQUIREMENT}) ...", flush=True)
+    subprocess.run([uv, "venv", "--python", sys.executable, str(env_dir)], check=True)
+    subprocess.run(
+        [
+            uv,
+            "pip",
+            "install",
+            "--python",
+            str(python),
+            TRL_REQUIREMENT,
+            f"torch=={torch_version}",
+            f"transformers=={transformers.__version__}",
+        ],
+        check=True,
+    )
+    return str(python)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summarize(name: str, records: list[dict[str, float]], keys: tuple[str, ...]) -> str:
+    parts = [f"{k} {median([r.get(k, 0.0) for r in records]):.2f}" for k in keys]
+    return f"{name:<5} median s/step {median([r['seconds'] for r in records]):7.3f}  " + ", ".join(
+        parts
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None, help="HF model dir (default: built-in)")
+    parser.add_argument("--steps", type=int, default=5, help="measured steps (after 1 warm-up)")
+    parser.add_argument("--prompts-per-step", type=int, default=16)
+    parser.add_argument("--group", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--micro-batch", type=int, default=64, help="rows per forward/backward (one update)"
+    )
+    parser.add_argument("--learning-rate", type=float, default=1e-6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trl", action="store_true", help="also run TRL's GRPOTrainer, in turns")
+    parser.add_argument("--trl-python", default=None, help="a Python that has TRL installed")
+    parser.add_argument(
+        "--trl-env",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "rl-bench-trl-env",
+        help="where --trl makes its throw-away venv when --trl-python is not given",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write every step's record here")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show the TRL side's stderr")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model_dir = args.model or build_char_model(
+        Path(tempfile.gettempdir()) / "rl-bench-grpo-char-qwen2", seed=args.seed
+    )
+    print(
+        f"model {model_dir} ({parameter_count(model_dir) / 1e6:.2f}M parameters); "
+        f"{args.prompts_per_step} prompts x {args.group} samples x {args.new_tokens} new tokens; "
+        f"fp32, {args.threads} threads, 1 warm-up + {args.steps} measured steps",
+        flush=True,
+    )
+    total = args.steps + 1
+    prompts = make_prompts(total * args.prompts_per_step, args.seed)
+    work = Path(tempfile.mkdtemp(prefix="grpo-step-bench-"))
+    trl = None
+    try:
+        if args.trl:
+            prompts_file = work / "prompts.json"
+            prompts_file.write_text(json.dumps(prompts))
+            python = args.trl_python or ensure_trl_env(args.trl_env)
+            trl = TrlSide(python, model_dir, prompts_file, args)
+            print(f"TRL side: trl {trl.info['trl']}, torch {trl.info['torch']}", flush=True)
+        ours = OurGRPOStep(model_dir, args)
+        records: dict[str, list[dict[str, float]]] = {"ours": [], "trl": []}
+        for i in range(total):
+            batch = prompts[i * args.prompts_per_step : (i + 1) * args.prompts_per_step]
+            order = ["ours", "trl"] if i % 2 == 0 else ["trl", "ours"]
+            for side in order:
+                if side == "trl" and trl is None:
+                    continue
+                rec = ours.step(batch, i) if side == "ours" else trl.step()  # type: ignore[union-attr]
+                tag = "warm-up" if i == 0 else f"step {i}"
+                detail = ", ".join(f"{k} {v:.2f}" for k, v in rec.items() if k != "step")
+                print(f"{side:<5} {tag:<8} {detail}", flush=True)
+                if i > 0:
+                    records[side].append(rec)
+        ours.close()
+    finally:
+        if trl is not None:
+            trl.close()
+        shutil.rmtree(work, ignore_errors=True)
+    print(summarize("ours", records["ours"], ("generation", "log_probs", "update", "sync")))
+    if records["trl"]:
+        print(summarize("trl", records["trl"], ("generation", "rollout")))
+        ratios = [o["seconds"] / t["seconds"] for o, t in zip(records["ours"], records["trl"])]
+        print(
+            f"ours/trl per step (paired): median {median(ratios):.3f} "
+            f"(min {min(ratios):.3f}, max {max(ratios):.3f}); target <= 0.5"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(records, indent=1))
+    print(f"median_s_per_step={median([r['seconds'] for r in records['ours']]):.4f}")
+
+
+if __name__ == "__main__":
+    main()
