@@ -171,15 +171,14 @@ class AgenticRecipe:
         out["timing/eval"] = time.perf_counter() - t0
         return out
 
-    def before_training(self, ctx: Context) -> dict[str, float]:
-        """Supervised warm-up on BFS-solver demonstrations (agentic_app.warmup), then a sync."""
-        w, c = self.app.warmup, ctx.components
-        if w.steps <= 0 or c.train_envs is None:
-            return {}
+    def demonstrations(self, ctx: Context) -> list:
+        """The warm-up's solver-played episodes: on the training tags only (so on training maps,
+        when the env splits by content), from seeds of their own ("demo" split)."""
         from rl_runtime.demos import solver_demonstrations
 
-        t0 = time.perf_counter()
-        demos = solver_demonstrations(
+        w, c = self.app.warmup, ctx.components
+        assert c.train_envs is not None
+        return solver_demonstrations(
             self.model_path,
             tags=list(c.train_envs.tags),
             env_configs=env_configs(c),
@@ -190,6 +189,14 @@ class AgenticRecipe:
             action_noise=w.action_noise,
             seed=c.seed,
         )
+
+    def before_training(self, ctx: Context) -> dict[str, float]:
+        """Supervised warm-up on BFS-solver demonstrations (agentic_app.warmup), then a sync."""
+        w, c = self.app.warmup, ctx.components
+        if w.steps <= 0 or c.train_envs is None:
+            return {}
+        t0 = time.perf_counter()
+        demos = self.demonstrations(ctx)
         batch = collate_trajectories(
             demos, pad_token_id=self.pad_token_id, max_length=c.sequence_length
         )
