@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "agentic"
-MAP_ROW = re.compile(r"^[P_OG]{4}$")
+MAP_ROW = re.compile(r"^[P_OG]{3,}$")
 
 
 def _app():
@@ -58,7 +58,7 @@ def _demo_maps(demos, tokenizer) -> list[str]:
     for t in demos:
         text = tokenizer.decode(t.token_ids[: t.prompt_length])
         rows = [line for line in text.splitlines() if MAP_ROW.match(line)]
-        assert len(rows) == 4, text
+        assert len(rows) == len(rows[0]), text  # a square map
         maps.append("\n".join(rows))
     return maps
 
@@ -79,7 +79,8 @@ def test_no_validation_map_in_any_training_or_demonstration_batch(tiny_model):
     train = _played_maps(ctx, pipeline, "train", range(c.cadence.max_steps))
     demos = pipeline.AgenticRecipe(app, tiny_model).demonstrations(ctx)
     demo = _demo_maps(demos, AutoTokenizer.from_pretrained(tiny_model))
-    assert len(val) >= 0.95 * c.sizes["val_episodes"]  # mostly distinct maps
+    # 256 draws from the ~520 validation maps of 3x3 (the rest are training maps): ~160 distinct
+    assert len(val) >= 0.5 * c.sizes["val_episodes"]
     assert len(train) == c.cadence.max_steps * c.sizes["samples_per_step"]
     assert len(demo) >= 0.9 * app.warmup.episodes  # successful ones (paths within the limit)
     assert not val & set(train)

@@ -81,6 +81,7 @@ class AgenticRecipe:
         self.model_path = model_path
         self.pad_token_id = 0
         self.kl_ctl: Any = None
+        self.distinct_val_maps = 0  # set by baselines()
 
     def setup(self, ctx: Context) -> None:
         from transformers import AutoTokenizer
@@ -236,15 +237,17 @@ class AgenticRecipe:
         from rl_envs.frozen_lake.baselines import best_fixed_sequence, random_policy_success
         from rl_runtime.envs import make_envs
 
-        states, limits = [], set()
+        states, limits, maps = [], set(), set()
         for env, *_ in make_envs(assignments(ctx, "val", 0), env_configs(c)):
             if not isinstance(env._env, FrozenLakeEnv) or env.is_slippery:
                 return {}
             env.reset()
             states.append(env.state)
             limits.add(env.max_steps)
+            maps.add(env.content_key())
         if len(limits) != 1:
             return {}
+        self.distinct_val_maps = len(maps)
         turns = limits.pop()
         sequence, fixed = best_fixed_sequence(states, turns)
         return {
@@ -255,11 +258,21 @@ class AgenticRecipe:
     def summary(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
         """The gain of RL over the warm-up on each success rate, with the standard error of a
         difference of two proportions at n validation episodes (summary.json, final lines)."""
-        return {
-            f"gain {key}": proportion_gain(before[key], after[key], int(after["val/num_episodes"]))
+        n = int(after.get("val/num_episodes", 0))
+        out: dict[str, Any] = {
+            f"gain {key}": proportion_gain(before[key], after[key], n)
             for key in ("val/success_rate", "val/greedy/success_rate")
-            if key in before and key in after and after.get("val/num_episodes")
+            if key in before and key in after and n
         }
+        if out and self.distinct_val_maps:
+            # maps drawn twice are not independent: the standard error at the distinct count
+            # is the cautious one
+            out["validation maps"] = {"episodes": n, "distinct": self.distinct_val_maps}
+            for key in ("val/success_rate", "val/greedy/success_rate"):
+                if f"gain {key}" in out:
+                    at = proportion_gain(before[key], after[key], self.distinct_val_maps)
+                    out[f"gain {key}"]["gain_in_se_at_distinct"] = at["gain_in_se"]
+        return out
 
 
 def env_configs(c: Any) -> dict[str, dict[str, Any]]:
