@@ -181,6 +181,8 @@ def print_result(result: RunResult, title: str, row: Any, before_label: str = "b
     rows.update({before_label: row(result.eval_before), "after RL": row(result.eval_after)})
     rows = {k: v for k, v in rows.items() if v}
     console = Console()
+    if not console.is_terminal:  # a log file: rich's 80 columns would cut the table
+        console = Console(width=160)
     if rows:
         console.print(summary_table(title, rows))
     for key, value in result.summary.items():
