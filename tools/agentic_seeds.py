@@ -89,7 +89,7 @@ def table(summaries: dict[int, dict]) -> str:
     n = {int(s["eval_after"].get("val/num_episodes", 0)) for s in summaries.values()}
     seeds = ", ".join(str(k) for k in summaries)
     lines = [
-        f"| validation success ({'/'.join(map(str, sorted(n)))} maps; seeds {seeds}) "
+        f"| validation success ({'/'.join(map(str, sorted(n)))} episodes; seeds {seeds}) "
         "| sampled (T=1) | greedy |",
         "|---|---|---|",
     ]
