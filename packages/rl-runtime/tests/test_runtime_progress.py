@@ -36,3 +36,15 @@ def test_curves_draw_baselines_only_on_their_metric(tmp_path, monkeypatch):
     )
     assert png.stat().st_size > 0
     assert len(drawn) == 1 and drawn[0][1] == 0.05
+
+
+def test_summary_table_has_every_rows_columns():
+    from rich.console import Console
+
+    from rl_runtime.timing import summary_table
+
+    rows = {"baseline": {"sampled": 0.2}, "after": {"sampled": 0.5, "greedy": 0.7}}
+    console = Console(width=120, record=True)
+    console.print(summary_table("t", rows))
+    text = console.export_text()
+    assert "greedy" in text and "0.700" in text and "0.200" in text

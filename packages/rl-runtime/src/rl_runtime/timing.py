@@ -117,12 +117,12 @@ class StepProgress:
 
 
 def summary_table(title: str, rows: Mapping[str, Mapping[str, float | str]]) -> Table:
-    """A rich table: one row per key, columns from the first row's keys."""
+    """A rich table: one row per key, a column per key of any row (in first-seen order); a row
+    without a column's key leaves that cell empty."""
     table = Table(title=title)
     columns: list[str] = []
     for values in rows.values():
-        columns = list(values)
-        break
+        columns += [c for c in values if c not in columns]
     table.add_column("")
     for c in columns:
         table.add_column(c, justify="right")
