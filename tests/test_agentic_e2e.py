@@ -178,3 +178,51 @@ def test_missing_optional_package_fails_before_anything_starts(tmp_path):
     assert "track_with" in proc.stderr and "install it with" in proc.stderr
     assert not (tmp_path / "out" / "checkpoints").exists()
     assert "ray" not in proc.stdout.lower()
+
+
+@pytest.mark.slow
+def test_sokoban_steps_through_the_pipeline(tmp_path):
+    """A few Sokoban steps (warm-up on solver demonstrations, RL, validation) in-process."""
+    import yaml
+
+    cfg = yaml.safe_load(CONFIG.read_text())
+    cfg["custom_envs"] = {
+        "Sokoban": {
+            "env_type": "sokoban",
+            "max_steps": 4,
+            "env_config": {
+                "dim_room": [5, 5],
+                "num_boxes": 1,
+                "search_depth": 4,
+                "layout_split": "train",
+                "format_penalty": -0.1,
+                "system_prompt": "You are a game player.",
+                "env_instruction": "Sokoban: push the box X onto O. Answer like <answer>Up</answer>.",
+                "turn_template": "Turn {turn_idx}, {actions_left} left:\n{observation}\n",
+            },
+        }
+    }
+    cfg["custom_envs"]["SokobanVal"] = {
+        **cfg["custom_envs"]["Sokoban"],
+        "env_config": {**cfg["custom_envs"]["Sokoban"]["env_config"], "layout_split": "val"},
+    }
+    cfg["train_env_manager"]["tags"] = ["Sokoban"]
+    cfg["val_env_manager"]["tags"] = ["SokobanVal"]
+    config = tmp_path / "sokoban.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "sokoban_run"
+    cmd = [sys.executable, str(APP), "--config", str(config), "--no-ray"]
+    cmd += _overrides(out, **{"agentic_app.eval_before_training": "true"})
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(math.isfinite(r["train/loss"]) for r in steps)
+    assert all(r["rollout/num_trajectories"] == 8 for r in steps)
+    assert "val/SokobanVal/success_rate" in steps[-1]
+    assert any("warmup/actor/loss" in r for r in rows)
+    assert "step 2/2 |" in proc.stdout  # the per-step line (stdout is not a terminal)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["baselines"] == {}  # the blind baselines are FrozenLake's
+    assert set(summary["eval_before"]) >= {"val/success_rate", "val/num_episodes"}

@@ -129,8 +129,8 @@ def _match(key: str, pattern: str) -> bool:
 # A changed value per consumed key (where the default rule below would not validate).
 CHANGES: dict[str, Any] = {
     "rollout_batch_size": 128,
-    "train_env_manager.num_env_groups": 16,
-    "train_env_manager.group_size": 4,
+    "train_env_manager.num_env_groups": 32,
+    "train_env_manager.group_size": 2,
     "train_env_manager.num_groups_partition": None,
     "val_env_manager.num_env_groups": 64,
     "val_env_manager.num_groups_partition": None,

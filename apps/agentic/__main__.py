@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
     title = "validation (success_rate: sampled like training; greedy/success_rate: greedy)"
-    print_result(result, title, summary_row)
+    print_result(result, title, summary_row, before_label="after warm-up = before RL")
     return 0
 
 

@@ -10,6 +10,7 @@ rl_runtime.compose.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,7 @@ class AgenticRecipe:
         self.model_path = model_path
         self.pad_token_id = 0
         self.kl_ctl: Any = None
+        self.distinct_val_maps = 0  # set by baselines()
 
     def setup(self, ctx: Context) -> None:
         from transformers import AutoTokenizer
@@ -162,26 +164,25 @@ class AgenticRecipe:
             return {}
         t0 = time.perf_counter()
         ctx.cluster.enter_phase("rollout")
-        out = val_metrics(rollout(ctx, "val", 0, render=self.app.render_val_envs))
+        played = rollout(ctx, "val", 0, render=self.app.render_val_envs)
+        out = val_metrics(played)
+        out["val/num_episodes"] = float(len(played))
         if self.app.eval_greedy:
             out.update(val_metrics(rollout(ctx, "val", 0, greedy=True), prefix="val/greedy"))
         out["timing/eval"] = time.perf_counter() - t0
         return out
 
-    def before_training(self, ctx: Context) -> dict[str, float]:
-        """Supervised warm-up on BFS-solver demonstrations (agentic_app.warmup), then a sync."""
-        w, c = self.app.warmup, ctx.components
-        if w.steps <= 0 or c.train_envs is None:
-            return {}
+    def demonstrations(self, ctx: Context) -> list:
+        """The warm-up's solver-played episodes: on the training tags only (so on training maps,
+        when the env splits by content), from seeds of their own ("demo" split)."""
         from rl_runtime.demos import solver_demonstrations
 
-        t0 = time.perf_counter()
-        demos = solver_demonstrations(
+        w, c = self.app.warmup, ctx.components
+        assert c.train_envs is not None
+        return solver_demonstrations(
             self.model_path,
             tags=list(c.train_envs.tags),
-            env_configs={
-                tag: {"env_type": s.env_type, "config": s.config} for tag, s in c.env_specs.items()
-            },
+            env_configs=env_configs(c),
             num_episodes=w.episodes,
             base_seed=c.seed + 1_000_000,
             max_tokens_per_step=c.agent.max_tokens_per_step,
@@ -189,6 +190,14 @@ class AgenticRecipe:
             action_noise=w.action_noise,
             seed=c.seed,
         )
+
+    def before_training(self, ctx: Context) -> dict[str, float]:
+        """Supervised warm-up on BFS-solver demonstrations (agentic_app.warmup), then a sync."""
+        w, c = self.app.warmup, ctx.components
+        if w.steps <= 0 or c.train_envs is None:
+            return {}
+        t0 = time.perf_counter()
+        demos = self.demonstrations(ctx)
         batch = collate_trajectories(
             demos, pad_token_id=self.pad_token_id, max_length=c.sequence_length
         )
@@ -203,9 +212,12 @@ class AgenticRecipe:
             rows = torch.randperm(batch.batch_size, generator=gen)[: w.batch_size]
             last = ctx.train("actor_train", {k: v[rows] for k, v in batch.tensors.items()}, "sft")
             if i % 5 == 0 or i == w.steps - 1:
-                ctx.log(
-                    {f"warmup/{k}": v for k, v in last.items() if isinstance(v, int | float)},
-                    -(w.steps - i),
+                logged = {f"warmup/{k}": v for k, v in last.items() if isinstance(v, int | float)}
+                ctx.log(logged, -(w.steps - i))
+                print(
+                    f"warm-up {i + 1}/{w.steps} | loss={last.get('actor/loss', float('nan')):.3f}"
+                    f" | {time.perf_counter() - t0:.0f}s",
+                    flush=True,
                 )
         if factor != 1.0:
             actor.call_all("scale_learning_rate", 1.0 / factor)
@@ -213,6 +225,72 @@ class AgenticRecipe:
         actor.call_all("reset_optimizer_state")
         ctx.sync_weights()
         return {"warmup/seconds": time.perf_counter() - t0, "warmup/demos": float(batch.batch_size)}
+
+    def baselines(self, ctx: Context) -> dict[str, dict[str, float]]:
+        """Blind policies on the validation maps, scored like `evaluate`'s sampled success:
+        uniformly random moves (exact expectation) and the best fixed move sequence (searched
+        over every sequence of up to the move limit). FrozenLake (non-slippery) only; {} else."""
+        c = ctx.components
+        if c.val_envs is None:
+            return {}
+        from rl_envs.frozen_lake import FrozenLakeEnv
+        from rl_envs.frozen_lake.baselines import best_fixed_sequence, random_policy_success
+        from rl_runtime.envs import make_envs
+
+        states, limits, maps = [], set(), set()
+        for env, *_ in make_envs(assignments(ctx, "val", 0), env_configs(c)):
+            if not isinstance(env._env, FrozenLakeEnv) or env.is_slippery:
+                return {}
+            env.reset()
+            states.append(env.state)
+            limits.add(env.max_steps)
+            maps.add(env.content_key())
+        if len(limits) != 1:
+            return {}
+        self.distinct_val_maps = len(maps)
+        turns = limits.pop()
+        sequence, fixed = best_fixed_sequence(states, turns)
+        return {
+            "random policy": {"val/success_rate": random_policy_success(states, turns)},
+            f"best fixed sequence ({' '.join(sequence)})": {"val/success_rate": fixed},
+        }
+
+    def summary(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+        """The gain of RL over the warm-up on each success rate, with the standard error of a
+        difference of two proportions at n validation episodes (summary.json, final lines)."""
+        n = int(after.get("val/num_episodes", 0))
+        out: dict[str, Any] = {
+            f"gain {key}": proportion_gain(before[key], after[key], n)
+            for key in ("val/success_rate", "val/greedy/success_rate")
+            if key in before and key in after and n
+        }
+        if out and self.distinct_val_maps:
+            # maps drawn twice are not independent: the standard error at the distinct count
+            # is the cautious one
+            out["validation maps"] = {"episodes": n, "distinct": self.distinct_val_maps}
+            for key in ("val/success_rate", "val/greedy/success_rate"):
+                if f"gain {key}" in out:
+                    at = proportion_gain(before[key], after[key], self.distinct_val_maps)
+                    out[f"gain {key}"]["gain_in_se_at_distinct"] = at["gain_in_se"]
+        return out
+
+
+def env_configs(c: Any) -> dict[str, dict[str, Any]]:
+    """`{tag: {"env_type", "config"}}` of the composed env specs (what make_envs takes)."""
+    return {tag: {"env_type": s.env_type, "config": s.config} for tag, s in c.env_specs.items()}
+
+
+def proportion_gain(before: float, after: float, n: int) -> dict[str, float]:
+    """`after - before` of two success rates over n episodes each, its standard error
+    sqrt(p1 (1 - p1) / n + p2 (1 - p2) / n) and the gain in standard errors."""
+    se = math.sqrt((before * (1 - before) + after * (1 - after)) / n)
+    gain = after - before
+    return {
+        "gain": round(gain, 4),
+        "se": round(se, 4),
+        "gain_in_se": round(gain / se, 2) if se > 0 else float("inf"),
+        "n": n,
+    }
 
 
 class RolloutOnlyRecipe:

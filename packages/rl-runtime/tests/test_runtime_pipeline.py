@@ -201,3 +201,26 @@ def test_resume_warns_about_harmless_changes(tmp_path, capsys):
     assert any(x.startswith("warning: max_steps changed since checkpoint") for x in lines)
     assert not any("resume_from_checkpoint changed" in x for x in lines)
     assert result.step == 5
+
+
+class RecipeWithBaselines(FakeRecipe):
+    def baselines(self, ctx) -> dict:
+        return {"blind": {"val/success_rate": 0.125}}
+
+    def summary(self, before: dict, after: dict) -> dict:
+        return {"gain": after["val/success_rate"] - before["val/success_rate"]}
+
+
+def test_baselines_and_summary_reach_summary_json_and_the_table(tmp_path, capsys):
+    from rl_runtime.pipeline import print_result
+
+    _, result = _run(tmp_path, RecipeWithBaselines())
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["baselines"] == {"blind": {"val/success_rate": 0.125}}
+    assert summary["summary"] == {"gain": 0.5}
+    # without a terminal (pytest captures stderr) every step prints one line with its phases
+    assert "step 5/5 |" in capsys.readouterr().out
+    print_result(result, "t", lambda m: {"success": m["val/success_rate"]}, before_label="warm")
+    table = capsys.readouterr().out
+    assert table.index("blind") < table.index("warm") < table.index("after RL")
+    assert "0.125" in table and "gain: 0.5" in table

@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from rl_envs.content_split import check_split_options, content_split
 from rl_envs.parsing import ParsedAction, compile_pattern, parse_action
 from rl_envs.prompts import (
     ANSWER_TURN_TEMPLATE,
@@ -60,8 +61,14 @@ class TextGameEnv:
     """Shared logic of multi-turn text games: parsing, format penalty, step limit, prompts, frames.
 
     Subclasses set ``action_names`` and implement ``_reset_game(rng)``, ``_apply(action_name) ->
-    (reward, terminated, success, effective)``, ``_render_text()`` and ``_render_rgb()``.
+    (reward, terminated, success, effective)``, ``_render_text()`` and ``_render_rgb()``; those
+    that implement ``content_key()`` can be split by content: with ``layout_split`` ("train" or
+    "val") ``reset`` redraws (from the same seeded stream) until the instance's content hash falls
+    in that split, a ``val_fraction`` share of all instances being "val" (rl_envs.content_split).
     """
+
+    #: redraws ``reset`` may take to land in ``layout_split`` before it gives up
+    max_split_draws: int = 10_000
 
     action_names: tuple[str, ...] = ()
     default_instruction: str = ""
@@ -78,7 +85,14 @@ class TextGameEnv:
         system_prompt: str | None = None,
         turn_template: str | None = None,
         render_save_dir: str | None = None,
+        layout_split: str | None = None,
+        val_fraction: float = 0.5,
     ) -> None:
+        check_split_options(layout_split, val_fraction)
+        if layout_split is not None and type(self).content_key is TextGameEnv.content_key:
+            raise ValueError(f"layout_split: {type(self).__name__} has no content_key()")
+        self.layout_split = layout_split
+        self.val_fraction = float(val_fraction)
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         if max_actions_per_step < 1:
@@ -110,7 +124,17 @@ class TextGameEnv:
     # ----- protocol -------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         self.seed = int(seed) if seed is not None else random_seed()
-        self._reset_game(np.random.default_rng(self.seed))
+        rng = np.random.default_rng(self.seed)
+        self._reset_game(rng)
+        draws = 1
+        while self.layout_split is not None and self.split() != self.layout_split:
+            if draws >= self.max_split_draws:
+                raise RuntimeError(
+                    f"no {self.layout_split!r} instance in {draws} draws "
+                    f"(val_fraction={self.val_fraction})"
+                )
+            self._reset_game(rng)
+            draws += 1
         self.steps_taken = 0
         self.episode_reward = 0.0
         self.done = False
@@ -184,6 +208,14 @@ class TextGameEnv:
         return None
 
     # ----- helpers ----------------------------------------------------------------------------
+    def content_key(self) -> bytes:
+        """What makes the current instance the same puzzle (held-out splits compare these)."""
+        raise NotImplementedError(f"{type(self).__name__} has no content_key()")
+
+    def split(self) -> str:
+        """The split ("train"/"val") the current instance belongs to at this ``val_fraction``."""
+        return content_split(self.content_key(), self.val_fraction)
+
     @property
     def actions_left(self) -> int:
         return max(self.max_steps - self.steps_taken, 0)

@@ -13,11 +13,15 @@ def write_curves(
     *,
     panels: Mapping[str, Sequence[str]] | None = None,
     title: str = "",
+    baselines: Mapping[str, float] | None = None,
 ) -> Path:
     """Plot metric rows (`{"step": n, name: value}`) into one PNG with a panel per group.
 
     `panels`: panel title -> metric names (default: reward and success, train and val).
-    Metrics missing from every row are skipped; returns the PNG path.
+    Metrics missing from every row are skipped. Evaluation metrics (`val/*`) are drawn with a
+    marker at every evaluation point, per-step metrics as plain lines. `baselines`:
+    `"label: metric" -> value`, a dashed horizontal line in each panel that shows `metric`.
+    Returns the PNG path.
     """
     try:
         import matplotlib
@@ -39,7 +43,12 @@ def write_curves(
             points = [(r["step"], r[name]) for r in history if name in r]
             if points:
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, marker="o", markersize=3, label=name)
+                evaluated = name.startswith("val/")
+                ax.plot(xs, ys, marker="o" if evaluated else None, markersize=5, label=name)
+        for label, value in (baselines or {}).items():
+            if label.rsplit(": ", 1)[-1] in names:
+                ax.axhline(value, linestyle="--", linewidth=1, color="gray", alpha=0.8)
+                ax.annotate(label, (0, value), xycoords=("axes fraction", "data"), fontsize=7)
         ax.set_title(panel)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

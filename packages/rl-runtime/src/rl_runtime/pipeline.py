@@ -8,6 +8,9 @@ A recipe supplies its science through a small protocol (composition, not inherit
     evaluate(ctx) -> metrics         validation ({} when there is none)
     setup(ctx)                       optional: recipe state that needs the cluster (tokenizer ...)
     before_training(ctx) -> metrics  optional: e.g. a supervised warm-up (not on resume)
+    baselines(ctx) -> {name: metrics} optional: reference policies scored like `evaluate` (rows
+                                     of the final table, lines in curves.png, summary.json)
+    summary(before, after) -> dict   optional: figures derived from the evaluations (summary.json)
     state() / load_state(d)          optional: recipe-only state saved in checkpoints
 
 `ctx` exposes the cluster, the components, the step, the weight version (`ctx.sync_weights()`
@@ -54,7 +57,13 @@ class RunOptions:
     eval_before_training: bool = True
     export_hf: bool = False
     stdout_keys: tuple[str, ...] = ()
-    progress_key: str = "env/success_rate"
+    #: metrics shown per step by the progress bar (or, without a terminal, the per-step line)
+    progress_keys: tuple[str, ...] = (
+        "env/success_rate",
+        "env/episode_reward",
+        "val/success_rate",
+        "val/greedy/success_rate",
+    )
 
 
 @dataclass
@@ -112,6 +121,8 @@ class RunResult:
     resumed_from: str | None
     curves: str | None = None
     hf_model: str | None = None
+    baselines: dict[str, dict[str, float]] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
 
 
 def engine_weight_diff(cluster: Any) -> float:
@@ -160,17 +171,23 @@ def plan_text(components: Components) -> str:
     return plan.describe() + "\n" + describe(components)
 
 
-def print_result(result: RunResult, title: str, row: Any) -> None:
-    """The before/after evaluation table (`row(metrics) -> columns`) and the run's result line."""
+def print_result(result: RunResult, title: str, row: Any, before_label: str = "before RL") -> None:
+    """The evaluation table (`row(metrics) -> columns`: baselines, before and after training),
+    the recipe's summary figures and the run's result line."""
     from rich.console import Console
 
     from rl_runtime.timing import summary_table
 
-    rows = {"before RL": row(result.eval_before), "after RL": row(result.eval_after)}
+    rows = {name: row(m) for name, m in result.baselines.items()}
+    rows.update({before_label: row(result.eval_before), "after RL": row(result.eval_after)})
     rows = {k: v for k, v in rows.items() if v}
     console = Console()
+    if not console.is_terminal:  # a log file: rich's 80 columns would cut the table
+        console = Console(width=160)
     if rows:
         console.print(summary_table(title, rows))
+    for key, value in result.summary.items():
+        console.print(f"{key}: {value}")
     console.print(
         f"steps={result.step} weight_version={result.weight_version} "
         f"wall={result.wall_seconds:.0f}s curves={result.curves} hf_model={result.hf_model}"
@@ -205,6 +222,7 @@ class Runner:
         self.options = options
         self.ckpt: CheckpointManager | None = None
         self.ctx: Context | None = None
+        self.baselines: dict[str, dict[str, float]] = {}
 
     # ------------------------------------------------------------------------------ setup
     def _announce(self) -> tuple[Path | None, RunState | None]:
@@ -328,6 +346,8 @@ class Runner:
         after: dict[str, float] = {}
         try:
             ctx = self._setup()
+            if hasattr(self.recipe, "baselines"):
+                self.baselines = self.recipe.baselines(ctx)
             if resume is not None and state is not None:
                 self.restore(resume, state)
             else:
@@ -360,10 +380,10 @@ class Runner:
                     ctx.log(metrics)
                 if self.ckpt is not None and (last or ctx.step % cad.save_steps == 0):
                     self.save()
-                key = self.options.progress_key
+                shown = [k for k in self.options.progress_keys if k in metrics]
                 progress.advance(
                     {k: v for k, v in metrics.items() if k.startswith("timing/")},
-                    f"{key.split('/')[-1]}={metrics.get(key, float('nan')):.2f}",
+                    " ".join(f"{k}={metrics[k]:.3f}" for k in shown),
                 )
         return last_eval
 
@@ -378,7 +398,16 @@ class Runner:
         from rl_runtime.curves import write_curves
 
         out = Path(self.components.output_dir)
-        png = write_curves(ctx.tracker.history, out / "curves.png", title=self.components.exp_name)
+        png = write_curves(
+            ctx.tracker.history,
+            out / "curves.png",
+            title=self.components.exp_name,
+            baselines={
+                f"{name}: {key}": value
+                for name, metrics in self.baselines.items()
+                for key, value in metrics.items()
+            },
+        )
         hf_dir = None
         if self.options.export_hf and ctx.cluster.has("actor_train"):
             hf_dir = ctx.cluster["actor_train"].call_rank0("export_hf", str(out / "hf_model"))
@@ -391,6 +420,8 @@ class Runner:
             resumed_from=str(resume) if resume is not None else None,
             curves=str(png) if png else None,
             hf_model=hf_dir,
+            baselines=self.baselines,
+            summary=self.recipe.summary(before, after) if hasattr(self.recipe, "summary") else {},
         )
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(result.__dict__, indent=2, default=str))

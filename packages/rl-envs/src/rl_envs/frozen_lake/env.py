@@ -45,7 +45,13 @@ _PERPENDICULAR = {
 
 
 class FrozenLakeEnv(TextGameEnv):
-    """Walk from the top-left to the goal without falling into a hole.
+    """Walk from the start to the goal without falling into a hole.
+
+    The start is the top-left cell and the goal the bottom-right one, or with ``random_start`` /
+    ``random_goal`` a random cell each (then no fixed action sequence solves most maps: the policy
+    has to read the map); ``min_path_length`` keeps only maps whose shortest path takes at least
+    that many moves (no goal next to the start). ``content_key()`` is the layout with start and goal, so ``layout_split``
+    (see ``TextGameEnv``) holds validation maps out by content.
 
     Reward 1.0 on reaching the goal (terminated, success), 0.0 otherwise; falling into a hole
     terminates without success. With ``is_slippery`` the intended move happens with probability
@@ -66,9 +72,15 @@ class FrozenLakeEnv(TextGameEnv):
         grid_lookup: Mapping[int | str, str] | None = None,
         reward_goal: float = 1.0,
         max_steps: int = 100,
+        random_start: bool = False,
+        random_goal: bool = False,
+        min_path_length: int = 1,
         **common: Any,
     ) -> None:
         super().__init__(max_steps=max_steps, **common)
+        self.random_start = bool(random_start)
+        self.random_goal = bool(random_goal)
+        self.min_path_length = int(min_path_length)
         self.size = int(size)
         self.p = float(p)
         self.is_slippery = bool(is_slippery)
@@ -85,10 +97,24 @@ class FrozenLakeEnv(TextGameEnv):
         self._slip_rng = np.random.default_rng(0)
 
     def _reset_game(self, rng: np.random.Generator) -> None:
-        desc = generate_frozen_lake(int(rng.integers(2**31)), size=self.size, p=self.p)
+        desc = generate_frozen_lake(
+            int(rng.integers(2**31)),
+            size=self.size,
+            p=self.p,
+            random_start=self.random_start,
+            random_goal=self.random_goal,
+            min_path_length=self.min_path_length,
+        )
         self._slip_rng = np.random.default_rng(int(rng.integers(2**31)))
         fmt = self.format_action(ACTION_NAMES[0]).replace(ACTION_NAMES[0], "{action}")
-        self.state = FrozenLakeState(desc=desc, player=(0, 0), answer_format=fmt)
+        state = FrozenLakeState(desc=desc, player=(0, 0), answer_format=fmt)
+        self.state = dataclasses.replace(state, player=state.start)
+
+    def content_key(self) -> bytes:
+        """The map (holes, start and goal cells) the episode started on."""
+        assert self.state is not None, "call reset() first"
+        desc = self.state.desc
+        return b"frozen_lake/%dx%d/" % desc.shape + desc.astype(np.int8).tobytes()
 
     def set_state(self, state: FrozenLakeState) -> None:
         """Start an episode from a given map and position (tests, curricula)."""

@@ -86,6 +86,7 @@ class SokobanEnv(TextGameEnv):
         self.penalty_box_off_target = float(penalty_box_off_target)
         self.reward_finished = float(reward_finished)
         self.state: SokobanState | None = None
+        self._start_key = b""
 
     def _reset_game(self, rng: np.random.Generator) -> None:
         level_seed = int(rng.integers(2**31))
@@ -101,6 +102,12 @@ class SokobanEnv(TextGameEnv):
             player=level.player,
             answer_format=self._answer_format(),
         )
+        self._start_key = _state_key(self.state)
+
+    def content_key(self) -> bytes:
+        """The room, boxes and player the episode started from."""
+        assert self.state is not None, "call reset() first"
+        return self._start_key
 
     def _answer_format(self) -> str:
         return self.format_action(ACTION_NAMES[0]).replace(ACTION_NAMES[0], "{action}")
@@ -108,6 +115,7 @@ class SokobanEnv(TextGameEnv):
     def set_state(self, state: SokobanState) -> None:
         """Start an episode from a given position (tests, curricula)."""
         self.state = dataclasses.replace(state, answer_format=self._answer_format())
+        self._start_key = _state_key(self.state)
         self.steps_taken = 0
         self.episode_reward = 0.0
         self.done = state.is_solved()
@@ -150,3 +158,9 @@ class SokobanEnv(TextGameEnv):
     def _render_rgb(self) -> np.ndarray:
         assert self.state is not None, "call reset() first"
         return grid_to_rgb(self.state.room_codes(), PALETTE)
+
+
+def _state_key(state: SokobanState) -> bytes:
+    boxes = ";".join(f"{r},{c}" for r, c in sorted(state.boxes))
+    head = f"sokoban/{state.fixed.shape}/{boxes}/{state.player}/".encode()
+    return head + state.fixed.astype(np.int8).tobytes()
