@@ -114,7 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         eval_before_training=app.eval_before_training,
         export_hf=app.export_hf,
         stdout_keys=STDOUT_KEYS,
-        progress_key="reward/accuracy",
+        progress_keys=(
+            "reward/accuracy",
+            "reward/mean",
+            "val/accuracy",
+            "dynamic_sampling/dropped_groups",
+        ),
     )
     recipe = RlvrRecipe(app, plan, path)
     try:
