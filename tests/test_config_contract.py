@@ -110,9 +110,9 @@ def _consumed() -> set[str]:
 def test_every_schema_key_is_consumed_or_declared():
     consumed = _consumed()
     keys = schema_keys()
-    missing = [k for k in keys if k not in consumed and declared(k) is None]
+    missing = [k for k in keys if k not in consumed and declared(k, "agentic") is None]
     assert not missing, f"schema keys neither consumed by compose nor declared: {missing}"
-    both = sorted(k for k in consumed if declared(k) is not None)
+    both = sorted(k for k in consumed if declared(k, "agentic") is not None)
     assert not both, f"consumed by compose but declared unsupported/ignored: {both}"
     stale = [p for p in {**UNSUPPORTED, **IGNORED} if not any(_match(k, p) for k in keys)]
     assert not stale, f"contract patterns that match no schema key: {stale}"

@@ -141,7 +141,16 @@ def compose_dpo(
         )
     roles = []
     for name in names:
-        r = build_role(cfg, name, examples, device_kind, flash_attn_available, warnings)
+        r = build_role(
+            cfg,
+            name,
+            examples,
+            device_kind,
+            flash_attn_available,
+            warnings,
+            ppo_epochs=1,
+            with_loss=False,
+        )
         if name == "actor_train":
             assert r.training_args is not None and r.model_args is not None
             packed = r.model_args.attn_implementation in PACKED_KERNELS
@@ -151,7 +160,6 @@ def compose_dpo(
                 training_args=dataclasses.replace(
                     r.training_args,
                     per_device_train_batch_size=t.per_device_train_batch_size * rows_per_example,
-                    ppo_epochs=1,
                     max_steps=cfg.max_steps,
                     shuffle_mini_batches=False,
                     use_sequence_packing=packed,
