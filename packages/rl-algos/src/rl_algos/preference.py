@@ -36,7 +36,7 @@ class PreferenceInputs:
     """Sequence log-probs, all ``[B]`` (B pairs; for unpaired losses B rows held in ``chosen_*``).
 
     ``*_sum``: summed over response tokens; ``*_mean``: divided by the response length.
-    ``ref_*`` are None for reference-free losses. ``desirable`` ``[B]`` bool and the scalar ``kl``
+    ``ref_*`` are None for reference-free losses; ``ref_*_mean`` only IPO reads. ``desirable`` ``[B]`` bool and the scalar ``kl``
     reference point are KTO's.
     """
 
@@ -46,6 +46,8 @@ class PreferenceInputs:
     rejected_mean: Tensor | None = None
     ref_chosen_sum: Tensor | None = None
     ref_rejected_sum: Tensor | None = None
+    ref_chosen_mean: Tensor | None = None
+    ref_rejected_mean: Tensor | None = None
     desirable: Tensor | None = None
     kl: Tensor | float = 0.0
 
@@ -112,9 +114,11 @@ def _sigmoid(x: PreferenceInputs, beta: float = 0.1, label_smoothing: float = 0.
 
 @register_preference_loss("ipo", needs_reference=True, options=("beta",))
 def _ipo(x: PreferenceInputs, beta: float = 0.1):
-    rej, _ = _rejected(x)
-    assert x.ref_chosen_sum is not None and x.ref_rejected_sum is not None
-    return ipo(x.chosen_sum, rej, x.ref_chosen_sum, x.ref_rejected_sum, beta=beta)
+    """On length-averaged log-probs, as the paper (and TRL) define it."""
+    _, rej = _rejected(x)
+    if x.ref_chosen_mean is None or x.ref_rejected_mean is None:
+        raise ValueError("ipo needs length-averaged reference log-probs (ref_*_mean)")
+    return ipo(x.chosen_mean, rej, x.ref_chosen_mean, x.ref_rejected_mean, beta=beta)
 
 
 @register_preference_loss(

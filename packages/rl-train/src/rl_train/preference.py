@@ -80,6 +80,8 @@ def preference_inputs(
             sums
         )
     check_pairs(mb)
+    lengths = mb["response_mask"].sum(-1).clamp(min=1).to(sums.dtype)
+    ref_mean = None if ref is None else ref / lengths
     return (
         PreferenceInputs(
             chosen_sum=sums[0::2],
@@ -88,6 +90,8 @@ def preference_inputs(
             rejected_mean=means[1::2],
             ref_chosen_sum=None if ref is None else ref[0::2],
             ref_rejected_sum=None if ref is None else ref[1::2],
+            ref_chosen_mean=None if ref_mean is None else ref_mean[0::2],
+            ref_rejected_mean=None if ref_mean is None else ref_mean[1::2],
         ),
         len(sums) // 2,
     )
