@@ -201,7 +201,7 @@ def preference_worker(rank: int, spec: dict[str, Any]) -> None:
             training_args=dict(
                 per_device_train_batch_size=2,
                 gradient_accumulation_steps=per_rank,
-                learning_rate=1e-3,
+                learning_rate=spec.get("lr", 1e-4),
                 lr_scheduler_type="constant",
                 max_steps=spec["steps"],
             ),
