@@ -18,7 +18,9 @@ def prompt_text(a: int) -> str:
     return f"What is the last digit of {a}+1?"
 
 
-def write_pairs(train_path: str, eval_path: str, train_rows: int, eval_rows: int, seed: int) -> None:
+def write_pairs(
+    train_path: str, eval_path: str, train_rows: int, eval_rows: int, seed: int
+) -> None:
     """JSONL rows {prompt, chosen, rejected, answer}; the same files for the same arguments."""
     rng = random.Random(seed)
     numbers = list(range(10, 10_000))

@@ -52,7 +52,9 @@ class DPORecipe:
         self.seed = ctx.components.seed
         tok = AutoTokenizer.from_pretrained(self.model_path)
         self.eos_token_id = int(tok.eos_token_id)
-        self.pad_token_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+        self.pad_token_id = int(
+            tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        )
         paired = plan.loss.paired
         self.train = load_preferences(plan.data.train_files, tok, plan.data, paired=paired)
         if len(self.train.examples) < plan.examples_per_step:

@@ -93,7 +93,9 @@ def test_dpo_loss_is_the_per_pair_mean_over_the_global_pair_count():
     loss = build_preference_loss(PreferenceLossConfig(loss_type="sigmoid", beta=0.3))
     ctx = LossContext(global_tokens=1.0, global_seqs=4.0, max_seq_len=1)
     parts = [
-        loss({k: v[i : i + 2] for k, v in batch.items()}, ForwardOutput(log_probs=lp[i : i + 2]), ctx)
+        loss(
+            {k: v[i : i + 2] for k, v in batch.items()}, ForwardOutput(log_probs=lp[i : i + 2]), ctx
+        )
         for i in (0, 2)
     ]
     m = batch["response_mask"].float()

@@ -51,7 +51,9 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         try:
             import pyarrow.parquet as pq
         except ImportError as exc:  # pragma: no cover - pyarrow ships with rl-envs[data]
-            raise PreferenceDataError(f"{p}: reading parquet needs pyarrow (rl-envs[data])") from exc
+            raise PreferenceDataError(
+                f"{p}: reading parquet needs pyarrow (rl-envs[data])"
+            ) from exc
         return pq.read_table(p).to_pylist()
     text = p.read_text(encoding="utf-8")
     if p.suffix == ".json":
@@ -97,7 +99,9 @@ class Tokenizer:
     def prompt(self, value: Any) -> list[int]:
         messages = [{"role": "user", "content": value}] if isinstance(value, str) else value
         if self.use_template:
-            text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = self.tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
         else:
             text = value if isinstance(value, str) else "\n".join(m["content"] for m in messages)
         return list(self.tok(text, add_special_tokens=False)["input_ids"])

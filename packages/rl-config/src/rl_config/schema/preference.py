@@ -35,9 +35,7 @@ class PreferenceFields(StrictModel):
         description="Conservative DPO (cDPO): assumed probability that a preference label is "
         "flipped (sigmoid and simpo).",
     )
-    simpo_gamma: float = Field(
-        default=0.5, ge=0, description="SimPO's target reward margin gamma."
-    )
+    simpo_gamma: float = Field(default=0.5, ge=0, description="SimPO's target reward margin gamma.")
     kto_desirable_weight: float = Field(
         default=1.0, gt=0, description="KTO's weight lambda_D of desirable rows."
     )

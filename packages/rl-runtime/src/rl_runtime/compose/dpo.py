@@ -167,7 +167,9 @@ def compose_dpo(
             )
         roles.append(r)
     if cfg.eval_steps and not cfg.actor_train.data_args.eval_file_name:
-        warnings.append("eval_steps > 0 without actor_train.data_args.eval_file_name: no held-out pairs")
+        warnings.append(
+            "eval_steps > 0 without actor_train.data_args.eval_file_name: no held-out pairs"
+        )
     ckpt = cfg.checkpoint_config.output_dir or f"{cfg.output_dir.rstrip('/')}/checkpoints"
     reference = "none"
     if loss.needs_reference:
