@@ -11,6 +11,7 @@ import argparse
 import json
 import tempfile
 import time
+from pathlib import Path
 
 
 def main() -> None:
@@ -29,7 +30,7 @@ def main() -> None:
     from trl import DPOConfig, DPOTrainer
 
     torch.manual_seed(0)
-    rows = [json.loads(line) for line in open(a.data, encoding="utf-8")]
+    rows = [json.loads(line) for line in Path(a.data).read_text(encoding="utf-8").splitlines()]
     total = a.steps + a.warmup
     ds = Dataset.from_list(rows * total)
     tok = AutoTokenizer.from_pretrained(a.model)
