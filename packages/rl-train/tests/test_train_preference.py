@@ -59,12 +59,12 @@ def test_every_loss_type_on_two_fsdp2_ranks_matches_one_process(tiny_model_path,
 
 @pytest.mark.slow
 def test_deepspeed_zero2_dpo_matches_one_process(tiny_model_path, single, tmp_path):
-    cfg = {"zero_optimization": {"stage": 2, "overlap_comm": False}}
+    cfg = {"zero_optimization": {"stage": 2, "overlap_comm": False, "reduce_bucket_size": "auto"}}
     spawn(
         preference_worker,
         2,
         _spec(tmp_path, tiny_model_path, "deepspeed_train", loss_types=["sigmoid"],
-              strategy_config=cfg),
+              strategy_config=cfg, dump_after=400),
         env=ENV,
     )  # fmt: skip
     for a, b in zip(_history(single, "sigmoid"), _history(tmp_path, "sigmoid"), strict=True):

@@ -185,6 +185,10 @@ def preference_worker(rank: int, spec: dict[str, Any]) -> None:
     ``spec['steps']`` train steps on this rank's pairs of ``make_pairs(spec['pairs'])`` and write
     the metric history (rank 0) to ``spec['out']/pref_<name>.pt``."""
     torch.set_num_threads(1)
+    if spec.get("dump_after"):  # a hung collective prints every thread's stack, then exits
+        import faulthandler
+
+        faulthandler.dump_traceback_later(spec["dump_after"], exit=True)
     from rl_train.preference import PreferenceLossConfig, sequence_logps
     from rl_train.registry import build_backend
 
