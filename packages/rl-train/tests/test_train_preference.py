@@ -57,8 +57,16 @@ def test_every_loss_type_on_two_fsdp2_ranks_matches_one_process(tiny_model_path,
     assert first["actor/rewards/accuracies"] == 0.0
 
 
+@pytest.fixture(scope="module")
+def single_sigmoid(tiny_model_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pref_single_sigmoid")
+    preference_worker(0, _spec(out, tiny_model_path, "hf_infer", loss_types=["sigmoid"]))
+    return out
+
+
 @pytest.mark.slow
-def test_deepspeed_zero2_dpo_matches_one_process(tiny_model_path, single, tmp_path):
+@pytest.mark.timeout(1200)
+def test_deepspeed_zero2_dpo_matches_one_process(tiny_model_path, single_sigmoid, tmp_path):
     cfg = {"zero_optimization": {"stage": 2, "overlap_comm": False, "reduce_bucket_size": "auto"}}
     spawn(
         preference_worker,
@@ -67,7 +75,9 @@ def test_deepspeed_zero2_dpo_matches_one_process(tiny_model_path, single, tmp_pa
               strategy_config=cfg, dump_after=400),
         env=ENV,
     )  # fmt: skip
-    for a, b in zip(_history(single, "sigmoid"), _history(tmp_path, "sigmoid"), strict=True):
+    for a, b in zip(
+        _history(single_sigmoid, "sigmoid"), _history(tmp_path, "sigmoid"), strict=True
+    ):
         assert b["actor/loss"] == pytest.approx(a["actor/loss"], rel=1e-4, abs=1e-6)
 
 
