@@ -32,12 +32,27 @@ def _plain(obj):
     return obj
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def _app(path: Path) -> str:
+    return path.relative_to(ROOT / "apps").parts[0]
+
+
+def _compose(app: str, cfg):
+    if app == "dpo":
+        from rl_runtime.compose.dpo import compose_dpo
+
+        return compose_dpo(cfg, device_kind="cpu")
+    return compose(cfg, device_kind="cpu")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{_app(p)}/{p.stem}")
 def test_shipped_config_composes_to_its_snapshot(path):
+    app = _app(path)
     data = dict(compose_config(path, []).data)
-    data.pop("agentic_app", None)
-    got = _plain(compose(ExperimentConfig.model_validate(data), device_kind="cpu"))
-    snap = ROOT / "tests" / "snapshots" / f"compose_{path.stem}.json"
+    data.pop(f"{app}_app", None)
+    got = _plain(_compose(app, ExperimentConfig.model_validate(data)))
+    # agentic snapshots keep their historical names; other apps' carry the app's name
+    name = path.stem if app == "agentic" else f"{app}_{path.stem}"
+    snap = ROOT / "tests" / "snapshots" / f"compose_{name}.json"
     text = json.dumps(got, indent=1, sort_keys=True) + "\n"
     if os.environ.get("RL_UPDATE_SNAPSHOTS"):
         snap.write_text(text)
