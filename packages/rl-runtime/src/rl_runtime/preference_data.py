@@ -50,9 +50,9 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if p.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
-        except ImportError as exc:  # pragma: no cover - pyarrow ships with rl-envs[data]
+        except ImportError as exc:  # pragma: no cover - pyarrow comes with rl-runtime[data]
             raise PreferenceDataError(
-                f"{p}: reading parquet needs pyarrow (rl-envs[data])"
+                f"{p}: reading parquet needs pyarrow (pip install rl-runtime[data])"
             ) from exc
         return pq.read_table(p).to_pylist()
     text = p.read_text(encoding="utf-8")
