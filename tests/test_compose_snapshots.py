@@ -42,16 +42,26 @@ def _name(path: Path) -> str:
     return path.stem if app == "agentic" else f"{app}_{path.stem}"
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=_name)
-def test_shipped_config_composes_to_its_snapshot(path):
-    data = dict(compose_config(path, []).data)
-    data.pop(f"{_app(path)}_app", None)
-    cfg = ExperimentConfig.model_validate(data)
+def _compose(app: str, cfg) -> dict:
+    """What an app composes: dpo its own plan; rlvr the shared components and its RLVR plan."""
+    if app == "dpo":
+        from rl_runtime.compose.dpo import compose_dpo
+
+        return _plain(compose_dpo(cfg, device_kind="cpu"))
     got = _plain(compose(cfg, device_kind="cpu"))
-    if _app(path) == "rlvr":
+    if app == "rlvr":
         from rl_runtime.compose.rlvr import build_rlvr
 
         got["rlvr"] = _plain(build_rlvr(cfg))
+    return got
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=_name)
+def test_shipped_config_composes_to_its_snapshot(path):
+    app = _app(path)
+    data = dict(compose_config(path, []).data)
+    data.pop(f"{app}_app", None)
+    got = _compose(app, ExperimentConfig.model_validate(data))
     snap = ROOT / "tests" / "snapshots" / f"compose_{_name(path)}.json"
     text = json.dumps(got, indent=1, sort_keys=True) + "\n"
     if os.environ.get("RL_UPDATE_SNAPSHOTS"):

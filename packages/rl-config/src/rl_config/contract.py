@@ -19,6 +19,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 
+from rl_config.roll_compat import DPO_KEYS
 from rl_config.schema_walk import is_model, unwrap
 
 ROLES = ("actor_train", "actor_infer", "reference", "critic")
@@ -201,7 +202,98 @@ RLVR_IGNORED: dict[str, str] = {
 }
 
 
-PIPELINE_IGNORED: dict[str, dict[str, str]] = {"agentic": AGENTIC_IGNORED, "rlvr": RLVR_IGNORED}
+PREFERENCE_KEYS = DPO_KEYS
+"""Top-level keys only the preference pipeline (apps/dpo) reads (they make a config a DPO one)."""
+
+AGENTIC_IGNORED.update(dict.fromkeys(PREFERENCE_KEYS, "DPO only (offline preference pipeline)"))
+
+_NO_ROLLOUT = "the DPO pipeline trains on a fixed preference dataset (no rollout)"
+DPO_IGNORED: dict[str, str] = {
+    "rollout_batch_size": "the DPO batch is per_device_train_batch_size pairs x "
+    "gradient_accumulation_steps x ranks (as ROLL's DPO pipeline)",
+    "val_batch_size": "every held-out pair (data_args.eval_file_name) is evaluated",
+    "ppo_epochs": "one optimizer step per DPO step (gradient accumulation over the full batch)",
+    # every actor_infer key but model_args.model_name_or_path (derived from pretrain)
+    "actor_infer.[!m]*": _NO_ROLLOUT,
+    "actor_infer.max_*": _NO_ROLLOUT,
+    "actor_infer.model_args.[!m]*": _NO_ROLLOUT,
+    "actor_infer.model_args.model_[!n]*": _NO_ROLLOUT,
+    "critic.*": "DPO has no critic",
+    "train_env_manager.*": _NO_ROLLOUT,
+    "val_env_manager.*": _NO_ROLLOUT,
+    "custom_envs.*": _NO_ROLLOUT,
+    "reference.data_args.*": "the data comes from actor_train.data_args",
+    "actor_train.data_args.dataset_type": "the loader follows the file suffix (.jsonl/.json/"
+    ".parquet)",
+    "actor_train.data_args.response": "responses come from chosen_key/rejected_key "
+    "(completion_key for KTO)",
+    "actor_train.data_args.tag": "preference rows have no domain tags",
+    "actor_train.data_args.id": "rows are numbered by their position in the file",
+    "actor_train.data_args.domain_interleave_probs": "preference rows have no domain tags",
+    "actor_train.data_args.preprocessing_num_workers": "rows are tokenized once in the driver",
+    "actor_train.data_args.cache_path": "rows are tokenized once per run (no cache)",
+    "max_tokens_per_step": _NO_ROLLOUT,
+    "max_running_requests": _NO_ROLLOUT,
+    "num_return_sequences_in_group": _NO_ROLLOUT,
+    "prompt_length": "prompt + response must fit sequence_length (truncation_mode)",
+    "response_length": "prompt + response must fit sequence_length (truncation_mode)",
+    "model_update_buffer_size_mb": "no weight sync (no rollout engines)",
+    "adv_estimator": "no advantages in DPO",
+    "reward_normalization.*": "no rewards in DPO",
+    "whiten_advantages": "no advantages in DPO",
+    "init_kl_coef": "the KL to the reference is implicit in the preference loss (beta)",
+    "add_token_level_kl": "the KL to the reference is implicit in the preference loss (beta)",
+    "use_kl_loss": "the KL to the reference is implicit in the preference loss (beta)",
+    "kl_loss_coef": "the KL to the reference is implicit in the preference loss (beta)",
+    "max_failed_fraction": _NO_ROLLOUT,
+    "render_save_dir": _NO_ROLLOUT,
+    "sandbox_allow_weak_isolation": "no untrusted code runs in DPO",
+    "reward_pretrain": "no reward model in DPO (the preference labels are the data)",
+    **dict.fromkeys(
+        (
+            "is_num_return_sequences_expand",
+            "is_use_additional_prompts",
+            "max_additional_running_prompts",
+            "gamma",
+            "lambd",
+            "pg_clip",
+            "pg_clip_low",
+            "pg_clip_high",
+            "use_pg_clip_range",
+            "dual_clip_loss",
+            "dual_clip_c",
+            "value_clip",
+            "kl_penalty",
+            "kl_loss_type",
+            "target_kl",
+            "kl_horizon",
+            "adaptive_kl_ctrl",
+            "reward_norm",
+            "norm_mean_type",
+            "norm_std_type",
+            "reward_shift",
+            "reward_scale",
+            "reward_clip",
+            "advantage_clip",
+            "train_infer_correction.*",
+            "episode_reward_weight",
+            "step_reward_weight",
+            "step_reward_gamma",
+            "rl_loss_coef",
+            "loss_agg_mode",
+            "entropy_loss_coef",
+            "actor_train.pg_variant",
+        ),
+        "an RL (policy-gradient) key: the DPO loss is set by loss_type",
+    ),
+}
+"""Keys with no effect in a DPO config (a warning when set)."""
+
+PIPELINE_IGNORED: dict[str, dict[str, str]] = {
+    "agentic": AGENTIC_IGNORED,
+    "rlvr": RLVR_IGNORED,
+    "dpo": DPO_IGNORED,
+}
 """Per pipeline kind: keys of other pipelines, a warning only in a config of that kind."""
 
 PIPELINE_CONSUMED: dict[str, tuple[str, ...]] = {

@@ -41,7 +41,6 @@ ROLL_IGNORED: dict[str, str] = {
 }
 
 _RLVR = "the RLVR pipeline is not implemented in this stack yet"
-_DPO = "the DPO pipeline is not implemented in this stack yet"
 _VL = "multimodal (image/video/audio) inputs are not implemented"
 _ENV = "ROLL env-manager option; this stack's env manager does not implement it"
 
@@ -70,12 +69,6 @@ ROLL_NOT_SUPPORTED: dict[str, str] = {
     "is_offload_optimizer_states_in_train_step": "ROLL's optimizer offload inside a train step",
     "skip_mock_system_prompt": "ROLL's agentic prompt option",
     "parse_tool_call_parameter_to_dict": "ROLL's Qwen3-Coder tool-call parsing option",
-    # DPO pipeline
-    "beta": f"DPO beta; {_DPO}",
-    "ipo": f"IPO loss switch; {_DPO}",
-    "label_smoothing": f"DPO label smoothing; {_DPO}",
-    "chosen_key": f"DPO dataset column; {_DPO}",
-    "rejected_key": f"DPO dataset column; {_DPO}",
     # worker options
     "ROLE.model_args.lora_rank": "LoRA training is not implemented; all weights are trained",
     "ROLE.model_args.lora_alpha": "LoRA training is not implemented; all weights are trained",
@@ -213,6 +206,20 @@ ROLL_UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
 }
 """Values ROLL accepts that this stack refuses (an error naming the key and the alternative)."""
 
-DPO_KEYS = ("beta", "ipo", "label_smoothing", "chosen_key", "rejected_key")
-"""Top-level keys that mark a ROLL DPO config (its batch is per_device × accumulation × ranks;
+DPO_KEYS = (
+    "loss_type",
+    "ipo",
+    "beta",
+    "label_smoothing",
+    "simpo_gamma",
+    "kto_desirable_weight",
+    "kto_undesirable_weight",
+    "chosen_key",
+    "rejected_key",
+    "label_key",
+    "completion_key",
+    "precompute_ref_log_probs",
+    "truncation_mode",
+)
+"""Top-level keys that mark a DPO config (ROLL's five and ours) (its batch is per_device × accumulation × ranks;
 rollout_batch_size is not used)."""

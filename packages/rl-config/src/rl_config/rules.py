@@ -546,9 +546,12 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
     out: list[str] = []
     for tag, env in cfg.custom_envs.items():
         out += _check_template(f"custom_envs.{tag}.agent_template", env.agent_template)[1]
+    from rl_config.contract import contract_issues, pipeline_kind
+
+    rl = pipeline_kind(cfg) != "dpo"  # a DPO batch is its own (no rollout, no advantages)
     samples = cfg.samples_per_step
     for role, worker in cfg.workers().items():
-        if role not in TRAIN_ROLES:
+        if role not in TRAIN_ROLES or not rl:
             continue
         args = worker.training_args
         world = worker.world_size or 1
@@ -565,7 +568,7 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
                 f"{role}: {samples} samples per step are not a whole number of optimizer steps of "
                 f"{opt_batch} samples; the last accumulation is partial"
             )
-    if cfg.adv_estimator in ("grpo", "rloo", "grpo_passk", "opo", "gpg"):
+    if rl and cfg.adv_estimator in ("grpo", "rloo", "grpo_passk", "opo", "gpg"):
         if cfg.is_agentic and cfg.train_env_manager is not None:
             if cfg.train_env_manager.group_size == 1 and cfg.reward_normalization.grouping in (
                 "traj_group_id",
@@ -589,7 +592,6 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
         out.append(f"a critic is configured but adv_estimator {cfg.adv_estimator} does not use it")
     if cfg.is_agentic and cfg.eval_steps > 0 and cfg.val_env_manager is None:
         out.append("eval_steps > 0 but no val_env_manager: validation is skipped")
-    from rl_config.contract import contract_issues
 
     errors, ignored = contract_issues(cfg)
     out += [f"{key}: {message} (the runtime refuses this config)" for key, message in errors]

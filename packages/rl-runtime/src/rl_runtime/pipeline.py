@@ -14,7 +14,8 @@ A recipe supplies its science through a small protocol (composition, not inherit
     state() / load_state(d)          optional: recipe-only state saved in checkpoints
 
 `ctx` exposes the cluster, the components, the step, the weight version (`ctx.sync_weights()`
-bumps it), the phase timer, `log`, and sharded `forward`/`train` calls on a role. The last step always logs, evaluates and saves.
+bumps it), the phase timer, `log`, and sharded `forward`/`train` calls on a role. A pipeline without
+rollout engines (no `actor_infer` role, e.g. offline preference training) has no weight sync. The last step always logs, evaluates and saves.
 At start the runner prints the config warnings and writes the resolved config (secrets redacted)
 to output_dir; at the end it writes output_dir/summary.json. A resumed run says so first.
 """
@@ -289,7 +290,7 @@ class Runner:
         self.ctx.tracker = Tracker(
             c.tracker.track_with, c.tracker.log_dir, c.tracker.kwargs, stdout_keys=o.stdout_keys
         )
-        if cluster.has("actor_train"):
+        if cluster.has("actor_train") and cluster.has("actor_infer"):
             self.ctx.sync = WeightSync(
                 cluster["actor_train"],
                 cluster["actor_infer"],
@@ -336,7 +337,8 @@ class Runner:
         restore_rng(state.rng)
         if hasattr(self.recipe, "load_state"):
             self.recipe.load_state(dict(state.extra.get("recipe") or {}))
-        ctx.sync_weights(new_version=False)  # engines get the restored weights, same version
+        if ctx.sync is not None:  # engines get the restored weights, same version
+            ctx.sync_weights(new_version=False)
 
     # -------------------------------------------------------------------------------- run
     def run(self) -> RunResult:

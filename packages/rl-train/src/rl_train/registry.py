@@ -63,7 +63,7 @@ def build_backend(
     """Build a backend for ``role`` (actor/critic/reference) from ROLL-style worker config parts.
 
     ``loss_config`` (``rl_train.losses.ActorLossConfig`` for the actor, ``CriticLossConfig`` for
-    the critic) builds the default loss when no ``loss_fn`` is given.
+    the critic, ``rl_train.preference.PreferenceLossConfig`` for a preference-trained actor) builds the default loss when no ``loss_fn`` is given.
     """
     if strategy_name not in _REGISTRY:
         raise ValueError(
@@ -71,10 +71,14 @@ def build_backend(
         )
     if loss_fn is None and loss_config is not None and role in ("actor", "critic"):
         from rl_train.losses import build_actor_loss, build_critic_loss
+        from rl_train.preference import PreferenceLossConfig, build_preference_loss
 
-        loss_fn = (
-            build_actor_loss(loss_config) if role == "actor" else build_critic_loss(loss_config)
-        )
+        if isinstance(loss_config, PreferenceLossConfig):
+            loss_fn = build_preference_loss(loss_config)
+        else:
+            loss_fn = (
+                build_actor_loss(loss_config) if role == "actor" else build_critic_loss(loss_config)
+            )
     return _REGISTRY[strategy_name](
         role=role,
         model_path=model_path,

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from rl_algos.aggregate import aggregate
+from rl_train.batching import select
 from rl_train.types import Batch, ForwardOutput, LossContext, LossResult
 
 
@@ -147,3 +148,75 @@ def _loss_with_nan(mb: Batch, out: ForwardOutput, ctx: LossContext) -> LossResul
         global_token_count=ctx.global_tokens,
     )
     return loss, {}
+
+
+def make_pairs(pairs: int, seed: int = 0, vocab: int = 200) -> Batch:
+    """A paired preference batch (rl_train.preference layout): ``2 * pairs`` right-padded rows,
+    chosen/rejected interleaved, a 5-token prompt shared by both sides, responses of 3..8 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(pairs):
+        prompt = torch.randint(5, vocab, (5,), generator=g).tolist()
+        for _side in range(2):
+            n = int(torch.randint(3, 9, (1,), generator=g))
+            rows.append((prompt, torch.randint(5, vocab, (n,), generator=g).tolist()))
+    t = max(len(p) + len(r) for p, r in rows)
+    ids = torch.zeros(len(rows), t, dtype=torch.long)
+    attn = torch.zeros(len(rows), t, dtype=torch.long)
+    resp = torch.zeros(len(rows), t, dtype=torch.bool)
+    for i, (p, r) in enumerate(rows):
+        ids[i, : len(p) + len(r)] = torch.tensor(p + r)
+        attn[i, : len(p) + len(r)] = 1
+        resp[i, len(p) : len(p) + len(r)] = True
+    side = torch.arange(len(rows)) % 2
+    return {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "response_mask": resp,
+        "pair_side": side,
+        "pair_id": torch.arange(len(rows)) // 2,
+        "desirable": side == 0,
+    }
+
+
+def preference_worker(rank: int, spec: dict[str, Any]) -> None:
+    """For each name in ``spec['loss_types']``: build ``spec['strategy']`` with a
+    PreferenceLossConfig, take the initial policy's log-probs as the reference, run
+    ``spec['steps']`` train steps on this rank's pairs of ``make_pairs(spec['pairs'])`` and write
+    the metric history (rank 0) to ``spec['out']/pref_<name>.pt``."""
+    torch.set_num_threads(1)
+    if spec.get("dump_after"):  # a hung collective prints every thread's stack, then exits
+        import faulthandler
+
+        faulthandler.dump_traceback_later(spec["dump_after"], exit=True)
+    from rl_train.preference import PreferenceLossConfig, sequence_logps
+    from rl_train.registry import build_backend
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    full = make_pairs(spec["pairs"], seed=spec.get("seed", 0))
+    per_rank = spec["pairs"] // world
+    rows = list(range(2 * per_rank * rank, 2 * per_rank * (rank + 1)))
+    for name in spec["loss_types"]:
+        backend = build_backend(
+            spec["strategy"],
+            role="actor",
+            model_path=spec["model"],
+            strategy_config=spec.get("strategy_config", {}),
+            training_args=dict(
+                per_device_train_batch_size=2,
+                gradient_accumulation_steps=per_rank,
+                learning_rate=spec.get("lr", 1e-4),
+                lr_scheduler_type="constant",
+                max_steps=spec["steps"],
+            ),
+            loss_config=PreferenceLossConfig(loss_type=name, beta=0.5),
+        )
+        batch = select(full, rows)
+        ref = backend.forward(batch).log_probs
+        assert ref is not None
+        batch["ref_logps"] = sequence_logps(ref, batch["response_mask"])[0]
+        batch["kl_reference"] = torch.zeros(len(rows))
+        history = [backend.train_step(dict(batch)) for _ in range(spec["steps"])]
+        if rank == 0:
+            torch.save({"history": history}, Path(spec["out"]) / f"pref_{name}.pt")
+        del backend

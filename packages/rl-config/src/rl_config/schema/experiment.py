@@ -17,6 +17,7 @@ from rl_config.schema.agentic import CustomEnv, EnvManagerConfig
 from rl_config.schema.algorithm import AlgorithmFields
 from rl_config.schema.async_ import AsyncConfig
 from rl_config.schema.pipeline import PipelineFields
+from rl_config.schema.preference import PreferenceFields
 from rl_config.schema.rewards import CustomRewardFunction, RewardDomain
 from rl_config.schema.worker import GeneratingArgs, StrategyArgs, WorkerConfig
 
@@ -38,7 +39,7 @@ class RuleViolations(ValueError):
         super().__init__("; ".join(str(i) for i in issues))
 
 
-class ExperimentConfig(AlgorithmFields, PipelineFields):
+class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
     """A complete, validated experiment config (ROLL-compatible key names).
 
     Build it with ``ExperimentConfig.model_validate(mapping)`` or ``rl_config.load_config(path)``;

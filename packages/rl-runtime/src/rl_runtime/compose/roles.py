@@ -45,9 +45,20 @@ def optimizer_steps_per_step(samples: int, targs: Any, world_size: int, ppo_epoc
 
 
 def build_role(
-    cfg: Any, role: str, samples: int, device_kind: str, flash_attn: bool, warnings: list[str]
+    cfg: Any,
+    role: str,
+    samples: int,
+    device_kind: str,
+    flash_attn: bool,
+    warnings: list[str],
+    *,
+    ppo_epochs: int | None = None,
+    with_loss: bool = True,
 ) -> RolePlan:
+    """One role's plan. `ppo_epochs` overrides the config's (a pipeline without PPO epochs passes
+    1); `with_loss=False` leaves the loss to the caller (e.g. a preference loss)."""
     w = getattr(cfg, role)
+    epochs = cfg.ppo_epochs if ppo_epochs is None else ppo_epochs
     mapping = tuple(w.device_mapping or [0])
     # training workers use one device each (rl_config's rules refuse anything else)
     per_worker = 1 if role in ("actor_train", "critic") else w.num_gpus_per_worker
@@ -91,7 +102,7 @@ def build_role(
                 f"{role}.training_args.lr_scheduler_kwargs: unsupported {sorted(kwargs)} "
                 "(known: min_lr_rate, min_lr)"
             )
-        steps = optimizer_steps_per_step(samples, t, world, cfg.ppo_epochs)
+        steps = optimizer_steps_per_step(samples, t, world, epochs)
         training = TrainingArgs(
             learning_rate=t.learning_rate,
             weight_decay=t.weight_decay,
@@ -106,7 +117,7 @@ def build_role(
             max_grad_norm=cfg.max_grad_norm,
             per_device_train_batch_size=t.per_device_train_batch_size,
             gradient_accumulation_steps=t.gradient_accumulation_steps,
-            ppo_epochs=cfg.ppo_epochs,
+            ppo_epochs=epochs,
             use_dynamic_batching=w.use_dynamic_batching_in_train,
             max_tokens_per_microbatch=w.max_tokens_per_microbatch_in_train or 4096,
             seed=cfg.seed,
@@ -115,7 +126,9 @@ def build_role(
     else:
         training = TrainingArgs(seed=cfg.seed, infer_batch_size=w.infer_batch_size)
     loss = None
-    if role == "actor_train":
+    if not with_loss:
+        pass
+    elif role == "actor_train":
         loss = build_actor_loss(cfg)
     elif role == "critic":
         loss = build_critic_loss(cfg)

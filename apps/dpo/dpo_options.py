@@ -1,0 +1,60 @@
+"""App-only options (the `dpo_app:` section of a config): the tiny model, the generated arithmetic
+preference data of the CPU default, Ray vs in-process, the greedy-answer check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class TinyModelOptions:
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    intermediate_size: int = 256
+    seed: int = 0
+
+
+@dataclass
+class ArithmeticOptions:
+    """Generated pairs: 'What is the last digit of A+B?' -> correct digit vs a wrong one."""
+
+    train_rows: int = 2000
+    eval_rows: int = 200
+    seed: int = 0
+
+
+@dataclass
+class AppOptions:
+    build_tiny_model: bool = False
+    tiny_model: TinyModelOptions = field(default_factory=TinyModelOptions)
+    #: write the arithmetic pairs to actor_train.data_args.file_name / eval_file_name first
+    generate_arithmetic: bool = False
+    arithmetic: ArithmeticOptions = field(default_factory=ArithmeticOptions)
+    #: held-out prompts answered greedily at each evaluation (rows need an `answer`); 0 = off
+    greedy_eval_prompts: int = 0
+    use_ray: bool = True
+    num_cpus: float | None = None
+    object_store_mb: int = 200
+    cpu_per_bundle: float = 1.0
+    export_hf: bool = False
+    eval_before_training: bool = True
+
+    @classmethod
+    def from_mapping(cls, raw: dict[str, Any] | None) -> AppOptions:
+        raw = dict(raw or {})
+        _check(cls, raw, "dpo_app")
+        for name, sub in (("tiny_model", TinyModelOptions), ("arithmetic", ArithmeticOptions)):
+            if name in raw:
+                _check(sub, raw[name] or {}, f"dpo_app.{name}")
+                raw[name] = sub(**(raw[name] or {}))
+        return cls(**raw)
+
+
+def _check(cls: type, raw: dict[str, Any], path: str) -> None:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {unknown}; known: {sorted(known)}")

@@ -1,0 +1,241 @@
+"""Preference rows from files -> token rows, validated, truncated by a documented rule, counted.
+
+Rows (JSONL, JSON list or parquet): a prompt (text under `prompt_key`, or chat messages under
+`messages_key`), and either a pair (`chosen_key`, `rejected_key`: text, or messages whose
+assistant contents are the response) or, for KTO, an unpaired row (`completion_key` + a boolean
+`label_key`). The chat template is applied once to the prompt (`add_generation_prompt`); the
+response ends with the tokenizer's EOS. Prompt tokens are masked out of the loss.
+
+Malformed rows (no prompt, missing chosen, empty rejected, identical pair, non-boolean label) are
+refused together in one `PreferenceDataError` naming the file and the 0-based row numbers.
+Too long rows (prompt + response > `sequence_length`): `keep_start` cuts the response's end and
+drops a row whose prompt leaves no response token (or whose two cut responses become identical);
+`drop` drops every too-long row. `PreferenceSet.counts` has `rows`, `truncated`, `dropped_too_long`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class PreferenceDataError(ValueError):
+    """Malformed preference rows (file and row numbers in the message)."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One trainable example: a pair (`rejected` set) or a KTO row (`desirable` set)."""
+
+    prompt: tuple[int, ...]
+    chosen: tuple[int, ...]
+    rejected: tuple[int, ...] | None = None
+    desirable: bool | None = None
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass
+class PreferenceSet:
+    examples: list[Example]
+    counts: dict[str, int]
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a .jsonl, .json (a list) or .parquet file."""
+    p = Path(path)
+    if p.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:  # pragma: no cover - pyarrow comes with rl-runtime[data]
+            raise PreferenceDataError(
+                f"{p}: reading parquet needs pyarrow (pip install rl-runtime[data])"
+            ) from exc
+        return pq.read_table(p).to_pylist()
+    text = p.read_text(encoding="utf-8")
+    if p.suffix == ".json":
+        rows = json.loads(text)
+        if not isinstance(rows, list):
+            raise PreferenceDataError(f"{p}: a .json file must hold a list of rows")
+        return rows
+    if p.suffix == ".jsonl":
+        out = []
+        for i, line in enumerate(text.splitlines()):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise PreferenceDataError(f"{p}: line {i + 1} is not JSON ({exc})") from None
+        return out
+    raise PreferenceDataError(f"{p}: unknown file type {p.suffix!r} (use .jsonl, .json, .parquet)")
+
+
+def _text(value: Any) -> str | None:
+    """A response as text: a string, or the assistant contents of a message list."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = [m.get("content", "") for m in value if isinstance(m, dict)]
+        roles = [m.get("role") for m in value if isinstance(m, dict)]
+        if "assistant" in roles:
+            parts = [m.get("content", "") for m in value if m.get("role") == "assistant"]
+        return "".join(str(p) for p in parts)
+    return None
+
+
+class Tokenizer:
+    """Prompt and response tokenization with the chat template applied once."""
+
+    def __init__(self, tokenizer: Any, use_template: bool = True) -> None:
+        self.tok = tokenizer
+        self.use_template = use_template and getattr(tokenizer, "chat_template", None)
+        self.eos = tokenizer.eos_token_id
+
+    def prompt(self, value: Any) -> list[int]:
+        messages = [{"role": "user", "content": value}] if isinstance(value, str) else value
+        if self.use_template:
+            text = self.tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        else:
+            text = value if isinstance(value, str) else "\n".join(m["content"] for m in messages)
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def response(self, text: str) -> list[int]:
+        ids = list(self.tok(text, add_special_tokens=False)["input_ids"])
+        return ids + ([self.eos] if self.eos is not None else [])
+
+
+def load_preferences(
+    files: tuple[str, ...] | list[str],
+    tokenizer: Any,
+    data: Any,
+    *,
+    paired: bool,
+) -> PreferenceSet:
+    """Tokenized examples of `files` under the plan `data` (rl_runtime.compose.dpo.PreferenceData);
+    `paired=False` (KTO) turns each pair into a desirable and an undesirable example."""
+    tok = Tokenizer(tokenizer, use_template=data.template == "native")
+    examples: list[Example] = []
+    counts = {"rows": 0, "truncated": 0, "dropped_too_long": 0}
+    for path in files:
+        rows = read_rows(path)
+        problems: list[str] = []
+        for i, row in enumerate(rows):
+            counts["rows"] += 1
+            problem = _row_problem(row, data)
+            if problem:
+                problems.append(f"row {i}: {problem}")
+                continue
+            made = _examples(row, tok, data, paired)
+            for ex in made:
+                fitted = _fit(ex, data.sequence_length, data.truncation_mode)
+                if fitted is None:
+                    counts["dropped_too_long"] += 1
+                    continue
+                counts["truncated"] += int(fitted != ex)
+                examples.append(fitted)
+        if problems:
+            more = f" (+{len(problems) - 20} more)" if len(problems) > 20 else ""
+            raise PreferenceDataError(
+                f"{path}: {len(problems)} malformed row(s): " + "; ".join(problems[:20]) + more
+            )
+    if not examples:
+        raise PreferenceDataError(f"no usable preference rows in {list(files)}")
+    return PreferenceSet(examples, counts)
+
+
+def _row_problem(row: Any, d: Any) -> str | None:
+    if not isinstance(row, dict):
+        return "not a mapping"
+    prompt = row.get(d.messages_key) if d.messages_key else row.get(d.prompt_key)
+    if not prompt:
+        return f"missing or empty prompt ({d.messages_key or d.prompt_key!r})"
+    if d.label_key in row and d.completion_key in row:
+        if not isinstance(row[d.label_key], bool):
+            return f"{d.label_key!r} must be true or false, got {row[d.label_key]!r}"
+        if not (_text(row[d.completion_key]) or "").strip():
+            return f"empty {d.completion_key!r}"
+        return None
+    chosen, rejected = _text(row.get(d.chosen_key)), _text(row.get(d.rejected_key))
+    if chosen is None:
+        return f"missing {d.chosen_key!r}"
+    if rejected is None:
+        return f"missing {d.rejected_key!r}"
+    if not chosen.strip():
+        return f"empty {d.chosen_key!r}"
+    if not rejected.strip():
+        return f"empty {d.rejected_key!r}"
+    if chosen == rejected:
+        return f"identical {d.chosen_key!r} and {d.rejected_key!r}"
+    return None
+
+
+def _examples(row: dict, tok: Tokenizer, d: Any, paired: bool) -> list[Example]:
+    prompt = tuple(tok.prompt(row[d.messages_key] if d.messages_key else row[d.prompt_key]))
+    meta = {k: v for k, v in row.items() if k == "answer"}
+    if d.label_key in row and d.completion_key in row:
+        if paired:
+            raise PreferenceDataError(
+                f"an unpaired row ({d.label_key!r}, {d.completion_key!r}) needs loss_type kto"
+            )
+        resp = tuple(tok.response(_text(row[d.completion_key]) or ""))
+        return [Example(prompt, resp, desirable=bool(row[d.label_key]), meta=meta)]
+    chosen = tuple(tok.response(_text(row[d.chosen_key]) or ""))
+    rejected = tuple(tok.response(_text(row[d.rejected_key]) or ""))
+    if paired:
+        return [Example(prompt, chosen, rejected, meta=meta)]
+    return [
+        Example(prompt, chosen, desirable=True, meta=meta),
+        Example(prompt, rejected, desirable=False, meta=meta),
+    ]
+
+
+def _fit(ex: Example, max_len: int, mode: str) -> Example | None:
+    """The rule of the module docstring: the example, a truncated copy, or None (dropped)."""
+    sides = [ex.chosen] + ([ex.rejected] if ex.rejected is not None else [])
+    if all(len(ex.prompt) + len(s) <= max_len for s in sides):
+        return ex
+    room = max_len - len(ex.prompt)
+    if mode == "drop" or room < 1:
+        return None
+    chosen = ex.chosen[:room]
+    rejected = None if ex.rejected is None else ex.rejected[:room]
+    if rejected is not None and chosen == rejected:
+        return None
+    return Example(ex.prompt, chosen, rejected, ex.desirable, ex.meta)
+
+
+def collate(examples: list[Example], pad_token_id: int, ids: list[int]) -> dict[str, torch.Tensor]:
+    """Right-padded token rows of `examples` (rl_train.preference's layout): pairs interleave
+    chosen/rejected rows (`pair_side`, `pair_id` = the example's index in `ids`); KTO rows carry
+    `desirable`. Shapes: `[R, T]` token tensors, `[R]` per-row tensors (R = 2 x pairs or rows)."""
+    seqs, sides, pids, desirable = [], [], [], []
+    for ex, pid in zip(examples, ids):
+        for side, resp in enumerate([ex.chosen] + ([ex.rejected] if ex.rejected else [])):
+            seqs.append((ex.prompt, resp))
+            sides.append(side)
+            pids.append(pid)
+            desirable.append(bool(ex.desirable) if ex.desirable is not None else side == 0)
+    t = max(len(p) + len(r) for p, r in seqs)
+    input_ids = torch.full((len(seqs), t), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((len(seqs), t), dtype=torch.long)
+    response = torch.zeros((len(seqs), t), dtype=torch.bool)
+    for i, (p, r) in enumerate(seqs):
+        n = len(p) + len(r)
+        input_ids[i, :n] = torch.tensor(p + r)
+        attention[i, :n] = 1
+        response[i, len(p) : n] = True
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "response_mask": response,
+        "pair_side": torch.tensor(sides),
+        "pair_id": torch.tensor(pids),
+        "desirable": torch.tensor(desirable),
+    }

@@ -1,0 +1,122 @@
+"""Preference rows -> token rows: malformed rows refused with row numbers, the truncation rule,
+chat template once with prompt tokens masked, KTO rows, and the paired layout."""
+
+import json
+
+import pytest
+
+from rl_runtime.compose.dpo import PreferenceData
+from rl_runtime.preference_data import PreferenceDataError, collate, load_preferences
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from rl_rollout.tiny_model import build_tiny_tokenizer
+
+    return build_tiny_tokenizer()
+
+
+def _plan(**kw) -> PreferenceData:
+    base = dict(
+        train_files=(), eval_files=(), prompt_key="prompt", messages_key=None,
+        chosen_key="chosen", rejected_key="rejected", label_key="label",
+        completion_key="completion", template="native", sequence_length=256,
+        truncation_mode="keep_start",
+    )  # fmt: skip
+    return PreferenceData(**{**base, **kw})
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_malformed_rows_are_refused_with_their_row_numbers(tmp_path, tok):
+    rows = [
+        {"prompt": "a", "chosen": "1", "rejected": "2"},
+        {"prompt": "b", "rejected": "2"},  # missing chosen
+        {"prompt": "c", "chosen": "1", "rejected": "  "},  # empty rejected
+        {"prompt": "d", "chosen": "same", "rejected": "same"},  # identical pair
+        {"prompt": "e", "chosen": "1", "rejected": "2"},
+    ]
+    path = _write(tmp_path / "p.jsonl", rows)
+    with pytest.raises(PreferenceDataError) as err:
+        load_preferences([path], tok, _plan(), paired=True)
+    msg = str(err.value)
+    assert "3 malformed row(s)" in msg and path in msg
+    assert "row 1: missing 'chosen'" in msg
+    assert "row 2: empty 'rejected'" in msg
+    assert "row 3: identical 'chosen' and 'rejected'" in msg
+    assert "row 0" not in msg and "row 4" not in msg
+
+
+def test_renamed_keys_chat_template_once_and_prompt_masked(tmp_path, tok):
+    rows = [{"q": "What is 2+2?", "good": "4", "bad": "5"}]
+    path = _write(tmp_path / "p.jsonl", rows)
+    data = load_preferences(
+        [path], tok, _plan(prompt_key="q", chosen_key="good", rejected_key="bad"), paired=True
+    )
+    (ex,) = data.examples
+    text = tok.decode(list(ex.prompt))
+    assert text.count("<|im_start|>assistant") == 1 and text.count("What is 2+2?") == 1
+    assert list(ex.chosen) == tok("4", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    t = collate(data.examples, 0, [7])
+    assert t["input_ids"].shape[0] == 2  # chosen row, rejected row
+    assert t["pair_side"].tolist() == [0, 1] and t["pair_id"].tolist() == [7, 7]
+    n_prompt = len(ex.prompt)
+    assert not t["response_mask"][:, :n_prompt].any()
+    assert t["response_mask"][0].sum() == len(ex.chosen)
+
+
+def test_messages_prompt_and_message_responses(tmp_path, tok):
+    rows = [{
+        "messages": [{"role": "user", "content": "hi"}],
+        "chosen": [{"role": "assistant", "content": "hello"}],
+        "rejected": [{"role": "assistant", "content": "go away"}],
+    }]  # fmt: skip
+    path = _write(tmp_path / "p.jsonl", rows)
+    (ex,) = load_preferences([path], tok, _plan(messages_key="messages"), paired=True).examples
+    assert tok.decode(list(ex.chosen), skip_special_tokens=True) == "hello"
+
+
+def test_truncation_rule_is_counted(tmp_path, tok):
+    long = "word " * 200
+    rows = [
+        {"prompt": "p", "chosen": long, "rejected": "no"},  # cut to fit
+        {"prompt": long, "chosen": "a", "rejected": "b"},  # prompt alone too long: dropped
+        {"prompt": "p", "chosen": "a", "rejected": "b"},
+    ]
+    path = _write(tmp_path / "p.jsonl", rows)
+    keep = load_preferences([path], tok, _plan(sequence_length=64), paired=True)
+    assert keep.counts == {"rows": 3, "truncated": 1, "dropped_too_long": 1}
+    assert all(len(e.prompt) + len(e.chosen) <= 64 for e in keep.examples)
+    drop = load_preferences(
+        [path], tok, _plan(sequence_length=64, truncation_mode="drop"), paired=True
+    )
+    assert drop.counts == {"rows": 3, "truncated": 0, "dropped_too_long": 2}
+
+
+def test_kto_rows_unpaired_and_from_pairs(tmp_path, tok):
+    rows = [
+        {"prompt": "a", "completion": "yes", "label": True},
+        {"prompt": "b", "chosen": "1", "rejected": "2"},
+        {"prompt": "c", "completion": "no", "label": "false"},
+    ]
+    path = _write(tmp_path / "p.jsonl", rows)
+    with pytest.raises(PreferenceDataError, match="row 2: 'label' must be true or false"):
+        load_preferences([path], tok, _plan(), paired=False)
+    path = _write(tmp_path / "q.jsonl", rows[:2])
+    data = load_preferences([path], tok, _plan(), paired=False)
+    assert [e.desirable for e in data.examples] == [True, True, False]
+    with pytest.raises(PreferenceDataError, match="needs loss_type kto"):
+        load_preferences([path], tok, _plan(), paired=True)
+
+
+def test_parquet_rows(tmp_path, tok):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist([{"prompt": "a", "chosen": "1", "rejected": "2"}])
+    pq.write_table(table, tmp_path / "p.parquet")
+    data = load_preferences([str(tmp_path / "p.parquet")], tok, _plan(), paired=True)
+    assert len(data.examples) == 1

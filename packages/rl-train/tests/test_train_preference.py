@@ -1,0 +1,116 @@
+"""Preference losses through the training backends: every loss type trains on 2 gloo ranks (FSDP2)
+and reproduces one process on the full batch (pairs intact across accumulation and ranks); one
+DeepSpeed run; a micro-batch that splits a pair is refused."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl_train.dist import spawn
+from rl_train.preference import PreferenceLossConfig, build_preference_loss, check_pairs
+from rl_train.testing import make_pairs, preference_worker
+from rl_train.types import ForwardOutput, LossContext
+
+pytestmark = pytest.mark.xdist_group("dist")
+LOSSES = ["sigmoid", "ipo", "simpo", "kto", "orpo"]
+ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def _spec(out: Path, model: str, strategy: str, **extra):
+    out.mkdir(parents=True, exist_ok=True)
+    return dict(strategy=strategy, model=model, out=str(out), pairs=4, steps=3, **extra)
+
+
+def _history(out: Path, name: str) -> list[dict]:
+    return torch.load(out / f"pref_{name}.pt", weights_only=True)["history"]
+
+
+@pytest.fixture(scope="module")
+def single(tiny_model_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pref_single")
+    preference_worker(0, _spec(out, tiny_model_path, "hf_infer", loss_types=LOSSES))
+    return out
+
+
+@pytest.mark.slow
+def test_every_loss_type_on_two_fsdp2_ranks_matches_one_process(tiny_model_path, single, tmp_path):
+    spawn(
+        preference_worker,
+        2,
+        _spec(tmp_path, tiny_model_path, "fsdp2_train", loss_types=LOSSES),
+        env=ENV,
+    )
+    for name in LOSSES:
+        one, two = _history(single, name), _history(tmp_path, name)
+        for a, b in zip(one, two, strict=True):
+            assert b["actor/loss"] == pytest.approx(a["actor/loss"], rel=1e-4, abs=1e-6), name
+            assert b["actor/rewards/margins"] == pytest.approx(
+                a["actor/rewards/margins"], rel=1e-3, abs=1e-5
+            ), name
+        # the same batch three times: the loss goes down, the margin up
+        assert two[-1]["actor/loss"] < two[0]["actor/loss"], name
+        assert two[-1]["actor/rewards/margins"] > two[0]["actor/rewards/margins"], name
+    first = _history(tmp_path, "sigmoid")[0]
+    # policy == reference before the first update: every DPO pair loses ln 2
+    assert first["actor/loss"] == pytest.approx(0.6931472, abs=1e-6)
+    assert first["actor/rewards/accuracies"] == 0.0
+
+
+@pytest.fixture(scope="module")
+def single_sigmoid(tiny_model_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pref_single_sigmoid")
+    preference_worker(0, _spec(out, tiny_model_path, "hf_infer", loss_types=["sigmoid"]))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_deepspeed_zero2_dpo_matches_one_process(tiny_model_path, single_sigmoid, tmp_path):
+    cfg = {"zero_optimization": {"stage": 2, "overlap_comm": False, "reduce_bucket_size": "auto"}}
+    spawn(
+        preference_worker,
+        2,
+        _spec(tmp_path, tiny_model_path, "deepspeed_train", loss_types=["sigmoid"],
+              strategy_config=cfg, dump_after=400),
+        env=ENV,
+    )  # fmt: skip
+    for a, b in zip(
+        _history(single_sigmoid, "sigmoid"), _history(tmp_path, "sigmoid"), strict=True
+    ):
+        assert b["actor/loss"] == pytest.approx(a["actor/loss"], rel=1e-4, abs=1e-6)
+
+
+def test_split_pair_is_refused():
+    batch = make_pairs(2)
+    rows = {k: v[1:3] for k, v in batch.items()}  # rejected of pair 0 + chosen of pair 1
+    with pytest.raises(ValueError, match="whole pairs"):
+        check_pairs(rows)
+    loss = build_preference_loss(PreferenceLossConfig(loss_type="simpo"))
+    out = ForwardOutput(log_probs=torch.zeros(2, rows["input_ids"].shape[1]))
+    with pytest.raises(ValueError, match="whole pairs"):
+        loss(rows, out, LossContext(global_tokens=1.0, global_seqs=2.0, max_seq_len=4))
+
+
+def test_dpo_loss_is_the_per_pair_mean_over_the_global_pair_count():
+    """Two micro-batches of one pair each, normalised by the global count, add up to the mean."""
+    from rl_algos.losses import dpo
+
+    batch = make_pairs(2, seed=3)
+    g = torch.Generator().manual_seed(0)
+    lp = -torch.rand(batch["input_ids"].shape, generator=g)
+    batch["ref_logps"] = -torch.rand(4, generator=g) * 5
+    loss = build_preference_loss(PreferenceLossConfig(loss_type="sigmoid", beta=0.3))
+    ctx = LossContext(global_tokens=1.0, global_seqs=4.0, max_seq_len=1)
+    parts = [
+        loss(
+            {k: v[i : i + 2] for k, v in batch.items()}, ForwardOutput(log_probs=lp[i : i + 2]), ctx
+        )
+        for i in (0, 2)
+    ]
+    m = batch["response_mask"].float()
+    s = (lp * m).sum(-1)
+    want = dpo(s[0::2], s[1::2], batch["ref_logps"][0::2], batch["ref_logps"][1::2], beta=0.3)
+    assert float(sum(p[0] for p in parts)) == pytest.approx(float(want.loss()), rel=1e-6)
+    acc = sum(float(p[1]["rewards/accuracies"]) for p in parts)
+    assert acc == pytest.approx(float(want.stats["reward_accuracy"]))
