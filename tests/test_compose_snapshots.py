@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,7 +43,7 @@ def _name(path: Path) -> str:
     return path.stem if app == "agentic" else f"{app}_{path.stem}"
 
 
-def _compose(app: str, cfg) -> dict:
+def _compose(app: str, cfg) -> Any:
     """What an app composes: dpo its own plan; rlvr the shared components and its RLVR plan."""
     if app == "dpo":
         from rl_runtime.compose.dpo import compose_dpo

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         eval_before_training=app.eval_before_training,
         export_hf=app.export_hf,
         stdout_keys=STDOUT_KEYS,
-        progress_key="train/rewards/accuracies",
+        progress_keys=("train/rewards/accuracies", "train/loss", "val/rewards/accuracies"),
     )
     try:
         result = Runner(cfg, components, DPORecipe(app, path), options).run()

@@ -206,6 +206,7 @@ PREFERENCE_KEYS = DPO_KEYS
 """Top-level keys only the preference pipeline (apps/dpo) reads (they make a config a DPO one)."""
 
 AGENTIC_IGNORED.update(dict.fromkeys(PREFERENCE_KEYS, "DPO only (offline preference pipeline)"))
+RLVR_IGNORED.update(dict.fromkeys(PREFERENCE_KEYS, "DPO only (offline preference pipeline)"))
 
 _NO_ROLLOUT = "the DPO pipeline trains on a fixed preference dataset (no rollout)"
 DPO_IGNORED: dict[str, str] = {
