@@ -414,3 +414,20 @@ def test_every_reward_key_changes_the_reward_spec():
 def _pattern(key: str) -> str:
     parts = key.split(".")
     return ".".join([parts[0], "*", *parts[2:]]) if parts[0] == "rewards" else key
+
+
+def test_install_commands_name_extras_the_workspace_has():
+    """Every `uv sync --extra X` that rl_config.extras prints names an extra of the root
+    pyproject (the command works as printed in a clone)."""
+    import re
+    import tomllib
+
+    from rl_config import extras
+
+    root = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    have = set(root["project"]["optional-dependencies"])
+    commands = [v for k, v in vars(extras).items() if k.isupper() and isinstance(v, str)]
+    named = {m for c in commands for m in re.findall(r"uv sync --extra ([\w-]+)", c)}
+    assert named and named <= have, (
+        f"extras in install commands missing from the root: {named - have}"
+    )

