@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     title = "held-out pairs (rewards/accuracies: chosen reward > rejected reward)"
-    print_result(result, title, summary_row)
+    print_result(result, title, summary_row, before_label="before DPO", after_label="after DPO")
     return 0
 
 

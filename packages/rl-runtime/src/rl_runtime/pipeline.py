@@ -172,7 +172,13 @@ def plan_text(components: Components) -> str:
     return plan.describe() + "\n" + describe(components)
 
 
-def print_result(result: RunResult, title: str, row: Any, before_label: str = "before RL") -> None:
+def print_result(
+    result: RunResult,
+    title: str,
+    row: Any,
+    before_label: str = "before RL",
+    after_label: str = "after RL",
+) -> None:
     """The evaluation table (`row(metrics) -> columns`: baselines, before and after training),
     the recipe's summary figures and the run's result line."""
     from rich.console import Console
@@ -180,7 +186,7 @@ def print_result(result: RunResult, title: str, row: Any, before_label: str = "b
     from rl_runtime.timing import summary_table
 
     rows = {name: row(m) for name, m in result.baselines.items()}
-    rows.update({before_label: row(result.eval_before), "after RL": row(result.eval_after)})
+    rows.update({before_label: row(result.eval_before), after_label: row(result.eval_after)})
     rows = {k: v for k, v in rows.items() if v}
     console = Console()
     if not console.is_terminal:  # a log file: rich's 80 columns would cut the table
