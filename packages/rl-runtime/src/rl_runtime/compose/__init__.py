@@ -30,6 +30,12 @@ from rl_runtime.compose.components import (
 from rl_runtime.compose.envs import build_env_manager, build_env_specs
 from rl_runtime.compose.losses import build_actor_loss, build_critic_loss, build_is_correction
 from rl_runtime.compose.roles import build_role, resolve_local, role_specs
+from rl_runtime.compose.run_settings import (
+    build_cadence,
+    build_checkpoint,
+    build_cluster,
+    build_tracker,
+)
 from rl_runtime.compose.sampling import build_sampling
 
 __all__ = [
@@ -107,7 +113,6 @@ def compose(
     opt_steps = actor.training_args.max_steps if actor and actor.training_args else 0
     train = build_env_manager(cfg.train_env_manager, samples)
     val = build_env_manager(cfg.val_env_manager, None)
-    ckpt = cfg.checkpoint_config.output_dir or f"{cfg.output_dir.rstrip('/')}/checkpoints"
     return Components(
         exp_name=cfg.exp_name,
         seed=cfg.seed,
@@ -127,26 +132,11 @@ def compose(
             max_sequence_length=cfg.sequence_length,
         ),
         sequence_length=cfg.sequence_length,
-        cadence=Cadence(
-            max_steps=cfg.max_steps,
-            logging_steps=cfg.logging_steps,
-            eval_steps=cfg.eval_steps,
-            save_steps=cfg.save_steps,
-        ),
-        checkpoint=CheckpointSettings(
-            directory=ckpt,
-            keep_last=cfg.max_ckpt_to_keep or None,
-            resume=cfg.resume_from_checkpoint,
-            key_file=cfg.checkpoint_config.key_file,
-        ),
-        tracker=TrackerSettings(
-            track_with=cfg.track_with, log_dir=cfg.logging_dir, kwargs=dict(cfg.tracker_kwargs)
-        ),
-        cluster=ClusterSettings(
-            num_devices=cfg.num_nodes * cfg.num_gpus_per_node,
-            rpc_timeout=float(cfg.rpc_timeout),
-            system_envs=dict(cfg.system_envs),
-            sync_bucket_bytes=int(cfg.model_update_buffer_size_mb) * 1024**2,
+        cadence=build_cadence(cfg),
+        checkpoint=build_checkpoint(cfg),
+        tracker=build_tracker(cfg),
+        cluster=build_cluster(
+            cfg, sync_bucket_bytes=int(cfg.model_update_buffer_size_mb) * 1024**2
         ),
         sizes={
             "samples_per_step": samples,

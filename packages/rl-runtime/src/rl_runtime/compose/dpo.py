@@ -22,6 +22,12 @@ from rl_runtime.compose.components import (
     TrackerSettings,
 )
 from rl_runtime.compose.roles import build_role
+from rl_runtime.compose.run_settings import (
+    build_cadence,
+    build_checkpoint,
+    build_cluster,
+    build_tracker,
+)
 from rl_train.preference import PreferenceLossConfig
 
 PACKED_KERNELS = ("flash_attention_2", "rl_varlen")
@@ -170,7 +176,6 @@ def compose_dpo(
         warnings.append(
             "eval_steps > 0 without actor_train.data_args.eval_file_name: no held-out pairs"
         )
-    ckpt = cfg.checkpoint_config.output_dir or f"{cfg.output_dir.rstrip('/')}/checkpoints"
     reference = "none"
     if loss.needs_reference:
         reference = "cached" if cfg.precompute_ref_log_probs else "on_the_fly"
@@ -187,27 +192,10 @@ def compose_dpo(
             rows_per_example=rows_per_example,
             data=build_preference_data(cfg),
         ),
-        cadence=Cadence(
-            max_steps=cfg.max_steps,
-            logging_steps=cfg.logging_steps,
-            eval_steps=cfg.eval_steps,
-            save_steps=cfg.save_steps,
-        ),
-        checkpoint=CheckpointSettings(
-            directory=ckpt,
-            keep_last=cfg.max_ckpt_to_keep or None,
-            resume=cfg.resume_from_checkpoint,
-            key_file=cfg.checkpoint_config.key_file,
-        ),
-        tracker=TrackerSettings(
-            track_with=cfg.track_with, log_dir=cfg.logging_dir, kwargs=dict(cfg.tracker_kwargs)
-        ),
-        cluster=ClusterSettings(
-            num_devices=cfg.num_nodes * cfg.num_gpus_per_node,
-            rpc_timeout=float(cfg.rpc_timeout),
-            system_envs=dict(cfg.system_envs),
-            sync_bucket_bytes=0,
-        ),
+        cadence=build_cadence(cfg),
+        checkpoint=build_checkpoint(cfg),
+        tracker=build_tracker(cfg),
+        cluster=build_cluster(cfg, sync_bucket_bytes=0),
         sizes={
             "examples_per_step": examples,
             "rows_per_step": examples * rows_per_example,

@@ -1,0 +1,48 @@
+"""What every pipeline's run needs besides its science: cadence, checkpoints, tracker, cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rl_runtime.compose.components import (
+    Cadence,
+    CheckpointSettings,
+    ClusterSettings,
+    TrackerSettings,
+)
+
+
+def build_cadence(cfg: Any) -> Cadence:
+    return Cadence(
+        max_steps=cfg.max_steps,
+        logging_steps=cfg.logging_steps,
+        eval_steps=cfg.eval_steps,
+        save_steps=cfg.save_steps,
+    )
+
+
+def build_checkpoint(cfg: Any) -> CheckpointSettings:
+    """checkpoint_config.output_dir, else `output_dir/checkpoints`."""
+    directory = cfg.checkpoint_config.output_dir or f"{cfg.output_dir.rstrip('/')}/checkpoints"
+    return CheckpointSettings(
+        directory=directory,
+        keep_last=cfg.max_ckpt_to_keep or None,
+        resume=cfg.resume_from_checkpoint,
+        key_file=cfg.checkpoint_config.key_file,
+    )
+
+
+def build_tracker(cfg: Any) -> TrackerSettings:
+    return TrackerSettings(
+        track_with=cfg.track_with, log_dir=cfg.logging_dir, kwargs=dict(cfg.tracker_kwargs)
+    )
+
+
+def build_cluster(cfg: Any, *, sync_bucket_bytes: int) -> ClusterSettings:
+    """Devices, RPC bound and worker env; `sync_bucket_bytes` 0 where no weights are synced."""
+    return ClusterSettings(
+        num_devices=cfg.num_nodes * cfg.num_gpus_per_node,
+        rpc_timeout=float(cfg.rpc_timeout),
+        system_envs=dict(cfg.system_envs),
+        sync_bucket_bytes=sync_bucket_bytes,
+    )
