@@ -2,7 +2,7 @@
 
     uv run python tools/bench/dpo_step.py --model DIR [--trl-python /tmp/trl-dpo/bin/python]
 
-Same model (tools/bench/models.py: Qwen2, hidden 256, 4 layers, ~4.0M parameters, char-level
+Same model (tools/bench/char_model.py: Qwen2, hidden 256, 4 layers, ~4.0M parameters, char-level
 vocab of 99 tokens; built into DIR when missing), same batch (32 pairs, 128-character prompt and
 128-character chosen/rejected = 128 + 128 tokens, plus EOS), sigmoid loss, beta 0.1, reference
 log-probs precomputed on both sides, one optimizer step per batch. Ours: rl_train's backend
@@ -32,11 +32,11 @@ if str(ROOT) not in sys.path:
 
 
 def make_rows(pairs: int, length: int, seed: int = 0) -> list[dict[str, str]]:
-    """Random pairs over the printable characters except space (one token each)."""
-    from tools.bench.models import CHARS
+    """Random pairs over the printable ASCII characters except space (one token each)."""
+    from tools.bench.char_model import CHARS
 
     rng = random.Random(seed)
-    alphabet = [c for c in CHARS if c != " "]
+    alphabet = [c for c in CHARS if c not in " \n"]
 
     def text() -> str:
         return "".join(rng.choice(alphabet) for _ in range(length))
@@ -126,10 +126,10 @@ def main() -> None:
     p.add_argument("--no-trl", action="store_true")
     a = p.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from tools.bench.models import build_trl_bench_model
+    from tools.bench.char_model import build_char_model
 
     if not (Path(a.model) / "config.json").exists():
-        build_trl_bench_model(a.model)
+        build_char_model(a.model)
     rows = make_rows(a.pairs, a.length)
     trl = None if a.no_trl else run_trl(a.trl_python, a.model, rows, a.steps, a.warmup)
     ours = run_ours(a.model, rows, a.steps, a.warmup, a.strategy)
