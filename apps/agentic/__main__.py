@@ -30,16 +30,9 @@ def load(config: Path, overrides: list[str]):
 
 def model_path(cfg, app) -> str:
     """The policy model: `pretrain`, built first when agentic_app.build_tiny_model is set."""
-    from rl_runtime.compose import resolve_local
+    from rl_runtime.pipeline import policy_model_path
 
-    path = cfg.pretrain
-    if app.build_tiny_model:
-        from dataclasses import asdict
-
-        from rl_rollout.tiny_model import build_tiny_model
-
-        path = str(build_tiny_model(path, **asdict(app.tiny_model)))
-    return resolve_local(str(path))
+    return policy_model_path(cfg.pretrain, app.tiny_model if app.build_tiny_model else None)
 
 
 FLAGS = {

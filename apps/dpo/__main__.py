@@ -32,15 +32,9 @@ def load(config: Path, overrides: list[str]):
 
 def prepare(cfg, app) -> str:
     """Build what the config asks to build (tiny model, generated pairs); the policy model path."""
-    from rl_runtime.compose import resolve_local
+    from rl_runtime.pipeline import policy_model_path
 
-    path = cfg.pretrain
-    if app.build_tiny_model:
-        from dataclasses import asdict
-
-        from rl_rollout.tiny_model import build_tiny_model
-
-        path = str(build_tiny_model(path, **asdict(app.tiny_model)))
+    path = policy_model_path(cfg.pretrain, app.tiny_model if app.build_tiny_model else None)
     if app.generate_arithmetic:
         from arithmetic import write_pairs
 
@@ -50,7 +44,7 @@ def prepare(cfg, app) -> str:
                              "data_args.eval_file_name to write")  # fmt: skip
         a = app.arithmetic
         write_pairs(d.file_name, d.eval_file_name, a.train_rows, a.eval_rows, a.seed)
-    return resolve_local(str(path))
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

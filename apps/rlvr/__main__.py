@@ -51,9 +51,7 @@ def compose_rlvr(cfg):
 def prepare(cfg, app) -> str:
     """Runtime inputs: the arithmetic parquet files (rlvr_app.arith_data.generate) and the
     policy model (built when rlvr_app.build_tiny_model); returns the model path."""
-    from dataclasses import asdict
-
-    from rl_runtime.compose import resolve_local
+    from rl_runtime.pipeline import policy_model_path
 
     if app.arith_data.generate:
         from arith_task import write_arith_parquet
@@ -61,12 +59,7 @@ def prepare(cfg, app) -> str:
         d = app.arith_data
         write_arith_parquet(d.out_dir, kind=d.kind, num_digits=d.num_digits, max_a=d.max_a,
                             max_b=d.max_b, val_fraction=d.val_fraction, seed=d.seed)  # fmt: skip
-    path = cfg.pretrain
-    if app.build_tiny_model:
-        from rl_rollout.tiny_model import build_tiny_model
-
-        path = str(build_tiny_model(path, **asdict(app.tiny_model)))
-    return resolve_local(str(path))
+    return policy_model_path(cfg.pretrain, app.tiny_model if app.build_tiny_model else None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -155,6 +155,22 @@ def compose_here(cfg: Any, *, rollout_only: bool = False) -> Components:
     )
 
 
+def policy_model_path(pretrain: str, tiny_model: Any = None) -> str:
+    """The policy model an app runs: `pretrain`, first built there as a tiny local model when
+    `tiny_model` (a dataclass of `rl_rollout.tiny_model.build_tiny_model` options) is given;
+    an existing local path made absolute."""
+    from dataclasses import asdict
+
+    from rl_runtime.compose import resolve_local
+
+    path = str(pretrain)
+    if tiny_model is not None:
+        from rl_rollout.tiny_model import build_tiny_model
+
+        path = str(build_tiny_model(path, **asdict(tiny_model)))
+    return resolve_local(path)
+
+
 def plan_text(components: Components) -> str:
     """What `--dry-run` prints: the device placement of every role, then the components."""
     from rl_runtime.compose import describe
