@@ -14,6 +14,7 @@ from rl_config.records import (
     decode,
     encode,
     iter_jsonl,
+    oldest_weight_version,
     to_jsonl,
 )
 
@@ -139,3 +140,29 @@ def test_generation_records_round_trip():
         )
     with pytest.raises(ValueError, match="prompt_ids is empty"):
         GenerationRequest(request_id="r", prompt_ids=[])
+
+
+def test_oldest_weight_version_reads_model_tokens_only():
+    plain = _trajectory(weight_version=5)
+    assert oldest_weight_version(plain) == 5
+    # an interrupted generation: tokens 2-3 from version 3, token 5 from version 4; the env
+    # token at index 4 carries 0 but is not a model token
+    mixed = _trajectory(weight_version=4, token_versions=[0, 0, 3, 3, 0, 4])
+    assert oldest_weight_version(mixed) == 3
+    assert decode(encode(mixed), Trajectory) == mixed
+    result = GenerationResult(
+        request_id="r",
+        prompt_ids=[1],
+        output_ids=[2, 3, 4],
+        output_log_probs=[-0.1, -0.2, -0.3],
+        finish_reason="stop",
+        weight_version=7,
+        token_versions=[6, 6, 7],
+    )
+    assert oldest_weight_version(result) == 6
+
+
+@pytest.mark.parametrize("versions", [[1, 2], [0, 0, 1, 1, -1, 1]])
+def test_token_versions_must_match_tokens(versions):
+    with pytest.raises(ValueError, match="token_versions"):
+        _trajectory(token_versions=versions)

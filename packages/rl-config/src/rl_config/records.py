@@ -87,6 +87,8 @@ class GenerationResult(msgspec.Struct, kw_only=True):
 
     ``output_log_probs[i]`` is log p(output_ids[i] | prompt, output_ids[:i]) under the raw model
     distribution at temperature 1 (what a teacher-forced trainer forward computes).
+    ``token_versions[i]`` is the weight version that sampled ``output_ids[i]`` (partial rollout
+    continues a generation under newer weights); empty means all are ``weight_version``.
     """
 
     request_id: str
@@ -97,6 +99,7 @@ class GenerationResult(msgspec.Struct, kw_only=True):
     weight_version: int
     sample_index: int = 0
     stop_reason: str | int | None = None
+    token_versions: list[int] = []
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.output_log_probs):
@@ -104,6 +107,9 @@ class GenerationResult(msgspec.Struct, kw_only=True):
                 f"GenerationResult {self.request_id!r}: {len(self.output_ids)} output_ids but "
                 f"{len(self.output_log_probs)} output_log_probs"
             )
+        _check_token_versions(
+            f"GenerationResult {self.request_id!r}", self.token_versions, len(self.output_ids)
+        )
 
 
 class Turn(msgspec.Struct, kw_only=True):
@@ -127,6 +133,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
     ``prompt_length`` is the length of the first prompt; everything after it is the "response"
     (model and env turns). ``group_id`` is the GRPO group (ROLL's ``traj_group_id``): trajectories
     sharing it started from the same env config and seed.
+    ``token_versions[t]`` is the weight version that sampled token ``t`` (meaningful where
+    ``response_mask`` is True); empty means every model token has ``weight_version``.
     """
 
     traj_id: str
@@ -146,9 +154,11 @@ class Trajectory(msgspec.Struct, kw_only=True):
     error: str | None = None
     timing: dict[str, float] = {}
     metrics: dict[str, float] = {}
+    token_versions: list[int] = []
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
+        _check_token_versions(f"Trajectory {self.traj_id!r}", self.token_versions, n)
         if len(self.response_mask) != n or len(self.rollout_log_probs) != n:
             raise ValueError(
                 f"Trajectory {self.traj_id!r}: token_ids ({n}), response_mask "
@@ -178,6 +188,27 @@ class Trajectory(msgspec.Struct, kw_only=True):
     def num_response_tokens(self) -> int:
         """Number of model-generated (trained) tokens."""
         return sum(self.response_mask)
+
+
+def _check_token_versions(owner: str, versions: list[int], num_tokens: int) -> None:
+    if versions and len(versions) != num_tokens:
+        raise ValueError(
+            f"{owner}: token_versions has {len(versions)} entries for {num_tokens} tokens "
+            "(empty means every token has weight_version)"
+        )
+    if any(v < 0 for v in versions):
+        raise ValueError(f"{owner}: token_versions holds a negative version")
+
+
+def oldest_weight_version(record: GenerationResult | Trajectory) -> int:
+    """The oldest weight version that produced any token of ``record``: what staleness is
+    measured from. Partial rollout leaves per-token ``token_versions`` (a generation interrupted
+    by a weight update continues under the new version); without them every token has
+    ``weight_version``. For a trajectory only model tokens (``response_mask``) count."""
+    versions = record.token_versions
+    if isinstance(record, Trajectory) and versions:
+        versions = [v for v, m in zip(versions, record.response_mask, strict=True) if m]
+    return min(versions) if versions else record.weight_version
 
 
 _ENCODER = msgspec.msgpack.Encoder()
