@@ -336,16 +336,69 @@ def _cuda_worker(rank: int, spec: dict) -> None:
 
 
 _ZERO2, _ZERO3 = {"zero_optimization": {"stage": 2}}, {"zero_optimization": {"stage": 3}}
+_LOGITS = {"fused_lm_head": False}  # log-probs over materialised [N, V] logits (the old path)
+_COMPILE = {"compile_layers": True}
 CUDA_CONFIGS: list[dict[str, Any]] = [
-    dict(name=name, strategy=strategy, cfg=cfg, attn=attn, packed=packed, gc=gc)
-    for name, strategy, cfg, attn, packed, gc in (
-        ("baseline: HF + AdamW loop, padded, sdpa", "baseline", {}, "sdpa", False, False),
-        ("fsdp2, padded, sdpa", "fsdp2_train", {}, "sdpa", False, False),
-        ("fsdp2, packed, sdpa (block mask)", "fsdp2_train", {}, "sdpa", True, False),
-        ("fsdp2, packed, varlen", "fsdp2_train", {}, "varlen", True, False),
-        ("fsdp2, packed, varlen, act. ckpt", "fsdp2_train", {}, "varlen", True, True),
-        ("deepspeed zero2, packed, varlen", "deepspeed_train", _ZERO2, "varlen", True, False),
-        ("deepspeed zero3, packed, varlen", "deepspeed_train", _ZERO3, "varlen", True, False),
+    dict(name=name, strategy=strategy, cfg=cfg, attn=attn, packed=packed, gc=gc, budget=budget)
+    for name, strategy, cfg, attn, packed, gc, budget in (
+        ("baseline: HF + AdamW loop, padded, sdpa", "baseline", {}, "sdpa", False, False, None),
+        ("fsdp2, packed, varlen, logits", "fsdp2_train", _LOGITS, "varlen", True, False, None),
+        ("fsdp2, packed, varlen, fused head", "fsdp2_train", {}, "varlen", True, False, None),
+        ("fsdp2, packed 32k, fused head", "fsdp2_train", {}, "varlen", True, False, 32768),
+        (
+            "fsdp2, packed 32k, fused, compiled",
+            "fsdp2_train",
+            _COMPILE,
+            "varlen",
+            True,
+            False,
+            32768,
+        ),
+        (
+            "fsdp2, packed 48k, fused, compiled",
+            "fsdp2_train",
+            _COMPILE,
+            "varlen",
+            True,
+            False,
+            49152,
+        ),
+        (
+            "fsdp2, packed 64k, fused, compiled, ckpt",
+            "fsdp2_train",
+            _COMPILE,
+            "varlen",
+            True,
+            True,
+            65536,
+        ),
+        (
+            "zero2, packed, varlen, logits",
+            "deepspeed_train",
+            {**_ZERO2, **_LOGITS},
+            "varlen",
+            True,
+            False,
+            None,
+        ),
+        (
+            "zero2, packed 48k, fused, compiled",
+            "deepspeed_train",
+            {**_ZERO2, **_COMPILE},
+            "varlen",
+            True,
+            False,
+            49152,
+        ),
+        (
+            "zero3, packed 48k, fused, compiled",
+            "deepspeed_train",
+            {**_ZERO3, **_COMPILE},
+            "varlen",
+            True,
+            False,
+            49152,
+        ),
     )
 ]
 
@@ -369,12 +422,13 @@ def bench_cuda(args: argparse.Namespace) -> list[dict]:
             seq=args.seq,
             min_len=args.min_len,
             micro=args.micro,
-            budget=args.budget,
+            budget=conf["budget"] or args.budget,
             steps=args.steps,
             out=str(out),
             profile=args.profile == i,
         )
         row: dict[str, Any] = {"config": conf["name"]}
+        print(f"[{time.strftime('%H:%M:%S')}] {i}: {conf['name']}", flush=True)
         try:
             spawn(_baseline_worker if conf["strategy"] == "baseline" else _cuda_worker, 1, spec)
             res = json.loads(out.read_text())

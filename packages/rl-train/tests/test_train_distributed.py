@@ -73,13 +73,14 @@ def _check_matches_single(single: Path, multi: Path):
     assert _max_diff(a["params"], b["params"]) < 1e-5
 
 
+@pytest.mark.parametrize("cfg", [{}, {"fused_lm_head": True}], ids=["logits", "fused_head"])
 def test_fsdp2_two_ranks_match_single_process_and_hf_log_probs(
-    tiny_model_path, single_run, tmp_path
+    tiny_model_path, single_run, tmp_path, cfg
 ):
     spawn(
         train_worker,
         2,
-        _spec(tmp_path, tiny_model_path, "fsdp2_train", {}, 2, forward_check=True),
+        _spec(tmp_path, tiny_model_path, "fsdp2_train", cfg, 2, forward_check=True),
         env=ENV,
     )
     _check_matches_single(single_run, tmp_path)
@@ -93,7 +94,11 @@ def test_fsdp2_two_ranks_match_single_process_and_hf_log_probs(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg", [ZERO2, ZERO3], ids=["zero2", "zero3"])
+@pytest.mark.parametrize(
+    "cfg",
+    [ZERO2, ZERO3, {**ZERO3, "fused_lm_head": True}],
+    ids=["zero2", "zero3", "zero3_fused_head"],
+)
 def test_deepspeed_two_ranks_match_single_process(tiny_model_path, single_run, tmp_path, cfg):
     spawn(train_worker, 2, _spec(tmp_path, tiny_model_path, "deepspeed_train", cfg, 2), env=ENV)
     _check_matches_single(single_run, tmp_path)

@@ -200,3 +200,37 @@ def test_checkpoint_resume_on_cuda_reproduces_the_uninterrupted_run(
         assert b["actor/loss"] == a["actor/loss"]
     for name, t in straight["params"].items():
         assert torch.equal(t, resumed["params"][name]), name
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-4), (torch.bfloat16, 6e-2)])
+def test_fused_head_on_cuda_matches_the_logits_path(tmp_path, dtype, atol):
+    """The compiled LogProbHead over a 151,936-row vocabulary (several chunks of rows) against
+    log-softmax over materialised logits: values, entropy and every parameter gradient."""
+    from rl_rollout.tiny_model import build_tiny_model
+    from rl_train.args import ModelArgs
+    from rl_train.modeling import load_model, token_outputs
+
+    path = build_tiny_model(tmp_path / "m", padded_vocab_size=151936)
+    batch = make_batch(8, 600, vocab=1000, min_len=500, seed=2)  # ~4.4k tokens: 3 chunks
+    args = ModelArgs(attn_implementation="sdpa")
+    outs, grads = [], []
+    for fused in (False, True):
+        model = load_model(path, "actor", args, dtype=dtype, fused_lm_head=fused).cuda()
+        out = token_outputs(
+            model,
+            {k: v.cuda() for k, v in batch.items()},
+            role="actor",
+            packed=False,
+            need_entropy=True,
+        )
+        mask = batch["response_mask"].cuda().float()
+        adv = batch["advantages"].cuda()
+        ((out.log_probs * adv + 0.1 * out.entropy) * mask).sum().backward()
+        outs.append(out)
+        grads.append({n: p.grad.float() for n, p in model.named_parameters()})
+    torch.testing.assert_close(outs[1].log_probs, outs[0].log_probs, atol=atol, rtol=0)
+    torch.testing.assert_close(outs[1].entropy, outs[0].entropy, atol=atol, rtol=0)
+    for name, ref in grads[0].items():
+        got = grads[1][name]
+        cosine = torch.nn.functional.cosine_similarity(got.reshape(-1), ref.reshape(-1), dim=0)
+        assert cosine > (0.9999 if dtype == torch.float32 else 0.99), (name, cosine.item())

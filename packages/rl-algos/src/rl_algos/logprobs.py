@@ -16,6 +16,7 @@ no gradient.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -30,15 +31,19 @@ __all__ = [
     "log_probs_from_logits_chunked",
 ]
 
-_CHUNK_BYTES = 128 * 1024 * 1024  # float32 bytes per [chunk, V] working buffer when auto-sizing
+# float32 bytes per [chunk, V] working buffer when auto-sizing: small on the host, larger on an
+# accelerator so each chunk's matmul is big enough to run near peak (1 GiB = 1,766 rows at 152k)
+_CHUNK_BYTES = 128 * 1024 * 1024
+_CHUNK_BYTES_ACCELERATOR = 1024 * 1024 * 1024
 
 
-def _auto_chunk(vocab: int, chunk_size: int | None) -> int:
+def _auto_chunk(vocab: int, chunk_size: int | None, device: torch.device | None = None) -> int:
     if chunk_size is not None:
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
         return chunk_size
-    return max(1, _CHUNK_BYTES // (4 * max(vocab, 1)))
+    budget = _CHUNK_BYTES if device is None or device.type == "cpu" else _CHUNK_BYTES_ACCELERATOR
+    return max(1, budget // (4 * max(vocab, 1)))
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -230,6 +235,58 @@ def entropy_from_logits_chunked(
     return ent.reshape(shape)
 
 
+def _hidden_chunk_forward(
+    h: Tensor, weight: Tensor, labels: Tensor, temperature: float, need_entropy: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(log_prob, lse, entropy) of one chunk of hidden rows ``h`` [C, H] under ``weight`` [V, H]."""
+    z = (h @ weight.t()).to(_compute_dtype(h.dtype))
+    if temperature != 1.0:
+        z = z / temperature
+    return _chunk_stats(z, labels, need_entropy)
+
+
+def _hidden_chunk_backward(
+    h: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    lse: Tensor,
+    ent: Tensor | None,
+    g_lp: Tensor | None,
+    g_ent: Tensor | None,
+    temperature: float,
+) -> tuple[Tensor, Tensor]:
+    """Gradients of one chunk: (w.r.t. ``h`` [C, H], w.r.t. ``weight`` [V, H]), in the weight's
+    dtype (bf16 weights: tensor-core matmuls, as an unfused lm_head's backward)."""
+    z = (h @ weight.t()).to(lse.dtype)
+    if temperature != 1.0:
+        z = z / temperature
+    g = _chunk_grad(z, labels, lse, ent, g_lp, g_ent)
+    if temperature != 1.0:
+        g = g / temperature
+    g = g.to(weight.dtype)
+    return g @ weight, g.t() @ h.to(weight.dtype)
+
+
+_KERNELS: dict[str, tuple[Any, Any]] = {}
+
+
+def _chunk_kernels(device: torch.device) -> tuple[Any, Any]:
+    """The per-chunk forward/backward: compiled on CUDA (the matmul's epilogue, log-sum-exp and
+    softmax gradient fused into few passes over ``[C, V]``), eager elsewhere. ``RL_ALGOS_COMPILE=0``
+    forces eager."""
+    use_compile = device.type == "cuda" and os.environ.get("RL_ALGOS_COMPILE", "1") != "0"
+    key = "compiled" if use_compile else "eager"
+    if key not in _KERNELS:
+        if use_compile:
+            _KERNELS[key] = (
+                torch.compile(_hidden_chunk_forward, dynamic=True),
+                torch.compile(_hidden_chunk_backward, dynamic=True),
+            )
+        else:
+            _KERNELS[key] = (_hidden_chunk_forward, _hidden_chunk_backward)
+    return _KERNELS[key]
+
+
 class _ChunkedFromHidden(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -247,12 +304,12 @@ class _ChunkedFromHidden(torch.autograd.Function):
         lp = torch.empty(n, dtype=cdt, device=hidden.device)
         lse = torch.empty_like(lp)
         ent = torch.empty_like(lp) if need_entropy else lp.new_empty(0)
+        chunk_forward, _ = _chunk_kernels(hidden.device)
         for start in range(0, n, chunk_size):
             sl = slice(start, min(start + chunk_size, n))
-            z = (hidden[sl] @ weight.t()).to(lse.dtype)
-            if temperature != 1.0:
-                z.div_(temperature)
-            c_lp, c_lse, c_ent = _chunk_stats(z, labels[sl], need_entropy)
+            c_lp, c_lse, c_ent = chunk_forward(
+                hidden[sl], weight, labels[sl], temperature, need_entropy
+            )
             lp[sl], lse[sl] = c_lp, c_lse
             if need_entropy:
                 ent[sl] = c_ent
@@ -279,28 +336,24 @@ class _ChunkedFromHidden(torch.autograd.Function):
         grad_w = (
             torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
         )
+        _, chunk_backward = _chunk_kernels(hidden.device)
         n = hidden.shape[0]
         for start in range(0, n, ctx.chunk_size):
             sl = slice(start, min(start + ctx.chunk_size, n))
-            h = hidden[sl]
-            z = (h @ weight.t()).to(lse.dtype)
-            if ctx.temperature != 1.0:
-                z.div_(ctx.temperature)
-            g = _chunk_grad(
-                z,
+            c_grad_h, c_grad_w = chunk_backward(
+                hidden[sl],
+                weight,
                 labels[sl],
                 lse[sl],
                 ent[sl] if g_ent is not None else None,
                 None if g_lp is None else g_lp[sl],
                 None if g_ent is None else g_ent[sl],
+                ctx.temperature,
             )
-            if ctx.temperature != 1.0:
-                g.div_(ctx.temperature)
-            g = g.to(weight.dtype)
             if grad_h is not None:
-                grad_h[sl] = g @ weight
+                grad_h[sl] = c_grad_h
             if grad_w is not None:
-                grad_w.addmm_(g.t().to(grad_w.dtype), h.to(grad_w.dtype))
+                grad_w.add_(c_grad_w)
         gw = None if grad_w is None else grad_w.to(weight.dtype)
         return grad_h, gw, None, None, None, None
 
@@ -338,7 +391,7 @@ def log_probs_from_hidden(
         )
     shape = labels.shape
     flat_h = hidden.reshape(-1, hidden.shape[-1])
-    chunk = _auto_chunk(lm_head_weight.shape[0], chunk_size)
+    chunk = _auto_chunk(lm_head_weight.shape[0], chunk_size, hidden.device)
     lp, ent = _ChunkedFromHidden.apply(
         flat_h, lm_head_weight, labels.reshape(-1), chunk, temperature, with_entropy
     )

@@ -16,6 +16,7 @@ from rl_train.attention import (
     resolve_attn_implementation,
 )
 from rl_train.batching import pack, trim_padding, unpack
+from rl_train.fused_head import install_log_prob_head, log_prob_head, log_prob_request
 from rl_train.types import Batch, ForwardOutput
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -36,12 +37,15 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     device_kind: str = "cpu",
+    fused_lm_head: bool = False,
 ) -> nn.Module:
     """``Qwen2ForCausalLM``-style LM for actor/reference; the same backbone with a 1-unit token
     classification head (``score``, the value head) for the critic. Loaded on CPU in ``dtype``;
     the value head is initialised from ``seed`` so every rank builds the same critic. The attention
     kernel is ``model_args.attn_implementation`` resolved for ``device_kind`` and the compute
-    dtype ``model_args.dtype`` (FSDP2 loads fp32 master weights that compute in bf16)."""
+    dtype ``model_args.dtype`` (FSDP2 loads fp32 master weights that compute in bf16).
+    ``fused_lm_head``: actor/reference get a :class:`~rl_train.fused_head.LogProbHead` (log-probs
+    from hidden states, no ``[N, V]`` logits; see :func:`resolve_fused_lm_head`)."""
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     check_role(role)
@@ -62,8 +66,20 @@ def load_model(
         )
     else:
         model = AutoModelForCausalLM.from_pretrained(str(model_path), **kwargs)
+        if fused_lm_head:
+            install_log_prob_head(model)
     model.config.use_cache = False
     return model
+
+
+def resolve_fused_lm_head(value: object, device_kind: str) -> bool:
+    """The ``fused_lm_head`` strategy option: unset = on for accelerators (where the ``[N, V]``
+    logits dominate memory and time), off on the CPU; true/false force it."""
+    if value is None:
+        return device_kind != "cpu"
+    if not isinstance(value, bool):
+        raise ValueError(f"strategy_config.fused_lm_head must be true or false, got {value!r}")
+    return value
 
 
 def attn_implementation(model: nn.Module) -> str | None:
@@ -81,19 +97,59 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
     enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of an HF model (its ``_no_split_modules`` classes)."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: cannot find decoder layers (_no_split_modules)")
+    return layers
+
+
+def compile_decoder_layers(model: nn.Module) -> int:
+    """``torch.compile`` each decoder layer's ``forward`` (fuses norms, rotary embedding and the
+    gated activation into few kernels; shapes dynamic for packed streams). Only ``forward`` is
+    replaced, so module hooks (FSDP2, ZeRO, activation checkpointing) stay outside the compiled
+    code and parameter names are unchanged. Returns the number of layers compiled."""
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, dynamic=True)  # type: ignore[method-assign]
+    return len(layers)
+
+
+def resolve_compile_layers(value: object) -> bool:
+    """The ``compile_layers`` strategy option (default off: compiling costs start-up time)."""
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ValueError(f"strategy_config.compile_layers must be true or false, got {value!r}")
+    return value
+
+
 def _shift_right(x: torch.Tensor) -> torch.Tensor:
     """``[B, T-1]`` predictions for tokens 1..T-1 -> ``[B, T]`` aligned with the tokens (col 0 = 0)."""
     return torch.cat([x.new_zeros(x.shape[0], 1), x], dim=1)
 
 
-def _per_token(
-    logits: torch.Tensor, labels: torch.Tensor, need_entropy: bool, temperature: float
+def _log_probs_forward(
+    model: nn.Module,
+    labels: torch.Tensor,
+    need_entropy: bool,
+    temperature: float,
+    **inputs: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(labels) and entropy from ``logits [B, L, V]`` / ``labels [B, L]`` -> ``[B, L]`` each."""
-    log_probs, entropy = log_probs_from_logits_chunked(
+    """Forward ``inputs`` and return log p(labels) and entropy, ``[B, L]`` each, for the ``[B, L]``
+    positions of the forward (labels < 0 give 0). With a :class:`LogProbHead` installed the head
+    computes them from hidden states; otherwise from the ``[B, L, V]`` logits, chunked."""
+    head = log_prob_head(model)
+    if head is not None:
+        with log_prob_request(head, labels, temperature=temperature, with_entropy=need_entropy):
+            out = model(use_cache=False, **inputs).logits  # [B, L, 2]
+        return out[..., 0], (out[..., 1] if need_entropy else None)
+    logits = model(use_cache=False, **inputs).logits
+    return log_probs_from_logits_chunked(
         logits, labels, temperature=temperature, with_entropy=need_entropy
     )
-    return log_probs, entropy
 
 
 def token_outputs(
@@ -121,20 +177,23 @@ def token_outputs(
     b, t = ids.shape
     if packed:
         packed_ids, position_ids, layout = pack(ids, mask)
-        varlen = packed_attention_kwargs(
-            attn_implementation(model), layout.cu_seqlens, layout.lengths
+        inputs = dict(
+            input_ids=packed_ids,
+            position_ids=position_ids,
+            **packed_attention_kwargs(
+                attn_implementation(model), layout.cu_seqlens, layout.lengths
+            ),
         )
-        out = model(input_ids=packed_ids, position_ids=position_ids, use_cache=False, **varlen)
-        logits = out.logits  # [1, N, V] or [1, N, 1]
         starts = layout.cu_seqlens[:-1].long()
         if role == "critic":
-            v = logits[..., 0].float().reshape(-1)
+            v = model(use_cache=False, **inputs).logits[..., 0].float().reshape(-1)  # [N]
             shifted = torch.cat([v.new_zeros(1), v[:-1]])
             shifted = shifted.index_fill(0, starts, 0.0)
             result = ForwardOutput(values=unpack(shifted, layout))
         else:
-            labels = torch.cat([packed_ids[:, 1:], packed_ids.new_zeros(1, 1)], dim=1)
-            lp, ent = _per_token(logits, labels, need_entropy, temperature)
+            # the last position predicts nothing: an ignored label (its output is dropped below)
+            labels = torch.cat([packed_ids[:, 1:], packed_ids.new_full((1, 1), -1)], dim=1)
+            lp, ent = _log_probs_forward(model, labels, need_entropy, temperature, **inputs)
             lp = torch.cat([lp.new_zeros(1), lp.reshape(-1)[:-1]]).index_fill(0, starts, 0.0)
             ent_aligned = None
             if ent is not None:
@@ -144,14 +203,17 @@ def token_outputs(
                 ent_aligned = unpack(ent_aligned, layout)
             result = ForwardOutput(log_probs=unpack(lp, layout), entropy=ent_aligned)
     else:
-        out = model(input_ids=ids, attention_mask=mask, use_cache=False)
-        logits = out.logits
         valid = mask.to(torch.float32)
         if role == "critic":
+            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
             values = _shift_right(logits[:, :-1, 0].float()) * valid
             result = ForwardOutput(values=values)
         else:
-            lp, ent = _per_token(logits[:, :-1], ids[:, 1:], need_entropy, temperature)
+            labels = torch.cat([ids[:, 1:], ids.new_full((b, 1), -1)], dim=1)
+            lp, ent = _log_probs_forward(
+                model, labels, need_entropy, temperature, input_ids=ids, attention_mask=mask
+            )
+            lp, ent = lp[:, :-1], (None if ent is None else ent[:, :-1])
             result = ForwardOutput(
                 log_probs=_shift_right(lp) * valid,
                 entropy=None if ent is None else _shift_right(ent) * valid,
@@ -163,5 +225,4 @@ def token_outputs(
                 for x in (result.log_probs, result.entropy, result.values)
             )
         )
-    del b
     return result

@@ -12,8 +12,13 @@ from rl_train.args import TrainingArgs
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], args: TrainingArgs) -> torch.optim.AdamW:
-    """AdamW over trainable params; no weight decay on biases and norms (1-D params)."""
+    """AdamW over trainable params; no weight decay on biases and norms (1-D params).
+
+    On CUDA the fused kernel updates all tensors in a few launches (the per-tensor loop cost
+    122 ms of a 1.04 s step of the 0.5B model); elsewhere the single-tensor loop, whose results the
+    CPU tests pin across backends."""
     params = [p for p in params if p.requires_grad]
+    fused = bool(params) and all(p.device.type == "cuda" for p in params)
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay}]
@@ -25,6 +30,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], args: TrainingArgs) ->
         betas=(args.adam_beta1, args.adam_beta2),
         eps=args.adam_epsilon,
         foreach=False,
+        fused=fused or None,
     )
 
 

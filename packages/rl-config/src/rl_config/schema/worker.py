@@ -34,6 +34,10 @@ FSDP2_OPTIONS: dict[str, str] = {
     "keep_last": "checkpoints kept by the backend",
     "packed_forward": "pack sequences without padding in forward",
     "offload_reference": "reference role: offload its parameters between uses",
+    "fused_lm_head": "log-probs from hidden states without [N, V] logits (default: on for "
+    "GPUs/NPUs, off on the CPU)",
+    "compile_layers": "torch.compile each decoder layer's forward (fuses norms, rotary and "
+    "activations; default false)",
 }
 """strategy_config keys of fsdp2_train (rl_train.backends.native._FSDP_KEYS; a test keeps them equal)."""
 DTYPE_NAMES = ("fp32", "bf16", "fp16")

@@ -16,7 +16,15 @@ from rl_train.args import ModelArgs, TrainingArgs
 from rl_train.backends import dcp_io
 from rl_train.core import BackendCore
 from rl_train.export import full_tensors_from_module
-from rl_train.modeling import DTYPES, enable_gradient_checkpointing, load_model
+from rl_train.modeling import (
+    DTYPES,
+    compile_decoder_layers,
+    decoder_layers,
+    enable_gradient_checkpointing,
+    load_model,
+    resolve_compile_layers,
+    resolve_fused_lm_head,
+)
 from rl_train.optim import build_optimizer, build_scheduler
 from rl_train.types import LossFn
 
@@ -29,15 +37,9 @@ _FSDP_KEYS = {
     "keep_last",
     "packed_forward",
     "offload_reference",
+    "fused_lm_head",
+    "compile_layers",
 }
-
-
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if not layers:
-        raise ValueError(f"{type(model).__name__}: cannot find decoder layers (_no_split_modules)")
-    return layers
 
 
 class NativeBackend(BackendCore):
@@ -87,6 +89,7 @@ class NativeBackend(BackendCore):
             dtype=load_dtype,
             seed=args.seed,
             device_kind=self.device_kind,
+            fused_lm_head=resolve_fused_lm_head(cfg.get("fused_lm_head"), self.device_kind),
         )
         self.hf_config = model.config
         self.hf_model_class = type(model)
@@ -95,6 +98,8 @@ class NativeBackend(BackendCore):
         )
         if use_gc and role != "reference":
             enable_gradient_checkpointing(model)
+        if resolve_compile_layers(cfg.get("compile_layers")):
+            compile_decoder_layers(model)
         if self.shard:
             model = self._fully_shard(model, cfg, compute_dtype)
             self.grad_scale = float(self.world_size)  # FSDP2 averages gradients over ranks
@@ -130,7 +135,7 @@ class NativeBackend(BackendCore):
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         offload = CPUOffloadPolicy() if cfg.get("cpu_offload") else OffloadPolicy()
         reshard = bool(cfg.get("reshard_after_forward", True))
-        for layer in _decoder_layers(model):
+        for layer in decoder_layers(model):
             fully_shard(
                 layer,
                 mesh=mesh,
