@@ -22,7 +22,7 @@ from rlvr_data import RowSampler, load_prompts  # noqa: E402
 from rl_envs.rewards.router import reward_router_spec  # noqa: E402
 from rl_runtime.compose.rlvr import DataPlan  # noqa: E402
 
-PLAN = DataPlan((), (), None, None, "solution", "tag", None, "native")
+PLAN = DataPlan((), (), None, None, "solution", "tag", None, "native", "native")
 ONE_DOMAIN = reward_router_spec(None)  # no rewards section: every row to verl's default
 
 
@@ -56,7 +56,7 @@ def test_malformed_rows_are_rejected_with_row_numbers(tmp_path):
     rows = [{"question": "1+1=", "solution": "2", "tag": "math"}, {"question": "", "solution": "3"},
             {"solution": "4"}]  # fmt: skip
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{not json\n")
-    plan = DataPlan((), (), "question", None, "solution", "tag", None, "native")
+    plan = DataPlan((), (), "question", None, "solution", "tag", None, "native", "native")
     good, rejected = load_prompts([str(path)], plan, ONE_DOMAIN)
     assert [r.question for r in good] == ["1+1="] and good[0].tag == "math"
     assert good[0].ground_truth == "2"  # the `response` column (data_args.response)
@@ -102,13 +102,6 @@ def test_rlvr_keys_are_refused_by_the_agentic_pipeline():
 
 
 ROLL = ROOT / "packages" / "rl-config" / "tests" / "data" / "roll"
-ROLL_REFUSED = {
-    # rl-rollout has no qwen3 / qwen2-vl chat template (and no multimodal inputs)
-    "head/examples/ascend_examples/qwen3_8b_rlvr_fsdp2.yaml": "template='qwen3'",
-    "v0.2.0/examples/qwen2.5-vl-7B-math/rlvr_math_lora.yaml": "template='qwen2-vl'",
-    "v0.2.0/examples/qwen2.5-vl-7B-math/rlvr_math_zero3.yaml": "template='qwen2-vl'",
-    "head/examples/qwen2_5-vl-3B-rlvr_fsdp2/rlvr_fsdp2_offload.yaml": "freeze_module_prefix",
-}
 
 
 def _roll_rlvr() -> list[str]:
@@ -120,30 +113,59 @@ def _roll_rlvr() -> list[str]:
             if r["kind"] == "rlvr" and r["strategy"] != "megatron"]  # fmt: skip
 
 
+def _app_main():
+    """apps/rlvr's `main` (its __main__.py), called in process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rlvr_app_main", APP / "__main__.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+# vLLM workers of 2 devices (tensor_parallel_size 2) on the devices of the 1-device training
+# workers: rl_runtime.placement cannot express that colocation in Ray resources and refuses it
+PLACEMENT_REFUSED = {
+    "head/examples/ascend_examples/qwen3_30b_rlvr_fsdp2.yaml",
+    "head/examples/qwen3-30BA3B-rlvr_fsdp2/rlvr_config.yaml",
+    "head/examples/qwen3-30BA3B-rlvr_fsdp2/rlvr_config_ep.yaml",
+}
+
+
 @pytest.mark.parametrize("name", _roll_rlvr())
-def test_roll_rlvr_examples_without_megatron_dry_run(name):
-    """ROLL's own RLVR examples compose into the RLVR plan (or are refused for a named reason)."""
-    from rl_config import load_config
-    from rl_config.errors import ConfigError
-    from rl_runtime.compose import compose
-    from rl_runtime.compose.rlvr import build_rlvr
-
-    def dry_run() -> None:
-        cfg = load_config(ROLL / name)
-        build_rlvr(cfg)
-        compose(cfg, pipeline="rlvr")
-
-    if name in ROLL_REFUSED:
-        with pytest.raises((ConfigError, ValueError), match=ROLL_REFUSED[name]):
-            dry_run()
-    else:
-        dry_run()
+def test_roll_rlvr_examples_without_megatron_dry_run_through_the_app(name, capsys):
+    """`apps/rlvr --config <ROLL example> --dry-run` exits 0 and prints the placement and the
+    RLVR plan (templates qwen3 and qwen2-vl, freeze_module_prefix and the validation section
+    included), or, for a placement the cluster cannot make, exits 1 with one line naming it."""
+    code = _app_main()(["--config", str(ROLL / name), "--dry-run"])
+    out, err = capsys.readouterr()
+    if name in PLACEMENT_REFUSED:
+        assert code == 1 and err.startswith("config error: roles ['actor_infer'] use "), err
+        assert "colocated roles must use one device per worker" in err
+        return
+    assert code == 0, err
+    assert "config error" not in err and "rlvr: RlvrPlan(" in out
+    assert "actor_train  workers=" in out  # the placement was planned
 
 
-def test_roll_rlvr_examples_mostly_compose():
+def test_all_twelve_roll_rlvr_examples_are_swept():
     names = _roll_rlvr()
-    assert set(ROLL_REFUSED) <= set(names)
-    assert len(names) - len(ROLL_REFUSED) >= 8
+    assert len(names) == 12 and set(names) >= PLACEMENT_REFUSED
+
+
+def test_roll_qwen3_example_dry_run_reads_its_validation_section():
+    """The qwen3 example's `validation:` is read (held-out file, template, sampling), through
+    the command line as a user runs it."""
+    name = "head/examples/ascend_examples/qwen3_8b_rlvr_fsdp2.yaml"
+    proc = subprocess.run([sys.executable, str(APP), "--config", str(ROLL / name), "--dry-run"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "val_files=('data/math_benchmarks.jsonl',)" in proc.stdout
+    assert "template='qwen3'" in proc.stdout and "val_template='qwen3'" in proc.stdout
+    held_out = proc.stdout[proc.stdout.index("held_out_sampling=") :]
+    assert "temperature=0.6, top_p=0.6, top_k=50" in held_out.replace("\n", " ")
+    assert "validation: not supported" not in proc.stdout
 
 
 CONFIG = APP / "configs" / "cpu_default.yaml"

@@ -26,13 +26,13 @@ class DataPlan:
 
     train_files: tuple[str, ...]
     val_files: tuple[str, ...]
-    val_template: str
     prompt_key: str | None
     messages_key: str | None
     response_key: str
     tag_key: str
     domain_interleave_probs: dict[str, float] | None
     template: str
+    val_template: str
 
 
 @dataclass(frozen=True)
@@ -210,13 +210,13 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
         data=DataPlan(
             train_files=train_files,
             val_files=held_out.files,
-            val_template=held_out.template,
             prompt_key=data.prompt,
             messages_key=data.messages,
             response_key=data.response,
             tag_key=data.tag,
             domain_interleave_probs=dict(data.domain_interleave_probs or {}) or None,
             template=data.template,
+            val_template=held_out.template,
         ),
         prompt_length=prompt_length,
         response_length=response_length,
