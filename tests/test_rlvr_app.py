@@ -294,6 +294,79 @@ def test_custom_reward_function_from_the_config_scores_in_the_sandbox(tmp_path):
 
 
 @pytest.mark.slow
+def test_rlvr_validation_section_sets_what_the_run_evaluates(tmp_path):
+    """ROLL's `validation:` replaces eval_file_name and the training sampling for evaluation:
+    the run evaluates the validation file's 3 prompts (not the 2,000 held-out arithmetic ones)
+    with its generating_args (at most 2 new tokens, while training responses may take 8)."""
+    out = tmp_path / "val"
+    out.mkdir()
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": f"max {i} 2 ="}],
+            "reward_model": {"style": "rule", "ground_truth": str(max(i, 2))},
+        }
+        for i in range(3)
+    ]
+    val = out / "val.jsonl"
+    val.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    logged = _run_app(out / "run", "--no-ray", **{
+        "max_steps": 1, "eval_steps": 1, "rlvr_app.warmup.steps": 0,
+        "dynamic_sampling.enable": "false", "actor_train.data_args.eval_file_name": "null",
+        "validation": json.dumps({"data_args": {"file_name": [str(val)]},
+                                  "generating_args": {"max_new_tokens": 2, "temperature": 0.5}}),
+    })  # fmt: skip
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    for part in ("eval_before", "eval_after"):
+        assert summary[part]["val/num_prompts"] == 3
+        assert summary[part]["val/length_max"] <= 2 and summary[part]["val/greedy/length_max"] <= 2
+    train = next(r for r in logged if "train/loss" in r)
+    assert train["response/length_max"] > 2  # training sampling is not the validation one
+
+
+CODE_WORKER = "roll.pipeline.rlvr.rewards.code_sandbox_reward_worker.CodeSandboxRewardWorker"
+
+
+def _code_rows(n: int, start: int = 0) -> list[dict]:
+    tests = json.dumps([{"assert_code": f"assert f({i}) == {i + 1}"} for i in range(3)])
+    return [{"id": f"c{start + i}", "tag": "code", "prompt": f"def f(x): x+1 #{start + i}",
+             "test_cases": tests, "case_type": "assert"} for i in range(n)]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_rlvr_code_domain_scores_row_tests_in_the_sandbox_and_counts_failures(tmp_path):
+    """Two steps over code rows whose rewards are their own unit tests (`code_sandbox`, ROLL's
+    CodeSandboxRewardWorker) run in the sandbox: per-domain reward metrics are logged, and the
+    two code rows that carry no tests are counted as reward failures (4 samples each), never
+    scored as if they were data."""
+    out = tmp_path / "code"
+    out.mkdir()
+    untested = [{"id": f"bad{i}", "tag": "code", "prompt": f"def f(x): x+1 #b{i}",
+                 "ground_truth": "7"} for i in range(2)]  # fmt: skip
+    train, val = out / "train.jsonl", out / "val.jsonl"
+    train.write_text("\n".join(json.dumps(r) for r in [*_code_rows(6), *untested]) + "\n")
+    val.write_text("\n".join(json.dumps(r) for r in _code_rows(2, start=100)) + "\n")
+    rows = _run_app(out / "run", "--no-ray", **{
+        "rlvr_app.arith_data.generate": "false", "rlvr_app.warmup.steps": 0,
+        "actor_train.data_args.file_name": train, "actor_train.data_args.eval_file_name": val,
+        "rewards.code.worker_cls": CODE_WORKER, "rewards.code.tag_included": "[code]",
+        "dynamic_sampling.enable": "false", "val_greedy": "false",
+    })  # fmt: skip
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]  # 2 steps x 4 prompts: every row once
+    for r in steps:
+        assert r["data/train_prompts"] == 8 and r["rollout/num_trajectories"] == 16
+        assert 0.0 <= r["reward/domain/code/mean"] <= 1.0
+        assert r["reward/domain/code/failed"] == r["reward/failed"]
+    assert sum(r["reward/domain/code/failed"] for r in steps) == 8
+    last = steps[-1]
+    kinds = {k: v for k, v in last.items() if k.startswith("reward/failures/")}
+    assert sum(kinds.values()) == 8, kinds  # cumulative over the run, by kind
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    assert summary["eval_after"]["val/reward_failed"] == 0  # the held-out rows all have tests
+
+
+@pytest.mark.slow
 def test_rlvr_resume_matches_uninterrupted(tmp_path):
     """Stop after step 2, resume: step 3 draws the prompts an uninterrupted run draws (the
     sampler's epoch and position are in the checkpoint) and trains to the same numbers."""
