@@ -147,6 +147,8 @@ def test_roll_rlvr_examples_without_megatron_dry_run_through_the_app(name, capsy
     assert code == 0, err
     assert "config error" not in err and "rlvr: RlvrPlan(" in out
     assert "actor_train  workers=" in out  # the placement was planned
+    if "qwen2.5-vl-7B-math" in name:
+        assert "warning: actor_train.data_args.template='qwen2-vl' renders text only" in out
 
 
 def test_all_twelve_roll_rlvr_examples_are_swept():

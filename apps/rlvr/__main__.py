@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if "dry_run" in args.flags:
         import pprint
 
-        for line in (*cfg.config_warnings(), *components.warnings, *unscorable):
+        for line in (*cfg.config_warnings(), *components.warnings, *plan.notes, *unscorable):
             print(f"warning: {line}")
         print(placement)
         print("rlvr: " + pprint.pformat(plan, width=98, sort_dicts=False).replace("\n", "\n  "))

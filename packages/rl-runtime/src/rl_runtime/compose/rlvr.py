@@ -79,6 +79,8 @@ class RlvrPlan:
     #: held-out sampling (validation.generating_args, else actor_infer's), n = val_n_sample
     held_out_sampling: SamplingParams
     rewards: RewardRouterSpec  # reward per domain (rewards, custom_reward_function sections)
+    #: what a dry run should say about the plan (e.g. a multimodal template rendering text only)
+    notes: tuple[str, ...] = ()
 
     def val_sampling(self, seed: int, greedy: bool) -> SamplingParams:
         """Held-out sampling: `val_n_sample` samples, or 1 greedy."""
@@ -87,6 +89,10 @@ class RlvrPlan:
                 self.held_out_sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1, seed=seed
             )
         return msgspec.structs.replace(self.held_out_sampling, seed=seed)
+
+
+TEXT_ONLY_TEMPLATES = ("qwen2-vl",)
+"""Templates of multimodal models that render text only here (rows with images are refused)."""
 
 
 def _files(value: Any) -> tuple[str, ...]:
@@ -236,4 +242,13 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
         sampling=msgspec.structs.replace(build_sampling(gen, response_length), n=group),
         held_out_sampling=held_out.sampling,
         rewards=rewards,
+        notes=tuple(
+            f"{key}={name!r} renders text only: rows with image/video inputs are refused when "
+            "the data loads (multimodal inputs are not implemented)"
+            for key, name in (
+                ("actor_train.data_args.template", data.template),
+                ("validation.data_args.template", held_out.template),
+            )
+            if name in TEXT_ONLY_TEMPLATES and (key.startswith("actor") or name != data.template)
+        ),
     )
