@@ -315,8 +315,8 @@ def test_rlvr_validation_section_sets_what_the_run_evaluates(tmp_path):
     logged = _run_app(out / "run", "--no-ray", **{
         "max_steps": 1, "eval_steps": 1, "rlvr_app.warmup.steps": 0,
         "dynamic_sampling.enable": "false", "actor_train.data_args.eval_file_name": "null",
-        "validation": json.dumps({"data_args": {"file_name": [str(val)]},
-                                  "generating_args": {"max_new_tokens": 2, "temperature": 0.5}}),
+        "validation.data_args.file_name": val, "validation.generating_args.max_new_tokens": 2,
+        "validation.generating_args.temperature": 0.5,
     })  # fmt: skip
     summary = json.loads((out / "run" / "summary.json").read_text())
     for part in ("eval_before", "eval_after"):
