@@ -188,6 +188,8 @@ CHANGES: dict[str, Any] = {
     **{f"{r}.device_mapping": [1] for r in ROLES},
     "lambd": 0.5,
     "gamma": 0.5,
+    "actor_train.model_args.freeze_module_prefix": "model.layers.0.",
+    "critic.model_args.freeze_module_prefix": "model.layers.0.",
 }
 # keys whose effect shows only together with another key
 CONTEXT: dict[str, dict[str, Any]] = {
@@ -303,6 +305,13 @@ RLVR_VARIANTS: list[dict[str, Any]] = [
     ALGO,
     {"actor_train": {"pg_variant": "gspo"}},
     {"use_pg_clip_range": False},
+    VALIDATION := {
+        "actor_train": {"data_args": {"eval_file_name": None}},
+        "validation": {"data_args": {"file_name": "val.jsonl", "template": "qwen3"},
+                       "generating_args": {"temperature": 0.6, "top_p": 0.9, "top_k": 20,
+                                           "max_new_tokens": 5, "num_return_sequences": 1,
+                                           "stop_strings": ["\n"]},
+                       "eval_steps": 30}},
     REWARDS := {"rewards": {
         "math_rule": {"worker_cls": "roll.pipeline.rlvr.rewards.MathRuleRewardWorker",
                       "tag_included": ["gsm8k"], "timeout_s": 5.0},
@@ -346,15 +355,26 @@ RLVR_CHANGES: dict[str, Any] = {
     "actor_infer.generating_args.max_new_tokens": 6,
     "response_length": 6,
     "num_return_sequences_in_group": 4,
+    "validation.data_args.file_name": "other_val.jsonl",
+    "validation.data_args.template": "qwen2_5",
+    "validation.generating_args.top_k": 5,
+    "validation.generating_args.stop_strings": ["</answer>"],
 }
 # keys that only check: a wrong value is refused with the key's name
-RLVR_REFUSED: dict[str, Any] = {"actor_infer.generating_args.num_return_sequences": 3}
+RLVR_REFUSED: dict[str, Any] = {
+    "actor_infer.generating_args.num_return_sequences": 3,
+    "validation.generating_args.num_return_sequences": 3,
+    "validation.eval_steps": 3,
+    "eval_steps": 3,  # read by build_rlvr only to check validation.eval_steps against it
+}
 RLVR_CONTEXT: dict[str, dict[str, Any]] = {
     "actor_infer.generating_args.max_new_tokens": {"response_length": None},
     "num_return_sequences_in_group": {"actor_infer": {"generating_args": {"num_return_sequences": 1}}},
     "sequence_length": {"prompt_length": None},
     "overlong_penalty.enable": {"overlong_penalty": {"buffer_length": 4}},
     "response_length": {"actor_infer": {"generating_args": {"max_new_tokens": 4}}},
+    **{key: VALIDATION for key in PIPELINE_CONSUMED["rlvr"] if key.startswith("validation.")},
+    "eval_steps": VALIDATION,
 }  # fmt: skip
 
 

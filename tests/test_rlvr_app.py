@@ -22,7 +22,7 @@ from rlvr_data import RowSampler, load_prompts  # noqa: E402
 from rl_envs.rewards.router import reward_router_spec  # noqa: E402
 from rl_runtime.compose.rlvr import DataPlan  # noqa: E402
 
-PLAN = DataPlan((), (), None, None, "solution", "tag", None, "native")
+PLAN = DataPlan((), (), None, None, "solution", "tag", None, "native", "native")
 ONE_DOMAIN = reward_router_spec(None)  # no rewards section: every row to verl's default
 
 
@@ -56,7 +56,7 @@ def test_malformed_rows_are_rejected_with_row_numbers(tmp_path):
     rows = [{"question": "1+1=", "solution": "2", "tag": "math"}, {"question": "", "solution": "3"},
             {"solution": "4"}]  # fmt: skip
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{not json\n")
-    plan = DataPlan((), (), "question", None, "solution", "tag", None, "native")
+    plan = DataPlan((), (), "question", None, "solution", "tag", None, "native", "native")
     good, rejected = load_prompts([str(path)], plan, ONE_DOMAIN)
     assert [r.question for r in good] == ["1+1="] and good[0].tag == "math"
     assert good[0].ground_truth == "2"  # the `response` column (data_args.response)
@@ -102,13 +102,6 @@ def test_rlvr_keys_are_refused_by_the_agentic_pipeline():
 
 
 ROLL = ROOT / "packages" / "rl-config" / "tests" / "data" / "roll"
-ROLL_REFUSED = {
-    # rl-rollout has no qwen3 / qwen2-vl chat template (and no multimodal inputs)
-    "head/examples/ascend_examples/qwen3_8b_rlvr_fsdp2.yaml": "template='qwen3'",
-    "v0.2.0/examples/qwen2.5-vl-7B-math/rlvr_math_lora.yaml": "template='qwen2-vl'",
-    "v0.2.0/examples/qwen2.5-vl-7B-math/rlvr_math_zero3.yaml": "template='qwen2-vl'",
-    "head/examples/qwen2_5-vl-3B-rlvr_fsdp2/rlvr_fsdp2_offload.yaml": "freeze_module_prefix",
-}
 
 
 def _roll_rlvr() -> list[str]:
@@ -120,30 +113,61 @@ def _roll_rlvr() -> list[str]:
             if r["kind"] == "rlvr" and r["strategy"] != "megatron"]  # fmt: skip
 
 
+def _app_main():
+    """apps/rlvr's `main` (its __main__.py), called in process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rlvr_app_main", APP / "__main__.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+# vLLM workers of 2 devices (tensor_parallel_size 2) on the devices of the 1-device training
+# workers: rl_runtime.placement cannot express that colocation in Ray resources and refuses it
+PLACEMENT_REFUSED = {
+    "head/examples/ascend_examples/qwen3_30b_rlvr_fsdp2.yaml",
+    "head/examples/qwen3-30BA3B-rlvr_fsdp2/rlvr_config.yaml",
+    "head/examples/qwen3-30BA3B-rlvr_fsdp2/rlvr_config_ep.yaml",
+}
+
+
 @pytest.mark.parametrize("name", _roll_rlvr())
-def test_roll_rlvr_examples_without_megatron_dry_run(name):
-    """ROLL's own RLVR examples compose into the RLVR plan (or are refused for a named reason)."""
-    from rl_config import load_config
-    from rl_config.errors import ConfigError
-    from rl_runtime.compose import compose
-    from rl_runtime.compose.rlvr import build_rlvr
-
-    def dry_run() -> None:
-        cfg = load_config(ROLL / name)
-        build_rlvr(cfg)
-        compose(cfg, pipeline="rlvr")
-
-    if name in ROLL_REFUSED:
-        with pytest.raises((ConfigError, ValueError), match=ROLL_REFUSED[name]):
-            dry_run()
-    else:
-        dry_run()
+def test_roll_rlvr_examples_without_megatron_dry_run_through_the_app(name, capsys):
+    """`apps/rlvr --config <ROLL example> --dry-run` exits 0 and prints the placement and the
+    RLVR plan (templates qwen3 and qwen2-vl, freeze_module_prefix and the validation section
+    included), or, for a placement the cluster cannot make, exits 1 with one line naming it."""
+    code = _app_main()(["--config", str(ROLL / name), "--dry-run"])
+    out, err = capsys.readouterr()
+    if name in PLACEMENT_REFUSED:
+        assert code == 1 and err.startswith("config error: roles ['actor_infer'] use "), err
+        assert "colocated roles must use one device per worker" in err
+        return
+    assert code == 0, err
+    assert "config error" not in err and "rlvr: RlvrPlan(" in out
+    assert "actor_train  workers=" in out  # the placement was planned
+    if "qwen2.5-vl-7B-math" in name:
+        assert "warning: actor_train.data_args.template='qwen2-vl' renders text only" in out
 
 
-def test_roll_rlvr_examples_mostly_compose():
+def test_all_twelve_roll_rlvr_examples_are_swept():
     names = _roll_rlvr()
-    assert set(ROLL_REFUSED) <= set(names)
-    assert len(names) - len(ROLL_REFUSED) >= 8
+    assert len(names) == 12 and set(names) >= PLACEMENT_REFUSED
+
+
+def test_roll_qwen3_example_dry_run_reads_its_validation_section():
+    """The qwen3 example's `validation:` is read (held-out file, template, sampling), through
+    the command line as a user runs it."""
+    name = "head/examples/ascend_examples/qwen3_8b_rlvr_fsdp2.yaml"
+    proc = subprocess.run([sys.executable, str(APP), "--config", str(ROLL / name), "--dry-run"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "val_files=('data/math_benchmarks.jsonl',)" in proc.stdout
+    assert "template='qwen3'" in proc.stdout and "val_template='qwen3'" in proc.stdout
+    held_out = proc.stdout[proc.stdout.index("held_out_sampling=") :]
+    assert "temperature=0.6, top_p=0.6, top_k=50" in held_out.replace("\n", " ")
+    assert "validation: not supported" not in proc.stdout
 
 
 CONFIG = APP / "configs" / "cpu_default.yaml"
@@ -269,6 +293,79 @@ def test_custom_reward_function_from_the_config_scores_in_the_sandbox(tmp_path):
     assert [s.ok for s in scored] == [True, False, True]
     assert scored[0].reward == pytest.approx(0.2) and scored[2].reward == pytest.approx(0.4)
     assert scored[1].reward == 0.0 and scored[1].kind != "ok"
+
+
+@pytest.mark.slow
+def test_rlvr_validation_section_sets_what_the_run_evaluates(tmp_path):
+    """ROLL's `validation:` replaces eval_file_name and the training sampling for evaluation:
+    the run evaluates the validation file's 3 prompts (not the 2,000 held-out arithmetic ones)
+    with its generating_args (at most 2 new tokens, while training responses may take 8)."""
+    out = tmp_path / "val"
+    out.mkdir()
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": f"max {i} 2 ="}],
+            "reward_model": {"style": "rule", "ground_truth": str(max(i, 2))},
+        }
+        for i in range(3)
+    ]
+    val = out / "val.jsonl"
+    val.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    logged = _run_app(out / "run", "--no-ray", **{
+        "max_steps": 1, "eval_steps": 1, "rlvr_app.warmup.steps": 0,
+        "dynamic_sampling.enable": "false", "actor_train.data_args.eval_file_name": "null",
+        "validation.data_args.file_name": val, "validation.generating_args.max_new_tokens": 2,
+        "validation.generating_args.temperature": 0.5,
+    })  # fmt: skip
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    for part in ("eval_before", "eval_after"):
+        assert summary[part]["val/num_prompts"] == 3
+        assert summary[part]["val/length_max"] <= 2 and summary[part]["val/greedy/length_max"] <= 2
+    train = next(r for r in logged if "train/loss" in r)
+    assert train["response/length_max"] > 2  # training sampling is not the validation one
+
+
+CODE_WORKER = "roll.pipeline.rlvr.rewards.code_sandbox_reward_worker.CodeSandboxRewardWorker"
+
+
+def _code_rows(n: int, start: int = 0) -> list[dict]:
+    tests = json.dumps([{"assert_code": f"assert f({i}) == {i + 1}"} for i in range(3)])
+    return [{"id": f"c{start + i}", "tag": "code", "prompt": f"def f(x): x+1 #{start + i}",
+             "test_cases": tests, "case_type": "assert"} for i in range(n)]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_rlvr_code_domain_scores_row_tests_in_the_sandbox_and_counts_failures(tmp_path):
+    """Two steps over code rows whose rewards are their own unit tests (`code_sandbox`, ROLL's
+    CodeSandboxRewardWorker) run in the sandbox: per-domain reward metrics are logged, and the
+    two code rows that carry no tests are counted as reward failures (4 samples each), never
+    scored as if they were data."""
+    out = tmp_path / "code"
+    out.mkdir()
+    untested = [{"id": f"bad{i}", "tag": "code", "prompt": f"def f(x): x+1 #b{i}",
+                 "ground_truth": "7"} for i in range(2)]  # fmt: skip
+    train, val = out / "train.jsonl", out / "val.jsonl"
+    train.write_text("\n".join(json.dumps(r) for r in [*_code_rows(6), *untested]) + "\n")
+    val.write_text("\n".join(json.dumps(r) for r in _code_rows(2, start=100)) + "\n")
+    rows = _run_app(out / "run", "--no-ray", **{
+        "rlvr_app.arith_data.generate": "false", "rlvr_app.warmup.steps": 0,
+        "actor_train.data_args.file_name": train, "actor_train.data_args.eval_file_name": val,
+        "rewards.code.worker_cls": CODE_WORKER, "rewards.code.tag_included": "[code]",
+        "dynamic_sampling.enable": "false", "val_greedy": "false",
+    })  # fmt: skip
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]  # 2 steps x 4 prompts: every row once
+    for r in steps:
+        assert r["data/train_prompts"] == 8 and r["rollout/num_trajectories"] == 16
+        assert 0.0 <= r["reward/domain/code/mean"] <= 1.0
+        assert r["reward/domain/code/failed"] == r["reward/failed"]
+    assert sum(r["reward/domain/code/failed"] for r in steps) == 8
+    last = steps[-1]
+    kinds = {k: v for k, v in last.items() if k.startswith("reward/failures/")}
+    assert sum(kinds.values()) == 8, kinds  # cumulative over the run, by kind
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    assert summary["eval_after"]["val/reward_failed"] == 0  # the held-out rows all have tests
 
 
 @pytest.mark.slow

@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_app_args(argv, flags=FLAGS, default_config=DEFAULT_CONFIG, prog="apps/rlvr")
         cfg, app = load(args.config, args.overrides)
         components, plan = compose_rlvr(cfg)
+        placement = plan_text(components)  # a placement the cluster cannot make fails here
     except (ConfigError, ValueError, KeyError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
@@ -83,9 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     if "dry_run" in args.flags:
         import pprint
 
-        for line in (*cfg.config_warnings(), *components.warnings, *unscorable):
+        for line in (*cfg.config_warnings(), *components.warnings, *plan.notes, *unscorable):
             print(f"warning: {line}")
-        print(plan_text(components))
+        print(placement)
         print("rlvr: " + pprint.pformat(plan, width=98, sort_dicts=False).replace("\n", "\n  "))
         return 0
     if unscorable:  # a dry run lists them; a run cannot score those rows

@@ -26,7 +26,8 @@ class Group:
 
 
 def group_metrics(groups: list[Group]) -> dict[str, float]:
-    """reward/* (mean, accuracy, per domain), response/* (length, truncation) of `groups`."""
+    """reward/* (mean, accuracy, per data_source, and per reward domain of the `rewards` section:
+    `reward/domain/<domain>/{mean,failed}`), response/* (length, truncation) of `groups`."""
     if not groups:
         return {}
     samples = [(g.row.data_source, r, s, res) for g in groups
@@ -41,8 +42,13 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
             float(res.finish_reason == "length") for *_, res in samples
         ),
     }
-    for domain in sorted({d for d, *_ in samples}):
-        out[f"reward/{domain}/mean"] = mean(r for d, r, _, _ in samples if d == domain)
+    for source in sorted({d for d, *_ in samples}):
+        out[f"reward/{source}/mean"] = mean(r for d, r, _, _ in samples if d == source)
+    for domain in sorted({g.row.domain or "unknown" for g in groups}):
+        scores = [(r, s) for g in groups if (g.row.domain or "unknown") == domain
+                  for r, s in zip(g.rewards, g.scores)]  # fmt: skip
+        out[f"reward/domain/{domain}/mean"] = mean(r for r, _ in scores)
+        out[f"reward/domain/{domain}/failed"] = float(sum(not s.ok for _, s in scores))
     return out
 
 

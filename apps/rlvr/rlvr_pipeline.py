@@ -61,12 +61,14 @@ class RlvrRecipe:
         self.pad_token_id = int(
             tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         )
-        self.template = get_template(plan.data.template, tok)
+        template = get_template(plan.data.template, tok)
         self.kl_ctl = c.kl.build()
-        self.train_rows, self.train_ids, rejected, overlong = self._prompts(plan.data.train_files)
-        val_files = plan.data.val_files
+        self.train_rows, self.train_ids, rejected, overlong = self._prompts(
+            plan.data.train_files, template
+        )
+        val_files, val_template = plan.data.val_files, get_template(plan.data.val_template, tok)
         self.val_rows, self.val_ids, _, _ = (
-            self._prompts(val_files) if val_files else ([], [], [], 0)
+            self._prompts(val_files, val_template) if val_files else ([], [], [], 0)
         )
         self.val_rows, self.val_ids = (
             self.val_rows[: plan.val_prompts],
@@ -83,13 +85,15 @@ class RlvrRecipe:
         self.scorer = Scorer(plan.rewards, plan.overlong, plan.response_length,
                              allow_weak_isolation=c.sandbox_allow_weak_isolation)  # fmt: skip
 
-    def _prompts(self, files: tuple[str, ...]) -> tuple[list, list[list[int]], list[str], int]:
-        """Rows, their prompt token ids, rejected-row lines, and how many prompts were longer
-        than prompt_length (dropped, as verl's filter_overlong_prompts)."""
+    def _prompts(
+        self, files: tuple[str, ...], template: Any
+    ) -> tuple[list, list[list[int]], list[str], int]:
+        """Rows, their prompt token ids (`template`), rejected-row lines, and how many prompts
+        were longer than prompt_length (dropped, as verl's filter_overlong_prompts)."""
         rows, rejected = load_prompts(files, self.plan.data, self.plan.rewards)
         kept, ids = [], []
         for row in rows:
-            tokens = self.tokenizer(self.template.prefix(row.prompt), add_special_tokens=False)
+            tokens = self.tokenizer(template.prefix(row.prompt), add_special_tokens=False)
             if len(tokens["input_ids"]) <= self.plan.prompt_length:
                 kept.append(replace(row, index=len(kept)))  # index: position in the kept rows
                 ids.append(list(tokens["input_ids"]))

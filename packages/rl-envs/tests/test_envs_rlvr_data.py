@@ -127,6 +127,27 @@ def test_malformed_rows_are_rejected_naming_file_row_and_field(tmp_path):
     assert skipped.rejected[0].source == str(path)
 
 
+def test_image_inputs_are_an_error_naming_row_and_field_even_when_skipping(tmp_path):
+    """Text-only loading: a row with images is refused (never dropped, never read as text)."""
+    image_part = [{"type": "image"}, {"type": "text", "text": "What angle?"}]
+    rows = [
+        _roll(0, "math", images=[]),  # an empty image column is fine
+        _roll(1, "math"),
+        _roll(2, "math", images=[{"path": "a.png"}]),
+        {**_roll(3, "math"), "messages": json.dumps([{"role": "user", "content": image_part}])},
+    ]
+    path = _jsonl(tmp_path / "vl.jsonl", rows)
+    with pytest.raises(DataError) as err:
+        load_dataset(data_spec({"file_name": path, "messages": "messages"}, on_bad_row="skip"))
+    lines = str(err.value).splitlines()
+    assert lines[0] == "2 rows cannot be used:"
+    assert lines[1].startswith(f"{path}: row 2: field 'images': images input: multimodal")
+    assert lines[2].startswith(f"{path}: row 3: field 'messages[0].content': image/video content")
+    ok = load_dataset(data_spec({"file_name": _jsonl(tmp_path / "t.jsonl", rows[:2]),
+                                 "messages": "messages"}))  # fmt: skip
+    assert len(ok.rows) == 2
+
+
 def test_rows_of_no_domain_and_missing_files_are_errors(tmp_path):
     path = _jsonl(tmp_path / "d.jsonl", [_roll(0, "known"), _roll(1, "stray")])
     spec = data_spec(

@@ -42,7 +42,6 @@ UNSUPPORTED: dict[str, str] = {
     "*.model_args.model_type": "classification/TRL heads are chosen by role (critic = value head)",
     "*.model_args.num_labels": "the critic's value head has one output",
     "*.model_args.model_config_kwargs": "model config overrides are not applied",
-    "*.model_args.freeze_module_prefix": "freezing parameters is not implemented",
     "*.model_args.trust_remote_code": "remote model code is never run",
     "*.model_args.gradient_checkpointing_use_reentrant": "checkpointing is always non-reentrant",
     "*.use_dynamic_batching_in_infer": "dynamic batching of forward passes is not implemented",
@@ -165,6 +164,7 @@ AGENTIC_IGNORED: dict[str, str] = {
     "custom_reward_function.*": "RLVR only (agentic rewards come from the envs)",
     "val_n_sample": "RLVR only (agentic validation plays val_env_manager's episodes)",
     "val_greedy": "RLVR only (agentic apps choose greedy validation themselves)",
+    "validation.*": "RLVR only (agentic validation plays val_env_manager's episodes)",
 }
 
 _NOT_IN_RLVR = "not implemented in the RLVR pipeline"
@@ -190,6 +190,16 @@ RLVR_IGNORED: dict[str, str] = {
     "actor_train.data_args.id": "rows are identified by file and row number",
     "actor_train.data_args.preprocessing_num_workers": "prompts are tokenized on the driver",
     "actor_train.data_args.cache_path": "prompts are tokenized on the driver (no cache)",
+    **{
+        f"validation.data_args.{key}": "held-out rows are read with actor_train.data_args' "
+        "columns (as ROLL's RLVR pipeline reads them)"
+        for key in ("prompt", "messages", "response", "tag", "id", "domain_interleave_probs")
+    },
+    "validation.data_args.eval_file_name": "held-out files are validation.data_args.file_name",
+    "validation.data_args.dataset_type": "the loader follows the file extension (.parquet, "
+    ".jsonl, .json)",
+    "validation.data_args.preprocessing_num_workers": "prompts are tokenized on the driver",
+    "validation.data_args.cache_path": "prompts are tokenized on the driver (no cache)",
     # RLVR knobs of ROLL this pipeline does not implement (a warning, as ROLL-only keys are)
     "norm_mean_type": f"{_NOT_IN_RLVR}; advantages follow reward_normalization",
     "norm_std_type": f"{_NOT_IN_RLVR}; advantages follow reward_normalization",
@@ -220,6 +230,8 @@ DPO_IGNORED: dict[str, str] = {
     "actor_infer.model_args.[!m]*": _NO_ROLLOUT,
     "actor_infer.model_args.model_[!n]*": _NO_ROLLOUT,
     "critic.*": "DPO has no critic",
+    "validation.*": "RLVR only (DPO's held-out pairs come from actor_train.data_args."
+    "eval_file_name)",
     "train_env_manager.*": _NO_ROLLOUT,
     "val_env_manager.*": _NO_ROLLOUT,
     "custom_envs.*": _NO_ROLLOUT,
@@ -321,6 +333,22 @@ PIPELINE_CONSUMED: dict[str, tuple[str, ...]] = {
         "actor_train.data_args.response",
         "actor_train.data_args.tag",
         "actor_train.data_args.domain_interleave_probs",
+        "validation.data_args.file_name",
+        "validation.data_args.template",
+        "validation.eval_steps",
+        *(
+            f"validation.generating_args.{key}"
+            for key in (
+                "max_new_tokens",
+                "temperature",
+                "top_p",
+                "top_k",
+                "num_return_sequences",
+                "repetition_penalty",
+                "do_sample",
+                "stop_strings",
+            )
+        ),
     ),
 }
 """Per pipeline kind: key patterns that pipeline consumes although ``UNSUPPORTED`` or ``IGNORED``

@@ -23,6 +23,9 @@ ROLL_IGNORED: dict[str, str] = {
     "ROLE.model_args.flash_attn": "not a ROLL ModelArguments field; the kernel is chosen by "
     "model_args.attn_implementation",
     "ROLE.data_args.dataset_dir": "not a ROLL DataArguments field; give paths in data_args.file_name",
+    "validation.data_args.dataset_dir": "not a ROLL DataArguments field; give paths in "
+    "validation.data_args.file_name",
+    "validation.data_args.interleave_probs": "not a ROLL DataArguments field",
     "ROLE.data_args.interleave_probs": "not a ROLL DataArguments field; use "
     "data_args.domain_interleave_probs",
     "ROLE.use_remove_padding": "not a ROLL WorkerConfig field",
@@ -49,7 +52,6 @@ ROLL_NOT_SUPPORTED: dict[str, str] = {
     "reward_model": f"ROLL's reward-model worker; {_RLVR}",
     "reward": f"ROLL's reward worker; {_RLVR}",
     "reward_system_config": f"ROLL's remote reward system; {_RLVR}",
-    "validation": "ROLL's validation section (RLVR/DPO datasets and sampling); not implemented",
     "global_template": "ROLL's prompt template override; set ROLE.data_args.template",
     "difficulty_mask": f"ROLL's difficulty filter of prompt groups; {_RLVR}",
     "difficulty_low_threshold": f"ROLL's difficulty filter of prompt groups; {_RLVR}",
@@ -84,6 +86,10 @@ ROLL_NOT_SUPPORTED: dict[str, str] = {
     "ROLE.sequence_packing_args": "sequence packing is not implemented",
     "ROLE.data_args.custom_data_kwargs_func": "ROLL's dataset hook",
     "ROLE.data_args.image_*": _VL,
+    "validation.data_args.image_*": _VL,
+    "validation.data_args.video_*": _VL,
+    "validation.data_args.audio_*": _VL,
+    "validation.data_args.custom_data_kwargs_func": "ROLL's dataset hook",
     "ROLE.data_args.video_*": _VL,
     "ROLE.data_args.audio_*": _VL,
     # ROLL's FSDP2 options that rl-train's FSDP2 backend does not have

@@ -10,13 +10,15 @@ separately and append to token ids it already has:
 
 ``native`` renders through ``tokenizer.apply_chat_template`` and derives the pieces from it by
 rendering a conversation with a sentinel assistant message (so any HF chat template works);
-named templates (``qwen2_5``) are written out explicitly. A template registry keeps them by name.
+named templates (``qwen2_5``, ``qwen2-vl`` for text, ``qwen3`` and ``qwen3_nothink``) are written
+out explicitly. A template registry keeps them by name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 __all__ = ["ChatTemplate", "get_template", "list_templates", "register_template"]
@@ -60,6 +62,61 @@ def _qwen2_5(_tokenizer: Any) -> ChatTemplate:
         name="qwen2_5",
         render_prefix=render_prefix,
         user_turn=lambda obs: f"<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n",
+        end_of_turn="<|im_end|>",
+        between_turns="\n",
+    )
+
+
+def _qwen2_vl(_tokenizer: Any) -> ChatTemplate:
+    """Qwen2-VL's ChatML for text messages: the same text as ``qwen2_5`` (default system
+    prompt, ``<|im_start|>role\n...<|im_end|>``). Image/video parts are not rendered: rows with
+    image inputs are refused when the data loads (``rl_envs.tasks.data``), never dropped."""
+    return replace(_qwen2_5(_tokenizer), name="qwen2-vl")
+
+
+def _split_thinking(content: str) -> tuple[str, str]:
+    """``(reasoning, answer)`` of an assistant message written as ``<think>R</think>A``."""
+    if "</think>" not in content:
+        return "", content
+    head, _, answer = content.rpartition("</think>")
+    reasoning = head.rstrip("\n").split("<think>")[-1].lstrip("\n")
+    return reasoning, answer.lstrip("\n")
+
+
+def _qwen3_message(message: dict[str, str], after_last_query: bool, last: bool) -> str:
+    role, content = message["role"], message["content"]
+    if role != "assistant":
+        return f"<|im_start|>{role}\n{content}<|im_end|>\n"
+    reasoning, answer = _split_thinking(content)
+    reasoning = message.get("reasoning_content") or reasoning
+    if after_last_query and (last or reasoning):
+        body = f"<think>\n{reasoning.strip(chr(10))}\n</think>\n\n{answer}"
+    else:
+        body = answer
+    return f"<|im_start|>assistant\n{body}<|im_end|>\n"
+
+
+def _qwen3(_tokenizer: Any, *, enable_thinking: bool = True) -> ChatTemplate:
+    """Qwen3's ChatML: no default system prompt; the reasoning (``<think>...</think>``) of an
+    assistant message before the last user message is dropped, after it kept (the model's
+    template's rule, so earlier turns cost no context); the generation prompt is
+    ``<|im_start|>assistant\n`` (thinking on, as ROLL's ``qwen3`` renders it), with an empty
+    ``<think>\n\n</think>\n\n`` block when ``enable_thinking`` is False."""
+    think_off = "" if enable_thinking else "<think>\n\n</think>\n\n"
+
+    def render_prefix(messages: list[dict[str, str]]) -> str:
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        last_query = users[-1] if users else -1
+        last = len(messages) - 1
+        out = [_qwen3_message(m, i > last_query, i == last) for i, m in enumerate(messages)]
+        return "".join([*out, "<|im_start|>assistant\n", think_off])
+
+    return ChatTemplate(
+        name="qwen3" if enable_thinking else "qwen3_nothink",
+        render_prefix=render_prefix,
+        user_turn=lambda obs: (
+            f"<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n" + think_off
+        ),
         end_of_turn="<|im_end|>",
         between_turns="\n",
     )
@@ -112,7 +169,13 @@ def _native(tokenizer: Any) -> ChatTemplate:
     )
 
 
-_TEMPLATES: dict[str, Callable[[Any], ChatTemplate]] = {"native": _native, "qwen2_5": _qwen2_5}
+_TEMPLATES: dict[str, Callable[[Any], ChatTemplate]] = {
+    "native": _native,
+    "qwen2_5": _qwen2_5,
+    "qwen2-vl": _qwen2_vl,
+    "qwen3": _qwen3,
+    "qwen3_nothink": partial(_qwen3, enable_thinking=False),
+}
 
 
 def register_template(name: str, factory: Callable[[Any], ChatTemplate]) -> None:

@@ -136,6 +136,10 @@ class ModelArgs:
     ``flash_attention_2``, ``sdpa`` or ``eager``; resolved by
     :func:`rl_train.attention.resolve_attn_implementation` when the model is loaded."""
     disable_gradient_checkpointing: bool = True
+    freeze_module_prefix: tuple[str, ...] = ()
+    """Parameter-name prefixes to freeze (ROLL ``model_args.freeze_module_prefix``, a
+    comma-separated string or a list): those parameters get ``requires_grad=False`` and stay out
+    of the optimizer; a prefix that matches no parameter is an error naming the key."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -160,5 +164,19 @@ def parse_model_args(obj: Any = None) -> ModelArgs:
         dtype=_DTYPE_NAMES[dtype],
         attn_implementation=attn,
         disable_gradient_checkpointing=True if disable_gc is None else bool(disable_gc),
+        freeze_module_prefix=parse_prefixes(raw.get("freeze_module_prefix")),
         extra=raw,
     )
+
+
+def parse_prefixes(value: Any) -> tuple[str, ...]:
+    """``freeze_module_prefix`` as a tuple: ``"a,b"`` (ROLL's form), a list, or None."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    if not all(isinstance(p, str) for p in items):
+        raise ValueError(f"model_args.freeze_module_prefix={value!r}: expected strings")
+    prefixes = tuple(p.strip() for p in items if p.strip())
+    if not prefixes and value:
+        raise ValueError(f"model_args.freeze_module_prefix={value!r}: no prefix given")
+    return prefixes

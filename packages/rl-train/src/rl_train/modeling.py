@@ -69,6 +69,8 @@ def load_model(
         if fused_lm_head:
             install_log_prob_head(model)
     model.config.use_cache = False
+    if role != "reference" and model_args.freeze_module_prefix:
+        freeze_parameters(model, model_args.freeze_module_prefix)
     return model
 
 
@@ -80,6 +82,31 @@ def resolve_fused_lm_head(value: object, device_kind: str) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"strategy_config.fused_lm_head must be true or false, got {value!r}")
     return value
+
+
+def freeze_parameters(model: nn.Module, prefixes: tuple[str, ...]) -> list[str]:
+    """``requires_grad=False`` on every parameter whose name starts with one of ``prefixes``
+    (before any wrapping, so FSDP2/DeepSpeed see it and the optimizer leaves them out); returns
+    the frozen names. A prefix that matches no parameter is a ValueError naming the key."""
+    names = [name for name, _ in model.named_parameters()]
+    unmatched = [p for p in prefixes if not any(n.startswith(p) for n in names)]
+    if unmatched:
+        tops = sorted({n.split(".")[0] + "." + n.split(".")[1] for n in names if "." in n})
+        raise ValueError(
+            f"model_args.freeze_module_prefix: {unmatched} match no parameter of "
+            f"{type(model).__name__} (its parameters start with {tops[:8]})"
+        )
+    frozen = []
+    for name, param in model.named_parameters():
+        if name.startswith(prefixes):
+            param.requires_grad_(False)
+            frozen.append(name)
+    if len(frozen) == len(names):
+        raise ValueError(
+            f"model_args.freeze_module_prefix={list(prefixes)} freezes every parameter: "
+            "nothing would be trained"
+        )
+    return frozen
 
 
 def attn_implementation(model: nn.Module) -> str | None:

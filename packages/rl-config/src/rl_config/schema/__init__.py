@@ -13,6 +13,7 @@ from rl_config.schema.async_ import AsyncConfig
 from rl_config.schema.experiment import ExperimentConfig, WorkerRole
 from rl_config.schema.pipeline import CheckpointConfig
 from rl_config.schema.rewards import CustomRewardFunction, DomainRewardName, RewardDomain
+from rl_config.schema.validation import ValidationConfig
 from rl_config.schema.worker import (
     DataArgs,
     GeneratingArgs,
@@ -42,6 +43,7 @@ __all__ = [
     "StrategyArgs",
     "TrainInferCorrection",
     "TrainingArgs",
+    "ValidationConfig",
     "WorkerConfig",
     "WorkerRole",
 ]

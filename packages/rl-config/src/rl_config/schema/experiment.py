@@ -19,6 +19,7 @@ from rl_config.schema.async_ import AsyncConfig
 from rl_config.schema.pipeline import PipelineFields
 from rl_config.schema.preference import PreferenceFields
 from rl_config.schema.rewards import CustomRewardFunction, RewardDomain
+from rl_config.schema.validation import ValidationConfig
 from rl_config.schema.worker import GeneratingArgs, StrategyArgs, WorkerConfig
 
 WorkerRole = Literal["actor_train", "actor_infer", "reference", "critic"]
@@ -77,6 +78,12 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
         "tags it scores, e.g. math_rule: {worker_cls: ...MathRuleRewardWorker, tag_included: "
         "[gsm8k]}. Empty: every row is scored by custom_reward_function, else by verl's "
         "default dispatch on data_source. Rewards run in the rl-envs sandbox.",
+    )
+    validation: ValidationConfig | None = Field(
+        default=None,
+        description="RLVR held-out prompts and their sampling (ROLL's validation section: "
+        "data_args.file_name, data_args.template, generating_args); unset: "
+        "actor_train.data_args.eval_file_name with the training sampling.",
     )
     custom_reward_function: CustomRewardFunction = Field(
         default_factory=CustomRewardFunction,

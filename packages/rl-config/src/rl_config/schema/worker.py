@@ -95,7 +95,9 @@ class ModelArgs(StrictModel):
     )
     freeze_module_prefix: str | None = Field(
         default=None,
-        description="Comma-separated parameter-name prefixes to freeze (not trained).",
+        description="Comma-separated parameter-name prefixes to freeze (training roles): those "
+        "parameters get requires_grad False and stay out of the optimizer (FSDP2, DeepSpeed, "
+        "hf_infer); a prefix that matches no parameter is an error when the model loads.",
     )
     trust_remote_code: bool = Field(
         default=False,

@@ -75,10 +75,14 @@ class TaskRow:
 
 @dataclass(frozen=True)
 class RowError:
+    """A rejected row. ``fatal``: the row asks for something no loader here supports (image
+    inputs), so the dataset is refused rather than the row skipped."""
+
     row: int
     field: str
     reason: str
     source: str = ""  # the file
+    fatal: bool = False
 
     def __str__(self) -> str:
         where = f"{self.source}: " if self.source else ""
@@ -102,10 +106,31 @@ class _BadJson:
 
 
 class RowInvalid(ValueError):
+    fatal = False
+
     def __init__(self, field_name: str, reason: str) -> None:
         super().__init__(reason)
         self.field_name = field_name
         self.reason = reason
+
+
+class RowMultimodal(RowInvalid):
+    """A row with image/video/audio inputs: the prompts here are text only, and dropping the
+    images would train on prompts that refer to pictures the model never sees."""
+
+    fatal = True
+
+
+MULTIMODAL_COLUMNS = ("image", "images", "video", "videos", "audio", "audios", "multi_modal_data")
+"""Columns that carry non-text inputs (ROLL's and verl's vision datasets)."""
+_MULTIMODAL = "multimodal inputs are not implemented (text prompts only)"
+
+
+def _refuse_multimodal(record: dict[str, Any]) -> None:
+    for name in MULTIMODAL_COLUMNS:
+        value = record.get(name)
+        if not (value is None or value == "" or value == [] or value == {}):
+            raise RowMultimodal(name, f"{name} input: {_MULTIMODAL}")
 
 
 def _text(value: Any, name: str, max_chars: int) -> str:
@@ -153,7 +178,12 @@ def _messages(value: Any, max_chars: int, name: str = "prompt") -> list[dict[str
         if not isinstance(message, dict):
             raise RowInvalid(f"{name}[{i}]", f"wrong type {type(message).__name__}, expected dict")
         role = _text(message.get("role"), f"{name}[{i}].role", 64)
-        content = _text(message.get("content"), f"{name}[{i}].content", max_chars)
+        parts = message.get("content")
+        if isinstance(parts, list | tuple) and any(
+            isinstance(p, dict) and p.get("type", "text") != "text" for p in parts
+        ):
+            raise RowMultimodal(f"{name}[{i}].content", f"image/video content part: {_MULTIMODAL}")
+        content = _text(parts, f"{name}[{i}].content", max_chars)
         total += len(content)
         if total > max_chars:
             raise RowInvalid(name, f"overlong: more than {max_chars} characters")
@@ -248,6 +278,7 @@ def validate_row(
         raise RowInvalid("<json>", f"invalid JSON: {record.error}")
     if not isinstance(record, dict):
         raise RowInvalid("<row>", f"wrong type {type(record).__name__}, expected an object")
+    _refuse_multimodal(record)
     prompt, is_chat = _prompt(record, keys, max_prompt_chars)
     truth = _truth(record, max_answer_chars, keys)
     if truth is None or _has_tests(record):
@@ -305,7 +336,7 @@ def validate_records(
                 )
             )
         except RowInvalid as exc:
-            rejected.append(RowError(index, exc.field_name, exc.reason, source))
+            rejected.append(RowError(index, exc.field_name, exc.reason, source, exc.fatal))
     return LoadReport(source, rows, rejected)
 
 

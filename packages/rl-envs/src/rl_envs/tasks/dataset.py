@@ -7,7 +7,7 @@ Offers:
   ``id``; the domain table comes from ``RewardRouterSpec.tag_to_domain()``).
 * ``load_dataset(spec) -> Dataset``: rows of every file, each with its ``domain``; malformed
   rows raise ``DataError`` listing file, row number and field (``on_bad_row="skip"``: they are
-  dropped and counted in ``Dataset.rejected``).
+  dropped and counted in ``Dataset.rejected``); rows with image/video/audio inputs always raise.
 * ``filter_overlong_prompts(rows, count_tokens, max_tokens) -> (rows, OverlongReport)``:
   verl's ``filter_overlong_prompts``; ``chat_token_counter(tokenizer)`` makes ``count_tokens``
   from a HF tokenizer (chat template with the generation prompt).
@@ -135,6 +135,9 @@ def load_dataset(spec: DataSpec) -> Dataset:
                                          path))  # fmt: skip
                 continue
             rows.append(replace(row, domain=domain))
+    fatal = [e for e in rejected if e.fatal]
+    if fatal:  # never skipped: the rows ask for inputs this loader cannot give the model
+        raise DataError(f"{len(fatal)} rows cannot be used:\n{_errors_text(fatal)}")
     if rejected and spec.on_bad_row == "error":
         raise DataError(f"{len(rejected)} malformed rows:\n{_errors_text(rejected)}")
     if rejected:

@@ -1,5 +1,5 @@
 """RLVR's part of the composition: data files and columns, lengths, group size, DAPO knobs,
-validation sampling, the reward per domain (`rl_envs.rewards.router.reward_router_spec`).
+held-out data and sampling (ROLL's `validation` section), the reward per domain (`rl_envs.rewards.router.reward_router_spec`).
 `build_rlvr(cfg)` is pure (no file is opened: a missing data
 file fails when the app loads it, with its path).
 
@@ -20,7 +20,9 @@ from rl_envs.rewards.router import RewardRouterSpec, reward_router_spec
 
 @dataclass(frozen=True)
 class DataPlan:
-    """Where prompts come from (actor_train.data_args): files, columns, domain mixing, template."""
+    """Where prompts come from (actor_train.data_args): files, columns, domain mixing, template.
+    Held-out prompts: `val_files` rendered with `val_template` (validation.data_args, else
+    actor_train.data_args.eval_file_name and the training template)."""
 
     train_files: tuple[str, ...]
     val_files: tuple[str, ...]
@@ -30,6 +32,7 @@ class DataPlan:
     tag_key: str
     domain_interleave_probs: dict[str, float] | None
     template: str
+    val_template: str
 
 
 @dataclass(frozen=True)
@@ -73,15 +76,23 @@ class RlvrPlan:
     max_len_mask: bool
     reward_clip: float | None
     sampling: SamplingParams  # train: n = group_size, max_new_tokens = response_length
+    #: held-out sampling (validation.generating_args, else actor_infer's), n = val_n_sample
+    held_out_sampling: SamplingParams
     rewards: RewardRouterSpec  # reward per domain (rewards, custom_reward_function sections)
+    #: what a dry run should say about the plan (e.g. a multimodal template rendering text only)
+    notes: tuple[str, ...] = ()
 
     def val_sampling(self, seed: int, greedy: bool) -> SamplingParams:
-        """Held-out sampling: `val_n_sample` samples at the train temperature, or 1 greedy."""
+        """Held-out sampling: `val_n_sample` samples, or 1 greedy."""
         if greedy:
             return msgspec.structs.replace(
-                self.sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1, seed=seed
+                self.held_out_sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1, seed=seed
             )
-        return msgspec.structs.replace(self.sampling, n=self.val_n_sample, seed=seed)
+        return msgspec.structs.replace(self.held_out_sampling, seed=seed)
+
+
+TEXT_ONLY_TEMPLATES = ("qwen2-vl",)
+"""Templates of multimodal models that render text only here (rows with images are refused)."""
 
 
 def _files(value: Any) -> tuple[str, ...]:
@@ -104,6 +115,59 @@ def build_rewards(cfg: Any) -> RewardRouterSpec:
     }
     custom = {k: getattr(cfg.custom_reward_function, k) for k in CUSTOM_REWARD_KEYS}
     return reward_router_spec(rewards or None, custom, allow_unsupported=True)
+
+
+@dataclass(frozen=True)
+class _HeldOut:
+    files: tuple[str, ...]
+    template: str
+    sampling: SamplingParams
+
+
+def build_held_out(cfg: Any, response_length: int) -> _HeldOut:
+    """Held-out files, template and sampling: ROLL's `validation` section when set (its
+    data_args.file_name and template, its generating_args), else
+    actor_train.data_args.eval_file_name with the training template and sampling. Keys that
+    would disagree (two sources of held-out files, a second eval cadence) are refused by name."""
+    from rl_rollout.templates import list_templates
+    from rl_runtime.compose.sampling import build_sampling
+
+    data, val = cfg.actor_train.data_args, cfg.validation
+    files, template = _files(data.eval_file_name), data.template
+    gen, max_new = cfg.actor_infer.generating_args, response_length
+    if val is not None:
+        val_files = _files(val.data_args.file_name)
+        if val_files and files:
+            raise ValueError(
+                "validation.data_args.file_name and actor_train.data_args.eval_file_name both "
+                "name held-out files; set one"
+            )
+        files = val_files or files
+        if "template" in val.data_args.model_fields_set:
+            template = val.data_args.template
+            if template not in list_templates():
+                raise ValueError(
+                    f"validation.data_args.template={template!r}: unknown; known: "
+                    f"{list_templates()}"
+                )
+        if val.generating_args is not None:
+            gen = val.generating_args
+            if "max_new_tokens" in gen.model_fields_set:
+                max_new = gen.max_new_tokens
+            n = gen.num_return_sequences
+            if n not in (1, cfg.val_n_sample):
+                raise ValueError(
+                    f"validation.generating_args.num_return_sequences={n} differs from "
+                    f"val_n_sample={cfg.val_n_sample} (the samples per held-out prompt)"
+                )
+        if val.eval_steps is not None and val.eval_steps != cfg.eval_steps:
+            raise ValueError(
+                f"validation.eval_steps={val.eval_steps} differs from eval_steps="
+                f"{cfg.eval_steps}: evaluation runs every eval_steps (set them equal or drop "
+                "validation.eval_steps)"
+            )
+    sampling = msgspec.structs.replace(build_sampling(gen, max_new), n=cfg.val_n_sample)
+    return _HeldOut(files, template, sampling)
 
 
 def build_rlvr(cfg: Any) -> RlvrPlan:
@@ -147,16 +211,18 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
     rewards = build_rewards(cfg)
     if cfg.val_n_sample < 1:
         raise ValueError(f"val_n_sample must be >= 1, got {cfg.val_n_sample}")
+    held_out = build_held_out(cfg, response_length)
     return RlvrPlan(
         data=DataPlan(
             train_files=train_files,
-            val_files=_files(data.eval_file_name),
+            val_files=held_out.files,
             prompt_key=data.prompt,
             messages_key=data.messages,
             response_key=data.response,
             tag_key=data.tag,
             domain_interleave_probs=dict(data.domain_interleave_probs or {}) or None,
             template=data.template,
+            val_template=held_out.template,
         ),
         prompt_length=prompt_length,
         response_length=response_length,
@@ -174,5 +240,15 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
         max_len_mask=cfg.max_len_mask,
         reward_clip=cfg.reward_clip,
         sampling=msgspec.structs.replace(build_sampling(gen, response_length), n=group),
+        held_out_sampling=held_out.sampling,
         rewards=rewards,
+        notes=tuple(
+            f"{key}={name!r} renders text only: rows with image/video inputs are refused when "
+            "the data loads (multimodal inputs are not implemented)"
+            for key, name in (
+                ("actor_train.data_args.template", data.template),
+                ("validation.data_args.template", held_out.template),
+            )
+            if name in TEXT_ONLY_TEMPLATES and (key.startswith("actor") or name != data.template)
+        ),
     )

@@ -8,7 +8,7 @@ from typing import Any
 
 from rl_runtime.compose.components import BACKEND_ROLE, Components, RolePlan
 from rl_runtime.compose.losses import build_actor_loss, build_critic_loss
-from rl_train.args import ModelArgs, TrainingArgs
+from rl_train.args import ModelArgs, TrainingArgs, parse_prefixes
 
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -87,6 +87,9 @@ def build_role(
         attn_implementation=attn or "sdpa",
         disable_gradient_checkpointing=(
             True if role == "reference" else w.model_args.disable_gradient_checkpointing
+        ),
+        freeze_module_prefix=(
+            () if role == "reference" else parse_prefixes(w.model_args.freeze_module_prefix)
         ),
     )
     world = max(1, len(mapping) // per_worker)
