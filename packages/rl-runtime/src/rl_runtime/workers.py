@@ -131,6 +131,19 @@ class TrainWorker:
     def state_dict_for_check(self) -> dict[str, torch.Tensor]:
         return dict(self.named_tensors())
 
+    def node_address(self) -> tuple[str, str]:
+        """(Ray node id, node IP) of this worker's node (("local", loopback) without Ray)."""
+        from rl_runtime.sync_address import node_address
+
+        node = node_address()
+        return node.node_id, node.ip
+
+    def free_port(self, host: str) -> int:
+        """A TCP port free on `host` of this worker's node (the sync group's store port)."""
+        from rl_sync.group import free_port
+
+        return free_port(host)
+
     def init_sync_group(self, host: str, port: int, world_size: int, timeout_s: float) -> bool:
         """Rank 0 hosts the weight-sync group (trainer = rank 0, rollout workers = 1..N)."""
         if self.rank != 0:
@@ -284,6 +297,13 @@ class RolloutWorker:
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
         self.engine.update_weights(named_tensors, version)
         return int(self.engine.weight_version)
+
+    def node_address(self) -> tuple[str, str]:
+        """(Ray node id, node IP) of this worker's node (("local", loopback) without Ray)."""
+        from rl_runtime.sync_address import node_address
+
+        node = node_address()
+        return node.node_id, node.ip
 
     def init_sync_group(self, host: str, port: int, world_size: int, timeout_s: float) -> bool:
         from rl_sync.group import init_group
