@@ -1,7 +1,8 @@
 """Two real Ray nodes on this machine (ray.cluster_utils starts a raylet per node, each with its
 own address and custom resource): `node_resources` + device_mapping pin training to one node and
 rollout to the other, the weight sync meets on the trainer node's address and carries the
-trainer's exact weights across, and apps/agentic trains a few steps on that layout.
+trainer's exact weights across (also into a generation in flight: partial rollout), and
+apps/agentic trains a few steps on that layout.
 
 The nodes listen on loopback addresses (127.0.0.1 for the rollout node, 127.0.0.2 for the trainer
 node; RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray from replacing them by the network address),
@@ -15,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +82,7 @@ def test_training_and_rollout_pinned_to_two_ray_nodes(two_nodes, tmp_path):
     import ray
     import torch
 
+    from rl_config.records import GenerationRequest, SamplingParams
     from rl_config.schema import ExperimentConfig
     from rl_rollout.tiny_model import build_tiny_model
     from rl_runtime.cluster import Cluster, WeightSync
@@ -115,6 +118,21 @@ def test_training_and_rollout_pinned_to_two_ray_nodes(two_nodes, tmp_path):
         engine = cluster["actor_infer"].call_rank0("state_dict_for_check")
         assert trainer.keys() <= engine.keys()
         assert all(torch.equal(trainer[k], engine[k]) for k in trainer)
+        # partial rollout across nodes: the next sync lands while the engine generates (the
+        # rollout actor takes two calls at once); the generation goes on under version 2
+        infer = cluster["actor_infer"]
+        long = GenerationRequest(
+            request_id="long",
+            prompt_ids=[5, 6, 7],
+            sampling=SamplingParams(n=4, max_new_tokens=1500, ignore_eos=True, seed=1),
+        )
+        pending = infer.submit("generate", [long])
+        time.sleep(3.0)
+        sync.sync(version=2)
+        for result in infer.wait(pending, "generate")[0]:
+            k = result.token_versions.count(1)
+            assert 1 <= k < len(result.output_ids) == 1500, k
+            assert result.token_versions == [1] * k + [2] * (1500 - k)
     finally:
         cluster.shutdown()
         ray.shutdown()

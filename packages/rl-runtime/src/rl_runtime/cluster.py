@@ -36,6 +36,9 @@ class RoleSpec:
     device_mapping: Sequence[int]
     init_kwargs: dict[str, Any] = field(default_factory=dict)
     devices_per_worker: int = 1
+    #: calls a Ray actor of this role runs at once (rollout workers: 2, so a weight sync can be
+    #: received while a rollout is generating: partial rollout)
+    max_concurrency: int = 1
 
 
 class Cluster:
@@ -112,6 +115,7 @@ class Cluster:
                     rpc_timeout=rpc_timeout,
                     init_kwargs=spec.init_kwargs,
                     env_vars=env_vars,
+                    max_concurrency=spec.max_concurrency,
                 )
             for group in groups.values():  # constructors run concurrently on Ray; wait here
                 group.call_all("ready")
