@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import msgspec
 import torch
 
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams
@@ -97,6 +96,24 @@ def to_vllm_sampling_params(params: SamplingParams, *, n: int = 1) -> Any:
         logprobs=0,
         detokenize=bool(params.stop),
         output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _continuation(params: SamplingParams, sample_index: int, done: int) -> SamplingParams:
+    """Sampling of one interrupted sample's next segment: n=1, the remaining budget, a seed
+    derived from the request's, the sample index and the tokens done (None stays None)."""
+    seed = params.seed
+    return SamplingParams(
+        n=1,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        max_new_tokens=params.max_new_tokens - done,
+        repetition_penalty=params.repetition_penalty,
+        stop=list(params.stop),
+        stop_token_ids=list(params.stop_token_ids),
+        seed=None if seed is None else (seed * 1_000_003 + 7919 * sample_index + done) % 2**31,
+        ignore_eos=params.ignore_eos,
     )
 
 
@@ -259,15 +276,7 @@ class VLLMEngine:
         done = len(samples[indices[0]].ids)  # a continuation has one sample
         if done:
             vllm_id = f"{req.request_id}#{next(self._segment_ids)}"
-            seed = req.sampling.seed
-            sampling = msgspec.structs.replace(
-                req.sampling,
-                n=1,
-                max_new_tokens=req.sampling.max_new_tokens - done,
-                seed=None
-                if seed is None
-                else (seed * 1_000_003 + 7919 * indices[0] + done) % 2**31,
-            )
+            sampling = _continuation(req.sampling, indices[0], done)
         else:
             vllm_id, sampling = req.request_id, req.sampling
         prompt = list(req.prompt_ids) + samples[indices[0]].ids if done else list(req.prompt_ids)
