@@ -46,6 +46,24 @@ async def _generate_with_update_midway(engine, named, version: int, after_tokens
 def test_update_midway_continues_with_exact_versions_and_log_probs(
     engine, hf_reference_model
 ) -> None:
+    _check_update_midway(engine, hf_reference_model)
+
+
+def test_hf_kv_recompute_in_token_budget_chunks(tiny_model_dir, hf_reference_model) -> None:
+    """The HF engine recomputes the running rows' KV in chunks of max_num_batched_tokens; the
+    merged chunks give the same exact continuation."""
+    from rl_rollout.hf_engine import HFEngine
+
+    engine = HFEngine(tiny_model_dir, {"max_num_batched_tokens": 40}, device="cpu", seed=0)
+    try:
+        _check_update_midway(engine, hf_reference_model)
+        assert engine.stats["weight_swaps"] == 2  # the update and the restore
+        assert engine.stats["recomputed_tokens"] > 40  # more than one chunk of 40 tokens
+    finally:
+        engine.shutdown()
+
+
+def _check_update_midway(engine, hf_reference_model) -> None:
     original = {k: v.detach().clone() for k, v in hf_reference_model.state_dict().items()}
     perturbed = {
         k: v + 0.05 * torch.randn_like(v, generator=torch.Generator().manual_seed(3))

@@ -329,7 +329,14 @@ class HFEngine:
         """Rebuild the KV cache of every running row, ``prompt + output[:-1]``, under the live
         weights (the last sampled token is fed by the next decode step, as always)."""
         rows = [s.prompt_ids + s.output_ids[:-1] for s in self._running]
-        self._cache, self._mask, _logits = self._prefill_tokens(rows)
+        cache, mask = None, None
+        for chunk in _chunks_by_tokens(rows, self.max_num_batched_tokens):  # in row order
+            part_cache, part_mask, _logits = self._prefill_tokens(chunk)
+            if cache is None or mask is None:
+                cache, mask = part_cache, part_mask
+            else:
+                cache, mask = _merge_caches(cache, mask, part_cache, part_mask)
+        self._cache, self._mask = cache, mask
         self.stats["recomputed_tokens"] += sum(len(r) for r in rows)
 
     def sleep(self, level: int = 1) -> None:
@@ -759,6 +766,19 @@ def _with_capacity(current: torch.Tensor | None, like: torch.Tensor, capacity: i
     if current is not None:
         buf[:, :, : current.shape[-2]].copy_(current)
     return buf
+
+
+def _chunks_by_tokens(rows: list[list[int]], budget: int) -> list[list[list[int]]]:
+    """Consecutive groups of ``rows`` of at most ``budget`` tokens each (a longer row alone)."""
+    chunks: list[list[list[int]]] = []
+    used = 0
+    for row in rows:
+        if not chunks or used + len(row) > budget:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(row)
+        used += len(row)
+    return chunks
 
 
 def _merge_caches(cache_a: Any, mask_a: torch.Tensor, cache_b: Any, mask_b: torch.Tensor):
