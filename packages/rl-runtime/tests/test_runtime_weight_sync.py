@@ -89,3 +89,10 @@ def test_sync_group_meets_on_the_trainer_node(
     finally:
         train.shutdown()
         infer.shutdown()
+
+
+def test_sync_local_addr_is_this_nodes_address_off_loopback():
+    from rl_runtime.sync_address import node_address, sync_local_addr
+
+    assert sync_local_addr("127.0.0.1") is None  # rl_sync pins gloo to loopback itself
+    assert sync_local_addr("10.1.2.3") == node_address().ip  # without Ray: ("local", loopback)

@@ -148,9 +148,12 @@ class TrainWorker:
         """Rank 0 hosts the weight-sync group (trainer = rank 0, rollout workers = 1..N)."""
         if self.rank != 0:
             return False
+        from rl_runtime.sync_address import sync_local_addr
         from rl_sync.group import init_group
 
-        self._sync_group = init_group(host, port, 0, world_size, timeout_s=timeout_s)
+        self._sync_group = init_group(
+            host, port, 0, world_size, timeout_s=timeout_s, local_addr=sync_local_addr(host)
+        )
         return True
 
     def send_weights(self, version: int, bucket_bytes: int = 1 << 26) -> dict[str, float]:
@@ -306,10 +309,18 @@ class RolloutWorker:
         return node.node_id, node.ip
 
     def init_sync_group(self, host: str, port: int, world_size: int, timeout_s: float) -> bool:
+        from rl_runtime.sync_address import sync_local_addr
         from rl_sync.group import init_group
         from rl_sync.transfer import WeightReceiver
 
-        self._sync_group = init_group(host, port, 1 + self.rank, world_size, timeout_s=timeout_s)
+        self._sync_group = init_group(
+            host,
+            port,
+            1 + self.rank,
+            world_size,
+            timeout_s=timeout_s,
+            local_addr=sync_local_addr(host),
+        )
         self._receiver = WeightReceiver(self._sync_group, last_version=self.engine.weight_version)
         return True
 
