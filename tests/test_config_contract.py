@@ -153,6 +153,8 @@ CHANGES: dict[str, Any] = {
     "value_clip": 0.3,
     "num_gpus_per_node": 2,
     "num_nodes": 2,
+    "node_resources": ["trainer_node"],
+    "weight_sync_host": "10.0.0.1",
     "max_tokens_per_step": 6,
     "actor_infer.generating_args.max_new_tokens": 6,
     "actor_infer.generating_args.stop_strings": ["</answer>"],

@@ -108,6 +108,23 @@ def test_config_devices_checked_against_cluster() -> None:
     assert cfg.actor_train.world_size == 4
 
 
+def test_config_node_resources_one_distinct_name_per_node() -> None:
+    assert (
+        "1 name(s) for num_nodes=2"
+        in issues_of(num_nodes=2, node_resources=["a"])["node_resources"]
+    )
+    assert (
+        "['a'] appear more than once"
+        in issues_of(num_nodes=2, node_resources=["a", "a"])["node_resources"]
+    )
+    assert (
+        "entries [1] are empty"
+        in issues_of(num_nodes=2, node_resources=["a", " "])["node_resources"]
+    )
+    cfg = validate(num_nodes=2, node_resources=["trainer_node", "rollout_node"])
+    assert cfg.node_resources == ["trainer_node", "rollout_node"]
+
+
 def test_config_unset_num_nodes_is_derived_from_device_ids_as_roll_does() -> None:
     cfg = validate(
         num_gpus_per_node=4,

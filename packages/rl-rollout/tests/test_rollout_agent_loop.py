@@ -364,3 +364,77 @@ def test_token_exact_with_each_engine(engine, tiny_tokenizer, hf_reference_model
             .item()
         )
         assert diff < 1e-3
+
+
+class CountingEnv:
+    """An rl_envs env that counts resets and steps (its state must survive a weight update)."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.resets = 0
+        self.steps = 0
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        self.resets += 1
+        return self.env.reset(*args, **kwargs)
+
+    def step(self, action: str) -> Any:
+        self.steps += 1
+        return self.env.step(action)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+
+def test_weight_update_mid_episode_keeps_env_state_and_token_versions(
+    tiny_model_dir, tiny_tokenizer, hf_reference_model
+) -> None:
+    """Partial rollout in multi-turn episodes: an update staged during a turn lets the turn go on
+    under the new weights; the env is neither reset nor re-stepped; every model token records the
+    version that sampled it, and its rollout log-prob is that version's teacher-forced one."""
+    original = {k: v.detach().clone() for k, v in hf_reference_model.state_dict().items()}
+    perturbed = {
+        k: v + 0.05 * torch.randn_like(v, generator=torch.Generator().manual_seed(4))
+        for k, v in original.items()
+    }
+    engine = HFEngine(tiny_model_dir, {"max_num_seqs": 4}, device="cpu", seed=0)
+    loop = AgentLoop(
+        engine, tiny_tokenizer, max_tokens_per_step=30, sampling=SamplingParams(seed=9)
+    )
+    envs = [CountingEnv(make_env("FrozenLake", max_steps=3)) for _ in range(2)]
+
+    async def scenario() -> list[Trajectory]:
+        task = asyncio.create_task(loop.run_episodes([(env, 20 + i) for i, env in enumerate(envs)]))
+        while engine.stats["generated_tokens"] < 80 and not task.done():
+            await asyncio.sleep(0.001)
+        engine.stage_weights(list(perturbed.items()), 1)
+        return await task
+
+    try:
+        trajs = asyncio.run(scenario())
+    finally:
+        engine.shutdown()
+    assert engine.weight_version == 1 and engine.stats["weight_swaps"] == 1
+    mixed_turns = 0
+    for env, traj in zip(envs, trajs):
+        assert not traj.failed, traj.error
+        assert env.resets == 1 and env.steps == len(traj.turns)
+        model_versions = [v for v, m in zip(traj.token_versions, traj.response_mask) if m]
+        assert model_versions == sorted(model_versions) and set(model_versions) == {0, 1}
+        assert traj.weight_version == 0
+        for turn in traj.turns:
+            mixed_turns += len(set(traj.token_versions[turn.start : turn.end])) == 2
+        ids = torch.tensor([traj.token_ids])
+        pos = torch.tensor(traj.response_mask).nonzero().squeeze(-1)
+        versions = torch.tensor(traj.token_versions)[pos]
+        got = torch.tensor(traj.rollout_log_probs)[pos]
+        for version, weights in ((0, original), (1, perturbed)):
+            hf_reference_model.load_state_dict(weights)
+            with torch.no_grad():
+                lp = torch.log_softmax(hf_reference_model(ids).logits[0].float(), -1)
+            chosen = versions == version
+            tf = lp[pos - 1, ids[0, pos]]
+            assert (tf[chosen] - got[chosen]).abs().max().item() < 1e-3
+        hf_reference_model.load_state_dict(original)
+        decode(encode(traj), Trajectory)
+    assert mixed_turns >= 1  # the update landed inside a turn, not between turns

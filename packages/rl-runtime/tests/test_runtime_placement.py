@@ -1,6 +1,6 @@
 import pytest
 
-from rl_runtime.placement import plan_placement
+from rl_runtime.placement import NODE_RESOURCE_SHARE, plan_placement
 
 
 def test_seed000_layout_is_disaggregated():
@@ -80,3 +80,40 @@ def test_describe_mentions_every_role():
     plan = plan_placement({"actor_train": [0], "actor_infer": [0]}, num_devices=1)
     text = plan.describe()
     assert "actor_train" in text and "colocated with actor_infer" in text
+
+
+def test_node_resources_pin_each_bundle_to_its_devices_node():
+    plan = plan_placement(
+        {"actor_train": [0, 1], "reference": [1], "actor_infer": [2, 3]},
+        num_devices=4,
+        resource_name="GPU",
+        devices_per_node=2,
+        node_resources=["trainer_node", "rollout_node"],
+    )
+    train = plan.roles["actor_train"].colocation_group
+    infer = plan.roles["actor_infer"].colocation_group
+    share = NODE_RESOURCE_SHARE
+    assert plan.bundles(train) == [{"CPU": 1.0, "GPU": 1.0, "trainer_node": share}] * 2
+    assert plan.bundles(infer) == [{"CPU": 1.0, "GPU": 1.0, "rollout_node": share}] * 2
+    assert "nodes=['rollout_node']" in plan.describe()
+    # without node_resources nothing is pinned (Ray may place a bundle on any node)
+    free = plan_placement({"actor_infer": [2, 3]}, num_devices=4, devices_per_node=2)
+    assert free.bundles(0) == [{"CPU": 1.0}] * 2
+
+
+@pytest.mark.parametrize(
+    ("maps", "kwargs", "match"),
+    [
+        ({"actor_train": [0]}, {"node_resources": ["a"]}, r"1 name\(s\) for 2 node\(s\)"),
+        ({"actor_train": [0]}, {"node_resources": ["a", "b"], "devices_per_node": 3}, "dividing"),
+        (
+            {"actor_infer": [1, 2]},
+            {"node_resources": ["a", "b"], "devices_per_worker": {"actor_infer": 2}},
+            r"devices \[1, 2\] span nodes",
+        ),
+    ],
+)
+def test_bad_node_pinning_is_an_error(maps, kwargs, match):
+    kwargs = {"devices_per_node": 2, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        plan_placement(maps, num_devices=4, **kwargs)

@@ -190,3 +190,66 @@ def test_receiver_decodes_headers_without_numpy():
         [sys.executable, "-c", _HEADER_WITHOUT_NUMPY], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0 and out.stdout.strip() == "OK", out.stderr[-2000:]
+
+
+def _listening_ipv4() -> set[str]:
+    """IPv4 addresses with a LISTEN socket of this machine (/proc/net/tcp)."""
+    from pathlib import Path
+
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state != "0A":
+            continue
+        hex_ip = local.split(":")[0]
+        found.add(".".join(str(int(hex_ip[i : i + 2], 16)) for i in (6, 4, 2, 0)))
+    return found
+
+
+def test_each_rank_listens_on_its_local_addr():
+    """A group spanning nodes: every rank's gloo pairs listen on its own node's address
+    (`local_addr`), which is what peers on other nodes connect to."""
+    import queue
+    import threading
+
+    import torch
+
+    from rl_sync.group import init_group
+
+    ports: queue.Queue = queue.Queue()
+    groups: dict[int, object] = {}
+    errors: list[BaseException] = []
+
+    def rank(r: int, addr: str) -> None:
+        try:
+            if r == 0:
+                groups[r] = init_group(
+                    "127.0.0.1", 0, 0, 2, timeout_s=30, on_port=ports.put, local_addr=addr
+                )
+            else:
+                groups[r] = init_group(
+                    "127.0.0.1", ports.get(timeout=30), 1, 2, timeout_s=30, local_addr=addr
+                )
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=rank, args=(r, a)) for r, a in ((0, "127.0.0.2"), (1, "127.0.0.3"))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    try:
+        assert {"127.0.0.2", "127.0.0.3"} <= _listening_ipv4()
+        tensors = [torch.arange(4.0), torch.zeros(4)]
+        works = [threading.Thread(target=groups[r].broadcast, args=(tensors[r], 0)) for r in (0, 1)]
+        for w in works:
+            w.start()
+        for w in works:
+            w.join(timeout=60)
+        assert torch.equal(tensors[1], torch.arange(4.0))
+    finally:
+        for g in groups.values():
+            g.close()

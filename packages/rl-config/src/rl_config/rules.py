@@ -121,9 +121,31 @@ def check_model_paths(cfg: ExperimentConfig) -> Issues:
     return issues
 
 
+def check_node_resources(cfg: ExperimentConfig) -> Issues:
+    """One distinct, non-empty Ray resource name per node."""
+    names = cfg.node_resources
+    if names is None:
+        return []
+    issues: Issues = []
+    if len(names) != cfg.num_nodes:
+        issues.append(
+            ConfigIssue(
+                "node_resources",
+                f"has {len(names)} name(s) for num_nodes={cfg.num_nodes}; give one per node",
+            )
+        )
+    blank = [i for i, n in enumerate(names) if not n.strip()]
+    if blank:
+        issues.append(ConfigIssue("node_resources", f"entries {blank} are empty"))
+    dups = sorted(n for n, k in Counter(names).items() if k > 1)
+    if dups:
+        issues.append(ConfigIssue("node_resources", f"names {dups} appear more than once"))
+    return issues
+
+
 def check_devices(cfg: ExperimentConfig) -> Issues:
     """device_mapping ids exist, are unique per role and split evenly into workers."""
-    issues: Issues = []
+    issues: Issues = check_node_resources(cfg)
     total = cfg.total_devices
     for role, worker in cfg.workers().items():
         path = f"{role}.device_mapping"

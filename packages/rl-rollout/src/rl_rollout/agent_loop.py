@@ -15,6 +15,13 @@ for all live episodes with one batched call, then steps every env.
 
 Single-turn tasks (RLVR) use the same loop: their env terminates after one step.
 
+Partial rollout: a weight update that lands while a turn is generating does not interrupt the
+episode. The engine continues the turn under the new weights (see ``rl_rollout.engine``); the env
+is not reset or re-stepped, so its state carries across the update. ``Trajectory.token_versions``
+holds, per token, the version that sampled it (model tokens, from the engine's
+``token_versions``); prompt and env tokens hold the version that was live when they were appended
+(never trained on). ``Trajectory.weight_version`` is the oldest version of any model token.
+
 Bounded env steps: with ``env_step_timeout_s`` set (the default), every ``env.step`` runs on a
 daemon thread of its own and the loop waits at most that long; an env that hangs or is too slow
 ends its episode as failed (``termination_reason="error"``, ``error`` says so,
@@ -95,15 +102,27 @@ class _Episode:
     success: bool = False
     error: str | None = None
     env_timeout: bool = False
-    versions: list[int] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
     gen_s: float = 0.0
     env_s: float = 0.0
     started: float = field(default_factory=time.perf_counter)
 
-    def append(self, ids: list[int], *, model: bool, log_probs: list[float] | None = None) -> None:
+    def append(
+        self,
+        ids: list[int],
+        *,
+        model: bool,
+        versions: list[int],
+        log_probs: list[float] | None = None,
+    ) -> None:
         self.token_ids.extend(ids)
         self.response_mask.extend([model] * len(ids))
         self.log_probs.extend(log_probs if log_probs is not None else [0.0] * len(ids))
+        self.token_versions.extend(versions)
+
+    def oldest_model_version(self) -> int | None:
+        versions = [v for v, m in zip(self.token_versions, self.response_mask) if m]
+        return min(versions) if versions else None
 
 
 class AgentLoop:
@@ -263,7 +282,8 @@ class AgentLoop:
             messages.append(
                 {"role": "user", "content": f"{instruction}\n{first}" if instruction else first}
             )
-            ep.append(self._encode(self.template.prefix(messages)), model=False)
+            prompt = self._encode(self.template.prefix(messages))
+            ep.append(prompt, model=False, versions=self._live_versions(len(prompt)))
             ep.prompt_length = len(ep.token_ids)
         except Exception as exc:
             self._fail(ep, f"env reset: {type(exc).__name__}: {exc}")
@@ -312,8 +332,13 @@ class AgentLoop:
     async def _consume(self, ep: _Episode, result: GenerationResult) -> None:
         """Append the model's tokens as generated, step the env, append its answer as tokens."""
         start = len(ep.token_ids)
-        ep.append(list(result.output_ids), model=True, log_probs=list(result.output_log_probs))
-        ep.versions.append(result.weight_version)
+        ep.append(
+            list(result.output_ids),
+            model=True,
+            versions=list(result.token_versions)
+            or [result.weight_version] * len(result.output_ids),
+            log_probs=list(result.output_log_probs),
+        )
         action_text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
         turn_idx = ep.turn_idx
         ep.turn_idx += 1
@@ -373,7 +398,10 @@ class AgentLoop:
         if len(ep.token_ids) + len(suffix) >= self.max_sequence_length:
             ep.done, ep.termination = True, "max_length"
             return
-        ep.append(suffix, model=False)
+        ep.append(suffix, model=False, versions=self._live_versions(len(suffix)))
+
+    def _live_versions(self, count: int) -> list[int]:
+        return [self.engine.weight_version] * count
 
     async def _step_env(self, env: Any, action_text: str) -> Any:
         """``env.step(action_text)``, bounded by ``env_step_timeout_s`` (TimeoutError past it)."""
@@ -410,7 +438,12 @@ class AgentLoop:
             episode_reward=float(sum(rewards)),
             success=ep.success,
             termination_reason=ep.termination,  # type: ignore[arg-type]
-            weight_version=min(ep.versions) if ep.versions else self.engine.weight_version,
+            weight_version=(
+                oldest
+                if (oldest := ep.oldest_model_version()) is not None
+                else self.engine.weight_version
+            ),
+            token_versions=ep.token_versions,
             failed=ep.error is not None,
             error=ep.error,
             timing={

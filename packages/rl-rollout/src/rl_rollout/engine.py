@@ -12,8 +12,17 @@ Semantics every engine honours:
   stop token id or string, None for eos), ``"length"`` (max_new_tokens), ``"abort"``.
 - ``weight_version`` of a result: the engine's version when the sequence was admitted (the oldest
   weights that produced any of its tokens), so staleness checks are conservative.
-- ``update_weights(named_tensors, version)`` copies HF-named full tensors into the live model in
-  place (no disk round trip); unknown names are an error naming them.
+  ``token_versions[i]``: the version of the weights that sampled ``output_ids[i]`` (and under which
+  ``output_log_probs[i]`` was taken); engines always fill it.
+- ``stage_weights(named_tensors, version) -> ticket`` (partial rollout): checks the tensors (unknown
+  names and wrong shapes are errors naming them), keeps them aside and returns without waiting.
+  The engine swaps them in at its next decode-step boundary, with no barrier: sequences in flight
+  are not drained but continue under the new weights, their context recomputed under them (HF:
+  the KV cache is re-prefilled; vLLM: the request is interrupted and resubmitted with its partial
+  output as prompt), so every later token's log-prob is exactly the new policy's. A second stage
+  before the swap merges into the first. ``applied_ticket`` reaches the ticket once it is live.
+- ``update_weights(named_tensors, version)`` = ``stage_weights`` + wait until the swap is done
+  (bounded); afterwards ``weight_version == version``. No disk round trip.
 - ``sleep(level)`` frees device memory (1: weights offloaded to host memory, KV cache freed;
   2: weights discarded too, so the caller must ``update_weights`` after ``wake_up``).
   ``generate`` while asleep is an error.
@@ -69,6 +78,13 @@ class Engine(Protocol):
     def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None: ...
+
+    def stage_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> int: ...
+
+    @property
+    def applied_ticket(self) -> int: ...
 
     def sleep(self, level: int = 1) -> None: ...
 

@@ -9,6 +9,14 @@ RoPE positions), its own sampling parameters and optionally its own seeded gener
 Shapes: the running batch holds ``B`` sequences; ``mask [B, L]`` marks real KV columns of the
 cache (``L`` = longest row, left padded); the token sampled last for each row is not yet in the
 cache and is fed by the next decode step.
+
+Partial rollout: ``stage_weights`` validates and copies new weights aside and returns; the scheduler
+swaps them in at the next decode-step boundary (no barrier: running sequences are not drained). The
+KV cache of every running row was computed under the old weights, so right after the swap it is
+recomputed (one batched prefill of ``prompt + output[:-1]`` under the new weights, no sampling) and
+the next decode step feeds the last sampled token as usual. Every later token is therefore sampled
+from, and its log-prob taken under, exactly the new policy; each token records the version that
+sampled it (``GenerationResult.token_versions``).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import asyncio
 import contextlib
 import functools
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,7 +35,7 @@ from typing import Any
 import torch
 
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams
-from rl_rollout.engine import EngineAsleepError, check_requests
+from rl_rollout.engine import EngineAsleepError, EngineTimeoutError, check_requests
 from rl_rollout.sampling import apply_repetition_penalty, raw_log_probs_of, sample_tokens
 
 __all__ = ["HFEngine"]
@@ -64,6 +73,7 @@ class _Seq:
     version: int = 0
     output_ids: list[int] = field(default_factory=list)
     output_log_probs: list[float] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
 
@@ -78,10 +88,20 @@ class _Seq:
             output_ids=list(self.output_ids),
             output_log_probs=list(self.output_log_probs),
             finish_reason=self.finish_reason or "abort",  # type: ignore[arg-type]
-            weight_version=self.version,
+            weight_version=self.token_versions[0] if self.token_versions else self.version,
             sample_index=self.sample_index,
             stop_reason=self.stop_reason,
+            token_versions=list(self.token_versions),
         )
+
+
+@dataclass
+class _StagedWeights:
+    """Weights waiting for the next decode-step boundary: device copies keyed by HF name."""
+
+    tensors: dict[str, torch.Tensor]
+    version: int
+    ticket: int
 
 
 class HFEngine:
@@ -159,11 +179,22 @@ class HFEngine:
         self._pending: deque[_Seq] = deque()
         self._running: list[_Seq] = []
         self._abort_ids: set[str] = set()
+        self._staged: _StagedWeights | None = None
+        self._staged_tickets = 0  # stage_weights calls so far
+        self._applied_ticket = 0  # the last ticket swapped into the live model
         self._cache: Any = None
         self._mask: torch.Tensor | None = None
         self._shutdown = False
         self._thread: threading.Thread | None = None
-        self.stats = {"decode_steps": 0, "prefills": 0, "max_running": 0, "prefix_hit_tokens": 0}
+        self.stats = {
+            "decode_steps": 0,
+            "prefills": 0,
+            "max_running": 0,
+            "prefix_hit_tokens": 0,
+            "generated_tokens": 0,
+            "weight_swaps": 0,
+            "recomputed_tokens": 0,
+        }
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -212,13 +243,37 @@ class HFEngine:
             raise
 
     def update_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        version: int,
+        timeout_s: float = 600.0,
     ) -> None:
-        """Copy HF-named full tensors into the live model between decode steps (no disk)."""
+        """Stage the weights (:meth:`stage_weights`) and wait until they are live (at most
+        ``timeout_s``; EngineTimeoutError past it). Running sequences continue under them."""
+        ticket = self.stage_weights(named_tensors, version)
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._applied_ticket < ticket:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise EngineTimeoutError(
+                        f"HFEngine weight update to version {version} was not applied within "
+                        f"{timeout_s:g} s"
+                    )
+                self._cond.wait(timeout=left)
+
+    def stage_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+        """Check and copy HF-named full tensors aside (no disk) and return at once; the scheduler
+        swaps them into the live model at the next decode-step boundary and recomputes the KV
+        cache of the running sequences (see module docstring). Unknown names and wrong shapes are
+        errors here, naming the tensor. A second stage before the swap merges into the first
+        (its tensors win, its version is taken). Returns a ticket: the swap is done once
+        :attr:`applied_ticket` reaches it."""
         if self._asleep:
             raise EngineAsleepError("HFEngine.update_weights() while asleep; call wake_up() first")
         targets = self.model.state_dict(keep_vars=True)
-        with self._model_lock, torch.no_grad():
+        copies: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
             for name, tensor in named_tensors:
                 if name not in targets:
                     raise KeyError(f"update_weights: parameter {name!r} is not in the model")
@@ -228,10 +283,61 @@ class HFEngine:
                         f"update_weights: {name!r} has shape {tuple(tensor.shape)}, "
                         f"model expects {tuple(target.shape)}"
                     )
-                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
-            self._version = int(version)
-            self._weights_discarded = False
-            self._clear_prefixes()  # cached KV came from the old weights
+                copies[name] = tensor.detach().to(device=self.device, dtype=target.dtype, copy=True)
+        with self._cond:
+            self._staged_tickets += 1
+            if self._staged is not None:
+                copies = {**self._staged.tensors, **copies}
+            self._staged = _StagedWeights(copies, int(version), self._staged_tickets)
+            ticket = self._staged_tickets
+            self._cond.notify_all()
+            scheduler_alive = self._thread is not None and self._thread.is_alive()
+        if not scheduler_alive or self._shutdown:  # nobody else will swap them in: do it now
+            with self._model_lock:
+                self._swap_staged_weights()
+        return ticket
+
+    @property
+    def applied_ticket(self) -> int:
+        """The ticket of the last staged weights swapped into the live model."""
+        return self._applied_ticket
+
+    def _swap_staged_weights(self) -> bool:
+        """Copy the staged weights into the live model (caller holds the model lock); recompute
+        the running rows' KV cache under them. Returns whether anything was swapped."""
+        with self._cond:
+            staged, self._staged = self._staged, None
+        if staged is None:
+            return False
+        targets = self.model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, tensor in staged.tensors.items():
+                targets[name].copy_(tensor)
+        self._version = staged.version
+        self._weights_discarded = False
+        self._clear_prefixes()  # cached KV came from the old weights
+        self.stats["weight_swaps"] += 1
+        if self._running:
+            with torch.inference_mode():
+                self._recompute_running_kv()
+        with self._cond:
+            self._applied_ticket = staged.ticket
+            self._cond.notify_all()
+        return True
+
+    def _recompute_running_kv(self) -> None:
+        """Rebuild the KV cache of every running row, ``prompt + output[:-1]``, under the live
+        weights (the last sampled token is fed by the next decode step, as always)."""
+        rows = [s.prompt_ids + s.output_ids[:-1] for s in self._running]
+        cache, mask = None, None
+        for chunk in _chunks_by_tokens(rows, self.max_num_batched_tokens):  # in row order
+            part_cache, part_mask, _logits = self._prefill_tokens(chunk)
+            if cache is None or mask is None:
+                cache, mask = part_cache, part_mask
+            else:
+                cache, mask = _merge_caches(cache, mask, part_cache, part_mask)
+        self._cache, self._mask = cache, mask
+        self.stats["recomputed_tokens"] += sum(len(r) for r in rows)
 
     def sleep(self, level: int = 1) -> None:
         """Free device memory: 1 = offload weights to CPU and drop the KV cache; 2 = discard weights."""
@@ -243,6 +349,7 @@ class HFEngine:
                     "HFEngine.sleep() with requests in flight; abort or await them first"
                 )
         with self._model_lock:
+            self._swap_staged_weights()
             self._cache, self._mask = None, None
             self._clear_prefixes()
             if level == 2:
@@ -312,7 +419,12 @@ class HFEngine:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._shutdown and not self._pending and not self._running:
+                while (
+                    not self._shutdown
+                    and not self._pending
+                    and not self._running
+                    and self._staged is None
+                ):
                     self._cond.wait()
                 if self._shutdown:
                     return
@@ -320,19 +432,14 @@ class HFEngine:
                 aborted = set(self._abort_ids)
                 self._abort_ids.clear()
             try:
-                with self._model_lock, torch.inference_mode():
-                    for seq in self._running:
-                        if seq.request_id in aborted:
-                            seq.finish_reason = "abort"
-                    self._retire()
-                    if admit:  # prefill newcomers, then every running row decodes this step too
-                        for seq in admit:
-                            seq.version = self._version
-                        self._prefill(admit)
+                with self._model_lock:
+                    with torch.inference_mode():
+                        for seq in self._running:
+                            if seq.request_id in aborted:
+                                seq.finish_reason = "abort"
                         self._retire()
-                    if self._running:
-                        self._decode_step()
-                    self._retire()
+                    self._swap_staged_weights()  # a decode-step boundary: new weights go live
+                    self._run_step(admit)
             except Exception as exc:  # fail every in-flight request loudly, keep the engine alive
                 with self._cond:
                     for seq in [*admit, *self._running]:
@@ -340,6 +447,17 @@ class HFEngine:
                             seq.loop.call_soon_threadsafe(_set_exception, seq.future, exc)
                     self._running = []
                     self._cache, self._mask = None, None
+
+    @torch.inference_mode()
+    def _run_step(self, admit: list[_Seq]) -> None:
+        if admit:  # prefill newcomers, then every running row decodes this step too
+            for seq in admit:
+                seq.version = self._version
+            self._prefill(admit)
+            self._retire()
+        if self._running:
+            self._decode_step()
+        self._retire()
 
     def _take_admissible(self) -> list[_Seq]:
         admit: list[_Seq] = []
@@ -376,13 +494,19 @@ class HFEngine:
         self.stats["max_running"] = max(self.stats["max_running"], len(self._running))
 
     def _prefill_fresh(self, rows: list[_Seq]) -> tuple[Any, torch.Tensor, list[_Seq]]:
-        """Left-padded batched prefill of whole prompts. ids/mask: [n, width]."""
-        width = max(len(s.prompt_ids) for s in rows)
+        """Left-padded batched prefill of whole prompts; samples each row's first token."""
+        cache, mask, logits = self._prefill_tokens([s.prompt_ids for s in rows])
+        self._append_tokens(rows, logits)
+        return cache, mask, rows
+
+    def _prefill_tokens(self, rows: list[list[int]]) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """A fresh KV cache of left-padded ``rows``: (cache, mask [n, width], last logits [n, V])."""
+        width = max(len(r) for r in rows)
         ids = torch.zeros((len(rows), width), dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for row, seq in enumerate(rows):
-            ids[row, width - len(seq.prompt_ids) :] = torch.tensor(seq.prompt_ids)
-            mask[row, width - len(seq.prompt_ids) :] = 1
+        for row, tokens in enumerate(rows):
+            ids[row, width - len(tokens) :] = torch.tensor(tokens)
+            mask[row, width - len(tokens) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = _new_cache(self.model.config)
@@ -394,8 +518,7 @@ class HFEngine:
             use_cache=True,
             logits_to_keep=1,
         )
-        self._append_tokens(rows, out.logits[:, -1, :])
-        return cache, mask, rows
+        return cache, mask, out.logits[:, -1, :]
 
     def _prefill_from_prefix(
         self, seq: _Seq, cached: int, layers: list[tuple[torch.Tensor, torch.Tensor]]
@@ -509,7 +632,9 @@ class HFEngine:
         for seq, token, lp in zip(rows, tokens.tolist(), log_probs):
             seq.output_ids.append(int(token))
             seq.output_log_probs.append(float(lp))
+            seq.token_versions.append(self._version)
             self._check_stop(seq, int(token))
+        self.stats["generated_tokens"] += len(rows)
 
     def _check_stop(self, seq: _Seq, token: int) -> None:
         params = seq.sampling
@@ -641,6 +766,19 @@ def _with_capacity(current: torch.Tensor | None, like: torch.Tensor, capacity: i
     if current is not None:
         buf[:, :, : current.shape[-2]].copy_(current)
     return buf
+
+
+def _chunks_by_tokens(rows: list[list[int]], budget: int) -> list[list[list[int]]]:
+    """Consecutive groups of ``rows`` of at most ``budget`` tokens each (a longer row alone)."""
+    chunks: list[list[list[int]]] = []
+    used = 0
+    for row in rows:
+        if not chunks or used + len(row) > budget:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(row)
+        used += len(row)
+    return chunks
 
 
 def _merge_caches(cache_a: Any, mask_a: torch.Tensor, cache_b: Any, mask_b: torch.Tensor):

@@ -36,8 +36,14 @@ class LoopThread:
     def call(self, coro: Coroutine[Any, Any, T], what: str, timeout_s: float | None = None) -> T:
         """Run `coro` on the loop and wait for its result at most `timeout_s` (default: the
         thread's); past it the coroutine is cancelled and EngineTimeoutError names `what`."""
+        return self.result(self.submit(coro), what, timeout_s)
+
+    def result(
+        self, future: concurrent.futures.Future[T], what: str, timeout_s: float | None = None
+    ) -> T:
+        """Block until a `submit`ted future is done, at most `timeout_s` (then it is cancelled
+        and EngineTimeoutError names `what`)."""
         seconds = self.timeout_s if timeout_s is None else timeout_s
-        future = self.submit(coro)
         try:
             return future.result(timeout=seconds)
         except concurrent.futures.TimeoutError as exc:

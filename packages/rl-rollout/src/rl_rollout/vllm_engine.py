@@ -11,6 +11,14 @@ Nothing here compares device strings.
   :class:`rl_rollout.vllm_worker_ext.RLWorkerExtension`, which reloads them in place through
   vLLM's layer-wise ``reload_weights`` (re-running kernel-specific weight processing); nothing
   touches the disk. (A device-IPC / collective path from rl_sync can replace the bytes later.)
+- Partial rollout: ``stage_weights`` schedules a swap on the engine loop and returns. The swap
+  aborts the vLLM requests in flight (their tokens so far are kept), loads the weights, resets the
+  prefix cache and bumps the version; each interrupted sample is then resubmitted with
+  ``prompt + its tokens so far`` as the new prompt and the remaining token budget, so its context
+  is recomputed under the new weights and every later token and log-prob is the new policy's.
+  Segments record their version per token (``token_versions``). A resubmitted sample is seeded
+  from the request's seed, the sample index and its length; a stop string split across an
+  interruption is not detected.
 - Sleep: vLLM's sleep mode where the platform has it (CUDA, Ascend); elsewhere (CPU) ``sleep`` is
   logical (generate refuses, the prefix cache is reset) and frees nothing.
 - The AsyncLLM lives on a private event loop in a background thread
@@ -26,9 +34,12 @@ vLLM spawns processes: scripts that build this engine need an ``if __name__ == "
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import itertools
 import logging
 from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,6 +50,7 @@ from rl_rollout.engine import EngineAsleepError, EngineTimeoutError, check_reque
 from rl_rollout.loop_thread import LoopThread
 
 __all__ = ["VLLMEngine", "to_vllm_sampling_params"]
+
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -85,6 +97,35 @@ def to_vllm_sampling_params(params: SamplingParams, *, n: int = 1) -> Any:
         detokenize=bool(params.stop),
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def _continuation(params: SamplingParams, sample_index: int, done: int) -> SamplingParams:
+    """Sampling of one interrupted sample's next segment: n=1, the remaining budget, a seed
+    derived from the request's, the sample index and the tokens done (None stays None)."""
+    seed = params.seed
+    return SamplingParams(
+        n=1,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        max_new_tokens=params.max_new_tokens - done,
+        repetition_penalty=params.repetition_penalty,
+        stop=list(params.stop),
+        stop_token_ids=list(params.stop_token_ids),
+        seed=None if seed is None else (seed * 1_000_003 + 7919 * sample_index + done) % 2**31,
+        ignore_eos=params.ignore_eos,
+    )
+
+
+@dataclass
+class _Sample:
+    """One sample of a request, accumulated over its segments (one per weight version)."""
+
+    ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish: str | None = None
+    stop_reason: str | int | None = None
 
 
 class VLLMEngine:
@@ -144,7 +185,18 @@ class VLLMEngine:
         self.max_model_len = int(cfg["max_model_len"])
         self._version = 0
         self._asleep = 0
-        self._inflight: dict[str, int] = {}
+        # on the engine loop: request_id -> the vLLM request ids of its segments in flight
+        self._inflight: dict[str, set[str]] = {}
+        self._interrupted: set[str] = set()  # vLLM request ids aborted by a weight swap
+        self._user_aborted: set[str] = set()  # request_ids aborted by abort()
+        self._weights_live = asyncio.Event()
+        self._weights_live.set()
+        self._swap_lock = asyncio.Lock()
+        self._segment_ids = itertools.count(1)
+        self._staged_tickets = 0
+        self._applied_ticket = 0
+        self._swaps: dict[int, concurrent.futures.Future[None]] = {}
+        self.stats = {"generated_tokens": 0, "weight_swaps": 0, "interrupted_requests": 0}
         self._runner = LoopThread("vllm-engine", call_timeout_s)
         self.llm: Any = self._call(self._create(), "vLLM engine start")
 
@@ -181,60 +233,100 @@ class VLLMEngine:
         return list(await asyncio.gather(*(self._generate_one(req) for req in requests)))
 
     async def _generate_one(self, req: GenerationRequest) -> list[GenerationResult]:
-        """Runs on the engine loop. Accumulates delta outputs per sample index."""
-        from vllm.inputs import TokensPrompt
-
-        version = self._version
-        n = req.sampling.n
-        ids: list[list[int]] = [[] for _ in range(n)]
-        lps: list[list[float]] = [[] for _ in range(n)]
-        finish: list[str | None] = [None] * n
-        stop_reason: list[str | int | None] = [None] * n
-        params = to_vllm_sampling_params(req.sampling, n=n)
-        self._inflight[req.request_id] = n
+        """Runs on the engine loop: the request's segments (see module docstring)."""
+        samples = [_Sample() for _ in range(req.sampling.n)]
+        first_version = self._version
+        self._inflight[req.request_id] = set()
         try:
-            async for out in self.llm.generate(
-                TokensPrompt(prompt_token_ids=list(req.prompt_ids)), params, req.request_id
-            ):
-                for comp in out.outputs:
-                    i = comp.index
-                    new_ids = list(comp.token_ids)
-                    ids[i].extend(new_ids)
-                    if comp.logprobs:
-                        for tok, entry in zip(
-                            new_ids, comp.logprobs[-len(new_ids) :] if new_ids else []
-                        ):
-                            lps[i].append(float(entry[tok].logprob))
-                    if comp.finish_reason is not None:
-                        finish[i] = comp.finish_reason
-                        stop_reason[i] = comp.stop_reason
-                if out.finished:
-                    break
+            await self._segment(req, samples, list(range(req.sampling.n)))
         finally:
             self._inflight.pop(req.request_id, None)
+            self._user_aborted.discard(req.request_id)
         results = []
-        for i in range(n):
-            reason = finish[i] or "abort"
+        for i, sample in enumerate(samples):
+            reason = sample.finish or "abort"
             if reason not in ("stop", "length", "abort"):
                 reason = "abort"
             results.append(
                 GenerationResult(
                     request_id=req.request_id,
                     prompt_ids=list(req.prompt_ids),
-                    output_ids=ids[i],
-                    output_log_probs=lps[i][: len(ids[i])],
+                    output_ids=sample.ids,
+                    output_log_probs=sample.log_probs[: len(sample.ids)],
                     finish_reason=reason,  # type: ignore[arg-type]
-                    weight_version=version,
+                    weight_version=sample.versions[0] if sample.versions else first_version,
                     sample_index=i,
-                    stop_reason=stop_reason[i],
+                    stop_reason=sample.stop_reason,
+                    token_versions=sample.versions,
                 )
             )
         return results
 
+    async def _segment(
+        self, req: GenerationRequest, samples: list[_Sample], indices: list[int]
+    ) -> None:
+        """Generate `samples[indices]` under the live weights until they finish or a weight swap
+        interrupts them; interrupted ones continue, one segment each, under the new weights."""
+        from vllm.inputs import TokensPrompt
+
+        await self._weights_live.wait()  # no segment starts while a swap is under way
+        if req.request_id in self._user_aborted:
+            return
+        version = self._version
+        done = len(samples[indices[0]].ids)  # a continuation has one sample
+        if done:
+            vllm_id = f"{req.request_id}#{next(self._segment_ids)}"
+            sampling = _continuation(req.sampling, indices[0], done)
+        else:
+            vllm_id, sampling = req.request_id, req.sampling
+        prompt = list(req.prompt_ids) + samples[indices[0]].ids if done else list(req.prompt_ids)
+        params = to_vllm_sampling_params(sampling, n=len(indices))
+        self._inflight[req.request_id].add(vllm_id)
+        try:
+            async for out in self.llm.generate(
+                TokensPrompt(prompt_token_ids=prompt), params, vllm_id
+            ):
+                for comp in out.outputs:
+                    sample = samples[indices[comp.index]]
+                    new_ids = list(comp.token_ids)
+                    sample.ids.extend(new_ids)
+                    sample.versions.extend([version] * len(new_ids))
+                    if comp.logprobs and new_ids:
+                        for tok, entry in zip(new_ids, comp.logprobs[-len(new_ids) :]):
+                            sample.log_probs.append(float(entry[tok].logprob))
+                    self.stats["generated_tokens"] += len(new_ids)
+                    if comp.finish_reason is not None:
+                        sample.finish, sample.stop_reason = comp.finish_reason, comp.stop_reason
+                if out.finished:
+                    break
+        finally:
+            self._inflight[req.request_id].discard(vllm_id)
+        if vllm_id not in self._interrupted:
+            return
+        self._interrupted.discard(vllm_id)
+        resume = []
+        for i in indices:
+            sample = samples[i]
+            if sample.finish not in (None, "abort"):
+                continue
+            if len(sample.ids) >= req.sampling.max_new_tokens:
+                sample.finish = "length"
+                continue
+            sample.finish = None
+            resume.append(i)
+        await asyncio.gather(*(self._segment(req, samples, [i]) for i in resume))
+
     def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
-        """collective_rpc into every worker's RLWorkerExtension.rl_load_weights (in place)."""
+        """:meth:`stage_weights` and wait (bounded) until the new weights are live."""
+        ticket = self.stage_weights(named_tensors, version)
+        future = self._swaps.pop(ticket)
+        self._runner.result(future, f"vLLM weight update to version {version}")
+
+    def stage_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+        """Schedule a swap to `version` on the engine loop and return its ticket at once (see
+        module docstring). The tensors are packed into safetensors bytes here (copied)."""
         if self._asleep:
             raise EngineAsleepError(
                 "VLLMEngine.update_weights() while asleep; call wake_up() first"
@@ -251,13 +343,35 @@ class VLLMEngine:
                 host = host.clone()
             seen.add(host.untyped_storage().data_ptr())
             tensors[name] = host
-        self._call(
-            self.llm.collective_rpc("rl_load_weights", args=(save(tensors),)),
-            f"vLLM weight update to version {version}",
-        )
-        if self.args.enable_prefix_caching:  # cached KV came from the old weights
-            self._call(self.llm.reset_prefix_cache(), "vLLM prefix cache reset")
-        self._version = int(version)
+        self._staged_tickets += 1
+        ticket = self._staged_tickets
+        self._swaps = {t: f for t, f in self._swaps.items() if not f.done()}
+        self._swaps[ticket] = self._runner.submit(self._swap(save(tensors), int(version), ticket))
+        return ticket
+
+    @property
+    def applied_ticket(self) -> int:
+        """The ticket of the last staged weights that went live."""
+        return self._applied_ticket
+
+    async def _swap(self, payload: bytes, version: int, ticket: int) -> None:
+        """On the engine loop: interrupt the requests in flight, load, reset the prefix cache."""
+        async with self._swap_lock:
+            self._weights_live.clear()
+            try:
+                running = [vid for ids in self._inflight.values() for vid in ids]
+                self._interrupted.update(running)
+                if running:
+                    await self.llm.abort(running)
+                await self.llm.collective_rpc("rl_load_weights", args=(payload,))
+                if self.args.enable_prefix_caching:  # cached KV came from the old weights
+                    await self.llm.reset_prefix_cache()
+                self._version = version
+                self._applied_ticket = ticket
+                self.stats["weight_swaps"] += 1
+                self.stats["interrupted_requests"] += len(running)
+            finally:
+                self._weights_live.set()
 
     def sleep(self, level: int = 1) -> None:
         if level not in (1, 2):
@@ -281,7 +395,19 @@ class VLLMEngine:
     def abort(self, request_ids: Iterable[str]) -> None:
         ids = list(request_ids)
         if ids:
-            self._call(self.llm.abort(ids), f"vLLM abort of {len(ids)} request(s)")
+            self._call(self._abort(ids), f"vLLM abort of {len(ids)} request(s)")
+
+    async def _abort(self, request_ids: list[str]) -> None:
+        """On the engine loop: end every segment of these requests; none is resubmitted."""
+        vllm_ids: list[str] = []
+        for rid in request_ids:
+            if rid in self._inflight:
+                self._user_aborted.add(rid)
+                vllm_ids.extend(self._inflight[rid])
+            else:
+                vllm_ids.append(rid)
+        if vllm_ids:
+            await self.llm.abort(vllm_ids)
 
     def shutdown(self) -> None:
         if self._runner.closed:

@@ -36,6 +36,9 @@ class RoleSpec:
     device_mapping: Sequence[int]
     init_kwargs: dict[str, Any] = field(default_factory=dict)
     devices_per_worker: int = 1
+    #: calls a Ray actor of this role runs at once (rollout workers: 2, so a weight sync can be
+    #: received while a rollout is generating: partial rollout)
+    max_concurrency: int = 1
 
 
 class Cluster:
@@ -70,7 +73,12 @@ class Cluster:
         ray_options: RayOptions | None = None,
         rpc_timeout: float = 600.0,
         cpu_per_bundle: float = 1.0,
+        devices_per_node: int | None = None,
+        node_resources: Sequence[str] | None = None,
     ) -> Cluster:
+        """Plan, start Ray (or join it), reserve placement groups and start every role's workers.
+        `devices_per_node`/`node_resources` pin device bundles to nodes (see
+        `rl_runtime.placement`)."""
         t0 = time.perf_counter()
         plan = plan_placement(
             {s.role: list(s.device_mapping) for s in specs},
@@ -79,6 +87,8 @@ class Cluster:
             resource_name=resource_name,
             devices_per_worker={s.role: s.devices_per_worker for s in specs},
             cpu_per_bundle=cpu_per_bundle,
+            devices_per_node=devices_per_node,
+            node_resources=node_resources,
         )
         pgs = None
         owns_ray = False
@@ -105,6 +115,7 @@ class Cluster:
                     rpc_timeout=rpc_timeout,
                     init_kwargs=spec.init_kwargs,
                     env_vars=env_vars,
+                    max_concurrency=spec.max_concurrency,
                 )
             for group in groups.values():  # constructors run concurrently on Ray; wait here
                 group.call_all("ready")
@@ -185,9 +196,12 @@ class WeightSync:
     """Trainer -> rollout weight transfer.
 
     `mode="broadcast"`: an rl_sync group (trainer rank 0 + every rollout worker) carries versioned,
-    checksummed buckets (Ray mode). `mode="direct"`: the trainer's tensors are handed to the
-    engines through the driver (in-process `--no-ray` runs). Either way, every engine's
-    `weight_version` is checked against the version sent.
+    checksummed buckets (Ray mode). Its store listens on the trainer's node at `host` if given,
+    else at the address `rl_runtime.sync_address.choose_sync_host` picks from the workers' nodes
+    (loopback when all share the trainer's node, else the trainer node's IP); the port is picked
+    free on that node. `mode="direct"`: the trainer's tensors are handed to the engines through
+    the driver (in-process `--no-ray` runs). Either way, every engine's `weight_version` is
+    checked against the version sent.
     """
 
     def __init__(
@@ -198,23 +212,33 @@ class WeightSync:
         mode: Literal["broadcast", "direct"],
         timeout_s: float = 600.0,
         bucket_bytes: int = 1 << 26,
+        host: str | None = None,
     ) -> None:
         self.train = train
         self.infer = infer
         self.mode = mode
         self.timeout_s = timeout_s
         self.bucket_bytes = bucket_bytes
+        self.configured_host = host
+        #: where the sync group met (set by setup): the trainer node's address and whether some
+        #: rollout worker sits on another node
+        self.host: str | None = None
+        self.cross_node = False
         self._ready = False
 
     def setup(self) -> None:
         if self.mode != "broadcast" or self._ready:
             return
-        from rl_sync.group import free_port
+        from rl_runtime.sync_address import NodeAddress, choose_sync_host
 
-        port = free_port("127.0.0.1")
+        trainer = NodeAddress(*self.train.call_rank0("node_address"))
+        rollout = [NodeAddress(*a) for a in self.infer.call_all("node_address")]
+        self.host = choose_sync_host(trainer, rollout, self.configured_host)
+        self.cross_node = any(r.node_id != trainer.node_id for r in rollout)
+        port = self.train.call_rank0("free_port", self.host)
         world = 1 + len(self.infer.workers)
-        refs = self.train.submit("init_sync_group", "127.0.0.1", port, world, self.timeout_s)
-        refs += self.infer.submit("init_sync_group", "127.0.0.1", port, world, self.timeout_s)
+        refs = self.train.submit("init_sync_group", self.host, port, world, self.timeout_s)
+        refs += self.infer.submit("init_sync_group", self.host, port, world, self.timeout_s)
         self.train.wait(refs, "init_sync_group", self.timeout_s)
         self._ready = True
 
@@ -244,6 +268,8 @@ class WeightSync:
             )
         metrics["sync/seconds"] = time.perf_counter() - t0
         metrics["sync/weight_version"] = float(version)
+        if self.mode == "broadcast":
+            metrics["sync/cross_node"] = float(self.cross_node)
         return metrics
 
 

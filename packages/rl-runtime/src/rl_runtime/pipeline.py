@@ -305,6 +305,8 @@ class Runner:
             ),
             rpc_timeout=c.cluster.rpc_timeout,
             cpu_per_bundle=o.cpu_per_bundle,
+            devices_per_node=c.cluster.devices_per_node,
+            node_resources=c.cluster.node_resources,
         )
         # in-process runs on an accelerator also record device memory per phase (memory/*)
         timer = PhaseTimer(None if o.use_ray else kind)
@@ -319,6 +321,7 @@ class Runner:
                 mode="broadcast" if o.use_ray else "direct",
                 timeout_s=c.cluster.rpc_timeout,
                 bucket_bytes=c.cluster.sync_bucket_bytes,
+                host=c.cluster.sync_host,
             )
         if hasattr(self.recipe, "setup"):
             self.recipe.setup(self.ctx)

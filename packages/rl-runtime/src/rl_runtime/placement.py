@@ -5,6 +5,12 @@ the cluster declares, splits each role into workers of `num_gpus_per_worker` dev
 colocation groups (roles whose device maps overlap; they take turns on the device: sleep/wake and
 offload between phases). `PlacementPlan.bundles()` gives the Ray placement-group bundles for each
 colocation group; `rl_runtime.worker_group` turns them into placement groups and actors.
+
+Node pinning: device ids count across nodes (node n owns ids n*devices_per_node ..). With
+`node_resources` (one Ray custom resource name per node, the config key of the same name) every
+bundle also asks for `NODE_RESOURCE_SHARE` of its node's resource, so Ray reserves it only on a node
+started with that resource (`ray start --resources '{"<name>": 1}'`): device_mapping then pins
+roles to nodes, e.g. training on one and rollout on another.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from dataclasses import dataclass, field
 
 #: CPU reserved per device bundle when roles run on accelerators.
 DEFAULT_CPU_PER_BUNDLE = 1.0
+#: Amount of its node's custom resource one bundle asks for (a node advertising 1 holds 1000).
+NODE_RESOURCE_SHARE = 0.001
 
 
 @dataclass(frozen=True)
@@ -58,15 +66,26 @@ class PlacementPlan:
     #: each group: the roles that share devices and the device slots (bundles) they share
     groups: list[tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]] = field(default_factory=list)
     cpu_per_bundle: float = DEFAULT_CPU_PER_BUNDLE
+    #: devices per node (device id // devices_per_node = node index); None: one node
+    devices_per_node: int | None = None
+    #: Ray custom resource marking each node (index = node); None: no node pinning
+    node_resources: tuple[str, ...] | None = None
+
+    def node_of(self, device: int) -> int:
+        """The node index that owns a global device id."""
+        return device // self.devices_per_node if self.devices_per_node else 0
 
     def bundles(self, group_index: int) -> list[dict[str, float]]:
-        """Ray placement-group bundles of one colocation group: one per device slot."""
+        """Ray placement-group bundles of one colocation group: one per device slot (pinned to
+        the slot's node when `node_resources` is set)."""
         _roles, slots = self.groups[group_index]
         out = []
         for slot in slots:
             bundle = {"CPU": self.cpu_per_bundle}
             if self.resource_name is not None:
                 bundle[self.resource_name] = float(len(slot))
+            if self.node_resources is not None:
+                bundle[self.node_resources[self.node_of(slot[0])]] = NODE_RESOURCE_SHARE
             out.append(bundle)
         return out
 
@@ -78,9 +97,13 @@ class PlacementPlan:
         ]
         for role, rp in self.roles.items():
             coloc = f", colocated with {', '.join(rp.colocated_with)}" if rp.colocated_with else ""
+            nodes = ""
+            if self.node_resources is not None:
+                names = sorted({self.node_resources[self.node_of(d)] for d in rp.devices})
+                nodes = f" nodes={names}"
             lines.append(
                 f"  {role:<12} workers={rp.num_workers} devices={list(rp.devices)} "
-                f"per_worker={rp.devices_per_worker}{coloc}"
+                f"per_worker={rp.devices_per_worker}{nodes}{coloc}"
             )
         return "\n".join(lines)
 
@@ -111,16 +134,31 @@ def plan_placement(
     resource_name: str | None = None,
     devices_per_worker: Mapping[str, int] | None = None,
     cpu_per_bundle: float = DEFAULT_CPU_PER_BUNDLE,
+    devices_per_node: int | None = None,
+    node_resources: Sequence[str] | None = None,
 ) -> PlacementPlan:
     """Validate device maps and place every role.
 
-    `device_mappings`: role -> device indices (global: node * num_gpus_per_node + local).
+    `device_mappings`: role -> device indices (global: node * devices_per_node + local).
     On CPU the indices are virtual devices (each bundle reserves `cpu_per_bundle` CPUs).
-    Raises ValueError naming the role for an index out of range, a duplicate, or a device count
-    not divisible by the role's `devices_per_worker`.
+    `node_resources`: one Ray custom resource name per node (needs `devices_per_node`); pins
+    each device's bundle to its node (see module docstring).
+    Raises ValueError naming the role for an index out of range, a duplicate, a device count
+    not divisible by the role's `devices_per_worker`, or a worker whose devices span nodes.
     """
     if num_devices <= 0:
         raise ValueError(f"num_devices must be >= 1, got {num_devices}")
+    if node_resources is not None:
+        if not devices_per_node or num_devices % devices_per_node:
+            raise ValueError(
+                f"node_resources needs devices_per_node dividing num_devices={num_devices}, "
+                f"got {devices_per_node}"
+            )
+        if len(node_resources) != num_devices // devices_per_node:
+            raise ValueError(
+                f"node_resources has {len(node_resources)} name(s) for "
+                f"{num_devices // devices_per_node} node(s); give one per node"
+            )
     per_worker = dict(devices_per_worker or {})
     checked = {
         role: _check_devices(role, devs, num_devices) for role, devs in device_mappings.items()
@@ -156,6 +194,8 @@ def plan_placement(
         num_devices=num_devices,
         roles={},
         cpu_per_bundle=cpu_per_bundle,
+        devices_per_node=devices_per_node,
+        node_resources=tuple(node_resources) if node_resources is not None else None,
     )
     for group_index, members in enumerate(components.values()):
         union = sorted({d for r in members for d in checked[r]})
@@ -172,6 +212,12 @@ def plan_placement(
             slots = tuple(tuple(devs[i : i + dpw]) for i in range(0, len(devs), dpw))
         else:
             slots = tuple((d,) for d in union)
+        for slot in slots:
+            if len({plan.node_of(d) for d in slot}) > 1:
+                raise ValueError(
+                    f"roles {list(members)}: one worker's devices {list(slot)} span nodes "
+                    f"(devices_per_node={devices_per_node}); a worker must sit on one node"
+                )
         slot_of = {slot[0]: i for i, slot in enumerate(slots)}
         share = {d: sum(d in checked[r] for r in members) for d in union}
         plan.groups.append((tuple(members), slots))

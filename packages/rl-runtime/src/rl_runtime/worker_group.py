@@ -93,8 +93,12 @@ class WorkerGroup:
         init_kwargs: dict[str, Any] | None = None,
         env_vars: dict[str, str] | None = None,
         master_port: int | None = None,
+        max_concurrency: int = 1,
     ) -> WorkerGroup:
         """Start `placement.num_workers` workers of `worker_cls(rank=, world_size=, **init_kwargs)`.
+
+        `max_concurrency > 1` makes Ray actors threaded (that many calls at once, e.g. a weight
+        sync received while a rollout runs); local workers always run one call at a time.
 
         Each worker also gets the torch.distributed env (RANK, WORLD_SIZE, LOCAL_RANK,
         MASTER_ADDR, MASTER_PORT) for process groups inside the role.
@@ -132,6 +136,8 @@ class WorkerGroup:
                 ),
                 "max_restarts": 0,
             }
+            if max_concurrency > 1:
+                options["max_concurrency"] = max_concurrency
             amount = slot.device_fraction * len(slot.devices)
             if plan.resource_name == "GPU":
                 options["num_gpus"] = amount

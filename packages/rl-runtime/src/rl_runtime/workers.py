@@ -131,13 +131,29 @@ class TrainWorker:
     def state_dict_for_check(self) -> dict[str, torch.Tensor]:
         return dict(self.named_tensors())
 
+    def node_address(self) -> tuple[str, str]:
+        """(Ray node id, node IP) of this worker's node (("local", loopback) without Ray)."""
+        from rl_runtime.sync_address import node_address
+
+        node = node_address()
+        return node.node_id, node.ip
+
+    def free_port(self, host: str) -> int:
+        """A TCP port free on `host` of this worker's node (the sync group's store port)."""
+        from rl_sync.group import free_port
+
+        return free_port(host)
+
     def init_sync_group(self, host: str, port: int, world_size: int, timeout_s: float) -> bool:
         """Rank 0 hosts the weight-sync group (trainer = rank 0, rollout workers = 1..N)."""
         if self.rank != 0:
             return False
+        from rl_runtime.sync_address import sync_local_addr
         from rl_sync.group import init_group
 
-        self._sync_group = init_group(host, port, 0, world_size, timeout_s=timeout_s)
+        self._sync_group = init_group(
+            host, port, 0, world_size, timeout_s=timeout_s, local_addr=sync_local_addr(host)
+        )
         return True
 
     def send_weights(self, version: int, bucket_bytes: int = 1 << 26) -> dict[str, float]:
@@ -285,11 +301,26 @@ class RolloutWorker:
         self.engine.update_weights(named_tensors, version)
         return int(self.engine.weight_version)
 
+    def node_address(self) -> tuple[str, str]:
+        """(Ray node id, node IP) of this worker's node (("local", loopback) without Ray)."""
+        from rl_runtime.sync_address import node_address
+
+        node = node_address()
+        return node.node_id, node.ip
+
     def init_sync_group(self, host: str, port: int, world_size: int, timeout_s: float) -> bool:
+        from rl_runtime.sync_address import sync_local_addr
         from rl_sync.group import init_group
         from rl_sync.transfer import WeightReceiver
 
-        self._sync_group = init_group(host, port, 1 + self.rank, world_size, timeout_s=timeout_s)
+        self._sync_group = init_group(
+            host,
+            port,
+            1 + self.rank,
+            world_size,
+            timeout_s=timeout_s,
+            local_addr=sync_local_addr(host),
+        )
         self._receiver = WeightReceiver(self._sync_group, last_version=self.engine.weight_version)
         return True
 

@@ -60,13 +60,16 @@ def _make_backend(
     world_size: int,
     timeout: timedelta,
     host: str,
+    local_addr: str | None = None,
 ) -> Any:
     if backend == "gloo":
         options = ProcessGroupGloo._Options()
         options._timeout = timeout
-        # A loopback rendezvous means every rank is on this host: pin gloo to the loopback
-        # interface instead of resolving the hostname (which may point at an unreachable address).
-        hostname = DEFAULT_HOST if is_loopback_host(host) else ""
+        # This rank's pairs listen on `local_addr` (its own node's address in a multi-node group).
+        # Else a loopback rendezvous means every rank is on this host: pin gloo to the loopback
+        # interface instead of resolving the hostname (which may point at an unreachable address,
+        # e.g. Debian's 127.0.1.1 for the hostname).
+        hostname = local_addr or (DEFAULT_HOST if is_loopback_host(host) else "")
         options._devices = [ProcessGroupGloo.create_device(hostname=hostname)]
         return ProcessGroupGloo(store, rank, world_size, options)
     if backend == "nccl":
@@ -234,6 +237,7 @@ def init_group(
     local_rank: int = 0,
     name: str = "weight_sync",
     on_port: Callable[[int], None] | None = None,
+    local_addr: str | None = None,
 ) -> CommGroup:
     """Join (rank > 0) or host (rank 0) a standalone group of ``world_size`` processes.
 
@@ -242,6 +246,9 @@ def init_group(
     publish it. The other ranks connect to it. The backend defaults to the device
     kind's (cpu -> gloo, cuda -> nccl, npu -> hccl); ``timeout_s`` bounds the rendezvous and is the
     default timeout of every collective. The default ``torch.distributed`` world is not touched.
+    ``local_addr`` (gloo): the address this rank's own connections listen on, which the other
+    ranks must reach, i.e. this rank's node address when the group spans nodes; unset: loopback
+    when ``host`` is loopback, else the address the hostname resolves to.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -267,7 +274,7 @@ def init_group(
         on_port(actual_port)
     prefixed = PrefixStore(f"rl_sync/{name}/", store)
     try:
-        comm = _make_backend(chosen, prefixed, rank, world_size, timeout, host)
+        comm = _make_backend(chosen, prefixed, rank, world_size, timeout, host, local_addr)
     except Exception as exc:
         raise CommError(
             f"rank {rank}/{world_size} could not create the {chosen} communicator of sync group "

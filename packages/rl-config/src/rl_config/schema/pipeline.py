@@ -154,6 +154,21 @@ class PipelineFields(StrictModel):
     num_gpus_per_node: int = Field(
         default=1, ge=1, description="Accelerators (GPUs or NPUs) per machine."
     )
+    node_resources: list[str] | None = Field(
+        default=None,
+        description="Ray custom resource that marks each node, in node order (one name per "
+        "num_nodes): the devices of node n (ids n*num_gpus_per_node .. "
+        "(n+1)*num_gpus_per_node-1) are reserved only on a Ray node that advertises "
+        "node_resources[n], so device_mapping pins roles to nodes (e.g. training on one node, "
+        "rollout on another). Start node n with `ray start --resources '{\"<name>\": 1}'`. "
+        "Unset: Ray places every device bundle on any node.",
+    )
+    weight_sync_host: str | None = Field(
+        default=None,
+        description="Address the trainer's node listens on for the trainer -> rollout weight "
+        "sync (its TCP store and collective). Unset: 127.0.0.1 when the trainer and every "
+        "rollout worker share a node, else the trainer node's Ray IP.",
+    )
     system_envs: dict[str, str] = Field(
         default_factory=dict,
         description="Environment variables set in every worker process (secrets redacted in dumps).",

@@ -93,6 +93,11 @@ class ClusterSettings:
     rpc_timeout: float
     system_envs: dict[str, str]
     sync_bucket_bytes: int
+    devices_per_node: int = 1
+    #: Ray custom resource per node (pins device bundles to nodes); None: no pinning
+    node_resources: tuple[str, ...] | None = None
+    #: address of the weight-sync store on the trainer's node; None: chosen from the nodes
+    sync_host: str | None = None
 
 
 @dataclass(frozen=True)

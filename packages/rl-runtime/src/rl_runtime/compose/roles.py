@@ -165,8 +165,15 @@ def role_specs(components: Components, model_path: str, agent_mode: str = "locks
                 ),
                 sandbox_allow_weak_isolation=components.sandbox_allow_weak_isolation,
             )
-            specs.append(
-                RoleSpec(r.role, RolloutWorker, r.device_mapping, kwargs, r.devices_per_worker)
+            specs.append(  # 2 calls at once: a weight sync can land during a rollout
+                RoleSpec(
+                    r.role,
+                    RolloutWorker,
+                    r.device_mapping,
+                    kwargs,
+                    r.devices_per_worker,
+                    max_concurrency=2,
+                )
             )
             continue
         kwargs = dict(

@@ -39,10 +39,14 @@ def build_tracker(cfg: Any) -> TrackerSettings:
 
 
 def build_cluster(cfg: Any, *, sync_bucket_bytes: int) -> ClusterSettings:
-    """Devices, RPC bound and worker env; `sync_bucket_bytes` 0 where no weights are synced."""
+    """Devices (and the nodes they pin to), RPC bound, worker env and the weight-sync address;
+    `sync_bucket_bytes` 0 where no weights are synced."""
     return ClusterSettings(
         num_devices=cfg.num_nodes * cfg.num_gpus_per_node,
         rpc_timeout=float(cfg.rpc_timeout),
         system_envs=dict(cfg.system_envs),
         sync_bucket_bytes=sync_bucket_bytes,
+        devices_per_node=cfg.num_gpus_per_node,
+        node_resources=tuple(cfg.node_resources) if cfg.node_resources is not None else None,
+        sync_host=cfg.weight_sync_host,
     )

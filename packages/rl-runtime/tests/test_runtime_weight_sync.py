@@ -1,0 +1,98 @@
+"""WeightSync's address: the sync group meets on the trainer's node.
+
+The decision is tested here with workers that report a given node and record the rendezvous they
+are asked to join (local workers run one call at a time, so a real group cannot form between
+them); the real cross-node sync over Ray runs in tests/test_two_ray_nodes.py (slow)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rl_runtime.cluster import WeightSync
+from rl_runtime.placement import plan_placement
+from rl_runtime.sync_address import LOOPBACK, NodeAddress, choose_sync_host
+from rl_runtime.worker_group import WorkerGroup
+
+
+def test_choose_sync_host():
+    trainer = NodeAddress("n1", "10.0.0.5")
+    same = [NodeAddress("n1", "10.0.0.5")] * 2
+    other = [*same, NodeAddress("n2", "10.0.0.6")]
+    assert choose_sync_host(trainer, same) == LOOPBACK  # one node: loopback only
+    assert choose_sync_host(trainer, other) == "10.0.0.5"  # the trainer node's address
+    assert choose_sync_host(trainer, other, "trainer.example") == "trainer.example"
+    assert choose_sync_host(trainer, same, "10.0.0.5") == "10.0.0.5"
+
+
+class _Recorder:
+    """Reports a node, picks a port like TrainWorker.free_port, records init_sync_group calls."""
+
+    def __init__(self, *, rank, world_size, dist_env, nodes) -> None:
+        self.rank, self.node, self.joined = rank, nodes[rank], []
+
+    def node_address(self) -> tuple[str, str]:
+        return self.node
+
+    def free_port(self, host: str) -> int:
+        from rl_sync.group import free_port
+
+        return free_port(host)
+
+    def init_sync_group(self, host, port, world_size, timeout_s) -> bool:
+        self.joined.append((host, port, world_size))
+        return True
+
+    def joined_groups(self) -> list:
+        return self.joined
+
+
+@pytest.mark.parametrize(
+    ("trainer_node", "rollout_nodes", "configured", "host", "cross_node"),
+    [
+        (("a", "127.0.0.3"), [("b", "127.0.0.1"), ("a", "127.0.0.3")], None, "127.0.0.3", True),
+        (("a", "127.0.0.3"), [("a", "127.0.0.3")] * 2, None, LOOPBACK, False),
+        (("a", "127.0.0.3"), [("b", "127.0.0.1")] * 2, "127.0.0.4", "127.0.0.4", True),
+    ],
+)
+def test_sync_group_meets_on_the_trainer_node(
+    trainer_node, rollout_nodes, configured, host, cross_node
+):
+    plan = plan_placement({"actor_train": [0], "actor_infer": [1, 2]}, num_devices=3)
+    train = WorkerGroup.create(
+        "actor_train",
+        _Recorder,
+        plan.roles["actor_train"],
+        mode="local",
+        rpc_timeout=30,
+        init_kwargs={"nodes": [trainer_node]},
+    )
+    infer = WorkerGroup.create(
+        "actor_infer",
+        _Recorder,
+        plan.roles["actor_infer"],
+        mode="local",
+        rpc_timeout=30,
+        init_kwargs={"nodes": rollout_nodes},
+    )
+    try:
+        sync = WeightSync(train, infer, mode="broadcast", timeout_s=30, host=configured)
+        sync.setup()
+        assert sync.host == host and sync.cross_node is cross_node
+        joined = [
+            g
+            for group in (train, infer)
+            for calls in group.call_all("joined_groups")
+            for g in calls
+        ]
+        assert len(joined) == 3 and all(g == joined[0] for g in joined)
+        assert joined[0][0] == host and joined[0][2] == 3
+    finally:
+        train.shutdown()
+        infer.shutdown()
+
+
+def test_sync_local_addr_is_this_nodes_address_off_loopback():
+    from rl_runtime.sync_address import node_address, sync_local_addr
+
+    assert sync_local_addr("127.0.0.1") is None  # rl_sync pins gloo to loopback itself
+    assert sync_local_addr("10.1.2.3") == node_address().ip  # without Ray: ("local", loopback)
