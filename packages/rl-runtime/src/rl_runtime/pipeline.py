@@ -184,6 +184,8 @@ def plan_text(components: Components) -> str:
         device_kind=kind,
         resource_name=ray_resource_name(kind),
         devices_per_worker={r.role: r.devices_per_worker for r in components.roles},
+        devices_per_node=components.cluster.devices_per_node,
+        node_resources=components.cluster.node_resources,
     )
     return plan.describe() + "\n" + describe(components)
 

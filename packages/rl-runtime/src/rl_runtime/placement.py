@@ -11,6 +11,17 @@ Node pinning: device ids count across nodes (node n owns ids n*devices_per_node 
 bundle also asks for `NODE_RESOURCE_SHARE` of its node's resource, so Ray reserves it only on a node
 started with that resource (`ray start --resources '{"<name>": 1}'`): device_mapping then pins
 roles to nodes, e.g. training on one and rollout on another.
+
+Mixed colocation (ROLL's usual layout: a vLLM engine of tensor_parallel_size 2 on the devices of
+1-device training workers): the group gets one bundle per device; a worker of several devices is
+pinned to the bundle of its first device with a fractional share (Ray cannot give one actor
+resources of two bundles), so the bundles of its other devices are reserved by the group but not
+asked for. Ray's own per-actor device assignment then no longer says which devices a worker uses,
+so such a plan sets `sets_visible_devices` and every worker of the plan (all groups, so Ray's
+choices cannot collide with the explicit ones) gets the device-visibility env var listing its
+devices' node-local ids (`worker_device_env`), with Ray's override of that variable turned off.
+On several nodes, pin bundles with `node_resources` so that each bundle (and each worker's
+devices) is reserved on the node its device ids name.
 """
 
 from __future__ import annotations
@@ -34,6 +45,12 @@ class WorkerSlot:
     #: share of each device this worker asks Ray for (1/k when k roles share the device)
     device_fraction: float
     cpus: float
+    #: amount of the device resource asked from its bundle: the fraction times the number of
+    #: its devices that bundle holds (a multi-device worker in a mixed colocation group asks
+    #: only for its first device's share)
+    device_request: float
+    #: node-local ids of its devices (device id % devices_per_node), for the visibility env var
+    visible_devices: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -70,10 +87,17 @@ class PlacementPlan:
     devices_per_node: int | None = None
     #: Ray custom resource marking each node (index = node); None: no node pinning
     node_resources: tuple[str, ...] | None = None
+    #: workers get the device-visibility env var from the plan instead of Ray's assignment
+    #: (set when a colocation group mixes devices-per-worker; see module docstring)
+    sets_visible_devices: bool = False
 
     def node_of(self, device: int) -> int:
         """The node index that owns a global device id."""
         return device // self.devices_per_node if self.devices_per_node else 0
+
+    def local_device(self, device: int) -> int:
+        """The node-local index of a global device id."""
+        return device % self.devices_per_node if self.devices_per_node else device
 
     def bundles(self, group_index: int) -> list[dict[str, float]]:
         """Ray placement-group bundles of one colocation group: one per device slot (pinned to
@@ -105,7 +129,27 @@ class PlacementPlan:
                 f"  {role:<12} workers={rp.num_workers} devices={list(rp.devices)} "
                 f"per_worker={rp.devices_per_worker}{nodes}{coloc}"
             )
+        if self.sets_visible_devices:
+            lines.append(
+                "  (colocated roles mix devices per worker: each worker is pinned to its first "
+                "device's bundle and sees its devices through the visibility env var)"
+            )
         return "\n".join(lines)
+
+
+def worker_device_env(plan: PlacementPlan, slot: WorkerSlot) -> dict[str, str]:
+    """Env vars that make one worker see exactly its devices: ``{CUDA_VISIBLE_DEVICES: "2,3",
+    RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: "1"}`` (ASCEND_RT_VISIBLE_DEVICES on NPU) when the
+    plan `sets_visible_devices`; empty otherwise and on CPU (no such variable)."""
+    from rl_sync.device import visible_devices_env_var
+
+    var = visible_devices_env_var(plan.device_kind)  # type: ignore[arg-type]
+    if not plan.sets_visible_devices or var is None:
+        return {}
+    return {
+        var: ",".join(str(d) for d in slot.visible_devices),
+        f"RAY_EXPERIMENTAL_NOSET_{var}": "1",
+    }
 
 
 def _check_devices(role: str, devices: Sequence[int], num_devices: int) -> tuple[int, ...]:
@@ -126,6 +170,20 @@ def _check_devices(role: str, devices: Sequence[int], num_devices: int) -> tuple
     return tuple(devices)
 
 
+def _check_worker_nodes(
+    plan: PlacementPlan, role: str, devices: Sequence[int], per_worker: int
+) -> None:
+    """Every worker's devices on one node, else a ValueError naming the role."""
+    for start in range(0, len(devices), per_worker):
+        wdevs = list(devices[start : start + per_worker])
+        if len({plan.node_of(d) for d in wdevs}) > 1:
+            raise ValueError(
+                f"{role}: one worker's devices {wdevs} span nodes (devices_per_node="
+                f"{plan.devices_per_node}); a worker must sit on one node: list its "
+                f"num_gpus_per_worker devices consecutively within one node in device_mapping"
+            )
+
+
 def plan_placement(
     device_mappings: Mapping[str, Sequence[int]],
     *,
@@ -143,6 +201,8 @@ def plan_placement(
     On CPU the indices are virtual devices (each bundle reserves `cpu_per_bundle` CPUs).
     `node_resources`: one Ray custom resource name per node (needs `devices_per_node`); pins
     each device's bundle to its node (see module docstring).
+    Roles whose devices overlap share them (a colocation group); they may use different
+    `devices_per_worker` (see the module docstring for how that is reserved).
     Raises ValueError naming the role for an index out of range, a duplicate, a device count
     not divisible by the role's `devices_per_worker`, or a worker whose devices span nodes.
     """
@@ -200,25 +260,17 @@ def plan_placement(
     for group_index, members in enumerate(components.values()):
         union = sorted({d for r in members for d in checked[r]})
         multi = [r for r in members if per_worker.get(r, 1) > 1]
-        if multi and len(members) > 1:
-            raise ValueError(
-                f"roles {multi} use num_gpus_per_worker > 1 while sharing devices with "
-                f"{[r for r in members if r not in multi]}; colocated roles must use one "
-                f"device per worker"
-            )
-        if multi:
+        for role in members:
+            _check_worker_nodes(plan, role, checked[role], per_worker.get(role, 1))
+        if multi and len(members) == 1:  # a lone multi-device role: one bundle per worker
             dpw = per_worker[multi[0]]
             devs = checked[multi[0]]
             slots = tuple(tuple(devs[i : i + dpw]) for i in range(0, len(devs), dpw))
-        else:
+        else:  # one bundle per device (mixed colocation pins a worker to its first device's)
             slots = tuple((d,) for d in union)
-        for slot in slots:
-            if len({plan.node_of(d) for d in slot}) > 1:
-                raise ValueError(
-                    f"roles {list(members)}: one worker's devices {list(slot)} span nodes "
-                    f"(devices_per_node={devices_per_node}); a worker must sit on one node"
-                )
-        slot_of = {slot[0]: i for i, slot in enumerate(slots)}
+            if multi:
+                plan.sets_visible_devices = True
+        slot_of = {d: i for i, slot in enumerate(slots) for d in slot}
         share = {d: sum(d in checked[r] for r in members) for d in union}
         plan.groups.append((tuple(members), slots))
         for role in members:
@@ -228,13 +280,17 @@ def plan_placement(
             for rank, start in enumerate(range(0, len(devs), dpw)):
                 wdevs = tuple(devs[start : start + dpw])
                 k = max(share[d] for d in wdevs)
+                bundle = slot_of[wdevs[0]]
+                held = sum(d in slots[bundle] for d in wdevs)
                 workers.append(
                     WorkerSlot(
                         rank=rank,
                         devices=wdevs,
-                        bundle_index=slot_of[wdevs[0]],
+                        bundle_index=bundle,
                         device_fraction=1.0 / k,
                         cpus=cpu_per_bundle / k,
+                        device_request=held / k,
+                        visible_devices=tuple(plan.local_device(d) for d in wdevs),
                     )
                 )
             plan.roles[role] = RolePlacement(

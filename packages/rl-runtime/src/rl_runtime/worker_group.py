@@ -2,7 +2,8 @@
 
 `WorkerGroup.create(role, cls, placement, ...)` starts one worker per `WorkerSlot` of the role.
 Ray mode places each actor in its colocation group's placement group at its slot's bundle with a
-fraction of the device (GPU via `num_gpus`, NPU via the custom `NPU` resource, CPU otherwise).
+fraction of the device (GPU via `num_gpus`, NPU via the custom `NPU` resource, CPU otherwise),
+and, when the plan says so, the env var naming its devices (`placement.worker_device_env`).
 Local mode (`mode="local"`) builds the same classes in this process, each on its own thread
 (`rl_runtime.local_worker.LocalWorker`), for `--no-ray` runs and unit tests; one call runs at a
 time, in submission order (as before, so seeded runs stay deterministic), and the driver waits for
@@ -18,7 +19,7 @@ from concurrent.futures import Future, wait
 from typing import Any, Literal
 
 from rl_runtime.local_worker import LocalWorker
-from rl_runtime.placement import PlacementPlan, RolePlacement
+from rl_runtime.placement import PlacementPlan, RolePlacement, worker_device_env
 from rl_runtime.rpc import RpcTimeoutError, call
 
 Mode = Literal["ray", "local"]
@@ -129,7 +130,9 @@ class WorkerGroup:
             options: dict[str, Any] = {
                 "num_cpus": slot.cpus,
                 "name": f"{role}-{slot.rank}-{port}",
-                "runtime_env": {"env_vars": {**(env_vars or {}), **dist_env}},
+                "runtime_env": {
+                    "env_vars": {**(env_vars or {}), **dist_env, **worker_device_env(plan, slot)}
+                },
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     placement_group=pgs.groups[placement.colocation_group],
                     placement_group_bundle_index=slot.bundle_index,
@@ -138,7 +141,7 @@ class WorkerGroup:
             }
             if max_concurrency > 1:
                 options["max_concurrency"] = max_concurrency
-            amount = slot.device_fraction * len(slot.devices)
+            amount = slot.device_request
             if plan.resource_name == "GPU":
                 options["num_gpus"] = amount
             elif plan.resource_name is not None:
