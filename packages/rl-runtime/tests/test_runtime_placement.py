@@ -1,6 +1,8 @@
 import pytest
 
-from rl_runtime.placement import NODE_RESOURCE_SHARE, plan_placement
+from collections import defaultdict
+
+from rl_runtime.placement import NODE_RESOURCE_SHARE, plan_placement, worker_device_env
 
 
 def test_seed000_layout_is_disaggregated():
@@ -64,11 +66,6 @@ def test_multi_device_workers_get_one_bundle_each():
         ({"reference": [1, 1]}, {}, "lists device 1 twice"),
         ({"critic": []}, {}, "critic.device_mapping is empty"),
         ({"actor_infer": [0, 1, 2]}, {"devices_per_worker": {"actor_infer": 2}}, "not divisible"),
-        (
-            {"actor_infer": [0, 1], "actor_train": [0, 1]},
-            {"devices_per_worker": {"actor_infer": 2}},
-            "colocated roles must use one device",
-        ),
     ],
 )
 def test_invalid_maps_name_the_role(maps, kwargs, match):
@@ -117,3 +114,106 @@ def test_bad_node_pinning_is_an_error(maps, kwargs, match):
     kwargs = {"devices_per_node": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
         plan_placement(maps, num_devices=4, **kwargs)
+
+
+def _mixed_plan(**kwargs):
+    """ROLL's usual layout: a TP-2 engine on the devices of 1-device trainer and reference."""
+    return plan_placement(
+        {"actor_train": [0, 1, 2, 3], "actor_infer": [0, 1, 2, 3], "reference": [0, 1, 2, 3]},
+        num_devices=4,
+        devices_per_worker={"actor_infer": 2},
+        **kwargs,
+    )
+
+
+def test_mixed_colocation_reserves_one_bundle_per_device_and_pins_to_the_first():
+    plan = _mixed_plan(device_kind="cuda", resource_name="GPU")
+    assert len(plan.groups) == 1 and plan.sets_visible_devices
+    assert plan.bundles(0) == [{"CPU": 1.0, "GPU": 1.0}] * 4  # every device the group uses
+    infer = plan.roles["actor_infer"]
+    assert infer.is_colocated and set(infer.colocated_with) == {"actor_train", "reference"}
+    assert [w.devices for w in infer.workers] == [(0, 1), (2, 3)]
+    assert [w.bundle_index for w in infer.workers] == [0, 2]  # its first device's bundle
+    assert [w.visible_devices for w in infer.workers] == [(0, 1), (2, 3)]
+    # 3 roles share each device: a third of its first device (not two devices' worth)
+    assert [w.device_request for w in infer.workers] == [pytest.approx(1 / 3)] * 2
+    train = plan.roles["actor_train"]
+    assert [w.bundle_index for w in train.workers] == [0, 1, 2, 3]
+    assert [w.visible_devices for w in train.workers] == [(0,), (1,), (2,), (3,)]
+
+
+@pytest.mark.parametrize(("kind", "resource"), [("cuda", "GPU"), ("npu", "NPU"), ("cpu", None)])
+def test_mixed_colocation_requests_fit_every_bundle(kind, resource):
+    plan = _mixed_plan(device_kind=kind, resource_name=resource, cpu_per_bundle=0.5)
+    bundles = plan.bundles(0)
+    device_used: dict[int, float] = defaultdict(float)
+    cpu_used: dict[int, float] = defaultdict(float)
+    for rp in plan.roles.values():
+        for w in rp.workers:
+            device_used[w.bundle_index] += w.device_request
+            cpu_used[w.bundle_index] += w.cpus
+    for index, bundle in enumerate(bundles):
+        assert cpu_used[index] <= bundle["CPU"] + 1e-9
+        if resource is not None:
+            assert device_used[index] <= bundle[resource] + 1e-9
+    # bundle 0 holds one worker of each role (infer pinned there): exactly full
+    assert cpu_used[0] == pytest.approx(0.5)
+
+
+def test_mixed_colocation_visibility_env_per_kind():
+    cuda = _mixed_plan(device_kind="cuda", resource_name="GPU")
+    infer = cuda.roles["actor_infer"].workers[1]
+    assert worker_device_env(cuda, infer) == {
+        "CUDA_VISIBLE_DEVICES": "2,3",
+        "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+    }
+    npu = _mixed_plan(device_kind="npu", resource_name="NPU")
+    train = npu.roles["actor_train"].workers[3]
+    assert worker_device_env(npu, train) == {
+        "ASCEND_RT_VISIBLE_DEVICES": "3",
+        "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1",
+    }
+    assert worker_device_env(_mixed_plan(), infer) == {}  # cpu: no such variable
+    # every other layout keeps Ray's own assignment
+    plain = plan_placement(
+        {"actor_train": [0], "actor_infer": [0]}, num_devices=1, device_kind="cuda"
+    )
+    assert not plain.sets_visible_devices
+    assert worker_device_env(plain, plain.roles["actor_infer"].workers[0]) == {}
+
+
+def test_mixed_colocation_on_two_nodes_uses_node_local_ids():
+    plan = plan_placement(
+        {"actor_train": [0, 1, 2, 3], "actor_infer": [0, 1, 2, 3]},
+        num_devices=4,
+        device_kind="cuda",
+        resource_name="GPU",
+        devices_per_worker={"actor_infer": 2},
+        devices_per_node=2,
+        node_resources=["n0", "n1"],
+    )
+    infer = plan.roles["actor_infer"]
+    assert [w.visible_devices for w in infer.workers] == [(0, 1), (0, 1)]
+    assert [w.bundle_index for w in infer.workers] == [0, 2]
+    share = NODE_RESOURCE_SHARE
+    assert plan.bundles(0)[2:] == [{"CPU": 1.0, "GPU": 1.0, "n1": share}] * 2
+    assert [w.device_request for w in infer.workers] == [0.5, 0.5]
+
+
+def test_mixed_colocation_worker_across_nodes_names_the_role():
+    with pytest.raises(ValueError, match=r"actor_infer: one worker's devices \[1, 2\] span nodes"):
+        plan_placement(
+            {"actor_train": [0, 1, 2, 3], "actor_infer": [1, 2, 0, 3]},
+            num_devices=4,
+            devices_per_worker={"actor_infer": 2},
+            devices_per_node=2,
+        )
+
+
+def test_plain_layouts_request_what_they_did_before():
+    lone = plan_placement(
+        {"actor_infer": [0, 1, 2, 3]}, num_devices=4, devices_per_worker={"actor_infer": 2}
+    )
+    assert [w.device_request for w in lone.roles["actor_infer"].workers] == [2.0, 2.0]
+    shared = plan_placement({"actor_train": [0, 1], "actor_infer": [0, 1]}, num_devices=2)
+    assert [w.device_request for w in shared.roles["actor_infer"].workers] == [0.5, 0.5]
