@@ -217,3 +217,54 @@ def test_plain_layouts_request_what_they_did_before():
     assert [w.device_request for w in lone.roles["actor_infer"].workers] == [2.0, 2.0]
     shared = plan_placement({"actor_train": [0, 1], "actor_infer": [0, 1]}, num_devices=2)
     assert [w.device_request for w in shared.roles["actor_infer"].workers] == [0.5, 0.5]
+
+
+class SeesDevices:
+    """A worker that reports what the placement gave it."""
+
+    def __init__(self, rank, world_size, dist_env):
+        import os
+
+        self.rank = rank
+        self.visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    def ready(self):
+        return True
+
+    def report(self):
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return self.rank, self.visible, ctx.get_placement_group_id() is not None
+
+    def shutdown(self):
+        return None
+
+
+@pytest.mark.slow  # starts Ray (~20 s)
+@pytest.mark.xdist_group("ray")
+def test_mixed_colocation_starts_on_ray_with_virtual_devices():
+    """A 2-device engine worker and 1-device trainers on the same 2 virtual devices: Ray reserves
+    the group's 2 CPU bundles (0.5 CPU each, a 1-CPU Ray), every worker starts in them and sees
+    its devices through CUDA_VISIBLE_DEVICES (Ray's override off), the engine both of them."""
+    from rl_runtime.cluster import Cluster, RoleSpec
+    from rl_runtime.ray_setup import RayOptions
+
+    specs = [
+        RoleSpec("actor_train", SeesDevices, [0, 1]),
+        RoleSpec("actor_infer", SeesDevices, [0, 1], devices_per_worker=2),
+    ]
+    cluster = Cluster.start(
+        specs,
+        num_devices=2,
+        device_kind="cuda",  # the variable's name; no GPU is asked of Ray (resource_name None)
+        ray_options=RayOptions(num_cpus=1),
+        cpu_per_bundle=0.5,
+        rpc_timeout=120.0,
+    )
+    try:
+        assert cluster.plan.bundles(0) == [{"CPU": 0.5}] * 2
+        assert cluster["actor_train"].call_all("report") == [(0, "0", True), (1, "1", True)]
+        assert cluster["actor_infer"].call_all("report") == [(0, "0,1", True)]
+    finally:
+        cluster.shutdown()
