@@ -1,6 +1,6 @@
-import pytest
-
 from collections import defaultdict
+
+import pytest
 
 from rl_runtime.placement import NODE_RESOURCE_SHARE, plan_placement, worker_device_env
 
