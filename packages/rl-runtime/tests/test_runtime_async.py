@@ -198,3 +198,73 @@ def test_resume_state_is_the_rollout_state_before_the_first_unconsumed_batch():
     # a checkpoint now resumes at batch 1: the sampler as it was before batch 1, not batch 4
     assert producer.resume_state(1) == {"position": 1}
     producer.stop(5.0)
+
+
+# --------------------------------------------------------------------------------- compose
+def _cfg(**extra):
+    from rl_config.schema import ExperimentConfig
+
+    base = {
+        "pretrain": "m", "num_gpus_per_node": 2, "rollout_batch_size": 4,
+        "num_return_sequences_in_group": 2,
+        "actor_train": {"device_mapping": [0]}, "actor_infer": {"device_mapping": [1]},
+        "reference": {"device_mapping": [0]},
+    }  # fmt: skip
+    base.update(extra)
+    return ExperimentConfig.model_validate(base)
+
+
+def _compose(cfg):
+    from rl_runtime.compose import compose
+
+    return compose(cfg, pipeline="rlvr")
+
+
+def test_synchronous_by_default_and_with_max_staleness_zero():
+    assert _compose(_cfg()).asynchronous is None
+    c = _compose(_cfg(**{"async": {"max_staleness": 0, "queue_size": 16}}))
+    assert c.asynchronous is None
+    assert any("async.queue_size=16 has no effect" in w for w in c.warnings)
+
+
+def test_roll_async_generation_ratio_maps_onto_max_staleness():
+    plan = _compose(_cfg(async_generation_ratio=1.5)).asynchronous
+    assert plan is not None and plan.max_staleness == 2
+    assert plan.queue_samples == 2 * 8  # samples_per_step (4 prompts x 2) x max_staleness
+    assert plan.source == "async_generation_ratio=1.5 -> max_staleness=2"
+    one_step_off = _compose(_cfg(**{"async": {"max_staleness": 1}})).asynchronous
+    assert one_step_off is not None and one_step_off.max_staleness == 1
+    assert one_step_off.source == "async.max_staleness=1"
+
+
+def test_a_queue_smaller_than_a_batch_is_refused_by_name():
+    with pytest.raises(ValueError, match="async.queue_size=5 is smaller than one step's batch"):
+        _compose(_cfg(**{"async": {"max_staleness": 1, "queue_size": 5}}))
+
+
+def test_async_without_is_correction_warns_and_with_it_does_not():
+    c = _compose(_cfg(**{"async": {"max_staleness": 1}}))
+    assert any("without train_infer_correction" in w for w in c.warnings)
+    tic = {"is_weight": {"enabled": True, "upper_bound": 2.0}}
+    c = _compose(_cfg(**{"async": {"max_staleness": 1}, "train_infer_correction": tic}))
+    assert not any("train_infer_correction" in w for w in c.warnings)
+    assert c.role("actor_train").loss.is_weight is not None  # the loss corrects against rollout
+
+
+def test_a_role_colocated_with_the_engines_is_refused_for_async():
+    with pytest.raises(ValueError, match="reference.device_mapping shares devices \\[1\\]"):
+        _compose(_cfg(**{"async": {"max_staleness": 1}, "reference": {"device_mapping": [1]}}))
+
+
+@pytest.mark.parametrize(
+    "section, match",
+    [
+        ({"max_staleness": 1, "partial_rollout": True}, "engines' interrupt/resume support"),
+        ({"max_staleness": 1, "max_inflight_samples": 4}, "one step's batch at a time"),
+    ],
+)
+def test_unimplemented_async_keys_are_refused_by_name(section, match):
+    from rl_config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        _compose(_cfg(**{"async": section}))

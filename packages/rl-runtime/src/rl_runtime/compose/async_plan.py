@@ -9,6 +9,7 @@ batches ahead is a lag bound of ceil(r). verl's one-step-off pipeline is `max_st
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,15 @@ def build_async(cfg: Any, samples_per_step: int, warnings: list[str]) -> AsyncPl
             f"async.queue_size={queue} is smaller than one step's batch ({samples_per_step} "
             "samples): rollout could never queue a batch; set it to at least samples_per_step"
         )
+    infer = set(cfg.actor_infer.device_mapping or [0])
+    for role, worker in cfg.workers().items():
+        shared = sorted(infer & set(worker.device_mapping or [0]))
+        if role != "actor_infer" and shared:
+            raise ValueError(
+                f"{role}.device_mapping shares devices {shared} with actor_infer: asynchronous "
+                "training generates while the other roles run, and colocated engines would be "
+                "put to sleep mid-generation; give actor_infer its own devices"
+            )
     if not correction.is_weight.enabled and not any(f.enabled for f in correction.filters):
         warnings.append(
             f"async.max_staleness={staleness} without train_infer_correction (is_weight or "
@@ -58,7 +68,7 @@ def build_async(cfg: Any, samples_per_step: int, warnings: list[str]) -> AsyncPl
         )
     source = (
         f"async_generation_ratio={ratio:g} -> max_staleness={staleness}"
-        if ratio > 0 and "max_staleness" not in section.model_fields_set
+        if ratio > 0 and staleness == math.ceil(ratio)
         else f"async.max_staleness={staleness}"
     )
     return AsyncPlan(
