@@ -46,40 +46,21 @@ def _overrides(out: Path, extra: dict[str, Any]) -> list[str]:
 def run_rlvr(out: Path, asynchronous: Any = "config", **extra: Any) -> tuple[Any, list[dict]]:
     """apps/rlvr's run in this process (Ray workers); `asynchronous` replaces the composed
     async plan when given. Returns the RunResult and the per-step metrics rows."""
-    from importlib import import_module
+    from rlvr_app import DEFAULT_CONFIG, compose_rlvr, load, run
 
-    app_main = import_module("rlvr_main")
-    from rlvr_pipeline import STDOUT_KEYS, RlvrRecipe
-
-    from rl_runtime.pipeline import Runner, RunOptions
-
-    cfg, app = app_main.load(app_main.DEFAULT_CONFIG, _overrides(out, extra))
-    components, plan = app_main.compose_rlvr(cfg)
+    cfg, app = load(DEFAULT_CONFIG, _overrides(out, extra))
+    components, plan = compose_rlvr(cfg)
     if asynchronous != "config":
         components = dataclasses.replace(components, asynchronous=asynchronous)
-    path = app_main.prepare(cfg, app)
-    options = RunOptions(model_path=path, use_ray=True, num_cpus=app.num_cpus,
-                         cpu_per_bundle=app.cpu_per_bundle, stdout_keys=STDOUT_KEYS)  # fmt: skip
-    recipe = RlvrRecipe(app, plan, path)
-    try:
-        result = Runner(cfg, components, recipe, options).run()
-    finally:
-        recipe.close()
+    result = run(cfg, app, components, plan)
     rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     return result, [r for r in rows if r["step"] > 0 and "train/loss" in r]
 
 
 @pytest.fixture(autouse=True)
 def _in_tmp(tmp_path, monkeypatch):
-    """Relative data paths of the CPU default land in tmp_path; apps/rlvr/__main__ importable."""
-    import importlib.util
-
+    """Relative data paths of the CPU default land in tmp_path."""
     monkeypatch.chdir(tmp_path)
-    if "rlvr_main" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("rlvr_main", APP / "__main__.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules["rlvr_main"] = module
 
 
 COMPARED = ("reward/mean", "reward/accuracy", "response/length_mean", "rollout/response_tokens",
