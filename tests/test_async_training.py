@@ -118,3 +118,29 @@ def test_one_step_off_runs_ahead_within_its_bound_and_resumes_within_it(tmp_path
     assert all(r["async/lag_max"] <= 1 and r["async/dropped_stale_samples"] == 0 for r in resumed)
     assert resumed[0]["async/lag_max"] == 0  # the first batch after a resume: restored weights
     assert resumed[0]["async/trained_samples_total"] == 48  # 2 x 16 before, 16 now
+
+
+def test_agentic_pipeline_trains_one_step_off_by_config(tmp_path):
+    """apps/agentic with `async.max_staleness: 1` (rollout on its own CPU bundle): episodes are
+    played ahead of the trainer within the bound, and after every sync the engines hold exactly
+    the trainer's weights."""
+    import subprocess
+
+    from test_agentic_e2e import APP as AGENTIC
+    from test_agentic_e2e import CONFIG as AGENTIC_CONFIG
+    from test_agentic_e2e import _overrides as agentic
+
+    out = tmp_path / "agentic_async"
+    extra = {"async.max_staleness": 1, "max_steps": 3, "eval_steps": 3, "agentic_app.export_hf":
+             "false", **LAYOUT, "agentic_app.num_cpus": 2}  # fmt: skip
+    cmd = [sys.executable, str(AGENTIC), "--config", str(AGENTIC_CONFIG), *agentic(out, **extra)]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0 and "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert max(r["async/lag_max"] for r in steps) == 1  # it did run ahead, never further
+    for r in steps:
+        assert r["async/dropped_stale_samples"] == 0 and r["rollout/num_trajectories"] == 8
+        assert r["sync/max_abs_diff"] == 0.0 and r["failures/episodes"] == 0.0
+    assert "val/success_rate" in steps[-1]

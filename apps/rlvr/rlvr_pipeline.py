@@ -10,6 +10,7 @@ val_n_sample samples. Before training: an optional supervised warm-up on the tra
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from dataclasses import replace
@@ -51,6 +52,8 @@ class RlvrRecipe:
         self.kl_ctl: Any = None
         self.scorer: Scorer | None = None  # owns sandbox processes: made in setup, closed in close
         self.failures: Counter[str] = Counter()
+        # asynchronous training scores rollout batches (producer thread) while evaluating
+        self.scoring = threading.Lock()
 
     # --------------------------------------------------------------------------- setup
     def setup(self, ctx: Context) -> None:
@@ -146,12 +149,13 @@ class RlvrRecipe:
         texts = [[self.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in res]
                  for res in results]  # fmt: skip
         assert self.scorer is not None, "setup() makes the scorer"
-        flat = self.scorer.score(
-            [row for row, res in zip(rows, results) for _ in res],
-            [t for ts in texts for t in ts],
-            [len(r.output_ids) for res in results for r in res],
-        )
-        self.failures.update(s.kind for s in flat if not s.ok)
+        with self.scoring:
+            flat = self.scorer.score(
+                [row for row, res in zip(rows, results) for _ in res],
+                [t for ts in texts for t in ts],
+                [len(r.output_ids) for res in results for r in res],
+            )
+            self.failures.update(s.kind for s in flat if not s.ok)
         groups, start = [], 0
         for row, prompt, res, ts in zip(rows, ids, results, texts, strict=True):
             scores, start = flat[start : start + len(res)], start + len(res)

@@ -268,3 +268,55 @@ def test_unimplemented_async_keys_are_refused_by_name(section, match):
 
     with pytest.raises(ConfigError, match=match):
         _compose(_cfg(**{"async": section}))
+
+
+# ---------------------------------------------------------------------------- async runner
+class FakeCluster:
+    def __init__(self, colocated: list[str]) -> None:
+        self.colocated = colocated
+
+    def colocated_with_infer(self) -> list[str]:
+        return self.colocated
+
+
+class SplitRecipe:
+    def rollout(self, ctx, index):
+        return RolloutBatch(index, [])
+
+    def learn(self, ctx, batch):
+        return {}
+
+
+def _training(recipe, colocated=()):
+    from types import SimpleNamespace
+
+    from rl_runtime.async_training import AsyncTraining
+    from rl_runtime.compose import AsyncPlan
+
+    plan = AsyncPlan(max_staleness=1, queue_samples=4, wait_timeout_s=5.0, source="test")
+    ctx = SimpleNamespace(cluster=FakeCluster(list(colocated)))
+    return AsyncTraining(plan, recipe, ctx, samples_per_batch=2, start_index=0, stop_index=2)
+
+
+def test_async_training_refuses_colocated_engines_and_unsplit_recipes():
+    with pytest.raises(RuntimeError, match=r"\['reference'\] sharing devices with actor_infer"):
+        _training(SplitRecipe(), colocated=["reference"])
+    with pytest.raises(TypeError, match="no `rollout`"):
+        _training(object())
+    _training(SplitRecipe())
+
+
+def test_a_checkpoint_whose_async_bookkeeping_disagrees_is_refused():
+    from rl_runtime.async_training import restore_rollout_state
+
+    loaded: list[dict] = []
+
+    class Recipe:
+        def load_rollout_state(self, state):
+            loaded.append(state)
+
+    good = {"trainer_version": 5, "next_index": 4, "rollout_state": {"sampler": 1}}
+    restore_rollout_state(Recipe(), good, step=4, weight_version=5)
+    assert loaded == [{"sampler": 1}]
+    with pytest.raises(RuntimeError, match="disagrees with its run state"):
+        restore_rollout_state(Recipe(), {**good, "trainer_version": 0}, step=4, weight_version=5)

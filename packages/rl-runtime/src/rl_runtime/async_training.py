@@ -113,7 +113,9 @@ class AsyncTraining:
         }
 
     def stop(self) -> None:
-        self.producer.stop()
+        """Stop rollout (waits at most a minute for the batch in flight: the cluster's shutdown
+        ends a remote call still running, and the producer thread is a daemon)."""
+        self.producer.stop(min(60.0, self.plan.wait_timeout_s))
 
 
 def restore_rollout_state(

@@ -1,0 +1,126 @@
+"""Benchmark: synchronous against asynchronous RLVR on the CPU (rollout and training on separate
+CPU bundles), with a long-tailed response-length distribution.
+
+    uv run python tools/bench/async.py [--steps 8] [--out output/bench_async] [key=value ...]
+
+apps/rlvr's CPU default (apps/async's layout: actor_train on bundle 0, actor_infer on bundle 1),
+changed so response lengths have a long tail: responses may run to 48 tokens and the supervised
+warm-up is cut short, so most samples stop after a few tokens ("#### 7") and some ramble to the
+cap. Three runs, same seed and steps: `async.max_staleness` 0 (synchronous), 1 (one-step-off)
+and 2. Partial rollout (`async.partial_rollout`) is refused until the engines support it, so its
+variants are not run. Written to `<out>/async_bench.json`: per run trained samples/s, held-out
+accuracy after the same number of trained samples (sampled `val/accuracy`, greedy), mean
+rollout and training seconds per step, response lengths, policy lag; the speedup ratios; and the
+prediction below from the synchronous run's timings.
+
+How the ratio should scale. Synchronously a step costs t_roll + t_train (t_train: old
+log-probs, training and the weight sync). With rollout on its own devices and max_staleness >= 1,
+rollout of batch k+1 overlaps training on batch k, so in steady state a step costs
+max(t_roll, t_train) and
+
+    ideal speedup = (t_roll + t_train) / max(t_roll, t_train)        (at most 2, when balanced)
+
+With R rollout devices and T training devices, t_roll ~ 1/R and t_train ~ 1/T (while each
+scales), so the split that balances the two reaches the bound; an unbalanced split is capped by
+the slower side (e.g. t_roll = 3 t_train gives 4/3). max_staleness 2 has the same steady-state
+bound; it helps when per-step times vary (a long-tailed batch), since rollout can bank a batch
+while a short one trains. What the formula leaves out (the measured ratio falls below it by
+these): without partial rollout the weight sync waits for the generation in flight to finish,
+adding up to one rollout call to t_train; on 2 shared cores the two sides also contend for memory
+bandwidth and for the driver's Python thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from statistics import mean, median
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+for path in (ROOT / "apps" / "async", ROOT / "apps" / "rlvr"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+LONG_TAIL = {
+    "response_length": 48,
+    "rlvr_app.warmup.steps": 15,  # cut short: the policy does not always stop after the answer
+    "rollout_batch_size": 16,
+    "num_return_sequences_in_group": 8,
+    "actor_train.training_args.per_device_train_batch_size": 32,
+    "actor_train.training_args.gradient_accumulation_steps": 2,
+    "val_batch_size": 100,
+    "val_n_sample": 2,
+    "dynamic_sampling.enable": "false",  # every step trains on the same number of samples
+    "track_with": "stdout",
+}
+
+
+def timings(rows: list[dict[str, Any]], asynchronous: bool) -> dict[str, float]:
+    """Mean rollout and training seconds per step (training = old log-probs, train, sync)."""
+    roll = [r["timing/rollout"] for r in rows]
+    train = [r["timing/step"] - (0.0 if asynchronous else r["timing/rollout"]) for r in rows]
+    lengths = [r["response/length_mean"] for r in rows]
+    return {
+        "t_roll_s": round(mean(roll), 2),
+        "t_train_s": round(mean(train), 2),
+        "response_length_mean": round(mean(lengths), 2),
+        "response_length_median_of_steps": round(median(lengths), 2),
+        "response_length_max": max(r["response/length_max"] for r in rows),
+        "truncated_rate": round(mean(r.get("response/truncated_rate", 0.0) for r in rows), 3),
+    }
+
+
+def ideal_speedup(t_roll: float, t_train: float) -> float:
+    return (t_roll + t_train) / max(t_roll, t_train)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    parser = argparse.ArgumentParser(
+        prog="tools/bench/async.py", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--out", default="output/bench_async")
+    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("overrides", nargs="*", help="key=value, applied to every run")
+    args = parser.parse_args(argv)
+    from async_compare import CPU_DEFAULTS, run_overrides, run_summary, step_rows
+    from rlvr_app import DEFAULT_CONFIG, compose_rlvr, load, run
+
+    base = {**CPU_DEFAULTS, **LONG_TAIL, "max_steps": args.steps, "eval_steps": args.steps,
+            "save_steps": args.steps, "output_dir": args.out}  # fmt: skip
+    overrides = [f"{k}={v}" for k, v in base.items()] + list(args.overrides)
+    report: dict[str, Any] = {"steps": args.steps, "config": base, "runs": {}}
+    for staleness in args.staleness:
+        name = f"staleness_{staleness}"
+        cfg, app = load(DEFAULT_CONFIG, run_overrides(overrides, args.out, name, staleness))
+        components, plan = compose_rlvr(cfg)
+        print(f"=== {name}", flush=True)
+        result = run(cfg, app, components, plan, eval_before=False)
+        rows = step_rows(cfg.logging_dir)
+        report["runs"][name] = {**run_summary(result, rows), **timings(rows, staleness > 0)}
+    runs = report["runs"]
+    if "staleness_0" in runs:
+        sync = runs["staleness_0"]
+        report["ideal_speedup_from_sync_timings"] = round(
+            ideal_speedup(sync["t_roll_s"], sync["t_train_s"]), 3
+        )
+        report["measured_speedup"] = {
+            name: round(r["samples_per_s"] / sync["samples_per_s"], 3)
+            for name, r in runs.items()
+            if name != "staleness_0" and sync["samples_per_s"]
+        }
+    report["load_average"] = os.getloadavg()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "async_bench.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps({k: v for k, v in report.items() if k != "config"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
