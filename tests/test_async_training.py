@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "rlvr"
 sys.path.insert(0, str(APP))
+sys.path.insert(0, str(ROOT / "tests"))  # test_agentic_e2e's run settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
