@@ -444,7 +444,7 @@ class Runner:
                     self.asynchronous.trainer_finished(ctx.step)
                 self.loop_seconds += time.perf_counter() - t0
                 self.samples_trained += metrics.get("rollout/num_trajectories", 0.0)
-                if not metrics.get("train/skipped"):
+                if self.samples_trained:  # pipelines that count trained samples (rollout/*)
                     metrics["throughput/samples_per_s"] = self.samples_per_s()
                 last = ctx.step == cad.max_steps
                 if last or (cad.eval_steps and ctx.step % cad.eval_steps == 0):
