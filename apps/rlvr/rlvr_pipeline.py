@@ -186,6 +186,9 @@ class RlvrRecipe:
                     episode_reward=reward, success=success,
                     termination_reason="max_length" if truncated else ("success" if success else "terminated"),
                     weight_version=res.weight_version, failed=False,
+                    # per-token versions when a generation continued under newer weights
+                    token_versions=[res.weight_version] * p + list(res.token_versions)
+                    if res.token_versions else [],
                 ))  # fmt: skip
         return out
 
