@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rl_runtime.async_queue import AsyncTimeoutError, QueueClosed, RolloutBatch, SampleQueue
+from rl_runtime.async_queue import QueueClosed, RolloutBatch, SampleQueue
 
 _POLL_S = 0.05
 
@@ -150,6 +150,3 @@ class RolloutProducer:
         finally:
             if reserved:
                 self.queue.release(reserved)
-
-
-__all__ = ["AsyncTimeoutError", "RolloutProducer"]
