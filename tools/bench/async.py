@@ -114,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
             for name, r in runs.items()
             if name != "staleness_0" and sync["samples_per_s"]
         }
+        # the same formula with each async run's own (contended) timings in the denominator
+        report["predicted_speedup_from_own_timings"] = {
+            name: round(
+                (sync["t_roll_s"] + sync["t_train_s"]) / max(r["t_roll_s"], r["t_train_s"]), 3
+            )
+            for name, r in runs.items()
+            if name != "staleness_0"
+        }
     report["load_average"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
