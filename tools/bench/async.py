@@ -41,7 +41,7 @@ did not each get a core):
 
 (`--steps 8`, then `--steps 8 --staleness 0 1 ppo_epochs=3 rlvr_app.warmup.steps=5`; held-out:
 100 prompts x 2 samples, the same 1024 samples trained in every run, so accuracy per sample
-consumed compares directly; differences of 0.01-0.02 are within one standard error, ~0.035.)
+consumed compares directly; differences of 0.01-0.02 are within one standard error, 0.035-0.05.)
 What the points say: the formula with the synchronous run's timings (ideal) overestimates the
 loaded machine, because running both sides at once slowed each by 20-60 % (compare the sync and
 async timings); with each async run's own timings it predicts the measured ratio within 0.05-0.11
