@@ -222,6 +222,16 @@ CONTEXT: dict[str, dict[str, Any]] = {
         "critic": {"max_tokens_per_microbatch_in_train": 1280}
     },
     **{f"{r}.device_mapping": {"num_gpus_per_node": 2} for r in ROLES},
+    # asynchronous training: rollout on its own device
+    **{
+        key: {"num_gpus_per_node": 2, "actor_infer": {"device_mapping": [1]}}
+        for key in ("async.max_staleness", "async_generation_ratio")
+    },
+    "async.queue_size": {
+        "num_gpus_per_node": 2,
+        "actor_infer": {"device_mapping": [1]},
+        "async": {"max_staleness": 1},
+    },
     "actor_infer.num_gpus_per_worker": {
         "num_gpus_per_node": 2,
         "actor_infer": {"device_mapping": [0, 1]},

@@ -1,8 +1,9 @@
 """The agentic recipe (ROLL's AgenticPipeline, seed 004) on rl_runtime.pipeline's Runner.
 
-One step: rollout (AgentLoop over env groups) -> collate -> old / reference log-probs (+ critic
-values, + greedy baseline rollouts for estimators that need them) -> advantages -> train -> weight
-sync. Evaluation: sampled and greedy validation episodes. Before training: an optional supervised
+One step: `rollout` (AgentLoop over env groups, + greedy baseline rollouts for estimators that
+need them) then `learn` (collate -> old / reference log-probs (+ critic values) -> advantages ->
+train -> weight sync). With `async:` the Runner runs `rollout` ahead on its producer thread
+(rl_runtime.async_training). Evaluation: sampled and greedy validation episodes. Before training: an optional supervised
 warm-up on solver demonstrations. `RolloutOnlyRecipe` dumps trajectories instead of training.
 Setup, cadence, checkpoints, logging and teardown belong to the Runner; config translation to
 rl_runtime.compose.
@@ -20,6 +21,7 @@ from agentic_options import AppOptions
 
 from rl_algos.correction import mismatch_metrics
 from rl_runtime.advantages import compute_advantages, reward_kl_coef, update_kl_controller
+from rl_runtime.async_queue import RolloutBatch
 from rl_runtime.collate import collate_trajectories, shard_rows
 from rl_runtime.envs import env_assignments
 from rl_runtime.failures import merge_counts, screen_failures
@@ -57,7 +59,7 @@ def assignments(ctx: Context, split: str, epoch: int) -> list:
     )
 
 
-def rollout(ctx: Context, split: str, epoch: int, greedy: bool = False, render: int = 0) -> list:
+def play_split(ctx: Context, split: str, epoch: int, greedy: bool = False, render: int = 0) -> list:
     """One batch of episodes, sampled with the configured params, or greedily."""
     sampling = ctx.components.sampling(split, epoch, greedy)
     return play(ctx, assignments(ctx, split, epoch), sampling, split, render)
@@ -100,18 +102,34 @@ class AgenticRecipe:
             self.kl_ctl.load_state_dict(state["kl_controller"])
 
     def step(self, ctx: Context) -> dict[str, float]:
+        """Synchronous step: rollout of batch `ctx.step`, then learn on it."""
+        with ctx.timer.phase("rollout"):
+            ctx.cluster.enter_phase("rollout")
+            batch = self.rollout(ctx, ctx.step)
+        return self.learn(ctx, batch)
+
+    def rollout(self, ctx: Context, index: int) -> RolloutBatch:
+        """The episodes of step `index` (a function of seed and index); with an estimator that
+        needs a greedy baseline, each trajectory's `metrics["baseline_score"]` is the greedy
+        episode's reward on the same env. Only actor_infer is called (asynchronous training runs
+        this on the producer thread)."""
+        c = ctx.components
+        trajectories = play_split(ctx, "train", epoch=index)
+        if "baseline_scores" in c.advantage.needs:  # e.g. remax: greedy rollouts, same envs
+            jobs, sampling = assignments(ctx, "train", index), c.sampling("train", index, True)
+            for t, g in zip(trajectories, play(ctx, jobs, sampling, "train"), strict=True):
+                t.metrics["baseline_score"] = float(g.episode_reward)
+        stats = merge_counts(ctx.cluster["actor_infer"].call_all("take_sandbox_stats"))
+        return RolloutBatch(index, trajectories, stats)
+
+    def learn(self, ctx: Context, rollout_batch: RolloutBatch) -> dict[str, float]:
+        """Train on the batch's episodes (failed ones screened out) and sync the weights."""
         c, timer, cluster = ctx.components, ctx.timer, ctx.cluster
-        with timer.phase("rollout"):
-            cluster.enter_phase("rollout")
-            trajectories = rollout(ctx, "train", epoch=ctx.step)
-            baseline = None
-            if "baseline_scores" in c.advantage.needs:  # e.g. remax: greedy rollouts, same envs
-                jobs, sampling = (
-                    assignments(ctx, "train", ctx.step),
-                    c.sampling("train", ctx.step, True),
-                )
-                greedy = play(ctx, jobs, sampling, "train")
-                baseline = torch.tensor([t.episode_reward for t in greedy], dtype=torch.float32)
+        trajectories = rollout_batch.trajectories
+        baseline = None
+        if "baseline_scores" in c.advantage.needs:
+            scores = [t.metrics["baseline_score"] for t in trajectories]
+            baseline = torch.tensor(scores, dtype=torch.float32)
         screened = screen_failures(trajectories, c.max_failed_fraction)  # failed: not trained on
         if baseline is not None:
             baseline = baseline[screened.kept_index]
@@ -152,7 +170,7 @@ class AgenticRecipe:
                 metrics["sync/max_abs_diff"] = engine_weight_diff(cluster)
         metrics.update(rollout_metrics(trajectories, batch))
         metrics.update(screened.metrics)
-        metrics.update(merge_counts(cluster["actor_infer"].call_all("take_sandbox_stats")))
+        metrics.update(rollout_batch.metrics)
         metrics.update({f"rollout/{k}": float(v) for k, v in mismatch.items()})
         mask = batch.tensors["response_mask"]
         metrics["train/advantage_mean"] = float(adv["advantages"].sum() / mask.sum().clamp(min=1))
@@ -164,11 +182,11 @@ class AgenticRecipe:
             return {}
         t0 = time.perf_counter()
         ctx.cluster.enter_phase("rollout")
-        played = rollout(ctx, "val", 0, render=self.app.render_val_envs)
+        played = play_split(ctx, "val", 0, render=self.app.render_val_envs)
         out = val_metrics(played)
         out["val/num_episodes"] = float(len(played))
         if self.app.eval_greedy:
-            out.update(val_metrics(rollout(ctx, "val", 0, greedy=True), prefix="val/greedy"))
+            out.update(val_metrics(play_split(ctx, "val", 0, greedy=True), prefix="val/greedy"))
         out["timing/eval"] = time.perf_counter() - t0
         return out
 
@@ -303,7 +321,7 @@ class RolloutOnlyRecipe:
     def step(self, ctx: Context) -> dict[str, float]:
         from rl_config.records import to_jsonl
 
-        trajectories = rollout(ctx, "train", epoch=ctx.step)
+        trajectories = play_split(ctx, "train", epoch=ctx.step)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("ab" if ctx.step else "wb") as f:
             f.write(to_jsonl(trajectories))

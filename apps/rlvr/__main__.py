@@ -17,49 +17,9 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-DEFAULT_CONFIG = HERE / "configs" / "cpu_default.yaml"
+from rlvr_app import DEFAULT_CONFIG, compose_rlvr, load, run  # noqa: E402
+
 FLAGS = {"dry-run": "print the components and exit", "no-ray": "run every worker in this process"}
-
-
-def load(config: Path, overrides: list[str]):
-    """Compose + validate the experiment; split off the app's own `rlvr_app:` section."""
-    from rlvr_options import AppOptions
-
-    from rl_config.loading import load_app_config
-
-    cfg, section = load_app_config(config, overrides, section="rlvr_app")
-    return cfg, AppOptions.from_mapping(section)
-
-
-def compose_rlvr(cfg):
-    """The shared components (compose(pipeline="rlvr")) and the RLVR plan."""
-    import importlib.util
-
-    from rl_runtime.compose import compose
-    from rl_runtime.compose.rlvr import build_rlvr
-    from rl_sync.device import detect_device_kind
-
-    components = compose(
-        cfg,
-        device_kind=detect_device_kind(),
-        flash_attn_available=importlib.util.find_spec("flash_attn") is not None,
-        pipeline="rlvr",
-    )
-    return components, build_rlvr(cfg)
-
-
-def prepare(cfg, app) -> str:
-    """Runtime inputs: the arithmetic parquet files (rlvr_app.arith_data.generate) and the
-    policy model (built when rlvr_app.build_tiny_model); returns the model path."""
-    from rl_runtime.pipeline import policy_model_path
-
-    if app.arith_data.generate:
-        from arith_task import write_arith_parquet
-
-        d = app.arith_data
-        write_arith_parquet(d.out_dir, kind=d.kind, num_digits=d.num_digits, max_a=d.max_a,
-                            max_b=d.max_b, val_fraction=d.val_fraction, seed=d.seed)  # fmt: skip
-    return policy_model_path(cfg.pretrain, app.tiny_model if app.build_tiny_model else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,39 +53,18 @@ def main(argv: list[str] | None = None) -> int:
         print("config error: " + "; ".join(unscorable), file=sys.stderr)
         return 1
     from rlvr_metrics import summary_row
-    from rlvr_pipeline import STDOUT_KEYS, RlvrRecipe
 
     from rl_envs.tasks.dataset import DataError
-    from rl_runtime.pipeline import Runner, RunOptions, print_result
+    from rl_runtime.pipeline import print_result
 
-    path = prepare(cfg, app)
-    options = RunOptions(
-        model_path=path,
-        use_ray=app.use_ray,
-        num_cpus=app.num_cpus,
-        object_store_mb=app.object_store_mb,
-        cpu_per_bundle=app.cpu_per_bundle,
-        eval_before_training=app.eval_before_training,
-        export_hf=app.export_hf,
-        stdout_keys=STDOUT_KEYS,
-        progress_keys=(
-            "reward/accuracy",
-            "reward/mean",
-            "val/accuracy",
-            "dynamic_sampling/dropped_groups",
-        ),
-    )
-    recipe = RlvrRecipe(app, plan, path)
     try:
-        result = Runner(cfg, components, recipe, options).run()
+        result = run(cfg, app, components, plan)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
     except (FileNotFoundError, DataError) as exc:  # a data file the config names, bad rows
         print(f"data error: {exc}", file=sys.stderr)
         return 1
-    finally:
-        recipe.close()
     print_result(result, "held-out accuracy (greedy; sampled mean and pass@k; trivial baseline)",
                  summary_row)  # fmt: skip
     return 0

@@ -1,14 +1,16 @@
 """The RLVR recipe (ROLL's RLVRPipeline, verl's GRPO/DAPO trainer) on rl_runtime.pipeline's Runner.
 
-One step: draw prompts (resumable sampler) -> G samples per prompt on the actor_infer engines ->
-sandboxed rewards (+ DAPO overlong penalty, reward_clip) -> dynamic sampling (drop zero-variance
-groups, refill up to a bound) -> collate -> old / reference log-probs -> advantages (estimator by
-name) -> train -> weight sync. Evaluation: held-out prompts, greedy accuracy and pass@k with
+One step: `rollout` (draw prompts from the resumable sampler -> G samples per prompt on the
+actor_infer engines -> sandboxed rewards (+ DAPO overlong penalty, reward_clip) -> dynamic sampling:
+drop zero-variance groups, refill up to a bound) then `learn` (collate -> old / reference
+log-probs -> advantages (estimator by name) -> train -> weight sync). With `async:` the Runner runs
+`rollout` ahead on its producer thread (rl_runtime.async_training). Evaluation: held-out prompts, greedy accuracy and pass@k with
 val_n_sample samples. Before training: an optional supervised warm-up on the training answers.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from dataclasses import replace
@@ -25,6 +27,7 @@ from rl_algos.correction import mismatch_metrics
 from rl_algos.rewards import clip_rewards
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams, Trajectory, Turn
 from rl_runtime.advantages import compute_advantages, reward_kl_coef, update_kl_controller
+from rl_runtime.async_queue import RolloutBatch
 from rl_runtime.collate import collate_trajectories, shard_rows
 from rl_runtime.compose.rlvr import RlvrPlan
 from rl_runtime.dynamic_sampling import fill_groups
@@ -49,6 +52,8 @@ class RlvrRecipe:
         self.kl_ctl: Any = None
         self.scorer: Scorer | None = None  # owns sandbox processes: made in setup, closed in close
         self.failures: Counter[str] = Counter()
+        # asynchronous training scores rollout batches (producer thread) while evaluating
+        self.scoring = threading.Lock()
 
     # --------------------------------------------------------------------------- setup
     def setup(self, ctx: Context) -> None:
@@ -104,6 +109,13 @@ class RlvrRecipe:
     def state(self) -> dict[str, Any]:
         return {"kl_controller": self.kl_ctl.state_dict(), "sampler": self.sampler.state()}
 
+    def rollout_state(self) -> dict[str, Any]:
+        """The prompt sampler's position (asynchronous rollout draws ahead of the trainer)."""
+        return {"sampler": self.sampler.state()}
+
+    def load_rollout_state(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state(state["sampler"])
+
     def load_state(self, state: dict[str, Any]) -> None:
         if "kl_controller" in state:
             self.kl_ctl.load_state_dict(state["kl_controller"])
@@ -141,12 +153,13 @@ class RlvrRecipe:
         texts = [[self.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in res]
                  for res in results]  # fmt: skip
         assert self.scorer is not None, "setup() makes the scorer"
-        flat = self.scorer.score(
-            [row for row, res in zip(rows, results) for _ in res],
-            [t for ts in texts for t in ts],
-            [len(r.output_ids) for res in results for r in res],
-        )
-        self.failures.update(s.kind for s in flat if not s.ok)
+        with self.scoring:
+            flat = self.scorer.score(
+                [row for row, res in zip(rows, results) for _ in res],
+                [t for ts in texts for t in ts],
+                [len(r.output_ids) for res in results for r in res],
+            )
+            self.failures.update(s.kind for s in flat if not s.ok)
         groups, start = [], 0
         for row, prompt, res, ts in zip(rows, ids, results, texts, strict=True):
             scores, start = flat[start : start + len(res)], start + len(res)
@@ -177,39 +190,57 @@ class RlvrRecipe:
                     episode_reward=reward, success=success,
                     termination_reason="max_length" if truncated else ("success" if success else "terminated"),
                     weight_version=res.weight_version, failed=False,
+                    # per-token versions when a generation continued under newer weights
+                    token_versions=[res.weight_version] * p + list(res.token_versions)
+                    if res.token_versions else [],
                 ))  # fmt: skip
         return out
 
     # --------------------------------------------------------------------------- step
     def step(self, ctx: Context) -> dict[str, float]:
-        c, plan, timer, cluster = ctx.components, self.plan, ctx.timer, ctx.cluster
+        """Synchronous step: rollout of batch `ctx.step`, then learn on it."""
+        with ctx.timer.phase("rollout"):
+            ctx.cluster.enter_phase("rollout")
+            batch = self.rollout(ctx, ctx.step)
+        return self.learn(ctx, batch)
+
+    def rollout(self, ctx: Context, index: int) -> RolloutBatch:
+        """The groups of step `index` (generated, scored, dynamic sampling) as trajectories, and
+        the rollout metrics. Only actor_infer is called (asynchronous training runs this on the
+        producer thread)."""
+        c, plan = ctx.components, self.plan
         drawn: list[Group] = []  # every generated group, dropped ones included (metrics)
 
         def draw(k: int) -> list[Group]:
-            index = self.sampler.next(k)
-            seed = c.seed * 100_003 + ctx.step * 7 + len(drawn) * 100_000_007
+            rows_index = self.sampler.next(k)
+            seed = c.seed * 100_003 + index * 7 + len(drawn) * 100_000_007
             sampling = msgspec.structs.replace(plan.sampling, seed=seed)
-            rows = [self.train_rows[i] for i in index]
-            fresh = self.groups(ctx, rows, [self.train_ids[i] for i in index], sampling)
+            rows = [self.train_rows[i] for i in rows_index]
+            fresh = self.groups(ctx, rows, [self.train_ids[i] for i in rows_index], sampling)
             drawn.extend(fresh)
             return fresh
 
-        with timer.phase("rollout"):
-            cluster.enter_phase("rollout")
-            fill = fill_groups(
-                draw, lambda g: g.rewards, plan.prompts_per_step,
-                enable=plan.dynamic_sampling.enable,
-                max_extra_rounds=plan.dynamic_sampling.max_extra_rounds,
-            )  # fmt: skip
+        fill = fill_groups(
+            draw, lambda g: g.rewards, plan.prompts_per_step,
+            enable=plan.dynamic_sampling.enable,
+            max_extra_rounds=plan.dynamic_sampling.max_extra_rounds,
+        )  # fmt: skip
         metrics = {**fill.metrics(), **self.data_metrics, **group_metrics(drawn)}
         metrics.update({f"reward/failures/{k}": float(v) for k, v in self.failures.items()})
-        if not fill.groups:  # every group dropped within the bound: nothing to learn from
+        return RolloutBatch(index, self.trajectories(fill.groups, index), metrics)
+
+    def learn(self, ctx: Context, batch: RolloutBatch) -> dict[str, float]:
+        """Train on `batch` (collate, old / reference log-probs, advantages, train) and sync the
+        weights; an empty batch (every group dropped) trains on nothing."""
+        c, timer, cluster = ctx.components, ctx.timer, ctx.cluster
+        metrics = dict(batch.metrics)
+        if not batch.trajectories:  # every group dropped within the bound: nothing to learn from
             metrics["train/skipped"] = 1.0
             metrics.update(timer.metrics())
             return metrics
-        trajectories = self.trajectories(fill.groups, ctx.step)
-        batch = collate_trajectories(trajectories, pad_token_id=self.pad_token_id)
-        t = dict(batch.tensors)
+        trajectories = batch.trajectories
+        collated = collate_trajectories(trajectories, pad_token_id=self.pad_token_id)
+        t = dict(collated.tensors)
         cluster.enter_phase("train")
         with timer.phase("old_log_probs"):
             t["old_log_probs"] = ctx.forward("actor_train", t)["log_probs"]
@@ -219,7 +250,7 @@ class RlvrRecipe:
                 t["ref_log_probs"] = ctx.forward("reference", t)["log_probs"]
         with timer.phase("advantages"):
             adv = compute_advantages(
-                batch, c.advantage, log_probs=t["old_log_probs"],
+                collated, c.advantage, log_probs=t["old_log_probs"],
                 ref_log_probs=t.get("ref_log_probs"), kl_coef=reward_kl_coef(c.kl, self.kl_ctl),
             )  # fmt: skip
             t["advantages"], t["returns"] = adv["advantages"], adv["returns"]
@@ -230,7 +261,7 @@ class RlvrRecipe:
                             if isinstance(v, int | float)})  # fmt: skip
         with timer.phase("sync"):
             metrics.update(ctx.sync_weights())
-        metrics.update(rollout_metrics(trajectories, batch))
+        metrics.update(rollout_metrics(trajectories, collated))
         metrics.update({f"rollout/{k}": float(v) for k, v in mismatch.items()})
         metrics.update(timer.metrics())
         return metrics

@@ -98,6 +98,7 @@ def test_joining_a_cluster_uses_its_addresses_and_embedded_binds_loopback():
     assert not {"_node_ip_address", "num_cpus", "include_dashboard"} & set(joined)
     embedded = ray_init_kwargs(RayOptions(num_cpus=1), None)
     assert embedded["_node_ip_address"] == "127.0.0.1"
+    assert embedded["address"] == "local"  # never an unrelated `ray start` cluster on this host
     assert embedded["include_dashboard"] is False and "dashboard_host" not in embedded
     shown = ray_init_kwargs(RayOptions(include_dashboard=True), None)
     assert shown["dashboard_host"] == "127.0.0.1"

@@ -74,8 +74,11 @@ UNSUPPORTED: dict[str, str] = {
     "max_len_mask": "masking truncated responses is not implemented",
     "dynamic_sampling.*": "DAPO dynamic sampling is not implemented in the agentic pipeline",
     "overlong_penalty.*": "the DAPO overlong penalty is not implemented in the agentic pipeline",
-    "async.*": "the asynchronous pipeline is not implemented yet (run synchronously)",
-    "async_generation_ratio": "the asynchronous pipeline is not implemented yet (use 0)",
+    "async.partial_rollout": "partial rollout (interrupting in-flight generations at a weight "
+    "update and continuing them under the new weights) needs the engines' interrupt/resume "
+    "support, not merged yet; asynchronous training without it works (leave it false)",
+    "async.max_inflight_samples": "rollout generates one step's batch at a time, so the samples "
+    "in flight are one batch (bound the run-ahead with async.queue_size and max_staleness)",
     "is_offload_states": "offloading states between phases is not implemented",
     "train_env_manager.group_size_redundancy": "redundant envs per group are not started",
     "val_env_manager.group_size_redundancy": "redundant envs per group are not started",
@@ -260,6 +263,8 @@ DPO_IGNORED: dict[str, str] = {
     "kl_loss_coef": "the KL to the reference is implicit in the preference loss (beta)",
     "max_failed_fraction": _NO_ROLLOUT,
     "render_save_dir": _NO_ROLLOUT,
+    "async.*": _NO_ROLLOUT,
+    "async_generation_ratio": _NO_ROLLOUT,
     "sandbox_allow_weak_isolation": "no untrusted code runs in DPO",
     "reward_pretrain": "no reward model in DPO (the preference labels are the data)",
     **dict.fromkeys(

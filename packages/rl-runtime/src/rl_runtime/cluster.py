@@ -257,11 +257,14 @@ class WeightSync:
                 "sync/buckets": sent.get("num_buckets", 0.0),
                 "sync/gbps": sent.get("gbps", 0.0),
             }
+            received = results[len(self.train.workers) :]
+            versions = [int(r.get("version", -1)) for r in received]
         else:
             named = self.train.call_rank0("named_tensors", self.bucket_bytes)
-            self.infer.call_all("update_weights", named, version)
+            versions = self.infer.call_all("update_weights", named, version)
             metrics = {"sync/bytes": float(sum(t.numel() * t.element_size() for _n, t in named))}
-        versions = self.infer.call_all("weight_version")
+        # the versions the engines committed, as their transfer calls reported them (no further
+        # call: with asynchronous rollout it would queue behind the next generation)
         if any(v != version for v in versions):
             raise WeightSyncError(
                 f"after syncing version {version} the rollout engines report versions {versions}"

@@ -12,12 +12,20 @@ A recipe supplies its science through a small protocol (composition, not inherit
                                      of the final table, lines in curves.png, summary.json)
     summary(before, after) -> dict   optional: figures derived from the evaluations (summary.json)
     state() / load_state(d)          optional: recipe-only state saved in checkpoints
+    rollout(ctx, index) -> RolloutBatch  asynchronous training (components.asynchronous): the
+    learn(ctx, batch) -> metrics     step split into generation (on the producer thread: only
+                                     actor_infer calls) and training + weight sync
+    rollout_state() / load_rollout_state(d)  optional: the rollout side's state (a prompt sampler)
+                                     as it was before a batch (rl_runtime.async_training)
 
 `ctx` exposes the cluster, the components, the step, the weight version (`ctx.sync_weights()`
 bumps it), the phase timer, `log`, and sharded `forward`/`train` calls on a role. A pipeline without
 rollout engines (no `actor_infer` role, e.g. offline preference training) has no weight sync. The last step always logs, evaluates and saves.
 At start the runner prints the config warnings and writes the resolved config (secrets redacted)
 to output_dir; at the end it writes output_dir/summary.json. A resumed run says so first.
+Throughput: `throughput/samples_per_s` (trained samples, `rollout/num_trajectories`, per second of
+the training loop without evaluation and checkpoints), in the metrics and summary.json.
+With `components.asynchronous`, rollout runs ahead of the trainer (rl_runtime.async_training).
 """
 
 from __future__ import annotations
@@ -124,6 +132,7 @@ class RunResult:
     hf_model: str | None = None
     baselines: dict[str, dict[str, float]] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
+    throughput: dict[str, float] = field(default_factory=dict)
 
 
 def engine_weight_diff(cluster: Any) -> float:
@@ -248,6 +257,9 @@ class Runner:
         self.ckpt: CheckpointManager | None = None
         self.ctx: Context | None = None
         self.baselines: dict[str, dict[str, float]] = {}
+        self.asynchronous: Any = None  # rl_runtime.async_training.AsyncTraining, while running
+        self.samples_trained = 0.0
+        self.loop_seconds = 0.0
 
     # ------------------------------------------------------------------------------ setup
     def _announce(self) -> tuple[Path | None, RunState | None]:
@@ -344,12 +356,17 @@ class Runner:
                 )
 
         recipe_state = self.recipe.state() if hasattr(self.recipe, "state") else {}
+        extra: dict[str, Any] = {"recipe": recipe_state, "config": config_record(self.cfg)}
+        if self.asynchronous is not None:
+            from rl_runtime.async_training import STATE_KEY
+
+            extra[STATE_KEY] = self.asynchronous.state(ctx.step, ctx.weight_version)
         state = RunState(
             step=ctx.step,
             weight_version=ctx.weight_version,
             env_seed_epoch=ctx.step,
             rng=capture_rng(),
-            extra={"recipe": recipe_state, "config": config_record(self.cfg)},
+            extra=extra,
         )
         return self.ckpt.save(state, write)
 
@@ -364,6 +381,10 @@ class Runner:
         restore_rng(state.rng)
         if hasattr(self.recipe, "load_state"):
             self.recipe.load_state(dict(state.extra.get("recipe") or {}))
+        from rl_runtime.async_training import STATE_KEY, restore_rollout_state
+
+        if state.extra.get(STATE_KEY):  # rollout drew ahead of the trainer: back to its batch
+            restore_rollout_state(self.recipe, state.extra[STATE_KEY], ctx.step, ctx.weight_version)
         if ctx.sync is not None:  # engines get the restored weights, same version
             ctx.sync_weights(new_version=False)
 
@@ -388,19 +409,48 @@ class Runner:
                     before = self.recipe.evaluate(ctx)
                     if before:
                         ctx.log(before)
+            self._start_async(ctx, state if resume is not None else None)
             after = self._loop(ctx)
             return self._finish(ctx, t0, before, after, resume)
         finally:
             self.teardown()
 
+    def _start_async(self, ctx: Context, state: RunState | None) -> None:
+        """With `components.asynchronous`: start rollout ahead of the trainer, from the step the
+        run is at (a resume's lag totals restored)."""
+        plan = self.components.asynchronous
+        if plan is None:
+            return
+        from rl_runtime.async_training import STATE_KEY, AsyncTraining
+
+        self.asynchronous = AsyncTraining(
+            plan,
+            self.recipe,
+            ctx,
+            samples_per_batch=self.components.sizes["samples_per_step"],
+            start_index=ctx.step,
+            stop_index=self.components.cadence.max_steps,
+        )
+        if state is not None and state.extra.get(STATE_KEY):
+            self.asynchronous.lags.load_state(state.extra[STATE_KEY].get("lags") or {})
+        self.asynchronous.start()
+
     def _loop(self, ctx: Context) -> dict[str, float]:
         cad = self.components.cadence
         last_eval: dict[str, float] = {}
+        step = self.recipe.step if self.asynchronous is None else self.asynchronous.step
         with StepProgress(cad.max_steps, ctx.step) as progress:
             while ctx.step < cad.max_steps:
                 ctx.timer.reset()
-                metrics = self.recipe.step(ctx)
+                t0 = time.perf_counter()
+                metrics = step(ctx)
                 ctx.step += 1
+                if self.asynchronous is not None:  # trained and synced: rollout may go on
+                    self.asynchronous.trainer_finished(ctx.step)
+                self.loop_seconds += time.perf_counter() - t0
+                self.samples_trained += metrics.get("rollout/num_trajectories", 0.0)
+                if self.samples_trained:  # pipelines that count trained samples (rollout/*)
+                    metrics["throughput/samples_per_s"] = self.samples_per_s()
                 last = ctx.step == cad.max_steps
                 if last or (cad.eval_steps and ctx.step % cad.eval_steps == 0):
                     last_eval = self.recipe.evaluate(ctx)
@@ -415,6 +465,11 @@ class Runner:
                     " ".join(f"{k}={metrics[k]:.3f}" for k in shown),
                 )
         return last_eval
+
+    def samples_per_s(self) -> float:
+        """Trained samples per second of the training loop so far (evaluation and checkpoints
+        not counted)."""
+        return self.samples_trained / self.loop_seconds if self.loop_seconds > 0 else 0.0
 
     def _finish(
         self,
@@ -451,6 +506,11 @@ class Runner:
             hf_model=hf_dir,
             baselines=self.baselines,
             summary=self.recipe.summary(before, after) if hasattr(self.recipe, "summary") else {},
+            throughput={
+                "samples_per_s": self.samples_per_s(),
+                "samples_trained": self.samples_trained,
+                "loop_seconds": self.loop_seconds,
+            },
         )
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(result.__dict__, indent=2, default=str))
@@ -460,6 +520,9 @@ class Runner:
         ctx = self.ctx
         if ctx is None:
             return
+        if self.asynchronous is not None:  # before the cluster: its thread calls the engines
+            self.asynchronous.stop()
+            self.asynchronous = None
         if ctx.tracker is not None:
             ctx.tracker.close()
         if ctx.cluster is not None:

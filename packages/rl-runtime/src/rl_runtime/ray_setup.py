@@ -77,6 +77,9 @@ def ray_init_kwargs(options: RayOptions, address: str | None) -> dict[str, Any]:
     if address:
         kwargs["address"] = address
         return kwargs
+    # a new local instance even when a `ray start` cluster runs on this machine (ray.init()
+    # without an address would join that one, e.g. another user's, and refuse num_cpus)
+    kwargs["address"] = "local"
     kwargs["num_cpus"] = options.num_cpus
     if options.num_gpus is not None:
         kwargs["num_gpus"] = options.num_gpus

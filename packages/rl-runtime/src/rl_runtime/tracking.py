@@ -20,6 +20,8 @@ from typing import Any, Protocol, TextIO
 
 METRIC_PREFIXES = (
     "rollout/",
+    "async/",
+    "throughput/",
     "env/",
     "train/",
     "timing/",

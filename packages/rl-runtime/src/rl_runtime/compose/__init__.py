@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from rl_runtime.compose.advantage import build_advantage, build_kl
+from rl_runtime.compose.async_plan import AsyncPlan, build_async
 from rl_runtime.compose.components import (
     AgentPlan,
     Cadence,
@@ -40,6 +41,7 @@ from rl_runtime.compose.sampling import build_sampling
 
 __all__ = [
     "AgentPlan",
+    "AsyncPlan",
     "Cadence",
     "CheckpointSettings",
     "ClusterSettings",
@@ -50,6 +52,7 @@ __all__ = [
     "TrackerSettings",
     "build_actor_loss",
     "build_advantage",
+    "build_async",
     "build_critic_loss",
     "build_env_manager",
     "build_env_specs",
@@ -113,6 +116,7 @@ def compose(
     opt_steps = actor.training_args.max_steps if actor and actor.training_args else 0
     train = build_env_manager(cfg.train_env_manager, samples)
     val = build_env_manager(cfg.val_env_manager, None)
+    asynchronous = None if rollout_only else build_async(cfg, samples, warnings)
     return Components(
         exp_name=cfg.exp_name,
         seed=cfg.seed,
@@ -147,6 +151,7 @@ def compose(
         max_failed_fraction=float(cfg.max_failed_fraction),
         sandbox_allow_weak_isolation=bool(cfg.sandbox_allow_weak_isolation),
         warnings=tuple(warnings),
+        asynchronous=asynchronous,
     )
 
 

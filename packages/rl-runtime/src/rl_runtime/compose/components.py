@@ -9,6 +9,7 @@ import msgspec
 
 from rl_config.records import SamplingParams
 from rl_runtime.advantages import AdvantageConfig, KLControlConfig
+from rl_runtime.compose.async_plan import AsyncPlan
 from rl_train.args import ModelArgs, TrainingArgs
 from rl_train.losses import ActorLossConfig, CriticLossConfig
 
@@ -128,6 +129,8 @@ class Components:
     sandbox_allow_weak_isolation: bool = False
     """Let untrusted reward/tool code run without network namespaces (rl-envs sandbox)."""
     warnings: tuple[str, ...] = field(default=())
+    asynchronous: AsyncPlan | None = None
+    """Rollout running ahead of training (None: synchronous; rl_runtime.async_training)."""
 
     def role(self, name: str) -> RolePlan | None:
         return next((r for r in self.roles if r.role == name), None)

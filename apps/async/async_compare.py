@@ -1,0 +1,100 @@
+"""The two runs apps/async compares and the figures it reports (pure: overrides and summaries).
+
+Both runs are apps/rlvr's recipe on the same config and devices; only `async.max_staleness`
+differs (0: synchronous; the async run's value, 1 by default: one-step-off). samples/s is trained
+samples per second of the training loop (`RunResult.throughput`: evaluation and checkpoints not
+counted); held-out accuracy is the final evaluation's (`val/accuracy`: sampled like training,
+`val/greedy/accuracy`: greedy decoding).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+CPU_DEFAULTS: dict[str, Any] = {
+    # rollout (actor_infer) on its own CPU bundle, training on the other: rollout can generate
+    # while the trainer trains; the synchronous run uses the same layout (a like-for-like ratio)
+    "num_gpus_per_node": 2,
+    "actor_train.device_mapping": "[0]",
+    "actor_infer.device_mapping": "[1]",
+    "reference.device_mapping": "[0]",
+    # fewer steps than apps/rlvr's 30, so both runs fit ~10 min on a quiet 2-core machine
+    "max_steps": 20,
+    "eval_steps": 20,
+    "save_steps": 20,
+    # importance weights against the engine's behaviour log-probs (both runs, like for like)
+    "train_infer_correction.is_weight.enabled": "true",
+    "train_infer_correction.is_weight.upper_bound": 2.0,
+    "output_dir": "./output/async_cpu",
+}
+"""Overrides of apps/rlvr's CPU default when apps/async runs without --config."""
+
+STALENESS_KEY = "async.max_staleness"
+
+
+def split_staleness(overrides: list[str]) -> tuple[list[str], int]:
+    """The overrides without `async.max_staleness=...`, and that value (1 when absent): the
+    asynchronous run's bound (the synchronous run uses 0)."""
+    rest, staleness = [], 1
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key.strip() == STALENESS_KEY:
+            staleness = int(value)
+        else:
+            rest.append(item)
+    if staleness < 1:
+        raise ValueError(f"{STALENESS_KEY}={staleness}: the asynchronous run needs at least 1")
+    return rest, staleness
+
+
+def run_overrides(base: list[str], output_dir: str, mode: str, staleness: int) -> list[str]:
+    """One run's overrides: its own output directories under `output_dir/<mode>`."""
+    out = f"{output_dir.rstrip('/')}/{mode}"
+    return [*base, f"output_dir={out}", f"logging_dir={out}/logs",
+            f"checkpoint_config.output_dir={out}/checkpoints",
+            f"{STALENESS_KEY}={staleness}"]  # fmt: skip
+
+
+def step_rows(log_dir: str) -> list[dict[str, Any]]:
+    path = Path(log_dir) / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [r for r in rows if r.get("step", 0) > 0 and "train/loss" in r]
+
+
+def run_summary(result: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's figures: throughput, final held-out accuracy, and (async) policy lag."""
+    after = result.eval_after
+    out: dict[str, Any] = {
+        "samples_per_s": round(result.throughput.get("samples_per_s", 0.0), 3),
+        "heldout_accuracy": after.get("val/accuracy"),
+        "heldout_greedy_accuracy": after.get("val/greedy/accuracy"),
+        "steps": result.step,
+        "samples_trained": result.throughput.get("samples_trained", 0.0),
+        "loop_seconds": round(result.throughput.get("loop_seconds", 0.0), 1),
+        "wall_seconds": round(result.wall_seconds, 1),
+    }
+    lagged = [r for r in rows if "async/lag_mean" in r]
+    if lagged:
+        trained = sum(r["rollout/num_trajectories"] for r in lagged)
+        out["lag_mean"] = round(
+            sum(r["async/lag_mean"] * r["rollout/num_trajectories"] for r in lagged) / trained, 3
+        )
+        out["lag_max"] = max(r["async/lag_max"] for r in lagged)
+        out["dropped_stale_samples"] = lagged[-1]["async/dropped_stale_total"]
+        out["trainer_idle_s_mean"] = round(mean(r["async/trainer_idle_s"] for r in lagged), 2)
+    return out
+
+
+def table_rows(summary: dict[str, Any]) -> dict[str, dict[str, float | str]]:
+    """Rows of the side-by-side table (sync, async)."""
+    keys = ("samples_per_s", "heldout_accuracy", "heldout_greedy_accuracy", "loop_seconds",
+            "lag_mean", "lag_max", "dropped_stale_samples")  # fmt: skip
+    rows = {}
+    for mode in ("sync", "async"):
+        run = summary[mode]
+        label = mode if mode == "sync" else f"async (max_staleness {summary['max_staleness']})"
+        rows[label] = {k: run[k] for k in keys if run.get(k) is not None}
+    return rows

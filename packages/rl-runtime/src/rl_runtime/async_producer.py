@@ -1,0 +1,152 @@
+"""The rollout side of asynchronous training: a driver thread that generates ahead of the trainer.
+
+`RolloutProducer(produce, queue, ...)` runs `produce(index) -> RolloutBatch` for index = start,
+start + 1, ... < stop_index, in order, on its own thread. Before each batch it waits for two
+things: the staleness gate, that the trainer has finished (trained and synced) at least
+`index - max_staleness` steps, so batch `index` is generated with weights at most
+`max_staleness` versions behind the trainer that consumes it (0: only after the previous step's
+sync, i.e. synchronous training); and room in the queue (`SampleQueue.reserve`). It records the
+recipe's rollout state (`rollout_state()`, e.g. a prompt sampler) before each batch, so a
+checkpoint can hold the state of the first batch the trainer has not consumed (what rollout
+drew ahead is drawn again after a resume, never skipped).
+
+The producer never changes weights and never sleeps or offloads an engine (asynchronous training
+refuses colocation: that is the async + sleep deadlock of ROLL #253). Its waits on the trainer
+poll a stop event; its remote calls are bounded by rpc_timeout inside `produce`. An exception in
+`produce` closes the queue with it, so the trainer's `take` fails with that error at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rl_runtime.async_queue import QueueClosed, RolloutBatch, SampleQueue
+
+_POLL_S = 0.05
+
+
+class RolloutProducer:
+    def __init__(
+        self,
+        produce: Callable[[int], RolloutBatch],
+        queue: SampleQueue,
+        *,
+        max_staleness: int,
+        samples_per_batch: int,
+        start_index: int,
+        stop_index: int,
+        timeout_s: float,
+        rollout_state: Callable[[], Any] | None = None,
+    ) -> None:
+        self.produce = produce
+        self.queue = queue
+        self.max_staleness = max_staleness
+        self.samples_per_batch = samples_per_batch
+        self.next_index = start_index
+        self.stop_index = stop_index
+        self.timeout_s = timeout_s
+        self.rollout_state = rollout_state
+        self.error: BaseException | None = None
+        self._trainer_done = start_index
+        self._snapshots: dict[int, Any] = {}
+        self._idle_s = 0.0
+        self._busy_s = 0.0
+        self._lock = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
+
+    # ---------------------------------------------------------------------------- trainer
+    def start(self) -> None:
+        self._thread.start()
+
+    def trainer_finished(self, steps: int) -> None:
+        """The trainer has finished `steps` steps (trained and synced): opens the gate."""
+        with self._lock:
+            self._trainer_done = steps
+            self._lock.notify_all()
+
+    def take_idle_seconds(self) -> tuple[float, float]:
+        """(seconds rollout waited for the trainer or queue room, seconds it generated) since
+        the last take."""
+        with self._lock:
+            out = (self._idle_s, self._busy_s)
+            self._idle_s = self._busy_s = 0.0
+            return out
+
+    def resume_state(self, next_index: int) -> Any:
+        """The recipe's rollout state before batch `next_index` (the first one the trainer has
+        not consumed): its snapshot, or the current state when rollout has not begun it."""
+        with self._lock:
+            for old in [i for i in self._snapshots if i < next_index]:
+                del self._snapshots[old]
+            if next_index in self._snapshots:
+                return self._snapshots[next_index]
+            if self.next_index != next_index:
+                raise RuntimeError(
+                    f"no rollout state recorded for batch {next_index} (rollout is at "
+                    f"{self.next_index})"
+                )
+            return self.rollout_state() if self.rollout_state is not None else None
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop after the batch in progress (waits at most `timeout_s` for it)."""
+        self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+        self.queue.close()
+        if self._thread.is_alive():
+            self._thread.join(self.timeout_s if timeout_s is None else timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # --------------------------------------------------------------------------- producer
+    def _gate_open(self, index: int) -> bool:
+        return self._trainer_done >= index - self.max_staleness
+
+    def _wait_for_gate(self, index: int) -> None:
+        """Wait (polling the stop event; no deadline of its own: the trainer's calls are bounded
+        and a failed trainer stops the producer) until batch `index` may start."""
+        with self._lock:
+            while not self._gate_open(index) and not self._stop.is_set():
+                self._lock.wait(_POLL_S)
+
+    def _run(self) -> None:
+        reserved = 0
+        try:
+            while self.next_index < self.stop_index and not self._stop.is_set():
+                index = self.next_index
+                t0 = time.perf_counter()
+                self._wait_for_gate(index)
+                if self._stop.is_set():
+                    break
+                self.queue.reserve(self.samples_per_batch, self.timeout_s, f"room for {index}")
+                reserved = self.samples_per_batch
+                with self._lock:
+                    if self.rollout_state is not None:
+                        self._snapshots[index] = self.rollout_state()
+                    self._idle_s += time.perf_counter() - t0
+                if self._stop.is_set():
+                    break
+                t1 = time.perf_counter()
+                batch = self.produce(index)
+                batch.seconds = time.perf_counter() - t1
+                if batch.index != index:
+                    raise RuntimeError(f"produce({index}) returned batch {batch.index}")
+                self.queue.put(batch, reserved)
+                reserved = 0
+                with self._lock:
+                    self._busy_s += batch.seconds
+                    self.next_index = index + 1
+        except QueueClosed:
+            pass  # the run is ending
+        except BaseException as exc:  # handed to the trainer through the queue
+            self.error = exc
+            self.queue.close(exc)
+        finally:
+            if reserved:
+                self.queue.release(reserved)

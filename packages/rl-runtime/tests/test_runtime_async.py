@@ -1,0 +1,322 @@
+"""Asynchronous training's pure parts, without Ray: the sample queue, the staleness filter and
+lag statistics, the rollout producer's gate, and the async plan compose builds."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from rl_config.records import Trajectory
+from rl_runtime.async_producer import RolloutProducer
+from rl_runtime.async_queue import AsyncTimeoutError, QueueClosed, RolloutBatch, SampleQueue
+from rl_runtime.staleness import LagStats, StalenessError, filter_stale
+
+
+def traj(group: str, version: int, token_versions: list[int] | None = None, k: int = 0):
+    return Trajectory(
+        traj_id=f"{group}-{k}", group_id=group, tag="t", env_seed=0, token_ids=[1, 2, 3],
+        prompt_length=1, response_mask=[False, True, True], rollout_log_probs=[0.0, -1.0, -1.0],
+        weight_version=version, token_versions=token_versions or [],
+    )  # fmt: skip
+
+
+def batch(index: int, n: int) -> RolloutBatch:
+    return RolloutBatch(index, [traj(f"g{index}", index, k=k) for k in range(n)])
+
+
+# ----------------------------------------------------------------------------------- queue
+def test_queue_counts_samples_and_reservations():
+    q = SampleQueue(8)
+    q.reserve(4, 1.0)
+    q.reserve(4, 1.0)
+    with pytest.raises(AsyncTimeoutError, match="queue room"):
+        q.reserve(1, 0.05)  # 4 + 4 reserved: full although nothing is queued yet
+    q.put(batch(0, 3), reserved=4)  # a smaller batch frees the rest of its reservation
+    assert q.depth == 3 and len(q) == 1
+    q.reserve(1, 0.05)
+    assert q.take(1.0).index == 0 and q.depth == 0
+
+
+def test_queue_refuses_a_batch_larger_than_it_and_one_over_its_reservation():
+    q = SampleQueue(4)
+    with pytest.raises(ValueError, match="can never fit"):
+        q.reserve(5, 1.0)
+    q.reserve(2, 1.0)
+    with pytest.raises(ValueError, match="reserved room for 2"):
+        q.put(batch(0, 3), reserved=2)
+
+
+def test_take_times_out_with_a_clear_error_and_close_hands_over_the_producer_error():
+    q = SampleQueue(4)
+    with pytest.raises(AsyncTimeoutError, match="rollout batch 7"):
+        q.take(0.05, "rollout batch 7")
+    q.reserve(2, 1.0)
+    q.put(batch(0, 2), 2)
+    q.close(RuntimeError("engine died"))
+    assert q.take(1.0).index == 0  # what was queued before the close is still handed out
+    with pytest.raises(QueueClosed, match="engine died"):
+        q.take(1.0)
+
+
+def test_a_waiting_take_wakes_on_put():
+    q = SampleQueue(4)
+    got: list[int] = []
+    t = threading.Thread(target=lambda: got.append(q.take(5.0).index))
+    t.start()
+    time.sleep(0.05)
+    q.reserve(2, 1.0)
+    q.put(batch(3, 2), 2)
+    t.join(5.0)
+    assert got == [3]
+
+
+# ------------------------------------------------------------------------------- staleness
+def test_filter_keeps_samples_within_the_bound_and_drops_whole_groups():
+    samples = [traj("a", 5, k=0), traj("a", 4, k=1), traj("b", 3), traj("c", 5)]
+    out = filter_stale(samples, trainer_version=5, max_staleness=1)
+    assert [t.traj_id for t in out.kept] == ["a-0", "a-1", "c-0"]
+    assert out.dropped == 1 and out.lags == [0, 1, 0]
+    # a group is as old as its oldest member: one stale sample drops its group
+    out = filter_stale([traj("a", 5, k=0), traj("a", 3, k=1)], 5, 1)
+    assert out.kept == [] and out.dropped == 2
+
+
+def test_staleness_is_measured_from_the_oldest_token_version():
+    # partial rollout: started under version 2, finished under 4 -> lag from 2
+    sample = traj("a", 4, token_versions=[0, 2, 4])
+    assert filter_stale([sample], 4, 1).dropped == 1
+    assert filter_stale([sample], 4, 2).lags == [2]
+
+
+def test_zero_staleness_keeps_only_samples_of_the_current_version():
+    out = filter_stale([traj("a", 7), traj("b", 6)], 7, 0)
+    assert [t.group_id for t in out.kept] == ["a"] and out.dropped == 1
+
+
+def test_a_sample_newer_than_the_trainer_is_an_error():
+    with pytest.raises(StalenessError, match="newer than the trainer's 3"):
+        filter_stale([traj("a", 4)], 3, 2)
+
+
+def test_lag_statistics():
+    stats = LagStats(2)
+    m = stats.metrics(filter_stale([traj("a", 5), traj("b", 4), traj("c", 4), traj("d", 1)], 5, 2))
+    assert m["async/lag_mean"] == pytest.approx(2 / 3) and m["async/lag_max"] == 1
+    assert [m[f"async/lag_hist/{k}"] for k in range(3)] == [1, 2, 0]
+    assert m["async/dropped_stale_samples"] == 1 and m["async/dropped_stale_total"] == 1
+    stats.metrics(filter_stale([traj("e", 0)], 5, 2))
+    assert stats.state() == {"total_kept": 3, "total_dropped": 2}
+
+
+# -------------------------------------------------------------------------------- producer
+class Recorder:
+    """produce(index): records the trainer's progress seen when each batch starts."""
+
+    def __init__(self) -> None:
+        self.trainer_done = 0
+        self.seen: list[tuple[int, int]] = []
+        self.position = 0
+
+    def produce(self, index: int) -> RolloutBatch:
+        self.seen.append((index, self.trainer_done))
+        self.position += 1
+        return RolloutBatch(index, [traj(f"g{index}", self.trainer_done)])
+
+
+def run_trainer(max_staleness: int, steps: int, capacity: int = 10) -> Recorder:
+    rec = Recorder()
+    q = SampleQueue(capacity)
+    producer = RolloutProducer(
+        rec.produce, q, max_staleness=max_staleness, samples_per_batch=1, start_index=0,
+        stop_index=steps, timeout_s=5.0, rollout_state=lambda: {"position": rec.position},
+    )  # fmt: skip
+    producer.start()
+    try:
+        for step in range(steps):
+            b = q.take(5.0)
+            assert b.index == step
+            time.sleep(0.02)  # "training": rollout may run ahead meanwhile
+            rec.trainer_done = step + 1
+            producer.trainer_finished(step + 1)
+    finally:
+        producer.stop(5.0)
+    return rec
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_producer_starts_a_batch_only_within_the_staleness_bound(staleness):
+    rec = run_trainer(staleness, steps=6)
+    assert [i for i, _ in rec.seen] == list(range(6))
+    for index, done in rec.seen:
+        assert index - done <= staleness  # batch `index` starts after step index - S finished
+    if staleness == 0:  # synchronous: each batch after the previous step finished
+        assert rec.seen == [(i, i) for i in range(6)]
+    else:  # it did run ahead
+        assert any(index - done == staleness for index, done in rec.seen)
+
+
+def test_queue_capacity_bounds_how_far_rollout_runs_ahead():
+    rec = Recorder()
+    q = SampleQueue(2)
+    producer = RolloutProducer(rec.produce, q, max_staleness=10, samples_per_batch=1,
+                               start_index=0, stop_index=10, timeout_s=5.0)  # fmt: skip
+    producer.start()
+    time.sleep(0.3)
+    assert len(rec.seen) == 2 and q.depth == 2  # the trainer has taken nothing: queue full
+    producer.stop(5.0)
+    assert not producer.alive
+
+
+def test_producer_error_reaches_the_trainer():
+    def produce(index: int) -> RolloutBatch:
+        raise RuntimeError("actor_infer.generate failed remotely")
+
+    q = SampleQueue(4)
+    producer = RolloutProducer(produce, q, max_staleness=1, samples_per_batch=1, start_index=0,
+                               stop_index=3, timeout_s=5.0)  # fmt: skip
+    producer.start()
+    with pytest.raises(QueueClosed, match="generate failed remotely"):
+        q.take(5.0)
+    producer.stop(5.0)
+
+
+def test_resume_state_is_the_rollout_state_before_the_first_unconsumed_batch():
+    rec = Recorder()
+    q = SampleQueue(10)
+    producer = RolloutProducer(rec.produce, q, max_staleness=3, samples_per_batch=1,
+                               start_index=0, stop_index=5, timeout_s=5.0,
+                               rollout_state=lambda: {"position": rec.position})  # fmt: skip
+    producer.start()
+    deadline = time.monotonic() + 5
+    while len(rec.seen) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(rec.seen) == 4  # ran 3 batches ahead of a trainer that consumed nothing
+    q.take(1.0)
+    producer.trainer_finished(1)
+    # a checkpoint now resumes at batch 1: the sampler as it was before batch 1, not batch 4
+    assert producer.resume_state(1) == {"position": 1}
+    producer.stop(5.0)
+
+
+# --------------------------------------------------------------------------------- compose
+def _cfg(**extra):
+    from rl_config.schema import ExperimentConfig
+
+    base = {
+        "pretrain": "m", "num_gpus_per_node": 2, "rollout_batch_size": 4,
+        "num_return_sequences_in_group": 2,
+        "actor_train": {"device_mapping": [0]}, "actor_infer": {"device_mapping": [1]},
+        "reference": {"device_mapping": [0]},
+    }  # fmt: skip
+    base.update(extra)
+    return ExperimentConfig.model_validate(base)
+
+
+def _compose(cfg):
+    from rl_runtime.compose import compose
+
+    return compose(cfg, pipeline="rlvr")
+
+
+def test_synchronous_by_default_and_with_max_staleness_zero():
+    assert _compose(_cfg()).asynchronous is None
+    c = _compose(_cfg(**{"async": {"max_staleness": 0, "queue_size": 16}}))
+    assert c.asynchronous is None
+    assert any("async.queue_size=16 has no effect" in w for w in c.warnings)
+
+
+def test_roll_async_generation_ratio_maps_onto_max_staleness():
+    plan = _compose(_cfg(async_generation_ratio=1.5)).asynchronous
+    assert plan is not None and plan.max_staleness == 2
+    assert plan.queue_samples == 2 * 8  # samples_per_step (4 prompts x 2) x max_staleness
+    assert plan.source == "async_generation_ratio=1.5 -> max_staleness=2"
+    one_step_off = _compose(_cfg(**{"async": {"max_staleness": 1}})).asynchronous
+    assert one_step_off is not None and one_step_off.max_staleness == 1
+    assert one_step_off.source == "async.max_staleness=1"
+
+
+def test_a_queue_smaller_than_a_batch_is_refused_by_name():
+    with pytest.raises(ValueError, match="async.queue_size=5 is smaller than one step's batch"):
+        _compose(_cfg(**{"async": {"max_staleness": 1, "queue_size": 5}}))
+
+
+def test_async_without_is_correction_warns_and_with_it_does_not():
+    c = _compose(_cfg(**{"async": {"max_staleness": 1}}))
+    assert any("without train_infer_correction" in w for w in c.warnings)
+    tic = {"is_weight": {"enabled": True, "upper_bound": 2.0}}
+    c = _compose(_cfg(**{"async": {"max_staleness": 1}, "train_infer_correction": tic}))
+    assert not any("train_infer_correction" in w for w in c.warnings)
+    assert c.role("actor_train").loss.is_weight is not None  # the loss corrects against rollout
+
+
+def test_a_role_colocated_with_the_engines_is_refused_for_async():
+    with pytest.raises(ValueError, match="reference.device_mapping shares devices \\[1\\]"):
+        _compose(_cfg(**{"async": {"max_staleness": 1}, "reference": {"device_mapping": [1]}}))
+
+
+@pytest.mark.parametrize(
+    "section, match",
+    [
+        ({"max_staleness": 1, "partial_rollout": True}, "engines' interrupt/resume support"),
+        ({"max_staleness": 1, "max_inflight_samples": 4}, "one step's batch at a time"),
+    ],
+)
+def test_unimplemented_async_keys_are_refused_by_name(section, match):
+    from rl_config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        _compose(_cfg(**{"async": section}))
+
+
+# ---------------------------------------------------------------------------- async runner
+class FakeCluster:
+    def __init__(self, colocated: list[str]) -> None:
+        self.colocated = colocated
+
+    def colocated_with_infer(self) -> list[str]:
+        return self.colocated
+
+
+class SplitRecipe:
+    def rollout(self, ctx, index):
+        return RolloutBatch(index, [])
+
+    def learn(self, ctx, batch):
+        return {}
+
+
+def _training(recipe, colocated=()):
+    from types import SimpleNamespace
+
+    from rl_runtime.async_training import AsyncTraining
+    from rl_runtime.compose import AsyncPlan
+
+    plan = AsyncPlan(max_staleness=1, queue_samples=4, wait_timeout_s=5.0, source="test")
+    ctx = SimpleNamespace(cluster=FakeCluster(list(colocated)))
+    return AsyncTraining(plan, recipe, ctx, samples_per_batch=2, start_index=0, stop_index=2)
+
+
+def test_async_training_refuses_colocated_engines_and_unsplit_recipes():
+    with pytest.raises(RuntimeError, match=r"\['reference'\] sharing devices with actor_infer"):
+        _training(SplitRecipe(), colocated=["reference"])
+    with pytest.raises(TypeError, match="no `rollout`"):
+        _training(object())
+    _training(SplitRecipe())
+
+
+def test_a_checkpoint_whose_async_bookkeeping_disagrees_is_refused():
+    from rl_runtime.async_training import restore_rollout_state
+
+    loaded: list[dict] = []
+
+    class Recipe:
+        def load_rollout_state(self, state):
+            loaded.append(state)
+
+    good = {"trainer_version": 5, "next_index": 4, "rollout_state": {"sampler": 1}}
+    restore_rollout_state(Recipe(), good, step=4, weight_version=5)
+    assert loaded == [{"sampler": 1}]
+    with pytest.raises(RuntimeError, match="disagrees with its run state"):
+        restore_rollout_state(Recipe(), {**good, "trainer_version": 0}, step=4, weight_version=5)

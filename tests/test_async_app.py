@@ -1,0 +1,80 @@
+"""apps/async: the two runs it compares (overrides, dry run) and the figures it reports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "apps" / "async"
+sys.path.insert(0, str(APP))
+
+from async_compare import run_overrides, run_summary, split_staleness  # noqa: E402
+
+
+def test_the_async_runs_bound_comes_from_the_overrides_and_sync_is_zero():
+    rest, staleness = split_staleness(["max_steps=3", "async.max_staleness=2"])
+    assert rest == ["max_steps=3"] and staleness == 2
+    assert split_staleness([])[1] == 1  # one-step-off by default
+    with pytest.raises(ValueError, match="async.max_staleness=0"):
+        split_staleness(["async.max_staleness=0"])
+    sync = run_overrides(rest, "out/x/", "sync", 0)
+    assert sync[-4:] == ["output_dir=out/x/sync", "logging_dir=out/x/sync/logs",
+                         "checkpoint_config.output_dir=out/x/sync/checkpoints",
+                         "async.max_staleness=0"]  # fmt: skip
+
+
+def test_summary_weights_the_lag_by_trained_samples():
+    result = SimpleNamespace(
+        eval_after={"val/accuracy": 0.5, "val/greedy/accuracy": 0.6}, step=2, wall_seconds=10.0,
+        throughput={"samples_per_s": 4.0, "samples_trained": 24.0, "loop_seconds": 6.0},
+    )  # fmt: skip
+    rows = [
+        {"async/lag_mean": 0.0, "async/lag_max": 0.0, "rollout/num_trajectories": 16,
+         "async/dropped_stale_total": 0.0, "async/trainer_idle_s": 1.0},
+        {"async/lag_mean": 1.0, "async/lag_max": 1.0, "rollout/num_trajectories": 8,
+         "async/dropped_stale_total": 4.0, "async/trainer_idle_s": 0.0},
+    ]  # fmt: skip
+    s = run_summary(result, rows)
+    assert s["samples_per_s"] == 4.0 and s["heldout_accuracy"] == 0.5
+    assert s["lag_mean"] == pytest.approx(8 / 24, abs=1e-3) and s["lag_max"] == 1.0
+    assert s["dropped_stale_samples"] == 4.0
+    assert "lag_mean" not in run_summary(result, [])  # the synchronous run has no lag
+
+
+def test_dry_run_shows_a_synchronous_and_an_asynchronous_plan(tmp_path):
+    proc = subprocess.run([sys.executable, str(APP), "--dry-run"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sync, asyn = proc.stdout.split("=== async run")
+    assert "asynchronous: None" in sync
+    assert "asynchronous: AsyncPlan(max_staleness=1" in asyn
+    assert "actor_infer  strategy=hf_infer devices=[1]" in asyn
+
+
+def test_rlvr_trajectories_carry_the_engines_per_token_versions():
+    """A generation that continued under newer weights (partial rollout) is as old as its
+    oldest token: the RLVR recipe hands the engine's token_versions to the staleness filter."""
+    sys.path.insert(0, str(ROOT / "apps" / "rlvr"))
+    from rlvr_data import Scored
+    from rlvr_metrics import Group
+    from rlvr_pipeline import RlvrRecipe
+
+    from rl_config.records import GenerationResult, oldest_weight_version
+
+    def result(versions: list[int]) -> GenerationResult:
+        return GenerationResult(request_id="0", prompt_ids=[1, 2], output_ids=[3, 4, 5],
+                                output_log_probs=[-1.0] * 3, finish_reason="stop",
+                                weight_version=7, token_versions=versions)  # fmt: skip
+
+    recipe = RlvrRecipe(None, SimpleNamespace(max_len_mask=False), "unused")  # type: ignore[arg-type]
+    row = SimpleNamespace(data_source="d", index=0)
+    ok = Scored(1.0, True, "ok")
+    group = Group(row, [1, 2], [result([5, 6, 7]), result([])], ["a", "b"], [ok, ok], [1.0, 1.0])
+    partial, whole = recipe.trajectories([group], step=0)
+    assert partial.token_versions == [7, 7, 5, 6, 7] and oldest_weight_version(partial) == 5
+    assert whole.token_versions == [] and oldest_weight_version(whole) == 7

@@ -1,0 +1,148 @@
+"""Asynchronous training end to end on real Ray (apps/rlvr's recipe, a tiny model, a few steps):
+`max_staleness: 0` through the asynchronous machinery equals the synchronous path, one-step-off
+runs ahead within its bound, and a resumed run keeps the bound and the prompt order."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "apps" / "rlvr"
+sys.path.insert(0, str(APP))
+sys.path.insert(0, str(ROOT / "tests"))  # test_agentic_e2e's run settings
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+
+# actor_train on (CPU) device 0, the engine on device 1: rollout can run while training does
+LAYOUT = {
+    "num_gpus_per_node": 2,
+    "actor_train.device_mapping": "[0]",
+    "actor_infer.device_mapping": "[1]",
+    "reference.device_mapping": "[0]",
+}
+
+
+def _overrides(out: Path, extra: dict[str, Any]) -> list[str]:
+    base = {
+        "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
+        "pretrain": out.parent / "tiny_model", "track_with": "stdout",
+        "max_steps": 3, "eval_steps": 100, "save_steps": 1000, "dynamic_sampling.enable": "false",
+        "rollout_batch_size": 4, "num_return_sequences_in_group": 4, "val_batch_size": 8,
+        "val_n_sample": 2, "actor_train.training_args.per_device_train_batch_size": 8,
+        "actor_train.training_args.gradient_accumulation_steps": 2,
+        "rlvr_app.warmup.steps": 2, "rlvr_app.warmup.batch_size": 8, "rlvr_app.warmup.demos": 16,
+        "train_infer_correction.is_weight.enabled": "true",
+        "train_infer_correction.is_weight.upper_bound": 2.0,
+        **LAYOUT, **extra,
+    }  # fmt: skip
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def run_rlvr(out: Path, asynchronous: Any = "config", **extra: Any) -> tuple[Any, list[dict]]:
+    """apps/rlvr's run in this process (Ray workers); `asynchronous` replaces the composed
+    async plan when given. Returns the RunResult and the per-step metrics rows."""
+    from rlvr_app import DEFAULT_CONFIG, compose_rlvr, load, run
+
+    cfg, app = load(DEFAULT_CONFIG, _overrides(out, extra))
+    components, plan = compose_rlvr(cfg)
+    if asynchronous != "config":
+        components = dataclasses.replace(components, asynchronous=asynchronous)
+    result = run(cfg, app, components, plan)
+    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    return result, [r for r in rows if r["step"] > 0 and "train/loss" in r]
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """Relative data paths of the CPU default land in tmp_path."""
+    monkeypatch.chdir(tmp_path)
+
+
+COMPARED = ("reward/mean", "reward/accuracy", "response/length_mean", "rollout/response_tokens",
+            "train/loss", "train/pg_loss", "train/grad_norm", "sync/weight_version",
+            "rollout/num_trajectories")  # fmt: skip
+
+
+def test_zero_staleness_through_the_async_machinery_equals_synchronous(tmp_path):
+    """The producer thread, queue and staleness filter with max_staleness 0 train on exactly
+    what the synchronous loop trains on (verl #4449: a "staleness 0" that was not on-policy)."""
+    from rl_runtime.compose import AsyncPlan
+
+    _, sync = run_rlvr(tmp_path / "sync")
+    zero = AsyncPlan(max_staleness=0, queue_samples=16, wait_timeout_s=600.0, source="test")
+    result, asyn = run_rlvr(tmp_path / "async0", asynchronous=zero)
+    assert [r["step"] for r in sync] == [r["step"] for r in asyn] == [1, 2, 3]
+    for s, a in zip(sync, asyn, strict=True):
+        for key in COMPARED:
+            assert a[key] == pytest.approx(s[key], rel=1e-6, abs=1e-7), (s["step"], key)
+        assert a["async/lag_max"] == 0 and a["async/dropped_stale_samples"] == 0
+        assert a["async/lag_hist/0"] == 16
+    assert result.throughput["samples_trained"] == 48
+
+
+def test_one_step_off_runs_ahead_within_its_bound_and_resumes_within_it(tmp_path):
+    """max_staleness 1 (verl's one-step-off): rollout generates the next batch with the previous
+    weights while the trainer trains (lag 1 observed, never more, nothing dropped). A run stopped
+    at step 2 and resumed keeps the bound (AReaL #1388) and draws, at step 3, the prompts the
+    trainer had not consumed: the checkpoint holds the sampler before batch 2, not where
+    rollout had drawn ahead to."""
+    one = {"async.max_staleness": 1, "max_steps": 4}
+    result, rows = run_rlvr(tmp_path / "full", **one)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    lags = [r["async/lag_max"] for r in rows]
+    assert max(lags) == 1 and all(r["async/dropped_stale_samples"] == 0 for r in rows)
+    assert rows[0]["async/lag_max"] == 0  # batch 0: generated with the warm-up's weights
+    for r in rows:
+        assert r["async/lag_hist/0"] + r["async/lag_hist/1"] == r["rollout/num_trajectories"]
+        assert r["async/queue_depth"] <= 16 and r["async/trainer_idle_s"] >= 0
+    assert result.throughput["samples_per_s"] > 0
+
+    part = tmp_path / "part"
+    run_rlvr(part, **{**one, "max_steps": 2, "save_steps": 2})
+    ckpt = json.loads(
+        next((part / "ckpt").glob("step-000002")).joinpath("run_state.json").read_text()
+    )
+    bookkeeping = ckpt["extra"]["async"]
+    assert (
+        bookkeeping["next_index"] == 2 and bookkeeping["trainer_version"] == ckpt["weight_version"]
+    )
+    (sampler,) = bookkeeping["rollout_state"]["sampler"]["domains"].values()
+    assert sampler["position"] == 8  # before batch 2: 2 batches x 4 prompts consumed
+    _, rows = run_rlvr(part, **{**one, "resume_from_checkpoint": "true"})
+    resumed = [r for r in rows if r["step"] > 2]  # the log file holds the first part's too
+    assert [r["step"] for r in resumed] == [3, 4]
+    assert all(r["async/lag_max"] <= 1 and r["async/dropped_stale_samples"] == 0 for r in resumed)
+    assert resumed[0]["async/lag_max"] == 0  # the first batch after a resume: restored weights
+    assert resumed[0]["async/trained_samples_total"] == 48  # 2 x 16 before, 16 now
+
+
+def test_agentic_pipeline_trains_one_step_off_by_config(tmp_path):
+    """apps/agentic with `async.max_staleness: 1` (rollout on its own CPU bundle): episodes are
+    played ahead of the trainer within the bound, and after every sync the engines hold exactly
+    the trainer's weights."""
+    import subprocess
+
+    from test_agentic_e2e import APP as AGENTIC
+    from test_agentic_e2e import CONFIG as AGENTIC_CONFIG
+    from test_agentic_e2e import _overrides as agentic
+
+    out = tmp_path / "agentic_async"
+    extra = {"async.max_staleness": 1, "max_steps": 3, "eval_steps": 3, "agentic_app.export_hf":
+             "false", **LAYOUT, "agentic_app.num_cpus": 2}  # fmt: skip
+    cmd = [sys.executable, str(AGENTIC), "--config", str(AGENTIC_CONFIG), *agentic(out, **extra)]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0 and "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert max(r["async/lag_max"] for r in steps) == 1  # it did run ahead, never further
+    for r in steps:
+        assert r["async/dropped_stale_samples"] == 0 and r["rollout/num_trajectories"] == 8
+        assert r["sync/max_abs_diff"] == 0.0 and r["failures/episodes"] == 0.0
+    assert "val/success_rate" in steps[-1]
