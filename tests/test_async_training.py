@@ -122,6 +122,18 @@ def test_one_step_off_runs_ahead_within_its_bound_and_resumes_within_it(tmp_path
     assert resumed[0]["async/trained_samples_total"] == 48  # 2 x 16 before, 16 now
 
 
+def test_partial_rollout_trains_within_the_bound(tmp_path):
+    """async.partial_rollout: the weight sync of step t reaches the engine while it generates
+    batch t + 1 (the engine swaps at a decode-step boundary; tokens keep their versions). The
+    run neither hangs nor exceeds the bound; staleness counts from each sample's oldest token."""
+    result, rows = run_rlvr(
+        tmp_path / "partial", **{"async.max_staleness": 1, "async.partial_rollout": "true"}
+    )
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["async/lag_max"] <= 1 and r["async/dropped_stale_samples"] == 0 for r in rows)
+    assert result.throughput["samples_trained"] == 48
+
+
 def test_agentic_pipeline_trains_one_step_off_by_config(tmp_path):
     """apps/agentic with `async.max_staleness: 1` (rollout on its own CPU bundle): episodes are
     played ahead of the trainer within the bound, and after every sync the engines hold exactly

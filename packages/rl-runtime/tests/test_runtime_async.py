@@ -201,6 +201,49 @@ def test_resume_state_is_the_rollout_state_before_the_first_unconsumed_batch():
 
 
 # --------------------------------------------------------------------------------- compose
+def test_between_batches_waits_for_the_batch_in_flight_and_holds_the_next():
+    """Asynchronous training without partial rollout: a weight update waits for the batch being
+    generated and the next batch starts only after the update."""
+    release = threading.Event()
+    events: list[str] = []
+
+    def produce(index: int) -> RolloutBatch:
+        events.append(f"start {index}")
+        if index == 0:
+            assert release.wait(5.0)
+        events.append(f"end {index}")
+        return RolloutBatch(index, [traj(f"g{index}", 0)])
+
+    q = SampleQueue(4)
+    producer = RolloutProducer(produce, q, max_staleness=0, samples_per_batch=1, start_index=0,
+                               stop_index=2, timeout_s=5.0)  # fmt: skip
+    producer.start()
+    deadline = time.monotonic() + 5
+    while not events and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with (
+        pytest.raises(TimeoutError, match="rollout batch 0 to finish"),
+        producer.between_batches(0.1),
+    ):
+        pass
+    release.set()
+    q.take(5.0)
+    with producer.between_batches(5.0):
+        events.append("update")
+        producer.trainer_finished(1)  # the gate of batch 1 opens inside the update ...
+        time.sleep(0.2)  # ... but batch 1 must wait for the update to end
+    q.take(5.0)
+    producer.stop(5.0)
+    assert events == ["start 0", "end 0", "update", "start 1", "end 1"]
+
+
+def test_partial_rollout_reaches_the_plan():
+    on = _compose(_cfg(**{"async": {"max_staleness": 1, "partial_rollout": True}})).asynchronous
+    off = _compose(_cfg(**{"async": {"max_staleness": 1}})).asynchronous
+    assert on is not None and on.partial_rollout
+    assert off is not None and not off.partial_rollout
+
+
 def _cfg(**extra):
     from rl_config.schema import ExperimentConfig
 
@@ -259,7 +302,6 @@ def test_a_role_colocated_with_the_engines_is_refused_for_async():
 @pytest.mark.parametrize(
     "section, match",
     [
-        ({"max_staleness": 1, "partial_rollout": True}, "engines' interrupt/resume support"),
         ({"max_staleness": 1, "max_inflight_samples": 4}, "one step's batch at a time"),
     ],
 )

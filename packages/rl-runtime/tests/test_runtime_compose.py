@@ -189,7 +189,6 @@ def test_gigpo_weights_and_gamma_come_from_the_config():
         ),
         ({"dynamic_sampling": {"enable": True}}, "dynamic_sampling.enable"),
         ({"overlong_penalty": {"enable": True}}, "overlong_penalty.enable"),
-        ({"async": {"max_staleness": 1, "partial_rollout": True}}, "async.partial_rollout"),
         ({"async": {"max_staleness": 1, "max_inflight_samples": 8}}, "async.max_inflight_samples"),
         ({"sft_loss_coef": 0.1}, "sft_loss_coef"),
     ],

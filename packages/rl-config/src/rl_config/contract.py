@@ -74,9 +74,6 @@ UNSUPPORTED: dict[str, str] = {
     "max_len_mask": "masking truncated responses is not implemented",
     "dynamic_sampling.*": "DAPO dynamic sampling is not implemented in the agentic pipeline",
     "overlong_penalty.*": "the DAPO overlong penalty is not implemented in the agentic pipeline",
-    "async.partial_rollout": "partial rollout (interrupting in-flight generations at a weight "
-    "update and continuing them under the new weights) needs the engines' interrupt/resume "
-    "support, not merged yet; asynchronous training without it works (leave it false)",
     "async.max_inflight_samples": "rollout generates one step's batch at a time, so the samples "
     "in flight are one batch (bound the run-ahead with async.queue_size and max_staleness)",
     "is_offload_states": "offloading states between phases is not implemented",

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rl_runtime.async_queue import QueueClosed, RolloutBatch, SampleQueue
@@ -55,10 +56,27 @@ class RolloutProducer:
         self._idle_s = 0.0
         self._busy_s = 0.0
         self._lock = threading.Condition()
+        #: held while a batch is generated (see `between_batches`)
+        self.generating = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
 
     # ---------------------------------------------------------------------------- trainer
+    @contextmanager
+    def between_batches(self, timeout_s: float) -> Iterator[None]:
+        """Hold rollout between two batches: waits (at most `timeout_s`) for the batch in flight
+        to finish, and the next one starts only after the block (a weight update inside it
+        reaches no generation half-way: asynchronous training without partial rollout)."""
+        if not self.generating.acquire(timeout=timeout_s):
+            raise TimeoutError(
+                f"waited {timeout_s:.0f}s for rollout batch {self.next_index} to finish before a "
+                "weight update (async.partial_rollout is false)"
+            )
+        try:
+            yield
+        finally:
+            self.generating.release()
+
     def start(self) -> None:
         self._thread.start()
 
@@ -133,7 +151,8 @@ class RolloutProducer:
                 if self._stop.is_set():
                     break
                 t1 = time.perf_counter()
-                batch = self.produce(index)
+                with self.generating:
+                    batch = self.produce(index)
                 batch.seconds = time.perf_counter() - t1
                 if batch.index != index:
                     raise RuntimeError(f"produce({index}) returned batch {batch.index}")

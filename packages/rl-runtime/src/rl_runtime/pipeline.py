@@ -33,6 +33,8 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -87,6 +89,9 @@ class Context:
     step: int = 0
     weight_version: int = 0
     timer: PhaseTimer = field(default_factory=PhaseTimer)
+    #: a context every weight sync runs in (asynchronous training without partial rollout:
+    #: the rollout producer's `between_batches`)
+    sync_gate: Callable[[], AbstractContextManager[Any]] | None = None
 
     def sync_weights(self, *, new_version: bool = True) -> dict[str, float]:
         """Hand the devices to rollout and push the trainer's weights to the engines, as the next
@@ -95,9 +100,10 @@ class Context:
         trainer offloads (`Cluster.enter_phase(..., handoff=...)`)."""
         if new_version:
             self.weight_version += 1
-        return self.cluster.enter_phase(
-            "rollout", handoff=lambda: self.sync.sync(self.weight_version)
-        )
+        with self.sync_gate() if self.sync_gate is not None else nullcontext():
+            return self.cluster.enter_phase(
+                "rollout", handoff=lambda: self.sync.sync(self.weight_version)
+            )
 
     def forward(self, role: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """`forward` on every rank of `role`, rows sharded over the ranks and merged back."""
@@ -421,6 +427,11 @@ class Runner:
         plan = self.components.asynchronous
         if plan is None:
             return
+        if plan.partial_rollout and not self.options.use_ray:
+            raise ValueError(
+                "async.partial_rollout needs Ray: without it (--no-ray) a rollout worker runs one "
+                "call at a time, so a weight update could never reach a generation in flight"
+            )
         from rl_runtime.async_training import STATE_KEY, AsyncTraining
 
         self.asynchronous = AsyncTraining(
@@ -433,6 +444,9 @@ class Runner:
         )
         if state is not None and state.extra.get(STATE_KEY):
             self.asynchronous.lags.load_state(state.extra[STATE_KEY].get("lags") or {})
+        if not plan.partial_rollout:
+            producer = self.asynchronous.producer
+            ctx.sync_gate = lambda: producer.between_batches(plan.wait_timeout_s)
         self.asynchronous.start()
 
     def _loop(self, ctx: Context) -> dict[str, float]:

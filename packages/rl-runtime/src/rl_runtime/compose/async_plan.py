@@ -22,13 +22,18 @@ class AsyncPlan:
     oldest_weight_version(sample) <= max_staleness, older samples are dropped and counted);
     queue_samples: capacity of the rollout -> trainer queue in samples (at least one step's
     batch); wait_timeout_s: bound of every wait on the queue or the producer (rpc_timeout);
-    source: where the bound came from (dry-run text).
+    source: where the bound came from (dry-run text); partial_rollout: a weight update lands in
+    the generations in flight (the engines swap at a decode-step boundary and continue under the
+    new version, tokens keeping the version that sampled them); without it the update waits for
+    the rollout batch in flight and the next batch starts under the new weights (verl's
+    one-step-off).
     """
 
     max_staleness: int
     queue_samples: int
     wait_timeout_s: float
     source: str
+    partial_rollout: bool = False
 
 
 def build_async(cfg: Any, samples_per_step: int, warnings: list[str]) -> AsyncPlan | None:
@@ -76,4 +81,5 @@ def build_async(cfg: Any, samples_per_step: int, warnings: list[str]) -> AsyncPl
         queue_samples=queue,
         wait_timeout_s=float(cfg.rpc_timeout),
         source=source,
+        partial_rollout=bool(section.partial_rollout),
     )
