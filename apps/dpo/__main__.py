@@ -87,14 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
-    options = RunOptions(
-        model_path=path,
-        use_ray=app.use_ray,
-        num_cpus=app.num_cpus,
-        object_store_mb=app.object_store_mb,
-        cpu_per_bundle=app.cpu_per_bundle,
-        eval_before_training=app.eval_before_training,
-        export_hf=app.export_hf,
+    options = RunOptions.from_app(
+        app,
+        path,
         stdout_keys=STDOUT_KEYS,
         progress_keys=("train/rewards/accuracies", "train/loss", "val/rewards/accuracies"),
     )

@@ -59,14 +59,10 @@ def run(cfg: Any, app: Any, components: Any, plan: Any, *, eval_before: bool | N
     from rl_runtime.pipeline import Runner, RunOptions
 
     path = prepare(cfg, app)
-    options = RunOptions(
-        model_path=path,
-        use_ray=app.use_ray,
-        num_cpus=app.num_cpus,
-        object_store_mb=app.object_store_mb,
-        cpu_per_bundle=app.cpu_per_bundle,
+    options = RunOptions.from_app(
+        app,
+        path,
         eval_before_training=app.eval_before_training if eval_before is None else eval_before,
-        export_hf=app.export_hf,
         stdout_keys=STDOUT_KEYS,
         progress_keys=(
             "reward/accuracy",

@@ -76,6 +76,23 @@ class RunOptions:
         "val/greedy/success_rate",
     )
 
+    #: the attributes :meth:`from_app` reads from an app's options
+    APP_FIELDS = (
+        "use_ray",
+        "num_cpus",
+        "object_store_mb",
+        "cpu_per_bundle",
+        "eval_before_training",
+        "export_hf",
+    )
+
+    @classmethod
+    def from_app(cls, app: Any, model_path: str, **overrides: Any) -> RunOptions:
+        """The run options an app's options object carries (:attr:`APP_FIELDS`), with
+        ``overrides`` (the app's own keys, or changes to those) on top."""
+        fields = {name: getattr(app, name) for name in cls.APP_FIELDS}
+        return cls(model_path=model_path, **{**fields, **overrides})
+
 
 @dataclass
 class Context:
