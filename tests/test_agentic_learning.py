@@ -69,7 +69,7 @@ LEARN = {
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # about 3.5 min quiet; 10-20 min measured on a loaded 2-core box
+@pytest.mark.timeout(1500)  # about 3.5 min quiet (estimated); 8-10+ min on a loaded 2-core box
 def test_rl_beats_the_warm_up_on_held_out_maps(tmp_path):
     """Sampled success on the held-out validation maps after RL exceeds after-warm-up (the
     policy RL starts from) by a margin well outside the evaluation noise."""
