@@ -1,7 +1,8 @@
 """apps/agentic's claims on short runs of the CPU default: the same seed gives the same
 validation numbers, and RL improves held-out success over the warm-up.
 
-Both run the app as a user does (a subprocess, Ray, stdout to a pipe), scaled down by overrides.
+Both run the app as a user does (a subprocess, stdout to a pipe), scaled down by overrides; the
+determinism test with Ray, the learning test in-process (`--no-ray`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "agentic"
 
 
-def _run(out: Path, **overrides: object) -> dict:
-    """One run of the default under `out`; its summary.json."""
+def _run(out: Path, *flags: str, **overrides: object) -> dict:
+    """One run of the default under `out` (`flags` e.g. `--no-ray`); its summary.json."""
     keys = {
         "output_dir": out,
         "logging_dir": out / "logs",
@@ -29,7 +30,7 @@ def _run(out: Path, **overrides: object) -> dict:
         "agentic_app.export_hf": "false",
         **overrides,
     }
-    cmd = [sys.executable, str(APP), *(f"{k}={v}" for k, v in keys.items())]
+    cmd = [sys.executable, str(APP), *(f"{k}={v}" for k, v in keys.items()), *flags]
     proc = subprocess.run(cmd, cwd=out.parent, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "warm-up" in proc.stdout and "step 1/" in proc.stdout  # progress without a terminal
@@ -55,3 +56,30 @@ def test_same_seed_same_validation_metrics(tmp_path):
         metrics = {k: v for k, v in first[phase].items() if k.startswith("val/")}
         assert metrics and metrics == {k: second[phase][k] for k in metrics}, phase
     assert first["baselines"] == second["baselines"]
+
+
+# A short run on the deterministic path (lockstep agent loop, the default's seed 42, in-process
+# so that a loaded machine's Ray start cannot time out): the default's warm-up (noisy expert) and
+# RL settings, 20 RL steps instead of 50, sampled evaluation only (256 validation episodes).
+LEARN = {
+    "max_steps": 20,
+    "eval_steps": 20,
+    "agentic_app.eval_greedy": "false",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # about 3.5 min quiet (estimated); 8-10+ min on a loaded 2-core box
+def test_rl_beats_the_warm_up_on_held_out_maps(tmp_path):
+    """Sampled success on the held-out validation maps after RL exceeds after-warm-up (the
+    policy RL starts from) by a margin well outside the evaluation noise."""
+    s = _run(tmp_path / "learn", "--no-ray", **LEARN)
+    gain = s["summary"]["gain val/success_rate"]
+    assert s["eval_after"]["val/num_episodes"] == 256
+    # Measured (2026-11-23, 2-core machine): 0.309 -> 0.426, a gain of 0.117 = 2.77 standard
+    # errors; the full default run passes through the same weights (0.422 at its step 25). The
+    # run is deterministic on one machine, so the margin (0.037, about 0.9 standard error, above
+    # the bound) is there for another machine's float rounding, not for sampling luck. Other
+    # seeds were not measured for this configuration. With RL disabled (rl_loss_coef=0) the
+    # weights do not move and the gain is exactly 0: the assertion fails.
+    assert gain["gain"] >= 0.08 and gain["gain_in_se"] >= 2.0, gain
