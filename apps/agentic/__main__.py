@@ -70,12 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     from rl_runtime.pipeline import Runner, RunOptions, print_result
 
     path = model_path(cfg, app)
-    options = RunOptions(
-        model_path=path,
-        use_ray=app.use_ray,
-        num_cpus=app.num_cpus,
-        object_store_mb=app.object_store_mb,
-        cpu_per_bundle=app.cpu_per_bundle,
+    options = RunOptions.from_app(
+        app,
+        path,
         agent_mode=app.agent_loop_mode,
         eval_before_training=app.eval_before_training and not rollout_only,
         export_hf=app.export_hf and not rollout_only,

@@ -17,6 +17,9 @@ def test_app_args_config_form(tmp_path: Path) -> None:
     assert args.flags == frozenset({"dry_run"})
     plain = parse_app_args([], default_config=tmp_path / "d.yaml", flags={"no-ray": "x"})
     assert plain.config == tmp_path / "d.yaml" and plain.flags == frozenset()
+    # overrides on both sides of a flag, in order
+    mixed = parse_app_args(["seed=3", "--no-ray", "a.b=1"], flags={"no-ray": "x"})
+    assert mixed.overrides == ["seed=3", "a.b=1"] and mixed.flags == frozenset({"no_ray"})
 
 
 def test_app_args_roll_form_resolves_like_hydra(tmp_path: Path) -> None:

@@ -99,7 +99,7 @@ def parse_app_args(
     forms are mixed, when only half of the ROLL form is given, or when its file does not exist;
     argparse exits on unknown options."""
     options = dict(flags or {"dry-run": "print the plan and exit"})
-    args = build_app_parser(prog, options, default_config).parse_args(
+    args = build_app_parser(prog, options, default_config).parse_intermixed_args(
         None if argv is None else list(argv)
     )
     roll = (args.config_path, args.config_name)
