@@ -227,10 +227,13 @@ CONTEXT: dict[str, dict[str, Any]] = {
         key: {"num_gpus_per_node": 2, "actor_infer": {"device_mapping": [1]}}
         for key in ("async.max_staleness", "async_generation_ratio")
     },
-    "async.queue_size": {
-        "num_gpus_per_node": 2,
-        "actor_infer": {"device_mapping": [1]},
-        "async": {"max_staleness": 1},
+    **{
+        key: {
+            "num_gpus_per_node": 2,
+            "actor_infer": {"device_mapping": [1]},
+            "async": {"max_staleness": 1},
+        }
+        for key in ("async.queue_size", "async.partial_rollout")
     },
     "actor_infer.num_gpus_per_worker": {
         "num_gpus_per_node": 2,

@@ -43,6 +43,7 @@ def build_async(cfg: Any, samples_per_step: int, warnings: list[str]) -> AsyncPl
     staleness = int(section.max_staleness or 0)
     ratio = float(cfg.async_generation_ratio)
     queue = section.queue_size
+    partial_rollout = bool(section.partial_rollout)  # rl_config's rules refuse it when synchronous
     correction = cfg.train_infer_correction
     if staleness == 0:
         if queue is not None:
@@ -81,5 +82,5 @@ def build_async(cfg: Any, samples_per_step: int, warnings: list[str]) -> AsyncPl
         queue_samples=queue,
         wait_timeout_s=float(cfg.rpc_timeout),
         source=source,
-        partial_rollout=bool(section.partial_rollout),
+        partial_rollout=partial_rollout,
     )
