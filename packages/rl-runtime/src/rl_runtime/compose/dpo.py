@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from rl_runtime.compose.components import (
     Cadence,
@@ -81,6 +81,8 @@ class DPOComponents:
     cluster: ClusterSettings
     sizes: dict[str, int]
     warnings: tuple[str, ...] = field(default=())
+    #: DPO trains on a fixed dataset (no rollout): never asynchronous
+    asynchronous: ClassVar[None] = None
 
     def role(self, name: str) -> RolePlan | None:
         return next((r for r in self.roles if r.role == name), None)
