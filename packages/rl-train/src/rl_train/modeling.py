@@ -74,14 +74,19 @@ def load_model(
     return model
 
 
+def _bool_option(name: str, value: object, default: bool) -> bool:
+    """A true/false ``strategy_config`` option; unset gives ``default``."""
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"strategy_config.{name} must be true or false, got {value!r}")
+    return value
+
+
 def resolve_fused_lm_head(value: object, device_kind: str) -> bool:
     """The ``fused_lm_head`` strategy option: unset = on for accelerators (where the ``[N, V]``
     logits dominate memory and time), off on the CPU; true/false force it."""
-    if value is None:
-        return device_kind != "cpu"
-    if not isinstance(value, bool):
-        raise ValueError(f"strategy_config.fused_lm_head must be true or false, got {value!r}")
-    return value
+    return _bool_option("fused_lm_head", value, device_kind != "cpu")
 
 
 def freeze_parameters(model: nn.Module, prefixes: tuple[str, ...]) -> list[str]:
@@ -146,11 +151,7 @@ def compile_decoder_layers(model: nn.Module) -> int:
 
 def resolve_compile_layers(value: object) -> bool:
     """The ``compile_layers`` strategy option (default off: compiling costs start-up time)."""
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise ValueError(f"strategy_config.compile_layers must be true or false, got {value!r}")
-    return value
+    return _bool_option("compile_layers", value, False)
 
 
 def _shift_right(x: torch.Tensor) -> torch.Tensor:
