@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from agentic_options import AppOptions
 
-from rl_algos.correction import mismatch_metrics
 from rl_runtime.advantages import compute_advantages, reward_kl_coef, update_kl_controller
 from rl_runtime.async_queue import RolloutBatch
 from rl_runtime.collate import collate_trajectories, shard_rows
@@ -138,9 +137,10 @@ class AgenticRecipe:
         )
         t = dict(batch.tensors)
         cluster.enter_phase("train")
-        with timer.phase("old_log_probs"):
-            t["old_log_probs"] = ctx.forward("actor_train", t)["log_probs"]
-        mismatch = mismatch_metrics(t["old_log_probs"], t["rollout_log_probs"], t["response_mask"])
+        kl_coef = reward_kl_coef(c.kl, self.kl_ctl)
+        if kl_coef > 0:  # the reward KL needs them now; else the trainer takes its own (rl_train)
+            with timer.phase("old_log_probs"):
+                t["old_log_probs"] = ctx.forward("actor_train", t)["log_probs"]
         if cluster.has("reference"):
             with timer.phase("ref_log_probs"):
                 t["ref_log_probs"] = ctx.forward("reference", t)["log_probs"]
@@ -152,9 +152,9 @@ class AgenticRecipe:
                 batch,
                 c.advantage,
                 values=t.get("values"),
-                log_probs=t["old_log_probs"],
+                log_probs=t.get("old_log_probs"),
                 ref_log_probs=t.get("ref_log_probs"),
-                kl_coef=reward_kl_coef(c.kl, self.kl_ctl),
+                kl_coef=kl_coef,
                 baseline_scores=baseline,
             )
             t["advantages"], t["returns"] = adv["advantages"], adv["returns"]
@@ -171,7 +171,6 @@ class AgenticRecipe:
         metrics.update(rollout_metrics(trajectories, batch))
         metrics.update(screened.metrics)
         metrics.update(rollout_batch.metrics)
-        metrics.update({f"rollout/{k}": float(v) for k, v in mismatch.items()})
         mask = batch.tensors["response_mask"]
         metrics["train/advantage_mean"] = float(adv["advantages"].sum() / mask.sum().clamp(min=1))
         metrics.update(timer.metrics())

@@ -23,7 +23,6 @@ from rlvr_data import RowSampler, Scorer, load_prompts
 from rlvr_metrics import Group, accuracy_metrics, group_metrics
 from rlvr_options import AppOptions
 
-from rl_algos.correction import mismatch_metrics
 from rl_algos.rewards import clip_rewards
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams, Trajectory, Turn
 from rl_runtime.advantages import compute_advantages, reward_kl_coef, update_kl_controller
@@ -242,16 +241,17 @@ class RlvrRecipe:
         collated = collate_trajectories(trajectories, pad_token_id=self.pad_token_id)
         t = dict(collated.tensors)
         cluster.enter_phase("train")
-        with timer.phase("old_log_probs"):
-            t["old_log_probs"] = ctx.forward("actor_train", t)["log_probs"]
-        mismatch = mismatch_metrics(t["old_log_probs"], t["rollout_log_probs"], t["response_mask"])
+        kl_coef = reward_kl_coef(c.kl, self.kl_ctl)
+        if kl_coef > 0:  # the reward KL needs them now; else the trainer takes its own (rl_train)
+            with timer.phase("old_log_probs"):
+                t["old_log_probs"] = ctx.forward("actor_train", t)["log_probs"]
         if cluster.has("reference"):
             with timer.phase("ref_log_probs"):
                 t["ref_log_probs"] = ctx.forward("reference", t)["log_probs"]
         with timer.phase("advantages"):
             adv = compute_advantages(
-                collated, c.advantage, log_probs=t["old_log_probs"],
-                ref_log_probs=t.get("ref_log_probs"), kl_coef=reward_kl_coef(c.kl, self.kl_ctl),
+                collated, c.advantage, log_probs=t.get("old_log_probs"),
+                ref_log_probs=t.get("ref_log_probs"), kl_coef=kl_coef,
             )  # fmt: skip
             t["advantages"], t["returns"] = adv["advantages"], adv["returns"]
         metrics.update(update_kl_controller(self.kl_ctl, adv, t["response_mask"]))
@@ -262,7 +262,6 @@ class RlvrRecipe:
         with timer.phase("sync"):
             metrics.update(ctx.sync_weights())
         metrics.update(rollout_metrics(trajectories, collated))
-        metrics.update({f"rollout/{k}": float(v) for k, v in mismatch.items()})
         metrics.update(timer.metrics())
         return metrics
 

@@ -6,10 +6,12 @@ One step, composed in-process from the parts the RLVR pipeline runs (no Ray, as 
    (exactly N new tokens each: `ignore_eos`), raw log-probs recorded;
 2. rewards (the share of digits in the completion, cheap and identical on both sides) and
    rl_runtime's `collate_trajectories`;
-3. log-probs: rl_train's `hf_infer` backend `forward` (old log-probs);
-4. update: rl_runtime's `compute_advantages` (rl_algos' `grpo`), the backend's `train_step` with
+3. update: rl_runtime's `compute_advantages` (rl_algos' `grpo`), the backend's `train_step` with
    rl_train's actor loss (PPO-clip, token-mean, no KL: one optimizer step on the whole batch),
-   then the weight sync into the engine (`update_weights`, the next version).
+   then the weight sync into the engine (`update_weights`, the next version). As in the RLVR
+   pipeline, no separate old-log-prob forward runs: with one optimizer step per batch the old
+   policy is the one being trained, and the trainer takes the detached log-probs of its own
+   forward (`rl_train.core`; TRL skips that pass likewise with one iteration per batch).
 fp32 on the CPU, `torch.set_num_threads(--threads)`.
 
 Default model: the one TRL's step was measured with (tools/bench/char_model.py: Qwen2, hidden 256,
@@ -161,10 +163,8 @@ class OurGRPOStep:
                 [self._trajectory(r) for r in results], pad_token_id=self.pad_token_id
             )
             tensors = dict(batch.tensors)
-        with phases("log_probs"):
-            tensors["old_log_probs"] = self.backend.forward(tensors).log_probs
-        with phases("update"):
-            adv = compute_advantages(batch, self.advantage, log_probs=tensors["old_log_probs"])
+        with phases("update"):  # no old-log-prob pass: one update, the trainer takes its own
+            adv = compute_advantages(batch, self.advantage)
             tensors["advantages"], tensors["returns"] = adv["advantages"], adv["returns"]
             metrics = self.backend.train_step(tensors)
         with phases("sync"):
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
         if trl is not None:
             trl.close()
         shutil.rmtree(work, ignore_errors=True)
-    print(summarize("ours", records["ours"], ("generation", "log_probs", "update", "sync")))
+    print(summarize("ours", records["ours"], ("generation", "update", "sync")))
     if records["trl"]:
         print(summarize("trl", records["trl"], ("generation", "rollout")))
         ratios = [o["seconds"] / t["seconds"] for o, t in zip(records["ours"], records["trl"])]

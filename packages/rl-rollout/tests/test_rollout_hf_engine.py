@@ -288,3 +288,56 @@ def test_padded_batch_with_early_finishers_keeps_exact_log_probs(
     for r in results:
         ref = _teacher_forced(hf_reference_model, r.prompt_ids, r.output_ids)
         assert (ref - torch.tensor(r.output_log_probs)).abs().max().item() < 1e-3
+
+
+def test_gqa_sdpa_equals_transformers_sdpa_without_copying_the_cache(
+    tiny_model_dir, monkeypatch
+) -> None:
+    """The engine's attention (rl_gqa_sdpa) gives transformers' sdpa outputs on a left-padded
+    prefill and a masked decode step of a grouped-query model, without repeat_kv's cache copy."""
+    import transformers.integrations.sdpa_attention as hf_sdpa
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from rl_rollout.gqa_attention import RL_GQA_SDPA, register_gqa_sdpa
+
+    def run(attn: str) -> list[torch.Tensor]:
+        model = AutoModelForCausalLM.from_pretrained(
+            tiny_model_dir, dtype=torch.float32, attn_implementation=attn
+        ).eval()
+        assert model.config.num_attention_heads > model.config.num_key_value_heads  # GQA
+        ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
+        mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            pre = model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                past_key_values=cache,
+            ).logits
+            step_mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
+            dec = model(
+                input_ids=torch.tensor([[13], [14]]),
+                attention_mask=step_mask.bool()[:, None, None, :],
+                position_ids=torch.tensor([[3], [5]]),
+                past_key_values=cache,
+            ).logits
+        return [pre[0, 2:], pre[1], dec]
+
+    copies: list[tuple[int, ...]] = []
+    repeat_kv = hf_sdpa.repeat_kv
+    monkeypatch.setattr(
+        hf_sdpa, "repeat_kv", lambda t, n: copies.append(tuple(t.shape)) or repeat_kv(t, n)
+    )
+    expected = run("sdpa")
+    assert copies  # transformers' sdpa copies the KV under a mask (what this avoids)
+    copies.clear()
+    got = run(register_gqa_sdpa())
+    assert not copies
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    engine = HFEngine(tiny_model_dir, device="cpu")
+    try:
+        assert engine.model.config._attn_implementation == RL_GQA_SDPA
+    finally:
+        engine.shutdown()

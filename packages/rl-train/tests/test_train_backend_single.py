@@ -131,6 +131,67 @@ def test_actor_loss_on_policy_ppo_equals_minus_mean_advantage(tiny_model_path):
     assert metrics["actor/clip_frac"] == pytest.approx(0.0)
 
 
+@pytest.mark.parametrize(
+    ("ppo_epochs", "accumulation"), [(1, 3), (2, 3), (1, 1)], ids=["one-step", "epochs", "minis"]
+)
+def test_policy_loss_without_old_log_probs_equals_the_old_policy_forward(
+    tiny_model_path, ppo_epochs, accumulation
+):
+    """A batch without `old_log_probs` trains exactly like one that carries the policy's no-grad
+    forward from before the call: one optimizer step takes the detached training log-probs (no
+    extra pass), more steps (epochs or mini-batches) get the forward first. Before, every step
+    compared against the current weights (ratio 1: no clipping after the first step)."""
+    batch = make_batch(6, 16, seed=4)
+    loss_cfg = ActorLossConfig(
+        policy_loss="ppo_clip", clip_ratio_low=0.05, clip_ratio_high=0.05, entropy_loss_coef=0.0
+    )
+    runs = []
+    for explicit in (True, False):
+        backend = _backend(
+            tiny_model_path,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=accumulation,
+            ppo_epochs=ppo_epochs,
+            learning_rate=3e-3,
+        )
+        loss_fn = build_actor_loss(loss_cfg)
+        data = {**batch, "old_log_probs": backend.forward(batch).log_probs} if explicit else batch
+        runs.append((backend.train_step(dict(data), loss_fn), _params(backend)))
+    (m_explicit, p_explicit), (m_implicit, p_implicit) = runs
+    steps = ppo_epochs * (6 // (2 * accumulation))
+    assert m_explicit["actor/optimizer_steps"] == m_implicit["actor/optimizer_steps"] == steps
+    assert _max_diff(p_explicit, p_implicit) < 1e-6
+    assert m_implicit["actor/clip_frac"] == pytest.approx(m_explicit["actor/clip_frac"], abs=1e-6)
+    if steps > 1:
+        assert (
+            m_implicit["actor/clip_frac"] > 0
+        )  # the later steps are clipped against the old policy
+
+
+def test_implicit_old_log_probs_only_for_policy_losses(tiny_model_path, monkeypatch):
+    """Another loss (SFT, preference) never pays for an old-policy forward."""
+    backend = _backend(
+        tiny_model_path, per_device_train_batch_size=2, gradient_accumulation_steps=1
+    )
+    monkeypatch.setattr(backend, "forward", lambda batch: pytest.fail("unexpected forward"))
+    assert backend.train_step(make_batch(6, 12), nll_loss)["actor/optimizer_steps"] == 3.0
+
+
+def test_policy_loss_reports_train_inference_mismatch(tiny_model_path):
+    batch = make_batch(4, 12, seed=2)
+    backend = _backend(
+        tiny_model_path, per_device_train_batch_size=4, gradient_accumulation_steps=1
+    )
+    old = backend.forward(batch).log_probs
+    shift = 0.1 * batch["response_mask"]  # the engine gave every response token e^0.1 the mass
+    metrics = backend.train_step(
+        {**batch, "rollout_log_probs": old + shift}, build_actor_loss(ActorLossConfig())
+    )
+    # k1 = mean(log pi_rollout - log pi_train) over response tokens
+    assert metrics["actor/mismatch_k1"] == pytest.approx(0.1, abs=1e-4)
+    assert metrics["actor/mismatch_abs_log_ratio"] == pytest.approx(0.1, abs=1e-4)
+
+
 def test_critic_train_step_reduces_value_loss(tiny_model_path):
     batch = make_batch(4, 12, seed=5)
     batch["returns"] = torch.ones(4, 12) * batch["response_mask"]

@@ -36,6 +36,7 @@ import torch
 
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams
 from rl_rollout.engine import EngineAsleepError, EngineTimeoutError, check_requests
+from rl_rollout.gqa_attention import engine_attn_implementation
 from rl_rollout.sampling import apply_repetition_penalty, raw_log_probs_of, sample_tokens
 
 __all__ = ["HFEngine"]
@@ -110,7 +111,7 @@ class HFEngine:
     strategy_config keys (ROLL's names where they exist): ``max_num_seqs`` (running batch size,
     default 64), ``max_num_batched_tokens`` (prompt tokens per prefill, default 8192),
     ``max_model_len`` (default: the model's max_position_embeddings), ``attn_implementation``
-    (default "sdpa"), ``trust_remote_code`` (default False), ``enable_prefix_caching`` (default
+    (default "sdpa", run as `rl_rollout.gqa_attention`'s copy-free variant), ``trust_remote_code`` (default False), ``enable_prefix_caching`` (default
     True: the KV of a finished sequence is kept, and a later prompt that extends it, i.e. the
     next turn of the same conversation, prefills only its new tokens; dropped on weight updates),
     ``prefix_cache_max_tokens`` (default 65536, LRU bound).
@@ -151,7 +152,7 @@ class HFEngine:
         self.model: Any = AutoModelForCausalLM.from_pretrained(
             self.model_path,
             dtype=resolve_dtype(dtype),
-            attn_implementation=cfg.get("attn_implementation", "sdpa"),
+            attn_implementation=engine_attn_implementation(cfg.get("attn_implementation")),
             trust_remote_code=bool(cfg.get("trust_remote_code", False)),
         )
         self.model.to(self.device).eval()

@@ -20,6 +20,7 @@ from rl_train import dist as rdist
 from rl_train.args import ModelArgs, TrainingArgs
 from rl_train.faults import fault_point
 from rl_train.guard import NonFiniteGuard, any_rank_true, is_finite
+from rl_train.losses import reads_old_log_probs
 from rl_train.modeling import check_role, token_outputs
 from rl_train.types import Batch, ForwardOutput, LossContext, LossFn
 
@@ -188,6 +189,8 @@ class BackendCore:
         if loss_fn is None:
             raise ValueError(f"{self.role}: no loss_fn given and none configured")
         args = self.args
+        if reads_old_log_probs(loss_fn):
+            batch = self._with_old_log_probs(batch)
         self._set_train_mode(True)
         gen = (
             torch.Generator().manual_seed(args.seed + self.global_step)
@@ -266,6 +269,21 @@ class BackendCore:
             }
         )
         return metrics_out
+
+    def _with_old_log_probs(self, batch: Batch) -> Batch:
+        """The policy loss's ``old_log_probs`` for a batch that has none: the policy as it is at
+        the start of this call. With one optimizer step per call they are the detached log-probs
+        of the training forward itself (the loss takes those; no extra pass, as on-policy GRPO
+        needs), with more (``ppo_epochs`` > 1 or several mini-batches) a no-grad forward here
+        computes them before the first step changes the weights."""
+        if "old_log_probs" in batch:
+            return batch
+        minis = -(-batching.batch_size(batch) // self.args.mini_batch_size)
+        if self.args.ppo_epochs * _max_over_ranks(minis) == 1:
+            return batch
+        old = self.forward(batch).log_probs
+        assert old is not None  # an actor's forward always gives log-probs
+        return {**batch, "old_log_probs": old}
 
     def any_rank(self, flag: bool) -> bool:
         return any_rank_true(flag)

@@ -129,6 +129,9 @@ def build_actor_loss(cfg: ActorLossConfig | None = None) -> LossFn:
         adv = _require(mb, "advantages", "actor")
         metrics: dict[str, torch.Tensor] = {}
         is_weights, mask = _is_correction(c, mb, old, mask, metrics, ctx)
+        if "rollout_log_probs" in mb:  # train/inference mismatch, against the trainer's old policy
+            mismatch = mismatch_metrics(old, mb["rollout_log_probs"], mb["response_mask"].bool())
+            _add_shares(metrics, mismatch, mb["response_mask"], ctx)
         if is_weights is not None:
             result = policy_loss(lp, old, adv, mask, is_weights=is_weights, **kwargs)
         else:
@@ -151,7 +154,14 @@ def build_actor_loss(cfg: ActorLossConfig | None = None) -> LossFn:
             metrics["entropy"] = ent.detach()
         return loss, metrics
 
+    setattr(loss_fn, "reads_old_log_probs", True)  # noqa: B010 (see reads_old_log_probs)
     return loss_fn
+
+
+def reads_old_log_probs(loss_fn: LossFn | None) -> bool:
+    """Whether ``loss_fn`` is a policy loss built by :func:`build_actor_loss`: it reads
+    ``old_log_probs`` (the detached current log-probs where the batch has none)."""
+    return bool(getattr(loss_fn, "reads_old_log_probs", False))
 
 
 def _is_correction(
@@ -180,11 +190,20 @@ def _is_correction(
         stats.update(corr.stats)
     if weights is not None:
         weights = torch.where(mask, weights, torch.zeros_like(weights))
-    stats.update(mismatch_metrics(old, rollout, mb["response_mask"].bool()))
-    for k, v in stats.items():
-        if "max" not in k and "min" not in k:  # max/min are not additive over micro-batches
-            metrics[k] = _share(v, mb["response_mask"], ctx)
+    _add_shares(metrics, stats, mb["response_mask"], ctx)
     return weights, mask
+
+
+def _add_shares(
+    metrics: dict[str, torch.Tensor],
+    stats: dict[str, torch.Tensor],
+    mask: torch.Tensor,
+    ctx: LossContext,
+) -> None:
+    """Add the micro-batch's share of each additive statistic (max/min are not additive)."""
+    for k, v in stats.items():
+        if "max" not in k and "min" not in k:
+            metrics[k] = _share(v, mask, ctx)
 
 
 def build_critic_loss(cfg: CriticLossConfig | None = None) -> LossFn:
