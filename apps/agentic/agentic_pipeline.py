@@ -1,8 +1,8 @@
 """The agentic recipe (ROLL's AgenticPipeline, seed 004) on rl_runtime.pipeline's Runner.
 
 One step: `rollout` (AgentLoop over env groups, + greedy baseline rollouts for estimators that
-need them) then `learn` (collate -> old / reference log-probs (+ critic values) -> advantages ->
-train -> weight sync). With `async:` the Runner runs `rollout` ahead on its producer thread
+need them) then `learn` (screen failed episodes, collate, then rl_runtime.policy_update:
+log-probs, advantages, train, weight sync). With `async:` the Runner runs `rollout` ahead on its producer thread
 (rl_runtime.async_training). Evaluation: sampled and greedy validation episodes. Before training: an optional supervised
 warm-up on solver demonstrations. `RolloutOnlyRecipe` dumps trajectories instead of training.
 Setup, cadence, checkpoints, logging and teardown belong to the Runner; config translation to
@@ -19,13 +19,13 @@ from typing import Any
 import torch
 from agentic_options import AppOptions
 
-from rl_runtime.advantages import compute_advantages, reward_kl_coef, update_kl_controller
 from rl_runtime.async_queue import RolloutBatch
 from rl_runtime.collate import collate_trajectories, shard_rows
 from rl_runtime.envs import env_assignments
 from rl_runtime.failures import merge_counts, screen_failures
 from rl_runtime.metrics import rollout_metrics, val_metrics
 from rl_runtime.pipeline import Context, engine_weight_diff
+from rl_runtime.policy_update import update_policy
 
 STDOUT_KEYS = (
     "env/success_rate",
@@ -123,7 +123,7 @@ class AgenticRecipe:
 
     def learn(self, ctx: Context, rollout_batch: RolloutBatch) -> dict[str, float]:
         """Train on the batch's episodes (failed ones screened out) and sync the weights."""
-        c, timer, cluster = ctx.components, ctx.timer, ctx.cluster
+        c = ctx.components
         trajectories = rollout_batch.trajectories
         baseline = None
         if "baseline_scores" in c.advantage.needs:
@@ -135,45 +135,13 @@ class AgenticRecipe:
         batch = collate_trajectories(
             screened.kept, pad_token_id=self.pad_token_id, max_length=c.sequence_length
         )
-        t = dict(batch.tensors)
-        cluster.enter_phase("train")
-        kl_coef = reward_kl_coef(c.kl, self.kl_ctl)
-        if kl_coef > 0:  # the reward KL needs them now; else the trainer takes its own (rl_train)
-            with timer.phase("old_log_probs"):
-                t["old_log_probs"] = ctx.forward("actor_train", t)["log_probs"]
-        if cluster.has("reference"):
-            with timer.phase("ref_log_probs"):
-                t["ref_log_probs"] = ctx.forward("reference", t)["log_probs"]
-        if cluster.has("critic"):
-            with timer.phase("values"):
-                t["values"] = ctx.forward("critic", t)["values"]
-        with timer.phase("advantages"):
-            adv = compute_advantages(
-                batch,
-                c.advantage,
-                values=t.get("values"),
-                log_probs=t.get("old_log_probs"),
-                ref_log_probs=t.get("ref_log_probs"),
-                kl_coef=kl_coef,
-                baseline_scores=baseline,
-            )
-            t["advantages"], t["returns"] = adv["advantages"], adv["returns"]
-        metrics = update_kl_controller(self.kl_ctl, adv, t["response_mask"])
-        if cluster.has("critic"):
-            with timer.phase("critic_train"):
-                metrics.update(_prefixed(ctx.train("critic", t), "critic/"))
-        with timer.phase("actor_train"):
-            metrics.update(_prefixed(ctx.train("actor_train", t), "train/"))
-        with timer.phase("sync"):
-            metrics.update(ctx.sync_weights())
-            if self.app.check_sync_weights:
-                metrics["sync/max_abs_diff"] = engine_weight_diff(cluster)
+        metrics = update_policy(ctx, batch, self.kl_ctl, baseline_scores=baseline)
+        if self.app.check_sync_weights:
+            metrics["sync/max_abs_diff"] = engine_weight_diff(ctx.cluster)
         metrics.update(rollout_metrics(trajectories, batch))
         metrics.update(screened.metrics)
         metrics.update(rollout_batch.metrics)
-        mask = batch.tensors["response_mask"]
-        metrics["train/advantage_mean"] = float(adv["advantages"].sum() / mask.sum().clamp(min=1))
-        metrics.update(timer.metrics())
+        metrics.update(ctx.timer.metrics())
         return metrics
 
     def evaluate(self, ctx: Context) -> dict[str, float]:
@@ -330,14 +298,6 @@ class RolloutOnlyRecipe:
 
     def evaluate(self, ctx: Context) -> dict[str, float]:
         return {}
-
-
-def _prefixed(metrics: dict, prefix: str) -> dict[str, float]:
-    return {
-        (k if k.startswith(prefix) else prefix + k.split("/")[-1]): float(v)
-        for k, v in metrics.items()
-        if isinstance(v, int | float)
-    }
 
 
 def summary_row(metrics: dict[str, float]) -> dict[str, float | str]:

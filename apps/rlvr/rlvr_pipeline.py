@@ -25,13 +25,13 @@ from rlvr_options import AppOptions
 
 from rl_algos.rewards import clip_rewards
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams, Trajectory, Turn
-from rl_runtime.advantages import compute_advantages, reward_kl_coef, update_kl_controller
 from rl_runtime.async_queue import RolloutBatch
 from rl_runtime.collate import collate_trajectories, shard_rows
 from rl_runtime.compose.rlvr import RlvrPlan
 from rl_runtime.dynamic_sampling import fill_groups
 from rl_runtime.metrics import rollout_metrics
 from rl_runtime.pipeline import Context
+from rl_runtime.policy_update import update_policy
 
 STDOUT_KEYS = (
     "reward/mean",
@@ -229,9 +229,9 @@ class RlvrRecipe:
         return RolloutBatch(index, self.trajectories(fill.groups, index), metrics)
 
     def learn(self, ctx: Context, batch: RolloutBatch) -> dict[str, float]:
-        """Train on `batch` (collate, old / reference log-probs, advantages, train) and sync the
-        weights; an empty batch (every group dropped) trains on nothing."""
-        c, timer, cluster = ctx.components, ctx.timer, ctx.cluster
+        """Train on `batch` (collate, then rl_runtime.policy_update) and sync the weights; an
+        empty batch (every group dropped) trains on nothing."""
+        timer = ctx.timer
         metrics = dict(batch.metrics)
         if not batch.trajectories:  # every group dropped within the bound: nothing to learn from
             metrics["train/skipped"] = 1.0
@@ -239,28 +239,7 @@ class RlvrRecipe:
             return metrics
         trajectories = batch.trajectories
         collated = collate_trajectories(trajectories, pad_token_id=self.pad_token_id)
-        t = dict(collated.tensors)
-        cluster.enter_phase("train")
-        kl_coef = reward_kl_coef(c.kl, self.kl_ctl)
-        if kl_coef > 0:  # the reward KL needs them now; else the trainer takes its own (rl_train)
-            with timer.phase("old_log_probs"):
-                t["old_log_probs"] = ctx.forward("actor_train", t)["log_probs"]
-        if cluster.has("reference"):
-            with timer.phase("ref_log_probs"):
-                t["ref_log_probs"] = ctx.forward("reference", t)["log_probs"]
-        with timer.phase("advantages"):
-            adv = compute_advantages(
-                collated, c.advantage, log_probs=t.get("old_log_probs"),
-                ref_log_probs=t.get("ref_log_probs"), kl_coef=kl_coef,
-            )  # fmt: skip
-            t["advantages"], t["returns"] = adv["advantages"], adv["returns"]
-        metrics.update(update_kl_controller(self.kl_ctl, adv, t["response_mask"]))
-        with timer.phase("actor_train"):
-            train = ctx.train("actor_train", t)
-            metrics.update({f"train/{k.split('/')[-1]}": float(v) for k, v in train.items()
-                            if isinstance(v, int | float)})  # fmt: skip
-        with timer.phase("sync"):
-            metrics.update(ctx.sync_weights())
+        metrics.update(update_policy(ctx, collated, self.kl_ctl))
         metrics.update(rollout_metrics(trajectories, collated))
         metrics.update(timer.metrics())
         return metrics

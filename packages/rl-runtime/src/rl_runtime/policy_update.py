@@ -1,0 +1,78 @@
+"""The learning half of an RL step, shared by the recipes: a collated batch in, trained and
+synced weights out.
+
+    old log-probs  actor_train forward, only for a reward KL penalty (otherwise the trainer
+                   takes its own: the detached log-probs of its forward with one optimizer
+                   step per batch, a forward of its own first with more; rl_train.core)
+    ref log-probs  the reference role, when there is one
+    values         the critic, when there is one
+    advantages     rl_runtime.advantages (reward normalisation, reward KL, the estimator)
+    train          critic, then actor_train (the configured policy loss)
+    sync           the trainer's weights into the engines, the next weight version
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rl_runtime.advantages import compute_advantages, reward_kl_coef, update_kl_controller
+from rl_runtime.collate import CollatedBatch
+from rl_runtime.pipeline import Context
+
+
+def update_policy(
+    ctx: Context,
+    batch: CollatedBatch,
+    kl_controller: Any,
+    *,
+    baseline_scores: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """Train on ``batch`` and sync the weights; the step's ``train/*``, ``critic/*``, ``kl/*``
+    and ``sync/*`` metrics. ``baseline_scores [B]``: greedy-rollout rewards for the estimators
+    that need them (remax)."""
+    c, timer, cluster = ctx.components, ctx.timer, ctx.cluster
+    t = dict(batch.tensors)
+    cluster.enter_phase("train")
+    kl_coef = reward_kl_coef(c.kl, kl_controller)
+    if kl_coef > 0:
+        with timer.phase("old_log_probs"):
+            t["old_log_probs"] = ctx.forward("actor_train", t)["log_probs"]
+    if cluster.has("reference"):
+        with timer.phase("ref_log_probs"):
+            t["ref_log_probs"] = ctx.forward("reference", t)["log_probs"]
+    if cluster.has("critic"):
+        with timer.phase("values"):
+            t["values"] = ctx.forward("critic", t)["values"]
+    with timer.phase("advantages"):
+        adv = compute_advantages(
+            batch,
+            c.advantage,
+            values=t.get("values"),
+            log_probs=t.get("old_log_probs"),
+            ref_log_probs=t.get("ref_log_probs"),
+            kl_coef=kl_coef,
+            baseline_scores=baseline_scores,
+        )
+        t["advantages"], t["returns"] = adv["advantages"], adv["returns"]
+    metrics = update_kl_controller(kl_controller, adv, t["response_mask"])
+    if cluster.has("critic"):
+        with timer.phase("critic_train"):
+            metrics.update(prefixed(ctx.train("critic", t), "critic/"))
+    with timer.phase("actor_train"):
+        metrics.update(prefixed(ctx.train("actor_train", t), "train/"))
+    with timer.phase("sync"):
+        metrics.update(ctx.sync_weights())
+    mask = t["response_mask"]
+    metrics["train/advantage_mean"] = float(adv["advantages"].sum() / mask.sum().clamp(min=1))
+    return metrics
+
+
+def prefixed(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
+    """A worker's numeric metrics under ``prefix`` (``actor/pg_loss`` -> ``train/pg_loss``)."""
+    return {
+        (k if k.startswith(prefix) else prefix + k.split("/")[-1]): float(v)
+        for k, v in metrics.items()
+        if isinstance(v, int | float)
+    }
