@@ -18,6 +18,7 @@ sys.path.insert(0, str(APP))
 
 from arith_task import problems, split, write_arith_parquet  # noqa: E402
 from rlvr_data import RowSampler, load_prompts  # noqa: E402
+from rlvr_metrics import _quantile  # noqa: E402
 from rlvr_options import WarmupOptions  # noqa: E402
 from rlvr_warmup import reasoning_words  # noqa: E402
 
@@ -49,6 +50,16 @@ def test_warmup_reasoning_padding_is_long_tailed_and_capped():
     assert reasoning_words(random.Random(0), 0, 1.0) == 0  # off
     with pytest.raises(ValueError, match="reasoning_tail"):
         WarmupOptions(reasoning_tail=0.0)
+
+
+def test_response_length_quantiles_are_nearest_rank():
+    lengths = sorted([3] * 8 + [40, 64])  # a long tail: the median stays short
+    assert (_quantile(lengths, 0.5), _quantile(lengths, 0.9), _quantile(lengths, 1.0)) == (
+        3,
+        40,
+        64,
+    )
+    assert _quantile([7], 0.5) == 7
 
 
 @pytest.mark.parametrize("kind", ["max", "add"])

@@ -31,7 +31,7 @@ class WarmupOptions:
     #: `reasoning_max_words`; 0 = no padding. Teaches the policy a long-tailed response length.
     reasoning_max_words: int = 0
     reasoning_tail: float = 1.0
-    reasoning_word: str = " so"
+    reasoning_word: str = " then"  # one token of the tiny model's tokenizer
 
     def __post_init__(self) -> None:
         if self.reasoning_max_words < 0:

@@ -59,6 +59,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from statistics import mean, median
 from typing import Any
@@ -69,82 +70,136 @@ for path in (ROOT / "apps" / "async", ROOT / "apps" / "rlvr"):
         sys.path.insert(0, str(path))
 
 LONG_TAIL = {
-    "response_length": 48,
-    "rlvr_app.warmup.steps": 15,  # cut short: the policy does not always stop after the answer
+    # responses: "<reasoning padding> #### 8" (warm-up demonstrations padded with a long-tailed
+    # number of words, P(k >= K) = (1 + K) ** -0.7, up to the cap) so the policy samples a
+    # long-tailed length up to response_length
+    "response_length": 64,
+    "rlvr_app.warmup.steps": 30,
+    "rlvr_app.warmup.response_template": "'{reasoning}#### {answer}'",
+    "rlvr_app.warmup.reasoning_max_words": 64,
+    "rlvr_app.warmup.reasoning_tail": 0.7,
     "rollout_batch_size": 16,
     "num_return_sequences_in_group": 8,
     "actor_train.training_args.per_device_train_batch_size": 32,
     "actor_train.training_args.gradient_accumulation_steps": 2,
+    "ppo_epochs": 1,  # the rollout / training balance knob (training time ~ ppo_epochs)
     "val_batch_size": 100,
     "val_n_sample": 2,
     "dynamic_sampling.enable": "false",  # every step trains on the same number of samples
     "track_with": "stdout",
 }
+QUICK = {"val_batch_size": 16, "val_n_sample": 1, "rlvr_app.warmup.steps": 20}
+
+#: name -> (async.max_staleness, async.partial_rollout)
+RUNS: dict[str, tuple[int, bool]] = {
+    "sync": (0, False),
+    "staleness_1": (1, False),
+    "staleness_2": (2, False),
+    "staleness_1_partial": (1, True),
+    "staleness_2_partial": (2, True),
+}
 
 
 def timings(rows: list[dict[str, Any]], asynchronous: bool) -> dict[str, float]:
-    """Mean rollout and training seconds per step (training = old log-probs, train, sync)."""
+    """Mean rollout and training seconds per step (training = old log-probs, train, sync), the
+    response-length distribution (means over steps of per-step statistics) and partial-rollout
+    and lag counts."""
     roll = [r["timing/rollout"] for r in rows]
     train = [r["timing/step"] - (0.0 if asynchronous else r["timing/rollout"]) for r in rows]
     lengths = [r["response/length_mean"] for r in rows]
-    return {
+    out = {
         "t_roll_s": round(mean(roll), 2),
         "t_train_s": round(mean(train), 2),
+        "t_sync_s": round(mean(r.get("timing/sync", 0.0) for r in rows), 2),
         "response_length_mean": round(mean(lengths), 2),
         "response_length_median_of_steps": round(median(lengths), 2),
+        "response_length_p50": round(mean(r.get("response/length_p50", 0.0) for r in rows), 1),
+        "response_length_p90": round(mean(r.get("response/length_p90", 0.0) for r in rows), 1),
         "response_length_max": max(r["response/length_max"] for r in rows),
         "truncated_rate": round(mean(r.get("response/truncated_rate", 0.0) for r in rows), 3),
+        "resumed_samples": sum(r.get("rollout/resumed_samples", 0.0) for r in rows),
     }
+    if asynchronous:
+        hist = sorted({k for r in rows for k in r if k.startswith("async/lag_hist/")})
+        out["lag_hist"] = {k.rsplit("/", 1)[1]: sum(r.get(k, 0.0) for r in rows) for k in hist}
+        out["rollout_idle_s_mean"] = round(mean(r["async/rollout_idle_s"] for r in rows), 2)
+    return out
 
 
 def ideal_speedup(t_roll: float, t_train: float) -> float:
     return (t_roll + t_train) / max(t_roll, t_train)
 
 
+def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Ratios against the synchronous run: measured samples/s, the formula with the synchronous
+    run's timings, and the formula's denominator with each async run's own timings."""
+    sync = runs.get("sync")
+    if not sync or not sync["samples_per_s"]:
+        return {}
+    serial = sync["t_roll_s"] + sync["t_train_s"]
+    others = {name: r for name, r in runs.items() if name != "sync"}
+    return {
+        "ideal_speedup_from_sync_timings": round(
+            ideal_speedup(sync["t_roll_s"], sync["t_train_s"]), 3
+        ),
+        "measured_speedup": {
+            name: round(r["samples_per_s"] / sync["samples_per_s"], 3) for name, r in others.items()
+        },
+        "predicted_speedup_from_own_timings": {
+            name: round(serial / max(r["t_roll_s"], r["t_train_s"]), 3)
+            for name, r in others.items()
+        },
+    }
+
+
+def thread_counts() -> dict[str, Any]:
+    """Torch threads of this (driver) process; the Ray workers pin theirs to one
+    (rl_runtime.workers._init_process)."""
+    import torch
+
+    return {"driver_torch_threads": torch.get_num_threads(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            "worker_torch_threads": 1, "cpu_count": os.cpu_count()}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = argparse.ArgumentParser(
         prog="tools/bench/async.py", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--out", default="output/bench_async")
-    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="an end-to-end check: 3 steps, a shorter warm-up, 16 held-out prompts x 1",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="key=value, applied to every run")
     args = parser.parse_args(argv)
     from async_compare import CPU_DEFAULTS, run_overrides, run_summary, step_rows
     from rlvr_app import DEFAULT_CONFIG, compose_rlvr, load, run
 
-    base = {**CPU_DEFAULTS, **LONG_TAIL, "max_steps": args.steps, "eval_steps": args.steps,
-            "save_steps": args.steps, "output_dir": args.out}  # fmt: skip
+    steps = 3 if args.quick else args.steps
+    base = {**CPU_DEFAULTS, **LONG_TAIL, **(QUICK if args.quick else {}), "max_steps": steps,
+            "eval_steps": steps, "save_steps": steps, "output_dir": args.out}  # fmt: skip
     overrides = [f"{k}={v}" for k, v in base.items()] + list(args.overrides)
-    report: dict[str, Any] = {"steps": args.steps, "config": base, "runs": {}}
-    for staleness in args.staleness:
-        name = f"staleness_{staleness}"
-        cfg, app = load(DEFAULT_CONFIG, run_overrides(overrides, args.out, name, staleness))
+    report: dict[str, Any] = {"steps": steps, "config": base, "extra_overrides": args.overrides,
+                              "threads": thread_counts(), "runs": {}}  # fmt: skip
+    t0 = time.perf_counter()
+    for name in args.runs:
+        staleness, partial = RUNS[name]
+        run_args = run_overrides(overrides, args.out, name, staleness)
+        if partial:
+            run_args.append("async.partial_rollout=true")
+        cfg, app = load(DEFAULT_CONFIG, run_args)
         components, plan = compose_rlvr(cfg)
-        print(f"=== {name}", flush=True)
+        print(f"=== {name} (max_staleness={staleness}, partial_rollout={partial})", flush=True)
         result = run(cfg, app, components, plan, eval_before=False)
         rows = step_rows(cfg.logging_dir)
         report["runs"][name] = {**run_summary(result, rows), **timings(rows, staleness > 0)}
-    runs = report["runs"]
-    if "staleness_0" in runs:
-        sync = runs["staleness_0"]
-        report["ideal_speedup_from_sync_timings"] = round(
-            ideal_speedup(sync["t_roll_s"], sync["t_train_s"]), 3
-        )
-        report["measured_speedup"] = {
-            name: round(r["samples_per_s"] / sync["samples_per_s"], 3)
-            for name, r in runs.items()
-            if name != "staleness_0" and sync["samples_per_s"]
-        }
-        # the same formula with each async run's own (contended) timings in the denominator
-        report["predicted_speedup_from_own_timings"] = {
-            name: round(
-                (sync["t_roll_s"] + sync["t_train_s"]) / max(r["t_roll_s"], r["t_train_s"]), 3
-            )
-            for name, r in runs.items()
-            if name != "staleness_0"
-        }
+    report.update(compare(report["runs"]))
+    report["total_seconds"] = round(time.perf_counter() - t0, 1)
     report["load_average"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
