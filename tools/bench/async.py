@@ -111,6 +111,8 @@ def timings(rows: list[dict[str, Any]], asynchronous: bool) -> dict[str, float]:
         "t_roll_s": round(mean(roll), 2),
         "t_train_s": round(mean(train), 2),
         "t_sync_s": round(mean(r.get("timing/sync", 0.0) for r in rows), 2),
+        # the engines' generate calls within t_roll (the rest: decoding, sandboxed scoring)
+        "t_generate_s": round(mean(r.get("timing/rollout_generate", 0.0) for r in rows), 2),
         "response_length_mean": round(mean(lengths), 2),
         "response_length_median_of_steps": round(median(lengths), 2),
         "response_length_p50": round(mean(r.get("response/length_p50", 0.0) for r in rows), 1),
