@@ -1,22 +1,47 @@
 """Benchmark: synchronous against asynchronous RLVR on the CPU (rollout and training on separate
-CPU bundles), with a long-tailed response-length distribution.
+CPU bundles), with a long-tailed response-length distribution, with and without partial rollout.
 
-    uv run python tools/bench/async.py [--steps 8] [--out output/bench_async] [key=value ...]
+    uv run python tools/bench/async.py [--steps 8] [--runs NAME ...] [--quick] [--out DIR] [key=value ...]
 
-apps/rlvr's CPU default (apps/async's layout: actor_train on bundle 0, actor_infer on bundle 1),
-changed so response lengths have a long tail: responses may run to 48 tokens and the supervised
-warm-up is cut short, so most samples stop after a few tokens ("#### 7") and some ramble to the
-cap. Three runs, same seed and steps: `async.max_staleness` 0 (synchronous), 1 (one-step-off)
-and 2. Partial rollout (`async.partial_rollout`) is refused until the engines support it, so its
-variants are not run. Written to `<out>/async_bench.json`: per run trained samples/s, held-out
-accuracy after the same number of trained samples (sampled `val/accuracy`, greedy), mean
-rollout and training seconds per step, response lengths, policy lag; the speedup ratios; and the
-prediction below from the synchronous run's timings.
+Workload: apps/rlvr's CPU default (`max 3 8 1 5 =` -> `#### 8`, tiny model) in apps/async's
+layout (async_compare.CPU_DEFAULTS: actor_train + reference on CPU bundle 0, actor_infer on
+bundle 1, IS correction on), changed (`LONG_TAIL`) so response lengths have a heavy tail up to the
+cap: the supervised warm-up's demonstrations are `<k x " then">#### <answer>` with k drawn from a
+discrete Pareto, P(k >= K) = (1 + K) ** -0.7, capped at 56 words (rlvr_warmup.reasoning_words;
+56 + "#### 8" + eos = 61 tokens, within response_length 64). The policy samples the same shape:
+per step median ~8 tokens, 90th percentile 35-50, max 60-64 (`response_length_*` in the output);
+RL shortens it slowly (the reward does not depend on length, but a response cut at the cap has no
+answer). 16 prompts x 8 samples per step, dynamic sampling off so that every run trains on the
+same samples per step (held-out accuracy after the same number of trained samples compares
+accuracy per sample consumed directly), 2 optimizer steps per step. `ppo_epochs` (training time
+~ ppo_epochs) is the knob that balances t_train against t_roll; at 1 the two are close (measured
+below).
 
-How the ratio should scale. Synchronously a step costs t_roll + t_train (t_train: old
-log-probs, training and the weight sync). With rollout on its own devices and max_staleness >= 1,
-rollout of batch k+1 overlaps training on batch k, so in steady state a step costs
-max(t_roll, t_train) and
+Runs (same seed, steps and samples; `--runs` picks a subset):
+`sync` (`async.max_staleness=0`), `staleness_1` (verl's one-step-off), `staleness_2`, and
+`staleness_1_partial`, `staleness_2_partial` (`async.partial_rollout=true`: a weight sync reaches
+the generations in flight; the HF engine swaps weights at a decode-step boundary and recomputes
+the running rows' KV cache). `--quick`: 3 steps and 16 held-out prompts x 1 sample, an end-to-end
+check (its ratios mean nothing: the first async step has nothing to overlap with).
+
+Threads and the synchronous baseline (like for like). The machine has 2 cores. Every Ray worker
+runs torch with one thread (rl_runtime.workers._init_process: `torch.set_num_threads(1)`; the
+driver: OMP_NUM_THREADS=1), and each bundle reserves one CPU; the synchronous run uses the same
+layout, so its rollout phase uses one core and its training phase the other, the same per-phase
+resources as the asynchronous runs, which overlap the two phases on the two cores. Only
+`async.max_staleness` / `async.partial_rollout` differ between runs. A stronger synchronous
+baseline would give each phase both cores (colocated, 2 torch threads per phase); the runtime has
+no knob for worker threads, so it is not run here: the measured ratio is an upper bound on the
+ratio against such a baseline, by at most the 2-thread speedup of each phase (for this tiny model
+well below 2x; `tools/bench/grpo_step.py --threads 1` vs `--threads 2` measures the training
+side). Not pinned to a core: the reward sandbox (rl_envs: one forked, namespaced process per
+sample, ~16 ms each, ~2 s per 128-sample batch, counted in t_roll) and the driver's Python
+(collate, decoding), which in the asynchronous runs compete with both workers.
+
+How the ratio should scale. Synchronously a step costs t_roll + t_train (t_roll: generation
+t_gen plus decoding and sandboxed scoring; t_train: old log-probs, training and the weight sync).
+With rollout on its own devices and max_staleness >= 1, rollout of batch k+1 overlaps training on
+batch k, so in steady state a step costs max(t_roll, t_train) and
 
     ideal speedup = (t_roll + t_train) / max(t_roll, t_train)        (at most 2, when balanced)
 
@@ -25,32 +50,47 @@ scales), so the split that balances the two reaches the bound; an unbalanced spl
 the slower side (e.g. t_roll = 3 t_train gives 4/3). max_staleness 2 has the same steady-state
 bound; it helps when per-step times vary (a long-tailed batch), since rollout can bank a batch
 while a short one trains. What the formula leaves out (the measured ratio falls below it by
-these): without partial rollout the weight sync waits for the generation in flight to finish,
-adding up to one rollout call to t_train; on 2 shared cores the two sides also contend for memory
-bandwidth and for the driver's Python thread.
+these): on 2 cores the two sides also contend for memory bandwidth, for the unpinned scorer and
+for the driver's Python thread (GIL).
 
-Measured (2026-11-23, one run each, 8 steps x 128 samples, on this project's shared 2-core
-machine at load average 10-11: other agents' jobs ran on the same cores, so rollout and training
-did not each get a core):
+What partial rollout changes in it. Without it (`staleness_1`, `staleness_2`) the weight sync of
+step k waits for the rollout batch in flight (RolloutProducer.between_batches), and the next batch
+starts only after the sync: a step costs max(t_roll, t_train) + t_transfer (the weight transfer
+itself, ~0.02-0.04 s here), and the trainer's sync phase absorbs the wait (`t_sync_s`). With it,
+the sync lands in the batch in flight and the rollout side never stops for it: max(t_roll,
+t_train + t_transfer), plus a KV recompute per swap on the rollout side (a prefill of the running
+rows under the new weights). So the formula is unchanged to first order, and partial rollout can
+only pay off by t_transfer, small on the CPU. It also changes which tokens are fresh, not the
+staleness bound: a sample's lag is its oldest token's, so lags and drops are the same as without
+it. When it triggers: in steady state every weight sync lands t_train after a rollout batch began
+(rollout-bound: the trainer takes batch k as batch k+1 starts; training-bound: batch k+1 starts
+at the sync that opens its gate), and a batch generates first (t_gen) and then scores. So a sync
+reaches a generation in flight only when t_train < t_gen; at the balance the speedup wants
+(t_train ~ t_roll = t_gen + scoring) it lands in the scoring, and `resumed_samples` (samples
+whose tokens span two weight versions, rollout/resumed_samples) stays 0. The generation-heavy
+check `--runs staleness_1_partial actor_infer.strategy_args.strategy_config.max_num_seqs=8` (the
+engine admits 8 rows at a time, so t_gen > t_train) makes it trigger (measured below).
 
-| point | sync t_roll / t_train (s) | ideal | async t_roll / t_train (s) | own-timings prediction | measured samples/s ratio | held-out sampled (sync -> async) |
-|---|---|---|---|---|---|---|
-| default (rollout-bound), max_staleness 1 | 2.84 / 1.21 | 1.43 | 3.43 / 1.73 | 1.18 | 1.13 | 0.560 -> 0.555 |
-| default, max_staleness 2 | 2.84 / 1.21 | 1.43 | 3.86 / 2.09 | 1.05 | 1.00 | 0.560 -> 0.555 |
-| balanced (ppo_epochs=3, warm-up 5 steps), max_staleness 1 | 2.40 / 2.64 | 1.91 | 3.79 / 4.02 | 1.25 | 1.14 | 0.545 -> 0.565 |
+Written to `<out>/async_bench.json`: per run trained samples/s, held-out accuracy after the same
+number of trained samples (sampled `val/accuracy`, greedy), mean t_roll / t_gen / t_train /
+t_sync per step, response lengths (mean, median, 90th percentile, max, truncated), policy lag
+(mean, max, histogram), resumed samples; the measured ratios; the ideal from the synchronous
+run's timings, and the formula's denominator with each async run's own (contended) timings;
+threads, total seconds and the load average.
 
-(`--steps 8`, then `--steps 8 --staleness 0 1 ppo_epochs=3 rlvr_app.warmup.steps=5`; held-out:
-100 prompts x 2 samples, the same 1024 samples trained in every run, so accuracy per sample
-consumed compares directly; differences of 0.01-0.02 are within one standard error, 0.035-0.05.)
-What the points say: the formula with the synchronous run's timings (ideal) overestimates the
-loaded machine, because running both sides at once slowed each by 20-60 % (compare the sync and
-async timings); with each async run's own timings it predicts the measured ratio within 0.05-0.11
-(the rest: the sync waiting behind the generation in flight, per-step overheads). max_staleness 2
-bought nothing here: rollout is the slower side, so the queue never holds a second batch (lag
-max stayed 1). The 1.6x target of the issue needs the two sides to get a core each (a quiet
-machine) and a balanced split; not measured here. The long tail is thin: mean response 5.3-5.8
-tokens, max 15-48, 0-0.1 % truncated at 48, since even a 5-step warm-up teaches the tiny model to
-stop; partial rollout, which is what a long tail would need, is not merged.
+Measured. For the lead, on a quiet 2-core machine (nothing else running; ~PLACEHOLDER min):
+
+    uv run python tools/bench/async.py --steps 8 --out output/bench_async
+
+| run | samples/s | ratio | sync t_roll / t_gen / t_train (s) | ideal | own-timings prediction | held-out sampled / greedy | lag mean / max | resumed samples |
+|---|---|---|---|---|---|---|---|---|
+| sync | _ | 1 | _ / _ / _ | _ | | _ / _ | | |
+| staleness_1 | _ | _ | | | _ | _ / _ | _ / _ | _ |
+| staleness_2 | _ | _ | | | _ | _ / _ | _ / _ | _ |
+| staleness_1_partial | _ | _ | | | _ | _ / _ | _ / _ | _ |
+| staleness_2_partial | _ | _ | | | _ | _ / _ | _ / _ | _ |
+
+LOADED_RESULTS
 """
 
 from __future__ import annotations
