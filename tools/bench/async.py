@@ -1,21 +1,24 @@
 """Benchmark: synchronous against asynchronous RLVR on the CPU (rollout and training on separate
 CPU bundles), with a long-tailed response-length distribution, with and without partial rollout.
 
-    uv run python tools/bench/async.py [--steps 8] [--runs NAME ...] [--quick] [--out DIR] [key=value ...]
+    uv run python tools/bench/async.py [--steps 8] [--runs NAME ...] [--quick] [--out DIR] [k=v ...]
 
-Workload: apps/rlvr's CPU default (`max 3 8 1 5 =` -> `#### 8`, tiny model) in apps/async's
-layout (async_compare.CPU_DEFAULTS: actor_train + reference on CPU bundle 0, actor_infer on
-bundle 1, IS correction on), changed (`LONG_TAIL`) so response lengths have a heavy tail up to the
-cap: the supervised warm-up's demonstrations are `<k x " then">#### <answer>` with k drawn from a
-discrete Pareto, P(k >= K) = (1 + K) ** -0.7, capped at 56 words (rlvr_warmup.reasoning_words;
-56 + "#### 8" + eos = 61 tokens, within response_length 64). The policy samples the same shape:
-per step median ~8 tokens, 90th percentile 35-50, max 60-64 (`response_length_*` in the output);
-RL shortens it slowly (the reward does not depend on length, but a response cut at the cap has no
-answer). 16 prompts x 8 samples per step, dynamic sampling off so that every run trains on the
-same samples per step (held-out accuracy after the same number of trained samples compares
-accuracy per sample consumed directly), 2 optimizer steps per step. `ppo_epochs` (training time
-~ ppo_epochs) is the knob that balances t_train against t_roll; at 1 the two are close (measured
-below).
+Workload: apps/rlvr's CPU default (`max 3 8 1 5 =` -> `#### 8`, tiny model) in apps/async's layout
+(async_compare.CPU_DEFAULTS: actor_train + reference on CPU bundle 0, actor_infer on bundle 1, IS
+correction on), changed (`LONG_TAIL`) so response lengths have a heavy tail up to the cap: the
+supervised warm-up's demonstrations are `<k x " then">#### <answer>` with k drawn from a discrete
+Pareto, P(k >= K) = (1 + K) ** -0.7, capped at 56 words (rlvr_warmup.reasoning_words; 56 + "#### 8"
++ eos = 61 tokens, within response_length 64). The policy samples the same shape at first: step 1
+median 8 tokens, 90th percentile 41-47, max 63 (`response_length_*` in the output); RL then
+shortens it (measured below). 16 prompts x 8 samples per step, dynamic sampling off so that every
+run trains on the same samples per step (held-out accuracy after the same number of trained samples
+compares accuracy per sample consumed directly), 2 optimizer steps per step. `ppo_epochs` (training
+time ~ ppo_epochs) is the knob that balances t_train against t_roll; at 1 (the default here) t_roll
+/ t_train was 2.69 / 1.54 s under load (ideal 1.57). Caveat: apps/rlvr's warm-up calls the same
+train_step, so ppo_epochs also multiplies the warm-up's passes and changes the policy RL starts
+from (ppo_epochs=2, sync, 5 steps, load ~4: step-1 training accuracy 0.68 instead of 0.25, response
+p90 ~10 instead of 41, t_roll / t_train 1.38 / 1.61 s); to balance without that, change the warm-up
+steps with it or use the batch sizes.
 
 Runs (same seed, steps and samples; `--runs` picks a subset):
 `sync` (`async.max_staleness=0`), `staleness_1` (verl's one-step-off), `staleness_2`, and
@@ -110,8 +113,8 @@ the cores, so the asynchronous runs' two sides did not each get a core: their ro
 | staleness_2_partial | 23.7 | 0.79 | 5.10 / 1.28 / 3.74 | 0.83 | 0.555 / 0.600 | 0.8 / 1 | 0 |
 
 What the loaded points say: the formula with the synchronous timings (1.57: the workload is close
-to balanced, t_roll / t_train = 1.7) is not reachable when the two sides share cores with other
-jobs; with each run's own (contended) timings it predicts the measured ratio within 0.03-0.17.
+to balanced, t_roll / t_train = 1.75) is not reachable when the two sides share cores with other
+jobs; with each run's own (contended) timings it predicts the measured ratio within 0.04-0.17.
 Held-out accuracy after the same 640 samples is the same in every run within noise (0.555-0.565
 sampled, 0.600 greedy: 100 prompts x 2). Scoring, not generation, is most of t_roll (t_gen
 0.35 of 2.69 s synchronously): the sandbox forks a process per sample. Partial rollout: 0 resumed
@@ -122,7 +125,10 @@ actor_infer.strategy_args.strategy_config.max_num_seqs=4`, t_gen 2.3-5.9 s again
 step 2 (lag mean 0.953). The long tail: step 1 median 8 tokens, 90th percentile 41-47, max 63;
 RL shortens it (a long padded response more often ends in a wrong answer): synchronously p90 18
 / max 56 at step 2, p90 9 / max 22 at step 5 (the asynchronous runs lag a step behind: p90 13 /
-max 35-37 at step 5).
+max 35-37 at step 5). Not the learning rate alone: with
+`actor_train.training_args.learning_rate=5e-5` (sync, 5 steps) p90 still went 41 -> 25 -> 17 ->
+11 -> 13 and max 63 -> 46. A long tail over a whole run would need a reward that does not
+punish the padding, or fewer steps.
 """
 
 from __future__ import annotations
