@@ -13,7 +13,12 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "async"
 sys.path.insert(0, str(APP))
 
-from async_compare import run_overrides, run_summary, split_staleness  # noqa: E402
+from async_compare import (  # noqa: E402
+    run_overrides,
+    run_summary,
+    split_async_only,
+    split_staleness,
+)
 
 
 def test_the_async_runs_bound_comes_from_the_overrides_and_sync_is_zero():
@@ -26,6 +31,22 @@ def test_the_async_runs_bound_comes_from_the_overrides_and_sync_is_zero():
     assert sync[-4:] == ["output_dir=out/x/sync", "logging_dir=out/x/sync/logs",
                          "checkpoint_config.output_dir=out/x/sync/checkpoints",
                          "async.max_staleness=0"]  # fmt: skip
+
+
+def test_partial_rollout_goes_to_the_async_run_only():
+    both, only = split_async_only(["max_steps=3", "async.partial_rollout=true"])
+    assert both == ["max_steps=3"] and only == ["async.partial_rollout=true"]
+
+
+def test_dry_run_with_partial_rollout_plans_it_for_the_async_run_only(tmp_path):
+    """`uv run apps/async async.partial_rollout=true`: the synchronous run (max_staleness 0)
+    would refuse the key, so only the asynchronous run gets it."""
+    proc = subprocess.run([sys.executable, str(APP), "--dry-run", "async.partial_rollout=true"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sync, asyn = proc.stdout.split("=== async run")
+    assert "asynchronous: None" in sync
+    assert "partial_rollout=True" in asyn
 
 
 def test_summary_weights_the_lag_by_trained_samples():

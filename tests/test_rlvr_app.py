@@ -18,6 +18,9 @@ sys.path.insert(0, str(APP))
 
 from arith_task import problems, split, write_arith_parquet  # noqa: E402
 from rlvr_data import RowSampler, load_prompts  # noqa: E402
+from rlvr_metrics import _quantile  # noqa: E402
+from rlvr_options import WarmupOptions  # noqa: E402
+from rlvr_warmup import reasoning_words  # noqa: E402
 
 from rl_envs.rewards.router import reward_router_spec  # noqa: E402
 from rl_runtime.compose.rlvr import DataPlan  # noqa: E402
@@ -33,6 +36,30 @@ def test_held_out_split_is_disjoint_and_covers_all(kind, total):
     assert len(items) == total and len({p for p, _ in items}) == total  # distinct prompts
     assert not {p for p, _ in train} & {p for p, _ in val}
     assert len(train) + len(val) == total and len(val) == total // 5
+
+
+def test_warmup_reasoning_padding_is_long_tailed_and_capped():
+    import random
+
+    rng = random.Random(0)
+    words = [reasoning_words(rng, 40, 1.0) for _ in range(20_000)]
+    assert min(words) == 0 and max(words) == 40  # capped, and the cap is reached
+    # P(k >= K) = (1 + K) ** -1: half the demonstrations have no padding, ~1/11 have >= 10 words
+    assert abs(sum(w == 0 for w in words) / len(words) - 0.5) < 0.02
+    assert abs(sum(w >= 10 for w in words) / len(words) - 1 / 11) < 0.01
+    assert reasoning_words(random.Random(0), 0, 1.0) == 0  # off
+    with pytest.raises(ValueError, match="reasoning_tail"):
+        WarmupOptions(reasoning_tail=0.0)
+
+
+def test_response_length_quantiles_are_nearest_rank():
+    lengths = sorted([3] * 8 + [40, 64])  # a long tail: the median stays short
+    assert (_quantile(lengths, 0.5), _quantile(lengths, 0.9), _quantile(lengths, 1.0)) == (
+        3,
+        40,
+        64,
+    )
+    assert _quantile([7], 0.5) == 7
 
 
 @pytest.mark.parametrize("kind", ["max", "add"])

@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         CPU_DEFAULTS,
         run_overrides,
         run_summary,
+        split_async_only,
         split_staleness,
         step_rows,
         table_rows,
@@ -46,10 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         base, staleness = split_staleness(
             ([] if args.config != DEFAULT_CONFIG else defaults) + list(args.overrides)
         )
+        base, async_only = split_async_only(base)
         cfg, _ = load(args.config, base)
         runs = {}
         for mode, bound in (("sync", 0), ("async", staleness)):
             overrides = run_overrides(base, cfg.output_dir, mode, bound)
+            overrides += async_only if bound else []
             run_cfg, app = load(args.config, overrides)
             runs[mode] = (run_cfg, app, *compose_rlvr(run_cfg))
     except (ConfigError, ValueError, KeyError) as exc:

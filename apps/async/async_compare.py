@@ -33,6 +33,8 @@ CPU_DEFAULTS: dict[str, Any] = {
 """Overrides of apps/rlvr's CPU default when apps/async runs without --config."""
 
 STALENESS_KEY = "async.max_staleness"
+#: keys that apply to the asynchronous run only (the synchronous run refuses them)
+ASYNC_ONLY_KEYS = ("async.partial_rollout",)
 
 
 def split_staleness(overrides: list[str]) -> tuple[list[str], int]:
@@ -48,6 +50,16 @@ def split_staleness(overrides: list[str]) -> tuple[list[str], int]:
     if staleness < 1:
         raise ValueError(f"{STALENESS_KEY}={staleness}: the asynchronous run needs at least 1")
     return rest, staleness
+
+
+def split_async_only(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(the overrides both runs get, those only the asynchronous run gets: `ASYNC_ONLY_KEYS`,
+    e.g. `async.partial_rollout=true`, which rl_config refuses with `max_staleness: 0`)."""
+    both, only = [], []
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        (only if key in ASYNC_ONLY_KEYS else both).append(item)
+    return both, only
 
 
 def run_overrides(base: list[str], output_dir: str, mode: str, staleness: int) -> list[str]:

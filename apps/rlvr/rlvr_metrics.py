@@ -25,9 +25,16 @@ class Group:
     rewards: list[float]
 
 
+def _quantile(ordered: list[int], q: float) -> float:
+    """The `q` quantile of sorted values (nearest rank: the smallest value with at least a
+    fraction `q` of the values at or below it)."""
+    return float(ordered[max(0, math.ceil(q * len(ordered)) - 1)])
+
+
 def group_metrics(groups: list[Group]) -> dict[str, float]:
     """reward/* (mean, accuracy, per data_source, and per reward domain of the `rewards` section:
-    `reward/domain/<domain>/{mean,failed}`), response/* (length, truncation) of `groups`."""
+    `reward/domain/<domain>/{mean,failed}`), response/* (length mean, median, 90th percentile,
+    max, truncation) of `groups`."""
     if not groups:
         return {}
     samples = [(g.row.data_source, r, s, res) for g in groups
@@ -38,6 +45,8 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
         "reward/failed": float(sum(not s.ok for _, _, s, _ in samples)),
         "response/length_mean": mean(len(res.output_ids) for *_, res in samples),
         "response/length_max": float(max(len(res.output_ids) for *_, res in samples)),
+        "response/length_p50": _quantile(sorted(len(res.output_ids) for *_, res in samples), 0.5),
+        "response/length_p90": _quantile(sorted(len(res.output_ids) for *_, res in samples), 0.9),
         "response/truncated_rate": mean(
             float(res.finish_reason == "length") for *_, res in samples
         ),

@@ -21,10 +21,25 @@ class WarmupOptions:
     #: training rows used as demonstrations at most
     demos: int = 1024
     learning_rate: float | None = None
-    #: the demonstrated response; `{answer}` is the row's ground truth
+    #: the demonstrated response; `{answer}` is the row's ground truth, `{reasoning}` (optional)
+    #: the reasoning padding below
     response_template: str = "#### {answer}"
     #: probability that a demonstrated numeric answer is wrong on purpose (a noisy teacher)
     answer_noise: float = 0.0
+    #: `{reasoning}` is `reasoning_word` repeated k times, k long-tailed (a discrete Pareto with
+    #: shape `reasoning_tail`: P(k >= K) = (1 + K) ** -reasoning_tail), capped at
+    #: `reasoning_max_words`; 0 = no padding. Teaches the policy a long-tailed response length.
+    reasoning_max_words: int = 0
+    reasoning_tail: float = 1.0
+    reasoning_word: str = " then"  # one token of the tiny model's tokenizer
+
+    def __post_init__(self) -> None:
+        if self.reasoning_max_words < 0:
+            raise ValueError(
+                f"rlvr_app.warmup.reasoning_max_words={self.reasoning_max_words}: must be >= 0"
+            )
+        if self.reasoning_tail <= 0:
+            raise ValueError(f"rlvr_app.warmup.reasoning_tail={self.reasoning_tail}: must be > 0")
 
 
 @dataclass

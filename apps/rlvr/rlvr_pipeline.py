@@ -145,10 +145,21 @@ class RlvrRecipe:
             out[int(result.request_id)].append(result)
         return out
 
-    def groups(self, ctx: Context, rows: list, ids: list, sampling: SamplingParams) -> list[Group]:
+    def groups(
+        self,
+        ctx: Context,
+        rows: list,
+        ids: list,
+        sampling: SamplingParams,
+        generate_s: list[float] | None = None,
+    ) -> list[Group]:
         """Generate and score the groups of `rows` (rewards after reward_clip); every sample of
-        the batch is scored in one call to the sandboxed reward manager."""
+        the batch is scored in one call to the sandboxed reward manager. The seconds spent in
+        the engines' generate call are appended to `generate_s` when given."""
+        t0 = time.perf_counter()
         results = self.generate(ctx, ids, sampling)
+        if generate_s is not None:
+            generate_s.append(time.perf_counter() - t0)
         texts = [[self.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in res]
                  for res in results]  # fmt: skip
         assert self.scorer is not None, "setup() makes the scorer"
@@ -209,13 +220,15 @@ class RlvrRecipe:
         producer thread)."""
         c, plan = ctx.components, self.plan
         drawn: list[Group] = []  # every generated group, dropped ones included (metrics)
+        generate_s: list[float] = []  # per generation round (the rest: decoding, scoring)
 
         def draw(k: int) -> list[Group]:
             rows_index = self.sampler.next(k)
             seed = c.seed * 100_003 + index * 7 + len(drawn) * 100_000_007
             sampling = msgspec.structs.replace(plan.sampling, seed=seed)
             rows = [self.train_rows[i] for i in rows_index]
-            fresh = self.groups(ctx, rows, [self.train_ids[i] for i in rows_index], sampling)
+            ids = [self.train_ids[i] for i in rows_index]
+            fresh = self.groups(ctx, rows, ids, sampling, generate_s)
             drawn.extend(fresh)
             return fresh
 
@@ -225,6 +238,7 @@ class RlvrRecipe:
             max_extra_rounds=plan.dynamic_sampling.max_extra_rounds,
         )  # fmt: skip
         metrics = {**fill.metrics(), **self.data_metrics, **group_metrics(drawn)}
+        metrics["timing/rollout_generate"] = sum(generate_s)
         metrics.update({f"reward/failures/{k}": float(v) for k, v in self.failures.items()})
         return RolloutBatch(index, self.trajectories(fill.groups, index), metrics)
 

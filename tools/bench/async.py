@@ -1,22 +1,50 @@
 """Benchmark: synchronous against asynchronous RLVR on the CPU (rollout and training on separate
-CPU bundles), with a long-tailed response-length distribution.
+CPU bundles), with a long-tailed response-length distribution, with and without partial rollout.
 
-    uv run python tools/bench/async.py [--steps 8] [--out output/bench_async] [key=value ...]
+    uv run python tools/bench/async.py [--steps 8] [--runs NAME ...] [--quick] [--out DIR] [k=v ...]
 
-apps/rlvr's CPU default (apps/async's layout: actor_train on bundle 0, actor_infer on bundle 1),
-changed so response lengths have a long tail: responses may run to 48 tokens and the supervised
-warm-up is cut short, so most samples stop after a few tokens ("#### 7") and some ramble to the
-cap. Three runs, same seed and steps: `async.max_staleness` 0 (synchronous), 1 (one-step-off)
-and 2. Partial rollout (`async.partial_rollout`) is refused until the engines support it, so its
-variants are not run. Written to `<out>/async_bench.json`: per run trained samples/s, held-out
-accuracy after the same number of trained samples (sampled `val/accuracy`, greedy), mean
-rollout and training seconds per step, response lengths, policy lag; the speedup ratios; and the
-prediction below from the synchronous run's timings.
+Workload: apps/rlvr's CPU default (`max 3 8 1 5 =` -> `#### 8`, tiny model) in apps/async's layout
+(async_compare.CPU_DEFAULTS: actor_train + reference on CPU bundle 0, actor_infer on bundle 1, IS
+correction on), changed (`LONG_TAIL`) so response lengths have a heavy tail up to the cap: the
+supervised warm-up's demonstrations are `<k x " then">#### <answer>` with k drawn from a discrete
+Pareto, P(k >= K) = (1 + K) ** -0.7, capped at 56 words (rlvr_warmup.reasoning_words; 56 + "#### 8"
++ eos = 61 tokens, within response_length 64). The policy samples the same shape at first: step 1
+median 8 tokens, 90th percentile 41-47, max 63 (`response_length_*` in the output); RL then
+shortens it (measured below). 16 prompts x 8 samples per step, dynamic sampling off so that every
+run trains on the same samples per step (held-out accuracy after the same number of trained samples
+compares accuracy per sample consumed directly), 2 optimizer steps per step. `ppo_epochs` (training
+time ~ ppo_epochs) is the knob that balances t_train against t_roll; at 1 (the default here) t_roll
+/ t_train was 2.69 / 1.54 s under load (ideal 1.57). Caveat: apps/rlvr's warm-up calls the same
+train_step, so ppo_epochs also multiplies the warm-up's passes and changes the policy RL starts
+from (ppo_epochs=2, sync, 5 steps, load ~4: step-1 training accuracy 0.68 instead of 0.25, response
+p90 ~10 instead of 41, t_roll / t_train 1.38 / 1.61 s); to balance without that, change the warm-up
+steps with it or use the batch sizes.
 
-How the ratio should scale. Synchronously a step costs t_roll + t_train (t_train: old
-log-probs, training and the weight sync). With rollout on its own devices and max_staleness >= 1,
-rollout of batch k+1 overlaps training on batch k, so in steady state a step costs
-max(t_roll, t_train) and
+Runs (same seed, steps and samples; `--runs` picks a subset):
+`sync` (`async.max_staleness=0`), `staleness_1` (verl's one-step-off), `staleness_2`, and
+`staleness_1_partial`, `staleness_2_partial` (`async.partial_rollout=true`: a weight sync reaches
+the generations in flight; the HF engine swaps weights at a decode-step boundary and recomputes
+the running rows' KV cache). `--quick`: 3 steps and 16 held-out prompts x 1 sample, an end-to-end
+check (its ratios mean nothing: the first async step has nothing to overlap with).
+
+Threads and the synchronous baseline (like for like). The machine has 2 cores. Every Ray worker
+runs torch with one thread (rl_runtime.workers._init_process: `torch.set_num_threads(1)`; the
+driver: OMP_NUM_THREADS=1), and each bundle reserves one CPU; the synchronous run uses the same
+layout, so its rollout phase uses one core and its training phase the other, the same per-phase
+resources as the asynchronous runs, which overlap the two phases on the two cores. Only
+`async.max_staleness` / `async.partial_rollout` differ between runs. A stronger synchronous
+baseline would give each phase both cores (colocated, 2 torch threads per phase); the runtime has
+no knob for worker threads, so it is not run here: the measured ratio is an upper bound on the
+ratio against such a baseline, by at most the 2-thread speedup of each phase (for this tiny model
+well below 2x; `tools/bench/grpo_step.py --threads 1` vs `--threads 2` measures the training
+side). Not pinned to a core: the reward sandbox (rl_envs: one forked, namespaced process per
+sample, ~16 ms each, ~2 s per 128-sample batch, counted in t_roll) and the driver's Python
+(collate, decoding), which in the asynchronous runs compete with both workers.
+
+How the ratio should scale. Synchronously a step costs t_roll + t_train (t_roll: generation
+t_gen plus decoding and sandboxed scoring; t_train: old log-probs, training and the weight sync).
+With rollout on its own devices and max_staleness >= 1, rollout of batch k+1 overlaps training on
+batch k, so in steady state a step costs max(t_roll, t_train) and
 
     ideal speedup = (t_roll + t_train) / max(t_roll, t_train)        (at most 2, when balanced)
 
@@ -25,32 +53,82 @@ scales), so the split that balances the two reaches the bound; an unbalanced spl
 the slower side (e.g. t_roll = 3 t_train gives 4/3). max_staleness 2 has the same steady-state
 bound; it helps when per-step times vary (a long-tailed batch), since rollout can bank a batch
 while a short one trains. What the formula leaves out (the measured ratio falls below it by
-these): without partial rollout the weight sync waits for the generation in flight to finish,
-adding up to one rollout call to t_train; on 2 shared cores the two sides also contend for memory
-bandwidth and for the driver's Python thread.
+these): on 2 cores the two sides also contend for memory bandwidth, for the unpinned scorer and
+for the driver's Python thread (GIL).
 
-Measured (2026-11-23, one run each, 8 steps x 128 samples, on this project's shared 2-core
-machine at load average 10-11: other agents' jobs ran on the same cores, so rollout and training
-did not each get a core):
+What partial rollout changes in it. Without it (`staleness_1`, `staleness_2`) the weight sync of
+step k waits for the rollout batch in flight (RolloutProducer.between_batches), and the next batch
+starts only after the sync: a step costs max(t_roll, t_train) + t_transfer (the weight transfer
+itself, ~0.02-0.04 s here), and the trainer's sync phase absorbs the wait (`t_sync_s`). With it,
+the sync lands in the batch in flight and the rollout side never stops for it: max(t_roll,
+t_train + t_transfer), plus a KV recompute per swap on the rollout side (a prefill of the running
+rows under the new weights). So the formula is unchanged to first order, and partial rollout can
+only pay off by t_transfer, small on the CPU. It also changes which tokens are fresh, not the
+staleness bound: a sample's lag is its oldest token's, so lags and drops are the same as without
+it. When it triggers: in steady state every weight sync lands t_train after a rollout batch began
+(rollout-bound: the trainer takes batch k as batch k+1 starts; training-bound: batch k+1 starts
+at the sync that opens its gate), and a batch generates first (t_gen) and then scores. So a sync
+reaches a generation in flight only when t_train < t_gen; at the balance the speedup wants
+(t_train ~ t_roll = t_gen + scoring) it lands in the scoring, and `resumed_samples` (samples
+whose tokens span two weight versions, rollout/resumed_samples) stays 0. The generation-heavy
+check `--runs staleness_1_partial actor_infer.strategy_args.strategy_config.max_num_seqs=8` (the
+engine admits 8 rows at a time, so t_gen > t_train) makes it trigger (measured below).
 
-| point | sync t_roll / t_train (s) | ideal | async t_roll / t_train (s) | own-timings prediction | measured samples/s ratio | held-out sampled (sync -> async) |
-|---|---|---|---|---|---|---|
-| default (rollout-bound), max_staleness 1 | 2.84 / 1.21 | 1.43 | 3.43 / 1.73 | 1.18 | 1.13 | 0.560 -> 0.555 |
-| default, max_staleness 2 | 2.84 / 1.21 | 1.43 | 3.86 / 2.09 | 1.05 | 1.00 | 0.560 -> 0.555 |
-| balanced (ppo_epochs=3, warm-up 5 steps), max_staleness 1 | 2.40 / 2.64 | 1.91 | 3.79 / 4.02 | 1.25 | 1.14 | 0.545 -> 0.565 |
+Written to `<out>/async_bench.json`: per run trained samples/s, held-out accuracy after the same
+number of trained samples (sampled `val/accuracy`, greedy), mean t_roll / t_gen / t_train /
+t_sync per step, response lengths (mean, median, 90th percentile, max, truncated), policy lag
+(mean, max, histogram), resumed samples; the measured ratios; the ideal from the synchronous
+run's timings, and the formula's denominator with each async run's own (contended) timings;
+threads, total seconds and the load average.
 
-(`--steps 8`, then `--steps 8 --staleness 0 1 ppo_epochs=3 rlvr_app.warmup.steps=5`; held-out:
-100 prompts x 2 samples, the same 1024 samples trained in every run, so accuracy per sample
-consumed compares directly; differences of 0.01-0.02 are within one standard error, 0.035-0.05.)
-What the points say: the formula with the synchronous run's timings (ideal) overestimates the
-loaded machine, because running both sides at once slowed each by 20-60 % (compare the sync and
-async timings); with each async run's own timings it predicts the measured ratio within 0.05-0.11
-(the rest: the sync waiting behind the generation in flight, per-step overheads). max_staleness 2
-bought nothing here: rollout is the slower side, so the queue never holds a second batch (lag
-max stayed 1). The 1.6x target of the issue needs the two sides to get a core each (a quiet
-machine) and a balanced split; not measured here. The long tail is thin: mean response 5.3-5.8
-tokens, max 15-48, 0-0.1 % truncated at 48, since even a 5-step warm-up teaches the tiny model to
-stop; partial rollout, which is what a long tail would need, is not merged.
+Measured. For the lead, on a quiet 2-core machine (nothing else running), to fill in:
+
+    uv run python tools/bench/async.py --steps 8 --out output/bench_async
+
+| run | samples/s | ratio | sync t_roll / t_gen / t_train (s) | ideal | own-timings prediction | held-out sampled / greedy | lag mean / max | resumed samples |
+|---|---|---|---|---|---|---|---|---|
+| sync | _ | 1 | _ / _ / _ | _ | | _ / _ | | |
+| staleness_1 | _ | _ | | | _ | _ / _ | _ / _ | _ |
+| staleness_2 | _ | _ | | | _ | _ / _ | _ / _ | _ |
+| staleness_1_partial | _ | _ | | | _ | _ / _ | _ / _ | _ |
+| staleness_2_partial | _ | _ | | | _ | _ / _ | _ / _ | _ |
+
+(`--steps 8`: 5 runs x 8 steps x 128 samples; the quiet duration is an estimate from the
+loaded runs: ~1 min per run of Ray start, warm-up and evaluation plus ~4 s per step, so about
+6-8 min; state the one measured. Held-out: 100 prompts x 2 samples, the same 1024 samples trained
+in every run; differences of 0.01-0.03 are within one standard error, ~0.035.)
+
+Measured so far only under load, so no ratio here is evidence about the method: 2026-11-23,
+`--steps 5`, all five runs, 16 min 12 s for the whole command (948 s in the runs) on this
+project's shared 2-core machine at load average 12-13 (other agents' training runs and tests held
+the cores, so the asynchronous runs' two sides did not each get a core: their rollout took
+1.5-2x and their training 2-3x the synchronous run's):
+
+| run | samples/s | ratio | t_roll / t_gen / t_train (s) | own-timings prediction | held-out sampled / greedy | lag mean / max | resumed |
+|---|---|---|---|---|---|---|---|
+| sync | 30.1 | 1 | 2.69 / 0.35 / 1.54 (ideal 1.57) | | 0.565 / 0.600 | | 0 |
+| staleness_1 | 20.5 | 0.68 | 5.72 / 1.90 / 4.62 | 0.74 | 0.555 / 0.600 | 0.8 / 1 | 0 |
+| staleness_2 | 25.7 | 0.85 | 4.03 / 0.78 / 4.14 | 1.02 | 0.555 / 0.600 | 1.0 / 2 | 0 |
+| staleness_1_partial | 28.6 | 0.95 | 4.22 / 1.01 / 2.69 | 1.00 | 0.555 / 0.600 | 0.8 / 1 | 0 |
+| staleness_2_partial | 23.7 | 0.79 | 5.10 / 1.28 / 3.74 | 0.83 | 0.555 / 0.600 | 0.8 / 1 | 0 |
+
+What the loaded points say: the formula with the synchronous timings (1.57: the workload is close
+to balanced, t_roll / t_train = 1.75) is not reachable when the two sides share cores with other
+jobs; with each run's own (contended) timings it predicts the measured ratio within 0.04-0.17.
+Held-out accuracy after the same 640 samples is the same in every run within noise (0.555-0.565
+sampled, 0.600 greedy: 100 prompts x 2). Scoring, not generation, is most of t_roll (t_gen
+0.35 of 2.69 s synchronously): the sandbox forks a process per sample. Partial rollout: 0 resumed
+samples in both partial runs, as the formula section predicts (t_train > t_gen); the
+generation-heavy check (`--quick --runs staleness_1_partial
+actor_infer.strategy_args.strategy_config.max_num_seqs=4`, t_gen 2.3-5.9 s against t_train
+3.4-5.5 s under load) gave 4 resumed samples and 6 generated wholly after the swap (lag 0) in
+step 2 (lag mean 0.953). The long tail: step 1 median 8 tokens, 90th percentile 41-47, max 63;
+RL shortens it (a long padded response more often ends in a wrong answer): synchronously p90 18
+/ max 56 at step 2, p90 9 / max 22 at step 5 (the asynchronous runs lag a step behind: p90 13 /
+max 35-37 at step 5). Not the learning rate alone: with
+`actor_train.training_args.learning_rate=5e-5` (sync, 5 steps) p90 still went 41 -> 25 -> 17 ->
+11 -> 13 and max 63 -> 46. A long tail over a whole run would need a reward that does not
+punish the padding, or fewer steps.
 """
 
 from __future__ import annotations
@@ -59,6 +137,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from statistics import mean, median
 from typing import Any
@@ -69,82 +148,138 @@ for path in (ROOT / "apps" / "async", ROOT / "apps" / "rlvr"):
         sys.path.insert(0, str(path))
 
 LONG_TAIL = {
-    "response_length": 48,
-    "rlvr_app.warmup.steps": 15,  # cut short: the policy does not always stop after the answer
+    # responses: "<reasoning padding> #### 8" (warm-up demonstrations padded with a long-tailed
+    # number of words, P(k >= K) = (1 + K) ** -0.7, up to the cap) so the policy samples a
+    # long-tailed length up to response_length
+    "response_length": 64,
+    "rlvr_app.warmup.steps": 30,
+    "rlvr_app.warmup.response_template": "'{reasoning}#### {answer}'",
+    "rlvr_app.warmup.reasoning_max_words": 56,  # + "#### 8" and eos: 61 tokens, within the cap
+    "rlvr_app.warmup.reasoning_tail": 0.7,
     "rollout_batch_size": 16,
     "num_return_sequences_in_group": 8,
     "actor_train.training_args.per_device_train_batch_size": 32,
     "actor_train.training_args.gradient_accumulation_steps": 2,
+    "ppo_epochs": 1,  # the rollout / training balance knob (training time ~ ppo_epochs)
     "val_batch_size": 100,
     "val_n_sample": 2,
     "dynamic_sampling.enable": "false",  # every step trains on the same number of samples
     "track_with": "stdout",
 }
+QUICK = {"val_batch_size": 16, "val_n_sample": 1}
+
+#: name -> (async.max_staleness, async.partial_rollout)
+RUNS: dict[str, tuple[int, bool]] = {
+    "sync": (0, False),
+    "staleness_1": (1, False),
+    "staleness_2": (2, False),
+    "staleness_1_partial": (1, True),
+    "staleness_2_partial": (2, True),
+}
 
 
 def timings(rows: list[dict[str, Any]], asynchronous: bool) -> dict[str, float]:
-    """Mean rollout and training seconds per step (training = old log-probs, train, sync)."""
+    """Mean rollout and training seconds per step (training = old log-probs, train, sync), the
+    response-length distribution (means over steps of per-step statistics) and partial-rollout
+    and lag counts."""
     roll = [r["timing/rollout"] for r in rows]
     train = [r["timing/step"] - (0.0 if asynchronous else r["timing/rollout"]) for r in rows]
     lengths = [r["response/length_mean"] for r in rows]
-    return {
+    out = {
         "t_roll_s": round(mean(roll), 2),
         "t_train_s": round(mean(train), 2),
+        "t_sync_s": round(mean(r.get("timing/sync", 0.0) for r in rows), 2),
+        # the engines' generate calls within t_roll (the rest: decoding, sandboxed scoring)
+        "t_generate_s": round(mean(r.get("timing/rollout_generate", 0.0) for r in rows), 2),
         "response_length_mean": round(mean(lengths), 2),
         "response_length_median_of_steps": round(median(lengths), 2),
+        "response_length_p50": round(mean(r.get("response/length_p50", 0.0) for r in rows), 1),
+        "response_length_p90": round(mean(r.get("response/length_p90", 0.0) for r in rows), 1),
         "response_length_max": max(r["response/length_max"] for r in rows),
         "truncated_rate": round(mean(r.get("response/truncated_rate", 0.0) for r in rows), 3),
+        "resumed_samples": sum(r.get("rollout/resumed_samples", 0.0) for r in rows),
     }
+    if asynchronous:
+        hist = sorted({k for r in rows for k in r if k.startswith("async/lag_hist/")})
+        out["lag_hist"] = {k.rsplit("/", 1)[1]: sum(r.get(k, 0.0) for r in rows) for k in hist}
+        out["rollout_idle_s_mean"] = round(mean(r["async/rollout_idle_s"] for r in rows), 2)
+    return out
 
 
 def ideal_speedup(t_roll: float, t_train: float) -> float:
     return (t_roll + t_train) / max(t_roll, t_train)
 
 
+def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Ratios against the synchronous run: measured samples/s, the formula with the synchronous
+    run's timings, and the formula's denominator with each async run's own timings."""
+    sync = runs.get("sync")
+    if not sync or not sync["samples_per_s"]:
+        return {}
+    serial = sync["t_roll_s"] + sync["t_train_s"]
+    others = {name: r for name, r in runs.items() if name != "sync"}
+    return {
+        "ideal_speedup_from_sync_timings": round(
+            ideal_speedup(sync["t_roll_s"], sync["t_train_s"]), 3
+        ),
+        "measured_speedup": {
+            name: round(r["samples_per_s"] / sync["samples_per_s"], 3) for name, r in others.items()
+        },
+        "predicted_speedup_from_own_timings": {
+            name: round(serial / max(r["t_roll_s"], r["t_train_s"]), 3)
+            for name, r in others.items()
+        },
+    }
+
+
+def thread_counts() -> dict[str, Any]:
+    """Torch threads of this (driver) process; the Ray workers pin theirs to one
+    (rl_runtime.workers._init_process)."""
+    import torch
+
+    return {"driver_torch_threads": torch.get_num_threads(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            "worker_torch_threads": 1, "cpu_count": os.cpu_count()}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = argparse.ArgumentParser(
         prog="tools/bench/async.py", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--out", default="output/bench_async")
-    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="an end-to-end check: 3 steps, 16 held-out prompts x 1 sample",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="key=value, applied to every run")
     args = parser.parse_args(argv)
     from async_compare import CPU_DEFAULTS, run_overrides, run_summary, step_rows
     from rlvr_app import DEFAULT_CONFIG, compose_rlvr, load, run
 
-    base = {**CPU_DEFAULTS, **LONG_TAIL, "max_steps": args.steps, "eval_steps": args.steps,
-            "save_steps": args.steps, "output_dir": args.out}  # fmt: skip
+    steps = 3 if args.quick else args.steps
+    base = {**CPU_DEFAULTS, **LONG_TAIL, **(QUICK if args.quick else {}), "max_steps": steps,
+            "eval_steps": steps, "save_steps": steps, "output_dir": args.out}  # fmt: skip
     overrides = [f"{k}={v}" for k, v in base.items()] + list(args.overrides)
-    report: dict[str, Any] = {"steps": args.steps, "config": base, "runs": {}}
-    for staleness in args.staleness:
-        name = f"staleness_{staleness}"
-        cfg, app = load(DEFAULT_CONFIG, run_overrides(overrides, args.out, name, staleness))
+    report: dict[str, Any] = {"steps": steps, "config": base, "extra_overrides": args.overrides,
+                              "threads": thread_counts(), "runs": {}}  # fmt: skip
+    t0 = time.perf_counter()
+    for name in args.runs:
+        staleness, partial = RUNS[name]
+        run_args = run_overrides(overrides, args.out, name, staleness)
+        if partial:
+            run_args.append("async.partial_rollout=true")
+        cfg, app = load(DEFAULT_CONFIG, run_args)
         components, plan = compose_rlvr(cfg)
-        print(f"=== {name}", flush=True)
+        print(f"=== {name} (max_staleness={staleness}, partial_rollout={partial})", flush=True)
         result = run(cfg, app, components, plan, eval_before=False)
         rows = step_rows(cfg.logging_dir)
         report["runs"][name] = {**run_summary(result, rows), **timings(rows, staleness > 0)}
-    runs = report["runs"]
-    if "staleness_0" in runs:
-        sync = runs["staleness_0"]
-        report["ideal_speedup_from_sync_timings"] = round(
-            ideal_speedup(sync["t_roll_s"], sync["t_train_s"]), 3
-        )
-        report["measured_speedup"] = {
-            name: round(r["samples_per_s"] / sync["samples_per_s"], 3)
-            for name, r in runs.items()
-            if name != "staleness_0" and sync["samples_per_s"]
-        }
-        # the same formula with each async run's own (contended) timings in the denominator
-        report["predicted_speedup_from_own_timings"] = {
-            name: round(
-                (sync["t_roll_s"] + sync["t_train_s"]) / max(r["t_roll_s"], r["t_train_s"]), 3
-            )
-            for name, r in runs.items()
-            if name != "staleness_0"
-        }
+    report.update(compare(report["runs"]))
+    report["total_seconds"] = round(time.perf_counter() - t0, 1)
     report["load_average"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

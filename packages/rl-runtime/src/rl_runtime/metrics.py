@@ -32,7 +32,9 @@ def _outcomes(trajectories: Sequence[Any], prefix: str) -> dict[str, float]:
 
 
 def rollout_metrics(trajectories: Sequence[Any], batch: CollatedBatch) -> dict[str, float]:
-    """`env/*` episode outcomes and `rollout/*` token counts of a training rollout."""
+    """`env/*` episode outcomes and `rollout/*` token counts of a training rollout;
+    `rollout/resumed_samples`: samples whose tokens span several weight versions (partial
+    rollout swapped weights in mid-generation)."""
     out = _outcomes(trajectories, "env")
     mask = batch.tensors["response_mask"]
     lengths = batch.tensors["attention_mask"].sum(-1).float()
@@ -43,7 +45,15 @@ def rollout_metrics(trajectories: Sequence[Any], batch: CollatedBatch) -> dict[s
     out["rollout/num_trajectories"] = float(batch.batch_size)
     versions = batch.tensors["weight_version"]
     out["rollout/weight_version"] = float(versions.float().mean())
+    out["rollout/resumed_samples"] = float(sum(map(_spans_versions, trajectories)))
     return out
+
+
+def _spans_versions(trajectory: Any) -> bool:
+    """Whether the model tokens of `trajectory` were sampled under more than one weight version
+    (a generation that partial rollout continued under newer weights)."""
+    versions, mask = trajectory.token_versions, trajectory.response_mask
+    return bool(versions) and len({v for v, m in zip(versions, mask, strict=True) if m}) > 1
 
 
 def val_metrics(trajectories: Sequence[Any], prefix: str = "val") -> dict[str, float]:

@@ -1,0 +1,29 @@
+from rl_config.records import Trajectory
+from rl_runtime.collate import collate_trajectories
+from rl_runtime.metrics import rollout_metrics
+
+
+def _traj(tid, response_versions, prompt_version=None):
+    """A 2-token prompt and a response whose tokens were sampled under `response_versions`
+    (empty list: no per-token versions, every token at weight_version 0)."""
+    n = len(response_versions) or 3
+    first = response_versions[0] if response_versions else 0
+    versions = [prompt_version if prompt_version is not None else first] * 2 + response_versions
+    return Trajectory(
+        traj_id=tid, group_id="g", tag="t", env_seed=0, token_ids=[1, 2] + [5] * n,
+        prompt_length=2, response_mask=[False] * 2 + [True] * n,
+        rollout_log_probs=[0.0] * (2 + n), weight_version=first,
+        token_versions=versions if response_versions else [],
+    )  # fmt: skip
+
+
+def test_resumed_samples_count_generations_spanning_weight_versions():
+    trajs = [
+        _traj("plain", []),  # no per-token versions
+        _traj("one_version", [4, 4, 4]),
+        _traj("resumed", [4, 4, 5]),  # partial rollout swapped weights after two tokens
+        _traj("prompt_only_differs", [5, 5], prompt_version=4),  # the prompt is not sampled
+        _traj("twice", [3, 4, 5]),
+    ]
+    metrics = rollout_metrics(trajs, collate_trajectories(trajs, pad_token_id=0))
+    assert metrics["rollout/resumed_samples"] == 2.0
