@@ -113,6 +113,10 @@ def test_ppo_epochs_and_mini_batches_count_optimizer_steps(tiny_model_path):
     metrics = backend.train_step(make_batch(8, 12), nll_loss)
     assert metrics["actor/optimizer_steps"] == 6.0  # 3 epochs x (8 samples / 4 per mini-batch)
     assert backend.global_step == 6
+    # a supervised pass (warm-up) asks for one epoch whatever ppo_epochs says
+    assert backend.train_step(make_batch(8, 12), nll_loss, epochs=1)["actor/optimizer_steps"] == 2
+    with pytest.raises(ValueError, match="epochs must be >= 1"):
+        backend.train_step(make_batch(8, 12), nll_loss, epochs=0)
 
 
 def test_actor_loss_on_policy_ppo_equals_minus_mean_advantage(tiny_model_path):

@@ -87,11 +87,12 @@ class TrainWorker:
         }
 
     def train_step(self, batch: dict[str, torch.Tensor], loss: str = "default") -> dict:
-        """One `train_step` with the backend's configured loss, or `loss="sft"` (warm-up)."""
+        """One `train_step` with the backend's configured loss, or `loss="sft"` (warm-up: one
+        pass over the batch, whatever `ppo_epochs` says)."""
         if loss == "sft":
             from rl_runtime.losses import sft_loss_fn
 
-            return dict(self.backend.train_step(batch, sft_loss_fn))
+            return dict(self.backend.train_step(batch, sft_loss_fn, epochs=1))
         if loss != "default":
             raise ValueError(f"unknown loss {loss!r}; use 'default' or 'sft'")
         return dict(self.backend.train_step(batch))

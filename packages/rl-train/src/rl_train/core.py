@@ -175,8 +175,10 @@ class BackendCore:
         self._set_train_mode(True)
         return ForwardOutput(**{k: (v if k in seen else None) for k, v in result.items()})
 
-    def train_step(self, batch: Batch, loss_fn: LossFn | None = None) -> dict[str, float]:
-        """Run ``ppo_epochs`` passes over this rank's ``batch`` in mini-batches of
+    def train_step(
+        self, batch: Batch, loss_fn: LossFn | None = None, *, epochs: int | None = None
+    ) -> dict[str, float]:
+        """Run ``epochs`` (default ``ppo_epochs``) passes over this rank's ``batch`` in mini-batches of
         ``per_device_train_batch_size * gradient_accumulation_steps`` samples (one optimizer step
         each), micro-batches of ``per_device_train_batch_size`` samples (or a token budget).
 
@@ -190,7 +192,7 @@ class BackendCore:
             raise ValueError(f"{self.role}: no loss_fn given and none configured")
         args = self.args
         if reads_old_log_probs(loss_fn):
-            batch = self._with_old_log_probs(batch)
+            batch = self._with_old_log_probs(batch, epochs)
         self._set_train_mode(True)
         gen = (
             torch.Generator().manual_seed(args.seed + self.global_step)
@@ -202,7 +204,10 @@ class BackendCore:
         grad_norms: list[float] = []
         tokens = 0.0
         t0 = time.perf_counter()
-        for _epoch in range(args.ppo_epochs):
+        passes = args.ppo_epochs if epochs is None else epochs
+        if passes < 1:
+            raise ValueError(f"{self.role}: train_step epochs must be >= 1, got {passes}")
+        for _epoch in range(passes):
             minis = batching.split_mini_batches(batch, args.mini_batch_size, shuffle_generator=gen)
             num_minis = _max_over_ranks(len(minis))
             if num_minis != len(minis) or _max_over_ranks(-len(minis)) != -len(minis):
@@ -270,7 +275,7 @@ class BackendCore:
         )
         return metrics_out
 
-    def _with_old_log_probs(self, batch: Batch) -> Batch:
+    def _with_old_log_probs(self, batch: Batch, epochs: int | None) -> Batch:
         """The policy loss's ``old_log_probs`` for a batch that has none: the policy as it is at
         the start of this call. With one optimizer step per call they are the detached log-probs
         of the training forward itself (the loss takes those; no extra pass, as on-policy GRPO
@@ -279,7 +284,8 @@ class BackendCore:
         if "old_log_probs" in batch:
             return batch
         minis = -(-batching.batch_size(batch) // self.args.mini_batch_size)
-        if self.args.ppo_epochs * _max_over_ranks(minis) == 1:
+        passes = self.args.ppo_epochs if epochs is None else epochs
+        if passes * _max_over_ranks(minis) == 1:
             return batch
         old = self.forward(batch).log_probs
         assert old is not None  # an actor's forward always gives log-probs

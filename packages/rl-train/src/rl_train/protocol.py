@@ -23,8 +23,11 @@ class TrainBackend(Protocol):
         """No-grad forward of this rank's batch: ``log_probs``/``entropy``/``values`` ``[B, T]``."""
         ...
 
-    def train_step(self, batch: Batch, loss_fn: LossFn | None = None) -> dict[str, float]:
-        """``ppo_epochs`` x mini-batches x micro-batches over this rank's batch; returns metrics."""
+    def train_step(
+        self, batch: Batch, loss_fn: LossFn | None = None, *, epochs: int | None = None
+    ) -> dict[str, float]:
+        """``epochs`` (default ``ppo_epochs``) x mini-batches x micro-batches over this rank's
+        batch; returns metrics."""
         ...
 
     def iter_full_tensor_buckets(
