@@ -60,26 +60,27 @@ def test_same_seed_same_validation_metrics(tmp_path):
 
 # A short run on the deterministic path (lockstep agent loop, the default's seed 42, in-process
 # so that a loaded machine's Ray start cannot time out): the default's warm-up (noisy expert) and
-# RL settings, 20 RL steps instead of 50, sampled evaluation only (256 validation episodes).
+# RL settings, 40 RL steps instead of 70, sampled evaluation only (256 validation episodes).
 LEARN = {
-    "max_steps": 20,
-    "eval_steps": 20,
+    "max_steps": 40,
+    "eval_steps": 40,
     "agentic_app.eval_greedy": "false",
 }
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # about 3.5 min quiet (estimated); 8-10+ min on a loaded 2-core box
+@pytest.mark.timeout(1500)  # 398 s measured at load 2-4 on 2 cores; more on a loaded box
 def test_rl_beats_the_warm_up_on_held_out_maps(tmp_path):
     """Sampled success on the held-out validation maps after RL exceeds after-warm-up (the
     policy RL starts from) by a margin well outside the evaluation noise."""
     s = _run(tmp_path / "learn", "--no-ray", **LEARN)
     gain = s["summary"]["gain val/success_rate"]
     assert s["eval_after"]["val/num_episodes"] == 256
-    # Measured (2026-11-23, 2-core machine): 0.309 -> 0.426, a gain of 0.117 = 2.77 standard
-    # errors; the full default run passes through the same weights (0.422 at its step 25). The
-    # run is deterministic on one machine, so the margin (0.037, about 0.9 standard error, above
-    # the bound) is there for another machine's float rounding, not for sampling luck. Other
-    # seeds were not measured for this configuration. With RL disabled (rl_loss_coef=0) the
-    # weights do not move and the gain is exactly 0: the assertion fails.
-    assert gain["gain"] >= 0.08 and gain["gain_in_se"] >= 2.0, gain
+    # Measured (2026-11-23, 2-core machine, an in-process run of this configuration evaluated
+    # every 10 steps): 0.344 -> 0.477 at step 40, a gain of 0.133 = 3.09 standard errors; the
+    # full default run passes through the same weights. The run is deterministic on one machine,
+    # so the margin (0.033, about 0.8 standard error, above the bound) is there for another
+    # machine's float rounding, not for sampling luck; the 3-seed table in the README is the
+    # claim about other seeds. With RL disabled (rl_loss_coef=0) the weights do not move and
+    # the gain is exactly 0 (measured: 0.344 -> 0.344): the assertion fails.
+    assert gain["gain"] >= 0.10 and gain["gain_in_se"] >= 2.2, gain
