@@ -81,11 +81,11 @@ def test_rlvr_trajectories_carry_the_engines_per_token_versions():
     """A generation that continued under newer weights (partial rollout) is as old as its
     oldest token: the RLVR recipe hands the engine's token_versions to the staleness filter."""
     sys.path.insert(0, str(ROOT / "apps" / "rlvr"))
-    from rlvr_data import Scored
-    from rlvr_metrics import Group
     from rlvr_pipeline import RlvrRecipe
 
     from rl_config.records import GenerationResult, oldest_weight_version
+    from rl_runtime.rlvr_data import Scored
+    from rl_runtime.rlvr_metrics import Group
 
     def result(versions: list[int]) -> GenerationResult:
         return GenerationResult(request_id="0", prompt_ids=[1, 2], output_ids=[3, 4, 5],

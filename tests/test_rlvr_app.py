@@ -16,14 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "rlvr"
 sys.path.insert(0, str(APP))
 
-from arith_task import problems, split, write_arith_parquet  # noqa: E402
-from rlvr_data import RowSampler, load_prompts  # noqa: E402
-from rlvr_metrics import _quantile  # noqa: E402
 from rlvr_options import WarmupOptions  # noqa: E402
-from rlvr_warmup import reasoning_words  # noqa: E402
 
 from rl_envs.rewards.router import reward_router_spec  # noqa: E402
+from rl_envs.tasks.arith import problems, split, write_arith_parquet  # noqa: E402
 from rl_runtime.compose.rlvr import DataPlan  # noqa: E402
+from rl_runtime.rlvr_data import RowSampler, load_prompts  # noqa: E402
+from rl_runtime.rlvr_metrics import _quantile  # noqa: E402
+from rl_runtime.rlvr_warmup import reasoning_words  # noqa: E402
 
 PLAN = DataPlan((), (), None, None, "solution", "tag", None, "native", "native")
 ONE_DOMAIN = reward_router_spec(None)  # no rewards section: every row to verl's default
@@ -294,10 +294,9 @@ def test_missing_data_file_is_named_and_the_run_ends_cleanly(tmp_path):
 def test_custom_reward_function_from_the_config_scores_in_the_sandbox(tmp_path):
     """`custom_reward_function` (verl's signature) reaches the recipe's scorer through the RLVR
     plan: its value is the reward, one that raises is a counted failure, never a silent 0."""
-    from rlvr_data import Scorer
-
     from rl_config.loading import load_app_config
     from rl_runtime.compose.rlvr import build_rlvr
+    from rl_runtime.rlvr_data import Scorer
 
     fn = tmp_path / "my_reward.py"
     fn.write_text(

@@ -6,8 +6,10 @@ this app needs: building the tiny model, the supervised warm-up, Ray vs in-proce
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
+
+from rl_runtime.app_options import TinyModelOptions, strict_options
 
 
 @dataclass
@@ -23,16 +25,6 @@ class WarmupOptions:
     #: probability that a demonstrated move is a random action instead of the solver's: the
     #: warm-up then imitates a noisy expert, and RL has to learn to stop making those moves
     action_noise: float = 0.0
-
-
-@dataclass
-class TinyModelOptions:
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 2
-    num_kv_heads: int = 1
-    intermediate_size: int = 256
-    seed: int = 0
 
 
 @dataclass
@@ -58,21 +50,4 @@ class AppOptions:
 
     @classmethod
     def from_mapping(cls, raw: dict[str, Any] | None) -> AppOptions:
-        raw = dict(raw or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ValueError(f"agentic_app: unknown key(s) {unknown}; known: {sorted(known)}")
-        if "tiny_model" in raw:
-            raw["tiny_model"] = _sub(TinyModelOptions, raw["tiny_model"], "agentic_app.tiny_model")
-        if "warmup" in raw:
-            raw["warmup"] = _sub(WarmupOptions, raw["warmup"], "agentic_app.warmup")
-        return cls(**raw)
-
-
-def _sub(cls: type, raw: dict[str, Any], path: str) -> Any:
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(raw or {}) - known)
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}; known: {sorted(known)}")
-    return cls(**(raw or {}))
+        return strict_options(cls, raw, "agentic_app")

@@ -36,7 +36,7 @@ def prepare(cfg, app) -> str:
 
     path = policy_model_path(cfg.pretrain, app.tiny_model if app.build_tiny_model else None)
     if app.generate_arithmetic:
-        from arithmetic import write_pairs
+        from rl_runtime.dpo_arithmetic import write_pairs
 
         d = cfg.actor_train.data_args
         if not isinstance(d.file_name, str) or not isinstance(d.eval_file_name, str):

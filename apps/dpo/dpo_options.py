@@ -3,18 +3,10 @@ preference data of the CPU default, Ray vs in-process, the greedy-answer check."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-
-@dataclass
-class TinyModelOptions:
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 2
-    num_kv_heads: int = 1
-    intermediate_size: int = 256
-    seed: int = 0
+from rl_runtime.app_options import TinyModelOptions, strict_options
 
 
 @dataclass
@@ -44,17 +36,4 @@ class AppOptions:
 
     @classmethod
     def from_mapping(cls, raw: dict[str, Any] | None) -> AppOptions:
-        raw = dict(raw or {})
-        _check(cls, raw, "dpo_app")
-        for name, sub in (("tiny_model", TinyModelOptions), ("arithmetic", ArithmeticOptions)):
-            if name in raw:
-                _check(sub, raw[name] or {}, f"dpo_app.{name}")
-                raw[name] = sub(**(raw[name] or {}))
-        return cls(**raw)
-
-
-def _check(cls: type, raw: dict[str, Any], path: str) -> None:
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}; known: {sorted(known)}")
+        return strict_options(cls, raw, "dpo_app")

@@ -151,7 +151,7 @@ class DPORecipe:
         }
         out["val/loss"] = float(result.losses.mean())
         if self.app.greedy_eval_prompts and "answer" in examples[0].meta:
-            from arithmetic import greedy_correct
+            from rl_runtime.dpo_arithmetic import greedy_correct
 
             named = ctx.cluster["actor_train"].call_all("named_tensors")[0]
             shown = examples[: self.app.greedy_eval_prompts]

@@ -52,10 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     if unscorable:  # a dry run lists them; a run cannot score those rows
         print("config error: " + "; ".join(unscorable), file=sys.stderr)
         return 1
-    from rlvr_metrics import summary_row
-
     from rl_envs.tasks.dataset import DataError
     from rl_runtime.pipeline import print_result
+    from rl_runtime.rlvr_metrics import summary_row
 
     try:
         result = run(cfg, app, components, plan)

@@ -43,7 +43,7 @@ def prepare(cfg, app) -> str:
     from rl_runtime.pipeline import policy_model_path
 
     if app.arith_data.generate:
-        from arith_task import write_arith_parquet
+        from rl_envs.tasks.arith import write_arith_parquet
 
         d = app.arith_data
         write_arith_parquet(d.out_dir, kind=d.kind, num_digits=d.num_digits, max_a=d.max_a,

@@ -7,8 +7,10 @@ warm-up, Ray vs in-process.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
+
+from rl_runtime.app_options import TinyModelOptions, strict_options
 
 
 @dataclass
@@ -45,7 +47,7 @@ class WarmupOptions:
 @dataclass
 class ArithDataOptions:
     """Task prompts written to parquet (verl's schema) before the run; held-out problems are
-    disjoint from training problems (see arith_task)."""
+    disjoint from training problems (see rl_envs.tasks.arith)."""
 
     generate: bool = False
     out_dir: str = "./output/rlvr_data"
@@ -55,16 +57,6 @@ class ArithDataOptions:
     max_a: int = 99
     max_b: int = 9
     val_fraction: float = 0.2
-    seed: int = 0
-
-
-@dataclass
-class TinyModelOptions:
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 2
-    num_kv_heads: int = 1
-    intermediate_size: int = 256
     seed: int = 0
 
 
@@ -83,19 +75,4 @@ class AppOptions:
 
     @classmethod
     def from_mapping(cls, raw: dict[str, Any] | None) -> AppOptions:
-        raw = dict(raw or {})
-        _check(cls, raw, "rlvr_app")
-        subs = {"tiny_model": TinyModelOptions, "arith_data": ArithDataOptions,
-                "warmup": WarmupOptions}  # fmt: skip
-        for name, sub in subs.items():
-            if name in raw:
-                _check(sub, raw[name] or {}, f"rlvr_app.{name}")
-                raw[name] = sub(**(raw[name] or {}))
-        return cls(**raw)
-
-
-def _check(cls: type, raw: dict[str, Any], path: str) -> None:
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}; known: {sorted(known)}")
+        return strict_options(cls, raw, "rlvr_app")

@@ -19,8 +19,6 @@ from typing import Any
 
 import msgspec
 import torch
-from rlvr_data import RowSampler, Scorer, load_prompts
-from rlvr_metrics import Group, accuracy_metrics, group_metrics
 from rlvr_options import AppOptions
 
 from rl_algos.rewards import clip_rewards
@@ -32,6 +30,8 @@ from rl_runtime.dynamic_sampling import fill_groups
 from rl_runtime.metrics import rollout_metrics
 from rl_runtime.pipeline import Context
 from rl_runtime.policy_update import update_policy
+from rl_runtime.rlvr_data import RowSampler, Scorer, load_prompts
+from rl_runtime.rlvr_metrics import Group, accuracy_metrics, group_metrics
 
 STDOUT_KEYS = (
     "reward/mean",
@@ -287,7 +287,7 @@ class RlvrRecipe:
     # ------------------------------------------------------------------------ warm-up
     def before_training(self, ctx: Context) -> dict[str, float]:
         """Supervised warm-up on the training answers (rlvr_app.warmup), then a sync."""
-        from rlvr_warmup import demonstrations
+        from rl_runtime.rlvr_warmup import demonstrations
 
         w = self.app.warmup
         if w.steps <= 0:

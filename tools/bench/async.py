@@ -7,7 +7,7 @@ Workload: apps/rlvr's CPU default (`max 3 8 1 5 =` -> `#### 8`, tiny model) in a
 (async_compare.CPU_DEFAULTS: actor_train + reference on CPU bundle 0, actor_infer on bundle 1, IS
 correction on), changed (`LONG_TAIL`) so response lengths have a heavy tail up to the cap: the
 supervised warm-up's demonstrations are `<k x " then">#### <answer>` with k drawn from a discrete
-Pareto, P(k >= K) = (1 + K) ** -0.7, capped at 56 words (rlvr_warmup.reasoning_words; 56 + "#### 8"
+Pareto, P(k >= K) = (1 + K) ** -0.7, capped at 56 words (rl_runtime.rlvr_warmup.reasoning_words; 56 + "#### 8"
 + eos = 61 tokens, within response_length 64). The policy samples the same shape at first: step 1
 median 8 tokens, 90th percentile 41-47, max 63 (`response_length_*` in the output); RL then
 shortens it (measured below). 16 prompts x 8 samples per step, dynamic sampling off so that every

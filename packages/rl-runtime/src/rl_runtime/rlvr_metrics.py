@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from statistics import mean
 from typing import Any
 
-from rlvr_data import Scored
-
 from rl_config.records import GenerationResult
+from rl_runtime.rlvr_data import Scored
 
 
 @dataclass
