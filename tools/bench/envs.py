@@ -88,6 +88,8 @@ def bench_sandbox(n: int) -> list[tuple[str, float, float, float]]:
             lambda i: pool.call("rl_envs.rewards.graders:gsm8k_score", f"#### {i}", str(i)), n
         )
         rows.append(("gsm8k_score sandboxed (warm pool)", *sand, sand[0] / max(base[0], 1e-6)))
+        each = _per_response(pool, "rl_envs.rewards.graders:gsm8k_score", _gsm8k_args, n)
+        rows.append((f"gsm8k_score sandboxed, {BATCH} per call", *each, each[0] / base[0]))
         src = "def compute_score(data_source, solution_str, ground_truth, extra_info):\n    return float(solution_str == ground_truth)\n"
         custom = _latencies(
             lambda i: pool.call_source(src, "compute_score", ["d", str(i), str(i), {}]), n
@@ -105,7 +107,27 @@ def bench_sandbox(n: int) -> list[tuple[str, float, float, float]]:
             n // 2,
         )
         rows.append(("math_score sandboxed (warm pool)", *sand, sand[0] / max(base[0], 1e-6)))
+        each = _per_response(pool, "rl_envs.rewards.graders:math_score", _math_args, n // 2)
+        rows.append((f"math_score sandboxed, {BATCH} per call", *each, each[0] / base[0]))
     return rows
+
+
+BATCH = 64  # responses per sandbox call (SandboxPool.call_each, as RewardManager batches)
+
+
+def _gsm8k_args(i: int) -> list:
+    return [f"#### {i}", str(i)]
+
+
+def _math_args(i: int) -> list:
+    return [rf"\boxed{{\frac{{{i}}}{{2}}}}", str(i / 2)]
+
+
+def _per_response(pool: SandboxPool, target: str, args, n: int) -> tuple[float, float]:
+    """Median and p90 ms per response when ``BATCH`` responses share one sandbox call."""
+    calls = [(args(i), {}) for i in range(BATCH)]
+    median, p90 = _latencies(lambda i: pool.call_each(target, calls), max(n // BATCH, 5))
+    return median / BATCH, p90 / BATCH
 
 
 def main() -> None:

@@ -192,3 +192,38 @@ def test_concurrent_calls_from_many_threads():
             t.join(30)
         assert [r.value for r in results] == [i * i for i in range(8)]
         assert pool.stats()["calls"] == 8
+
+
+def _stats_delta(pool: SandboxPool, before: dict, *keys: str) -> dict[str, int]:
+    after = pool.stats()
+    return {k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in keys}
+
+
+def test_call_each_runs_a_batch_in_one_call_and_keeps_exceptions_per_call(hostile_pool):
+    target = "rl_envs.rewards.rules:format_score"
+    calls = [
+        (["src", "aaa", None, {}], {"pattern": "a+"}),
+        (["src", "aaa", None, {}], {"pattern": "("}),  # re.error: fails alone
+        (["src", "bbb", None, {}], {"pattern": "a+"}),
+    ]
+    before = hostile_pool.stats()
+    results = hostile_pool.call_each(target, calls, timeout_s=5.0)
+    assert [r.ok for r in results] == [True, False, True]
+    assert [r.value for r in results] == [1.0, None, 0.0]
+    assert results[1].kind == "exception" and "missing )" in results[1].error
+    delta = _stats_delta(hostile_pool, before, "batches", "batch_fallbacks", "calls", "failures")
+    assert delta == {"batches": 1, "batch_fallbacks": 0, "calls": 3, "failures": 1}
+
+
+def test_call_each_rescores_a_failed_batch_call_by_call(hostile_pool):
+    """A response that makes the batch time out (catastrophic regex backtracking) is the only
+    failure: the batch is run again call by call."""
+    target = "rl_envs.rewards.rules:format_score"
+    texts = ["aaaa", "a" * 40 + "!", "aa"]
+    calls = [(["src", t, None, {}], {"pattern": r"(a+)+$"}) for t in texts]
+    before = hostile_pool.stats()
+    results = hostile_pool.call_each(target, calls, timeout_s=1.0)
+    assert [r.value for r in results] == [1.0, None, 1.0]
+    assert results[1].kind == "timeout"
+    delta = _stats_delta(hostile_pool, before, "batches", "batch_fallbacks", "calls", "timeouts")
+    assert delta == {"batches": 1, "batch_fallbacks": 1, "calls": 3, "timeouts": 1}

@@ -14,6 +14,7 @@ counted failure whose ``kind`` names the reason: a sandbox outcome (``exception`
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections import Counter
@@ -23,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rl_envs.rewards.custom import CustomReward
-from rl_envs.rewards.registry import get_reward
-from rl_envs.sandbox.pool import SandboxPool
+from rl_envs.rewards.registry import get_reward, reads_only
+from rl_envs.sandbox.pool import SandboxPool, SandboxResult
 
 if TYPE_CHECKING:
     from rl_envs.tasks.data import TaskRow
@@ -122,6 +123,7 @@ class RewardManager:
         self.max_concurrency = max_concurrency or pool.num_workers
         self.options = dict(options or {})
         self._target = get_reward(reward) if isinstance(reward, str) else None
+        self._reads_only = isinstance(reward, str) and reads_only(reward)
         self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -136,7 +138,9 @@ class RewardManager:
     def _timeout(self, item: RewardInput) -> float | None:
         return self.timeout_s
 
-    def _invoke(self, args: list[Any], kwargs: dict[str, Any], timeout_s: float | None) -> Any:
+    def _invoke(
+        self, args: list[Any], kwargs: dict[str, Any], timeout_s: float | None
+    ) -> SandboxResult:
         if self._target is not None:
             return self.pool.call(self._target, *args, timeout_s=timeout_s, **kwargs)
         assert isinstance(self.reward, CustomReward)
@@ -149,9 +153,12 @@ class RewardManager:
             timeout_s=timeout_s,
         )
 
-    def _call(self, item: RewardInput) -> Any:
-        args = [item.data_source, item.solution_str, item.ground_truth, item.extra_info or {}]
-        return self._invoke(args, self._kwargs(item), self._timeout(item))
+    @staticmethod
+    def _args(item: RewardInput) -> list[Any]:
+        return [item.data_source, item.solution_str, item.ground_truth, item.extra_info or {}]
+
+    def _call(self, item: RewardInput) -> SandboxResult:
+        return self._invoke(self._args(item), self._kwargs(item), self._timeout(item))
 
     def _output(self, value: Any) -> RewardOutput:
         reward, extra, kind, error = coerce_reward_kind(value)
@@ -171,7 +178,9 @@ class RewardManager:
     def score_one(self, item: RewardInput) -> RewardOutput:
         if self.batched:
             return self.score([item])[0]
-        result = self._call(item)
+        return self._scored(item, self._call(item))
+
+    def _scored(self, item: RewardInput, result: SandboxResult) -> RewardOutput:
         if not result.ok:
             output = RewardOutput(0.0, False, result.kind, result.error)
         else:
@@ -187,10 +196,30 @@ class RewardManager:
             return self._score_batch(items)
         if len(items) <= 1:
             return [self.score_one(i) for i in items]
+        if self._reads_only:
+            return self._score_chunks(items)
         with ThreadPoolExecutor(
             max_workers=self.max_concurrency, thread_name_prefix="reward"
         ) as ex:
             return list(ex.map(self.score_one, items))
+
+    def _score_chunks(self, items: list[RewardInput]) -> list[RewardOutput]:
+        """A reward that only reads the response: one sandbox call per chunk of items, one
+        chunk per concurrent call (``SandboxPool.call_each``; a failed chunk is rescored item
+        by item, so a failure lands on its own item)."""
+        assert self._target is not None
+        target = self._target
+        n_chunks = min(self.max_concurrency, len(items))
+        bounds = [len(items) * k // n_chunks for k in range(n_chunks + 1)]
+        chunks = [items[a:b] for a, b in itertools.pairwise(bounds)]
+
+        def run(chunk: list[RewardInput]) -> list[SandboxResult]:
+            calls = [(self._args(i), self._kwargs(i)) for i in chunk]
+            return self.pool.call_each(target, calls, timeout_s=self.timeout_s)
+
+        with ThreadPoolExecutor(max_workers=n_chunks, thread_name_prefix="reward") as ex:
+            results = [r for chunk_results in ex.map(run, chunks) for r in chunk_results]
+        return [self._scored(i, r) for i, r in zip(items, results, strict=True)]
 
     def _score_batch(self, items: list[RewardInput]) -> list[RewardOutput]:
         """TRL style: ``fn(prompts, completions, **columns)`` once, returning one value per

@@ -192,7 +192,7 @@ def _supervise(pid: int, deadline: float, result_fd: int, output_fd: int, cap: i
 
 def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     limits = task["limits"]
-    if task["kind"] == "call":
+    if task["kind"] in ("call", "call_each"):
         # trusted module: import it once in the worker so calls do not pay for it after the fork
         try:
             importlib.import_module(task["target"].partition(":")[0])

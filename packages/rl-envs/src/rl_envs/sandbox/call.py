@@ -100,12 +100,26 @@ def _awaited(value: Any) -> Any:
     return loop.run_until_complete(value)
 
 
+def _call_one(target: Any, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """One call of a ``call_each`` batch: its value, or its exception as a failed outcome (the
+    batch goes on). Anything that is not an ``Exception`` ends the batch."""
+    try:
+        return {"ok": True, "value": _awaited(target(*args, **kwargs))}
+    except Exception as exc:
+        kind_name = "memory" if isinstance(exc, MemoryError) else "exception"
+        return {"ok": False, "kind": kind_name, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+
+
 def _execute(task: dict[str, Any], target: Any, workdir: str) -> Any:
     args = task.get("args", [])
     kwargs = task.get("kwargs", {})
     kind = task["kind"]
     if kind == "call":
         return _awaited(target(*args, **kwargs))
+    if kind == "call_each":
+        return [
+            _call_one(target, call_args, call_kwargs) for call_args, call_kwargs in task["calls"]
+        ]
     if kind == "source":
         path = os.path.join(workdir, task.get("filename") or "reward_fn.py")
         with open(path, "w") as handle:
@@ -131,7 +145,8 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
     try:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         limits = task["limits"]
-        target = _resolve(task["target"]) if task["kind"] == "call" else None  # trusted, first
+        trusted = task["kind"] in ("call", "call_each")
+        target = _resolve(task["target"]) if trusted else None  # trusted, first
         workdir = call["workdir"]
         if call["namespaces"]:
             owner = call["uid"] if call["uid"] is not None else os.geteuid()

@@ -84,6 +84,26 @@ def _default(value: Any) -> Any:
     return repr(value)
 
 
+def _split_batch(batch: SandboxResult, n: int) -> list[SandboxResult] | None:
+    """The ``n`` outcomes of a ``call_each`` batch; None when the batch itself failed."""
+    if not batch.ok or not isinstance(batch.value, list) or len(batch.value) != n:
+        return None
+    if not all(isinstance(one, dict) for one in batch.value):
+        return None
+    share = batch.duration_s / n
+    return [
+        SandboxResult(True, value=one.get("value"), duration_s=share)
+        if one.get("ok")
+        else SandboxResult(
+            False,
+            kind=str(one.get("kind", "exception")),
+            error=str(one.get("error", "")),
+            duration_s=share,
+        )
+        for one in batch.value
+    ]
+
+
 class SandboxPool:
     """A pool of sandbox workers, one per call slot.
 
@@ -229,6 +249,10 @@ class SandboxPool:
 
     # ----- calls ---------------------------------------------------------------------------------
     def _submit(self, task: dict[str, Any], timeout_s: float | None) -> SandboxResult:
+        return self._count(self._run(task, timeout_s))
+
+    def _run(self, task: dict[str, Any], timeout_s: float | None) -> SandboxResult:
+        """One task on an idle worker (not counted in ``stats()``)."""
         if self._closed:
             raise RuntimeError("SandboxPool is closed")
         limits = self.limits.with_timeout(timeout_s)
@@ -237,11 +261,11 @@ class SandboxPool:
         try:
             worker = self._idle.get(timeout=limits.timeout_s + 4 * GRACE_S + self._start_timeout_s)
         except queue.Empty:
-            return self._count(SandboxResult(False, kind="pool_busy", error="no idle worker"))
+            return SandboxResult(False, kind="pool_busy", error="no idle worker")
         if not worker.alive:
             self._kill(worker)
             self._replace_async(worker.slot)
-            return self._submit_again(task, timeout_s, start)
+            return self._run_again(task, timeout_s, start)
         assert worker.process.stdin is not None and worker.process.stdout is not None
         try:
             write_frame(worker.process.stdin.fileno(), task)
@@ -260,14 +284,14 @@ class SandboxPool:
             self._idle.put(worker)
             result = self._decode(response, limits)
         result.duration_s = time.monotonic() - start
-        return self._count(result)
+        return result
 
-    def _submit_again(
+    def _run_again(
         self, task: dict[str, Any], timeout_s: float | None, start: float
     ) -> SandboxResult:
         if time.monotonic() - start > self._start_timeout_s:
-            return self._count(SandboxResult(False, kind="pool_busy", error="no live worker"))
-        return self._submit(task, timeout_s)
+            return SandboxResult(False, kind="pool_busy", error="no live worker")
+        return self._run(task, timeout_s)
 
     @staticmethod
     def _decode(response: dict[str, Any], limits: SandboxLimits) -> SandboxResult:
@@ -316,6 +340,33 @@ class SandboxPool:
         task = {"kind": "call", "target": target, "args": _to_jsonable(list(args)),
                 "kwargs": _to_jsonable(kwargs)}  # fmt: skip
         return self._submit(task, timeout_s)
+
+    def call_each(
+        self,
+        target: str,
+        calls: list[tuple[list[Any], dict[str, Any]]],
+        *,
+        timeout_s: float | None = None,
+    ) -> list[SandboxResult]:
+        """``call(target, *args, **kwargs)`` for each ``(args, kwargs)``, all in ONE call process
+        (one fork instead of ``len(calls)``): for functions that only read their arguments
+        (graders parsing model output), never for code that runs them. An exception fails only
+        its own call. When the batch as a whole fails (timeout, memory, crash, a result that
+        does not serialise ...), every call is run again alone, so the failure lands on the
+        call that caused it. ``timeout_s`` bounds the batch, then each call alone. ``stats()``
+        counts each call as one, and ``batches``/``batch_fallbacks``."""
+        if ":" not in target:
+            raise ValueError(f"target must be 'module:function', got {target!r}")
+        if len(calls) <= 1:
+            return [self.call(target, *a, timeout_s=timeout_s, **kw) for a, kw in calls]
+        task = {"kind": "call_each", "target": target,
+                "calls": _to_jsonable([[list(a), dict(kw)] for a, kw in calls])}  # fmt: skip
+        self._stats["batches"] += 1
+        results = _split_batch(self._run(task, timeout_s), len(calls))
+        if results is not None:
+            return [self._count(result) for result in results]
+        self._stats["batch_fallbacks"] += 1
+        return [self.call(target, *a, timeout_s=timeout_s, **kw) for a, kw in calls]
 
     def call_source(
         self,
