@@ -91,8 +91,7 @@ def test_agentic_cpu_ray_hf_engine(tmp_path):
     _check_run(rows, out)
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("ray")
+@pytest.mark.slow  # in-process (--no-ray): not in the "ray" group, it may run beside a Ray test
 def test_agentic_resume_matches_uninterrupted(tmp_path):
     common = {"max_steps": 3, "save_steps": 2, "agentic_app.check_sync_weights": "false"}
     full = _run(tmp_path / "full", "--no-ray", **common)

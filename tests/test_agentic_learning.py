@@ -37,11 +37,19 @@ def _run(out: Path, *flags: str, **overrides: object) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+# Determinism needs no size: a short warm-up, 2 RL steps of 16 episodes (4 maps x 4), then the
+# post-RL validation (eval_steps 2) that the comparison includes.
 SHORT = {
     "max_steps": 2,
     "eval_steps": 2,
-    "agentic_app.warmup.steps": 10,
-    "agentic_app.warmup.episodes": 64,
+    "agentic_app.warmup.steps": 3,
+    "agentic_app.warmup.episodes": 32,
+    "agentic_app.warmup.batch_size": 16,
+    "rollout_batch_size": 16,
+    "train_env_manager.num_env_groups": 4,
+    "train_env_manager.num_groups_partition": "[4]",
+    "actor_train.training_args.per_device_train_batch_size": 8,
+    "actor_train.training_args.gradient_accumulation_steps": 2,
     "val_env_manager.num_env_groups": 32,
     "val_env_manager.num_groups_partition": "[32]",
 }
@@ -52,9 +60,11 @@ SHORT = {
 def test_same_seed_same_validation_metrics(tmp_path):
     first = _run(tmp_path / "a", **SHORT)
     second = _run(tmp_path / "b", **SHORT)
+    assert first["step"] == 2 and first["weight_version"] == 3  # warm-up sync + 2 RL steps
     for phase in ("eval_before", "eval_after"):
         metrics = {k: v for k, v in first[phase].items() if k.startswith("val/")}
         assert metrics and metrics == {k: second[phase][k] for k in metrics}, phase
+        assert metrics["val/num_episodes"] == 32, phase
     assert first["baselines"] == second["baselines"]
 
 
