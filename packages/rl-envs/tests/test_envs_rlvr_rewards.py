@@ -231,7 +231,7 @@ def test_unknown_domain_is_a_counted_failure(math_pool):
 def test_reading_rewards_score_in_chunks_and_a_hostile_response_fails_alone(math_pool):
     """A reward that only parses the response scores a batch in one sandbox call per worker;
     a response that hangs its chunk (regex backtracking) fails alone, as a timeout."""
-    rewards = {"fmt": {"reward_fn": "format", "format_pattern": r"(a+)+$", "timeout_s": 1.0}}
+    rewards = {"fmt": {"reward_fn": "format", "format_pattern": r"(a+)+$", "timeout_s": 3.0}}
     router = build_reward_router(rewards, None, pool=math_pool)
     texts = ["a" * (i + 1) for i in range(10)] + ["a" * 40 + "!"] + ["b"] * 5
     before = math_pool.stats()
@@ -246,11 +246,13 @@ def test_reading_rewards_score_in_chunks_and_a_hostile_response_fails_alone(math
 
 def test_code_rewards_never_share_a_call(math_pool):
     """Code that runs the response gets a fresh sandbox call per response."""
-    router = build_reward_router(ROLL_REWARDS, None, pool=math_pool)
+    rewards = {"code": {"reward_fn": "code_sandbox", "timeout_s": 10.0}}  # per test: CI is loaded
+    router = build_reward_router(rewards, None, pool=math_pool)
     code = {"test_cases": ASSERT_TESTS, "case_type": "assert"}
-    items = [_item("KodCode", _code("def add(a, b):\n    return a + b"), **code)] * 3
+    items = [_item("code", _code("def add(a, b):\n    return a + b"), **code)] * 3
     before = math_pool.stats()
-    assert [o.reward for o in router.score(items)] == [1.0] * 3
+    outs = router.score(items)
+    assert [(o.reward, o.extra["test_timeouts"]) for o in outs] == [(1.0, 0)] * 3
     after = math_pool.stats()
     assert after.get("batches", 0) == before.get("batches", 0)
     assert after["calls"] - before["calls"] == 3

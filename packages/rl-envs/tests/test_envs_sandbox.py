@@ -222,7 +222,7 @@ def test_call_each_rescores_a_failed_batch_call_by_call(hostile_pool):
     texts = ["aaaa", "a" * 40 + "!", "aa"]
     calls = [(["src", t, None, {}], {"pattern": r"(a+)+$"}) for t in texts]
     before = hostile_pool.stats()
-    results = hostile_pool.call_each(target, calls, timeout_s=1.0)
+    results = hostile_pool.call_each(target, calls, timeout_s=3.0)
     assert [r.value for r in results] == [1.0, None, 1.0]
     assert results[1].kind == "timeout"
     delta = _stats_delta(hostile_pool, before, "batches", "batch_fallbacks", "calls", "timeouts")
