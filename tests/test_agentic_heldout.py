@@ -42,12 +42,13 @@ def _composed(overrides: list[str]):
 
 
 def _played_maps(ctx, pipeline, split: str, epochs: range) -> list[str]:
+    from rl_runtime.agentic_rollout import assignments, env_configs
     from rl_runtime.envs import make_envs
 
     maps = []
     for epoch in epochs:
-        batch = pipeline.assignments(ctx, split, epoch)
-        for env, *_ in make_envs(batch, pipeline.env_configs(ctx.components)):
+        batch = assignments(ctx.components, split, epoch)
+        for env, *_ in make_envs(batch, env_configs(ctx.components)):
             obs, _ = env.reset()
             maps.append(obs)
     return maps

@@ -80,22 +80,19 @@ def test_dry_run_shows_a_synchronous_and_an_asynchronous_plan(tmp_path):
 def test_rlvr_trajectories_carry_the_engines_per_token_versions():
     """A generation that continued under newer weights (partial rollout) is as old as its
     oldest token: the RLVR recipe hands the engine's token_versions to the staleness filter."""
-    sys.path.insert(0, str(ROOT / "apps" / "rlvr"))
-    from rlvr_pipeline import RlvrRecipe
-
     from rl_config.records import GenerationResult, oldest_weight_version
     from rl_runtime.rlvr_data import Scored
     from rl_runtime.rlvr_metrics import Group
+    from rl_runtime.rlvr_rollout import group_trajectories
 
     def result(versions: list[int]) -> GenerationResult:
         return GenerationResult(request_id="0", prompt_ids=[1, 2], output_ids=[3, 4, 5],
                                 output_log_probs=[-1.0] * 3, finish_reason="stop",
                                 weight_version=7, token_versions=versions)  # fmt: skip
 
-    recipe = RlvrRecipe(None, SimpleNamespace(max_len_mask=False), "unused")  # type: ignore[arg-type]
     row = SimpleNamespace(data_source="d", index=0)
     ok = Scored(1.0, True, "ok")
     group = Group(row, [1, 2], [result([5, 6, 7]), result([])], ["a", "b"], [ok, ok], [1.0, 1.0])
-    partial, whole = recipe.trajectories([group], step=0)
+    partial, whole = group_trajectories([group], step=0, max_len_mask=False)
     assert partial.token_versions == [7, 7, 5, 6, 7] and oldest_weight_version(partial) == 5
     assert whole.token_versions == [] and oldest_weight_version(whole) == 7

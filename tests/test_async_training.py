@@ -47,13 +47,13 @@ def _overrides(out: Path, extra: dict[str, Any]) -> list[str]:
 def run_rlvr(out: Path, asynchronous: Any = "config", **extra: Any) -> tuple[Any, list[dict]]:
     """apps/rlvr's run in this process (Ray workers); `asynchronous` replaces the composed
     async plan when given. Returns the RunResult and the per-step metrics rows."""
-    from rlvr_app import DEFAULT_CONFIG, compose_rlvr, load, run
+    from rlvr_app import DEFAULT_CONFIG, compose, load, run
 
     cfg, app = load(DEFAULT_CONFIG, _overrides(out, extra))
-    components, plan = compose_rlvr(cfg)
+    composed = compose(cfg)
     if asynchronous != "config":
-        components = dataclasses.replace(components, asynchronous=asynchronous)
-    result = run(cfg, app, components, plan)
+        composed.components = dataclasses.replace(composed.components, asynchronous=asynchronous)
+    result = run(cfg, app, composed)
     rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     return result, [r for r in rows if r["step"] > 0 and "train/loss" in r]
 

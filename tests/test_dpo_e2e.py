@@ -114,3 +114,15 @@ def test_dry_run_prints_the_preference_plan():
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert bad.returncode == 1 and "ipo: true contradicts loss_type='simpo'" in bad.stderr
+
+
+def test_generated_pairs_need_one_file_to_write_even_in_a_dry_run():
+    """dpo_app.generate_arithmetic writes one train and one held-out file: a list of files is
+    refused before anything is built, by a dry run too."""
+    proc = subprocess.run(
+        [sys.executable, str(APP), "--dry-run", "dpo_app.generate_arithmetic=true",
+         "actor_train.data_args.file_name=[a.jsonl,b.jsonl]"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout
+    assert "config error: dpo_app.generate_arithmetic needs one data_args.file_name" in proc.stderr

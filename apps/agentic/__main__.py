@@ -7,69 +7,36 @@ of validation success before and after RL (also written to output_dir/summary.js
 
 from __future__ import annotations
 
-import os
 import sys
+from functools import partial
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+from agentic_options import AppOptions  # noqa: E402
+
+from rl_runtime.app_main import AppSpec, Composed, app_main, load_app  # noqa: E402
+
 DEFAULT_CONFIG = HERE / "configs" / "cpu_default.yaml"
 
 
-def load(config: Path, overrides: list[str]):
-    """Compose + validate the experiment; split off the app's own `agentic_app:` section."""
-    from agentic_options import AppOptions
+def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
+    from rl_runtime.pipeline import compose_here
 
-    from rl_config.loading import load_app_config
-
-    cfg, section = load_app_config(config, overrides, section="agentic_app")
-    return cfg, AppOptions.from_mapping(section)
+    return Composed(compose_here(cfg, rollout_only="rollout_only" in flags))
 
 
-def model_path(cfg, app) -> str:
-    """The policy model: `pretrain`, built first when agentic_app.build_tiny_model is set."""
-    from rl_runtime.pipeline import policy_model_path
+def run(cfg, app: AppOptions, composed: Composed, flags: frozenset[str]):
+    """The agentic recipe (or, with --rollout-only, trajectories dumped to JSONL) on the Runner."""
+    from agentic_pipeline import STDOUT_KEYS, AgenticRecipe
 
-    return policy_model_path(cfg.pretrain, app.tiny_model if app.build_tiny_model else None)
+    from rl_runtime.agentic_rollout import RolloutOnlyRecipe
+    from rl_runtime.pipeline import Runner, RunOptions
 
-
-FLAGS = {
-    "dry-run": "print the components and exit",
-    "rollout-only": "dump trajectories to JSONL",
-    "no-ray": "run every worker in this process",
-}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`--config FILE key=value ...`, or ROLL's `--config_path DIR --config_name NAME key=value`."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from rl_config.cli_args import parse_app_args
-    from rl_config.errors import ConfigError
-    from rl_runtime.pipeline import compose_here, plan_text
-
-    try:
-        args = parse_app_args(argv, flags=FLAGS, default_config=DEFAULT_CONFIG, prog="apps/agentic")
-        rollout_only = "rollout_only" in args.flags
-        cfg, app = load(args.config, args.overrides)
-        components = compose_here(cfg, rollout_only=rollout_only)
-    except (ConfigError, ValueError) as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        return 1
-    if "no_ray" in args.flags:
-        app.use_ray = False
-    if "dry_run" in args.flags:
-        for line in (*cfg.config_warnings(), *components.warnings):
-            print(f"warning: {line}")
-        print(plan_text(components))
-        return 0
-    from agentic_pipeline import STDOUT_KEYS, AgenticRecipe, RolloutOnlyRecipe, summary_row
-
-    from rl_runtime.pipeline import Runner, RunOptions, print_result
-
-    path = model_path(cfg, app)
+    rollout_only = "rollout_only" in flags
+    path = app.model_path(cfg.pretrain)
     options = RunOptions.from_app(
         app,
         path,
@@ -79,15 +46,28 @@ def main(argv: list[str] | None = None) -> int:
         stdout_keys=STDOUT_KEYS,
     )
     recipe = RolloutOnlyRecipe(cfg.output_dir) if rollout_only else AgenticRecipe(app, path)
-    try:
-        result = Runner(cfg, components, recipe, options).run()
-    except ConfigError as exc:  # e.g. an optional package the config needs is missing
-        print(f"config error: {exc}", file=sys.stderr)
-        return 1
-    title = "validation (success_rate: sampled like training; greedy/success_rate: greedy)"
-    print_result(result, title, summary_row, before_label="after warm-up = before RL")
-    return 0
+    return Runner(cfg, composed.components, recipe, options).run()
 
+
+def summary_row(metrics: dict[str, float]) -> dict[str, float | str]:
+    keys = ("success_rate", "greedy/success_rate", "episode_reward", "num_turns", "format_ok")
+    return {k: float(metrics[f"val/{k}"]) for k in keys if f"val/{k}" in metrics}
+
+
+SPEC = AppSpec(
+    prog="apps/agentic",
+    default_config=DEFAULT_CONFIG,
+    section=AppOptions.SECTION,
+    options=AppOptions,
+    compose=compose,
+    run=run,
+    title="validation (success_rate: sampled like training; greedy/success_rate: greedy)",
+    summary_row=summary_row,
+    flags={"rollout-only": "dump trajectories to JSONL"},
+    before_label="after warm-up = before RL",
+)
+load = partial(load_app, SPEC)
+main = partial(app_main, SPEC)
 
 if __name__ == "__main__":
     raise SystemExit(main())

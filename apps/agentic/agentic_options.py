@@ -1,4 +1,4 @@
-"""App-only options (the `agentic_app:` section of a config) and the dry-run plan.
+"""App-only options (the `agentic_app:` section of a config).
 
 The experiment itself is validated by rl_config (ROLL key names); `agentic_app:` holds what only
 this app needs: building the tiny model, the supervised warm-up, Ray vs in-process.
@@ -7,9 +7,8 @@ this app needs: building the tiny model, the supervised warm-up, Ray vs in-proce
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from rl_runtime.app_options import TinyModelOptions, strict_options
+from rl_runtime.app_options import AppRunOptions
 
 
 @dataclass
@@ -28,17 +27,11 @@ class WarmupOptions:
 
 
 @dataclass
-class AppOptions:
-    build_tiny_model: bool = False
-    tiny_model: TinyModelOptions = field(default_factory=TinyModelOptions)
+class AppOptions(AppRunOptions):
+    SECTION = "agentic_app"
     warmup: WarmupOptions = field(default_factory=WarmupOptions)
-    use_ray: bool = True
-    num_cpus: float | None = None
-    object_store_mb: int = 200
-    cpu_per_bundle: float = 1.0
     export_hf: bool = True
     render_val_envs: int = 2
-    eval_before_training: bool = True
     #: also evaluate greedy decoding (`val/greedy/*`) next to the sampled policy (`val/*`)
     eval_greedy: bool = True
     #: after every sync compare the engine's weights with the trainer's (sync/max_abs_diff)
@@ -47,7 +40,3 @@ class AppOptions:
     #: call (reproducible: a resumed run samples what an uninterrupted one does); "async" lets
     #: every episode run ahead on its own (faster with uneven episodes)
     agent_loop_mode: str = "lockstep"
-
-    @classmethod
-    def from_mapping(cls, raw: dict[str, Any] | None) -> AppOptions:
-        return strict_options(cls, raw, "agentic_app")

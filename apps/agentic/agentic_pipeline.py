@@ -11,18 +11,17 @@ rl_runtime.compose.
 
 from __future__ import annotations
 
-import math
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from agentic_options import AppOptions
 
+from rl_runtime.agentic_rollout import assignments, env_configs, play, play_split
 from rl_runtime.async_queue import RolloutBatch
-from rl_runtime.collate import collate_trajectories, shard_rows
-from rl_runtime.envs import env_assignments
+from rl_runtime.collate import collate_trajectories
 from rl_runtime.failures import merge_counts, screen_failures
+from rl_runtime.gain import success_gains
 from rl_runtime.metrics import rollout_metrics, val_metrics
 from rl_runtime.pipeline import Context, engine_weight_diff
 from rl_runtime.policy_update import update_policy
@@ -38,42 +37,6 @@ STDOUT_KEYS = (
     "sync/weight_version",
     "timing/step",
 )
-
-
-def assignments(ctx: Context, split: str, epoch: int) -> list:
-    """The `(group, tag, seed)` episodes of one batch (train: rollout_batch_size; val: every val
-    env once); a function of (seed, split, epoch) only."""
-    c = ctx.components
-    plan = c.train_envs if split == "train" else c.val_envs
-    assert plan is not None
-    return env_assignments(
-        tags=plan.tags,
-        num_env_groups=plan.num_env_groups,
-        group_size=plan.group_size,
-        num_groups_partition=plan.num_groups_partition,
-        base_seed=c.seed,
-        epoch=epoch,
-        split=split,
-        num_episodes=plan.num_episodes,
-    )
-
-
-def play_split(ctx: Context, split: str, epoch: int, greedy: bool = False, render: int = 0) -> list:
-    """One batch of episodes, sampled with the configured params, or greedily."""
-    sampling = ctx.components.sampling(split, epoch, greedy)
-    return play(ctx, assignments(ctx, split, epoch), sampling, split, render)
-
-
-def play(ctx: Context, assignments: list, sampling: Any, split: str, render: int = 0) -> list:
-    render_dir = None
-    if split == "val" and ctx.components.render_dir:
-        render_dir = str(Path(ctx.components.render_dir) / f"step_{ctx.step:05d}")
-    infer = ctx.cluster["actor_infer"]
-    chunks = shard_rows(assignments, len(infer.workers))
-    args = [
-        (chunk, sampling, render_dir if i == 0 else None, render) for i, chunk in enumerate(chunks)
-    ]
-    return [t for part in infer.wait(infer.submit_each("rollout", args), "rollout") for t in part]
 
 
 class AgenticRecipe:
@@ -115,7 +78,7 @@ class AgenticRecipe:
         c = ctx.components
         trajectories = play_split(ctx, "train", epoch=index)
         if "baseline_scores" in c.advantage.needs:  # e.g. remax: greedy rollouts, same envs
-            jobs, sampling = assignments(ctx, "train", index), c.sampling("train", index, True)
+            jobs, sampling = assignments(c, "train", index), c.sampling("train", index, True)
             for t, g in zip(trajectories, play(ctx, jobs, sampling, "train"), strict=True):
                 t.metrics["baseline_score"] = float(g.episode_reward)
         stats = merge_counts(ctx.cluster["actor_infer"].call_all("take_sandbox_stats"))
@@ -178,128 +141,28 @@ class AgenticRecipe:
 
     def before_training(self, ctx: Context) -> dict[str, float]:
         """Supervised warm-up on BFS-solver demonstrations (agentic_app.warmup), then a sync."""
+        from rl_runtime.sft_warmup import supervised_warmup
+
         w, c = self.app.warmup, ctx.components
         if w.steps <= 0 or c.train_envs is None:
             return {}
-        t0 = time.perf_counter()
-        demos = self.demonstrations(ctx)
-        batch = collate_trajectories(
-            demos, pad_token_id=self.pad_token_id, max_length=c.sequence_length
-        )
-        gen = torch.Generator().manual_seed(c.seed)
-        actor = ctx.cluster["actor_train"]
-        ctx.cluster.enter_phase("train")
-        base_lr = c.role("actor_train").training_args.learning_rate
-        factor = (w.learning_rate / base_lr) if w.learning_rate else 1.0
-        if factor != 1.0:
-            actor.call_all("scale_learning_rate", factor)
-        for i in range(w.steps):
-            rows = torch.randperm(batch.batch_size, generator=gen)[: w.batch_size]
-            last = ctx.train("actor_train", {k: v[rows] for k, v in batch.tensors.items()}, "sft")
-            if i % 5 == 0 or i == w.steps - 1:
-                logged = {f"warmup/{k}": v for k, v in last.items() if isinstance(v, int | float)}
-                ctx.log(logged, -(w.steps - i))
-                print(
-                    f"warm-up {i + 1}/{w.steps} | loss={last.get('actor/loss', float('nan')):.3f}"
-                    f" | {time.perf_counter() - t0:.0f}s",
-                    flush=True,
-                )
-        if factor != 1.0:
-            actor.call_all("scale_learning_rate", 1.0 / factor)
-        # fresh Adam moments for RL: the warm-up's large SFT gradients would shrink its updates
-        actor.call_all("reset_optimizer_state")
-        ctx.sync_weights()
-        return {"warmup/seconds": time.perf_counter() - t0, "warmup/demos": float(batch.batch_size)}
+        return supervised_warmup(
+            ctx, self.demonstrations(ctx), steps=w.steps, batch_size=w.batch_size,
+            learning_rate=w.learning_rate, max_length=c.sequence_length,
+            pad_token_id=self.pad_token_id,
+        )  # fmt: skip
 
     def baselines(self, ctx: Context) -> dict[str, dict[str, float]]:
-        """Blind policies on the validation maps, scored like `evaluate`'s sampled success:
-        uniformly random moves (exact expectation) and the best fixed move sequence (searched
-        over every sequence of up to the move limit). FrozenLake (non-slippery) only; {} else."""
-        c = ctx.components
-        if c.val_envs is None:
-            return {}
-        from rl_envs.frozen_lake import FrozenLakeEnv
-        from rl_envs.frozen_lake.baselines import best_fixed_sequence, random_policy_success
-        from rl_runtime.envs import make_envs
+        """Blind policies on the validation maps (random moves, best fixed move sequence),
+        scored like `evaluate`'s sampled success; FrozenLake (non-slippery) only, {} else."""
+        from rl_runtime.agentic_rollout import frozen_lake_baselines
 
-        states, limits, maps = [], set(), set()
-        for env, *_ in make_envs(assignments(ctx, "val", 0), env_configs(c)):
-            if not isinstance(env._env, FrozenLakeEnv) or env.is_slippery:
-                return {}
-            env.reset()
-            states.append(env.state)
-            limits.add(env.max_steps)
-            maps.add(env.content_key())
-        if len(limits) != 1:
-            return {}
-        self.distinct_val_maps = len(maps)
-        turns = limits.pop()
-        sequence, fixed = best_fixed_sequence(states, turns)
-        return {
-            "random policy": {"val/success_rate": random_policy_success(states, turns)},
-            f"best fixed sequence ({' '.join(sequence)})": {"val/success_rate": fixed},
-        }
+        rows, self.distinct_val_maps = frozen_lake_baselines(ctx.components)
+        return rows
 
     def summary(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
-        """The gain of RL over the warm-up on each success rate, with the standard error of a
-        difference of two proportions at n validation episodes (summary.json, final lines)."""
+        """The gain of RL over the warm-up on each success rate, with its standard error at n
+        validation episodes, and at the distinct map count (summary.json, final lines)."""
+        keys = ("val/success_rate", "val/greedy/success_rate")
         n = int(after.get("val/num_episodes", 0))
-        out: dict[str, Any] = {
-            f"gain {key}": proportion_gain(before[key], after[key], n)
-            for key in ("val/success_rate", "val/greedy/success_rate")
-            if key in before and key in after and n
-        }
-        if out and self.distinct_val_maps:
-            # maps drawn twice are not independent: the standard error at the distinct count
-            # is the cautious one
-            out["validation maps"] = {"episodes": n, "distinct": self.distinct_val_maps}
-            for key in ("val/success_rate", "val/greedy/success_rate"):
-                if f"gain {key}" in out:
-                    at = proportion_gain(before[key], after[key], self.distinct_val_maps)
-                    out[f"gain {key}"]["gain_in_se_at_distinct"] = at["gain_in_se"]
-        return out
-
-
-def env_configs(c: Any) -> dict[str, dict[str, Any]]:
-    """`{tag: {"env_type", "config"}}` of the composed env specs (what make_envs takes)."""
-    return {tag: {"env_type": s.env_type, "config": s.config} for tag, s in c.env_specs.items()}
-
-
-def proportion_gain(before: float, after: float, n: int) -> dict[str, float]:
-    """`after - before` of two success rates over n episodes each, its standard error
-    sqrt(p1 (1 - p1) / n + p2 (1 - p2) / n) and the gain in standard errors."""
-    se = math.sqrt((before * (1 - before) + after * (1 - after)) / n)
-    gain = after - before
-    return {
-        "gain": round(gain, 4),
-        "se": round(se, 4),
-        "gain_in_se": round(gain / se, 2) if se > 0 else float("inf"),
-        "n": n,
-    }
-
-
-class RolloutOnlyRecipe:
-    """Each step plays one training batch with the initial policy and appends it to JSONL."""
-
-    def __init__(self, out_dir: str) -> None:
-        self.path = Path(out_dir) / "rollouts.jsonl"
-        self.total = 0
-
-    def step(self, ctx: Context) -> dict[str, float]:
-        from rl_config.records import to_jsonl
-
-        trajectories = play_split(ctx, "train", epoch=ctx.step)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("ab" if ctx.step else "wb") as f:
-            f.write(to_jsonl(trajectories))
-        self.total += len(trajectories)
-        succ = sum(t.success for t in trajectories) / max(1, len(trajectories))
-        return {"env/success_rate": succ, "env/num_trajectories": float(len(trajectories))}
-
-    def evaluate(self, ctx: Context) -> dict[str, float]:
-        return {}
-
-
-def summary_row(metrics: dict[str, float]) -> dict[str, float | str]:
-    keys = ("success_rate", "greedy/success_rate", "episode_reward", "num_turns", "format_ok")
-    return {k: float(metrics[f"val/{k}"]) for k in keys if f"val/{k}" in metrics}
+        return success_gains(before, after, keys, n, self.distinct_val_maps)

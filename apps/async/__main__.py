@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         step_rows,
         table_rows,
     )
-    from rlvr_app import DEFAULT_CONFIG, compose_rlvr, load, run
+    from rlvr_app import DEFAULT_CONFIG, compose, load, run
 
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
@@ -54,23 +54,23 @@ def main(argv: list[str] | None = None) -> int:
             overrides = run_overrides(base, cfg.output_dir, mode, bound)
             overrides += async_only if bound else []
             run_cfg, app = load(args.config, overrides)
-            runs[mode] = (run_cfg, app, *compose_rlvr(run_cfg))
+            runs[mode] = (run_cfg, app, compose(run_cfg, app))
     except (ConfigError, ValueError, KeyError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
     if "dry_run" in args.flags:
-        for mode, (run_cfg, _app, components, _plan) in runs.items():
+        for mode, (run_cfg, _app, composed) in runs.items():
             print(f"=== {mode} run")
-            for line in (*run_cfg.config_warnings(), *components.warnings):
+            for line in (*run_cfg.config_warnings(), *composed.components.warnings):
                 print(f"warning: {line}")
-            print(plan_text(components))
+            print(plan_text(composed.components))
         return 0
     summary: dict = {"max_staleness": staleness}
     results = {}
-    for mode, (run_cfg, app, components, plan) in runs.items():
+    for mode, (run_cfg, app, composed) in runs.items():
         print(f"=== {mode} run (async.max_staleness={0 if mode == 'sync' else staleness})")
         # the pre-RL policy is the same in both runs: evaluate it once
-        results[mode] = run(run_cfg, app, components, plan, eval_before=mode == "sync")
+        results[mode] = run(run_cfg, app, composed, eval_before=mode == "sync")
         summary[mode] = run_summary(results[mode], step_rows(run_cfg.logging_dir))
     summary["heldout_accuracy_before_rl"] = results["sync"].eval_before.get("val/accuracy")
     if summary["sync"]["samples_per_s"]:

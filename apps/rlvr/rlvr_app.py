@@ -1,79 +1,82 @@
-"""apps/rlvr's run, as functions other entry points reuse (apps/async runs it twice, tests run it
-in-process): load the config, compose it, prepare the runtime inputs, run the recipe."""
+"""apps/rlvr's command line and run, as functions other entry points reuse (apps/async runs it
+twice, tests run it in-process): compose a config, prepare the runtime inputs, run the recipe."""
 
 from __future__ import annotations
 
+import pprint
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from rlvr_options import AppOptions
+
+from rl_runtime.app_main import AppSpec, Composed, load_app
+from rl_runtime.rlvr_metrics import summary_row
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CONFIG = HERE / "configs" / "cpu_default.yaml"
 
 
-def load(config: Path, overrides: list[str]):
-    """Compose + validate the experiment; split off the app's own `rlvr_app:` section."""
-    from rlvr_options import AppOptions
-
-    from rl_config.loading import load_app_config
-
-    cfg, section = load_app_config(config, overrides, section="rlvr_app")
-    return cfg, AppOptions.from_mapping(section)
-
-
-def compose_rlvr(cfg):
-    """The shared components (compose(pipeline="rlvr")) and the RLVR plan."""
-    import importlib.util
-
-    from rl_runtime.compose import compose
+def compose(cfg: Any, app: Any = None, flags: frozenset[str] = frozenset()) -> Composed:
+    """The shared components (pipeline "rlvr") and the RLVR plan; reward domains no scorer can
+    score are refusals (a dry run lists them, a run stops)."""
     from rl_runtime.compose.rlvr import build_rlvr
-    from rl_sync.device import detect_device_kind
+    from rl_runtime.pipeline import compose_here
 
-    components = compose(
-        cfg,
-        device_kind=detect_device_kind(),
-        flash_attn_available=importlib.util.find_spec("flash_attn") is not None,
-        pipeline="rlvr",
-    )
-    return components, build_rlvr(cfg)
+    components, plan = compose_here(cfg, pipeline="rlvr"), build_rlvr(cfg)
+    unscorable = [f"{why} (rewards.{d})" for d, why in plan.rewards.unsupported.items()]
+    details = "rlvr: " + pprint.pformat(plan, width=98, sort_dicts=False).replace("\n", "\n  ")
+    return Composed(components, plan, notes=tuple(plan.notes), details=details,
+                    refusals=tuple(unscorable))  # fmt: skip
 
 
-def prepare(cfg, app) -> str:
+def prepare(cfg: Any, app: AppOptions) -> str:
     """Runtime inputs: the arithmetic parquet files (rlvr_app.arith_data.generate) and the
     policy model (built when rlvr_app.build_tiny_model); returns the model path."""
-    from rl_runtime.pipeline import policy_model_path
-
     if app.arith_data.generate:
         from rl_envs.tasks.arith import write_arith_parquet
 
         d = app.arith_data
         write_arith_parquet(d.out_dir, kind=d.kind, num_digits=d.num_digits, max_a=d.max_a,
                             max_b=d.max_b, val_fraction=d.val_fraction, seed=d.seed)  # fmt: skip
-    return policy_model_path(cfg.pretrain, app.tiny_model if app.build_tiny_model else None)
+    return app.model_path(cfg.pretrain)
 
 
-def run(cfg: Any, app: Any, components: Any, plan: Any, *, eval_before: bool | None = None) -> Any:
+def run(cfg: Any, app: AppOptions, composed: Composed, flags: frozenset[str] = frozenset(), *,
+        eval_before: bool | None = None) -> Any:  # fmt: skip
     """The RLVR recipe on the Runner (Ray or in-process per `app.use_ray`); the RunResult.
     `eval_before` overrides `rlvr_app.eval_before_training`."""
-    from rlvr_pipeline import STDOUT_KEYS, RlvrRecipe
+    from rlvr_pipeline import PROGRESS_KEYS, STDOUT_KEYS, RlvrRecipe
 
     from rl_runtime.pipeline import Runner, RunOptions
 
     path = prepare(cfg, app)
     options = RunOptions.from_app(
-        app,
-        path,
+        app, path, stdout_keys=STDOUT_KEYS, progress_keys=PROGRESS_KEYS,
         eval_before_training=app.eval_before_training if eval_before is None else eval_before,
-        stdout_keys=STDOUT_KEYS,
-        progress_keys=(
-            "reward/accuracy",
-            "reward/mean",
-            "val/accuracy",
-            "dynamic_sampling/dropped_groups",
-            "async/lag_mean",
-        ),
-    )
-    recipe = RlvrRecipe(app, plan, path)
+    )  # fmt: skip
+    recipe = RlvrRecipe(app, composed.plan, path)
     try:
-        return Runner(cfg, components, recipe, options).run()
+        return Runner(cfg, composed.components, recipe, options).run()
     finally:
         recipe.close()
+
+
+def data_errors() -> tuple[type[BaseException], ...]:
+    from rl_envs.tasks.dataset import DataError
+
+    return (FileNotFoundError, DataError)
+
+
+SPEC = AppSpec(
+    prog="apps/rlvr",
+    default_config=DEFAULT_CONFIG,
+    section=AppOptions.SECTION,
+    options=AppOptions,
+    compose=compose,
+    run=run,
+    title="held-out accuracy (greedy; sampled mean and pass@k; trivial baseline)",
+    summary_row=summary_row,
+    data_errors=data_errors(),
+)
+load = partial(load_app, SPEC)

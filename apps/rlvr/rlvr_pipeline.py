@@ -10,28 +10,28 @@ val_n_sample samples. Before training: an optional supervised warm-up on the tra
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter
-from dataclasses import replace
-from statistics import mean
 from typing import Any
 
 import msgspec
-import torch
 from rlvr_options import AppOptions
 
-from rl_algos.rewards import clip_rewards
-from rl_config.records import GenerationRequest, GenerationResult, SamplingParams, Trajectory, Turn
+from rl_config.records import SamplingParams
 from rl_runtime.async_queue import RolloutBatch
-from rl_runtime.collate import collate_trajectories, shard_rows
+from rl_runtime.collate import collate_trajectories
 from rl_runtime.compose.rlvr import RlvrPlan
 from rl_runtime.dynamic_sampling import fill_groups
 from rl_runtime.metrics import rollout_metrics
 from rl_runtime.pipeline import Context
 from rl_runtime.policy_update import update_policy
-from rl_runtime.rlvr_data import RowSampler, Scorer, load_prompts
-from rl_runtime.rlvr_metrics import Group, accuracy_metrics, group_metrics
+from rl_runtime.rlvr_data import PromptSet, RowSampler, Scorer, tokenized_prompts
+from rl_runtime.rlvr_metrics import (
+    Group,
+    accuracy_metrics,
+    group_metrics,
+    most_common_answer_accuracy,
+)
+from rl_runtime.rlvr_rollout import generate, group_trajectories, score_groups
 
 STDOUT_KEYS = (
     "reward/mean",
@@ -43,6 +43,8 @@ STDOUT_KEYS = (
     "train/pg_loss",
     "timing/step",
 )
+PROGRESS_KEYS = ("reward/accuracy", "reward/mean", "val/accuracy",
+                 "dynamic_sampling/dropped_groups", "async/lag_mean")  # fmt: skip
 
 
 class RlvrRecipe:
@@ -50,9 +52,6 @@ class RlvrRecipe:
         self.app, self.plan, self.model_path = app, plan, model_path
         self.kl_ctl: Any = None
         self.scorer: Scorer | None = None  # owns sandbox processes: made in setup, closed in close
-        self.failures: Counter[str] = Counter()
-        # asynchronous training scores rollout batches (producer thread) while evaluating
-        self.scoring = threading.Lock()
 
     # --------------------------------------------------------------------------- setup
     def setup(self, ctx: Context) -> None:
@@ -65,45 +64,30 @@ class RlvrRecipe:
         self.pad_token_id = int(
             tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         )
-        template = get_template(plan.data.template, tok)
         self.kl_ctl = c.kl.build()
-        self.train_rows, self.train_ids, rejected, overlong = self._prompts(
-            plan.data.train_files, template
+
+        def prompts(files: tuple[str, ...], template: str) -> PromptSet:
+            return tokenized_prompts(files, plan.data, plan.rewards, tok,
+                                     get_template(template, tok), plan.prompt_length)  # fmt: skip
+
+        train, val_files = prompts(plan.data.train_files, plan.data.template), plan.data.val_files
+        val = (
+            prompts(val_files, plan.data.val_template).head(plan.val_prompts) if val_files else None
         )
-        val_files, val_template = plan.data.val_files, get_template(plan.data.val_template, tok)
-        self.val_rows, self.val_ids, _, _ = (
-            self._prompts(val_files, val_template) if val_files else ([], [], [], 0)
-        )
-        self.val_rows, self.val_ids = (
-            self.val_rows[: plan.val_prompts],
-            self.val_ids[: plan.val_prompts],
-        )
-        self.data_metrics = {"data/train_prompts": float(len(self.train_rows)),
-                             "data/rejected_rows": float(len(rejected)),
-                             "data/filtered_overlong_prompts": float(overlong)}  # fmt: skip
-        for line in rejected[:20]:
+        self.train_rows, self.train_ids = train.rows, train.ids
+        self.val_rows, self.val_ids = (val.rows, val.ids) if val else ([], [])
+        self.data_metrics = {"data/train_prompts": float(len(train.rows)),
+                             "data/rejected_rows": float(len(train.rejected)),
+                             "data/filtered_overlong_prompts": float(train.overlong)}  # fmt: skip
+        for line in train.rejected[:20]:
             print(f"warning: rejected {line}", flush=True)
-        if overlong:
-            print(f"filtered {overlong} prompts longer than prompt_length={plan.prompt_length}")
+        if train.overlong:
+            print(
+                f"filtered {train.overlong} prompts longer than prompt_length={plan.prompt_length}"
+            )
         self.sampler = RowSampler(self.train_rows, c.seed, plan.data.domain_interleave_probs)
         self.scorer = Scorer(plan.rewards, plan.overlong, plan.response_length,
                              allow_weak_isolation=c.sandbox_allow_weak_isolation)  # fmt: skip
-
-    def _prompts(
-        self, files: tuple[str, ...], template: Any
-    ) -> tuple[list, list[list[int]], list[str], int]:
-        """Rows, their prompt token ids (`template`), rejected-row lines, and how many prompts
-        were longer than prompt_length (dropped, as verl's filter_overlong_prompts)."""
-        rows, rejected = load_prompts(files, self.plan.data, self.plan.rewards)
-        kept, ids = [], []
-        for row in rows:
-            tokens = self.tokenizer(template.prefix(row.prompt), add_special_tokens=False)
-            if len(tokens["input_ids"]) <= self.plan.prompt_length:
-                kept.append(replace(row, index=len(kept)))  # index: position in the kept rows
-                ids.append(list(tokens["input_ids"]))
-        if not kept:
-            raise ValueError(f"{list(files)}: every prompt is longer than prompt_length")
-        return kept, ids, rejected, len(rows) - len(kept)
 
     def state(self) -> dict[str, Any]:
         return {"kl_controller": self.kl_ctl.state_dict(), "sampler": self.sampler.state()}
@@ -127,24 +111,6 @@ class RlvrRecipe:
             self.scorer = None
 
     # ------------------------------------------------------------------------ rollout
-    def generate(self, ctx: Context, prompts: list[list[int]], sampling: SamplingParams) -> list:
-        """`sampling.n` results per prompt, `[len(prompts)][n]`, over every engine."""
-        requests = [
-            GenerationRequest(
-                request_id=str(i),
-                prompt_ids=p,
-                sampling=msgspec.structs.replace(sampling, seed=(sampling.seed or 0) * 1009 + i),
-            )
-            for i, p in enumerate(prompts)
-        ]
-        infer = ctx.cluster["actor_infer"]
-        chunks = shard_rows(requests, len(infer.workers))
-        parts = infer.wait(infer.submit_each("generate", [(c,) for c in chunks]), "generate")
-        out: list[list[GenerationResult]] = [[] for _ in prompts]
-        for result in (r for part in parts for r in part):
-            out[int(result.request_id)].append(result)
-        return out
-
     def groups(
         self,
         ctx: Context,
@@ -153,58 +119,14 @@ class RlvrRecipe:
         sampling: SamplingParams,
         generate_s: list[float] | None = None,
     ) -> list[Group]:
-        """Generate and score the groups of `rows` (rewards after reward_clip); every sample of
-        the batch is scored in one call to the sandboxed reward manager. The seconds spent in
-        the engines' generate call are appended to `generate_s` when given."""
+        """Generate and score the groups of `rows` (rl_runtime.rlvr_rollout); the seconds spent
+        in the engines' generate call are appended to `generate_s` when given."""
         t0 = time.perf_counter()
-        results = self.generate(ctx, ids, sampling)
+        results = generate(ctx.cluster, ids, sampling)
         if generate_s is not None:
             generate_s.append(time.perf_counter() - t0)
-        texts = [[self.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in res]
-                 for res in results]  # fmt: skip
         assert self.scorer is not None, "setup() makes the scorer"
-        with self.scoring:
-            flat = self.scorer.score(
-                [row for row, res in zip(rows, results) for _ in res],
-                [t for ts in texts for t in ts],
-                [len(r.output_ids) for res in results for r in res],
-            )
-            self.failures.update(s.kind for s in flat if not s.ok)
-        groups, start = [], 0
-        for row, prompt, res, ts in zip(rows, ids, results, texts, strict=True):
-            scores, start = flat[start : start + len(res)], start + len(res)
-            raw = torch.tensor([s.reward for s in scores])
-            rewards = clip_rewards(raw, self.plan.reward_clip).tolist()
-            groups.append(Group(row, prompt, res, ts, scores, rewards))
-        return groups
-
-    def trajectories(self, groups: list[Group], step: int) -> list[Trajectory]:
-        """One single-turn Trajectory per sample; with max_len_mask a truncated response is
-        kept for its group's statistics but not trained on (response_mask False)."""
-        out = []
-        for g_index, g in enumerate(groups):
-            p = len(g.prompt_ids)
-            for k, (res, reward, score) in enumerate(zip(g.results, g.rewards, g.scores)):
-                o = len(res.output_ids)
-                truncated = res.finish_reason == "length"
-                train = not (truncated and self.plan.max_len_mask)
-                success = score.ok and score.reward >= 1.0
-                out.append(Trajectory(
-                    traj_id=f"{step}-{g_index}-{k}", group_id=f"{step}-{g_index}",
-                    tag=g.row.data_source, env_seed=g.row.index,
-                    token_ids=[*g.prompt_ids, *res.output_ids], prompt_length=p,
-                    response_mask=[False] * p + [train] * o,
-                    rollout_log_probs=[0.0] * p + list(res.output_log_probs),
-                    turns=[Turn(turn_idx=0, start=p, end=p + o, reward=reward,
-                                truncated=truncated, info={"reward_ok": score.ok})],
-                    episode_reward=reward, success=success,
-                    termination_reason="max_length" if truncated else ("success" if success else "terminated"),
-                    weight_version=res.weight_version, failed=False,
-                    # per-token versions when a generation continued under newer weights
-                    token_versions=[res.weight_version] * p + list(res.token_versions)
-                    if res.token_versions else [],
-                ))  # fmt: skip
-        return out
+        return score_groups(self.scorer, self.tokenizer, rows, ids, results, self.plan.reward_clip)
 
     # --------------------------------------------------------------------------- step
     def step(self, ctx: Context) -> dict[str, float]:
@@ -239,8 +161,10 @@ class RlvrRecipe:
         )  # fmt: skip
         metrics = {**fill.metrics(), **self.data_metrics, **group_metrics(drawn)}
         metrics["timing/rollout_generate"] = sum(generate_s)
-        metrics.update({f"reward/failures/{k}": float(v) for k, v in self.failures.items()})
-        return RolloutBatch(index, self.trajectories(fill.groups, index), metrics)
+        failures = self.scorer.failures if self.scorer else {}
+        metrics.update({f"reward/failures/{k}": float(v) for k, v in failures.items()})
+        trajectories = group_trajectories(fill.groups, index, plan.max_len_mask)
+        return RolloutBatch(index, trajectories, metrics)
 
     def learn(self, ctx: Context, batch: RolloutBatch) -> dict[str, float]:
         """Train on `batch` (collate, then rl_runtime.policy_update) and sync the weights; an
@@ -274,44 +198,20 @@ class RlvrRecipe:
             out.update(accuracy_metrics(groups, "val/greedy"))
         groups = self.groups(ctx, self.val_rows, self.val_ids, self.plan.val_sampling(seed, False))
         out.update(accuracy_metrics(groups, "val"))
-        out["val/baseline_accuracy"] = self.baseline_accuracy()
+        out["val/baseline_accuracy"] = most_common_answer_accuracy(self.train_rows, self.val_rows)
         out["timing/eval"] = time.perf_counter() - t0
         return out
-
-    def baseline_accuracy(self) -> float:
-        """Accuracy on the held-out prompts of always answering the most frequent training
-        answer (a trivial baseline)."""
-        common = Counter(str(r.ground_truth) for r in self.train_rows).most_common(1)[0][0]
-        return mean(float(str(r.ground_truth) == common) for r in self.val_rows)
 
     # ------------------------------------------------------------------------ warm-up
     def before_training(self, ctx: Context) -> dict[str, float]:
         """Supervised warm-up on the training answers (rlvr_app.warmup), then a sync."""
         from rl_runtime.rlvr_warmup import demonstrations
+        from rl_runtime.sft_warmup import supervised_warmup
 
-        w = self.app.warmup
+        w, seed = self.app.warmup, ctx.components.seed
         if w.steps <= 0:
             return {}
-        t0 = time.perf_counter()
-        demos = demonstrations(
-            self.train_rows, self.train_ids, self.tokenizer, w, ctx.components.seed
-        )
-        batch = collate_trajectories(demos, pad_token_id=self.pad_token_id)
-        gen = torch.Generator().manual_seed(ctx.components.seed)
-        actor = ctx.cluster["actor_train"]
-        ctx.cluster.enter_phase("train")
-        base_lr = ctx.components.role("actor_train").training_args.learning_rate
-        factor = (w.learning_rate / base_lr) if w.learning_rate else 1.0
-        if factor != 1.0:
-            actor.call_all("scale_learning_rate", factor)
-        for i in range(w.steps):
-            rows = torch.randperm(batch.batch_size, generator=gen)[: w.batch_size]
-            last = ctx.train("actor_train", {k: v[rows] for k, v in batch.tensors.items()}, "sft")
-            if i % 10 == 0 or i == w.steps - 1:
-                ctx.log({f"warmup/{k}": v for k, v in last.items() if isinstance(v, int | float)},
-                        -(w.steps - i))  # fmt: skip
-        if factor != 1.0:
-            actor.call_all("scale_learning_rate", 1.0 / factor)
-        actor.call_all("reset_optimizer_state")
-        ctx.sync_weights()
-        return {"warmup/seconds": time.perf_counter() - t0, "warmup/demos": float(len(demos))}
+        demos = demonstrations(self.train_rows, self.train_ids, self.tokenizer, w, seed)
+        return supervised_warmup(ctx, demos, steps=w.steps, batch_size=w.batch_size,
+                                 learning_rate=w.learning_rate, log_every=10,
+                                 pad_token_id=self.pad_token_id)  # fmt: skip

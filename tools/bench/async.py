@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value, applied to every run")
     args = parser.parse_args(argv)
     from async_compare import CPU_DEFAULTS, run_overrides, run_summary, step_rows
-    from rlvr_app import DEFAULT_CONFIG, compose_rlvr, load, run
+    from rlvr_app import DEFAULT_CONFIG, compose, load, run
 
     steps = 3 if args.quick else args.steps
     base = {**CPU_DEFAULTS, **LONG_TAIL, **(QUICK if args.quick else {}), "max_steps": steps,
@@ -306,9 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         if partial:
             run_args.append("async.partial_rollout=true")
         cfg, app = load(DEFAULT_CONFIG, run_args)
-        components, plan = compose_rlvr(cfg)
+        composed = compose(cfg)
         print(f"=== {name} (max_staleness={staleness}, partial_rollout={partial})", flush=True)
-        result = run(cfg, app, components, plan, eval_before=False)
+        result = run(cfg, app, composed, eval_before=False)
         rows = step_rows(cfg.logging_dir)
         report["runs"][name] = {**run_summary(result, rows), **timings(rows, staleness > 0)}
     report.update(compare(report["runs"]))

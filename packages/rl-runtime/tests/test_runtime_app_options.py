@@ -30,3 +30,19 @@ def test_nested_sections_are_built_and_checked():
         strict_options(_App, {"use_rey": False}, "x_app")
     with pytest.raises(ValueError, match=r"x_app\.warmup: unknown key\(s\) \['step'\]"):
         strict_options(_App, {"warmup": {"step": 3}}, "x_app")
+
+
+def test_an_app_section_extends_the_shared_run_options():
+    from rl_runtime.app_options import AppRunOptions
+
+    @dataclass
+    class _Section(AppRunOptions):
+        SECTION = "y_app"
+        export_hf: bool = True  # an app may change a shared default
+        warmup: _Warmup = field(default_factory=_Warmup)
+
+    app = _Section.from_mapping({"use_ray": False, "warmup": {"steps": 2}})
+    assert app.use_ray is False and app.warmup.steps == 2 and app.export_hf is True
+    assert app.model_path("/abs/model") == "/abs/model"  # no tiny model asked for: unchanged
+    with pytest.raises(ValueError, match=r"y_app: unknown key\(s\) \['use_rey'\]"):
+        _Section.from_mapping({"use_rey": False})

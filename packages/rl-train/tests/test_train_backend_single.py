@@ -187,6 +187,7 @@ def test_policy_loss_reports_train_inference_mismatch(tiny_model_path):
         tiny_model_path, per_device_train_batch_size=4, gradient_accumulation_steps=1
     )
     old = backend.forward(batch).log_probs
+    assert old is not None
     shift = 0.1 * batch["response_mask"]  # the engine gave every response token e^0.1 the mass
     metrics = backend.train_step(
         {**batch, "rollout_log_probs": old + shift}, build_actor_loss(ActorLossConfig())

@@ -1,10 +1,11 @@
 """What the apps' own option sections (`agentic_app:`, `rlvr_app:`, `dpo_app:`) share: a strict
-builder from the YAML mapping and the locally built tiny model's shape."""
+builder from the YAML mapping, the locally built tiny model's shape, and the runtime options every
+app has (`AppRunOptions`, which an app's options class extends)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar, TypeVar
 
 T = TypeVar("T")
 
@@ -35,3 +36,32 @@ def strict_options(cls: type[T], raw: dict[str, Any] | None, path: str) -> T:
         if isinstance(sub, type) and is_dataclass(sub) and not is_dataclass(value):
             raw[name] = strict_options(sub, value, f"{path}.{name}")
     return cls(**raw)
+
+
+@dataclass
+class AppRunOptions:
+    """The options of every app section: the model it builds, where and how its workers run.
+    An app's options extend this class and name their YAML section in `SECTION`."""
+
+    SECTION: ClassVar[str] = "app"
+    #: build a tiny model at `pretrain` first (the CPU defaults; nothing is downloaded)
+    build_tiny_model: bool = False
+    tiny_model: TinyModelOptions = field(default_factory=TinyModelOptions)
+    #: workers as Ray actors (False: every worker in this process, like `--no-ray`)
+    use_ray: bool = True
+    num_cpus: float | None = None
+    object_store_mb: int = 200
+    cpu_per_bundle: float = 1.0
+    #: write the trained policy as an HF model directory at the end
+    export_hf: bool = False
+    eval_before_training: bool = True
+
+    @classmethod
+    def from_mapping(cls, raw: dict[str, Any] | None) -> Any:
+        return strict_options(cls, raw, cls.SECTION)
+
+    def model_path(self, pretrain: str) -> str:
+        """The policy model: `pretrain`, built there first when `build_tiny_model`."""
+        from rl_runtime.pipeline import policy_model_path
+
+        return policy_model_path(pretrain, self.tiny_model if self.build_tiny_model else None)

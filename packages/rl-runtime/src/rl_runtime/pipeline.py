@@ -172,19 +172,26 @@ def engine_weight_diff(cluster: Any) -> float:
     return max(diffs) if diffs else 0.0
 
 
-def compose_here(cfg: Any, *, rollout_only: bool = False) -> Components:
-    """`compose(cfg)` for this machine: its device kind and whether flash-attn imports."""
+def machine_kwargs() -> dict[str, Any]:
+    """What composing needs to know about this machine: its device kind and whether flash-attn
+    imports (`compose(cfg, **machine_kwargs())`)."""
     import importlib.util
 
-    from rl_runtime.compose import compose
     from rl_sync.device import detect_device_kind
 
-    return compose(
-        cfg,
-        device_kind=detect_device_kind(),
-        flash_attn_available=importlib.util.find_spec("flash_attn") is not None,
-        rollout_only=rollout_only,
-    )
+    return {
+        "device_kind": detect_device_kind(),
+        "flash_attn_available": importlib.util.find_spec("flash_attn") is not None,
+    }
+
+
+def compose_here(
+    cfg: Any, *, rollout_only: bool = False, pipeline: str | None = None
+) -> Components:
+    """`compose(cfg)` for this machine (`machine_kwargs`), for the app kind `pipeline`."""
+    from rl_runtime.compose import compose
+
+    return compose(cfg, rollout_only=rollout_only, pipeline=pipeline, **machine_kwargs())
 
 
 def policy_model_path(pretrain: str, tiny_model: Any = None) -> str:

@@ -10,8 +10,10 @@ through `rl_envs.rewards.router.RewardRouter` in a sandbox pool (per-domain rewa
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rl_envs.rewards.manager import RewardInput, overlong_penalty
@@ -44,6 +46,46 @@ def load_prompts(
     return data.rows, [str(e) for e in data.rejected]
 
 
+@dataclass
+class PromptSet:
+    """Rows whose prompt fits `prompt_length`, each row's `index` its position here, and their
+    prompt token ids; what was left out: rejected rows (one line each) and overlong prompts."""
+
+    rows: list[TaskRow]
+    ids: list[list[int]]
+    rejected: list[str]
+    overlong: int
+
+    def head(self, n: int | None) -> PromptSet:
+        """The first `n` prompts (all when None)."""
+        return replace(self, rows=self.rows[:n], ids=self.ids[:n])
+
+
+def tokenized_prompts(
+    files: Sequence[str],
+    plan: DataPlan,
+    rewards: RewardRouterSpec,
+    tokenizer: Any,
+    template: Any,
+    prompt_length: int,
+) -> PromptSet:
+    """`load_prompts(files)` with each prompt rendered by `template` and tokenized; prompts longer
+    than `prompt_length` tokens are dropped and counted (verl's filter_overlong_prompts). No
+    prompt left is an error naming the files."""
+    rows, rejected = load_prompts(files, plan, rewards)
+    kept, ids = [], []
+    for row in rows:
+        tokens = tokenizer(template.prefix(row.prompt), add_special_tokens=False)["input_ids"]
+        if len(tokens) <= prompt_length:
+            kept.append(replace(row, index=len(kept)))
+            ids.append(list(tokens))
+    if not kept:
+        raise ValueError(
+            f"{list(files)}: every prompt is longer than prompt_length={prompt_length}"
+        )
+    return PromptSet(kept, ids, rejected, len(rows) - len(kept))
+
+
 class RowSampler:
     """Indices into `rows` for each step, through rl_envs' resumable `PromptSampler`
     (`domain_interleave_probs` mixes reward domains per batch)."""
@@ -70,7 +112,8 @@ class Scored:
 
 class Scorer:
     """Rewards by domain in the sandbox, DAPO's overlong penalty added when enabled; a failed
-    call scores 0.0 and is counted by kind (never silently zero)."""
+    call scores 0.0 and is counted by kind in `failures` (never silently zero). Thread-safe:
+    asynchronous training scores rollout batches (producer thread) while evaluating."""
 
     def __init__(
         self,
@@ -87,6 +130,8 @@ class Scorer:
             self.pool.close()
             raise
         self.overlong, self.response_length = overlong, response_length
+        self.failures: Counter[str] = Counter()
+        self._lock = threading.Lock()
 
     def score(
         self, rows: Sequence[TaskRow], texts: Sequence[str], lengths: Sequence[int]
@@ -96,7 +141,9 @@ class Scorer:
             RewardInput.from_row(r, t, response_length=n)
             for r, t, n in zip(rows, texts, lengths, strict=True)
         ]
-        outputs = self.router.score(items)
+        with self._lock:
+            outputs = self.router.score(items)
+            self.failures.update(out.kind for out in outputs if not out.ok)
         scored = []
         for item, out in zip(items, outputs, strict=True):
             reward = out.reward

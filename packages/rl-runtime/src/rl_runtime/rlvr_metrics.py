@@ -4,6 +4,7 @@ held-out accuracy with its standard error, pass@k and the before/after summary c
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from statistics import mean
 from typing import Any
@@ -78,6 +79,13 @@ def accuracy_metrics(groups: list[Group], prefix: str) -> dict[str, float]:
             if k.startswith("response/")
         },
     }
+
+
+def most_common_answer_accuracy(train_rows: list[Any], held_out: list[Any]) -> float:
+    """Accuracy on `held_out` of always answering the most frequent training answer (a trivial
+    baseline; ground truths compared as text)."""
+    common = Counter(str(r.ground_truth) for r in train_rows).most_common(1)[0][0]
+    return mean(float(str(r.ground_truth) == common) for r in held_out)
 
 
 SUMMARY = {

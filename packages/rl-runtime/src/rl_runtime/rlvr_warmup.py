@@ -8,9 +8,41 @@ length (tools/bench/async.py)."""
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
 from rl_config.records import Trajectory
+
+
+@dataclass
+class WarmupOptions:
+    """Supervised warm-up on training answers before RL (`rlvr_app.warmup`; 0 steps = off); it
+    uses actor_train's optimizer, at `learning_rate` when set."""
+
+    steps: int = 0
+    batch_size: int = 32
+    #: training rows used as demonstrations at most
+    demos: int = 1024
+    learning_rate: float | None = None
+    #: the demonstrated response; `{answer}` is the row's ground truth, `{reasoning}` (optional)
+    #: the reasoning padding below
+    response_template: str = "#### {answer}"
+    #: probability that a demonstrated numeric answer is wrong on purpose (a noisy teacher)
+    answer_noise: float = 0.0
+    #: `{reasoning}` is `reasoning_word` repeated k times, k long-tailed (`reasoning_words`, shape
+    #: `reasoning_tail`), capped at `reasoning_max_words`; 0 = no padding. Teaches the policy a
+    #: long-tailed response length.
+    reasoning_max_words: int = 0
+    reasoning_tail: float = 1.0
+    reasoning_word: str = " then"  # one token of the tiny model's tokenizer
+
+    def __post_init__(self) -> None:
+        if self.reasoning_max_words < 0:
+            raise ValueError(
+                f"rlvr_app.warmup.reasoning_max_words={self.reasoning_max_words}: must be >= 0"
+            )
+        if self.reasoning_tail <= 0:
+            raise ValueError(f"rlvr_app.warmup.reasoning_tail={self.reasoning_tail}: must be > 0")
 
 
 def noisy_answer(truth: Any, rng: random.Random, noise: float) -> str:
@@ -31,8 +63,8 @@ def reasoning_words(rng: random.Random, max_words: int, tail: float) -> int:
 
 
 def demonstrations(
-    rows: list, prompt_ids: list[list[int]], tokenizer: Any, options: Any, seed: int
-):
+    rows: list, prompt_ids: list[list[int]], tokenizer: Any, options: WarmupOptions, seed: int
+) -> list[Trajectory]:
     """One `Trajectory` per row: prompt tokens (not trained on), then the response and eos."""
     rng = random.Random(seed)
     out = []

@@ -1,0 +1,120 @@
+"""The command line every app shares: `--config FILE [key=value ...] [--dry-run] [--no-ray]`.
+
+An app describes itself once in an :class:`AppSpec` (its config section and options class, how it
+composes a config and runs it, its result table); :func:`app_main` does the rest the same way for
+every app: thread defaults, argument parsing (also ROLL's `--config_path/--config_name`), loading,
+composing, the dry-run plan, errors as one line on stderr with exit code 1, the result table::
+
+    SPEC = AppSpec(prog="apps/rlvr", default_config=..., section="rlvr_app", options=AppOptions,
+                   compose=compose, run=run, title="held-out accuracy", summary_row=summary_row)
+    raise SystemExit(app_main(SPEC))
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BASE_FLAGS: dict[str, str] = {
+    "dry-run": "print the components and exit",
+    "no-ray": "run every worker in this process",
+}
+"""Flags every app takes; an app adds its own in :attr:`AppSpec.flags`."""
+
+
+@dataclass
+class Composed:
+    """What an app's `compose` hands the shared main: the components, and its own plan."""
+
+    components: Any
+    #: the app's own plan next to the components (apps/rlvr: `RlvrPlan`)
+    plan: Any = None
+    #: dry-run warnings beyond the config's and the components'
+    notes: tuple[str, ...] = ()
+    #: printed by a dry run after the placement
+    details: str = ""
+    #: what a dry run lists as warnings and a run refuses as a config error
+    refusals: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AppSpec:
+    """One app's command line. `compose(cfg, options, flags)` must be pure (a dry run calls it);
+    `run(cfg, options, composed, flags)` builds what the run needs and returns the
+    `rl_runtime.pipeline.RunResult`. `flags` are the given flags by Python name (`dry_run`)."""
+
+    prog: str
+    default_config: Path
+    #: the app's own top-level YAML section (`rlvr_app`), built into `options`
+    section: str
+    #: a dataclass with `from_mapping(raw)` (see rl_runtime.app_options)
+    options: Any
+    compose: Callable[[Any, Any, frozenset[str]], Composed]
+    run: Callable[[Any, Any, Composed, frozenset[str]], Any]
+    #: the result table's title and its columns per evaluation (`row(metrics) -> columns`)
+    title: str
+    summary_row: Callable[[dict[str, float]], dict[str, float | str]]
+    #: the app's own flags on top of BASE_FLAGS
+    flags: Mapping[str, str] = field(default_factory=dict)
+    before_label: str = "before RL"
+    after_label: str = "after RL"
+    #: exceptions of a run that are bad input (a data file, its rows): "data error: ..."
+    data_errors: tuple[type[BaseException], ...] = ()
+
+
+def load_app(spec: AppSpec, config: Path, overrides: list[str]) -> tuple[Any, Any]:
+    """The validated experiment and the app's own options (its `spec.section`)."""
+    from rl_config.loading import load_app_config
+
+    cfg, section = load_app_config(config, overrides, section=spec.section)
+    return cfg, spec.options.from_mapping(section)
+
+
+def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
+    """Run the app on `argv` (sys.argv when None); the process exit code."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from rl_config.cli_args import parse_app_args
+    from rl_config.errors import ConfigError
+    from rl_runtime.pipeline import plan_text, print_result
+
+    try:
+        args = parse_app_args(
+            argv, flags={**BASE_FLAGS, **spec.flags}, default_config=spec.default_config,
+            prog=spec.prog,
+        )  # fmt: skip
+        assert args.config is not None, "every app has a default config"
+        cfg, options = load_app(spec, args.config, args.overrides)
+        composed = spec.compose(cfg, options, args.flags)
+        placement = plan_text(composed.components)  # a placement the cluster cannot make fails here
+    except (ConfigError, ValueError, KeyError) as exc:
+        return _error("config error", exc)
+    if "no_ray" in args.flags:
+        options.use_ray = False
+    if "dry_run" in args.flags:
+        warnings = (*cfg.config_warnings(), *composed.components.warnings, *composed.notes)
+        for line in (*warnings, *composed.refusals):
+            print(f"warning: {line}")
+        print(placement)
+        if composed.details:
+            print(composed.details)
+        return 0
+    if composed.refusals:  # a dry run lists them; a run cannot honour them
+        return _error("config error", "; ".join(composed.refusals))
+    try:
+        result = spec.run(cfg, options, composed, args.flags)
+    except ConfigError as exc:  # e.g. an optional package the config needs is missing
+        return _error("config error", exc)
+    except spec.data_errors as exc:
+        return _error("data error", exc)
+    print_result(result, spec.title, spec.summary_row, spec.before_label, spec.after_label)
+    return 0
+
+
+def _error(kind: str, what: object) -> int:
+    print(f"{kind}: {what}", file=sys.stderr)
+    return 1

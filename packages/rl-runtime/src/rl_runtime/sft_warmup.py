@@ -1,0 +1,52 @@
+"""The supervised warm-up before RL that apps/agentic and apps/rlvr share: imitate demonstrations
+(solver-played episodes, or training answers) with actor_train's own optimizer, then start RL from
+fresh optimizer moments and sync the weights to the engines."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from rl_runtime.collate import collate_trajectories
+
+
+def supervised_warmup(
+    ctx: Any,
+    demos: list,
+    *,
+    steps: int,
+    batch_size: int,
+    learning_rate: float | None = None,
+    max_length: int | None = None,
+    log_every: int = 5,
+    pad_token_id: int = 0,
+) -> dict[str, float]:
+    """`steps` SFT steps on random `batch_size`-row batches of the `demos` trajectories (drawn
+    with a generator seeded by the run seed), at `learning_rate` when given (else actor_train's),
+    logged every `log_every` steps as `warmup/*` at negative steps (the warm-up precedes step 0).
+    Then actor_train's Adam moments are reset (the warm-up's large SFT gradients would shrink
+    RL's first updates) and the weights are synced. Returns `warmup/seconds`, `warmup/demos`."""
+    t0 = time.perf_counter()
+    batch = collate_trajectories(demos, pad_token_id=pad_token_id, max_length=max_length)
+    gen = torch.Generator().manual_seed(ctx.components.seed)
+    actor = ctx.cluster["actor_train"]
+    ctx.cluster.enter_phase("train")
+    base_lr = ctx.components.role("actor_train").training_args.learning_rate
+    factor = (learning_rate / base_lr) if learning_rate else 1.0
+    if factor != 1.0:
+        actor.call_all("scale_learning_rate", factor)
+    for i in range(steps):
+        rows = torch.randperm(batch.batch_size, generator=gen)[:batch_size]
+        last = ctx.train("actor_train", {k: v[rows] for k, v in batch.tensors.items()}, "sft")
+        if i % log_every == 0 or i == steps - 1:
+            ctx.log({f"warmup/{k}": v for k, v in last.items() if isinstance(v, int | float)},
+                    -(steps - i))  # fmt: skip
+            print(f"warm-up {i + 1}/{steps} | loss={last.get('actor/loss', float('nan')):.3f}"
+                  f" | {time.perf_counter() - t0:.0f}s", flush=True)  # fmt: skip
+    if factor != 1.0:
+        actor.call_all("scale_learning_rate", 1.0 / factor)
+    actor.call_all("reset_optimizer_state")
+    ctx.sync_weights()
+    return {"warmup/seconds": time.perf_counter() - t0, "warmup/demos": float(batch.batch_size)}

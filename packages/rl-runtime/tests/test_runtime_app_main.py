@@ -1,0 +1,90 @@
+"""app_main: the command line every app shares (loading, composing, dry run, error lines)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rl_runtime.app_main import AppSpec, Composed, app_main
+from rl_runtime.app_options import AppRunOptions
+
+
+@dataclass
+class _Options(AppRunOptions):
+    SECTION = "x_app"
+    greeting: str = "hi"
+
+
+class _DataError(Exception):
+    pass
+
+
+def _spec(tmp_path: Path, *, refusals=(), fail: Exception | None = None, runs: list | None = None):
+    config = tmp_path / "x.yaml"
+    config.write_text("pretrain: ./model\nx_app:\n  greeting: hello\n")
+
+    def compose(cfg, options, flags):
+        from rl_runtime.pipeline import compose_here
+
+        return Composed(compose_here(cfg), plan="PLAN", notes=("a note",), details="DETAILS",
+                        refusals=tuple(refusals))  # fmt: skip
+
+    def run(cfg, options, composed, flags):
+        if fail is not None:
+            raise fail
+        assert runs is not None
+        runs.append((options, composed.plan, flags))
+        raise SystemExit(0)  # the test stops before a real run
+
+    return AppSpec(prog="apps/x", default_config=config, section="x_app", options=_Options,
+                   compose=compose, run=run, title="t", summary_row=dict,
+                   flags={"extra-flag": "an app's own flag"}, data_errors=(_DataError,))  # fmt: skip
+
+
+def test_dry_run_prints_placement_plan_notes_and_refusals(tmp_path, capsys):
+    assert app_main(_spec(tmp_path, refusals=("cannot score X",)), ["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: a note" in out and "warning: cannot score X" in out
+    assert "actor_train  strategy=" in out and out.rstrip().endswith("DETAILS")
+
+
+def test_a_run_is_refused_with_what_a_dry_run_lists(tmp_path, capsys):
+    runs: list = []
+    assert app_main(_spec(tmp_path, refusals=("cannot score X",), runs=runs), []) == 1
+    assert "config error: cannot score X" in capsys.readouterr().err
+    assert runs == []
+
+
+def test_options_flags_and_no_ray_reach_the_run(tmp_path):
+    runs: list = []
+    with pytest.raises(SystemExit):
+        app_main(_spec(tmp_path, runs=runs), ["--no-ray", "--extra-flag", "x_app.greeting=bye"])
+    ((options, plan, flags),) = runs
+    assert options.greeting == "bye" and options.use_ray is False and plan == "PLAN"
+    assert flags == {"no_ray", "extra_flag"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["x_app.greting=1"], "config error: x_app: unknown key(s) ['greting']"),
+        (["max_step=3"], "config error: invalid config"),
+    ],
+)
+def test_bad_keys_are_one_config_error_line(tmp_path, capsys, argv, error):
+    assert app_main(_spec(tmp_path, runs=[]), argv) == 1
+    assert capsys.readouterr().err.startswith(error)
+
+
+def test_errors_of_a_run_name_their_kind(tmp_path, capsys):
+    from rl_config.errors import ConfigError, ConfigIssue
+
+    assert app_main(_spec(tmp_path, fail=_DataError("rows.jsonl: row 3: no prompt")), []) == 1
+    assert capsys.readouterr().err == "data error: rows.jsonl: row 3: no prompt\n"
+    missing = ConfigError([ConfigIssue("track_with", "wandb is not installed")])
+    assert app_main(_spec(tmp_path, fail=missing), []) == 1
+    assert "config error:" in capsys.readouterr().err
+    with pytest.raises(RuntimeError):  # anything else is a bug: not turned into a line
+        app_main(_spec(tmp_path, fail=RuntimeError("boom")), [])
