@@ -17,10 +17,14 @@ from typing import Any
 import torch
 from dpo_options import AppOptions
 
-from rl_algos.preference import get_preference_loss
 from rl_runtime.pipeline import Context
-from rl_runtime.preference_data import Example, PreferenceSet, collate, load_preferences
-from rl_train.preference import preference_inputs, preference_metrics, sequence_logps
+from rl_runtime.preference_data import PreferenceSet, collate, load_preferences
+from rl_runtime.preference_step import (
+    add_reference,
+    batch_index,
+    held_out_metrics,
+    reference_logps,
+)
 
 STDOUT_KEYS = (
     "train/loss",
@@ -30,7 +34,6 @@ STDOUT_KEYS = (
     "val/greedy_correct",
     "timing/step",
 )
-CHUNK = 256  # examples per reference forward when filling the cache
 
 
 class DPORecipe:
@@ -66,61 +69,26 @@ class DPORecipe:
             self.held_out = load_preferences(plan.data.eval_files, tok, plan.data, paired=paired)
         if plan.reference == "cached":
             ctx.cluster.enter_phase("train")
-            self.ref_cache["train"] = self.reference_logps(ctx, self.train.examples)
+            pad = self.pad_token_id
+            self.ref_cache["train"] = reference_logps(ctx, self.train.examples, pad)
             if self.held_out is not None:
-                self.ref_cache["val"] = self.reference_logps(ctx, self.held_out.examples)
+                self.ref_cache["val"] = reference_logps(ctx, self.held_out.examples, pad)
         counts = {f"train/data_{k}": float(v) for k, v in self.train.counts.items()}
         if self.held_out is not None:
             counts.update({f"val/data_{k}": float(v) for k, v in self.held_out.counts.items()})
         ctx.log(counts, step=0)
 
-    # ------------------------------------------------------------------------ batches
-    def batch_index(self, step: int) -> list[int]:
-        """Examples of pipeline step `step`: seeded epoch permutations, consumed in order (the
-        last partial batch of an epoch is skipped)."""
-        assert self.train is not None
-        n = len(self.train.examples)
-        per = self.plan.examples_per_step
-        per_epoch = n // per
-        epoch, k = divmod(step, per_epoch)
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(n, generator=gen)[k * per : (k + 1) * per].tolist()
-
-    def rows(self, examples: list[Example], ids: list[int]) -> dict[str, torch.Tensor]:
-        return collate(examples, self.pad_token_id, ids)
-
-    def reference_logps(self, ctx: Context, examples: list[Example]) -> torch.Tensor:
-        """Summed reference log-probs `[E, rows per example]` of `examples` (forward in chunks)."""
-        parts = []
-        for i in range(0, len(examples), CHUNK):
-            chunk = examples[i : i + CHUNK]
-            t = self.rows(chunk, list(range(i, i + len(chunk))))
-            lp = ctx.forward("reference", t)["log_probs"]
-            parts.append(sequence_logps(lp, t["response_mask"])[0])
-        return torch.cat(parts).reshape(len(examples), -1)
-
-    def with_reference(
-        self, ctx: Context, t: dict[str, torch.Tensor], split: str, idx: list[int], examples: list
-    ) -> None:
-        plan = ctx.components.preference
-        if plan.reference == "cached":
-            t["ref_logps"] = self.ref_cache[split][torch.as_tensor(idx)].reshape(-1)
-        elif plan.reference == "on_the_fly":
-            t["ref_logps"] = self.reference_logps(ctx, examples).reshape(-1)
-        if not plan.loss.paired:  # KTO's reference point: detached batch KL estimate
-            lp = ctx.forward("actor_train", t)["log_probs"]
-            policy = sequence_logps(lp, t["response_mask"])[0]
-            kl = (policy - t["ref_logps"]).mean().clamp(min=0.0)
-            t["kl_reference"] = kl.expand(policy.shape[0]).clone()
-
     # ------------------------------------------------------------------------ protocol
     def step(self, ctx: Context) -> dict[str, float]:
         assert self.train is not None
-        idx = self.batch_index(ctx.step)
+        idx = batch_index(
+            len(self.train.examples), self.plan.examples_per_step, self.seed, ctx.step
+        )
         examples = [self.train.examples[i] for i in idx]
-        t = self.rows(examples, idx)
+        t = collate(examples, self.pad_token_id, idx)
         with ctx.timer.phase("reference"):
-            self.with_reference(ctx, t, "train", idx, examples)
+            cached = self.ref_cache.get("train")
+            add_reference(ctx, t, examples, cached, idx, self.pad_token_id)
         with ctx.timer.phase("actor_train"):
             out = ctx.train("actor_train", t)
         metrics = {
@@ -136,20 +104,11 @@ class DPORecipe:
         if self.held_out is None:
             return {}
         t0 = time.perf_counter()
-        plan = ctx.components.preference
         examples = self.held_out.examples
         idx = list(range(len(examples)))
-        t = self.rows(examples, idx)
-        self.with_reference(ctx, t, "val", idx, examples)
-        lp = ctx.forward("actor_train", t)["log_probs"]
-        sums, means = sequence_logps(lp, t["response_mask"])
-        x, n = preference_inputs(t, sums, means, plan.loss)
-        result = get_preference_loss(plan.loss.loss_type)(x, **plan.loss.options())
-        out = {
-            f"val/{k}": float(v)
-            for k, v in preference_metrics(result, x, float(n), paired=plan.loss.paired).items()
-        }
-        out["val/loss"] = float(result.losses.mean())
+        t = collate(examples, self.pad_token_id, idx)
+        add_reference(ctx, t, examples, self.ref_cache.get("val"), idx, self.pad_token_id)
+        out = held_out_metrics(ctx, t)
         if self.app.greedy_eval_prompts and "answer" in examples[0].meta:
             from rl_runtime.dpo_arithmetic import greedy_correct
 
