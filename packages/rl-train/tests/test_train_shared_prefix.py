@@ -84,9 +84,7 @@ def _assert_equivalent(model, batch: Batch, entropy: bool = False) -> None:
     shared, g_shared = _run(model, batch, True, entropy)
     keep = _response_cols(batch)
     assert shared.log_probs.shape == plain.log_probs.shape
-    torch.testing.assert_close(
-        shared.log_probs[keep], plain.log_probs[keep], atol=1e-5, rtol=1e-5
-    )
+    torch.testing.assert_close(shared.log_probs[keep], plain.log_probs[keep], atol=1e-5, rtol=1e-5)
     assert torch.all(shared.log_probs[~keep] == 0)  # col 0, prompt columns, padding
     assert torch.all(shared.log_probs[keep] != 0)
     if entropy:

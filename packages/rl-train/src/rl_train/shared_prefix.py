@@ -62,9 +62,7 @@ def check_shared_prompt(role: str, *, packed: bool, model: nn.Module) -> None:
     config = getattr(inner, "config", None)
     attn = getattr(config, "_attn_implementation", None)
     if attn not in SHARED_PROMPT_ATTENTION:
-        raise ValueError(
-            f"{KEY} needs attn_implementation sdpa or eager (the model runs {attn!r})"
-        )
+        raise ValueError(f"{KEY} needs attn_implementation sdpa or eager (the model runs {attn!r})")
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
     if layer_types != {"full_attention"}:
         raise ValueError(f"{KEY} needs full attention in every layer (model has {layer_types})")
