@@ -195,3 +195,27 @@ def test_refused_where_it_cannot_apply(tiny_model_path):
     del batch["response_mask"]
     with pytest.raises(ValueError, match="response_mask"):
         token_outputs(sdpa, batch, role="actor", share_prompt=True)
+
+
+def test_backend_reads_the_key_and_refuses_the_critic(tiny_model_path):
+    """training_args.share_prompt_forward reaches the backend's forward (each distinct prompt runs
+    once); a critic with it fails when the backend is built."""
+    from rl_train.registry import build_backend
+
+    args = dict(share_prompt_forward=True, infer_batch_size=12)
+    backend = build_backend(
+        "hf_infer", role="reference", model_path=tiny_model_path, training_args=args
+    )
+    batch = CASES["groups_of_different_prompt_lengths"]()
+    rows: list[int] = []
+    embed = backend.model.get_input_embeddings()
+    hook = embed.register_forward_pre_hook(lambda _m, a: rows.append(int(a[0].shape[0])))
+    try:
+        out = backend.forward(batch)
+    finally:
+        hook.remove()
+    assert rows == [3, 12]  # 3 distinct prompts, then the 12 rows
+    keep = _response_cols(batch)
+    assert torch.all(out.log_probs[keep] != 0) and torch.all(out.log_probs[~keep] == 0)
+    with pytest.raises(ValueError, match="share_prompt_forward.*critic"):
+        build_backend("hf_infer", role="critic", model_path=tiny_model_path, training_args=args)
