@@ -10,7 +10,9 @@ Shapes (`--shape`, default both):
   tokens, activation checkpointing on (the app's training default);
 * `grpo_step`: tools/bench/grpo_step.py's step: its character model (hidden 256, 4 layers, 4 heads,
   2 KV heads, intermediate 1024), 16 prompts of 22-32 tokens x 4 samples = 64 rows, 128 response
-  tokens, no activation checkpointing (rl-train's default).
+  tokens, no activation checkpointing (rl-train's default);
+* `rlvr_cpu_distinct`: as `rlvr_cpu` with 32 different prompts (nothing to share: the cost of the
+  second pass alone).
 
     uv run python tools/bench/shared_prompt.py [--shape rlvr_cpu] [--repeats 15] [--threads 1]
 
@@ -23,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,9 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from char_model import build_char_model  # noqa: E402  (tools/bench/, the script's dir)
+from char_model import build_char_model  # tools/bench/ (the script's dir)
 
 
 @dataclass(frozen=True)
@@ -49,6 +48,8 @@ class Shape:
 SHAPES = {
     "rlvr_cpu": Shape(8, 4, (34, 34), (6, 10), True, "rlvr_tiny"),
     "grpo_step": Shape(4, 16, (22, 32), (128, 128), False, "char"),
+    # the worst case: no prompt shared (e.g. apps/rlvr's supervised warm-up batches)
+    "rlvr_cpu_distinct": Shape(1, 32, (34, 34), (6, 10), True, "rlvr_tiny"),
 }
 
 
@@ -110,7 +111,8 @@ def bench_shape(name: str, shape: Shape, root: Path, args: argparse.Namespace) -
     )
     if shape.checkpointing:
         enable_gradient_checkpointing(model)
-    batch = make_batch(shape, int(model.config.vocab_size), args.seed)
+    vocab = int(getattr(model.config, "vocab_size"))  # noqa: B009
+    batch = make_batch(shape, vocab, args.seed)
     mask = batch["response_mask"]
 
     def train(share: bool) -> Callable[[], None]:
@@ -133,7 +135,9 @@ def bench_shape(name: str, shape: Shape, root: Path, args: argparse.Namespace) -
 
     result: dict = {
         "rows": int(mask.shape[0]),
-        "prompt_tokens_per_row": float((batch["attention_mask"].sum(1) - mask.sum(1)).float().mean()),
+        "prompt_tokens_per_row": float(
+            (batch["attention_mask"].sum(1) - mask.sum(1)).float().mean()
+        ),
         "response_tokens_per_row": float(mask.sum(1).float().mean()),
     }
     for phase, make in (("train_micro_step", train), ("logprob_forward", forward)):
@@ -170,7 +174,7 @@ def bench_shape(name: str, shape: Shape, root: Path, args: argparse.Namespace) -
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), action="append", default=None)
     parser.add_argument("--repeats", type=int, default=15, help="timed repeats per path")
     parser.add_argument("--threads", type=int, default=1)

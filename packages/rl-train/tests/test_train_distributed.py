@@ -322,6 +322,8 @@ def test_shared_prompt_forward_two_ranks_match_plain_single_process(
     """share_prompt_forward calls the model twice per micro-batch before backward: FSDP2 and
     DeepSpeed must still reduce the same gradients as the plain single-process forward."""
     spec = _spec(tmp_path, tiny_model_path, strategy, cfg, 2, batch=GROUPED)
-    spec["kwargs"]["training_args"].update(SHARED)
+    kwargs = spec["kwargs"]
+    assert isinstance(kwargs, dict)
+    kwargs["training_args"].update(SHARED)
     spawn(train_worker, 2, spec, env=ENV)
     _check_matches_single(single_grouped_run, tmp_path)

@@ -67,31 +67,38 @@ def _response_cols(batch: Batch) -> torch.Tensor:
     return (cols >= first[:, None]) & batch["attention_mask"].bool()
 
 
+def _log_probs(model, batch: Batch, **kwargs) -> torch.Tensor:
+    lp = token_outputs(model, batch, **kwargs).log_probs
+    assert lp is not None
+    return lp
+
+
 def _run(model, batch: Batch, share: bool, entropy: bool):
+    """``(log_probs, entropy or None, parameter grads)`` of a weighted loss on the response."""
     model.zero_grad(set_to_none=True)
     out = token_outputs(model, batch, role="actor", need_entropy=entropy, share_prompt=share)
-    weights = torch.linspace(0.5, 1.5, out.log_probs.numel()).reshape(out.log_probs.shape)
-    loss = (out.log_probs * weights * batch["response_mask"]).sum()
-    if entropy:
-        loss = loss + 0.3 * (out.entropy * batch["response_mask"]).sum()
+    lp, ent = out.log_probs, out.entropy
+    assert lp is not None and (ent is not None) == entropy
+    weights = torch.linspace(0.5, 1.5, lp.numel()).reshape(lp.shape)
+    loss = (lp * weights * batch["response_mask"]).sum()
+    if ent is not None:
+        loss = loss + 0.3 * (ent * batch["response_mask"]).sum()
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return out, grads
+    return lp, ent, grads
 
 
 def _assert_equivalent(model, batch: Batch, entropy: bool = False) -> None:
-    plain, g_plain = _run(model, batch, False, entropy)
-    shared, g_shared = _run(model, batch, True, entropy)
+    plain, plain_ent, g_plain = _run(model, batch, False, entropy)
+    shared, shared_ent, g_shared = _run(model, batch, True, entropy)
     keep = _response_cols(batch)
-    assert shared.log_probs.shape == plain.log_probs.shape
-    torch.testing.assert_close(shared.log_probs[keep], plain.log_probs[keep], atol=1e-5, rtol=1e-5)
-    assert torch.all(shared.log_probs[~keep] == 0)  # col 0, prompt columns, padding
-    assert torch.all(shared.log_probs[keep] != 0)
-    if entropy:
-        torch.testing.assert_close(shared.entropy[keep], plain.entropy[keep], atol=1e-5, rtol=1e-5)
-        assert torch.all(shared.entropy[~keep] == 0)
-    else:
-        assert shared.entropy is None
+    assert shared.shape == plain.shape
+    torch.testing.assert_close(shared[keep], plain[keep], atol=1e-5, rtol=1e-5)
+    assert torch.all(shared[~keep] == 0)  # col 0, prompt columns, padding
+    assert torch.all(shared[keep] != 0)
+    if shared_ent is not None and plain_ent is not None:
+        torch.testing.assert_close(shared_ent[keep], plain_ent[keep], atol=1e-5, rtol=1e-5)
+        assert torch.all(shared_ent[~keep] == 0)
     assert g_shared.keys() == g_plain.keys() and g_plain
     for name in g_plain:
         torch.testing.assert_close(g_shared[name], g_plain[name], atol=1e-5, rtol=1e-4, msg=name)
@@ -133,10 +140,10 @@ def test_multi_turn_rows_share_only_the_first_segment(model):
 def test_no_grad_forward_matches(model):
     batch = CASES["groups_of_different_prompt_lengths"]()
     with torch.no_grad():
-        plain = token_outputs(model, batch, role="reference")
-        shared = token_outputs(model, batch, role="reference", share_prompt=True)
+        plain = _log_probs(model, batch, role="reference")
+        shared = _log_probs(model, batch, role="reference", share_prompt=True)
     keep = _response_cols(batch)
-    torch.testing.assert_close(shared.log_probs[keep], plain.log_probs[keep], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared[keep], plain[keep], atol=1e-5, rtol=1e-5)
 
 
 def test_each_distinct_prompt_runs_once(model):
@@ -173,10 +180,10 @@ def test_plan_groups_equal_prefixes_only():
 def test_row_without_response_tokens(model):
     batch = CASES["ragged_responses_one_group"]()
     batch["response_mask"][2] = False  # e.g. an empty response: nothing to predict but padding
-    plain = token_outputs(model, batch, role="actor")
-    shared = token_outputs(model, batch, role="actor", share_prompt=True)
+    plain = _log_probs(model, batch, role="actor")
+    shared = _log_probs(model, batch, role="actor", share_prompt=True)
     keep = _response_cols(batch)
-    torch.testing.assert_close(shared.log_probs[keep], plain.log_probs[keep], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared[keep], plain[keep], atol=1e-5, rtol=1e-5)
 
 
 def test_refused_where_it_cannot_apply(tiny_model_path):
@@ -186,7 +193,7 @@ def test_refused_where_it_cannot_apply(tiny_model_path):
         check_shared_prompt("critic", packed=False, model=sdpa)
     with pytest.raises(ValueError, match="share_prompt_forward.*packing"):
         check_shared_prompt("actor", packed=True, model=sdpa)
-    sdpa.config._attn_implementation = "flash_attention_2"
+    sdpa.config._attn_implementation = "flash_attention_2"  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="share_prompt_forward needs attn_implementation"):
         check_shared_prompt("reference", packed=False, model=sdpa)
     batch = CASES["single_row"]()
@@ -208,14 +215,15 @@ def test_backend_reads_the_key_and_refuses_the_critic(tiny_model_path):
     )
     batch = CASES["groups_of_different_prompt_lengths"]()
     rows: list[int] = []
-    embed = backend.model.get_input_embeddings()
+    embed = backend.model.get_input_embeddings()  # type: ignore[attr-defined]
     hook = embed.register_forward_pre_hook(lambda _m, a: rows.append(int(a[0].shape[0])))
     try:
-        out = backend.forward(batch)
+        lp = backend.forward(batch).log_probs
     finally:
         hook.remove()
     assert rows == [3, 12]  # 3 distinct prompts, then the 12 rows
+    assert lp is not None
     keep = _response_cols(batch)
-    assert torch.all(out.log_probs[keep] != 0) and torch.all(out.log_probs[~keep] == 0)
+    assert torch.all(lp[keep] != 0) and torch.all(lp[~keep] == 0)
     with pytest.raises(ValueError, match="share_prompt_forward.*critic"):
         build_backend("hf_infer", role="critic", model_path=tiny_model_path, training_args=args)

@@ -127,12 +127,11 @@ class _PrefixLayer(DynamicLayer):
         super().__init__()
         self.lazy_initialization(keys, values)
         self.keys, self.values = keys, values
+        self.prefix = (keys, values)
 
     def update(self, key_states, value_states, *args, **kwargs):
-        return (
-            torch.cat([self.keys, key_states], dim=-2),
-            torch.cat([self.values, value_states], dim=-2),
-        )
+        keys, values = self.prefix
+        return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
 
 
 @contextmanager
@@ -174,10 +173,13 @@ def _prefix_cache(
         logits_to_keep=1,  # the prefix predicts nothing: skip the lm_head but for one position
     )
     rows = plan.row_prefix
-    layers = [
-        _PrefixLayer(layer.keys.index_select(0, rows), layer.values.index_select(0, rows))
-        for layer in cache.layers
-    ]
+    layers = []
+    for layer in cache.layers:
+        assert isinstance(layer, _RecordLayer) and layer.keys is not None
+        assert layer.values is not None
+        layers.append(
+            _PrefixLayer(layer.keys.index_select(0, rows), layer.values.index_select(0, rows))
+        )
     return layers, prefix_mask.index_select(0, rows)
 
 
