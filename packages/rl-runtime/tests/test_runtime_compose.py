@@ -247,3 +247,51 @@ def test_optimizer_steps_plan_the_lr_schedule():
     c = _components({"max_steps": 10})
     assert c.role("actor_train").training_args.max_steps == 20
     assert c.sizes["optimizer_steps_total"] == 20
+
+
+def test_share_prompt_forward_reaches_actor_and_reference_training_args():
+    on = {"share_prompt_forward": True}
+    kl = {"use_kl_loss": True, "kl_loss_coef": 0.1}  # a reference role
+    components = _components({"actor_train": on, "reference": on, **kl})
+    assert components.role("actor_train").training_args.share_prompt_forward
+    assert components.role("reference").training_args.share_prompt_forward
+    off = _components(kl)
+    assert not off.role("actor_train").training_args.share_prompt_forward
+    assert not off.role("reference").training_args.share_prompt_forward
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (
+            {
+                "strategy_args": {
+                    "strategy_name": "fsdp2_train",
+                    "strategy_config": {"packed_forward": True},
+                }
+            },
+            r"actor_train\.share_prompt_forward: cannot be combined with .*packed_forward",
+        ),
+        (
+            {"model_args": {"attn_implementation": "fa2", "dtype": "bf16"}},
+            r"actor_train\.share_prompt_forward: needs attn_implementation sdpa or eager",
+        ),
+    ],
+    ids=["packed_forward", "flash_attention"],
+)
+def test_share_prompt_forward_refused_where_it_cannot_run(extra, match):
+    extra = {"actor_train": {"share_prompt_forward": True, **extra}}
+    with pytest.raises(ValueError, match=match):
+        _components(extra, device_kind="cuda", flash_attn_available=True)
+
+
+def test_share_prompt_forward_refused_for_the_critic():
+    critic = {
+        "adv_estimator": "gae",
+        "critic": {
+            "share_prompt_forward": True,
+            "training_args": {"per_device_train_batch_size": 2},
+        },
+    }
+    with pytest.raises(ConfigError, match=r"critic\.share_prompt_forward"):
+        _components(critic)

@@ -30,7 +30,7 @@ def _spec(out: Path, model: str, strategy: str, cfg: dict, world: int, steps: in
         strategy=strategy,
         steps=steps,
         out=str(out),
-        batch=dict(n=8, max_len=20),
+        batch=extra.pop("batch", dict(n=8, max_len=20)),
         kwargs=dict(
             role="actor",
             model_path=model,
@@ -292,3 +292,38 @@ def test_deepspeed_crafted_checkpoint_runs_nothing(tiny_model_path, tmp_path):
 
     with pytest.raises(ckpt.CheckpointError, match="MANIFEST.json fails its HMAC check"):
         ckpt.verify(saved)
+
+
+GROUPED = dict(n=8, max_len=20, prompt_len=7, group_size=2)
+SHARED = {"share_prompt_forward": True}
+
+
+@pytest.fixture(scope="module")
+def single_grouped_run(tiny_model_path, tmp_path_factory):
+    """The plain forward, one process, on rows whose prompts come in groups of 2."""
+    out = tmp_path_factory.mktemp("single_grouped")
+    train_worker(0, _spec(out, tiny_model_path, "hf_infer", {}, 1, batch=GROUPED))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "strategy,cfg",
+    [
+        ("fsdp2_train", {"gradient_checkpointing": True}),
+        ("deepspeed_train", ZERO2),
+        ("deepspeed_train", {**ZERO3, "fused_lm_head": True}),
+    ],
+    ids=["fsdp2_checkpointing", "zero2", "zero3_fused_head"],
+)
+def test_shared_prompt_forward_two_ranks_match_plain_single_process(
+    tiny_model_path, single_grouped_run, tmp_path, strategy, cfg
+):
+    """share_prompt_forward calls the model twice per micro-batch before backward: FSDP2 and
+    DeepSpeed must still reduce the same gradients as the plain single-process forward."""
+    spec = _spec(tmp_path, tiny_model_path, strategy, cfg, 2, batch=GROUPED)
+    kwargs = spec["kwargs"]
+    assert isinstance(kwargs, dict)
+    kwargs["training_args"].update(SHARED)
+    spawn(train_worker, 2, spec, env=ENV)
+    _check_matches_single(single_grouped_run, tmp_path)

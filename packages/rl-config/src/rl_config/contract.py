@@ -58,6 +58,7 @@ UNSUPPORTED: dict[str, str] = {
     "train_infer_correction.is_weight.detach": "IS weights are always detached",
     "actor_train.num_gpus_per_worker": "training workers use one device each",
     "critic.num_gpus_per_worker": "training workers use one device each",
+    "critic.share_prompt_forward": "the critic's value forward has no shared-prompt path",
     "*.topr_positive_weight": "rl_algos' topr loss has no per-sign weights",
     "*.topr_negative_weight": "rl_algos' topr loss has no per-sign weights",
     "l2": "use actor_train.training_args.weight_decay",
@@ -133,6 +134,7 @@ IGNORED: dict[str, str] = {
     # parts a role does not use
     "actor_infer.infer_batch_size": "the engine batches its requests itself",
     "actor_infer.model_args.attn_implementation": "the engines choose their attention kernel",
+    "actor_infer.share_prompt_forward": "only actor_train and reference run log-prob forwards",
     **{f"{role}.generating_args.*": "only actor_infer generates" for role in ROLES[:1] + ROLES[2:]},
     **{
         f"{role}.{key}": "only training roles use it"

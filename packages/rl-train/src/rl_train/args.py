@@ -42,6 +42,9 @@ class TrainingArgs:
     use_dynamic_batching: bool = False
     max_tokens_per_microbatch: int = 4096
     use_sequence_packing: bool = False
+    share_prompt_forward: bool = False
+    """Run each distinct prompt of a micro-batch once (its KV cache expanded to the rows that
+    share it) in the actor/reference log-prob forward: :mod:`rl_train.shared_prefix`."""
     max_consecutive_nonfinite: int = 3
     """Stop training with an error after this many optimizer steps in a row were skipped."""
     seed: int = 42

@@ -22,6 +22,7 @@ from rl_train.faults import fault_point
 from rl_train.guard import NonFiniteGuard, any_rank_true, is_finite
 from rl_train.losses import reads_old_log_probs
 from rl_train.modeling import check_role, token_outputs
+from rl_train.shared_prefix import check_shared_prompt
 from rl_train.types import Batch, ForwardOutput, LossContext, LossFn
 
 
@@ -102,10 +103,16 @@ class BackendCore:
             role=self.role,
             packed=self.packed,
             need_entropy=self.role == "actor",
+            share_prompt=self.args.share_prompt_forward,
         )
 
     def _eval_forward(self, mb: Batch) -> ForwardOutput:
         return self._train_forward(mb)
+
+    def _check_forward_options(self, model: nn.Module) -> None:
+        """Refuse forward options the loaded (unwrapped) model cannot run, naming the key."""
+        if self.args.share_prompt_forward:
+            check_shared_prompt(self.role, packed=self.packed, model=model)
 
     def _backward(self, loss: torch.Tensor) -> None:
         raise NotImplementedError

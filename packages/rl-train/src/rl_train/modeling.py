@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,6 +18,7 @@ from rl_train.attention import (
 )
 from rl_train.batching import pack, trim_padding, unpack
 from rl_train.fused_head import install_log_prob_head, log_prob_head, log_prob_request
+from rl_train.shared_prefix import shared_prompt_log_probs
 from rl_train.types import Batch, ForwardOutput
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -164,7 +166,7 @@ def _log_probs_forward(
     labels: torch.Tensor,
     need_entropy: bool,
     temperature: float,
-    **inputs: torch.Tensor,
+    **inputs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward ``inputs`` and return log p(labels) and entropy, ``[B, L]`` each, for the ``[B, L]``
     positions of the forward (labels < 0 give 0). With a :class:`LogProbHead` installed the head
@@ -188,6 +190,7 @@ def token_outputs(
     packed: bool = False,
     need_entropy: bool = False,
     temperature: float = 1.0,
+    share_prompt: bool = False,
 ) -> ForwardOutput:
     """Forward ``batch`` through ``model`` and return aligned ``[B, T]`` outputs (with grad).
 
@@ -195,7 +198,11 @@ def token_outputs(
     columns (``attention_mask == 0``) are 0. With ``packed=True`` the padding is removed and rows are
     concatenated into one ``[1, N]`` stream whose ``position_ids`` restart per row (HF attention
     then masks across rows: varlen kernels with flash-attention, a block mask with sdpa/eager).
+    With ``share_prompt=True`` (actor/reference, padded) each distinct prompt of the batch runs
+    once (:mod:`rl_train.shared_prefix`); the prompt columns of the log-probs are then 0.
     """
+    if share_prompt and packed:
+        raise ValueError("share_prompt_forward cannot be combined with sequence packing")
     full_t = int(batch["input_ids"].shape[1])
     trimmed = trim_padding(batch)
     ids = trimmed["input_ids"]
@@ -230,6 +237,20 @@ def token_outputs(
                 )
                 ent_aligned = unpack(ent_aligned, layout)
             result = ForwardOutput(log_probs=unpack(lp, layout), entropy=ent_aligned)
+    elif share_prompt:
+        if role == "critic":
+            raise ValueError("share_prompt_forward: the critic's value forward has no shared path")
+        if "response_mask" not in trimmed:
+            raise ValueError("share_prompt_forward needs the batch's response_mask")
+        lp, ent = shared_prompt_log_probs(
+            model,
+            ids,
+            mask,
+            trimmed["response_mask"],
+            need_entropy=need_entropy,
+            temperature=temperature,
+        )
+        result = ForwardOutput(log_probs=lp, entropy=ent)
     else:
         valid = mask.to(torch.float32)
         if role == "critic":

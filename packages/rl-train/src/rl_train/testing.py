@@ -42,15 +42,20 @@ def make_batch(
     min_len: int | None = None,
     prompt_len: int = 4,
     seed: int = 0,
+    group_size: int = 1,
 ) -> Batch:
     """``n`` random right-padded sequences with lengths in ``[min_len, max_len]``; the first
-    ``prompt_len`` tokens of each are prompt (``response_mask`` False)."""
+    ``prompt_len`` tokens of each are prompt (``response_mask`` False). Consecutive rows in groups
+    of ``group_size`` share their prompt (as GRPO samples each prompt G times)."""
     g = torch.Generator().manual_seed(seed)
     lo = min_len if min_len is not None else max(prompt_len + 2, max_len // 2)
     lengths = torch.randint(lo, max_len + 1, (n,), generator=g)
     cols = torch.arange(max_len)[None, :]
     attention = (cols < lengths[:, None]).long()
-    ids = torch.randint(3, vocab, (n, max_len), generator=g) * attention
+    ids = torch.randint(3, vocab, (n, max_len), generator=g)
+    first_of_group = torch.arange(n) // group_size * group_size
+    ids[:, :prompt_len] = ids[first_of_group, :prompt_len]
+    ids = ids * attention
     response = attention.bool() & (cols >= prompt_len)
     return {
         "input_ids": ids,

@@ -308,6 +308,14 @@ class WorkerConfig(StrictModel):
     sequence_length_round_in_train: int = Field(
         default=8, ge=1, description="Pad micro-batch lengths up to a multiple of this (tokens)."
     )
+    share_prompt_forward: bool = Field(
+        default=False,
+        description="actor_train and reference: run each distinct prompt of a micro-batch once "
+        "and reuse its KV cache for every row that starts with it (GRPO samples each prompt "
+        "num_return_sequences_in_group times), in the training forward and the log-prob forwards. "
+        "Same log-probs and gradients on the response tokens; needs attn_implementation sdpa or "
+        "eager and no packed_forward; not for the critic.",
+    )
     use_dynamic_batching_in_infer: bool = Field(
         default=False, description="Pack forward-only micro-batches by a token budget."
     )

@@ -39,6 +39,28 @@ def attn_implementation(
     return chosen
 
 
+def shared_prompt_forward(w: Any, role: str, model_args: ModelArgs) -> bool:
+    """`<role>.share_prompt_forward`, refused (naming the key) where rl-train's shared-prompt
+    forward cannot run: a packed forward or an attention kernel other than sdpa/eager."""
+    from rl_train.shared_prefix import SHARED_PROMPT_ATTENTION
+
+    if not w.share_prompt_forward:
+        return False
+    key = f"{role}.share_prompt_forward"
+    options = w.strategy_args.strategy_config or {}
+    if options.get("packed_forward"):
+        raise ValueError(
+            f"{key}: cannot be combined with {role}.strategy_args.strategy_config.packed_forward "
+            "(the shared-prompt forward runs padded micro-batches)"
+        )
+    if model_args.attn_implementation not in SHARED_PROMPT_ATTENTION:
+        raise ValueError(
+            f"{key}: needs attn_implementation sdpa or eager; {role} would run "
+            f"{model_args.attn_implementation!r} (set {role}.model_args.attn_implementation: sdpa)"
+        )
+    return True
+
+
 def optimizer_steps_per_step(samples: int, targs: Any, world_size: int, ppo_epochs: int) -> int:
     per_step = targs.per_device_train_batch_size * targs.gradient_accumulation_steps * world_size
     return max(1, math.ceil(samples / per_step)) * ppo_epochs
@@ -92,6 +114,7 @@ def build_role(
             () if role == "reference" else parse_prefixes(w.model_args.freeze_module_prefix)
         ),
     )
+    share_prompt = False if role == "critic" else shared_prompt_forward(w, role, model_args)
     world = max(1, len(mapping) // per_worker)
     t = w.training_args
     training = None
@@ -125,9 +148,12 @@ def build_role(
             max_tokens_per_microbatch=w.max_tokens_per_microbatch_in_train or 4096,
             seed=cfg.seed,
             infer_batch_size=w.infer_batch_size,
+            share_prompt_forward=share_prompt,
         )
     else:
-        training = TrainingArgs(seed=cfg.seed, infer_batch_size=w.infer_batch_size)
+        training = TrainingArgs(
+            seed=cfg.seed, infer_batch_size=w.infer_batch_size, share_prompt_forward=share_prompt
+        )
     loss = None
     if not with_loss:
         pass

@@ -92,6 +92,7 @@ class NativeBackend(BackendCore):
             fused_lm_head=resolve_fused_lm_head(cfg.get("fused_lm_head"), self.device_kind),
         )
         self.hf_config = model.config
+        self._check_forward_options(model)
         self.hf_model_class = type(model)
         use_gc = bool(
             cfg.get("gradient_checkpointing", not model_args.disable_gradient_checkpointing)
