@@ -128,6 +128,7 @@ class OurGRPOStep:
                 gradient_accumulation_steps=batch // args.micro_batch,
                 infer_batch_size=args.micro_batch,
                 seed=args.seed,
+                share_prompt_forward=args.share_prompt,
             ),
             model_args=ModelArgs(dtype="fp32"),
             loss_config=ActorLossConfig(policy_loss="ppo_clip", loss_agg_mode="token-mean"),
@@ -320,6 +321,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--micro-batch", type=int, default=64, help="rows per forward/backward (one update)"
     )
+    parser.add_argument(
+        "--share-prompt",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="each distinct prompt runs once in the trainer's forward (share_prompt_forward, "
+        "on in apps/rlvr's CPU default)",
+    )
     parser.add_argument("--learning-rate", type=float, default=1e-6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trl", action="store_true", help="also run TRL's GRPOTrainer, in turns")
@@ -348,7 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"model {model_dir} ({parameter_count(model_dir) / 1e6:.2f}M parameters); "
         f"{args.prompts_per_step} prompts x {args.group} samples x {args.new_tokens} new tokens; "
-        f"fp32, {args.threads} threads, 1 warm-up + {args.steps} measured steps",
+        f"fp32, {args.threads} threads, 1 warm-up + {args.steps} measured steps, "
+        f"share_prompt_forward={args.share_prompt}",
         flush=True,
     )
     total = args.steps + 1
