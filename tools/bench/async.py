@@ -81,6 +81,32 @@ t_sync per step, response lengths (mean, median, 90th percentile, max, truncated
 run's timings, and the formula's denominator with each async run's own (contended) timings;
 threads, total seconds and the load average.
 
+Measured on a quiet 2-core machine after the trainer's forward began to run each distinct prompt
+once (`actor_train.share_prompt_forward: true`, now in apps/rlvr's CPU default; rl-train's
+`shared_prefix`; 2026-11-23 14:17, load average 1.4-1.7, 251 s in all):
+
+    uv run python tools/bench/async.py --steps 16 --runs sync staleness_1 staleness_2 --out /tmp/bench16
+
+| run | samples/s | ratio | t_roll / t_gen / t_train (s) | ideal / own-timings prediction | held-out sampled / greedy | lag mean / max |
+|---|---|---|---|---|---|---|
+| sync | 123.4 | 1 | 0.35 / 0.31 / 0.64 | 1.55 / - | 0.725 / 0.760 | |
+| staleness_1 | 122.1 | 0.99 | 0.51 / 0.46 / 0.92 | 1.08 | 0.725 / 0.760 | 0.94 / 1 |
+| staleness_2 | 118.6 | 0.96 | 0.53 / 0.43 / 0.99 | 1.00 | 0.725 / 0.760 | 1.81 / 2 |
+
+Training got cheaper than rollout's share of the machine: the synchronous run is 1.6x as fast as
+the one below (76.7 -> 123.4 samples/s; an 8-step pair in one session, shared forward off / on:
+sync 95.8 -> 128.4, staleness_1 92.0 -> 145.6), and the formula's ideal rose to 1.55 (t_roll
+0.35 s, t_train 0.64 s). But side by side both halves now slow down again (t_train 0.64 -> 0.92 s,
+t_roll 0.35 -> 0.51 s) and the asynchronous runs gain nothing over 16 steps (8-step runs, where
+one unoverlapped step weighs more, scatter between 0.96x and 1.25x across sessions: the ratio of
+two ~15 s loops is noisy at this size). With the workers' compute halved, what is left per step
+is the driver's (collation, decoding, advantages, Ray serialisation, sandbox forks for scoring:
+one process, two threads under one GIL in the asynchronous runs) and Ray's own processes, and on
+2 cores those take the cores the overlap needs. **So on 2 cores the best setting is now the
+synchronous one at 123-128 samples/s, above the best asynchronous result before (95.6);** the
+1.6x ratio stays unmet, and an overlap gain here needs the driver's per-step work off the two
+cores the halves use (more cores, or the driver's work moved into the workers).
+
 Measured on a quiet 2-core machine after rewards moved to one sandbox call per worker per batch
 (rl_envs `SandboxPool.call_each`; 2026-11-23 11:17, load average 0.0 -> 1.5, 220 s in all):
 
