@@ -10,20 +10,8 @@ from rl_train.args import ModelArgs
 from rl_train.fused_head import install_log_prob_head
 from rl_train.modeling import enable_gradient_checkpointing, load_model, token_outputs
 from rl_train.shared_prefix import check_shared_prompt, plan_prefixes
+from rl_train.testing import rows_batch
 from rl_train.types import Batch
-
-
-def rows_batch(rows: list[tuple[list[int], list[int]]], extra_pad: int = 2) -> Batch:
-    """Right-padded batch of ``(prompt, response)`` token lists (``extra_pad`` all-pad columns)."""
-    t = max(len(p) + len(r) for p, r in rows) + extra_pad
-    ids = torch.zeros(len(rows), t, dtype=torch.long)
-    attn = torch.zeros(len(rows), t, dtype=torch.long)
-    resp = torch.zeros(len(rows), t, dtype=torch.bool)
-    for i, (p, r) in enumerate(rows):
-        ids[i, : len(p) + len(r)] = torch.tensor(p + r)
-        attn[i, : len(p) + len(r)] = 1
-        resp[i, len(p) : len(p) + len(r)] = True
-    return {"input_ids": ids, "attention_mask": attn, "response_mask": resp}
 
 
 def _tokens(g: torch.Generator, n: int) -> list[int]:

@@ -155,6 +155,20 @@ def _loss_with_nan(mb: Batch, out: ForwardOutput, ctx: LossContext) -> LossResul
     return loss, {}
 
 
+def rows_batch(rows: list[tuple[list[int], list[int]]], extra_pad: int = 2) -> Batch:
+    """Right-padded batch of ``(prompt, response)`` token lists (``extra_pad`` all-pad columns):
+    ``input_ids``, ``attention_mask``, ``response_mask`` (the response tokens), ``[B, T]``."""
+    t = max(len(p) + len(r) for p, r in rows) + extra_pad
+    ids = torch.zeros(len(rows), t, dtype=torch.long)
+    attn = torch.zeros(len(rows), t, dtype=torch.long)
+    resp = torch.zeros(len(rows), t, dtype=torch.bool)
+    for i, (p, r) in enumerate(rows):
+        ids[i, : len(p) + len(r)] = torch.tensor(p + r)
+        attn[i, : len(p) + len(r)] = 1
+        resp[i, len(p) : len(p) + len(r)] = True
+    return {"input_ids": ids, "attention_mask": attn, "response_mask": resp}
+
+
 def make_pairs(pairs: int, seed: int = 0, vocab: int = 200) -> Batch:
     """A paired preference batch (rl_train.preference layout): ``2 * pairs`` right-padded rows,
     chosen/rejected interleaved, a 5-token prompt shared by both sides, responses of 3..8 tokens."""
@@ -165,19 +179,9 @@ def make_pairs(pairs: int, seed: int = 0, vocab: int = 200) -> Batch:
         for _side in range(2):
             n = int(torch.randint(3, 9, (1,), generator=g))
             rows.append((prompt, torch.randint(5, vocab, (n,), generator=g).tolist()))
-    t = max(len(p) + len(r) for p, r in rows)
-    ids = torch.zeros(len(rows), t, dtype=torch.long)
-    attn = torch.zeros(len(rows), t, dtype=torch.long)
-    resp = torch.zeros(len(rows), t, dtype=torch.bool)
-    for i, (p, r) in enumerate(rows):
-        ids[i, : len(p) + len(r)] = torch.tensor(p + r)
-        attn[i, : len(p) + len(r)] = 1
-        resp[i, len(p) : len(p) + len(r)] = True
     side = torch.arange(len(rows)) % 2
     return {
-        "input_ids": ids,
-        "attention_mask": attn,
-        "response_mask": resp,
+        **rows_batch(rows, extra_pad=0),
         "pair_side": side,
         "pair_id": torch.arange(len(rows)) // 2,
         "desirable": side == 0,
