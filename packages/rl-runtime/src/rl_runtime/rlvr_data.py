@@ -2,7 +2,8 @@
 
 Rows come from `rl_envs.tasks.dataset` (verl's parquet schema, ROLL's jsonl with the columns
 `data_args` names; malformed rows are reported by file, row and field and skipped), each with its
-reward domain from the `rewards` section (`RewardRouterSpec`). Sampling is
+reward domain from the `rewards` section (`RewardRouterSpec`). `load_rlvr_prompts`
+gives a run's tokenized training and held-out prompts, its data/* metrics and its sampler. Sampling is
 `rl_envs.tasks.sampler.PromptSampler` (ROLL's `domain_interleave_probs`, resumable). Rewards go
 through `rl_envs.rewards.router.RewardRouter` in a sandbox pool (per-domain reward functions,
 `custom_reward_function`), then DAPO's overlong penalty when enabled.
@@ -21,7 +22,7 @@ from rl_envs.rewards.router import RewardRouter, RewardRouterSpec, make_reward_p
 from rl_envs.tasks.data import RowKeys, TaskRow
 from rl_envs.tasks.dataset import DataSpec, load_dataset
 from rl_envs.tasks.sampler import PromptSampler
-from rl_runtime.compose.rlvr import DataPlan, OverlongPlan
+from rl_runtime.compose.rlvr import DataPlan, OverlongPlan, RlvrPlan
 
 
 def load_prompts(
@@ -101,6 +102,46 @@ class RowSampler:
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state)
+
+
+@dataclass
+class RlvrPrompts:
+    """A run's prompts: `train` (all that fit `prompt_length`), `val` (the first `val_prompts`
+    held-out ones; empty without held-out files), the resumable `sampler` over `train`, and the
+    data/* metrics every step reports."""
+
+    train: PromptSet
+    val: PromptSet
+    sampler: RowSampler
+    metrics: dict[str, float]
+
+
+def load_rlvr_prompts(plan: RlvrPlan, tokenizer: Any, seed: int) -> RlvrPrompts:
+    """The training and held-out prompts of `plan.data`, each rendered by its template and
+    tokenized (`tokenized_prompts`); prints the first 20 rejected training rows and the count of
+    overlong training prompts. The sampler is seeded with the run's `seed`."""
+    from rl_rollout.templates import get_template
+
+    def prompts(files: tuple[str, ...], template: str) -> PromptSet:
+        return tokenized_prompts(files, plan.data, plan.rewards, tokenizer,
+                                 get_template(template, tokenizer), plan.prompt_length)  # fmt: skip
+
+    data = plan.data
+    train = prompts(data.train_files, data.template)
+    val = (
+        prompts(data.val_files, data.val_template).head(plan.val_prompts)
+        if data.val_files
+        else PromptSet([], [], [], 0)
+    )
+    metrics = {"data/train_prompts": float(len(train.rows)),
+               "data/rejected_rows": float(len(train.rejected)),
+               "data/filtered_overlong_prompts": float(train.overlong)}  # fmt: skip
+    for line in train.rejected[:20]:
+        print(f"warning: rejected {line}", flush=True)
+    if train.overlong:
+        print(f"filtered {train.overlong} prompts longer than prompt_length={plan.prompt_length}")
+    sampler = RowSampler(train.rows, seed, data.domain_interleave_probs)
+    return RlvrPrompts(train, val, sampler, metrics)
 
 
 @dataclass

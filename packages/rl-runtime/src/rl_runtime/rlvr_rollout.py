@@ -1,9 +1,12 @@
 """Single-turn generation of the RLVR pipeline: G samples per prompt over every actor_infer
-engine, their rewards per group, and the scored groups as trajectories (one single-turn
-`Trajectory` per sample)."""
+engine, their rewards per group (`GroupGenerator`), the scored groups as trajectories (one
+single-turn `Trajectory` per sample), and a step's rollout with DAPO's dynamic sampling
+(`rollout_batch`)."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -11,9 +14,12 @@ import torch
 
 from rl_algos.rewards import clip_rewards
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams, Trajectory, Turn
+from rl_runtime.async_queue import RolloutBatch
 from rl_runtime.collate import shard_rows
-from rl_runtime.rlvr_data import Scorer
-from rl_runtime.rlvr_metrics import Group
+from rl_runtime.compose.rlvr import RlvrPlan
+from rl_runtime.dynamic_sampling import fill_groups
+from rl_runtime.rlvr_data import RlvrPrompts, Scorer
+from rl_runtime.rlvr_metrics import Group, group_metrics
 
 
 def generate(cluster: Any, prompts: list[list[int]], sampling: SamplingParams) -> list:
@@ -89,3 +95,73 @@ def group_trajectories(groups: list[Group], step: int, max_len_mask: bool) -> li
                 token_versions=versions if res.token_versions else [],
             ))  # fmt: skip
     return out
+
+
+@dataclass(frozen=True)
+class GroupGenerator:
+    """Prompts to scored groups: `generate` on every engine, then `score_groups` (the tokenizer
+    decodes, the sandboxed `scorer` rewards, `reward_clip` clips). The caller owns the scorer."""
+
+    scorer: Scorer
+    tokenizer: Any
+    reward_clip: float | None
+
+    def groups(
+        self,
+        cluster: Any,
+        rows: list,
+        prompt_ids: list[list[int]],
+        sampling: SamplingParams,
+        generate_s: list[float] | None = None,
+    ) -> list[Group]:
+        """One `Group` per prompt; the seconds spent in the engines' generate call are appended
+        to `generate_s` when given."""
+        t0 = time.perf_counter()
+        results = generate(cluster, prompt_ids, sampling)
+        if generate_s is not None:
+            generate_s.append(time.perf_counter() - t0)
+        return score_groups(self.scorer, self.tokenizer, rows, prompt_ids, results,
+                            self.reward_clip)  # fmt: skip
+
+
+def rollout_batch(
+    cluster: Any,
+    generator: GroupGenerator,
+    prompts: RlvrPrompts,
+    plan: RlvrPlan,
+    *,
+    seed: int,
+    index: int,
+) -> RolloutBatch:
+    """Step `index`'s groups as trajectories: `plan.prompts_per_step` prompts drawn from
+    `prompts.sampler`, G samples each, scored, then DAPO's dynamic sampling (`fill_groups`:
+    zero-variance groups dropped, more drawn within the bound). Generation round r samples with
+    seed `seed * 100_003 + index * 7 + (groups drawn before r) * 100_000_007`. Metrics:
+    dynamic_sampling/*, data/*, reward/* and response/* of every generated group (dropped ones
+    included), timing/rollout_generate (engine seconds), reward/failures/<kind> (run totals).
+    Only actor_infer is called (asynchronous training runs this on the producer thread)."""
+    train = prompts.train
+    drawn: list[Group] = []  # every generated group, dropped ones included (metrics)
+    generate_s: list[float] = []  # per generation round (the rest: decoding, scoring)
+
+    def draw(k: int) -> list[Group]:
+        rows_index = prompts.sampler.next(k)
+        round_seed = seed * 100_003 + index * 7 + len(drawn) * 100_000_007
+        sampling = msgspec.structs.replace(plan.sampling, seed=round_seed)
+        rows = [train.rows[i] for i in rows_index]
+        ids = [train.ids[i] for i in rows_index]
+        fresh = generator.groups(cluster, rows, ids, sampling, generate_s)
+        drawn.extend(fresh)
+        return fresh
+
+    fill = fill_groups(
+        draw, lambda g: g.rewards, plan.prompts_per_step,
+        enable=plan.dynamic_sampling.enable,
+        max_extra_rounds=plan.dynamic_sampling.max_extra_rounds,
+    )  # fmt: skip
+    metrics = {**fill.metrics(), **prompts.metrics, **group_metrics(drawn)}
+    metrics["timing/rollout_generate"] = sum(generate_s)
+    failures = generator.scorer.failures
+    metrics.update({f"reward/failures/{k}": float(v) for k, v in failures.items()})
+    trajectories = group_trajectories(fill.groups, index, plan.max_len_mask)
+    return RolloutBatch(index, trajectories, metrics)
