@@ -1,0 +1,198 @@
+"""The RLVR recipe's parts without Ray: prompt loading (rlvr_data.load_rlvr_prompts), a step's
+rollout with dynamic sampling (rlvr_rollout.rollout_batch) and held-out evaluation
+(rlvr_eval.held_out_accuracy), on an in-process fake engine and scorer."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from rl_config.records import GenerationRequest, GenerationResult
+from rl_config.schema import ExperimentConfig
+from rl_envs.tasks.arith import write_arith_parquet
+from rl_envs.tasks.data import TaskRow
+from rl_rollout.templates import get_template
+from rl_runtime.compose.rlvr import RlvrPlan, build_rlvr
+from rl_runtime.rlvr_data import RowSampler, Scored, Scorer, load_rlvr_prompts
+from rl_runtime.rlvr_eval import held_out_accuracy
+from rl_runtime.rlvr_metrics import most_common_answer_accuracy
+from rl_runtime.rlvr_rollout import GroupGenerator, rollout_batch
+
+SEED = 42
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from rl_rollout.tiny_model import build_tiny_tokenizer
+
+    return build_tiny_tokenizer()
+
+
+def _plan(train: list[str], val: str | None, **extra: Any) -> RlvrPlan:
+    data: dict[str, Any] = {"template": "native", "file_name": train}
+    if val is not None:
+        data["eval_file_name"] = val
+    cfg = {
+        "pretrain": "tiny", "seed": SEED, "rollout_batch_size": 4,
+        "num_return_sequences_in_group": 2, "val_batch_size": 5, "val_n_sample": 2,
+        "val_greedy": True, "prompt_length": 48, "response_length": 8,
+        "dynamic_sampling": {"enable": True, "max_num_gen_batches": 1},
+        "actor_train": {"data_args": data},
+        "actor_infer": {"generating_args": {"max_new_tokens": 8}}, **extra,
+    }  # fmt: skip
+    return build_rlvr(ExperimentConfig.model_validate(cfg))
+
+
+@pytest.fixture(scope="module")
+def arith(tmp_path_factory) -> tuple[str, str]:
+    """100 `a+b=` problems: 80 training, 20 held-out (train.parquet, test.parquet)."""
+    out = tmp_path_factory.mktemp("arith")
+    train, val = write_arith_parquet(str(out), kind="add", max_a=9, max_b=9, val_fraction=0.2,
+                                     seed=0)  # fmt: skip
+    return str(train), str(val)
+
+
+def _lengths(tok, rows: Sequence[TaskRow]) -> list[int]:
+    template = get_template("native", tok)
+    return [len(tok(template.prefix(r.prompt), add_special_tokens=False)["input_ids"])
+            for r in rows]  # fmt: skip
+
+
+def test_prompts_are_tokenized_held_out_cut_and_the_sampler_seeded(arith, tok, capsys):
+    prompts = load_rlvr_prompts(_plan([arith[0]], arith[1]), tok, SEED)
+    assert len(prompts.train.rows) == 80 and len(prompts.val.rows) == 5  # val_batch_size
+    assert [r.index for r in prompts.train.rows] == list(range(80))
+    assert [len(i) for i in prompts.train.ids] == _lengths(tok, prompts.train.rows)
+    assert prompts.metrics == {"data/train_prompts": 80.0, "data/rejected_rows": 0.0,
+                               "data/filtered_overlong_prompts": 0.0}  # fmt: skip
+    expected = RowSampler(prompts.train.rows, SEED, None)
+    assert [prompts.sampler.next(4) for _ in range(3)] == [expected.next(4) for _ in range(3)]
+    assert capsys.readouterr().out == ""
+
+
+def test_rejected_rows_and_overlong_prompts_are_counted_and_printed(arith, tok, tmp_path, capsys):
+    """A second training file: one prompt longer than every arithmetic prompt, one broken row."""
+    long_row = {"prompt": [{"role": "user", "content": "1+1= " * 30}],
+                "reward_model": {"ground_truth": "2"}}  # fmt: skip
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(json.dumps(long_row) + "\n{not json\n")
+    limit = max(_lengths(tok, load_rlvr_prompts(_plan([arith[0]], None), tok, SEED).train.rows))
+    capsys.readouterr()
+    prompts = load_rlvr_prompts(_plan([arith[0], str(extra)], None, prompt_length=limit), tok, 0)
+    assert prompts.metrics == {"data/train_prompts": 80.0, "data/rejected_rows": 1.0,
+                               "data/filtered_overlong_prompts": 1.0}  # fmt: skip
+    assert len(prompts.train.rows) == 80 and not prompts.val.rows
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[0].startswith("warning: rejected ") and "row 1" in out[0]
+    assert out[1] == f"filtered 1 prompts longer than prompt_length={limit}"
+
+
+class TextScorer(Scorer):
+    """Reward 1.0 for the response `1`, 0.0 otherwise (no sandbox)."""
+
+    def __init__(self) -> None:
+        self.failures = Counter({"timeout": 3})
+
+    def score(self, rows, texts, lengths) -> list[Scored]:
+        return [Scored(float(t == "1"), True, "ok") for t in texts]
+
+
+class FakeCluster:
+    """actor_infer on two fake engines: `answer(request, k)` is sample k's text; requests and
+    phases are recorded."""
+
+    def __init__(self, tok, answer) -> None:
+        self.tok, self.answer = tok, answer
+        self.workers = [0, 1]
+        self.requests: list[GenerationRequest] = []
+        self.phases: list[str] = []
+
+    def __getitem__(self, role: str) -> FakeCluster:
+        assert role == "actor_infer"
+        return self
+
+    def enter_phase(self, phase: str) -> None:
+        self.phases.append(phase)
+
+    def submit_each(self, method: str, args: list[tuple]) -> list[list[GenerationResult]]:
+        assert method == "generate"
+        return [[r for req in chunk for r in self._results(req)] for (chunk,) in args]
+
+    def wait(self, refs: list, what: str) -> list:
+        return refs
+
+    def _results(self, req: GenerationRequest) -> list[GenerationResult]:
+        self.requests.append(req)
+        out = []
+        for k in range(req.sampling.n):
+            ids = self.tok(self.answer(req, k), add_special_tokens=False)["input_ids"]
+            out.append(GenerationResult(request_id=req.request_id, prompt_ids=req.prompt_ids,
+                                        output_ids=ids, output_log_probs=[0.0] * len(ids),
+                                        finish_reason="stop", weight_version=0, sample_index=k))  # fmt: skip
+        return out
+
+
+def test_rollout_refills_dropped_groups_with_the_round_seed(arith, tok):
+    """Prompt i of a round answers `1` then `0` when i is even, `0` twice when odd (dropped):
+    4 groups, 2 kept; the refill round asks for 2, keeps 1; the bound (1 extra round) stops it."""
+    plan = _plan([arith[0]], arith[1])
+    prompts = load_rlvr_prompts(plan, tok, SEED)
+    cluster = FakeCluster(tok, lambda req, k: "1" if int(req.request_id) % 2 == 0 == k else "0")
+    generator = GroupGenerator(TextScorer(), tok, None)
+    batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=5)
+
+    expected = RowSampler(prompts.train.rows, SEED, None)
+    drawn = expected.next(4) + expected.next(2)
+    assert [r.prompt_ids for r in cluster.requests] == [prompts.train.ids[i] for i in drawn]
+    round_seeds = [SEED * 100_003 + 5 * 7, SEED * 100_003 + 5 * 7 + 4 * 100_000_007]
+    assert [r.sampling.seed for r in cluster.requests] == [
+        *(round_seeds[0] * 1009 + i for i in range(4)), *(round_seeds[1] * 1009 + i for i in range(2))]  # fmt: skip
+    assert all(r.sampling.n == 2 for r in cluster.requests)
+
+    m = batch.metrics
+    assert batch.index == 5 and len(batch.trajectories) == 3 * 2
+    assert [t.group_id for t in batch.trajectories[::2]] == ["5-0", "5-1", "5-2"]
+    assert [t.episode_reward for t in batch.trajectories] == [1.0, 0.0] * 3
+    assert {k: m[k] for k in m if k.startswith("dynamic_sampling/")} == {
+        "dynamic_sampling/rounds": 2.0, "dynamic_sampling/dropped_groups": 3.0,
+        "dynamic_sampling/generated_groups": 6.0, "dynamic_sampling/kept_groups": 3.0,
+        "dynamic_sampling/filled": 0.0}  # fmt: skip
+    assert m["reward/mean"] == pytest.approx(3 / 12)  # every generated group, dropped ones too
+    assert m["data/train_prompts"] == 80.0 and m["reward/failures/timeout"] == 3.0
+    assert m["timing/rollout_generate"] >= 0.0
+    assert cluster.phases == []  # the caller hands the devices to rollout
+
+
+def test_held_out_accuracy_greedy_sampled_and_baseline(arith, tok):
+    plan = _plan([arith[0]], arith[1])
+    prompts = load_rlvr_prompts(plan, tok, SEED)
+    # greedy: always right; sampled: the first of 2 samples right on even prompts only
+    cluster = FakeCluster(tok, lambda req, k: "1" if req.sampling.temperature == 0 or
+                          (int(req.request_id) % 2 == 0 == k) else "0")  # fmt: skip
+    out = held_out_accuracy(cluster, GroupGenerator(TextScorer(), tok, None), prompts, plan, SEED)
+
+    assert cluster.phases == ["rollout"]
+    eval_seed = SEED * 100_003 + 1
+    greedy, sampled = cluster.requests[:5], cluster.requests[5:]
+    assert [r.sampling.seed for r in greedy] == [eval_seed * 1009 + i for i in range(5)]
+    assert [r.sampling.seed for r in sampled] == [eval_seed * 1009 + i for i in range(5)]
+    assert all(r.sampling.n == 1 and r.sampling.temperature == 0 for r in greedy)
+    assert all(r.sampling.n == 2 for r in sampled)
+    assert out["val/greedy/accuracy"] == 1.0 and out["val/greedy/num_prompts"] == 5.0
+    assert out["val/accuracy"] == pytest.approx(3 * 0.5 / 5)
+    assert out["val/pass@k"] == pytest.approx(3 / 5)
+    assert out["val/baseline_accuracy"] == most_common_answer_accuracy(
+        prompts.train.rows, prompts.val.rows)  # fmt: skip
+    assert out["timing/eval"] >= 0.0
+
+
+def test_held_out_accuracy_without_held_out_prompts_is_empty(arith, tok):
+    plan = _plan([arith[0]], None)
+    cluster = FakeCluster(tok, lambda req, k: "1")
+    generator = GroupGenerator(TextScorer(), tok, None)
+    assert held_out_accuracy(cluster, generator, load_rlvr_prompts(plan, tok, SEED), plan, 0) == {}
+    assert cluster.requests == [] and cluster.phases == []
