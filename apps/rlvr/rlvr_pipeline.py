@@ -3,9 +3,11 @@
 One step: `rollout` (draw prompts from the resumable sampler -> G samples per prompt on the
 actor_infer engines -> sandboxed rewards (+ DAPO overlong penalty, reward_clip) -> dynamic sampling:
 drop zero-variance groups, refill up to a bound) then `learn` (collate -> old / reference
-log-probs -> advantages (estimator by name) -> train -> weight sync). With `async:` the Runner runs
-`rollout` ahead on its producer thread (rl_runtime.async_training). Evaluation: held-out prompts, greedy accuracy and pass@k with
-val_n_sample samples. Before training: an optional supervised warm-up on the training answers.
+log-probs -> advantages (estimator by name) -> train -> weight sync). With `async:` the Runner
+runs `rollout` ahead on its producer thread (rl_runtime.async_training). Evaluation: held-out
+prompts, greedy accuracy and pass@k with val_n_sample samples. Before training: an optional
+supervised warm-up on the training answers. The parts: rl_runtime.rlvr_data (prompts, sampler,
+scorer), rlvr_rollout (generation, dynamic sampling), rlvr_eval (held-out accuracy).
 """
 
 from __future__ import annotations
@@ -24,16 +26,9 @@ from rl_runtime.rlvr_data import RlvrPrompts, Scorer, load_rlvr_prompts
 from rl_runtime.rlvr_eval import held_out_accuracy
 from rl_runtime.rlvr_rollout import GroupGenerator, rollout_batch
 
-STDOUT_KEYS = (
-    "reward/mean",
-    "reward/accuracy",
-    "val/greedy/accuracy",
-    "val/pass@k",
-    "dynamic_sampling/dropped_groups",
-    "response/length_mean",
-    "train/pg_loss",
-    "timing/step",
-)
+STDOUT_KEYS = ("reward/mean", "reward/accuracy", "val/greedy/accuracy", "val/pass@k",
+               "dynamic_sampling/dropped_groups", "response/length_mean", "train/pg_loss",
+               "timing/step")  # fmt: skip
 PROGRESS_KEYS = ("reward/accuracy", "reward/mean", "val/accuracy",
                  "dynamic_sampling/dropped_groups", "async/lag_mean")  # fmt: skip
 
