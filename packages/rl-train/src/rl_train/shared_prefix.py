@@ -21,7 +21,8 @@ needs no log-probs (it keeps one position's logits only).
 
 Works with plain logits and with :class:`~rl_train.fused_head.LogProbHead`, under activation
 checkpointing (the caches below stay correct when a checkpointed layer is replayed in backward),
-FSDP2 and DeepSpeed (the model is called twice per micro-batch). Needs a padded (not packed)
+FSDP2 (whose prefix pass is checkpointed when the layers are not: its parameters must be gathered
+again for the prefix's gradients) and DeepSpeed (the model is called twice per micro-batch). Needs a padded (not packed)
 batch, full attention and the ``sdpa`` or ``eager`` kernel (:func:`check_shared_prompt`).
 """
 
@@ -135,6 +136,53 @@ class _PrefixLayer(DynamicLayer):
 
 
 @contextmanager
+def _prefix_checkpointed_under_fsdp2(model: nn.Module) -> Iterator[None]:
+    """Checkpoint the prefix pass of FSDP2-sharded decoder layers that are not checkpointed.
+
+    The prefix pass's keys/values reach the loss only through the row pass's attention, never
+    through a layer's output, so FSDP2's pre-backward hook (on a layer's outputs) does not run for
+    them: their gradients arrive after the row pass's backward of the same layer has resharded its
+    parameters (the storage a linear's backward reads is gone). A checkpointed prefix pass is
+    replayed through the layer's forward hooks in backward, which gather the parameters again (as
+    with activation checkpointing on). Its cost: the prefixes' forward once more, in backward."""
+    from functools import partial
+
+    from torch.distributed.fsdp import FSDPModule
+    from torch.utils.checkpoint import checkpoint
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [
+        m
+        for m in model.modules()
+        if isinstance(m, GradientCheckpointingLayer)
+        and isinstance(m, FSDPModule)
+        and not m.gradient_checkpointing
+    ]
+    if not (layers and model.training and torch.is_grad_enabled()):
+        yield
+        return
+    replay = partial(checkpoint, use_reentrant=False)
+    saved = [dict(vars(layer)) for layer in layers]
+    for layer in layers:
+        layer.gradient_checkpointing, layer._gradient_checkpointing_func = True, replay
+        layer._can_checkpoint_with_cache = True  # the prefix's _RecordLayer cache is replay-safe
+    try:
+        yield
+    finally:
+        names = (
+            "gradient_checkpointing",
+            "_gradient_checkpointing_func",
+            "_can_checkpoint_with_cache",
+        )
+        for layer, before in zip(layers, saved, strict=True):
+            for name in names:  # each back to what it was (an instance value or the class's)
+                if name in before:
+                    setattr(layer, name, before[name])
+                else:
+                    delattr(layer, name)
+
+
+@contextmanager
 def _cache_through_checkpointing(model: nn.Module) -> Iterator[None]:
     """Let checkpointed decoder layers keep the cache argument (HF drops it by default because
     its own caches would grow twice on the backward replay; the two above do not)."""
@@ -165,13 +213,14 @@ def _prefix_cache(
     prefix_mask = (cols[None, :] < lens[:, None]).long()  # [U, P]
     prefix_ids = ids[plan.first_rows, :p] * prefix_mask
     cache = Cache(layer_class_to_replicate=_RecordLayer)
-    model(
-        input_ids=prefix_ids,
-        attention_mask=prefix_mask,
-        past_key_values=cache,
-        use_cache=False,
-        logits_to_keep=1,  # the prefix predicts nothing: skip the lm_head but for one position
-    )
+    with _prefix_checkpointed_under_fsdp2(model):
+        model(
+            input_ids=prefix_ids,
+            attention_mask=prefix_mask,
+            past_key_values=cache,
+            use_cache=False,
+            logits_to_keep=1,  # the prefix predicts nothing: skip the lm_head but one position
+        )
     rows = plan.row_prefix
     layers = []
     for layer in cache.layers:
