@@ -7,7 +7,7 @@ load from other processes on the machine hits both alike. fp32 on the CPU, sdpa,
 Shapes (`--shape`, default both):
 * `rlvr_cpu`: apps/rlvr's CPU default: its tiny Qwen2 (hidden 128, 2 layers, 2 heads, 1 KV head,
   intermediate 256, vocab 1024), 4 prompts of 34 tokens x 8 samples = 32 rows, responses of 6-10
-  tokens, activation checkpointing on (the app's training default);
+  tokens, activation checkpointing on (the app's default until 2026-11-23; now off);
 * `grpo_step`: tools/bench/grpo_step.py's step: its character model (hidden 256, 4 layers, 4 heads,
   2 KV heads, intermediate 1024), 16 prompts of 22-32 tokens x 4 samples = 64 rows, 128 response
   tokens, no activation checkpointing (rl-train's default);
