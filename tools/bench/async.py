@@ -81,6 +81,36 @@ t_sync per step, response lengths (mean, median, 90th percentile, max, truncated
 run's timings, and the formula's denominator with each async run's own (contended) timings;
 threads, total seconds and the load average.
 
+Where the cores go (`cores_busy` per run: CPU seconds of each role's processes over steps
+2..N-1 / wall seconds, from /proc: tools/bench/proc_cpu.py) and the work per sample
+(`response_tokens_per_s`: the trainer's cost grows with the response tokens, and a lagging policy
+shortens its responses more slowly, so samples/s alone hides work per sample).
+
+Measured on a quiet 2-core machine after apps/rlvr's CPU default turned activation checkpointing
+off (2026-11-23 18:29, load average 1.4-1.7, 245 s in all), `--steps 16` (all five runs):
+
+| run | samples/s | ratio | response tokens/s (ratio) | t_roll / t_gen / t_train (s) | response mean / p90 | cores busy: train / rollout / driver / sandbox / Ray |
+|---|---|---|---|---|---|---|
+| sync | 192.9 | 1 | 1251 (1) | 0.24 / 0.21 / 0.41 | 6.5 / 9.8 | 0.59 / 0.33 / 0.09 / 0.04 / 0.03 |
+| staleness_1 | 264.1 | 1.37 | 2008 (1.61) | 0.30 / 0.24 / 0.44 | 7.6 / 13.6 | 0.88 / 0.48 / 0.17 / 0.05 / 0.03 |
+| staleness_2 | 222.5 | 1.15 | 1781 (1.42) | 0.31 / 0.27 / 0.52 | 8.0 / 14.9 | 0.89 / 0.40 / 0.11 / 0.05 / 0.04 |
+| staleness_1_partial | 250.9 | 1.30 | 1908 (1.53) | 0.29 / 0.25 / 0.46 | 7.6 / 13.6 | 0.88 / 0.48 / 0.11 / 0.05 / 0.03 |
+| staleness_2_partial | 270.5 | **1.40** | 2165 (1.73) | 0.27 / 0.24 / 0.43 | 8.0 / 14.9 | 0.89 / 0.43 / 0.10 / 0.05 / 0.03 |
+
+Ideal from the synchronous timings 1.59. Held-out sampled / greedy 0.725 / 0.760 in every run;
+lag mean / max 0.94 / 1 (staleness 1) and 1.81 / 2 (staleness 2); `resumed_samples` 0 (t_train >
+t_gen: syncs land in scoring, see above). The same 16-step bench twice more that hour gave sync
+224.1 and 206.3 samples/s and staleness_1 0.98x / 1.20x, staleness_2 1.30x / 1.23x,
+staleness_2_partial 1.26x: run-to-run spread about +-0.15 on a ratio of two ~9 s loops.
+Reading: (1) the trainer is the bottleneck in every async run (0.88-0.89 cores busy, 90% of its
+samples in `train_step`, py-spy), the rollout worker idles half the time; (2) t_train rises from
+0.41 to 0.43-0.52 s because the async runs train on longer responses (p90 13.6-14.9 tokens
+against 9.8: the stale policy's long tail shrinks more slowly), not from contention: the same
+training micro-step beside a generating process on the other core measured +7% (40.4 -> 43.1
+ms); (3) driver, sandbox and Ray take 0.15-0.25 cores. So the ratio in samples/s stays below the
+ideal 1.59 and the 1.6x target; in response tokens per second (the work done) the async runs
+reach 1.42-1.73x.
+
 Measured on a quiet 2-core machine after the trainer's forward began to run each distinct prompt
 once (`actor_train.share_prompt_forward: true`, now in apps/rlvr's CPU default; rl-train's
 `shared_prefix`; 2026-11-23 14:17, load average 1.4-1.7, 251 s in all):
@@ -196,10 +226,13 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from statistics import mean, median
 from typing import Any
+
+from proc_cpu import ProcessCpu  # tools/bench/ (the script's dir)
 
 ROOT = Path(__file__).resolve().parents[2]
 for path in (ROOT / "apps" / "async", ROOT / "apps" / "rlvr"):
@@ -284,11 +317,40 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "measured_speedup": {
             name: round(r["samples_per_s"] / sync["samples_per_s"], 3) for name, r in others.items()
         },
+        "measured_speedup_response_tokens": {
+            name: round(r["response_tokens_per_s"] / sync["response_tokens_per_s"], 3)
+            for name, r in others.items()
+            if sync.get("response_tokens_per_s")
+        },
         "predicted_speedup_from_own_timings": {
             name: round(serial / max(r["t_roll_s"], r["t_train_s"]), 3)
             for name, r in others.items()
         },
     }
+
+
+def watch_steps(cpu: Any, log_dir: str, last: int, done: threading.Event) -> None:
+    """Mark `cpu` when the metrics of RL step 1 and of step `last` are written (a daemon
+    thread's loop): the window between holds steps 2..last, the steady state (step 1 has no
+    overlap; the final step's row also waits for the evaluation)."""
+    path, seen = Path(log_dir) / "metrics.jsonl", set()
+    offset = path.stat().st_size if path.exists() else 0  # a previous run's rows are not ours
+    while not done.wait(0.05) and len(seen) < 2:
+        if not path.exists():
+            continue
+        if path.stat().st_size < offset:  # the run started the file afresh
+            offset = 0
+        with path.open() as f:
+            f.seek(offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        offset += len(complete.encode())
+        for line in complete.splitlines():
+            step = json.loads(line).get("step", 0)
+            for mark, at in (("loop_start", 1), ("loop_end", last)):
+                if step == at and mark not in seen:
+                    cpu.mark(mark)
+                    seen.add(mark)
 
 
 def thread_counts() -> dict[str, Any]:
@@ -334,9 +396,31 @@ def main(argv: list[str] | None = None) -> int:
         cfg, app = load(DEFAULT_CONFIG, run_args)
         composed = compose(cfg)
         print(f"=== {name} (max_staleness={staleness}, partial_rollout={partial})", flush=True)
-        result = run(cfg, app, composed, eval_before=False)
+        done = threading.Event()
+        with ProcessCpu() as cpu:
+            watcher = threading.Thread(
+                target=watch_steps, args=(cpu, cfg.logging_dir, steps - 1, done), daemon=True
+            )
+            watcher.start()
+            try:
+                result = run(cfg, app, composed, eval_before=False)
+            finally:
+                done.set()
+                watcher.join()
         rows = step_rows(cfg.logging_dir)
         report["runs"][name] = {**run_summary(result, rows), **timings(rows, staleness > 0)}
+        # the trainer's work grows with the response tokens: a lagging policy may keep longer
+        # responses (the tail shrinks as RL goes on), so samples/s alone hides work per sample
+        loop_s = result.throughput.get("loop_seconds", 0.0)
+        tokens = sum(  # rollout/response_tokens: the mean over the step's samples
+            r.get("rollout/response_tokens", 0.0) * r.get("rollout/num_trajectories", 0.0)
+            for r in rows
+        )
+        report["runs"][name]["response_tokens_per_s"] = round(tokens / loop_s, 1) if loop_s else 0.0
+        if (
+            steps >= 3 and {"loop_start", "loop_end"} <= cpu.marks.keys()
+        ):  # cores busy per role, steps 2..N-1
+            report["runs"][name]["cores_busy"] = cpu.cores("loop_start", "loop_end")
     report.update(compare(report["runs"]))
     report["total_seconds"] = round(time.perf_counter() - t0, 1)
     report["load_average"] = os.getloadavg()

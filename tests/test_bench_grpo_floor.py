@@ -1,0 +1,34 @@
+"""tools/bench/grpo_step.step_gflop: the matrix arithmetic of a GRPO step, against a hand count."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "bench"))
+from grpo_step import step_gflop
+
+
+def test_step_gflop_matches_a_hand_count(tmp_path: Path):
+    from transformers import Qwen2Config
+
+    # one layer, hidden 8, 2 heads of 4, 1 KV head, MLP 16, vocabulary 10, tied embeddings
+    Qwen2Config(
+        hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=10, tie_word_embeddings=True,
+    ).save_pretrained(tmp_path)  # fmt: skip
+    linear = 8 * 8 + 8 * 4 + 8 * 4 + 8 * 8 + 3 * 8 * 16  # q k v o, gate up down = 576
+    head = 10 * 8
+    # prompts of 2 and 3 tokens, 2 samples each, 3 new tokens: the body runs each prompt once
+    # and the first 2 sampled tokens of each of the 4 rows: 5 + 8 = 13 tokens
+    fed = 5 + 4 * 2
+    scored = 4 * 3
+    # keys seen: prompt positions 1+2 and 1+2+3; sampled tokens at lengths 3, 4 (prompt 2) and
+    # 4, 5 (prompt 3), twice each: 3 + 6 + 2 * (7 + 9) = 41
+    keys = 3 + 6 + 2 * (3 + 4 + 4 + 5)
+    forward = 2 * linear * fed + 4 * 1 * 8 * keys + 2 * head * scored
+    generation, update = step_gflop(tmp_path, [2, 3], group=2, new_tokens=3)
+    assert generation * 1e9 == pytest.approx(forward)
+    assert update * 1e9 == pytest.approx(3 * forward)
