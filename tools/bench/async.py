@@ -111,6 +111,14 @@ ms); (3) driver, sandbox and Ray take 0.15-0.25 cores. So the ratio in samples/s
 ideal 1.59 and the 1.6x target; in response tokens per second (the work done) the async runs
 reach 1.42-1.73x.
 
+Longer, same hour, three times `--steps 32 --runs sync staleness_1 staleness_2_partial` (quiet,
+~3 min each): sync 199.3 / 228.8 / 224.5 samples/s; staleness_2_partial **1.66x** / 1.33x /
+1.54x (mean 1.51), staleness_1 1.42x / 1.51x / 1.29x (mean 1.41), against ideals of 1.68 / 1.59 /
+1.57; in response tokens/s 1.90 / 1.52 / 1.76 and 1.57 / 1.66 / 1.42. Held-out sampled / greedy
+after 32 steps: sync 0.760 / 0.760, staleness_1 0.735 / 0.760, staleness_2_partial 0.750 / 0.760
+(100 prompts x 2 samples: standard error ~0.03). One run of three reaches the 1.6x target; their
+mean does not.
+
 Measured on a quiet 2-core machine after the trainer's forward began to run each distinct prompt
 once (`actor_train.share_prompt_forward: true`, now in apps/rlvr's CPU default; rl-train's
 `shared_prefix`; 2026-11-23 14:17, load average 1.4-1.7, 251 s in all):
