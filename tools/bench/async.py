@@ -425,9 +425,8 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows
         )
         report["runs"][name]["response_tokens_per_s"] = round(tokens / loop_s, 1) if loop_s else 0.0
-        if (
-            steps >= 3 and {"loop_start", "loop_end"} <= cpu.marks.keys()
-        ):  # cores busy per role, steps 2..N-1
+        # cores busy per role over steps 2..N-1
+        if steps >= 3 and {"loop_start", "loop_end"} <= cpu.marks.keys():
             report["runs"][name]["cores_busy"] = cpu.cores("loop_start", "loop_end")
     report.update(compare(report["runs"]))
     report["total_seconds"] = round(time.perf_counter() - t0, 1)

@@ -71,8 +71,10 @@ def build_model_dir(kind: str, root: Path) -> Path:
 
 
 def make_batch(shape: Shape, vocab: int, seed: int) -> dict[str, torch.Tensor]:
-    """Right-padded rows: `shape.prompts` random prompts, each followed by `rows_per_prompt`
+    """Right-padded rows (rl_train.testing.rows_batch): `shape.prompts` random prompts, each followed by `rows_per_prompt`
     random responses."""
+    from rl_train.testing import rows_batch
+
     g = torch.Generator().manual_seed(seed)
 
     def length(lo_hi: tuple[int, int]) -> int:
@@ -83,17 +85,8 @@ def make_batch(shape: Shape, vocab: int, seed: int) -> dict[str, torch.Tensor]:
         prompt = torch.randint(3, vocab, (length(shape.prompt_len),), generator=g)
         for _ in range(shape.rows_per_prompt):
             response = torch.randint(3, vocab, (length(shape.response_len),), generator=g)
-            rows.append((prompt, response))
-    t = max(len(p) + len(r) for p, r in rows)
-    ids = torch.zeros(len(rows), t, dtype=torch.long)
-    attn = torch.zeros(len(rows), t, dtype=torch.long)
-    resp = torch.zeros(len(rows), t, dtype=torch.bool)
-    for i, (p, r) in enumerate(rows):
-        n = len(p) + len(r)
-        ids[i, :n] = torch.cat([p, r])
-        attn[i, :n] = 1
-        resp[i, len(p) : n] = True
-    return {"input_ids": ids, "attention_mask": attn, "response_mask": resp}
+            rows.append((prompt.tolist(), response.tolist()))
+    return rows_batch(rows, extra_pad=0)
 
 
 def timed(fn: Callable[[], None]) -> float:

@@ -22,8 +22,9 @@ needs no log-probs (it keeps one position's logits only).
 Works with plain logits and with :class:`~rl_train.fused_head.LogProbHead`, under activation
 checkpointing (the caches below stay correct when a checkpointed layer is replayed in backward),
 FSDP2 (whose prefix pass is checkpointed when the layers are not: its parameters must be gathered
-again for the prefix's gradients) and DeepSpeed (the model is called twice per micro-batch). Needs a padded (not packed)
-batch, full attention and the ``sdpa`` or ``eager`` kernel (:func:`check_shared_prompt`).
+again for the prefix's gradients) and DeepSpeed (the model is called twice per micro-batch). Needs
+a padded (not packed) batch, full attention and the ``sdpa`` or ``eager`` kernel
+(:func:`check_shared_prompt`).
 """
 
 from __future__ import annotations
@@ -161,25 +162,19 @@ def _prefix_checkpointed_under_fsdp2(model: nn.Module) -> Iterator[None]:
     if not (layers and model.training and torch.is_grad_enabled()):
         yield
         return
-    replay = partial(checkpoint, use_reentrant=False)
-    saved = [dict(vars(layer)) for layer in layers]
+    # the prefix's _RecordLayer cache is replay-safe, so the cache argument may stay
+    replay = {"gradient_checkpointing": True, "_can_checkpoint_with_cache": True,
+              "_gradient_checkpointing_func": partial(checkpoint, use_reentrant=False)}  # fmt: skip
+    saved = [{k: vars(layer)[k] for k in replay if k in vars(layer)} for layer in layers]
     for layer in layers:
-        layer.gradient_checkpointing, layer._gradient_checkpointing_func = True, replay
-        layer._can_checkpoint_with_cache = True  # the prefix's _RecordLayer cache is replay-safe
+        vars(layer).update(replay)
     try:
         yield
     finally:
-        names = (
-            "gradient_checkpointing",
-            "_gradient_checkpointing_func",
-            "_can_checkpoint_with_cache",
-        )
         for layer, before in zip(layers, saved, strict=True):
-            for name in names:  # each back to what it was (an instance value or the class's)
-                if name in before:
-                    setattr(layer, name, before[name])
-                else:
-                    delattr(layer, name)
+            for name in replay:  # each back to what it was (an instance value or the class's)
+                vars(layer).pop(name)
+            vars(layer).update(before)
 
 
 @contextmanager
