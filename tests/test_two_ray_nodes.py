@@ -78,6 +78,14 @@ def _config(model: Path, out: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
+def _wait_for_first_tokens(infer, timeout_s: float = 300.0) -> None:
+    """Until the engine has decoded a few tokens of the generation in flight."""
+    deadline = time.monotonic() + timeout_s
+    while infer.call_rank0("engine_stats").get("generated_tokens", 0.0) < 8:
+        assert time.monotonic() < deadline, "the generation did not start"
+        time.sleep(0.05)
+
+
 def test_training_and_rollout_pinned_to_two_ray_nodes(two_nodes, tmp_path):
     import ray
     import torch
@@ -127,7 +135,7 @@ def test_training_and_rollout_pinned_to_two_ray_nodes(two_nodes, tmp_path):
             sampling=SamplingParams(n=4, max_new_tokens=1500, ignore_eos=True, seed=1),
         )
         pending = infer.submit("generate", [long])
-        time.sleep(3.0)
+        _wait_for_first_tokens(infer)  # not a fixed sleep: a loaded machine starts late
         sync.sync(version=2)
         for result in infer.wait(pending, "generate")[0]:
             k = result.token_versions.count(1)

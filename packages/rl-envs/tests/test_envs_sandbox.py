@@ -11,6 +11,7 @@ import pytest
 
 from rl_envs.rewards import RewardInput, RewardManager, load_custom_reward
 from rl_envs.sandbox import SandboxLimits, SandboxPool
+from rl_envs.sandbox.uids import UID_SPAN
 
 pytestmark = pytest.mark.xdist_group("dist")  # starts sandbox worker processes
 
@@ -92,8 +93,10 @@ def test_good_custom_reward_runs_out_of_process(hostile_pool, tmp_path):
     outs = manager.score([RewardInput("d", "7", "7"), RewardInput("d", "7", "8")])
     assert [o.reward for o in outs] == [1.0, 0.0]
     assert outs[0].extra["pid"] != os.getpid() and outs[0].extra["src"] == "d"
-    if os.geteuid() == 0:  # one uid per call slot (this pool has one worker)
-        assert outs[0].extra["uid"] == hostile_pool.limits.uid_base
+    if os.geteuid() == 0:  # the uid this pool's one slot claimed, from uid_base up
+        uid = outs[0].extra["uid"]
+        assert uid == hostile_pool.worker_info["isolation"]["sandbox_uid"]
+        assert hostile_pool.limits.uid_base <= uid < hostile_pool.limits.uid_base + UID_SPAN
 
 
 def test_custom_reward_file_is_checked_without_running(tmp_path):

@@ -60,7 +60,6 @@ def test_default_ray_run_listens_on_loopback_only(tmp_path):
     from rl_runtime.cluster import Cluster, RoleSpec
     from rl_runtime.ray_setup import RayOptions
     from rl_runtime.workers import TrainWorker
-    from rl_sync.group import free_port
 
     model = str(build_tiny_model(tmp_path / "tiny"))
     spec = RoleSpec(
@@ -80,7 +79,8 @@ def test_default_ray_run_listens_on_loopback_only(tmp_path):
     try:
         train = cluster["actor_train"]
         # the weight-sync store as WeightSync.setup hosts it (a world of one: no engines here)
-        assert train.call_all("init_sync_group", "127.0.0.1", free_port(), 1, 60.0) == [True]
+        port = train.call_rank0("open_sync_listener", "127.0.0.1")
+        assert train.call_all("init_sync_group", "127.0.0.1", port, 1, 60.0) == [True]
         listeners = listening_sockets()
         names = {x.name for x in listeners}
         assert {"gcs_server", "raylet"} <= names, listeners

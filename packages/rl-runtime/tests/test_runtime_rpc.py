@@ -20,6 +20,9 @@ class Echo:
     def whoami(self):
         return (self.rank, self.world_size, self.dist_env["RANK"], self.env)
 
+    def rendezvous(self):
+        return dict(self.dist_env)
+
     def slow(self, seconds):
         time.sleep(seconds)
         return seconds
@@ -43,6 +46,21 @@ def test_local_worker_group_runs_in_process():
     assert group.wait(group.submit_each("slow", [(0,), (0,)]), "slow") == [0, 0]
     with pytest.raises(ValueError, match="2 workers"):
         group.submit_each("slow", [(0,)])
+
+
+def test_each_group_meets_in_its_own_node_local_rendezvous_without_a_port():
+    """No MASTER_PORT picked by the driver (a port race, EADDRINUSE once in CI): the ranks of a
+    role share one fresh token; another group (or a restart) gets another."""
+    from rl_train.dist import RENDEZVOUS_ENV
+
+    plan = plan_placement({"actor_train": [0, 1], "reference": [2]}, num_devices=3)
+    train = WorkerGroup.create("actor_train", Echo, plan.roles["actor_train"], mode="local")
+    ref = WorkerGroup.create("reference", Echo, plan.roles["reference"], mode="local")
+    envs = train.call_all("rendezvous")
+    assert all("MASTER_PORT" not in e and "MASTER_ADDR" not in e for e in envs), envs
+    tokens = {e[RENDEZVOUS_ENV] for e in envs}
+    assert tokens == {train.rendezvous_token}
+    assert ref.call_all("rendezvous")[0][RENDEZVOUS_ENV] not in tokens
 
 
 class Stuck:

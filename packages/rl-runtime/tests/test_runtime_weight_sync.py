@@ -25,7 +25,8 @@ def test_choose_sync_host():
 
 
 class _Recorder:
-    """Reports a node, picks a port like TrainWorker.free_port, records init_sync_group calls."""
+    """Reports a node, binds a port like TrainWorker.open_sync_listener, records
+    init_sync_group calls."""
 
     def __init__(self, *, rank, world_size, dist_env, nodes) -> None:
         self.rank, self.node, self.joined = rank, nodes[rank], []
@@ -33,10 +34,11 @@ class _Recorder:
     def node_address(self) -> tuple[str, str]:
         return self.node
 
-    def free_port(self, host: str) -> int:
-        from rl_sync.group import free_port
+    def open_sync_listener(self, host: str) -> int:
+        from rl_sync.store import bind_listener
 
-        return free_port(host)
+        self.listener = bind_listener(host, 0)
+        return int(self.listener.getsockname()[1])
 
     def init_sync_group(self, host, port, world_size, timeout_s) -> bool:
         self.joined.append((host, port, world_size))

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from rl_sync.group import free_port
+from rl_sync.store import new_rendezvous_token
 from rl_sync.testing import (
     bitwise_equal,
     make_named_tensors,
@@ -34,7 +35,7 @@ def _run(
 ):
     ctx = mp_context()
     port_queue, trainer_results, receiver_results = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    default_port = free_port()
+    token = new_rendezvous_token()
     out_path = str(tmp_path / "received.pt")
     receiver = spawn(
         receiver_main,
@@ -50,7 +51,7 @@ def _run(
             trainer_main,
             rank,
             2,
-            default_port,
+            token,
             port_queue,
             trainer_results,
             versions=versions,

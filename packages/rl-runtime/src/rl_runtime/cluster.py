@@ -235,7 +235,7 @@ class WeightSync:
         rollout = [NodeAddress(*a) for a in self.infer.call_all("node_address")]
         self.host = choose_sync_host(trainer, rollout, self.configured_host)
         self.cross_node = any(r.node_id != trainer.node_id for r in rollout)
-        port = self.train.call_rank0("free_port", self.host)
+        port = self.train.call_rank0("open_sync_listener", self.host)
         world = 1 + len(self.infer.workers)
         refs = self.train.submit("init_sync_group", self.host, port, world, self.timeout_s)
         refs += self.infer.submit("init_sync_group", self.host, port, world, self.timeout_s)

@@ -13,7 +13,6 @@ it with the group's `rpc_timeout`. Every wait, in either mode, goes through `rl_
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Sequence
 from concurrent.futures import Future, wait
 from typing import Any, Literal
@@ -23,13 +22,6 @@ from rl_runtime.placement import PlacementPlan, RolePlacement, worker_device_env
 from rl_runtime.rpc import RpcTimeoutError, call
 
 Mode = Literal["ray", "local"]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_local(future: Future, role: str, method: str, timeout_s: float) -> Future:
@@ -74,11 +66,20 @@ class PlacementGroups:
 class WorkerGroup:
     """The workers of one role; call methods on all of them with a bounded wait."""
 
-    def __init__(self, role: str, workers: list[Any], mode: Mode, rpc_timeout: float) -> None:
+    def __init__(
+        self,
+        role: str,
+        workers: list[Any],
+        mode: Mode,
+        rpc_timeout: float,
+        rendezvous_token: str | None = None,
+    ) -> None:
         self.role = role
         self.workers = workers
         self.mode = mode
         self.rpc_timeout = rpc_timeout
+        #: names the role's node-local process-group rendezvous (rl_train.dist.RENDEZVOUS_ENV)
+        self.rendezvous_token = rendezvous_token
 
     @classmethod
     def create(
@@ -93,7 +94,6 @@ class WorkerGroup:
         rpc_timeout: float = 600.0,
         init_kwargs: dict[str, Any] | None = None,
         env_vars: dict[str, str] | None = None,
-        master_port: int | None = None,
         max_concurrency: int = 1,
     ) -> WorkerGroup:
         """Start `placement.num_workers` workers of `worker_cls(rank=, world_size=, **init_kwargs)`.
@@ -101,19 +101,22 @@ class WorkerGroup:
         `max_concurrency > 1` makes Ray actors threaded (that many calls at once, e.g. a weight
         sync received while a rollout runs); local workers always run one call at a time.
 
-        Each worker also gets the torch.distributed env (RANK, WORLD_SIZE, LOCAL_RANK,
-        MASTER_ADDR, MASTER_PORT) for process groups inside the role.
+        Each worker also gets the torch.distributed env for process groups inside the role: RANK,
+        WORLD_SIZE, LOCAL_RANK and, instead of a MASTER_ADDR/MASTER_PORT that a port race can
+        break, a fresh token naming the role's node-local rendezvous (rl_train.dist).
         """
+        from rl_sync.store import new_rendezvous_token
+        from rl_train.dist import RENDEZVOUS_ENV
+
         world = placement.num_workers
-        port = master_port or free_port()
+        token = new_rendezvous_token()
         workers: list[Any] = []
         for slot in placement.workers:
             dist_env = {
                 "RANK": str(slot.rank),
                 "WORLD_SIZE": str(world),
                 "LOCAL_RANK": "0",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
+                RENDEZVOUS_ENV: token,
             }
             kwargs = dict(init_kwargs or {})
             kwargs.update(rank=slot.rank, world_size=world, dist_env=dist_env)
@@ -129,7 +132,7 @@ class WorkerGroup:
                 raise ValueError("ray mode needs the plan and its placement groups")
             options: dict[str, Any] = {
                 "num_cpus": slot.cpus,
-                "name": f"{role}-{slot.rank}-{port}",
+                "name": f"{role}-{slot.rank}-{token[:12]}",
                 "runtime_env": {
                     "env_vars": {**(env_vars or {}), **dist_env, **worker_device_env(plan, slot)}
                 },
@@ -148,7 +151,7 @@ class WorkerGroup:
                 options["resources"] = {plan.resource_name: amount}
             actor_cls = ray.remote(worker_cls)
             workers.append(actor_cls.options(**options).remote(**kwargs))
-        return cls(role, workers, mode, rpc_timeout)
+        return cls(role, workers, mode, rpc_timeout, rendezvous_token=token)
 
     # -- calls -------------------------------------------------------------------------------
     def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
@@ -203,3 +206,12 @@ class WorkerGroup:
         for w in self.workers:
             ray.kill(w, no_restart=True)
         self.workers = []
+        self._remove_rendezvous()
+
+    def _remove_rendezvous(self) -> None:
+        """A killed worker never destroys its store: remove the rendezvous file if it is on this
+        node (with workers on another node it is not, and nothing happens)."""
+        if self.rendezvous_token is not None:
+            from rl_sync.store import node_local_store_path
+
+            node_local_store_path(self.rendezvous_token).unlink(missing_ok=True)

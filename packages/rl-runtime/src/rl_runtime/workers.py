@@ -139,21 +139,34 @@ class TrainWorker:
         node = node_address()
         return node.node_id, node.ip
 
-    def free_port(self, host: str) -> int:
-        """A TCP port free on `host` of this worker's node (the sync group's store port)."""
-        from rl_sync.group import free_port
+    def open_sync_listener(self, host: str) -> int:
+        """Bind and listen on `host` (this worker's node address or loopback), port 0: the sync
+        group's store socket, held until `init_sync_group` hands it to the store. Returns its
+        port, which nothing else can take in between (a port only found free could be)."""
+        from rl_sync.store import bind_listener
 
-        return free_port(host)
+        if getattr(self, "_sync_listener", None) is not None:
+            self._sync_listener.close()
+        self._sync_listener = bind_listener(host, 0)
+        return int(self._sync_listener.getsockname()[1])
 
     def init_sync_group(self, host: str, port: int, world_size: int, timeout_s: float) -> bool:
-        """Rank 0 hosts the weight-sync group (trainer = rank 0, rollout workers = 1..N)."""
+        """Rank 0 hosts the weight-sync group (trainer = rank 0, rollout workers = 1..N), on the
+        socket `open_sync_listener` bound, if any."""
         if self.rank != 0:
             return False
         from rl_runtime.sync_address import sync_local_addr
         from rl_sync.group import init_group
 
+        listener, self._sync_listener = getattr(self, "_sync_listener", None), None
         self._sync_group = init_group(
-            host, port, 0, world_size, timeout_s=timeout_s, local_addr=sync_local_addr(host)
+            host,
+            port,
+            0,
+            world_size,
+            timeout_s=timeout_s,
+            local_addr=sync_local_addr(host),
+            listener=listener,
         )
         return True
 
@@ -336,6 +349,11 @@ class RolloutWorker:
 
     def weight_version(self) -> int:
         return int(self.engine.weight_version)
+
+    def engine_stats(self) -> dict[str, float]:
+        """The engine's running counters (`generated_tokens`, `weight_swaps`, ...), readable
+        while a generation runs (the actor takes two calls at once)."""
+        return {k: float(v) for k, v in getattr(self.engine, "stats", {}).items()}
 
     def state_dict_for_check(self) -> dict[str, torch.Tensor]:
         return self.engine.state_dict_for_check()

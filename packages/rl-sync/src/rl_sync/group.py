@@ -238,6 +238,7 @@ def init_group(
     name: str = "weight_sync",
     on_port: Callable[[int], None] | None = None,
     local_addr: str | None = None,
+    listener: socket.socket | None = None,
 ) -> CommGroup:
     """Join (rank > 0) or host (rank 0) a standalone group of ``world_size`` processes.
 
@@ -248,7 +249,10 @@ def init_group(
     default timeout of every collective. The default ``torch.distributed`` world is not touched.
     ``local_addr`` (gloo): the address this rank's own connections listen on, which the other
     ranks must reach, i.e. this rank's node address when the group spans nodes; unset: loopback
-    when ``host`` is loopback, else the address the hostname resolves to.
+    when ``host`` is loopback, else the address the hostname resolves to. ``listener`` (rank 0):
+    the store's socket, bound and listening since before ``port`` was published
+    (:func:`rl_sync.store.bind_listener`); without it, a ``port`` found free earlier
+    (:func:`free_port`) may have been taken by another process in between.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -262,7 +266,7 @@ def init_group(
         kind = "cpu"
     timeout = timedelta(seconds=timeout_s)
     try:  # the backend's rendezvous below waits for every rank
-        store = create_store(host, port, world_size, rank == 0, timeout_s)
+        store = create_store(host, port, world_size, rank == 0, timeout_s, listener=listener)
     except Exception as exc:
         role = "host" if rank == 0 else "reach"
         raise CommError(

@@ -9,16 +9,27 @@ behaviour: the peers on other machines must reach it.
 
 :func:`loopback_interface` names the loopback interface for ``GLOO_SOCKET_IFNAME``, so the gloo
 pairs of a default process group listen on loopback too instead of on the hostname's address.
+
+Picking a port is a race: a port found free (bind to 0, close) can be taken by any process (Ray
+opens many connections, each on an ephemeral port) before the store binds it. Two ways out:
+
+- :func:`node_local_store`: the ranks of a group that lives on one node meet in a ``FileStore``
+  named by a random token: no port and no network listener at all;
+- ``create_store(..., listener=sock)``: rank 0 binds its listener first (:func:`bind_listener`,
+  port 0), publishes the port, and hands the socket to the store later; nothing else can take the
+  port in between.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-from torch._C._distributed_c10d import TCPStore
+from torch._C._distributed_c10d import FileStore, TCPStore
 
 IFF_LOOPBACK = 0x8
 
@@ -48,18 +59,31 @@ def bind_listener(host: str, port: int, backlog: int = 128) -> socket.socket:
 
 
 def create_store(
-    host: str, port: int, world_size: int, is_master: bool, timeout_s: float
+    host: str,
+    port: int,
+    world_size: int,
+    is_master: bool,
+    timeout_s: float,
+    *,
+    listener: socket.socket | None = None,
 ) -> TCPStore:
     """A ``TCPStore`` server (``is_master``) or client at ``host:port``.
 
     The server listens on ``host`` alone when it is a loopback address (see module docstring);
-    ``port=0`` picks a free port (read it back from ``store.port``). Clients do not wait for the
+    ``port=0`` picks a free port (read it back from ``store.port``). ``listener`` (server only): a
+    socket already bound and listening (:func:`bind_listener`), which the store takes over, so the
+    port published before this call cannot have been taken meanwhile. Clients do not wait for the
     other ranks here: the backend's rendezvous does.
     """
     timeout = timedelta(seconds=timeout_s)
-    if is_master and is_loopback_host(host):
-        sock = bind_listener(host, port)
+    if listener is not None and not is_master:
+        raise ValueError("listener: only the store's server (is_master) listens")
+    if is_master and (listener is not None or is_loopback_host(host)):
+        sock = listener if listener is not None else bind_listener(host, port)
         bound_port = int(sock.getsockname()[1])
+        if port not in (0, bound_port):
+            sock.close()
+            raise ValueError(f"listener is bound to port {bound_port}, not the requested {port}")
         store = TCPStore(
             host,
             bound_port,
@@ -71,6 +95,36 @@ def create_store(
         )
         return store
     return TCPStore(host, port, world_size, is_master, timeout=timeout, wait_for_workers=False)
+
+
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")
+
+
+def node_local_store(token: str, world_size: int) -> FileStore:
+    """The rendezvous store of a group whose ranks all run on this node: a ``FileStore`` at
+    ``<tempdir>/rl-rendezvous-<token>``. Every rank passes the same ``token`` (16-64 characters
+    of ``[A-Za-z0-9_-]``, random: :func:`new_rendezvous_token`; a guessable name could be
+    planted). No port, no listener: nothing to race for and nothing another host can reach. The
+    file is removed when the last rank's store object is destroyed; a launcher whose ranks may
+    not get there (killed, ``os._exit``) removes :func:`node_local_store_path` after them."""
+    return FileStore(str(node_local_store_path(token)), world_size)
+
+
+def node_local_store_path(token: str) -> Path:
+    """Where :func:`node_local_store` keeps the store of ``token`` on this node."""
+    if not _TOKEN.fullmatch(token):
+        raise ValueError(
+            f"rendezvous token {token!r}: expected 16-64 characters of [A-Za-z0-9_-] "
+            "(rl_sync.store.new_rendezvous_token)"
+        )
+    return Path(tempfile.gettempdir()) / f"rl-rendezvous-{token}"
+
+
+def new_rendezvous_token() -> str:
+    """A fresh random token for :func:`node_local_store` (128 bits)."""
+    import secrets
+
+    return secrets.token_hex(16)
 
 
 def loopback_interface() -> str | None:
@@ -92,4 +146,12 @@ def _interface_names() -> list[str]:
         return []
 
 
-__all__ = ["bind_listener", "create_store", "is_loopback_host", "loopback_interface"]
+__all__ = [
+    "bind_listener",
+    "create_store",
+    "is_loopback_host",
+    "loopback_interface",
+    "new_rendezvous_token",
+    "node_local_store",
+    "node_local_store_path",
+]

@@ -136,7 +136,7 @@ def receiver_main(
 def trainer_main(
     rank: int,
     world_size: int,
-    default_port: int,
+    rendezvous_token: str,
     port_queue: Any,
     result_queue: Any,
     *,
@@ -147,14 +147,17 @@ def trainer_main(
     corrupt_bucket: int | None = None,
 ) -> None:
     """A trainer rank: its default world (gloo) holds a flat shard of every tensor; rank 0 also
-    hosts a sync group with one receiver and sends the all-gathered full tensors."""
+    hosts a sync group with one receiver and sends the all-gathered full tensors. The default
+    world meets in the node-local store of ``rendezvous_token`` (rl_sync.store)."""
     import torch.distributed as dist
+
+    from rl_sync.store import node_local_store
 
     torch.set_num_threads(1)
     try:
         dist.init_process_group(
             "gloo",
-            init_method=f"tcp://127.0.0.1:{default_port}",
+            store=node_local_store(rendezvous_token, world_size),
             rank=rank,
             world_size=world_size,
         )
@@ -186,6 +189,25 @@ def trainer_main(
             dist.barrier()  # the default world still works next to the sync group
         if group is not None:
             group.close()
+        dist.destroy_process_group()
+    except Exception:
+        result_queue.put(("crash", traceback.format_exc()))
+
+
+def store_rank_main(rank: int, world_size: int, token: str, result_queue: Any) -> None:
+    """A rank of a gloo default world that meets in :func:`rl_sync.store.node_local_store`:
+    puts ``("ok", rank, all_reduce(rank + 1))`` on the queue, then leaves the group."""
+    import torch.distributed as dist
+
+    from rl_sync.store import node_local_store
+
+    torch.set_num_threads(1)
+    try:
+        store = node_local_store(token, world_size)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+        value = torch.tensor([float(rank + 1)])
+        dist.all_reduce(value)
+        result_queue.put(("ok", rank, float(value.item())))
         dist.destroy_process_group()
     except Exception:
         result_queue.put(("crash", traceback.format_exc()))
@@ -241,6 +263,7 @@ __all__ = [
     "mp_context",
     "receiver_main",
     "spawn",
+    "store_rank_main",
     "trainer_main",
 ]
 

@@ -1,10 +1,14 @@
 """Process-group setup from the usual env vars (RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK),
-with the collective backend chosen by rl_sync.device, and a small multi-process launcher."""
+with the collective backend chosen by rl_sync.device, and a small multi-process launcher.
+
+Groups whose ranks all run on one node (rl-runtime's worker groups, :func:`spawn`) meet without a
+port: ``$RL_RENDEZVOUS_TOKEN`` names a node-local ``FileStore`` (rl_sync.store.node_local_store).
+A port picked by the launcher and bound later by rank 0 can be taken in between (it was, once in
+CI: ``EADDRINUSE`` in a trainer's start on a loaded Ray machine)."""
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Callable
 from datetime import timedelta
@@ -14,7 +18,17 @@ import torch
 import torch.distributed as dist
 
 from rl_sync.device import DeviceKind, backend_for, detect_device_kind, set_device
-from rl_sync.store import create_store, is_loopback_host, loopback_interface
+from rl_sync.store import (
+    create_store,
+    is_loopback_host,
+    loopback_interface,
+    new_rendezvous_token,
+    node_local_store,
+    node_local_store_path,
+)
+
+#: env var naming the node-local rendezvous of a group launched on one node (see module docstring)
+RENDEZVOUS_ENV = "RL_RENDEZVOUS_TOKEN"
 
 
 def is_dist() -> bool:
@@ -40,9 +54,11 @@ def init_distributed(
     """Initialise the default process group from env vars when WORLD_SIZE is set (idempotent).
 
     Returns the device kind and this rank's device. Without WORLD_SIZE this is a single process
-    and no group is created. A loopback MASTER_ADDR (single-node runs) keeps every listener of
-    the group on loopback: the rendezvous store (see :func:`rl_sync.store.create_store`) and, for
-    gloo, its pairs (``GLOO_SOCKET_IFNAME`` set to the loopback interface unless already set).
+    and no group is created. With ``$RL_RENDEZVOUS_TOKEN`` the ranks (all on this node) meet in a
+    node-local FileStore, without a port; else at MASTER_ADDR:MASTER_PORT. Either way a group on
+    one node listens on loopback only: a loopback MASTER_ADDR's store binds loopback alone (see
+    :func:`rl_sync.store.create_store`), and gloo's pairs use the loopback interface
+    (``GLOO_SOCKET_IFNAME``, unless already set).
     """
     kind = kind or detect_device_kind()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -51,11 +67,15 @@ def init_distributed(
         rank_, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         backend = backend_for(kind)
         store = None
+        token = os.environ.get(RENDEZVOUS_ENV)
         master = os.environ.get("MASTER_ADDR", "")
-        if is_loopback_host(master):
+        if token:
+            store = node_local_store(token, world)
+        elif is_loopback_host(master):
             store = create_store(
                 master, int(os.environ["MASTER_PORT"]), world, rank_ == 0, timeout_s
             )
+        if store is not None:
             lo = loopback_interface()
             if backend == "gloo" and lo is not None:
                 os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
@@ -79,15 +99,13 @@ def all_reduce_sum(values: list[float], device: torch.device | None = None) -> l
     return t.tolist()
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _entry(
-    local_rank: int, fn: Callable[..., Any], world: int, port: int, env: dict[str, str], args: tuple
+    local_rank: int,
+    fn: Callable[..., Any],
+    world: int,
+    token: str,
+    env: dict[str, str],
+    args: tuple,
 ) -> None:
     os.environ.update(env)
     os.environ.update(
@@ -95,8 +113,7 @@ def _entry(
             "RANK": str(local_rank),
             "LOCAL_RANK": str(local_rank),
             "WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
+            RENDEZVOUS_ENV: token,
         }
     )
     try:
@@ -116,8 +133,13 @@ def _entry(
 def spawn(
     fn: Callable[..., Any], world: int, *args: Any, env: dict[str, str] | None = None
 ) -> None:
-    """Run ``fn(rank, *args)`` in ``world`` fresh processes with RANK/WORLD_SIZE/MASTER_* set
-    (torchrun-like); raises if any rank fails. ``fn`` must be importable (module level)."""
+    """Run ``fn(rank, *args)`` in ``world`` fresh processes with RANK/WORLD_SIZE/LOCAL_RANK set
+    and a fresh node-local rendezvous (torchrun-like, without a port); raises if any rank fails.
+    ``fn`` must be importable (module level)."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_entry, args=(fn, world, free_port(), dict(env or {}), args), nprocs=world, join=True)
+    token = new_rendezvous_token()
+    try:
+        mp.spawn(_entry, args=(fn, world, token, dict(env or {}), args), nprocs=world, join=True)
+    finally:  # ranks leave with os._exit (or die): their store's file may be left behind
+        node_local_store_path(token).unlink(missing_ok=True)

@@ -141,6 +141,24 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
         )
 
 
+def rendezvous_probe(rank: int, out: str) -> None:
+    """A rank under :func:`rl_train.dist.spawn`: join the default group, all-reduce ``rank + 1``
+    and write what it saw (the sum, the rendezvous env) to ``out/probe_rank<r>.json``."""
+    import json
+
+    from rl_train import dist as rdist
+
+    rdist.init_distributed("cpu", timeout_s=60.0)
+    total = rdist.all_reduce_sum([float(rank + 1)])[0]
+    seen = {
+        "sum": total,
+        "world": rdist.world_size(),
+        "token": os.environ.get(rdist.RENDEZVOUS_ENV),
+        "master_port": os.environ.get("MASTER_PORT"),
+    }
+    (Path(out) / f"probe_rank{rank}.json").write_text(json.dumps(seen))
+
+
 def _loss_with_nan(mb: Batch, out: ForwardOutput, ctx: LossContext) -> LossResult:
     """NLL weighted by ``1 + 0 * advantages``: finite advantages leave it unchanged; a NaN in
     ``advantages`` (fault injection) makes the loss NaN."""

@@ -30,6 +30,7 @@ from rl_envs.sandbox import isolation
 from rl_envs.sandbox.call import _resolve, start_call
 from rl_envs.sandbox.cgroups import SlotCgroup, open_slot_cgroup
 from rl_envs.sandbox.protocol import read_frame, write_frame
+from rl_envs.sandbox.uids import claim_uid
 
 PR_SET_CHILD_SUBREAPER = 36
 OUTPUT_KEEP_BYTES = 64 * 1024  # of the call's stdout/stderr, returned to the caller
@@ -219,6 +220,8 @@ def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     output_r, output_w = os.pipe()
     start = time.monotonic()
     close = [state["proto_in"], state["proto_out"], result_r, output_r]
+    if state["uid_lock"] is not None:  # a call could unlock it and hand its uid to another slot
+        close.append(state["uid_lock"])
     pid = start_call(task, call, cgroup, result_w, output_w, close)
     os.close(result_w)
     os.close(output_w)
@@ -303,7 +306,9 @@ def _setup(config: dict[str, Any]) -> dict[str, Any]:
     """Isolate the worker; returns the per-call state and the isolation report."""
     limits = config["limits"]
     root = os.geteuid() == 0
-    uid = int(limits["uid_base"]) + int(config.get("slot", 0)) if root else None
+    uid, uid_lock = None, None
+    if root:  # a uid no other live slot on this host uses (rl_envs.sandbox.uids)
+        uid, uid_lock = claim_uid(int(limits["uid_base"]), int(config.get("slot", 0)))
     cgroup = open_slot_cgroup(
         f"rl_sandbox.{os.getpid()}",
         int(limits["memory_mb"]) << 20,
@@ -319,7 +324,7 @@ def _setup(config: dict[str, Any]) -> dict[str, Any]:
         "mounts": "private" if namespaces else "shared",
         "pids": "pidns" if namespaces else "shared",
     }
-    state = {"uid": uid, "cgroup": cgroup, "namespaces": namespaces,
+    state = {"uid": uid, "uid_lock": uid_lock, "cgroup": cgroup, "namespaces": namespaces,
              "block_sockets": network == "none"}  # fmt: skip
     return {"state": state, "isolation": report}
 

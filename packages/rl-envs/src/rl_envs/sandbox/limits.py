@@ -23,9 +23,10 @@ class SandboxLimits:
     without it a pool refuses to start where no network namespace can be made (Docker's default
     seccomp profile): the fallback that patches Python's ``socket`` is bypassed by
     ``socket.SocketType``, ctypes or any subprocess. ``uid_base``: when the pool runs as root,
-    worker (call slot) ``i`` runs its calls as uid ``uid_base + i``, so calls cannot signal or
-    read each other or write the caller's files; pools sharing a host without namespaces should
-    use disjoint ranges.
+    each worker (call slot) runs its calls under its own uid from ``uid_base`` up, claimed
+    host-wide (``rl_envs.sandbox.uids``: slot ``i`` tries ``uid_base + i`` first), so calls
+    cannot signal or read each other, write the caller's files or use up each other's
+    RLIMIT_NPROC, even across pools and processes.
     """
 
     timeout_s: float = 5.0

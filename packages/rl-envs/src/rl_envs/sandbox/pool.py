@@ -247,6 +247,13 @@ class SandboxPool:
                 return dict(worker.info)
         return {}
 
+    @property
+    def workers_info(self) -> list[dict[str, Any]]:
+        """What every live worker reported at start, in start order (its slot's ``isolation``,
+        including the ``sandbox_uid`` it claimed)."""
+        with self._lock:
+            return [dict(worker.info) for worker in self._all]
+
     # ----- calls ---------------------------------------------------------------------------------
     def _submit(self, task: dict[str, Any], timeout_s: float | None) -> SandboxResult:
         return self._count(self._run(task, timeout_s))

@@ -1,0 +1,88 @@
+"""Rendezvous stores without a port race: a listener held from the moment its port is published,
+and a node-local FileStore that needs no port at all. Real sockets, real gloo processes."""
+
+import errno
+import socket
+
+import pytest
+
+from rl_sync.group import free_port
+from rl_sync.store import (
+    bind_listener,
+    create_store,
+    new_rendezvous_token,
+    node_local_store,
+    node_local_store_path,
+)
+from rl_sync.testing import mp_context, store_rank_main
+
+pytestmark = pytest.mark.xdist_group("dist")
+
+
+def _squat(port: int) -> socket.socket:
+    """Another process's socket on ``port`` (as Ray's connections take ephemeral ports)."""
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("127.0.0.1", port))
+    squatter.listen()
+    return squatter
+
+
+def test_a_port_only_found_free_can_be_taken_before_the_store_binds_it():
+    port = free_port()
+    with _squat(port), pytest.raises(OSError) as err:
+        create_store("127.0.0.1", port, 2, True, 10)
+    assert err.value.errno == errno.EADDRINUSE
+
+
+def test_a_held_listener_keeps_its_port_until_the_store_takes_it_over():
+    listener = bind_listener("127.0.0.1", 0)
+    port = int(listener.getsockname()[1])
+    with pytest.raises(OSError) as err:  # published but not yet served: nobody else gets it
+        _squat(port)
+    assert err.value.errno == errno.EADDRINUSE
+    server = create_store("127.0.0.1", port, 2, True, 10, listener=listener)
+    client = create_store("127.0.0.1", port, 2, False, 10)
+    client.set("from_client", b"hello")
+    assert int(server.port) == port
+    assert server.get("from_client") == b"hello"
+
+
+def test_listener_is_refused_where_it_cannot_be_used():
+    listener = bind_listener("127.0.0.1", 0)
+    with listener, pytest.raises(ValueError, match="only the store's server"):
+        create_store("127.0.0.1", listener.getsockname()[1], 2, False, 10, listener=listener)
+    listener = bind_listener("127.0.0.1", 0)
+    other = int(listener.getsockname()[1]) + 1
+    with pytest.raises(ValueError, match=f"not the requested {other}"):
+        create_store("127.0.0.1", other, 2, True, 10, listener=listener)
+
+
+def test_node_local_store_forms_a_two_rank_gloo_group_and_leaves_no_file():
+    token = new_rendezvous_token()
+    ctx = mp_context()
+    results = ctx.Queue()
+    ranks = [
+        ctx.Process(target=store_rank_main, args=(r, 2, token, results), daemon=True)
+        for r in range(2)
+    ]
+    for p in ranks:
+        p.start()
+    got = sorted(results.get(timeout=60) for _ in ranks)
+    for p in ranks:
+        p.join(timeout=60)
+    assert got == [("ok", 0, 3.0), ("ok", 1, 3.0)], got
+    assert not node_local_store_path(token).exists()  # the last rank's store removed it
+
+
+@pytest.mark.parametrize("token", ["short", "../../../etc/passwd-0123456789", "a" * 65, ""])
+def test_node_local_store_refuses_a_token_that_could_name_another_file(token):
+    with pytest.raises(ValueError, match="rendezvous token"):
+        node_local_store(token, 1)
+
+
+def test_rendezvous_tokens_are_fresh_and_valid():
+    tokens = {new_rendezvous_token() for _ in range(100)}
+    assert len(tokens) == 100
+    for t in tokens:
+        assert node_local_store_path(t).name == f"rl-rendezvous-{t}"
