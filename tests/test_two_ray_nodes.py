@@ -76,8 +76,6 @@ def _config(model: Path, out: Path) -> dict:
     }
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("ray")
 def _wait_for_first_tokens(infer, timeout_s: float = 300.0) -> None:
     """Until the engine has decoded a few tokens of the generation in flight."""
     deadline = time.monotonic() + timeout_s
@@ -86,6 +84,8 @@ def _wait_for_first_tokens(infer, timeout_s: float = 300.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
 def test_training_and_rollout_pinned_to_two_ray_nodes(two_nodes, tmp_path):
     import ray
     import torch
