@@ -1,5 +1,6 @@
 """A default run listens on loopback only: the embedded Ray cluster, the TrainWorkers' default
-process group (TCPStore + gloo) and rl-sync's weight-sync store. Checked by reading the kernel's
+process group (gloo's pairs; its store is a node-local file, no listener) and rl-sync's
+weight-sync store. Checked by reading the kernel's
 socket table for this process and its descendants (`rl_runtime.listeners`)."""
 
 import os
