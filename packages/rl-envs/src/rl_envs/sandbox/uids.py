@@ -39,7 +39,7 @@ def _checked_lock_dir(path: Path) -> Path:
         raise PermissionError(
             f"sandbox uid lock directory {path} must be a real directory owned by uid "
             f"{os.geteuid()} and writable by nobody else (found mode {oct(info.st_mode)}, "
-            f"owner {info.st_uid}); remove it or set another lock_dir"
+            f"owner {info.st_uid}); remove it"
         )
     return path
 
