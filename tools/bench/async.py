@@ -119,6 +119,23 @@ after 32 steps: sync 0.760 / 0.760, staleness_1 0.735 / 0.760, staleness_2_parti
 (100 prompts x 2 samples: standard error ~0.03). One run of three reaches the 1.6x target; their
 mean does not.
 
+Two levers tried the next day (2026-11-23 22:28-22:40, quiet, `--runs sync staleness_2_partial`),
+neither a win beyond the spread above:
+- Where the time goes, per step (16 steps): the async trainer never waits for the queue
+  (`async/trainer_idle_s` 0, queue full at 256 samples) and its step is `actor_train` plus
+  ~0.02 s of sync, so samples/s = the trainer's rate. The measured ratio is lost in steps 2-5:
+  max_staleness 2 trains three batches drawn by the warm-up policy, whose long tail (response
+  mean 15.8-16.0 tokens against sync's 8.8-9.6) costs 0.87-0.94 s of training against 0.68-0.79 s;
+  from step 6 on the async step is 0.34-0.46 s against sync's 0.59-0.70 s (~1.6x).
+- Token-budget micro-batches (`actor_train.use_dynamic_batching_in_train=true
+  max_tokens_per_microbatch_in_train=2048`): the synchronous run's training falls most on the
+  long-tailed first steps (1.12 -> 0.63 s at step 1, 0.79 -> 0.48 s at step 2) and 10% later on,
+  so the ratio falls with it (16 steps: 1.12x, against 1.30x without, same hour).
+- The trainer's worker pinned to core 0 and every other process (driver, rollout worker, sandbox,
+  Ray) to core 1 (`taskset`, outside the runtime): 16 steps 1.46x (1.30x unpinned, same hour),
+  32 steps 1.32x (ideal 1.68). Async training time from step 7 was 0.28-0.38 s in the 16-step
+  run (0.33-0.45 s unpinned), but the 32-step run shows it is within the spread: pinning alone does not reach the target.
+
 Measured on a quiet 2-core machine after the trainer's forward began to run each distinct prompt
 once (`actor_train.share_prompt_forward: true`, now in apps/rlvr's CPU default; rl-train's
 `shared_prefix`; 2026-11-23 14:17, load average 1.4-1.7, 251 s in all):
