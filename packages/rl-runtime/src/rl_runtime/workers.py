@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,8 @@ class TrainWorker:
             model_args=model_args,
             loss_config=loss_config,
         )
+        #: the weight-sync store's socket between `open_sync_listener` and `init_sync_group`
+        self._sync_listener: socket.socket | None = None
 
     def ready(self) -> bool:
         return True
@@ -145,7 +148,7 @@ class TrainWorker:
         port, which nothing else can take in between (a port only found free could be)."""
         from rl_sync.store import bind_listener
 
-        if getattr(self, "_sync_listener", None) is not None:
+        if self._sync_listener is not None:
             self._sync_listener.close()
         self._sync_listener = bind_listener(host, 0)
         return int(self._sync_listener.getsockname()[1])
@@ -158,7 +161,7 @@ class TrainWorker:
         from rl_runtime.sync_address import sync_local_addr
         from rl_sync.group import init_group
 
-        listener, self._sync_listener = getattr(self, "_sync_listener", None), None
+        listener, self._sync_listener = self._sync_listener, None
         self._sync_group = init_group(
             host,
             port,
