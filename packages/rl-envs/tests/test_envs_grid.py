@@ -262,6 +262,28 @@ def test_registry_rejects_duplicates_and_names_unknowns():
     assert isinstance(make_env("FrozenLake"), rl_envs.Env)
 
 
+def test_a_builtin_name_is_refused_before_the_builtins_are_loaded():
+    """In a fresh process (nothing has listed or built an env yet), registering a built-in's
+    name must fail, not succeed and then break every later use of the built-ins (it did, when
+    xdist happened to run the duplicate check first in a worker)."""
+    code = (
+        "import rl_envs\n"
+        "for call in (lambda: rl_envs.register_env('sokoban', lambda **_: None),\n"
+        "             lambda: rl_envs.register_tag('SimpleSokoban', 'sokoban')):\n"
+        "    try:\n        call()\n    except ValueError as exc:\n        print(exc)\n"
+        "print(type(rl_envs.make_env('SimpleSokoban')).__name__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "env name 'sokoban' is already registered",
+        "env tag 'SimpleSokoban' is already registered",
+        "SokobanEnv",
+    ]
+
+
 def test_import_needs_only_numpy():
     code = (
         "import sys, rl_envs, rl_envs.groups, rl_envs.rewards, rl_envs.sandbox, rl_envs.tasks;"

@@ -30,9 +30,11 @@ class EnvTag:
 
 
 def register_env(name: str, factory: EnvFactory | None = None) -> Any:
-    """Register an env factory under ``name``; usable as ``@register_env("name")``."""
+    """Register an env factory under ``name``; usable as ``@register_env("name")``. A name the
+    built-ins use is refused whether or not they have been loaded yet."""
 
     def _register(fn: EnvFactory) -> EnvFactory:
+        _ensure_builtins()
         if name in _ENV_TYPES or name in _TAGS:
             raise ValueError(f"env name {name!r} is already registered")
         _ENV_TYPES[name] = fn
@@ -48,7 +50,9 @@ def register_tag(
     *,
     max_tokens_per_step: int | None = None,
 ) -> EnvTag:
-    """Register a tag: an env type with a fixed config. Duplicate or clashing names are errors."""
+    """Register a tag: an env type with a fixed config. Duplicate or clashing names (built-ins
+    included, loaded or not) are errors."""
+    _ensure_builtins()
     if name in _TAGS or name in _ENV_TYPES:
         raise ValueError(f"env tag {name!r} is already registered")
     tag = EnvTag(name, env_type, dict(env_config or {}), max_tokens_per_step)
@@ -57,7 +61,9 @@ def register_tag(
 
 
 def _ensure_builtins() -> None:
-    import rl_envs.builtin  # noqa: F401  (registers the built-in envs and tags)
+    # registers the built-in envs and tags; while rl_envs.builtin itself runs (its register_*
+    # calls come here), the import finds it in sys.modules and returns at once
+    import rl_envs.builtin  # noqa: F401
 
 
 def get_tag(name: str) -> EnvTag:
