@@ -136,6 +136,28 @@ neither a win beyond the spread above:
   32 steps 1.32x (ideal 1.68). Async training time from step 7 was 0.28-0.38 s in the 16-step
   run (0.33-0.45 s unpinned), but the 32-step run shows it is within the spread: pinning alone does not reach the target.
 
+After the trainer stopped forwarding the first mini-batch for old log-probs (rl-train, 2026-11-24:
+with 2 optimizer steps per batch the old-policy forward covers only the second mini-batch; one
+train_step 1.12-1.28x faster, tools/bench/old_log_probs.py), `--steps 32 --runs sync
+staleness_2_partial`, old and new rl-train taking turns in one hour (00:39-00:47, load 1.0-1.6):
+
+| rl-train | sync samples/s | async samples/s | ratio | ratio over steps 17-32 | held-out sampled (sync / async) |
+|---|---|---|---|---|---|
+| old, round 1 | 288.2 | 360.4 | 1.25 | 1.37 | 0.760 / 0.750 |
+| new, round 1 | 314.5 | 387.1 | 1.23 | 1.36 | 0.760 / 0.750 |
+| old, round 2 | 264.5 | 319.0 | 1.21 | 1.20 | 0.760 / 0.750 |
+| new, round 2 | 248.9 | 338.7 | 1.36 | 1.68 | 0.760 / 0.750 |
+
+Both sides got faster (async +6-7% in both rounds; sync within the spread), held-out accuracy is
+unchanged to the digit, and the ratio is where it was: 1.17-1.36 over the whole run this hour
+(1.17 in a third new-code run at 00:30), below last session's 1.33-1.66 on the same code path,
+and 1.20-1.68 over the second half. The steady-state step (steps 6-32, round 2) shows what the
+ratio is made of: sync 0.45 s (rollout 0.19 + actor_train 0.24), async 0.28 s (actor_train 0.26,
+the trainer's own compute 0.254 s against 0.233 s alone: +9% beside the rollout core), i.e. 1.6x
+in steady state, and the whole-run ratio is lost in steps 1-5 (sync 3.75 s, async 3.53 s: the
+warm-up policy's long responses, trained on for three more steps at max_staleness 2; in the
+00:30 run 4.19 s against 4.45 s).
+
 Measured on a quiet 2-core machine after the trainer's forward began to run each distinct prompt
 once (`actor_train.share_prompt_forward: true`, now in apps/rlvr's CPU default; rl-train's
 `shared_prefix`; 2026-11-23 14:17, load average 1.4-1.7, 251 s in all):

@@ -136,15 +136,18 @@ def test_actor_loss_on_policy_ppo_equals_minus_mean_advantage(tiny_model_path):
 
 
 @pytest.mark.parametrize(
-    ("ppo_epochs", "accumulation"), [(1, 3), (2, 3), (1, 1)], ids=["one-step", "epochs", "minis"]
+    ("ppo_epochs", "accumulation", "shuffle"),
+    [(1, 3, False), (2, 3, False), (1, 1, False), (1, 1, True), (2, 1, True)],
+    ids=["one-step", "epochs", "minis", "minis-shuffled", "epochs-minis-shuffled"],
 )
 def test_policy_loss_without_old_log_probs_equals_the_old_policy_forward(
-    tiny_model_path, ppo_epochs, accumulation
+    tiny_model_path, ppo_epochs, accumulation, shuffle
 ):
     """A batch without `old_log_probs` trains exactly like one that carries the policy's no-grad
-    forward from before the call: one optimizer step takes the detached training log-probs (no
-    extra pass), more steps (epochs or mini-batches) get the forward first. Before, every step
-    compared against the current weights (ratio 1: no clipping after the first step)."""
+    forward from before the call: the first optimizer step takes the detached training log-probs
+    (no extra pass), the later mini-batches of one pass get the forward before that step, and
+    several epochs get it for the whole batch. Before, every step compared against the current
+    weights (ratio 1: no clipping after the first step)."""
     batch = make_batch(6, 16, seed=4)
     loss_cfg = ActorLossConfig(
         policy_loss="ppo_clip", clip_ratio_low=0.05, clip_ratio_high=0.05, entropy_loss_coef=0.0
@@ -157,6 +160,7 @@ def test_policy_loss_without_old_log_probs_equals_the_old_policy_forward(
             gradient_accumulation_steps=accumulation,
             ppo_epochs=ppo_epochs,
             learning_rate=3e-3,
+            shuffle_mini_batches=shuffle,
         )
         loss_fn = build_actor_loss(loss_cfg)
         data = {**batch, "old_log_probs": backend.forward(batch).log_probs} if explicit else batch
@@ -170,6 +174,38 @@ def test_policy_loss_without_old_log_probs_equals_the_old_policy_forward(
         assert (
             m_implicit["actor/clip_frac"] > 0
         )  # the later steps are clipped against the old policy
+
+
+@pytest.mark.parametrize(
+    ("ppo_epochs", "accumulation", "forwarded"),
+    [(1, 3, []), (1, 1, [4]), (2, 1, [6]), (2, 3, [6])],
+    ids=["one-step", "three-minis", "epochs", "epochs-one-mini"],
+)
+def test_the_old_policy_forward_skips_the_first_mini_batch_of_one_pass(
+    tiny_model_path, monkeypatch, ppo_epochs, accumulation, forwarded
+):
+    """The implicit old-policy forward covers only the rows that train after the first optimizer
+    step: none with one step, the later mini-batches (4 of 6 rows here) with one pass over
+    several, the whole batch with several epochs (every row trains again)."""
+    backend = _backend(
+        tiny_model_path,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=accumulation,
+        ppo_epochs=ppo_epochs,
+        shuffle_mini_batches=True,
+    )
+    rows: list[int] = []
+    real_forward = backend.forward
+
+    def counting_forward(batch):
+        rows.append(int(batch["input_ids"].shape[0]))
+        return real_forward(batch)
+
+    monkeypatch.setattr(backend, "forward", counting_forward)
+    loss_fn = build_actor_loss(ActorLossConfig(policy_loss="ppo_clip", entropy_loss_coef=0.0))
+    metrics = backend.train_step(make_batch(6, 12, seed=3), loss_fn)
+    assert rows == forwarded
+    assert metrics["actor/optimizer_steps"] == ppo_epochs * 6 // (2 * accumulation)
 
 
 def test_implicit_old_log_probs_only_for_policy_losses(tiny_model_path, monkeypatch):

@@ -63,6 +63,18 @@ def test_split_and_trim():
     )
 
 
+def test_concat_undoes_a_split_and_keeps_other_entries():
+    batch = {**make_batch(7, 16, seed=1), "note": "kept", "scale": torch.tensor(2.0)}
+    order = torch.randperm(7, generator=torch.Generator().manual_seed(0))
+    parts = [batching.select(batch, order[i : i + 3]) for i in (0, 3, 6)]
+    joined = batching.concat(parts)
+    for key in ("input_ids", "attention_mask", "response_mask", "advantages"):
+        assert torch.equal(joined[key], batch[key][order]), key
+    assert joined["note"] == "kept" and torch.equal(joined["scale"], torch.tensor(2.0))
+    with pytest.raises(ValueError, match="at least one batch"):
+        batching.concat([])
+
+
 def test_equalize_count_splits_then_pads():
     batch = make_batch(4, 8)
     pairs = equalize_count([batch], 3)

@@ -330,3 +330,40 @@ def test_shared_prompt_forward_two_ranks_match_plain_single_process(
     kwargs["training_args"].update(SHARED)
     spawn(train_worker, 2, spec, env=ENV)
     _check_matches_single(single_grouped_run, tmp_path)
+
+
+PPO = {"policy_loss": "ppo_clip", "clip_ratio_low": 0.02, "clip_ratio_high": 0.02}
+TWO_MINIS = dict(n=16, max_len=20)  # 2 optimizer steps per train_step (8-row mini-batches)
+
+
+@pytest.fixture(scope="module")
+def single_ppo_run(tiny_model_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single_ppo")
+    spec = _spec(out, tiny_model_path, "hf_infer", {}, 1, batch=TWO_MINIS, actor_loss=PPO)
+    train_worker(0, spec)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "strategy,cfg", [("fsdp2_train", {}), ("deepspeed_train", ZERO3)], ids=["fsdp2", "zero3"]
+)
+def test_implicit_old_policy_forward_two_ranks_match_single_process(
+    tiny_model_path, single_ppo_run, tmp_path, strategy, cfg
+):
+    """A policy loss over a batch without old log-probs, two mini-batches per call: each rank
+    forwards only its later mini-batch's rows (a collective under FSDP2 and ZeRO-3) and takes the
+    first one's from its training forward; the ranks must train like one process, clipping the
+    second step against the same old policy."""
+    spawn(
+        train_worker,
+        2,
+        _spec(tmp_path, tiny_model_path, strategy, cfg, 2, batch=TWO_MINIS, actor_loss=PPO),
+        env=ENV,
+    )
+    _check_matches_single(single_ppo_run, tmp_path)
+    single, multi = _result(single_ppo_run)["history"], _result(tmp_path)["history"]
+    for a, b in zip(single, multi, strict=True):
+        assert a["actor/optimizer_steps"] == b["actor/optimizer_steps"] == 2
+        assert b["actor/clip_frac"] == pytest.approx(a["actor/clip_frac"], abs=1e-6)
+    assert max(h["actor/clip_frac"] for h in single) > 0  # the second step is clipped

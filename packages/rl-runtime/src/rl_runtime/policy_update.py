@@ -2,8 +2,8 @@
 synced weights out.
 
     old log-probs  actor_train forward, only for a reward KL penalty (otherwise the trainer
-                   takes its own: the detached log-probs of its forward with one optimizer
-                   step per batch, a forward of its own first with more; rl_train.core)
+                   takes its own: the detached log-probs of its training forward for the
+                   first optimizer step, a no-grad forward of its own for the rest; rl_train.core)
     ref log-probs  the reference role, when there is one
     values         the critic, when there is one
     advantages     rl_runtime.advantages (reward normalisation, reward KL, the estimator)

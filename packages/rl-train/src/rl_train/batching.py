@@ -41,6 +41,20 @@ def select(batch: Batch, index: torch.Tensor | list[int]) -> Batch:
     return out
 
 
+def concat(batches: list[Batch]) -> Batch:
+    """The rows of ``batches`` one after another (the inverse of splitting with :func:`select`):
+    every tensor whose first dim is its batch's ``B`` is concatenated; other entries are the
+    first batch's."""
+    if not batches:
+        raise ValueError("concat needs at least one batch")
+    sizes = [batch_size(b) for b in batches]
+    out: Batch = dict(batches[0])
+    for key, value in batches[0].items():
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == sizes[0]:
+            out[key] = torch.cat([b[key] for b in batches])
+    return out
+
+
 def split_mini_batches(
     batch: Batch, mini_batch_size: int, *, shuffle_generator: torch.Generator | None = None
 ) -> list[Batch]:

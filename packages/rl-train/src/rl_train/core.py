@@ -198,8 +198,14 @@ class BackendCore:
         if loss_fn is None:
             raise ValueError(f"{self.role}: no loss_fn given and none configured")
         args = self.args
-        if reads_old_log_probs(loss_fn):
-            batch = self._with_old_log_probs(batch, epochs)
+        passes = args.ppo_epochs if epochs is None else epochs
+        if passes < 1:
+            raise ValueError(f"{self.role}: train_step epochs must be >= 1, got {passes}")
+        t0 = time.perf_counter()  # the old-policy forward counts as training time
+        needs_old = reads_old_log_probs(loss_fn) and "old_log_probs" not in batch
+        if needs_old and passes > 1:  # every row is revisited after the first step
+            batch = self._with_old_log_probs(batch)
+            needs_old = False
         self._set_train_mode(True)
         gen = (
             torch.Generator().manual_seed(args.seed + self.global_step)
@@ -210,10 +216,6 @@ class BackendCore:
         steps = skipped = 0
         grad_norms: list[float] = []
         tokens = 0.0
-        t0 = time.perf_counter()
-        passes = args.ppo_epochs if epochs is None else epochs
-        if passes < 1:
-            raise ValueError(f"{self.role}: train_step epochs must be >= 1, got {passes}")
         for _epoch in range(passes):
             minis = batching.split_mini_batches(batch, args.mini_batch_size, shuffle_generator=gen)
             num_minis = _max_over_ranks(len(minis))
@@ -222,6 +224,8 @@ class BackendCore:
                     f"{self.role}: ranks hold different numbers of mini-batches ({len(minis)} here); "
                     "give every rank the same number of samples"
                 )
+            if needs_old and len(minis) > 1:
+                minis = self._with_old_log_probs_after_first(minis)
             for mini in minis:
                 micro = _micro_batches(mini, args, args.per_device_train_batch_size)
                 pairs = equalize_count(micro, _max_over_ranks(len(micro)))
@@ -282,21 +286,26 @@ class BackendCore:
         )
         return metrics_out
 
-    def _with_old_log_probs(self, batch: Batch, epochs: int | None) -> Batch:
-        """The policy loss's ``old_log_probs`` for a batch that has none: the policy as it is at
-        the start of this call. With one optimizer step per call they are the detached log-probs
-        of the training forward itself (the loss takes those; no extra pass, as on-policy GRPO
-        needs), with more (``ppo_epochs`` > 1 or several mini-batches) a no-grad forward here
-        computes them before the first step changes the weights."""
-        if "old_log_probs" in batch:
-            return batch
-        minis = -(-batching.batch_size(batch) // self.args.mini_batch_size)
-        passes = self.args.ppo_epochs if epochs is None else epochs
-        if passes * _max_over_ranks(minis) == 1:
-            return batch
+    def _with_old_log_probs(self, batch: Batch) -> Batch:
+        """``batch`` with the policy loss's ``old_log_probs``: a no-grad forward of the policy as
+        it is at the start of the call (``ppo_epochs`` > 1: every row is trained again after the
+        weights change)."""
         old = self.forward(batch).log_probs
         assert old is not None  # an actor's forward always gives log-probs
         return {**batch, "old_log_probs": old}
+
+    def _with_old_log_probs_after_first(self, minis: list[Batch]) -> list[Batch]:
+        """One pass over several mini-batches: the first trains before any optimizer step, so the
+        policy loss takes its old log-probs from that training forward (detached, ratio exactly 1:
+        no extra pass, as with a single step); the later ones get a no-grad forward of the policy
+        as it is now, before the first step changes it. Saves the forward over the first
+        mini-batch that a whole-batch pass would spend (half of it with 2 optimizer steps per
+        batch). Every rank holds the same number of mini-batches, so all run this forward."""
+        later = minis[1:]
+        old = self.forward(batching.concat(later)).log_probs
+        assert old is not None  # an actor's forward always gives log-probs
+        parts = old.split([batching.batch_size(m) for m in later])
+        return [minis[0], *({**m, "old_log_probs": o} for m, o in zip(later, parts))]
 
     def any_rank(self, flag: bool) -> bool:
         return any_rank_true(flag)

@@ -115,6 +115,10 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
             col = int(batch["response_mask"][0].nonzero()[0, 0])
             batch["advantages"][0, col] = float("nan")
         loss_fn = spec.get("loss_fn") or _loss_with_nan
+        if spec.get("actor_loss") is not None:  # ActorLossConfig kwargs (a closure cannot spawn)
+            from rl_train.losses import ActorLossConfig, build_actor_loss
+
+            loss_fn = build_actor_loss(ActorLossConfig(**spec["actor_loss"]))
         try:
             history.append(backend.train_step(batch, loss_fn))
         except Exception as err:
