@@ -77,9 +77,10 @@ engine admits 8 rows at a time, so t_gen > t_train) makes it trigger (measured b
 Written to `<out>/async_bench.json`: per run trained samples/s, held-out accuracy after the same
 number of trained samples (sampled `val/accuracy`, greedy), mean t_roll / t_gen / t_train /
 t_sync per step, response lengths (mean, median, 90th percentile, max, truncated), policy lag
-(mean, max, histogram), resumed samples; the measured ratios; the ideal from the synchronous
-run's timings, and the formula's denominator with each async run's own (contended) timings;
-threads, total seconds and the load average.
+(mean, max, histogram), resumed samples; the measured ratios (also over the second half of the
+steps, `measured_speedup_second_half`: the steady state, beside the whole run's); the ideal from
+the synchronous run's timings, and the formula's denominator with each async run's own
+(contended) timings; threads, total seconds and the load average.
 
 Where the cores go (`cores_busy` per run: CPU seconds of each role's processes over steps
 2..N-1 / wall seconds, from /proc: tools/bench/proc_cpu.py) and the work per sample
@@ -337,12 +338,22 @@ def timings(rows: list[dict[str, Any]], asynchronous: bool) -> dict[str, float]:
         "response_length_max": max(r["response/length_max"] for r in rows),
         "truncated_rate": round(mean(r.get("response/truncated_rate", 0.0) for r in rows), 3),
         "resumed_samples": sum(r.get("rollout/resumed_samples", 0.0) for r in rows),
+        "samples_per_s_second_half": second_half_rate(rows),
     }
     if asynchronous:
         hist = sorted({k for r in rows for k in r if k.startswith("async/lag_hist/")})
         out["lag_hist"] = {k.rsplit("/", 1)[1]: sum(r.get(k, 0.0) for r in rows) for k in hist}
         out["rollout_idle_s_mean"] = round(mean(r["async/rollout_idle_s"] for r in rows), 2)
     return out
+
+
+def second_half_rate(rows: list[dict[str, Any]]) -> float:
+    """Trained samples per second of step time over the second half of the steps (steady state:
+    past the first steps' long warm-up responses, which an asynchronous run trains on for
+    max_staleness steps longer). Reported beside the whole run's samples/s, never instead."""
+    half = rows[len(rows) // 2 :]
+    seconds = sum(r["timing/step"] for r in half)
+    return round(sum(r["rollout/num_trajectories"] for r in half) / seconds, 1) if seconds else 0.0
 
 
 def ideal_speedup(t_roll: float, t_train: float) -> float:
@@ -363,6 +374,11 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         ),
         "measured_speedup": {
             name: round(r["samples_per_s"] / sync["samples_per_s"], 3) for name, r in others.items()
+        },
+        "measured_speedup_second_half": {
+            name: round(r["samples_per_s_second_half"] / sync["samples_per_s_second_half"], 3)
+            for name, r in others.items()
+            if sync.get("samples_per_s_second_half")
         },
         "measured_speedup_response_tokens": {
             name: round(r["response_tokens_per_s"] / sync["response_tokens_per_s"], 3)

@@ -75,6 +75,20 @@ def test_node_local_store_forms_a_two_rank_gloo_group_and_leaves_no_file():
     assert not node_local_store_path(token).exists()  # the last rank's store removed it
 
 
+def test_a_single_rank_store_is_in_memory_and_makes_no_file():
+    one, two = new_rendezvous_token(), new_rendezvous_token()
+    store = node_local_store(one, 1)
+    store.set("key", "value")
+    assert store.get("key") == b"value"
+    assert not node_local_store_path(one).exists()
+    shared = node_local_store(two, 2)  # more ranks: the file they meet in
+    try:
+        shared.set("key", "value")
+        assert node_local_store_path(two).exists()
+    finally:
+        node_local_store_path(two).unlink(missing_ok=True)
+
+
 @pytest.mark.parametrize("token", ["short", "../../../etc/passwd-0123456789", "a" * 65, ""])
 def test_node_local_store_refuses_a_token_that_could_name_another_file(token):
     with pytest.raises(ValueError, match="rendezvous token"):

@@ -20,7 +20,16 @@ def test_spawned_ranks_meet_without_a_port_and_leave_no_store_file(tmp_path):
     assert seen[0]["master_port"] is None and seen[1]["master_port"] is None
     token = seen[0]["token"]
     assert token and seen[1]["token"] == token
-    assert not node_local_store_path(token).exists()
+    assert seen[0]["store_file"]  # the ranks met in the node-local file ...
+    assert not node_local_store_path(token).exists()  # ... and it is gone after them
+
+
+def test_a_single_rank_makes_no_store_file(tmp_path):
+    """A group of one meets no one: no file, so none is left if the rank is killed."""
+    spawn(rendezvous_probe, 1, str(tmp_path))
+    seen = json.loads((tmp_path / "probe_rank0.json").read_text())
+    assert seen["sum"] == 1.0 and seen["world"] == 1
+    assert seen["token"] and not seen["store_file"]
 
 
 def test_a_second_spawn_gets_a_fresh_rendezvous(tmp_path):

@@ -29,7 +29,7 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-from torch._C._distributed_c10d import FileStore, TCPStore
+from torch._C._distributed_c10d import FileStore, HashStore, Store, TCPStore
 
 IFF_LOOPBACK = 0x8
 
@@ -100,14 +100,20 @@ def create_store(
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 
-def node_local_store(token: str, world_size: int) -> FileStore:
+def node_local_store(token: str, world_size: int) -> Store:
     """The rendezvous store of a group whose ranks all run on this node: a ``FileStore`` at
     ``<tempdir>/rl-rendezvous-<token>``. Every rank passes the same ``token`` (16-64 characters
     of ``[A-Za-z0-9_-]``, random: :func:`new_rendezvous_token`; a guessable name could be
     planted). No port, no listener: nothing to race for and nothing another host can reach. The
     file is removed when the last rank's store object is destroyed; a launcher whose ranks may
-    not get there (killed, ``os._exit``) removes :func:`node_local_store_path` after them."""
-    return FileStore(str(node_local_store_path(token)), world_size)
+    not get there (killed, ``os._exit``) removes :func:`node_local_store_path` after them.
+
+    A group of one rank meets no one: it gets an in-memory ``HashStore`` and no file is made, so
+    a killed single-rank worker (the common role size on one machine) leaves nothing behind."""
+    path = node_local_store_path(token)  # the token is checked either way
+    if world_size == 1:
+        return HashStore()
+    return FileStore(str(path), world_size)
 
 
 def node_local_store_path(token: str) -> Path:

@@ -47,10 +47,10 @@ def concat(batches: list[Batch]) -> Batch:
     first batch's."""
     if not batches:
         raise ValueError("concat needs at least one batch")
-    sizes = [batch_size(b) for b in batches]
+    n = batch_size(batches[0])
     out: Batch = dict(batches[0])
     for key, value in batches[0].items():
-        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == sizes[0]:
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
             out[key] = torch.cat([b[key] for b in batches])
     return out
 

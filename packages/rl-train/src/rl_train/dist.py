@@ -2,7 +2,8 @@
 with the collective backend chosen by rl_sync.device, and a small multi-process launcher.
 
 Groups whose ranks all run on one node (rl-runtime's worker groups, :func:`spawn`) meet without a
-port: ``$RL_RENDEZVOUS_TOKEN`` names a node-local ``FileStore`` (rl_sync.store.node_local_store).
+port: ``$RL_RENDEZVOUS_TOKEN`` names a node-local ``FileStore`` (rl_sync.store.node_local_store;
+an in-memory store for a single rank).
 A port picked by the launcher and bound later by rank 0 can be taken in between (it was, once in
 CI: ``EADDRINUSE`` in a trainer's start on a loaded Ray machine)."""
 

@@ -150,15 +150,19 @@ def rendezvous_probe(rank: int, out: str) -> None:
     and write what it saw (the sum, the rendezvous env) to ``out/probe_rank<r>.json``."""
     import json
 
+    from rl_sync.store import node_local_store_path
     from rl_train import dist as rdist
 
     rdist.init_distributed("cpu", timeout_s=60.0)
     total = rdist.all_reduce_sum([float(rank + 1)])[0]
+    token = os.environ.get(rdist.RENDEZVOUS_ENV)
     seen = {
         "sum": total,
         "world": rdist.world_size(),
-        "token": os.environ.get(rdist.RENDEZVOUS_ENV),
+        "token": token,
         "master_port": os.environ.get("MASTER_PORT"),
+        # while the group lives (every rank has all-reduced, none has left)
+        "store_file": bool(token) and node_local_store_path(token).exists(),
     }
     (Path(out) / f"probe_rank{rank}.json").write_text(json.dumps(seen))
 

@@ -1,0 +1,39 @@
+"""tools/bench/async.py's ratios from per-step metrics, against hand-computed values."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench"
+sys.path.insert(0, str(BENCH))
+_spec = importlib.util.spec_from_file_location("bench_async", BENCH / "async.py")
+assert _spec is not None and _spec.loader is not None
+bench_async = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_async)
+
+
+def _rows(step_seconds: list[float], samples: float = 128.0) -> list[dict[str, float]]:
+    return [{"timing/step": s, "rollout/num_trajectories": samples} for s in step_seconds]
+
+
+def test_second_half_rate_counts_only_the_later_steps():
+    # 5 steps: the second half is the last 3 (1 + 1 + 2 s for 3 x 128 samples)
+    rows = _rows([10.0, 10.0, 1.0, 1.0, 2.0])
+    assert bench_async.second_half_rate(rows) == pytest.approx(3 * 128 / 4.0)
+    assert bench_async.second_half_rate([]) == 0.0
+
+
+def test_compare_reports_the_second_half_beside_the_whole_run():
+    sync = {"samples_per_s": 100.0, "t_roll_s": 0.2, "t_train_s": 0.3,
+            "samples_per_s_second_half": 200.0}  # fmt: skip
+    run = {"samples_per_s": 130.0, "t_roll_s": 0.25, "t_train_s": 0.35,
+           "samples_per_s_second_half": 320.0}  # fmt: skip
+    out = bench_async.compare({"sync": sync, "staleness_1": run})
+    assert out["measured_speedup"] == {"staleness_1": 1.3}
+    assert out["measured_speedup_second_half"] == {"staleness_1": 1.6}
+    assert out["ideal_speedup_from_sync_timings"] == pytest.approx(0.5 / 0.3, abs=1e-3)
+    assert out["predicted_speedup_from_own_timings"] == {"staleness_1": round(0.5 / 0.35, 3)}
