@@ -107,6 +107,11 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
                 "loaded": report.loaded.name,
                 "rejected": [(p.name, reason) for p, reason in report.rejected],
             }
+    loss_fn = spec.get("loss_fn") or _loss_with_nan
+    if spec.get("actor_loss") is not None:  # ActorLossConfig kwargs (a closure cannot spawn)
+        from rl_train.losses import ActorLossConfig, build_actor_loss
+
+        loss_fn = build_actor_loss(ActorLossConfig(**spec["actor_loss"]))
     for step in range(start, spec["steps"]):
         batch = make_batch(**{**spec["batch"], "seed": spec["batch"].get("seed", 0) + step})
         batch = shard_rows(batch, rank, world, args.mini_batch_size)
@@ -114,11 +119,6 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
             batch["advantages"] = batch["advantages"].clone()
             col = int(batch["response_mask"][0].nonzero()[0, 0])
             batch["advantages"][0, col] = float("nan")
-        loss_fn = spec.get("loss_fn") or _loss_with_nan
-        if spec.get("actor_loss") is not None:  # ActorLossConfig kwargs (a closure cannot spawn)
-            from rl_train.losses import ActorLossConfig, build_actor_loss
-
-            loss_fn = build_actor_loss(ActorLossConfig(**spec["actor_loss"]))
         try:
             history.append(backend.train_step(batch, loss_fn))
         except Exception as err:
