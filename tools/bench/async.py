@@ -155,9 +155,9 @@ unchanged to the digit, and the ratio is where it was: 1.17-1.36 over the whole 
 and 1.20-1.68 over the second half. The steady-state step (steps 6-32, round 2) shows what the
 ratio is made of: sync 0.45 s (rollout 0.19 + actor_train 0.24), async 0.28 s (actor_train 0.26,
 the trainer's own compute 0.254 s against 0.233 s alone: +9% beside the rollout core), i.e. 1.6x
-in steady state, and the whole-run ratio is lost in steps 1-5 (sync 3.75 s, async 3.53 s: the
-warm-up policy's long responses, trained on for three more steps at max_staleness 2; in the
-00:30 run 4.19 s against 4.45 s).
+in steady state, and the whole-run ratio is lost in steps 1-5 (sync 3.75 s, async 3.53 s; in
+the 00:30 run 4.19 s against 4.45 s): at max_staleness 2 the first three batches all come from
+the warm-up policy, whose responses are long.
 
 Measured on a quiet 2-core machine after the trainer's forward began to run each distinct prompt
 once (`actor_train.share_prompt_forward: true`, now in apps/rlvr's CPU default; rl-train's

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rl_sync.group import free_port
-from rl_sync.store import new_rendezvous_token
+from rl_sync.store import new_rendezvous_token, node_local_store_path
 from rl_sync.testing import (
     bitwise_equal,
     make_named_tensors,
@@ -28,6 +28,15 @@ from rl_sync.testing import (
 pytestmark = pytest.mark.xdist_group("dist")
 
 TIMEOUT_S = 60.0
+_TOKENS: list[str] = []  # the trainer worlds' rendezvous of the running test
+
+
+@pytest.fixture(autouse=True)
+def _remove_rendezvous_files():
+    """A trainer rank that a fault test kills never destroys its store: remove the file after."""
+    yield
+    while _TOKENS:
+        node_local_store_path(_TOKENS.pop()).unlink(missing_ok=True)
 
 
 def _run(
@@ -36,6 +45,7 @@ def _run(
     ctx = mp_context()
     port_queue, trainer_results, receiver_results = ctx.Queue(), ctx.Queue(), ctx.Queue()
     token = new_rendezvous_token()
+    _TOKENS.append(token)
     out_path = str(tmp_path / "received.pt")
     receiver = spawn(
         receiver_main,
