@@ -28,13 +28,18 @@ def seq_lens(batch: Batch) -> torch.Tensor:
     return batch["attention_mask"].to(torch.long).sum(-1)
 
 
+def _is_rows(value: object, n: int) -> bool:
+    """Whether a batch entry is per-row data: a tensor whose first dim is the batch's ``B``."""
+    return isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n
+
+
 def select(batch: Batch, index: torch.Tensor | list[int]) -> Batch:
     """Rows ``index`` of every tensor whose first dim is ``B``; other entries are kept as they are."""
     n = batch_size(batch)
     idx = torch.as_tensor(index, dtype=torch.long)
     out: Batch = {}
     for key, value in batch.items():
-        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
+        if _is_rows(value, n):
             out[key] = value.index_select(0, idx.to(value.device))
         else:
             out[key] = value
@@ -50,7 +55,7 @@ def concat(batches: list[Batch]) -> Batch:
     n = batch_size(batches[0])
     out: Batch = dict(batches[0])
     for key, value in batches[0].items():
-        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
+        if _is_rows(value, n):
             out[key] = torch.cat([b[key] for b in batches])
     return out
 

@@ -290,9 +290,13 @@ class BackendCore:
         """``batch`` with the policy loss's ``old_log_probs``: a no-grad forward of the policy as
         it is at the start of the call (``ppo_epochs`` > 1: every row is trained again after the
         weights change)."""
+        return {**batch, "old_log_probs": self._policy_log_probs(batch)}
+
+    def _policy_log_probs(self, batch: Batch) -> torch.Tensor:
+        """``[B, T]`` no-grad log-probs of the policy as it is now."""
         old = self.forward(batch).log_probs
         assert old is not None  # an actor's forward always gives log-probs
-        return {**batch, "old_log_probs": old}
+        return old
 
     def _with_old_log_probs_after_first(self, minis: list[Batch]) -> list[Batch]:
         """One pass over several mini-batches: the first trains before any optimizer step, so the
@@ -302,8 +306,7 @@ class BackendCore:
         mini-batch that a whole-batch pass would spend (half of it with 2 optimizer steps per
         batch). Every rank holds the same number of mini-batches, so all run this forward."""
         later = minis[1:]
-        old = self.forward(batching.concat(later)).log_probs
-        assert old is not None  # an actor's forward always gives log-probs
+        old = self._policy_log_probs(batching.concat(later))
         parts = old.split([batching.batch_size(m) for m in later])
         return [minis[0], *({**m, "old_log_probs": o} for m, o in zip(later, parts))]
 
