@@ -112,6 +112,56 @@ def test_local_worker_group_calls_are_bounded_by_rpc_timeout():
         )
 
 
+TORN_DOWN_WITH_TORCH = """
+import time, torch
+from rl_runtime.placement import plan_placement
+from rl_runtime.worker_group import WorkerGroup
+
+class Heavy:  # its teardown runs torch ops (each releases the GIL), as a model's does
+    def __init__(self, rank, world_size, dist_env):
+        self.a = torch.randn(128, 128)
+    def __del__(self):
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            torch.mm(self.a, self.a)
+
+plan = plan_placement({"actor_train": [0]}, num_devices=1)
+group = WorkerGroup.create("actor_train", Heavy, plan.roles["actor_train"], mode="local")
+group.shutdown()
+print("shut down")
+"""
+
+
+def test_local_workers_are_torn_down_before_the_driver_exits(tmp_path):
+    """--no-ray: shutdown waits until each worker's thread has released its object. A driver
+    that exits while a daemon thread still runs torch dies with SIGABRT ("terminate called
+    without an active exception") after a successful run: it did once in CI (FSDP2's process
+    group torn down on the worker's thread), and this script did every time before the wait."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "driver.py"
+    script.write_text(TORN_DOWN_WITH_TORCH)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and "terminate called" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "shut down"
+
+
+def test_local_worker_releases_its_object_on_stop():
+    import weakref
+
+    plan = plan_placement({"actor_train": [0]}, num_devices=1)
+    group = WorkerGroup.create("actor_train", Echo, plan.roles["actor_train"], mode="local")
+    worker = group.workers[0]
+    assert group.call_all("whoami")[0][0] == 0
+    obj = weakref.ref(worker._obj)
+    worker.stop()
+    assert worker.join(10.0)
+    assert obj() is None and worker._obj is None  # released on its thread, by refcount
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
 def test_ray_worker_groups_placement_timeout_and_errors():

@@ -6,6 +6,13 @@ with the group's `rpc_timeout`, exactly as on Ray object refs. One thread per wo
 thread-bound state (the current CUDA device, torch's per-thread settings) across calls. A call
 that hangs cannot be killed inside the process, but the driver stops waiting, raises
 `RpcTimeoutError` naming the role and method, and the daemon thread does not hold the exit.
+
+Stopping releases the object on its own thread, and `join` waits for that: the driver must not
+exit while a daemon thread still runs torch. Python (before 3.14) ends a daemon thread that wakes
+during interpreter exit with `pthread_exit`, whose unwinding through torch's C++ frames aborts the
+whole process ("terminate called without an active exception", rc -6) after the run succeeded.
+A worker's object torn down on its thread as the driver exits (an FSDP2 model's process group,
+whose destructor releases the GIL) did that once in CI.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ class LocalWorker:
                 future.set_result(fn())
             except BaseException as exc:  # handed to the waiting driver
                 future.set_exception(exc)
+            del job, future, fn  # nothing of a finished call outlives it on this thread
+        self._obj = None  # its destructors run here, before `join` returns (module docstring)
 
     def _put(self, fn: Callable[[], Any]) -> Future:
         future: Future = Future()
@@ -65,5 +74,11 @@ class LocalWorker:
         return self._put(run)
 
     def stop(self) -> None:
-        """Let the thread end after the calls already submitted (does not wait for them)."""
+        """Let the thread end after the calls already submitted, releasing the object there
+        (does not wait: `join` does)."""
         self._jobs.put(_STOP)
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait at most `timeout_s` for the thread to end after `stop`; True if it has."""
+        self._thread.join(timeout=max(0.0, timeout_s))
+        return not self._thread.is_alive()

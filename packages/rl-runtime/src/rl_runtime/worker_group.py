@@ -13,6 +13,8 @@ it with the group's `rpc_timeout`. Every wait, in either mode, goes through `rl_
 from __future__ import annotations
 
 import contextlib
+import time
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import Future, wait
 from typing import Any, Literal
@@ -190,14 +192,13 @@ class WorkerGroup:
         """Kill Ray actors, or end local workers' threads, after a bounded `shutdown` call on
         workers that have one."""
         if self.mode == "local":
+            futures: list[Future] = []
             try:  # a worker stuck in an earlier (timed-out) call never gets to this one
                 with contextlib.suppress(RpcTimeoutError):
                     futures = [w.submit("shutdown", optional=True) for w in self.workers]
                     self.wait(futures, "shutdown", timeout=60.0)
             finally:
-                for w in self.workers:
-                    w.stop()
-                self.workers = []
+                self._end_local_threads(stuck={i for i, f in enumerate(futures) if not f.done()})
             return
         import ray
 
@@ -207,6 +208,24 @@ class WorkerGroup:
             ray.kill(w, no_restart=True)
         self.workers = []
         self._remove_rendezvous()
+
+    def _end_local_threads(self, stuck: set[int], timeout_s: float = 60.0) -> None:
+        """Stop every local worker's thread and wait (bounded) until each has released its
+        object, so that no daemon thread still runs torch when the driver exits (that aborts the
+        process: rl_runtime.local_worker). `stuck`: indices of workers still inside an earlier
+        call, which cannot end; they are left behind, as is a worker past `timeout_s` (warned)."""
+        for w in self.workers:
+            w.stop()
+        deadline = time.monotonic() + timeout_s
+        for i, w in enumerate(self.workers):
+            if i not in stuck and not w.join(deadline - time.monotonic()):
+                warnings.warn(
+                    f"{self.role} worker {i} did not end within {timeout_s:g} s of shutdown; "
+                    "the process may abort at exit",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        self.workers = []
 
     def _remove_rendezvous(self) -> None:
         """A killed worker never destroys its store: remove the rendezvous file if it is on this
