@@ -37,3 +37,29 @@ def test_compare_reports_the_second_half_beside_the_whole_run():
     assert out["measured_speedup_second_half"] == {"staleness_1": 1.6}
     assert out["ideal_speedup_from_sync_timings"] == pytest.approx(0.5 / 0.3, abs=1e-3)
     assert out["predicted_speedup_from_own_timings"] == {"staleness_1": round(0.5 / 0.35, 3)}
+
+
+def test_repeat_summary_reports_mean_standard_error_and_range():
+    rounds = [
+        {
+            "measured_speedup": {"staleness_1": 1.2},
+            "measured_speedup_second_half": {"staleness_1": 1.5},
+        },
+        {
+            "measured_speedup": {"staleness_1": 1.4},
+            "measured_speedup_second_half": {"staleness_1": 1.9},
+        },
+        {
+            "measured_speedup": {"staleness_1": 1.6},
+            "measured_speedup_second_half": {"staleness_1": 1.7},
+        },
+    ]
+    out = bench_async.repeat_summary(rounds)
+    whole = out["measured_speedup"]["staleness_1"]
+    # mean 1.4; sample standard deviation 0.2; standard error 0.2 / sqrt(3) = 0.1155
+    assert whole == {"mean": 1.4, "standard_error": 0.115, "min": 1.2, "max": 1.6, "rounds": 3}
+    half = out["measured_speedup_second_half"]["staleness_1"]
+    assert half["mean"] == 1.7 and half["standard_error"] == 0.115  # deviations -0.2, 0.2, 0
+    assert (half["min"], half["max"]) == (1.5, 1.9)
+    one = bench_async.repeat_summary(rounds[:1])["measured_speedup"]["staleness_1"]
+    assert one["standard_error"] is None and one["mean"] == 1.2

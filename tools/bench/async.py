@@ -1,7 +1,8 @@
 """Benchmark: synchronous against asynchronous RLVR on the CPU (rollout and training on separate
 CPU bundles), with a long-tailed response-length distribution, with and without partial rollout.
 
-    uv run python tools/bench/async.py [--steps 8] [--runs NAME ...] [--quick] [--out DIR] [k=v ...]
+    uv run python tools/bench/async.py [--steps 8] [--runs NAME ...] [--quick] [--repeats N]
+        [--out DIR] [k=v ...]
 
 Workload: apps/rlvr's CPU default (`max 3 8 1 5 =` -> `#### 8`, tiny model) in apps/async's layout
 (async_compare.CPU_DEFAULTS: actor_train + reference on CPU bundle 0, actor_infer on bundle 1, IS
@@ -82,6 +83,12 @@ steps, `measured_speedup_second_half`: the steady state, beside the whole run's)
 the synchronous run's timings, and the formula's denominator with each async run's own
 (contended) timings; threads, total seconds and the load average.
 
+`--repeats N` runs the chosen runs N times, in reverse order every other round (so drift on the
+machine falls on both sides), each round under `<out>/round<i>`; `async_bench.json` then holds
+every round (`rounds`: its runs and ratios) and, per asynchronous run, the ratio's mean, standard
+error and range over the rounds (`repeats`). One round's ratio is one draw from a spread of about
++-0.15 on 2 cores (below), so a claim about a ratio quotes the repeats.
+
 Where the cores go (`cores_busy` per run: CPU seconds of each role's processes over steps
 2..N-1 / wall seconds, from /proc: tools/bench/proc_cpu.py) and the work per sample
 (`response_tokens_per_s`: the trainer's cost grows with the response tokens, and a lagging policy
@@ -158,6 +165,38 @@ the trainer's own compute 0.254 s against 0.233 s alone: +9% beside the rollout 
 in steady state, and the whole-run ratio is lost in steps 1-5 (sync 3.75 s, async 3.53 s; in
 the 00:30 run 4.19 s against 4.45 s): at max_staleness 2 the first three batches all come from
 the warm-up policy, whose responses are long.
+
+Repeated, 2026-11-24 05:02-05:09 (load 1.7-1.8, 434 s in all): `--steps 32 --repeats 3 --runs
+sync staleness_1 staleness_2_partial`, the order reversed in round 2:
+
+| round | sync samples/s | staleness_1 | staleness_2_partial | second half: staleness_1 / staleness_2_partial |
+|---|---|---|---|---|
+| 1 | 262.0 | 366.9 (1.40) | 340.9 (1.30) | 1.70 / 1.56 |
+| 2 | 278.2 | 332.5 (1.20) | 388.7 (1.40) | 1.41 / 1.64 |
+| 3 | 295.7 | 370.3 (1.25) | 363.5 (1.23) | 1.47 / 1.44 |
+
+Over the whole run, staleness_2_partial reaches **1.31x +- 0.05** (mean +- standard error over 3
+rounds) and staleness_1 1.28x +- 0.06; over the second half, 1.55 +- 0.06 and 1.53 +- 0.09. So the
+1.6x target is not met, and the gap is larger than the spread. Held-out accuracy is the same in
+every round: sampled 0.760 sync, 0.735 staleness_1, 0.750 staleness_2_partial; greedy 0.760 in all.
+
+Token-budget micro-batches tried again the same hour, with `--steps 32 --runs sync
+staleness_2_partial` and `actor_train.use_dynamic_batching_in_train=true
+max_tokens_per_microbatch_in_train=4096`, taking turns with the default:
+
+| run | ratio | over the second half |
+|---|---|---|
+| on | 1.44 | 1.68 |
+| off | 1.23 | 1.38 |
+| on | 1.32 | 1.68 |
+| off | 1.51 | 2.05 |
+
+- The means are 1.38 with the setting and 1.37 without: no effect beyond the spread. This
+  replaces the one 16-step pair above that suggested a loss.
+- What the setting does change: training on a long-tailed batch is cheaper. In the first round,
+  async training at steps 2-3 took 0.72 / 0.59 s with it against 0.94 / 0.76 s without.
+  - But the same steps vary as much between rounds of one setting: 0.92 / 0.87 s with it in the
+    second round.
 
 Measured on a quiet 2-core machine after the trainer's forward began to run each distinct prompt
 once (`actor_train.share_prompt_forward: true`, now in apps/rlvr's CPU default; rl-train's
@@ -277,7 +316,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from statistics import mean, median
+from statistics import mean, median, stdev
 from typing import Any
 
 from proc_cpu import ProcessCpu  # tools/bench/ (the script's dir)
@@ -426,6 +465,68 @@ def thread_counts() -> dict[str, Any]:
             "worker_torch_threads": 1, "cpu_count": os.cpu_count()}  # fmt: skip
 
 
+def repeat_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over rounds of the same runs (each round's `compare`): per asynchronous run, the mean of
+    the measured ratio (whole run and second half), its standard error (sample standard deviation
+    / sqrt(rounds); None for one round) and the range, so that a ratio is read against its spread
+    on a noisy machine."""
+    out: dict[str, Any] = {}
+    for key in ("measured_speedup", "measured_speedup_second_half"):
+        names = sorted({name for r in rounds for name in r.get(key, {})})
+        per_run = {}
+        for name in names:
+            values = [r[key][name] for r in rounds if name in r.get(key, {})]
+            n = len(values)
+            se = stdev(values) / n**0.5 if n > 1 else None
+            per_run[name] = {
+                "mean": round(mean(values), 3),
+                "standard_error": None if se is None else round(se, 3),
+                "min": min(values),
+                "max": max(values),
+                "rounds": n,
+            }
+        out[key] = per_run
+    return out
+
+
+def run_once(name: str, overrides: list[str], out_dir: str, steps: int) -> dict[str, Any]:
+    """One run of `RUNS[name]` under `out_dir/<name>`: its figures (see module docstring)."""
+    from async_compare import run_overrides, run_summary, step_rows
+    from rlvr_app import DEFAULT_CONFIG, compose, load, run
+
+    staleness, partial = RUNS[name]
+    run_args = run_overrides(overrides, out_dir, name, staleness)
+    if partial:
+        run_args.append("async.partial_rollout=true")
+    cfg, app = load(DEFAULT_CONFIG, run_args)
+    composed = compose(cfg)
+    print(f"=== {name} (max_staleness={staleness}, partial_rollout={partial})", flush=True)
+    done = threading.Event()
+    with ProcessCpu() as cpu:
+        watcher = threading.Thread(
+            target=watch_steps, args=(cpu, cfg.logging_dir, steps - 1, done), daemon=True
+        )
+        watcher.start()
+        try:
+            result = run(cfg, app, composed, eval_before=False)
+        finally:
+            done.set()
+            watcher.join()
+    rows = step_rows(cfg.logging_dir)
+    figures = {**run_summary(result, rows), **timings(rows, staleness > 0)}
+    # the trainer's work grows with the response tokens: a lagging policy may keep longer
+    # responses (the tail shrinks as RL goes on), so samples/s alone hides work per sample
+    loop_s = result.throughput.get("loop_seconds", 0.0)
+    tokens = sum(  # rollout/response_tokens: the mean over the step's samples
+        r.get("rollout/response_tokens", 0.0) * r.get("rollout/num_trajectories", 0.0) for r in rows
+    )
+    figures["response_tokens_per_s"] = round(tokens / loop_s, 1) if loop_s else 0.0
+    # cores busy per role over steps 2..N-1
+    if steps >= 3 and {"loop_start", "loop_end"} <= cpu.marks.keys():
+        figures["cores_busy"] = cpu.cores("loop_start", "loop_end")
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -439,51 +540,37 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true",
         help="an end-to-end check: 3 steps, 16 held-out prompts x 1 sample",
     )  # fmt: skip
+    parser.add_argument(
+        "--repeats", type=int, default=1,
+        help="rounds of the runs (the order reversed every other round); the ratios' mean, "
+        "standard error and range over the rounds in `repeats`",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="key=value, applied to every run")
     args = parser.parse_args(argv)
-    from async_compare import CPU_DEFAULTS, run_overrides, run_summary, step_rows
-    from rlvr_app import DEFAULT_CONFIG, compose, load, run
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    from async_compare import CPU_DEFAULTS
 
     steps = 3 if args.quick else args.steps
     base = {**CPU_DEFAULTS, **LONG_TAIL, **(QUICK if args.quick else {}), "max_steps": steps,
             "eval_steps": steps, "save_steps": steps, "output_dir": args.out}  # fmt: skip
     overrides = [f"{k}={v}" for k, v in base.items()] + list(args.overrides)
     report: dict[str, Any] = {"steps": steps, "config": base, "extra_overrides": args.overrides,
-                              "threads": thread_counts(), "runs": {}}  # fmt: skip
+                              "threads": thread_counts()}  # fmt: skip
     t0 = time.perf_counter()
-    for name in args.runs:
-        staleness, partial = RUNS[name]
-        run_args = run_overrides(overrides, args.out, name, staleness)
-        if partial:
-            run_args.append("async.partial_rollout=true")
-        cfg, app = load(DEFAULT_CONFIG, run_args)
-        composed = compose(cfg)
-        print(f"=== {name} (max_staleness={staleness}, partial_rollout={partial})", flush=True)
-        done = threading.Event()
-        with ProcessCpu() as cpu:
-            watcher = threading.Thread(
-                target=watch_steps, args=(cpu, cfg.logging_dir, steps - 1, done), daemon=True
-            )
-            watcher.start()
-            try:
-                result = run(cfg, app, composed, eval_before=False)
-            finally:
-                done.set()
-                watcher.join()
-        rows = step_rows(cfg.logging_dir)
-        report["runs"][name] = {**run_summary(result, rows), **timings(rows, staleness > 0)}
-        # the trainer's work grows with the response tokens: a lagging policy may keep longer
-        # responses (the tail shrinks as RL goes on), so samples/s alone hides work per sample
-        loop_s = result.throughput.get("loop_seconds", 0.0)
-        tokens = sum(  # rollout/response_tokens: the mean over the step's samples
-            r.get("rollout/response_tokens", 0.0) * r.get("rollout/num_trajectories", 0.0)
-            for r in rows
-        )
-        report["runs"][name]["response_tokens_per_s"] = round(tokens / loop_s, 1) if loop_s else 0.0
-        # cores busy per role over steps 2..N-1
-        if steps >= 3 and {"loop_start", "loop_end"} <= cpu.marks.keys():
-            report["runs"][name]["cores_busy"] = cpu.cores("loop_start", "loop_end")
-    report.update(compare(report["runs"]))
+    rounds: list[dict[str, Any]] = []
+    for index in range(args.repeats):
+        order = args.runs if index % 2 == 0 else args.runs[::-1]
+        out_dir = args.out if args.repeats == 1 else f"{args.out.rstrip('/')}/round{index + 1}"
+        runs = {name: run_once(name, overrides, out_dir, steps) for name in order}
+        runs = {name: runs[name] for name in args.runs}
+        rounds.append({"order": order, "runs": runs, **compare(runs)})
+    if args.repeats == 1:
+        report["runs"] = rounds[0]["runs"]
+        report.update(compare(report["runs"]))
+    else:
+        report["rounds"] = rounds
+        report["repeats"] = repeat_summary(rounds)
     report["total_seconds"] = round(time.perf_counter() - t0, 1)
     report["load_average"] = os.getloadavg()
     out = Path(args.out)
