@@ -135,8 +135,9 @@ print("shut down")
 def test_local_workers_are_torn_down_before_the_driver_exits(tmp_path):
     """--no-ray: shutdown waits until each worker's thread has released its object. A driver
     that exits while a daemon thread still runs torch dies with SIGABRT ("terminate called
-    without an active exception") after a successful run: it did once in CI (FSDP2's process
-    group torn down on the worker's thread), and this script did every time before the wait."""
+    without an active exception") after a successful run: one CI run did (most likely FSDP2's
+    process group torn down on the worker's thread), and this script did every time before the
+    wait."""
     import subprocess
     import sys
 

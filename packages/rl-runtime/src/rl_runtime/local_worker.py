@@ -12,7 +12,7 @@ exit while a daemon thread still runs torch. Python (before 3.14) ends a daemon 
 during interpreter exit with `pthread_exit`, whose unwinding through torch's C++ frames aborts the
 whole process ("terminate called without an active exception", rc -6) after the run succeeded.
 A worker's object torn down on its thread as the driver exits (an FSDP2 model's process group,
-whose destructor releases the GIL) did that once in CI.
+whose destructor releases the GIL) is the likely cause of the one such abort seen in CI.
 """
 
 from __future__ import annotations
