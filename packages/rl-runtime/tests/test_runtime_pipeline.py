@@ -224,3 +224,28 @@ def test_baselines_and_summary_reach_summary_json_and_the_table(tmp_path, capsys
     table = capsys.readouterr().out
     assert table.index("blind") < table.index("warm") < table.index("after RL")
     assert "0.125" in table and "gain: 0.5" in table
+
+
+def _two_device_config(**roles: list[int]) -> ExperimentConfig:
+    mapped = {role: {"device_mapping": devices} for role, devices in roles.items()}
+    return ExperimentConfig.model_validate({
+        "pretrain": "tiny", "num_gpus_per_node": 2, "rollout_batch_size": 4,
+        "train_env_manager": {"num_env_groups": 2, "group_size": 2, "tags": ["FL"]},
+        "val_env_manager": {"num_env_groups": 2, "group_size": 1, "tags": ["FL"]},
+        "custom_envs": {"FL": {"env_type": "frozen_lake", "max_steps": 4}},
+        **mapped,
+    })  # fmt: skip
+
+
+def test_without_ray_a_training_role_of_several_ranks_is_refused_by_name():
+    """--no-ray puts every worker in one process: a 2-rank actor_train used to wait for its
+    second rank until rpc_timeout (900 s in the CPU defaults), then fail with a hint to raise it."""
+    from rl_runtime.pipeline import check_in_process
+
+    two_ranks = compose(_two_device_config(actor_train=[0, 1], actor_infer=[0]))
+    with pytest.raises(ConfigError, match=r"actor_train\.device_mapping: 2 ranks") as err:
+        check_in_process(two_ranks, use_ray=False)
+    assert "actor_infer" not in str(err.value)
+    check_in_process(two_ranks, use_ray=True)  # Ray gives each rank its own process
+    # rollout workers hold no process group: two engines in one process are fine
+    check_in_process(compose(_two_device_config(actor_train=[0], actor_infer=[0, 1])), False)

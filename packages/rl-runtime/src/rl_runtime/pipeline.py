@@ -272,6 +272,31 @@ def check_optional_packages(cfg: Any) -> list[str]:
     return [e.describe() for e in missing]
 
 
+def check_in_process(components: Components, use_ray: bool) -> None:
+    """Without Ray (`--no-ray`) every worker runs in this process, and a process holds one rank
+    of a training role's process group: a ``ConfigError`` naming each training role mapped to
+    more than one rank, before anything starts (its first rank would otherwise wait for the
+    others until rpc_timeout)."""
+    if use_ray:
+        return
+    from rl_config.errors import ConfigError, ConfigIssue
+
+    issues = []
+    for r in components.roles:
+        ranks = len(r.device_mapping) // max(1, r.devices_per_worker)
+        if r.trains and ranks > 1:
+            issues.append(
+                ConfigIssue(
+                    f"{r.role}.device_mapping",
+                    f"{ranks} ranks, but without Ray (--no-ray) every worker runs in this one "
+                    "process, which holds one rank of a training role; run with Ray, or map "
+                    f"the role to {r.devices_per_worker} device(s)",
+                )
+            )
+    if issues:
+        raise ConfigError(issues)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -294,9 +319,11 @@ class Runner:
     # ------------------------------------------------------------------------------ setup
     def _announce(self) -> tuple[Path | None, RunState | None]:
         """First output: the resume line (if any), then warnings; writes the resolved config.
-        A resume whose config changed a key the checkpoint depends on is refused here, before
-        anything starts (rl_runtime.resume_guard)."""
+        Refused here, before anything starts: training roles of several ranks without Ray
+        (`check_in_process`), and a resume whose config changed a key the checkpoint depends on
+        (rl_runtime.resume_guard)."""
         c = self.components
+        check_in_process(c, self.options.use_ray)
         resume, state = None, None
         resume_warnings: list[str] = []
         if c.role("actor_train") is not None:
