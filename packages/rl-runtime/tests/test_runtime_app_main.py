@@ -21,9 +21,10 @@ class _DataError(Exception):
     pass
 
 
-def _spec(tmp_path: Path, *, refusals=(), fail: Exception | None = None, runs: list | None = None):
+def _spec(tmp_path: Path, *, refusals=(), fail: Exception | None = None, runs: list | None = None,
+          config_text: str = ""):  # fmt: skip
     config = tmp_path / "x.yaml"
-    config.write_text("pretrain: ./model\nx_app:\n  greeting: hello\n")
+    config.write_text("pretrain: ./model\nx_app:\n  greeting: hello\n" + config_text)
 
     def compose(cfg, options, flags):
         from rl_runtime.pipeline import compose_here
@@ -88,3 +89,16 @@ def test_errors_of_a_run_name_their_kind(tmp_path, capsys):
     assert "config error:" in capsys.readouterr().err
     with pytest.raises(RuntimeError):  # anything else is a bug: not turned into a line
         app_main(_spec(tmp_path, fail=RuntimeError("boom")), [])
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_no_ray_refuses_a_training_role_of_several_ranks(tmp_path, capsys, dry_run):
+    two_ranks = "num_gpus_per_node: 2\nactor_train:\n  device_mapping: [0, 1]\n"
+    runs: list = []
+    argv = ["--no-ray", *(["--dry-run"] if dry_run else [])]
+    assert app_main(_spec(tmp_path, runs=runs, config_text=two_ranks), argv) == 1
+    assert "actor_train.device_mapping: 2 ranks" in capsys.readouterr().err
+    assert runs == []
+    with pytest.raises(SystemExit):  # with Ray each rank has its own process
+        app_main(_spec(tmp_path, runs=runs, config_text=two_ranks), [])
+    assert len(runs) == 1

@@ -80,7 +80,7 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
-    from rl_runtime.pipeline import plan_text, print_result
+    from rl_runtime.pipeline import check_in_process, plan_text, print_result
 
     try:
         args = parse_app_args(
@@ -95,6 +95,10 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
         return _error("config error", exc)
     if "no_ray" in args.flags:
         options.use_ray = False
+        try:  # every worker in this process: refused here, a dry run included
+            check_in_process(composed.components, use_ray=False)
+        except ConfigError as exc:
+            return _error("config error", exc)
     if "dry_run" in args.flags:
         warnings = (*cfg.config_warnings(), *composed.components.warnings, *composed.notes)
         for line in (*warnings, *composed.refusals):
