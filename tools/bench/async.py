@@ -565,9 +565,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = {name: run_once(name, overrides, out_dir, steps) for name in order}
         runs = {name: runs[name] for name in args.runs}
         rounds.append({"order": order, "runs": runs, **compare(runs)})
-    if args.repeats == 1:
-        report["runs"] = rounds[0]["runs"]
-        report.update(compare(report["runs"]))
+    if args.repeats == 1:  # the one round's runs and ratios, at the top level as before
+        report.update({k: v for k, v in rounds[0].items() if k != "order"})
     else:
         report["rounds"] = rounds
         report["repeats"] = repeat_summary(rounds)
