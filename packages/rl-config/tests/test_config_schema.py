@@ -322,3 +322,14 @@ def test_config_every_field_is_documented() -> None:
 
     visit(ExperimentConfig)
     assert missing == []
+
+
+@pytest.mark.parametrize("threads", ["0", "two", "-1", "1.5", ""])
+def test_config_system_envs_thread_count_must_be_a_whole_number(threads: str) -> None:
+    issues = issues_of(system_envs={"OMP_NUM_THREADS": threads})
+    assert list(issues) == ["system_envs"]
+    assert "OMP_NUM_THREADS" in issues["system_envs"] and repr(threads) in issues["system_envs"]
+
+
+def test_config_system_envs_thread_count_accepts_yaml_integers() -> None:
+    assert validate(system_envs={"OMP_NUM_THREADS": 4}).system_envs == {"OMP_NUM_THREADS": "4"}

@@ -8,6 +8,7 @@ before training. `WeightSync` moves the trainer's weights into the engines with 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from rl_runtime.ray_setup import (
     shutdown_ray,
     start_ray,
     worker_env_vars,
+    worker_threads,
 )
 from rl_runtime.worker_group import PlacementGroups, WorkerGroup
 
@@ -60,6 +62,8 @@ class Cluster:
         self.owns_ray = owns_ray
         self.phase: str | None = None
         self.startup_seconds = 0.0
+        #: the driver's environment and threads before in-process workers took them
+        self.driver_state: DriverState | None = None
 
     @classmethod
     def start(
@@ -92,16 +96,21 @@ class Cluster:
         )
         pgs = None
         owns_ray = False
-        env_vars: dict[str, str] = {}
+        options = ray_options or RayOptions()
+        env_vars = worker_env_vars(
+            options.env_vars, worker_threads(options.env_vars, cpu_per_bundle)
+        )
+        driver = None
         if use_ray:
             set_ray_env_defaults()
             import ray
 
             owns_ray = not ray.is_initialized()
-            options = ray_options or RayOptions()
             start_ray(options)
-            env_vars = worker_env_vars(options.env_vars)
             pgs = PlacementGroups(plan, timeout_s=rpc_timeout)
+        else:  # the workers run in this process: it takes their environment until shutdown
+            driver = DriverState.take()
+            os.environ.update(env_vars)
         groups: dict[str, WorkerGroup] = {}
         try:
             for spec in specs:
@@ -126,8 +135,11 @@ class Cluster:
                 pgs.remove()
             if owns_ray:
                 shutdown_ray()
+            if driver is not None:
+                driver.restore()
             raise
         cluster = cls(plan, groups, pgs, use_ray=use_ray, owns_ray=owns_ray)
+        cluster.driver_state = driver
         cluster.startup_seconds = time.perf_counter() - t0
         return cluster
 
@@ -186,6 +198,33 @@ class Cluster:
             self.pgs = None
         if self.owns_ray:
             shutdown_ray()
+        if self.driver_state is not None:
+            self.driver_state.restore()
+            self.driver_state = None
+
+
+@dataclass(frozen=True)
+class DriverState:
+    """What in-process (`--no-ray`) workers change in the process they share with the driver:
+    the environment (system_envs, the torch.distributed variables of each rank) and torch's
+    thread count. Taken before they start, restored at shutdown."""
+
+    environ: dict[str, str]
+    threads: int
+
+    @classmethod
+    def take(cls) -> DriverState:
+        import torch
+
+        return cls(dict(os.environ), torch.get_num_threads())
+
+    def restore(self) -> None:
+        import torch
+
+        for key in set(os.environ) - set(self.environ):
+            del os.environ[key]
+        os.environ.update(self.environ)
+        torch.set_num_threads(self.threads)
 
 
 class WeightSyncError(RuntimeError):

@@ -47,10 +47,18 @@ class RayOptions:
     namespace: str = "rl"
 
 
-def worker_env_vars(system_envs: Mapping[str, Any] | None) -> dict[str, str]:
-    """Env vars every worker gets: quiet Ray defaults, thread caps, then the config's system_envs."""
-    env = dict(QUIET_RAY_ENV)
-    env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+def worker_threads(system_envs: Mapping[str, Any] | None, cpu_per_bundle: float) -> int:
+    """Torch threads of every worker: the config's ``system_envs.OMP_NUM_THREADS`` if set, else
+    the whole CPUs of a bundle (``cpu_per_bundle``, at least 1). Roles that share a bundle
+    (colocated) take turns on it, so each may use all of its CPUs while it computes."""
+    value = (system_envs or {}).get("OMP_NUM_THREADS")
+    return int(value) if value is not None else max(1, int(cpu_per_bundle))
+
+
+def worker_env_vars(system_envs: Mapping[str, Any] | None, threads: int = 1) -> dict[str, str]:
+    """Env vars every worker gets: quiet Ray defaults, ``OMP_NUM_THREADS=threads`` (read by
+    rl_runtime.workers for torch's threads), then the config's system_envs."""
+    env = {**QUIET_RAY_ENV, "OMP_NUM_THREADS": str(threads)}
     for key, value in (system_envs or {}).items():
         env[str(key)] = str(value)
     return env

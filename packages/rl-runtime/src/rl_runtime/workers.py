@@ -17,17 +17,19 @@ from typing import Any
 import torch
 
 
-def _init_process(dist_env: Mapping[str, str], threads: int, seed: int) -> None:
+def _init_process(dist_env: Mapping[str, str], seed: int) -> None:
     """Environment, threads and every global RNG stream of a worker process (torch, python,
     numpy): unseeded, python's and numpy's would start from OS entropy in each process, so a run
-    could not be repeated nor a resumed worker match an uninterrupted one."""
+    could not be repeated nor a resumed worker match an uninterrupted one. Torch's threads:
+    ``OMP_NUM_THREADS``, which the cluster sets for its workers
+    (rl_runtime.ray_setup.worker_threads), else 1."""
     import random
 
     import numpy as np
 
     os.environ.update({k: str(v) for k, v in dist_env.items()})
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    torch.set_num_threads(max(1, threads))
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS") or 1)))
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -55,9 +57,8 @@ class TrainWorker:
         model_args: Any = None,
         loss_config: Any = None,
         seed: int = 0,
-        threads: int = 1,
     ) -> None:
-        _init_process(dist_env, threads, seed + rank)
+        _init_process(dist_env, seed + rank)
         from rl_train import build_backend
 
         self.rank = rank
@@ -234,12 +235,11 @@ class RolloutWorker:
         strategy_config: Mapping[str, Any] | None = None,
         dtype: str = "float32",
         seed: int = 0,
-        threads: int = 1,
         env_configs: Mapping[str, Mapping[str, Any]] | None = None,
         agent_kwargs: Mapping[str, Any] | None = None,
         sandbox_allow_weak_isolation: bool = False,
     ) -> None:
-        _init_process(dist_env, threads, seed + 1000 + rank)
+        _init_process(dist_env, seed + 1000 + rank)
         from transformers import AutoTokenizer
 
         from rl_envs.sandbox.shared import configure_shared_pool

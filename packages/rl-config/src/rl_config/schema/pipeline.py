@@ -171,7 +171,9 @@ class PipelineFields(StrictModel):
     )
     system_envs: dict[str, str] = Field(
         default_factory=dict,
-        description="Environment variables set in every worker process (secrets redacted in dumps).",
+        description="Environment variables set in every worker process (secrets redacted in "
+        "dumps). OMP_NUM_THREADS here sets each worker's torch threads (unset: the whole CPUs "
+        "its bundle reserves, at least 1).",
     )
     local_rank: int = Field(default=-1, description="Set by launchers; -1 when not distributed.")
     generate_opt_level: Literal[0, 1] = Field(
@@ -205,6 +207,17 @@ class PipelineFields(StrictModel):
     @classmethod
     def _stringify_envs(cls, value: Any) -> Any:
         return stringify_env_values(value)
+
+    @field_validator("system_envs", mode="after")
+    @classmethod
+    def _thread_count(cls, value: dict[str, str]) -> dict[str, str]:
+        threads = value.get("OMP_NUM_THREADS")
+        if threads is not None and not (threads.strip().isdigit() and int(threads) >= 1):
+            raise ValueError(
+                f"OMP_NUM_THREADS={threads!r}: expected a whole number >= 1 (the torch threads "
+                "of every worker; unset: the whole CPUs of the worker's bundle)"
+            )
+        return value
 
     @field_validator("resume_from_checkpoint", mode="before")
     @classmethod
