@@ -63,3 +63,18 @@ def test_repeat_summary_reports_mean_standard_error_and_range():
     assert (half["min"], half["max"]) == (1.5, 1.9)
     one = bench_async.repeat_summary(rounds[:1])["measured_speedup"]["staleness_1"]
     assert one["standard_error"] is None and one["mean"] == 1.2
+
+
+def test_compare_sets_the_asynchronous_runs_against_the_colocated_synchronous_run_too():
+    def run(rate: float) -> dict[str, float]:
+        return {"samples_per_s": rate, "t_roll_s": 0.2, "t_train_s": 0.3,
+                "samples_per_s_second_half": rate}  # fmt: skip
+
+    out = bench_async.compare(
+        {"sync": run(100.0), "sync_colocated": run(125.0), "staleness_2_partial": run(150.0)}
+    )
+    # the colocated synchronous run is a baseline, not an asynchronous run
+    assert out["measured_speedup"] == {"staleness_2_partial": 1.5}
+    assert out["sync_colocated_speedup"] == 1.25
+    assert out["measured_speedup_vs_sync_colocated"] == {"staleness_2_partial": 1.2}
+    assert "sync_colocated_speedup" not in bench_async.compare({"sync": run(100.0)})
