@@ -102,3 +102,13 @@ def test_no_ray_refuses_a_training_role_of_several_ranks(tmp_path, capsys, dry_r
     with pytest.raises(SystemExit):  # with Ray each rank has its own process
         app_main(_spec(tmp_path, runs=runs, config_text=two_ranks), [])
     assert len(runs) == 1
+
+
+def test_no_ray_dry_run_warns_about_the_keys_only_ray_reads(tmp_path, capsys):
+    text = "weight_sync_host: 10.0.0.5\n"
+    assert app_main(_spec(tmp_path, config_text=text), ["--no-ray", "--dry-run"]) == 0
+    assert (
+        "warning: weight_sync_host='10.0.0.5' has no effect without Ray" in capsys.readouterr().out
+    )
+    assert app_main(_spec(tmp_path, config_text=text), ["--dry-run"]) == 0
+    assert "has no effect without Ray" not in capsys.readouterr().out

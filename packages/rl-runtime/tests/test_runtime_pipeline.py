@@ -249,3 +249,19 @@ def test_without_ray_a_training_role_of_several_ranks_is_refused_by_name():
     check_in_process(two_ranks, use_ray=True)  # Ray gives each rank its own process
     # rollout workers hold no process group: two engines in one process are fine
     check_in_process(compose(_two_device_config(actor_train=[0], actor_infer=[0, 1])), False)
+
+
+def test_without_ray_the_keys_only_ray_reads_are_warned_about_by_name():
+    from rl_runtime.pipeline import check_in_process
+
+    cfg = _two_device_config(actor_train=[0], actor_infer=[1])
+    assert check_in_process(compose(cfg), use_ray=False) == []
+    pinned = ExperimentConfig.model_validate({
+        **cfg.model_dump(exclude_unset=True), "num_gpus_per_node": 1, "num_nodes": 2,
+        "node_resources": ["trainer_node", "rollout_node"], "weight_sync_host": "10.0.0.5",
+    })  # fmt: skip
+    warnings = check_in_process(compose(pinned), use_ray=False)
+    assert len(warnings) == 2
+    assert warnings[0].startswith("node_resources=('trainer_node', 'rollout_node') has no effect")
+    assert warnings[1].startswith("weight_sync_host='10.0.0.5' has no effect without Ray")
+    assert check_in_process(compose(pinned), use_ray=True) == []

@@ -93,14 +93,16 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
         placement = plan_text(composed.components)  # a placement the cluster cannot make fails here
     except (ConfigError, ValueError, KeyError) as exc:
         return _error("config error", exc)
+    in_process_warnings: list[str] = []
     if "no_ray" in args.flags:
         options.use_ray = False
         try:  # every worker in this process: refused here, a dry run included
-            check_in_process(composed.components, use_ray=False)
+            in_process_warnings = check_in_process(composed.components, use_ray=False)
         except ConfigError as exc:
             return _error("config error", exc)
-    if "dry_run" in args.flags:
-        warnings = (*cfg.config_warnings(), *composed.components.warnings, *composed.notes)
+    if "dry_run" in args.flags:  # (a run's Runner prints the in-process warnings itself)
+        warnings = (*cfg.config_warnings(), *composed.components.warnings, *composed.notes,
+                    *in_process_warnings)  # fmt: skip
         for line in (*warnings, *composed.refusals):
             print(f"warning: {line}")
         print(placement)

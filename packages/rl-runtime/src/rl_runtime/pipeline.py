@@ -272,14 +272,25 @@ def check_optional_packages(cfg: Any) -> list[str]:
     return [e.describe() for e in missing]
 
 
-def check_in_process(components: Components, use_ray: bool) -> None:
+def check_in_process(components: Components, use_ray: bool) -> list[str]:
     """Without Ray (`--no-ray`) every worker runs in this process, and a process holds one rank
     of a training role's process group: a ``ConfigError`` naming each training role mapped to
     more than one rank, before anything starts (its first rank would otherwise wait for the
-    others until rpc_timeout)."""
+    others until rpc_timeout). Returns warnings for the keys only Ray reads (``node_resources``,
+    ``weight_sync_host``), which such a run ignores."""
     if use_ray:
-        return
+        return []
     from rl_config.errors import ConfigError, ConfigIssue
+
+    cluster = components.cluster
+    ignored = [("node_resources", cluster.node_resources, "there are no Ray nodes to pin to"),
+               ("weight_sync_host", cluster.sync_host,
+                "the weights reach the engines in this process")]  # fmt: skip
+    warnings = [
+        f"{key}={value!r} has no effect without Ray (--no-ray): {why}"
+        for key, value, why in ignored
+        if value is not None
+    ]
 
     issues = []
     for r in components.roles:
@@ -295,6 +306,7 @@ def check_in_process(components: Components, use_ray: bool) -> None:
             )
     if issues:
         raise ConfigError(issues)
+    return warnings
 
 
 def seed_everything(seed: int) -> None:
@@ -323,7 +335,7 @@ class Runner:
         (`check_in_process`), and a resume whose config changed a key the checkpoint depends on
         (rl_runtime.resume_guard)."""
         c = self.components
-        check_in_process(c, self.options.use_ray)
+        in_process_warnings = check_in_process(c, self.options.use_ray)
         resume, state = None, None
         resume_warnings: list[str] = []
         if c.role("actor_train") is not None:
@@ -346,6 +358,7 @@ class Runner:
             *resume_warnings,
             *self.cfg.config_warnings(),
             *c.warnings,
+            *in_process_warnings,
             *check_optional_packages(self.cfg),
         ):
             print(f"warning: {line}", flush=True)
