@@ -282,16 +282,6 @@ def check_in_process(components: Components, use_ray: bool) -> list[str]:
         return []
     from rl_config.errors import ConfigError, ConfigIssue
 
-    cluster = components.cluster
-    ignored = [("node_resources", cluster.node_resources, "there are no Ray nodes to pin to"),
-               ("weight_sync_host", cluster.sync_host,
-                "the weights reach the engines in this process")]  # fmt: skip
-    warnings = [
-        f"{key}={value!r} has no effect without Ray (--no-ray): {why}"
-        for key, value, why in ignored
-        if value is not None
-    ]
-
     issues = []
     for r in components.roles:
         ranks = len(r.device_mapping) // max(1, r.devices_per_worker)
@@ -306,7 +296,15 @@ def check_in_process(components: Components, use_ray: bool) -> list[str]:
             )
     if issues:
         raise ConfigError(issues)
-    return warnings
+    cluster = components.cluster
+    ignored = [("node_resources", cluster.node_resources, "there are no Ray nodes to pin to"),
+               ("weight_sync_host", cluster.sync_host,
+                "the weights reach the engines in this process")]  # fmt: skip
+    return [
+        f"{key}={value!r} has no effect without Ray (--no-ray): {why}"
+        for key, value, why in ignored
+        if value is not None
+    ]
 
 
 def seed_everything(seed: int) -> None:
