@@ -98,7 +98,8 @@ Where it stands (the latest measurement, "Against the stronger synchronous layou
 2026-11-24, 3 rounds of 32 steps): the best setting, staleness_2_partial, trains 1.33x +- 0.04 as
 many samples per second as `sync` over the whole run and 1.55 +- 0.04 over the second half, and
 1.41 +- 0.03 against `sync_colocated`, with the same held-out accuracy; the 1.6x target is not
-met. The measurements below are in the order they were taken; each says what had changed.
+met. The measurements below run from 2026-11-23 18:29 to that one, then go back from 14:17 that
+day to the first; each says what had changed.
 
 Measured on a quiet 2-core machine after apps/rlvr's CPU default turned activation checkpointing
 off (2026-11-23 18:29, load average 1.4-1.7, 245 s in all), `--steps 16` (all five runs):
