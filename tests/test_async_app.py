@@ -77,6 +77,17 @@ def test_dry_run_shows_a_synchronous_and_an_asynchronous_plan(tmp_path):
     assert "actor_infer  strategy=hf_infer devices=[1]" in asyn
 
 
+def test_dry_run_refuses_more_cpus_than_its_ray_cluster_holds(tmp_path):
+    """Two device bundles of 2 CPUs on the 2 CPUs apps/async's Ray cluster has: the run would
+    wait rpc_timeout (900 s) for placement groups that can never be placed."""
+    proc = subprocess.run([sys.executable, str(APP), "--dry-run", "rlvr_app.cpu_per_bundle=2"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "placement: CPU: the placement needs 4 (2 device bundle(s) x cpu_per_bundle 2)" in (
+        proc.stderr
+    )
+
+
 def test_rlvr_trajectories_carry_the_engines_per_token_versions():
     """A generation that continued under newer weights (partial rollout) is as old as its
     oldest token: the RLVR recipe hands the engine's token_versions to the staleness filter."""

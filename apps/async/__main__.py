@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
-    from rl_runtime.pipeline import plan_text
+    from rl_runtime.pipeline import check_embedded_cpus, plan_text
 
     try:
         args = parse_app_args(argv, flags=FLAGS, default_config=DEFAULT_CONFIG, prog="apps/async")
@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides += async_only if bound else []
             run_cfg, app = load(args.config, overrides)
             runs[mode] = (run_cfg, app, compose(run_cfg, app))
+            check_embedded_cpus(runs[mode][2].components, app)  # before Ray waits for them
     except (ConfigError, ValueError, KeyError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1

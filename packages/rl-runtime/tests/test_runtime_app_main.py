@@ -112,3 +112,32 @@ def test_no_ray_dry_run_warns_about_the_keys_only_ray_reads(tmp_path, capsys):
     )
     assert app_main(_spec(tmp_path, config_text=text), ["--dry-run"]) == 0
     assert "has no effect without Ray" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_more_cpus_than_the_embedded_ray_cluster_holds_are_refused_before_it_starts(
+    tmp_path, capsys, monkeypatch, dry_run
+):
+    """2 device bundles x 2 CPUs on a cluster of 2 CPUs: Ray would wait rpc_timeout (900 s in the
+    CPU defaults) for placement groups that can never be placed."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    text = "num_gpus_per_node: 2\nactor_infer:\n  device_mapping: [1]\n"
+    cpus = ["x_app.num_cpus=2", "x_app.cpu_per_bundle=2"]
+    runs: list = []
+    flags = ["--dry-run"] if dry_run else []
+    assert app_main(_spec(tmp_path, runs=runs, config_text=text), [*flags, *cpus]) == 1
+    err = capsys.readouterr().err
+    assert "placement: CPU: the placement needs 4 (2 device bundle(s) x cpu_per_bundle 2)" in err
+    assert "the cluster has 2" in err and "raise num_cpus" in err
+    assert runs == []
+    # without Ray there is no cluster to fit; with enough CPUs the run goes ahead
+    assert (
+        app_main(_spec(tmp_path, runs=runs, config_text=text), ["--dry-run", "--no-ray", *cpus])
+        == 0
+    )
+    assert (
+        app_main(
+            _spec(tmp_path, runs=runs, config_text=text), ["--dry-run", *cpus, "x_app.num_cpus=4"]
+        )
+        == 0
+    )

@@ -268,3 +268,21 @@ def test_mixed_colocation_starts_on_ray_with_virtual_devices():
         assert cluster["actor_infer"].call_all("report") == [(0, "0,1", True)]
     finally:
         cluster.shutdown()
+
+
+def test_resource_totals_and_shortfall_against_a_fixed_cluster():
+    # actor_train on 0-1 and actor_infer on 2: three device bundles of 1.5 CPUs
+    plan = plan_placement({"actor_train": [0, 1], "actor_infer": [2]}, num_devices=3,
+                          cpu_per_bundle=1.5)  # fmt: skip
+    assert plan.resource_totals() == {"CPU": 4.5}
+    assert plan.shortfall({"CPU": 4.5}) == []
+    (line,) = plan.shortfall({"CPU": 4})
+    assert (
+        line
+        == "CPU: the placement needs 4.5 (3 device bundle(s) x cpu_per_bundle 1.5), the cluster has 4"
+    )
+    # colocated roles share their bundle; a device resource missing from the cluster is named
+    colocated = plan_placement({"actor_train": [0], "actor_infer": [0]}, num_devices=1,
+                               device_kind="cuda", resource_name="GPU")  # fmt: skip
+    assert colocated.resource_totals() == {"CPU": 1.0, "GPU": 1.0}
+    assert colocated.shortfall({"CPU": 2}) == ["GPU: the placement needs 1, the cluster has 0"]

@@ -96,3 +96,18 @@ def test_ray_workers_get_the_system_envs_and_their_bundles_cpus_as_threads():
         assert got == {"threads": 2, "probe": "y", "rank": "0"}
     finally:
         cluster.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_a_placement_the_embedded_ray_cluster_cannot_hold_fails_at_once(monkeypatch):
+    """One bundle of 3 CPUs on an embedded cluster of 2: Ray would wait rpc_timeout for it and
+    then fail with a RuntimeError; the cluster refuses it by name and shuts Ray down."""
+    import ray
+
+    from rl_config.errors import ConfigError
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConfigError, match=r"placement: CPU: the placement needs 3 .* has 2"):
+        _start(True, 3.0, {})
+    assert not ray.is_initialized()

@@ -80,7 +80,7 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
-    from rl_runtime.pipeline import check_in_process, plan_text, print_result
+    from rl_runtime.pipeline import check_embedded_cpus, check_in_process, plan_text, print_result
 
     try:
         args = parse_app_args(
@@ -100,6 +100,10 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
             in_process_warnings = check_in_process(composed.components, use_ray=False)
         except ConfigError as exc:
             return _error("config error", exc)
+    try:  # more CPUs than the embedded Ray cluster holds: refused before it starts
+        check_embedded_cpus(composed.components, options)
+    except ConfigError as exc:
+        return _error("config error", exc)
     if "dry_run" in args.flags:  # (a run's Runner prints the in-process warnings itself)
         warnings = (*cfg.config_warnings(), *composed.components.warnings, *composed.notes,
                     *in_process_warnings)  # fmt: skip

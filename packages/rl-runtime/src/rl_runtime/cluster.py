@@ -17,6 +17,7 @@ from typing import Any, Literal
 from rl_runtime.placement import PlacementPlan, plan_placement
 from rl_runtime.ray_setup import (
     RayOptions,
+    joined_address,
     set_ray_env_defaults,
     shutdown_ray,
     start_ray,
@@ -106,7 +107,11 @@ class Cluster:
             import ray
 
             owns_ray = not ray.is_initialized()
-            start_ray(options)
+            resources = start_ray(options)
+            error = embedded_fit_error(plan, resources) if owns_ray else None
+            if error is not None and joined_address(options) is None:
+                shutdown_ray()
+                raise error
             pgs = PlacementGroups(plan, timeout_s=rpc_timeout)
         else:  # the workers run in this process: it takes their environment until shutdown
             driver = DriverState.take()
@@ -225,6 +230,20 @@ class DriverState:
             del os.environ[key]
         os.environ.update(self.environ)
         torch.set_num_threads(self.threads)
+
+
+def embedded_fit_error(plan: PlacementPlan, available: Mapping[str, float]) -> Exception | None:
+    """The ``ConfigError`` for a plan that reserves more than an embedded Ray cluster holds
+    (``available``: its resources), else None. Nothing joins an embedded cluster, so its
+    placement groups would wait until their timeout (rpc_timeout) and then fail."""
+    lines = plan.shortfall(available)
+    if not lines:
+        return None
+    from rl_config.errors import ConfigError, ConfigIssue
+
+    hint = ("; the Ray cluster a run starts has num_cpus CPUs and this machine's devices: raise "
+            "num_cpus, lower cpu_per_bundle, or map fewer devices")  # fmt: skip
+    return ConfigError([ConfigIssue("placement", line + hint) for line in lines])
 
 
 class WeightSyncError(RuntimeError):

@@ -213,20 +213,43 @@ def policy_model_path(pretrain: str, tiny_model: Any = None) -> str:
 def plan_text(components: Components) -> str:
     """What `--dry-run` prints: the device placement of every role, then the components."""
     from rl_runtime.compose import describe
+
+    return placement_plan(components).describe() + "\n" + describe(components)
+
+
+def placement_plan(components: Components, cpu_per_bundle: float = 1.0) -> Any:
+    """The `rl_runtime.placement.PlacementPlan` the cluster will make on this machine's device
+    kind (an impossible placement raises here)."""
     from rl_runtime.placement import plan_placement
     from rl_sync.device import detect_device_kind, ray_resource_name
 
     kind = detect_device_kind()
-    plan = plan_placement(
+    return plan_placement(
         {r.role: list(r.device_mapping) for r in components.roles},
         num_devices=components.cluster.num_devices,
         device_kind=kind,
         resource_name=ray_resource_name(kind),
         devices_per_worker={r.role: r.devices_per_worker for r in components.roles},
+        cpu_per_bundle=cpu_per_bundle,
         devices_per_node=components.cluster.devices_per_node,
         node_resources=components.cluster.node_resources,
     )
-    return plan.describe() + "\n" + describe(components)
+
+
+def check_embedded_cpus(components: Components, options: Any) -> None:
+    """Before Ray starts (a dry run included): a ``ConfigError`` when the placement reserves
+    more CPUs than the embedded cluster the run will start (``num_cpus``) holds; skipped when
+    joining a cluster (RAY_ADDRESS) or when num_cpus is left to Ray. Devices are checked once
+    Ray reports them (rl_runtime.cluster.embedded_fit_error)."""
+    from rl_runtime.cluster import embedded_fit_error
+    from rl_runtime.ray_setup import RayOptions, joined_address
+
+    if not options.use_ray or options.num_cpus is None or joined_address(RayOptions()):
+        return
+    plan = placement_plan(components, options.cpu_per_bundle)
+    error = embedded_fit_error(plan, {**plan.resource_totals(), "CPU": options.num_cpus})
+    if error is not None:
+        raise error
 
 
 def print_result(

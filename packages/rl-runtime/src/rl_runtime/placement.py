@@ -113,6 +113,31 @@ class PlacementPlan:
             out.append(bundle)
         return out
 
+    def resource_totals(self) -> dict[str, float]:
+        """What the plan's placement groups reserve together, per Ray resource."""
+        totals: dict[str, float] = {}
+        for index in range(len(self.groups)):
+            for bundle in self.bundles(index):
+                for key, amount in bundle.items():
+                    totals[key] = totals.get(key, 0.0) + amount
+        return totals
+
+    def shortfall(self, available: Mapping[str, float]) -> list[str]:
+        """One line per resource the plan reserves beyond ``available`` (the totals of a cluster
+        that nothing will join: Ray would wait for them until the placement timeout)."""
+        bundles = sum(len(slots) for _roles, slots in self.groups)
+        lines = []
+        for key, need in self.resource_totals().items():
+            have = float(available.get(key, 0.0))
+            if need > have + 1e-9:
+                why = (
+                    f" ({bundles} device bundle(s) x cpu_per_bundle {self.cpu_per_bundle:g})"
+                    if key == "CPU"
+                    else ""
+                )
+                lines.append(f"{key}: the placement needs {need:g}{why}, the cluster has {have:g}")
+        return lines
+
     def describe(self) -> str:
         """A human-readable table of roles, workers and devices."""
         lines = [

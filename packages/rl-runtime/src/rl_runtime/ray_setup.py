@@ -102,6 +102,12 @@ def ray_init_kwargs(options: RayOptions, address: str | None) -> dict[str, Any]:
     return kwargs
 
 
+def joined_address(options: RayOptions) -> str | None:
+    """The address of the cluster `start_ray` joins (`options.address`, else RAY_ADDRESS), or
+    None: it starts an embedded one."""
+    return options.address or os.environ.get("RAY_ADDRESS") or None
+
+
 def start_ray(options: RayOptions) -> dict[str, float]:
     """Start an embedded Ray cluster or join `options.address` (or RAY_ADDRESS); returns the
     cluster's resources. An embedded cluster on a loopback `node_ip_address` is checked to have
@@ -110,7 +116,7 @@ def start_ray(options: RayOptions) -> dict[str, float]:
     Idempotent: if Ray is already initialised in this process, its resources are returned.
     """
     set_ray_env_defaults()
-    address = options.address or os.environ.get("RAY_ADDRESS") or None
+    address = joined_address(options)
     loopback = not address and _is_loopback(options.node_ip_address)
     if loopback:
         os.environ[LOCAL_ONLY_ENV] = "0"
