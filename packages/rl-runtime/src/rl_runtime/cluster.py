@@ -242,7 +242,8 @@ def embedded_fit_error(plan: PlacementPlan, available: Mapping[str, float]) -> E
     from rl_config.errors import ConfigError, ConfigIssue
 
     hint = ("; the Ray cluster a run starts has num_cpus CPUs and this machine's devices: raise "
-            "num_cpus, lower cpu_per_bundle, or map fewer devices")  # fmt: skip
+            "num_cpus, lower cpu_per_bundle, map fewer devices, or join a cluster that has "
+            "them (RAY_ADDRESS)")  # fmt: skip
     return ConfigError([ConfigIssue("placement", line + hint) for line in lines])
 
 
