@@ -108,8 +108,9 @@ class Cluster:
 
             owns_ray = not ray.is_initialized()
             resources = start_ray(options)
-            error = embedded_fit_error(plan, resources) if owns_ray else None
-            if error is not None and joined_address(options) is None:
+            embedded = owns_ray and joined_address(options) is None
+            error = embedded_fit_error(plan, resources) if embedded else None
+            if error is not None:
                 shutdown_ray()
                 raise error
             pgs = PlacementGroups(plan, timeout_s=rpc_timeout)
