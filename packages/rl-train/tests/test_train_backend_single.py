@@ -345,3 +345,29 @@ def test_export_hf_loads_in_transformers(tiny_model_path, tmp_path):
     assert ours is not None
     mask = batch["attention_mask"][:, 1:].bool()
     torch.testing.assert_close(ours[:, 1:][mask], lp[mask], atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("world", "cfg", "compute", "weights", "trained", "wrapped"),
+    [
+        (1, {}, "fp32", "fp32", True, False),  # the CPU defaults: nothing to shard or cast
+        (2, {}, "fp32", "fp32", True, True),  # two ranks shard
+        (1, {"cpu_offload": True}, "fp32", "fp32", True, True),
+        (1, {}, "bf16", "fp32", True, True),  # fp32 master weights, bf16 compute
+        (1, {"param_dtype": "bf16"}, "fp32", "fp32", True, True),
+        (1, {"reduce_dtype": "bf16"}, "fp32", "fp32", True, True),  # gradients cast
+        (1, {"reduce_dtype": "bf16"}, "fp32", "fp32", False, False),  # a reference has none
+        (1, {}, "bf16", "bf16", False, False),  # a bf16 reference loads and computes in bf16
+        (1, {"reshard_after_forward": False, "keep_last": 2}, "fp32", "fp32", True, False),
+    ],
+)
+def test_fsdp2_wraps_only_when_it_changes_the_training(
+    world, cfg, compute, weights, trained, wrapped
+):
+    from rl_train.backends.native import fsdp2_changes_training
+    from rl_train.modeling import DTYPES
+
+    assert (
+        fsdp2_changes_training(world, cfg, DTYPES[compute], DTYPES[weights], trained=trained)
+        is wrapped
+    )

@@ -93,6 +93,57 @@ def test_fsdp2_two_ranks_match_single_process_and_hf_log_probs(
     )
 
 
+def test_fsdp2_one_rank_trains_the_plain_module_bit_exactly(tiny_model_path, single_run, tmp_path):
+    """One rank has nothing to shard: fsdp2_train trains the module without FSDP2's hooks
+    (rl_train.backends.native), with the single-process hf_infer run's results to the bit."""
+    spawn(train_worker, 1, _spec(tmp_path, tiny_model_path, "fsdp2_train", {}, 1), env=ENV)
+    plain, single = _result(tmp_path), _result(single_run)
+    assert plain["fsdp_wrapped"] is False and single["fsdp_wrapped"] is False
+    timing = "actor/response_tokens_per_s"
+    assert [{k: v for k, v in h.items() if k != timing} for h in plain["history"]] == [
+        {k: v for k, v in h.items() if k != timing} for h in single["history"]
+    ]
+    assert _max_diff(plain["params"], single["params"]) == 0.0
+
+
+@pytest.mark.slow
+def test_two_rank_fsdp2_checkpoint_resumes_on_one_unwrapped_rank(tiny_model_path, tmp_path):
+    """Sharded and unwrapped models save and load the same DCP checkpoint: one unwrapped rank
+    loads what two FSDP2 ranks saved (model and Adam's moments, gathered on load) and continues
+    as the two ranks would have."""
+    ck = tmp_path / "ckpt"
+    two = dict(strategy="fsdp2_train", cfg={}, world=2)
+    spawn(train_worker, 2, _spec(tmp_path / "straight", tiny_model_path, **two, steps=4), env=ENV)
+    spawn(
+        train_worker,
+        2,
+        _spec(tmp_path / "first", tiny_model_path, **two, steps=2, save_at=2, ckpt_root=str(ck)),
+        env=ENV,
+    )
+    spawn(
+        train_worker,
+        1,
+        _spec(
+            tmp_path / "resumed",
+            tiny_model_path,
+            "fsdp2_train",
+            {},
+            1,
+            steps=4,
+            resume_from=str(ck),
+        ),
+        env=ENV,
+    )
+    straight, resumed = _result(tmp_path / "straight"), _result(tmp_path / "resumed")
+    assert straight["fsdp_wrapped"] is True and resumed["fsdp_wrapped"] is False
+    assert resumed["load_report"]["loaded"] == "step_00000002"
+    assert len(resumed["history"]) == 2
+    for a, b in zip(straight["history"][2:], resumed["history"], strict=True):
+        assert b["actor/loss"] == pytest.approx(a["actor/loss"], rel=1e-5)
+        assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-3)
+    assert _max_diff(straight["params"], resumed["params"]) < 1e-5
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "cfg",

@@ -140,7 +140,12 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
         backend.export_hf(spec["export_dir"])
     if rdist.rank() == 0 or spec.get("all_ranks_write"):
         torch.save(
-            {"params": params, "history": history, "load_report": load_report},
+            {
+                "params": params,
+                "history": history,
+                "load_report": load_report,
+                "fsdp_wrapped": bool(getattr(backend, "shard", False)),
+            },
             out / f"result_rank{rank}.pt",
         )
 

@@ -1,6 +1,12 @@
 """PyTorch-native backends: ``fsdp2_train`` (FSDP2 ``fully_shard`` per decoder layer + root,
 mixed precision, CPU offload, activation checkpointing) and ``hf_infer`` (one unsharded HF model per
-process: the reference role, or single-process training)."""
+process: the reference role, or single-process training).
+
+``fsdp2_train`` with one rank, no CPU offload and no dtype casts (``param_dtype`` and, for a trained
+role, ``reduce_dtype`` equal to the weights' dtype) has nothing to shard, gather or cast: FSDP2
+would add only its hooks and DTensor bookkeeping (a third of a tiny model's training step on the
+CPU). It then trains the plain module, with identical results (bit for bit) and checkpoints in the
+same DCP format, which a job with more ranks reshards on load."""
 
 from __future__ import annotations
 
@@ -42,6 +48,25 @@ _FSDP_KEYS = {
 }
 
 
+def fsdp2_changes_training(
+    world_size: int,
+    cfg: dict[str, Any],
+    compute_dtype: torch.dtype,
+    weights_dtype: torch.dtype,
+    *,
+    trained: bool,
+) -> bool:
+    """Whether FSDP2's ``fully_shard`` changes what a rank computes or stores: more than one rank
+    (sharding), CPU offload, or a cast between the weights' dtype and the compute dtype
+    (``param_dtype``, default the model's dtype) or, for a trained role, the gradient reduction's
+    (``reduce_dtype``, default fp32). Otherwise it only adds hooks to the plain module."""
+    if world_size > 1 or cfg.get("cpu_offload"):
+        return True
+    param_dtype = DTYPES[cfg["param_dtype"]] if "param_dtype" in cfg else compute_dtype
+    reduce_dtype = DTYPES[cfg.get("reduce_dtype", "fp32")]
+    return param_dtype != weights_dtype or (trained and reduce_dtype != weights_dtype)
+
+
 class NativeBackend(BackendCore):
     """One class for both native strategies; ``shard`` selects FSDP2."""
 
@@ -68,20 +93,24 @@ class NativeBackend(BackendCore):
             packed_forward=cfg.get("packed_forward"),
         )
         self.strategy_name = strategy_name
-        self.shard = strategy_name == "fsdp2_train"
         self.keep_last = cfg.get("keep_last")
         self.model_path = str(model_path)
         self.last_load_report = None
         self.device_kind, self.device = rdist.init_distributed()
         self.rank, self.world_size = rdist.rank(), rdist.world_size()
-        if not self.shard and self.world_size > 1 and role != "reference":
+        fsdp2 = strategy_name == "fsdp2_train"
+        if not fsdp2 and self.world_size > 1 and role != "reference":
             raise ValueError(
                 "hf_infer trains in one process only; use fsdp2_train or deepspeed_train "
                 f"with {self.world_size} ranks"
             )
         compute_dtype = DTYPES[model_args.dtype]
         # FSDP2 keeps float32 master weights and computes in param_dtype; hf_infer loads as is.
-        load_dtype = torch.float32 if (self.shard and role != "reference") else compute_dtype
+        load_dtype = torch.float32 if (fsdp2 and role != "reference") else compute_dtype
+        #: whether the model is wrapped with FSDP2's fully_shard (module docstring)
+        self.shard = fsdp2 and fsdp2_changes_training(
+            self.world_size, cfg, compute_dtype, load_dtype, trained=role != "reference"
+        )
         model = load_model(
             model_path,
             role,
