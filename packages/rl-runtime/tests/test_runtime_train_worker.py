@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rl_rollout.tiny_model import build_tiny_model
 from rl_runtime.workers import TrainWorker
 from rl_train.args import TrainingArgs
@@ -25,3 +27,59 @@ def test_sft_warm_up_is_one_pass_whatever_ppo_epochs_says(tmp_path):
     assert worker.train_step(dict(batch), "sft")["actor/optimizer_steps"] == 2.0  # 8 rows / 4
     # the same batch through the backend's loop keeps ppo_epochs: 3 passes x 2 mini-batches
     assert worker.backend.train_step(dict(batch), nll_loss)["actor/optimizer_steps"] == 6.0
+
+
+def _cosine_worker(model: str) -> TrainWorker:
+    return TrainWorker(
+        rank=0,
+        world_size=1,
+        dist_env={},
+        role="actor",
+        model_path=model,
+        strategy_name="hf_infer",
+        training_args=TrainingArgs(
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=1,
+            learning_rate=1e-3,
+            lr_scheduler_type="cosine",
+            warmup_steps=2,
+            max_steps=6,
+        ),
+    )
+
+
+def _rates_of_steps(worker: TrainWorker, steps: int, loss: str = "default") -> list[float]:
+    """The learning rate each of `steps` one-optimizer-step train_steps runs at."""
+    rates = []
+    for i in range(steps):
+        rates.append(worker.backend.optimizer.param_groups[0]["lr"])  # type: ignore[attr-defined]
+        batch = make_batch(4, 12, vocab=1000, seed=i)
+        if loss == "default":
+            worker.backend.train_step(dict(batch), nll_loss)
+        else:
+            worker.train_step(dict(batch), loss)
+    return rates
+
+
+def test_supervised_warm_up_holds_its_rate_and_leaves_the_schedule_to_rl(tmp_path):
+    """A warm-up at a held rate neither follows nor uses up the configured schedule: after
+    `restart_schedule`, RL's steps run at a fresh worker's rates (warm-up ramp, cosine decay),
+    from fresh Adam moments."""
+    model = str(build_tiny_model(tmp_path / "tiny", seed=0))
+    fresh = _rates_of_steps(_cosine_worker(model), 6)
+    assert fresh[:3] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3])  # warm-up ramp, then decay
+    assert fresh[3] < fresh[2] and fresh[5] < fresh[4]
+
+    worker = _cosine_worker(model)
+    assert worker.hold_learning_rate(5e-3) == 5e-3
+    assert _rates_of_steps(worker, 4, "sft") == [5e-3] * 4
+    assert worker.backend.optimizer.state  # type: ignore[attr-defined]
+    assert worker.restart_schedule() == pytest.approx(1e-3 / 3)
+    assert not worker.backend.optimizer.state  # type: ignore[attr-defined]
+    assert _rates_of_steps(worker, 6) == pytest.approx(fresh)
+
+
+def test_held_rate_defaults_to_the_configured_one(tmp_path):
+    worker = _cosine_worker(str(build_tiny_model(tmp_path / "tiny", seed=0)))
+    assert worker.hold_learning_rate() == 1e-3  # not the schedule's first, ramped rate
+    assert _rates_of_steps(worker, 3, "sft") == [1e-3] * 3

@@ -1,6 +1,7 @@
 """The supervised warm-up before RL that apps/agentic and apps/rlvr share: imitate demonstrations
 (solver-played episodes, or training answers) with actor_train's own optimizer, then start RL from
-fresh optimizer moments and sync the weights to the engines."""
+fresh optimizer moments and the LR schedule at its first step, and sync the weights to the
+engines."""
 
 from __future__ import annotations
 
@@ -24,19 +25,19 @@ def supervised_warmup(
     pad_token_id: int = 0,
 ) -> dict[str, float]:
     """`steps` SFT steps on random `batch_size`-row batches of the `demos` trajectories (drawn
-    with a generator seeded by the run seed), at `learning_rate` when given (else actor_train's),
-    logged every `log_every` steps as `warmup/*` at negative steps (the warm-up precedes step 0).
-    Then actor_train's Adam moments are reset (the warm-up's large SFT gradients would shrink
-    RL's first updates) and the weights are synced. Returns `warmup/seconds`, `warmup/demos`."""
+    with a generator seeded by the run seed), at the constant `learning_rate` when given (else
+    actor_train's), whatever actor_train's LR schedule says, logged every `log_every` steps as
+    `warmup/*` at negative steps (the warm-up precedes step 0). Then actor_train starts afresh
+    (`TrainWorker.restart_schedule`): its Adam moments are reset (the warm-up's large SFT
+    gradients would shrink RL's first updates) and its schedule (`warmup_steps`, decay to
+    `max_steps`) begins at RL's first step, not used up by the warm-up's; the weights are
+    synced. Returns `warmup/seconds`, `warmup/demos`."""
     t0 = time.perf_counter()
     batch = collate_trajectories(demos, pad_token_id=pad_token_id, max_length=max_length)
     gen = torch.Generator().manual_seed(ctx.components.seed)
     actor = ctx.cluster["actor_train"]
     ctx.cluster.enter_phase("train")
-    base_lr = ctx.components.role("actor_train").training_args.learning_rate
-    factor = (learning_rate / base_lr) if learning_rate else 1.0
-    if factor != 1.0:
-        actor.call_all("scale_learning_rate", factor)
+    actor.call_all("hold_learning_rate", learning_rate or None)
     for i in range(steps):
         rows = torch.randperm(batch.batch_size, generator=gen)[:batch_size]
         last = ctx.train("actor_train", {k: v[rows] for k, v in batch.tensors.items()}, "sft")
@@ -45,8 +46,6 @@ def supervised_warmup(
                     -(steps - i))  # fmt: skip
             print(f"warm-up {i + 1}/{steps} | loss={last.get('actor/loss', float('nan')):.3f}"
                   f" | {time.perf_counter() - t0:.0f}s", flush=True)  # fmt: skip
-    if factor != 1.0:
-        actor.call_all("scale_learning_rate", 1.0 / factor)
-    actor.call_all("reset_optimizer_state")
+    actor.call_all("restart_schedule")
     ctx.sync_weights()
     return {"warmup/seconds": time.perf_counter() - t0, "warmup/demos": float(batch.batch_size)}

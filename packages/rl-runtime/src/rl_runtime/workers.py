@@ -74,6 +74,8 @@ class TrainWorker:
         )
         #: the weight-sync store's socket between `open_sync_listener` and `init_sync_group`
         self._sync_listener: socket.socket | None = None
+        #: the schedule's (base rates, multipliers) while `hold_learning_rate` holds the rate
+        self._held_schedule: tuple[list[float], list[Any]] | None = None
 
     def ready(self) -> bool:
         return True
@@ -101,30 +103,44 @@ class TrainWorker:
             raise ValueError(f"unknown loss {loss!r}; use 'default' or 'sft'")
         return dict(self.backend.train_step(batch))
 
-    def scale_learning_rate(self, factor: float) -> float:
-        """Multiply the optimizer's learning rate (and the scheduler's base) by `factor`, e.g. for
-        a supervised warm-up at another rate than RL. Needs a backend with `optimizer` and
-        `scheduler` attributes (rl_train's native backend); returns the new rate."""
-        optimizer = getattr(self.backend, "optimizer", None)
-        scheduler = getattr(self.backend, "scheduler", None)
-        if optimizer is None or scheduler is None or not hasattr(scheduler, "base_lrs"):
-            raise NotImplementedError(
-                f"{type(self.backend).__name__} exposes no optimizer/scheduler to rescale"
-            )
-        scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
-        for group in optimizer.param_groups:
-            group["lr"] *= factor
-            if "initial_lr" in group:
-                group["initial_lr"] *= factor
+    def hold_learning_rate(self, learning_rate: float | None = None) -> float:
+        """Train at a constant rate until `restart_schedule`, whatever the LR schedule (warm-up,
+        decay) says: `learning_rate`, or the configured one when None. For a supervised warm-up
+        before RL, which must neither follow nor use up RL's schedule. Needs a backend with
+        `optimizer` and a LambdaLR `scheduler` (rl_train's backends); returns the rate."""
+        optimizer, scheduler = self._optimizer_and_scheduler()
+        if self._held_schedule is None:
+            self._held_schedule = (list(scheduler.base_lrs), list(scheduler.lr_lambdas))
+        base_lrs = self._held_schedule[0]
+        rates = [learning_rate] * len(base_lrs) if learning_rate is not None else base_lrs
+        scheduler.base_lrs = list(rates)
+        scheduler.lr_lambdas = [_constant_multiplier] * len(rates)
+        for group, rate in zip(optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
         return float(optimizer.param_groups[0]["lr"])
 
-    def reset_optimizer_state(self) -> None:
-        """Forget the optimizer's moment estimates (e.g. after a supervised warm-up, so RL's
-        first steps are not scaled by the warm-up's much larger gradient statistics)."""
-        optimizer = getattr(self.backend, "optimizer", None)
-        if optimizer is None or not hasattr(optimizer, "state"):
-            raise NotImplementedError(f"{type(self.backend).__name__} exposes no optimizer state")
+    def restart_schedule(self) -> float:
+        """Start optimization afresh: the LR schedule back at its step 0 (after
+        `hold_learning_rate`, the configured schedule again) and the optimizer's moment
+        estimates forgotten (a supervised warm-up's much larger gradient statistics would shrink
+        RL's first updates). The weights are kept. Returns the rate of the next step."""
+        optimizer, scheduler = self._optimizer_and_scheduler()
+        if self._held_schedule is not None:
+            scheduler.base_lrs, scheduler.lr_lambdas = (list(x) for x in self._held_schedule)
+            self._held_schedule = None
         optimizer.state.clear()
+        scheduler.last_epoch = -1
+        scheduler.step()  # to step 0: every group's rate is base * multiplier(0)
+        return float(optimizer.param_groups[0]["lr"])
+
+    def _optimizer_and_scheduler(self) -> tuple[Any, Any]:
+        optimizer = getattr(self.backend, "optimizer", None)
+        scheduler = getattr(self.backend, "scheduler", None)
+        if optimizer is None or not hasattr(scheduler, "lr_lambdas"):
+            raise NotImplementedError(
+                f"{type(self.backend).__name__} exposes no optimizer and LambdaLR scheduler"
+            )
+        return optimizer, scheduler
 
     def named_tensors(self, bucket_bytes: int = 1 << 28) -> list[tuple[str, torch.Tensor]]:
         """All HF-named full tensors (CPU copies) for object-store weight sync."""
@@ -209,6 +225,11 @@ class TrainWorker:
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _constant_multiplier(step: int) -> float:
+    """The LR multiplier of a held rate (`TrainWorker.hold_learning_rate`), at any step."""
+    return 1.0
 
 
 def _sync_metrics(metrics: Any) -> dict[str, float]:
