@@ -361,12 +361,43 @@ def _code_rows(n: int, start: int = 0) -> list[dict]:
              "test_cases": tests, "case_type": "assert"} for i in range(n)]  # fmt: skip
 
 
+def test_failed_reward_calls_are_screened_out_of_training_and_bounded():
+    """A sample whose reward call failed is marked (its 0.0 is not data): it does not count in
+    its group's reward variance (dynamic sampling), is screened out of the training batch, and
+    more than `max_failed_fraction` of them stops the run, naming the key."""
+    from types import SimpleNamespace
+
+    from rl_config.records import GenerationResult
+    from rl_runtime.failures import TooManyFailuresError, screen_failures
+    from rl_runtime.rlvr_data import Scored
+    from rl_runtime.rlvr_metrics import Group
+    from rl_runtime.rlvr_rollout import group_trajectories, scored_rewards
+
+    result = GenerationResult(request_id="0", prompt_ids=[1], output_ids=[3, 4],
+                              output_log_probs=[-1.0] * 2, finish_reason="stop",
+                              weight_version=0)  # fmt: skip
+    ok, bad = Scored(1.0, True, "ok"), Scored(0.0, False, "timeout")
+    row = SimpleNamespace(data_source="d", index=0)
+    group = Group(row, [1], [result] * 3, ["a", "b", "c"], [ok, bad, ok], [1.0, 0.0, 1.0])
+    assert scored_rewards(group) == [1.0, 1.0]  # no variance: the failure is not a 0 reward
+    trajectories = group_trajectories([group], step=0, max_len_mask=False)
+    assert [t.turns[0].info.get("reward_failed", False) for t in trajectories] == [
+        False, True, False
+    ]  # fmt: skip
+    assert trajectories[1].turns[0].info["reward_error"] == "timeout"
+    screened = screen_failures(trajectories, max_failed_fraction=0.5)
+    assert [t.traj_id for t in screened.kept] == ["0-0-0", "0-0-2"]
+    assert screened.metrics["failures/reward_failures"] == 1.0
+    with pytest.raises(TooManyFailuresError, match="max_failed_fraction=0.2"):
+        screen_failures(trajectories, max_failed_fraction=0.2)
+
+
 @pytest.mark.slow
 def test_rlvr_code_domain_scores_row_tests_in_the_sandbox_and_counts_failures(tmp_path):
     """Two steps over code rows whose rewards are their own unit tests (`code_sandbox`, ROLL's
     CodeSandboxRewardWorker) run in the sandbox: per-domain reward metrics are logged, and the
     two code rows that carry no tests are counted as reward failures (4 samples each), never
-    scored as if they were data."""
+    scored as if they were data, and not trained on."""
     out = tmp_path / "code"
     out.mkdir()
     untested = [{"id": f"bad{i}", "tag": "code", "prompt": f"def f(x): x+1 #b{i}",
@@ -382,10 +413,12 @@ def test_rlvr_code_domain_scores_row_tests_in_the_sandbox_and_counts_failures(tm
     })  # fmt: skip
     steps = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in steps] == [1, 2]  # 2 steps x 4 prompts: every row once
-    for r in steps:
-        assert r["data/train_prompts"] == 8 and r["rollout/num_trajectories"] == 16
+    for r in steps:  # failed samples are not trained on (rl_runtime.failures)
+        assert r["data/train_prompts"] == 8
+        assert r["rollout/num_trajectories"] == 16 - r["failures/episodes"]
         assert 0.0 <= r["reward/domain/code/mean"] <= 1.0
         assert r["reward/domain/code/failed"] == r["reward/failed"]
+        assert r["failures/reward_failures"] == r["failures/episodes"] == r["reward/failed"]
     assert sum(r["reward/domain/code/failed"] for r in steps) == 8
     last = steps[-1]
     kinds = {k: v for k, v in last.items() if k.startswith("reward/failures/")}

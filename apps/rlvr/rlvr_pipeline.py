@@ -19,6 +19,7 @@ from rlvr_options import AppOptions
 from rl_runtime.async_queue import RolloutBatch
 from rl_runtime.collate import collate_trajectories
 from rl_runtime.compose.rlvr import RlvrPlan
+from rl_runtime.failures import screen_failures
 from rl_runtime.metrics import rollout_metrics
 from rl_runtime.pipeline import Context
 from rl_runtime.policy_update import update_policy
@@ -92,14 +93,18 @@ class RlvrRecipe:
 
     def learn(self, ctx: Context, batch: RolloutBatch) -> dict[str, float]:
         """Train on `batch` (collate, then rl_runtime.policy_update) and sync the weights; an
-        empty batch (every group dropped) trains on nothing."""
+        empty batch (every group dropped) trains on nothing. Samples whose reward call failed
+        are screened out (rl_runtime.failures: `failures/*` metrics, and a stop past
+        `max_failed_fraction`)."""
         timer = ctx.timer
         metrics = dict(batch.metrics)
         if not batch.trajectories:  # every group dropped within the bound: nothing to learn from
             metrics["train/skipped"] = 1.0
             metrics.update(timer.metrics())
             return metrics
-        trajectories = batch.trajectories
+        screened = screen_failures(batch.trajectories, ctx.components.max_failed_fraction)
+        metrics.update(screened.metrics)
+        trajectories = screened.kept
         collated = collate_trajectories(trajectories, pad_token_id=self.pad_token_id)
         metrics.update(update_policy(ctx, collated, self.kl_ctl))
         metrics.update(rollout_metrics(trajectories, collated))

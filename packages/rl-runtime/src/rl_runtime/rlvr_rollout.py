@@ -18,7 +18,7 @@ from rl_runtime.async_queue import RolloutBatch
 from rl_runtime.collate import shard_rows
 from rl_runtime.compose.rlvr import RlvrPlan
 from rl_runtime.dynamic_sampling import fill_groups
-from rl_runtime.rlvr_data import RlvrPrompts, Scorer
+from rl_runtime.rlvr_data import RlvrPrompts, Scored, Scorer
 from rl_runtime.rlvr_metrics import Group, group_metrics
 
 
@@ -70,8 +70,11 @@ def score_groups(
 def group_trajectories(groups: list[Group], step: int, max_len_mask: bool) -> list[Trajectory]:
     """One single-turn Trajectory per sample of `groups` (group id `<step>-<group>`); with
     `max_len_mask` a truncated response is kept for its group's statistics but not trained on
-    (response_mask False). Per-token weight versions are kept when a generation continued
-    under newer weights (partial rollout): the prompt counts as the first version."""
+    (response_mask False). A sample whose reward call failed is marked
+    (`info["reward_failed"]`, its kind as `reward_error`): its 0.0 is not data, and
+    rl_runtime.failures screens it out of training. Per-token weight versions are kept when a
+    generation continued under newer weights (partial rollout): the prompt counts as the first
+    version."""
     out = []
     for g_index, g in enumerate(groups):
         p = len(g.prompt_ids)
@@ -89,12 +92,18 @@ def group_trajectories(groups: list[Group], step: int, max_len_mask: bool) -> li
                 response_mask=[False] * p + [train] * o,
                 rollout_log_probs=[0.0] * p + list(res.output_log_probs),
                 turns=[Turn(turn_idx=0, start=p, end=p + o, reward=reward,
-                            truncated=truncated, info={"reward_ok": score.ok})],
+                            truncated=truncated, info=_reward_info(score))],
                 episode_reward=reward, success=success, termination_reason=reason,
                 weight_version=res.weight_version, failed=False,
                 token_versions=versions if res.token_versions else [],
             ))  # fmt: skip
     return out
+
+
+def _reward_info(score: Scored) -> dict[str, Any]:
+    if score.ok:
+        return {"reward_ok": True}
+    return {"reward_ok": False, "reward_failed": True, "reward_error": score.kind}
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,12 @@ class GroupGenerator:
             generate_s.append(time.perf_counter() - t0)
         return score_groups(self.scorer, self.tokenizer, rows, prompt_ids, results,
                             self.reward_clip)  # fmt: skip
+
+
+def scored_rewards(group: Group) -> list[float]:
+    """The group's rewards of the samples that were scored (a failed call's 0.0 is no reward):
+    what dynamic sampling judges a group's variance by."""
+    return [r for r, score in zip(group.rewards, group.scores, strict=True) if score.ok]
 
 
 def rollout_batch(
@@ -155,7 +170,7 @@ def rollout_batch(
         return fresh
 
     fill = fill_groups(
-        draw, lambda g: g.rewards, plan.prompts_per_step,
+        draw, scored_rewards, plan.prompts_per_step,
         enable=plan.dynamic_sampling.enable,
         max_extra_rounds=plan.dynamic_sampling.max_extra_rounds,
     )  # fmt: skip
