@@ -143,6 +143,17 @@ def test_cadence_summary_and_resolved_config(tmp_path):
     assert result.resumed_from is None
 
 
+def test_eval_steps_zero_never_evaluates(tmp_path):
+    """`eval_steps: 0` means never (the schema's promise): not before training, not at the
+    last step; the summary has no evaluation to report."""
+    recipe = FakeRecipe()
+    _run(tmp_path, recipe, eval_steps=0)
+    assert [s for kind, s in recipe.calls if kind == "eval"] == []
+    assert [s for kind, s in recipe.calls if kind == "step"] == [0, 1, 2, 3, 4]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["eval_before"] == {} and summary["eval_after"] == {}
+
+
 def test_teardown_after_an_exception(tmp_path):
     runner = _runner(tmp_path, FakeRecipe(fail_at=2))
     seen = {}

@@ -496,7 +496,7 @@ class Runner:
                     warm = self.recipe.before_training(ctx) or {}
                     if warm:
                         ctx.log(warm, step=0)
-                if self.options.eval_before_training:
+                if self.options.eval_before_training and self.components.cadence.eval_steps:
                     before = self.recipe.evaluate(ctx)
                     if before:
                         ctx.log(before)
@@ -551,7 +551,7 @@ class Runner:
                 if self.samples_trained:  # pipelines that count trained samples (rollout/*)
                     metrics["throughput/samples_per_s"] = self.samples_per_s()
                 last = ctx.step == cad.max_steps
-                if last or (cad.eval_steps and ctx.step % cad.eval_steps == 0):
+                if cad.eval_steps and (last or ctx.step % cad.eval_steps == 0):
                     last_eval = self.recipe.evaluate(ctx)
                     metrics.update(last_eval)
                 if last or ctx.step % cad.logging_steps == 0:
