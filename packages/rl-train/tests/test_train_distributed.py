@@ -345,6 +345,38 @@ def test_deepspeed_crafted_checkpoint_runs_nothing(tiny_model_path, tmp_path):
         ckpt.verify(saved)
 
 
+@pytest.mark.slow
+def test_deepspeed_file_swapped_after_verification_is_never_unpickled(tiny_model_path, tmp_path):
+    """Between rank 0's verification and DeepSpeed's loads, an attacker who can write the
+    checkpoint directory renames a pickle payload over the model states file (which every rank
+    reads): each rank hashes what it unpickles, so the resume fails naming the file and runs
+    nothing."""
+    ck = tmp_path / "ck"
+    cfg = {"zero_optimization": {"stage": 2, "overlap_comm": False}}
+    two_ranks = dict(strategy="deepspeed_train", cfg=cfg, world=2)
+    spawn(
+        train_worker,
+        2,
+        _spec(tmp_path / "first", tiny_model_path, **two_ranks, steps=1, save_at=1,
+              ckpt_root=str(ck)),
+        env=ENV,
+    )  # fmt: skip
+    saved = ck / "step_00000001"
+    (states,) = saved.rglob("mp_rank_00_model_states.pt")
+    sentinel, payload = tmp_path / "PWNED", tmp_path / "payload.pt"
+    torch.save({"module": _Payload(sentinel)}, payload)
+    swap = {"file": states.relative_to(saved).as_posix(), "replacement": str(payload)}
+    with pytest.raises(Exception, match="changed after verification"):
+        spawn(
+            train_worker,
+            2,
+            _spec(tmp_path / "evil", tiny_model_path, **two_ranks, steps=2, resume_from=str(ck),
+                  swap_after_verify=swap),
+            env=ENV,
+        )  # fmt: skip
+    assert not sentinel.exists(), "resuming unpickled the file swapped in after verification"
+
+
 GROUPED = dict(n=8, max_len=20, prompt_len=7, group_size=2)
 SHARED = {"share_prompt_forward": True}
 

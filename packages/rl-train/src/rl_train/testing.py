@@ -99,6 +99,8 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
     nan_rank = spec.get("nan_rank", 0)
     start = 0
     load_report: dict[str, Any] = {}
+    if spec.get("swap_after_verify"):
+        _swap_after_verify(**spec["swap_after_verify"])
     if spec.get("resume_from"):
         start, _ = backend.load_checkpoint(spec["resume_from"])
         report = getattr(backend, "last_load_report", None)
@@ -148,6 +150,26 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
             },
             out / f"result_rank{rank}.pt",
         )
+
+
+def _swap_after_verify(file: str, replacement: str) -> None:
+    """Attack simulation: right after a checkpoint is verified (rank 0), replace its ``file``
+    (relative to the checkpoint directory) with ``replacement`` by a rename, as an attacker who
+    can write the checkpoint directory could between verification and loading."""
+    import shutil
+
+    from rl_train import checkpoint as ckpt
+
+    verify = ckpt.verify
+
+    def verify_then_swap(candidate: Path, **kwargs: Any) -> dict[str, str]:
+        files = verify(candidate, **kwargs)
+        staged = Path(candidate) / (file + ".swap")
+        shutil.copyfile(replacement, staged)
+        os.replace(staged, Path(candidate) / file)
+        return files
+
+    ckpt.verify = verify_then_swap  # type: ignore[assignment]
 
 
 def rendezvous_probe(rank: int, out: str) -> None:

@@ -15,6 +15,7 @@ import copy
 import os
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -257,20 +258,23 @@ class DeepSpeedBackend(BackendCore):
     def load_checkpoint(
         self, root: str | Path, *, key_file: str | Path | None = None
     ) -> tuple[int, dict[str, Any]]:
-        """DeepSpeed reads its files (pickles) itself: they are loaded only after rank 0 verified
-        the signed manifest and every hash."""
+        """DeepSpeed's files are pickles (it loads them with ``torch.load(weights_only=False)``):
+        rank 0 verifies the signed manifest and every hash first, and each rank's DeepSpeed then
+        reads every file through the verified descriptor (`_verified_reads`), so that a file
+        swapped after the verification is never unpickled, on any rank."""
         if self.engine is None:
             return dcp_io.load(self, root, key_file)
 
         def _load(path: Path, report: ckpt.LoadReport) -> tuple[int, dict[str, Any]]:
             assert self.engine is not None
             state = ckpt.load_json(path / "trainer_state.json", report.files)
-            loaded, _ = self.engine.load_checkpoint(
-                str(path / "deepspeed"),
-                tag="state",
-                load_optimizer_states=True,
-                load_lr_scheduler_states=True,
-            )
+            with _verified_reads(self.engine, path, report.files):
+                loaded, _ = self.engine.load_checkpoint(
+                    str(path / "deepspeed"),
+                    tag="state",
+                    load_optimizer_states=True,
+                    load_lr_scheduler_states=True,
+                )
             if loaded is None:
                 raise ckpt.CheckpointError(
                     f"checkpoint {path}: DeepSpeed could not load {path / 'deepspeed'}"
@@ -290,3 +294,25 @@ class DeepSpeedBackend(BackendCore):
     def onload(self) -> None:
         if self.engine is not None and self.device_kind != "cpu" and self.zero_stage >= 1:
             self.engine.reload_states()
+
+
+@contextmanager
+def _verified_reads(engine: Any, ckpt_dir: Path, files: dict[str, str]) -> Iterator[None]:
+    """Within the block, every file DeepSpeed's engine loads (model, optimizer and scheduler
+    states: all of them go through ``engine.checkpoint_engine.load``) is read through
+    ``ckpt.open_verified``: hashed through the descriptor it is unpickled from and refused
+    (CheckpointError) unless the hash is the manifest's verified one."""
+    checkpoint_engine = engine.checkpoint_engine
+
+    def load(path: str, map_location: Any = None) -> Any:
+        with ckpt.open_verified(ckpt_dir, Path(path), files) as f:
+            # the bytes read are the verified, signed ones
+            return torch.load(
+                f, map_location=map_location, weights_only=False
+            )  # unsafe-pattern-ok: signed bytes
+
+    checkpoint_engine.load = load  # the instance attribute shadows the class's method
+    try:
+        yield
+    finally:
+        del checkpoint_engine.load
