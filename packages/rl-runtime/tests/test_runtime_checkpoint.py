@@ -224,7 +224,7 @@ def test_renamed_signed_checkpoint_is_refused_and_never_prunes_the_real_ones(tmp
     assert "signed for step 1, but the directory is step 9999" in why
     _save(mgr, 3)
     assert [p.name for p in mgr.complete()] == ["step-000002", "step-000003", "step-009999"]
-    assert mgr.load_state(mgr.resolve(True)).step == 3
+    assert mgr.resolve(True) == mgr.step_dir(3)
 
 
 def test_checkpoint_of_another_run_or_a_symlink_is_not_taken_as_newest(tmp_path):
