@@ -2,6 +2,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_train.signing import CheckpointError
+from rl_train.testing import MALFORMED_SIGNATURES, plant_malformed_signature
 
 
 def test_save_latest_and_prune(tmp_path):
@@ -199,3 +201,47 @@ def test_worker_processes_seed_every_rng_stream():
         for _ in range(2)
     }
     assert len(outs) == 1, outs
+
+
+@pytest.mark.timeout(60)  # a FIFO read without O_NONBLOCK would block here
+@pytest.mark.parametrize("form", MALFORMED_SIGNATURES)
+def test_malformed_signature_of_a_newer_checkpoint_resumes_from_the_older(tmp_path, form):
+    mgr = CheckpointManager(tmp_path, keep_last=None)
+    older, newer = _save(mgr, 1), _save(mgr, 2)
+    plant_malformed_signature(newer, form)
+    assert mgr.resolve(True) == older
+    [(skipped, why)] = mgr.skipped
+    assert skipped == newer and f"{newer}: " in why and "MANIFEST.hmac" in why
+
+
+def test_renamed_signed_checkpoint_is_refused_and_never_prunes_the_real_ones(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=2)
+    for step in (1, 2):
+        _save(mgr, step)
+    shutil.copytree(mgr.step_dir(1), mgr.step_dir(9999))  # a replay, "newest" by name
+    assert mgr.resolve(True) == mgr.step_dir(2)
+    [(_, why)] = mgr.skipped
+    assert "signed for step 1, but the directory is step 9999" in why
+    _save(mgr, 3)
+    assert [p.name for p in mgr.complete()] == ["step-000002", "step-000003", "step-009999"]
+    assert mgr.resolve(True) == mgr.step_dir(3)
+
+
+def test_checkpoint_of_another_run_or_a_symlink_is_not_taken_as_newest(tmp_path):
+    other = CheckpointManager(tmp_path / "other_run", keep_last=None)
+    mgr = CheckpointManager(tmp_path / "ck", keep_last=None)
+    _save(mgr, 1)
+    shutil.copytree(_save(other, 4), mgr.step_dir(5))
+    mgr.step_dir(6).symlink_to(_save(other, 6), target_is_directory=True)
+    assert mgr.resolve(True) == mgr.step_dir(1)
+    reasons = dict(mgr.skipped)
+    assert "is a symlink" in reasons[mgr.step_dir(6)]
+    assert "signed for step 4" in reasons[mgr.step_dir(5)]
+
+
+def test_step_names_other_than_ascii_digits_are_no_checkpoints(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=None)
+    saved = _save(mgr, 1)
+    for name in ("step-0_9999", "step-+9999", "step-\u0669\u0669"):  # int() takes all three
+        shutil.copytree(saved, tmp_path / name)
+    assert mgr.present() == [saved]

@@ -2,13 +2,16 @@
 and a node-local FileStore that needs no port at all. Real sockets, real gloo processes."""
 
 import errno
+import os
 import socket
+import stat
 
 import pytest
 
 from rl_sync.group import free_port
 from rl_sync.store import (
     bind_listener,
+    create_private_file,
     create_store,
     new_rendezvous_token,
     node_local_store,
@@ -58,7 +61,7 @@ def test_listener_is_refused_where_it_cannot_be_used():
         create_store("127.0.0.1", other, 2, True, 10, listener=listener)
 
 
-def test_node_local_store_forms_a_two_rank_gloo_group_and_leaves_no_file():
+def test_node_local_store_forms_a_two_rank_gloo_group_in_a_private_file_and_leaves_none():
     token = new_rendezvous_token()
     ctx = mp_context()
     results = ctx.Queue()
@@ -71,7 +74,8 @@ def test_node_local_store_forms_a_two_rank_gloo_group_and_leaves_no_file():
     got = sorted(results.get(timeout=60) for _ in ranks)
     for p in ranks:
         p.join(timeout=60)
-    assert got == [("ok", 0, 3.0), ("ok", 1, 3.0)], got
+    # the ranks ran under umask 022; FileStore alone would have made the file 0644
+    assert got == [("ok", 0, 3.0, 0o600), ("ok", 1, 3.0, 0o600)], got
     assert not node_local_store_path(token).exists()  # the last rank's store removed it
 
 
@@ -100,3 +104,19 @@ def test_rendezvous_tokens_are_fresh_and_valid():
     assert len(tokens) == 100
     for t in tokens:
         assert node_local_store_path(t).name == f"rl-rendezvous-{t}"
+
+
+def test_the_store_file_is_private_and_one_planted_under_its_name_is_refused(tmp_path):
+    old_umask = os.umask(0o022)
+    try:
+        create_private_file(tmp_path / "store")
+        create_private_file(tmp_path / "store")  # another rank of the group: uses it
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(os.stat(tmp_path / "store").st_mode) == 0o600
+    (tmp_path / "readable").touch(mode=0o644)
+    (tmp_path / "link").symlink_to(tmp_path / "store")
+    for name in ("readable", "link"):
+        with pytest.raises(PermissionError, match=f"{name} exists but is not a private regular"):
+            create_private_file(tmp_path / name)
+    assert (tmp_path / "store").read_bytes() == b""

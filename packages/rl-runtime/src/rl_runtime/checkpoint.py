@@ -19,6 +19,7 @@ durable.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import os
@@ -29,16 +30,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl_train.checkpoint import MARKER, open_verified, seal
+from rl_train.checkpoint import MARKER, beyond_kept, open_verified, seal
 from rl_train.durable import fsync_path
 from rl_train.faults import fault_point
-from rl_train.signing import CheckpointError, load_key, verify_manifest
+from rl_train.signing import CheckpointError, load_key, step_of_dir, verify_manifest
 
 log = logging.getLogger(__name__)
 
 COMMIT_MARKER = MARKER
 STATE_FILE = "run_state.json"
-_PREFIX = "step-"
+_SEP = "-"
+_PREFIX = f"step{_SEP}"
 
 
 @dataclass
@@ -144,11 +146,9 @@ class CheckpointManager:
             return []
         found = []
         for p in self.root.iterdir():
-            if p.is_dir() and p.name.startswith(_PREFIX):
-                try:
-                    found.append((int(p.name[len(_PREFIX) :]), p))
-                except ValueError:
-                    continue
+            step = step_of_dir(p.name, _SEP)
+            if step is not None and p.is_dir():
+                found.append((step, p))
         return [p for _s, p in sorted(found)]
 
     def complete(self) -> list[Path]:
@@ -156,8 +156,9 @@ class CheckpointManager:
         return [p for p in self.present() if (p / COMMIT_MARKER).is_file()]
 
     def verify(self, ckpt_dir: str | os.PathLike[str], *, hashes: bool = True) -> dict[str, str]:
-        """Raise `CheckpointError` naming the first problem of `ckpt_dir` (no marker, unsigned or
-        wrongly signed manifest, missing/truncated/corrupt/unlisted file); returns the verified
+        """Raise `CheckpointError` naming the first problem of `ckpt_dir` (no marker, a symlink,
+        an unsigned, wrongly signed or malformed manifest, one signed for another step than the
+        name `step-<N>` says, missing/truncated/corrupt/unlisted file); returns the verified
         `{relative path: sha256}`. Reads no pickle."""
         path = Path(ckpt_dir)
         if not path.is_dir():
@@ -166,7 +167,13 @@ class CheckpointManager:
             raise CheckpointError(
                 f"checkpoint {path} has no {COMMIT_MARKER} marker (interrupted save)"
             )
-        return verify_manifest(path, load_key(self.key_file), hashes=hashes, skip=(COMMIT_MARKER,))
+        return verify_manifest(
+            path,
+            load_key(self.key_file),
+            step=step_of_dir(path.name, _SEP),
+            hashes=hashes,
+            skip=(COMMIT_MARKER,),
+        )
 
     def latest(self) -> Path | None:
         """The newest checkpoint that verifies; newer ones that do not are logged and kept in
@@ -230,8 +237,10 @@ class CheckpointManager:
                 shutil.rmtree(p, ignore_errors=True)
 
     def _prune(self) -> None:
+        """Remove the checkpoints older than the `keep_last` newest that verify."""
         if self.keep_last is None:
             return
-        done = self.complete()
-        for p in done[: max(0, len(done) - self.keep_last)]:
+        newest_first = self.complete()[::-1]
+        sizes_only = functools.partial(self.verify, hashes=False)
+        for p in beyond_kept(newest_first, self.keep_last, sizes_only):
             shutil.rmtree(p, ignore_errors=True)

@@ -23,8 +23,10 @@ opens many connections, each on an ephemeral port) before the store binds it. Tw
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
+import stat
 import tempfile
 from datetime import timedelta
 from pathlib import Path
@@ -105,6 +107,7 @@ def node_local_store(token: str, world_size: int) -> Store:
     ``<tempdir>/rl-rendezvous-<token>``. Every rank passes the same ``token`` (16-64 characters
     of ``[A-Za-z0-9_-]``, random: :func:`new_rendezvous_token`; a guessable name could be
     planted). No port, no listener: nothing to race for and nothing another host can reach. The
+    file is created 0600 (:func:`create_private_file`): other local users cannot read its keys. The
     file is removed when the last rank's store object is destroyed; a launcher whose ranks may
     not get there (killed, ``os._exit``) removes :func:`node_local_store_path` after them.
 
@@ -113,7 +116,37 @@ def node_local_store(token: str, world_size: int) -> Store:
     path = node_local_store_path(token)  # the token is checked either way
     if world_size == 1:
         return HashStore()
+    create_private_file(path)
     return FileStore(str(path), world_size)
+
+
+def create_private_file(path: Path) -> None:
+    """Make ``path`` an empty file only this user can read and write (0600, whatever the umask),
+    before ``FileStore`` opens it: ``FileStore`` would create it 0644 under umask 022, and its
+    keys (for NCCL groups, the unique id) would be readable by every local user.
+
+    Every rank of a group calls this, concurrently: the one whose exclusive create wins makes the
+    file; the others find it and check it is a private regular file of this user, not a symlink
+    or a file someone else planted under the name (which a sticky temp dir keeps others from
+    replacing afterwards). ``FileStore`` works on the pre-created empty file."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        info = os.lstat(path)
+        if (
+            not stat.S_ISREG(info.st_mode)
+            or info.st_uid != os.geteuid()
+            or stat.S_IMODE(info.st_mode) & 0o077
+        ):
+            raise PermissionError(
+                f"rendezvous store {path} exists but is not a private regular file of this user "
+                f"(mode {stat.S_IMODE(info.st_mode):04o}, uid {info.st_uid}): refusing to use it"
+            ) from None
+        return
+    try:
+        os.fchmod(fd, 0o600)  # a umask that took the owner's bits away too
+    finally:
+        os.close(fd)
 
 
 def node_local_store_path(token: str) -> Path:
@@ -154,6 +187,7 @@ def _interface_names() -> list[str]:
 
 __all__ = [
     "bind_listener",
+    "create_private_file",
     "create_store",
     "is_loopback_host",
     "loopback_interface",

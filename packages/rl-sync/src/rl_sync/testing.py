@@ -195,19 +195,24 @@ def trainer_main(
 
 
 def store_rank_main(rank: int, world_size: int, token: str, result_queue: Any) -> None:
-    """A rank of a gloo default world that meets in :func:`rl_sync.store.node_local_store`:
-    puts ``("ok", rank, all_reduce(rank + 1))`` on the queue, then leaves the group."""
+    """A rank of a gloo default world that meets in :func:`rl_sync.store.node_local_store`
+    (under umask 022, the common default): puts ``("ok", rank, all_reduce(rank + 1), mode of the
+    store file while the group lives)`` on the queue, then leaves the group."""
+    import stat
+
     import torch.distributed as dist
 
-    from rl_sync.store import node_local_store
+    from rl_sync.store import node_local_store, node_local_store_path
 
     torch.set_num_threads(1)
+    os.umask(0o022)
     try:
         store = node_local_store(token, world_size)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
         value = torch.tensor([float(rank + 1)])
         dist.all_reduce(value)
-        result_queue.put(("ok", rank, float(value.item())))
+        mode = stat.S_IMODE(os.stat(node_local_store_path(token)).st_mode)
+        result_queue.put(("ok", rank, float(value.item()), mode))
         dist.destroy_process_group()
     except Exception:
         result_queue.put(("crash", traceback.format_exc()))

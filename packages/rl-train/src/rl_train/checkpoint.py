@@ -11,12 +11,12 @@ function here is collective-safe: rank 0 does the filesystem work, the others wa
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import random
-import re
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,12 +29,18 @@ import torch
 from rl_train import dist as rdist
 from rl_train.durable import fsync_path, fsync_tree, write_durable
 from rl_train.faults import fault_point
-from rl_train.signing import CheckpointError, load_key, verify_manifest, write_manifest
+from rl_train.signing import (
+    CheckpointError,
+    load_key,
+    step_of_dir,
+    verify_manifest,
+    write_manifest,
+)
 
 log = logging.getLogger(__name__)
 
 MARKER = "COMMITTED"
-_STEP_RE = re.compile(r"^step_(\d+)$")
+_SEP = "_"
 
 __all__ = [
     "MARKER",
@@ -51,7 +57,12 @@ __all__ = [
 
 
 def step_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
+    return f"step{_SEP}{step:08d}"
+
+
+def dir_step(ckpt: Path) -> int | None:
+    """The step a checkpoint directory's name ``step_<N>`` says, or None for another name."""
+    return step_of_dir(ckpt.name, _SEP)
 
 
 def begin(root: str | Path, step: int) -> Path:
@@ -106,7 +117,9 @@ def commit(
         fsync_path(root)
         fault_point("checkpoint.after_commit", step)
         if keep_last:
-            for stale in committed_checkpoints(root)[keep_last:]:
+            newest_first = committed_checkpoints(root)
+            sizes_only = functools.partial(verify, hashes=False, key_file=key_file)
+            for stale in beyond_kept(newest_first, keep_last, sizes_only):
                 shutil.rmtree(stale, ignore_errors=True)
     rdist.barrier()
     return final
@@ -119,10 +132,29 @@ def committed_checkpoints(root: str | Path) -> list[Path]:
         return []
     found = []
     for child in root.iterdir():
-        m = _STEP_RE.match(child.name)
-        if m and child.is_dir() and (child / MARKER).is_file():
-            found.append((int(m.group(1)), child))
+        step = dir_step(child)
+        if step is not None and child.is_dir() and (child / MARKER).is_file():
+            found.append((step, child))
     return [p for _, p in sorted(found, reverse=True)]
+
+
+def beyond_kept(
+    newest_first: list[Path], keep_last: int, verify_fn: Callable[[Path], object]
+) -> list[Path]:
+    """What pruning may remove: the checkpoints older than the ``keep_last`` newest that
+    ``verify_fn`` accepts (it raises :class:`CheckpointError` otherwise). Newer ones that do not
+    verify (a directory someone planted with a large step) count for nothing and are left alone,
+    so they never push a real one out."""
+    kept = 0
+    for i, cand in enumerate(newest_first):
+        if kept == keep_last:
+            return newest_first[i:]
+        try:
+            verify_fn(cand)
+        except CheckpointError:
+            continue
+        kept += 1
+    return []
 
 
 def latest_checkpoint(
@@ -144,14 +176,17 @@ def verify(
     ckpt: str | Path, *, hashes: bool = True, key_file: str | os.PathLike[str] | None = None
 ) -> dict[str, str]:
     """Raise :class:`CheckpointError` naming the first problem of checkpoint directory ``ckpt``
-    (no marker, unsigned or wrongly signed manifest, a missing/truncated/corrupt/unlisted file);
+    (no marker, a symlink, an unsigned, wrongly signed or malformed manifest, one signed for
+    another step than the name ``step_<N>`` says, a missing/truncated/corrupt/unlisted file);
     returns ``{relative path: sha256}`` of its files."""
     ckpt = Path(ckpt)
     if not ckpt.is_dir():
         raise CheckpointError(f"checkpoint {ckpt} does not exist")
     if not (ckpt / MARKER).is_file():
         raise CheckpointError(f"checkpoint {ckpt} has no {MARKER} marker (incomplete save)")
-    return verify_manifest(ckpt, load_key(key_file), hashes=hashes, skip=(MARKER,))
+    return verify_manifest(
+        ckpt, load_key(key_file), step=dir_step(ckpt), hashes=hashes, skip=(MARKER,)
+    )
 
 
 @dataclass
@@ -177,7 +212,7 @@ def load_newest_valid(
     target = Path(root_or_ckpt)
     candidates = (
         [target]
-        if (target / MARKER).exists() or _STEP_RE.match(target.name)
+        if (target / MARKER).exists() or dir_step(target) is not None
         else committed_checkpoints(target)
     )
     report = LoadReport()

@@ -25,6 +25,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import stat
 from dataclasses import dataclass
@@ -38,6 +39,11 @@ MANIFEST = "MANIFEST.json"
 SIGNATURE = "MANIFEST.hmac"
 _ALG = "hmac-sha256"
 _KEY_BYTES = 32
+#: size limits of what is read from a checkpoint before its MAC is checked: a manifest lists every
+#: file in about 130 bytes (a sharded checkpoint of a large model has thousands), a signature is ~150
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_SIGNATURE_BYTES = 4096
+_HEX_RE = re.compile(r"[0-9a-f]+")
 
 
 class CheckpointError(RuntimeError):
@@ -166,33 +172,110 @@ def write_manifest(
     return files
 
 
-def verify_manifest(
-    ckpt: Path, key: CheckpointKey, *, hashes: bool = True, skip: tuple[str, ...] = ()
-) -> dict[str, str]:
-    """Check the MAC, then each file's size (and sha256 when ``hashes``), and that no file is
-    unlisted. Returns ``{relative path: sha256}``. Raises :class:`CheckpointError` naming the file.
-    Reads only the manifest, its signature and file bytes: nothing is unpickled."""
+def step_of_dir(name: str, sep: str) -> int | None:
+    """The step in a checkpoint directory's name ``step<sep><digits>`` (rl_train's ``step_N``,
+    rl_runtime's ``step-N``), or None for any other name (ASCII digits only)."""
+    m = re.fullmatch(rf"step{re.escape(sep)}([0-9]+)", name)
+    return int(m.group(1)) if m else None
+
+
+def read_bounded(path: Path, limit: int, ckpt: Path, missing: str = "") -> bytes:
+    """The bytes of ``path``, a regular file (not a symlink, FIFO or device) of at most ``limit``
+    bytes; anything else is a :class:`CheckpointError` naming the file (``missing`` is added to
+    the message of a missing one)."""
+    name = path.relative_to(ckpt).as_posix()
     try:
-        payload = (ckpt / MANIFEST).read_bytes()
-    except OSError:
-        raise CheckpointError(f"checkpoint {ckpt}: missing file {MANIFEST}") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {ckpt}: missing file {name}{missing}") from None
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {ckpt}: cannot open file {name} ({err})") from None
     try:
-        sig = json.loads((ckpt / SIGNATURE).read_bytes())
-        mac, key_id = str(sig["mac"]), str(sig.get("key_id", "?"))
-    except OSError:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"checkpoint {ckpt}: file {name} is not a regular file")
+        data = b""
+        while len(data) <= limit and (chunk := os.read(fd, limit + 1 - len(data))):
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise CheckpointError(f"checkpoint {ckpt}: file {name} is larger than {limit} bytes")
+    return data
+
+
+def _signed_mac(ckpt: Path) -> tuple[bytes, str]:
+    """``(mac as ASCII hex bytes, key_id)`` from ``MANIFEST.hmac``; anything but a small JSON
+    object whose ``mac`` is exactly 64 lowercase hex digits is a :class:`CheckpointError`."""
+    raw = read_bounded(
+        ckpt / SIGNATURE,
+        MAX_SIGNATURE_BYTES,
+        ckpt,
+        missing=": the checkpoint is not signed, so it cannot be vouched for (written by an "
+        "older version or by someone else)",
+    )
+    try:
+        sig = json.loads(raw)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise CheckpointError(f"checkpoint {ckpt}: unreadable {SIGNATURE} (not JSON)") from None
+    mac = sig.get("mac") if isinstance(sig, dict) else None
+    if not isinstance(mac, str) or not _HEX_RE.fullmatch(mac) or len(mac) != 64:
         raise CheckpointError(
-            f"checkpoint {ckpt}: missing file {SIGNATURE}: the checkpoint is not signed, so it "
-            "cannot be vouched for (written by an older version or by someone else)"
-        ) from None
-    except (ValueError, KeyError, TypeError):
-        raise CheckpointError(f"checkpoint {ckpt}: unreadable {SIGNATURE}") from None
-    if not hmac.compare_digest(mac, _mac(key, payload)):
+            f"checkpoint {ckpt}: unreadable {SIGNATURE} (its mac is not 64 lowercase hex digits)"
+        )
+    key_id = sig.get("key_id")
+    if not (isinstance(key_id, str) and len(key_id) <= 64 and _HEX_RE.fullmatch(key_id)):
+        key_id = "?"  # only a fingerprint for the message: never echo arbitrary text
+    return mac.encode("ascii"), key_id
+
+
+def _signed_files(ckpt: Path, payload: bytes, step: int | None) -> dict[str, dict[str, Any]]:
+    """The ``files`` of an authenticated manifest, checked for shape and for ``step``."""
+    try:
+        manifest = json.loads(payload)
+        files, signed_step = manifest["files"], manifest["step"]
+        shape_ok = isinstance(files, dict) and all(
+            isinstance(meta, dict)
+            and isinstance(meta.get("bytes"), int)
+            and isinstance(meta.get("sha256"), str)
+            for meta in files.values()
+        )
+    except (ValueError, RecursionError, KeyError, TypeError):
+        shape_ok = False
+    if not shape_ok:
+        raise CheckpointError(f"checkpoint {ckpt}: unreadable {MANIFEST}")
+    if step is not None and signed_step != step:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: {MANIFEST} is signed for step {signed_step}, but the directory "
+            f"is step {step}: renamed or copied from elsewhere"
+        )
+    return files
+
+
+def verify_manifest(
+    ckpt: Path,
+    key: CheckpointKey,
+    *,
+    step: int | None,
+    hashes: bool = True,
+    skip: tuple[str, ...] = (),
+) -> dict[str, str]:
+    """Check the MAC, that the manifest was signed for ``step`` (the step the directory's name
+    says; None: a directory named by no step scheme, given explicitly), then each file's size (and
+    sha256 when ``hashes``), and that no file is unlisted. ``ckpt`` itself must not be a symlink.
+    Returns ``{relative path: sha256}``. Raises :class:`CheckpointError` naming the file.
+    Reads only the manifest, its signature and file bytes (the first two bounded in size):
+    nothing is unpickled."""
+    if ckpt.is_symlink():
+        raise CheckpointError(f"checkpoint {ckpt} is a symlink")
+    payload = read_bounded(ckpt / MANIFEST, MAX_MANIFEST_BYTES, ckpt)
+    mac, key_id = _signed_mac(ckpt)
+    if not hmac.compare_digest(mac, _mac(key, payload).encode("ascii")):
         other = "" if key_id == key.key_id else f" (signed by key {key_id})"
         raise CheckpointError(
             f"checkpoint {ckpt}: {MANIFEST} fails its HMAC check under key {key.key_id} from "
             f"{key.path}{other}: modified, or not written by a holder of this key"
         )
-    files = json.loads(payload)["files"]
+    files = _signed_files(ckpt, payload, step)
     ignored = {MANIFEST, SIGNATURE, *skip}
     present = list_files(ckpt)
     unlisted = [rel for rel in present if rel not in files and rel not in ignored]
@@ -214,23 +297,31 @@ def verify_manifest(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rl_train.signing trust DIR [--key-file F]``: sign an existing checkpoint you
-    trust (e.g. one written before checkpoints were signed) with this host's key."""
+    """``python -m rl_train.signing trust DIR [--key-file F] [--step N]``: sign an existing
+    checkpoint you trust (e.g. one written before checkpoints were signed) with this host's key,
+    for the step its name says (``step_N``/``step-N``) unless ``--step`` is given;
+    ``verify DIR`` checks one."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m rl_train.signing")
     parser.add_argument("command", choices=["trust", "verify"])
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--key-file", default=None)
-    parser.add_argument("--step", type=int, default=-1)
+    parser.add_argument("--step", type=int, default=None)
     args = parser.parse_args(argv)
     key = load_key(args.key_file)
+    named = step_of_dir(args.checkpoint.name, "_")
+    if named is None:
+        named = step_of_dir(args.checkpoint.name, "-")
     if args.command == "trust":
-        write_manifest(args.checkpoint, key, step=args.step, skip=("COMMITTED",))
+        if None not in (named, args.step) and named != args.step:
+            parser.error(f"--step {args.step}: {args.checkpoint.name} is step {named}")
+        step = named if args.step is None else args.step
+        write_manifest(args.checkpoint, key, step=-1 if step is None else step, skip=("COMMITTED",))
         print(f"signed {args.checkpoint} with key {key.key_id} ({key.path})")
         return 0
     try:
-        verify_manifest(args.checkpoint, key, skip=("COMMITTED",))
+        verify_manifest(args.checkpoint, key, step=named, skip=("COMMITTED",))
     except CheckpointError as err:
         print(err)
         return 1

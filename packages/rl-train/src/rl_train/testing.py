@@ -34,6 +34,52 @@ def throwaway_checkpoint_key(directory: Path) -> Iterator[Path]:
             os.environ[KEY_FILE_ENV] = old
 
 
+#: what someone who can write a checkpoint directory (but has no key) may put in its signature
+MALFORMED_SIGNATURES = (
+    "non_ascii_mac",
+    "deep_json_large",
+    "deep_json_small",
+    "oversized",
+    "not_an_object",
+    "mac_not_a_string",
+    "short_mac",
+    "uppercase_mac",
+    "invalid_utf8",
+    "fifo",
+    "directory",
+)
+
+
+def plant_malformed_signature(ckpt: Path, form: str) -> None:
+    """Replace ``ckpt/MANIFEST.hmac`` with the ``form`` of :data:`MALFORMED_SIGNATURES`."""
+    import json
+
+    from rl_train.signing import MAX_SIGNATURE_BYTES, SIGNATURE
+
+    path = ckpt / SIGNATURE
+    mac = json.loads(path.read_bytes())["mac"]
+    path.unlink()
+    if form == "fifo":  # opening it for reading would block a reader forever
+        os.mkfifo(path)
+        return
+    if form == "directory":
+        path.mkdir()
+        return
+    data = {
+        "non_ascii_mac": '{"mac": "\u00e9"}'.encode(),
+        "deep_json_large": b"[" * 100_000,
+        "deep_json_small": b"[" * (MAX_SIGNATURE_BYTES - 1),
+        # the right mac, but more than a signature's size limit
+        "oversized": json.dumps({"mac": mac, "pad": " " * MAX_SIGNATURE_BYTES}).encode(),
+        "not_an_object": json.dumps([mac]).encode(),
+        "mac_not_a_string": b'{"mac": 5}',
+        "short_mac": json.dumps({"mac": mac[:32]}).encode(),
+        "uppercase_mac": json.dumps({"mac": mac.upper()}).encode(),
+        "invalid_utf8": b'{"mac": "\xff\xfe"}',
+    }[form]
+    path.write_bytes(data)
+
+
 def make_batch(
     n: int,
     max_len: int,
