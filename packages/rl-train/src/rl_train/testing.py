@@ -172,7 +172,8 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
         except Exception as err:
             history.append({"error": str(err)})  # type: ignore[dict-item]
             break
-        if spec.get("save_at") == step + 1:
+        save_at = spec.get("save_at")  # a step, or a list of steps
+        if step + 1 in (save_at if isinstance(save_at, list) else [save_at]):
             backend.save_checkpoint(spec["ckpt_root"], step + 1, {"note": "mid"})
     params = {
         name: t.detach().clone().cpu()
