@@ -243,7 +243,8 @@ class SandboxPool:
         """What a call gets, as the workers measured it at start: ``network`` (netns |
         userns+netns | none | allowed), ``uid`` (per-slot | shared-with-caller), ``limits``
         (cgroup2 | cgroup1 | rlimit), ``mounts`` (private | shared), ``pids`` (pidns | shared),
-        and ``mode``: "strong" when all of network, mounts and pids are isolated and memory is
+        ``ipc`` (ipcns | removed-per-call: the slot uid's SysV objects are removed after each
+        call | shared), and ``mode``: "strong" when all of network, mounts and pids are isolated and memory is
         capped in total, else "weak"."""
         report = dict(self._isolation)
         strong = (
