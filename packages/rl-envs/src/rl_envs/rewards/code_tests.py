@@ -52,6 +52,8 @@ def _load_json(value: Any, what: str) -> Any:
             return json.loads(value)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{what} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ValueError(f"{what} is not valid JSON: nested too deeply") from None
     return value
 
 
