@@ -174,9 +174,10 @@ def _run_case(program: str, case: dict[str, str]) -> None:
 def _child(program: str, case: dict[str, str], report_fd: int, nonce_fd: int) -> None:
     """Forked test process: run the test, then report it passed (never returns).
 
-    The report is ``READY``, then the nonce the parent sends only on ``READY`` (it did not exist
-    while the program ran), then the captured stdout. An exit of any kind before that, a
-    ``SystemExit`` included, leaves no report: the test fails."""
+    The report is ``READY``, then the nonce the parent creates and sends only when the report's
+    first bytes arrive (it did not exist while the program ran), then the captured stdout. An
+    exit of any kind before that, a ``SystemExit`` included, leaves no report: the test
+    fails."""
     write, read, exit_now = os.write, os.read, os._exit  # bound before the program can patch os
     status = 1
     captured = io.StringIO()
