@@ -5,7 +5,8 @@ seccomp profile). Run by ``test_envs_sandbox_escapes.py``:
     python sandbox_scenario.py WORKDIR SECRET
 
 It owns ``WORKDIR/checkpoint.pt``, tries to start a strict pool (recording the refusal), then
-a pool that accepts weak isolation, lets hostile calls attack it, and prints one JSON line.
+a pool that accepts weak isolation, lets hostile calls attack it (files, signals, /proc, shared
+temp dirs, a SysV shared-memory segment), and prints one JSON line.
 """
 
 from __future__ import annotations
@@ -44,8 +45,21 @@ try:
     out["dev_shm"] = "written"
 except OSError as exc:
     out["dev_shm"] = type(exc).__name__
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+out["sysv_shm"] = libc.shmget({shm_key}, 1 << 16, 0o1000 | 0o666)  # IPC_CREAT, world writable
 print(json.dumps(out))
 """
+
+
+def _shm_key(secret: str) -> int:
+    return int(secret[-7:], 16)
+
+
+def _sysv_shm_keys() -> set[int]:
+    with open("/proc/sysvipc/shm") as handle:
+        header, *rows = handle.read().splitlines()
+    return {int(row.split()[header.split().index("key")]) for row in rows}
 
 
 def main(workdir: str, secret: str) -> None:
@@ -63,7 +77,8 @@ def main(workdir: str, secret: str) -> None:
     with SandboxPool(1, limits=SandboxLimits(timeout_s=5, allow_weak_isolation=True)) as pool:
         report["isolation"] = pool.isolation
         report["stats"] = pool.stats()
-        code = ATTACK.format(checkpoint=checkpoint, trainer=os.getpid(), secret=secret)
+        code = ATTACK.format(checkpoint=checkpoint, trainer=os.getpid(), secret=secret,
+                             shm_key=_shm_key(secret))  # fmt: skip
         result = pool.run_python(code)
         report["call_ok"] = result.ok
         report["call_error"] = result.error
@@ -73,6 +88,7 @@ def main(workdir: str, secret: str) -> None:
     report["signals_received"] = signals
     report["left_in_tmp"] = os.path.exists(f"/tmp/left_by_call_{secret}")
     report["left_in_dev_shm"] = os.path.exists(f"/dev/shm/left_by_call_{secret}")
+    report["left_in_sysv_shm"] = _shm_key(secret) in _sysv_shm_keys()
     print(json.dumps(report))
 
 

@@ -80,3 +80,66 @@ def test_padding_earns_nothing_and_truncation_loses(math_pool):
     assert short.reward == 1.0
     assert padded.reward == 0.0  # +1 correct, -1 for filling the buffer
     assert cut.reward == -2.0  # -1 no answer, -1 overlong
+
+
+CODE_TARGET = "rl_envs.rewards.code_tests:code_sandbox_score"
+ASSERTS = [{"assert_code": "assert f(1) == 2"}, {"assert_code": "assert f(5) == 6"}]
+FORGE_REPORT = (  # writes what a passing test reports (without this test's nonce) to every pipe
+    "import os\n"
+    "for fd in range(3, 256):\n"
+    "    try:\n"
+    "        os.write(fd, b'R' + bytes(16) + b'6\\n')\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "os._exit(0)\n"
+)
+
+
+def _code_score(pool, program: str, **tests) -> float:
+    result = pool.call(CODE_TARGET, "code", f"```python\n{program}```", None, {}, **tests)
+    assert result.ok, result
+    return result.value["score"]
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        "import sys\nsys.exit(0)\n",
+        "import sys\nsys.exit()\n",
+        "import os\nos._exit(0)\n",
+        "raise SystemExit(0)\n",
+        "def f(x):\n    raise SystemExit(0)\n",  # exits from inside the asserts
+        FORGE_REPORT,
+    ],
+    ids=["sys.exit(0)", "sys.exit()", "os._exit(0)", "SystemExit(0)", "exit-in-f", "forged-report"],
+)
+def test_code_that_exits_before_its_asserts_run_scores_nothing(math_pool, program):
+    """A test passes only when its assert ran: the test process reports it after the asserts,
+    with a nonce sent to it only then. Exiting early (any code) or writing a report is a fail."""
+    assert _code_score(math_pool, program, test_cases=ASSERTS, case_type="assert") == 0.0
+
+
+def test_code_exits_keep_honest_programs_scoring(math_pool):
+    honest = "def f(x):\n    return x + 1\n"
+    assert _code_score(math_pool, honest, test_cases=ASSERTS, case_type="assert") == 1.0
+    half = "def f(x):\n    return 2 if x == 1 else 0\n"
+    assert _code_score(math_pool, half, test_cases=ASSERTS, case_type="assert") == 0.5
+    io_tests = {"test_cases": [{"stdin": "5\n", "expected_stdout": "6\n"}], "case_type": "stdin"}
+    # an stdin/stdout program may end with sys.exit(0): its output is what is judged
+    exits = "import sys\nprint(int(input()) + 1)\nsys.exit(0)\n"
+    assert _code_score(math_pool, exits, **io_tests) == 1.0
+    assert _code_score(math_pool, "import sys\nprint(6)\nsys.exit(1)\n", **io_tests) == 0.0
+    assert _code_score(math_pool, FORGE_REPORT, **io_tests) == 0.0
+
+
+def test_code_cannot_write_the_sandbox_calls_result(math_pool):
+    """The test process closes every descriptor but its own report pipes before the program
+    runs: junk written to every pipe fails the program's own test, never the reward call."""
+    junk = (
+        "import os\nfor fd in range(3, 256):\n    try:\n        os.write(fd, b'[' * 60000)\n"
+        "    except OSError:\n        pass\ndef f(x):\n    return x + 1\n"
+    )
+    result = math_pool.call(CODE_TARGET, "code", f"```python\n{junk}```", None, {},
+                            test_cases=ASSERTS, case_type="assert")  # fmt: skip
+    assert result.ok and result.kind == "ok", result
+    assert result.value["score"] == 0.0 and result.value["total"] == 2

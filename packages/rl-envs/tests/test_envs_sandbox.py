@@ -38,6 +38,19 @@ HOSTILE = {
                        "    return '1.0'\n", "bad_result"),
     "huge_result": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
                     "    return {'score': 1.0, 'junk': 'y' * 5_000_000}\n", "output_too_large"),
+    "writes_result_pipe": ("import os, stat\n"  # JSON the pool's parser recursed on until it died
+                           "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                           "    stdout = os.fstat(1).st_ino\n"
+                           "    for fd in range(3, 256):\n"
+                           "        try:\n"
+                           "            if stat.S_ISFIFO(os.fstat(fd).st_mode) and os.fstat(fd).st_ino != stdout:\n"
+                           "                os.write(fd, b'[' * 200_000)\n"
+                           "        except OSError:\n"
+                           "            pass\n"
+                           "    os._exit(0)\n", "bad_result"),
+    "returns_deep_nesting": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                             "    junk = 0\n    for _ in range(500):\n        junk = [junk]\n"
+                             "    return {'score': 1.0, 'junk': junk}\n", "bad_result"),
 }  # fmt: skip
 
 

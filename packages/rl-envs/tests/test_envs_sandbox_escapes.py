@@ -185,6 +185,37 @@ def test_private_tmp_and_no_dev_shm(hostile_pool):
     assert not os.path.exists(f"/tmp/{name}") and not os.path.exists(f"/dev/shm/{name}")
 
 
+SHM_GET = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+segment = libc.shmget({key}, 1 << 20, 0o1000 | 0o666)  # IPC_CREAT, world writable
+ctypes.memset(libc.shmat(segment, None, 0), 0x41, 1 << 20)  # attached and touched
+print(segment)
+"""
+
+
+def sysv_shm_keys() -> set[int]:
+    """Keys of the shared-memory segments in this IPC namespace (/proc/sysvipc/shm)."""
+    with open("/proc/sysvipc/shm") as handle:
+        header, *rows = handle.read().splitlines()
+    return {int(row.split()[header.split().index("key")]) for row in rows}
+
+
+def test_sysv_shared_memory_goes_with_the_call(hostile_pool):
+    """A call's SysV segments (mode 0666) outlived the call and the pool: calls get their own
+    IPC namespace."""
+    _need(hostile_pool, "mounts", "private")
+    key = 0x5EB00000 + os.getpid() % 0x10000
+    try:
+        result = hostile_pool.run_python(SHM_GET.format(key=key))
+        assert result.ok and int(result.stdout) >= 0, result  # the call got its segment
+        assert key not in sysv_shm_keys()
+        assert hostile_pool.isolation["ipc"] == "ipcns"
+    finally:  # what the old sandbox left behind
+        subprocess.run(["ipcrm", "-M", str(key)], capture_output=True)
+
+
 def test_tmp_is_capped(hostile_pool):
     _need(hostile_pool, "mounts", "private")
     code = (
@@ -379,6 +410,7 @@ def test_non_root_trainer_keeps_its_files_signals_and_secrets():
     assert secret not in attack["cmdline"]
     assert attack["dev_shm"] != "written"
     assert not report["left_in_tmp"] and not report["left_in_dev_shm"]
+    assert attack["sysv_shm"] >= 0 and not report["left_in_sysv_shm"]  # its own IPC namespace
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root+setpriv")
@@ -397,11 +429,14 @@ def test_without_namespaces_strict_pool_refuses_and_weak_mode_says_so():
     assert "allow_weak_isolation" in report["strict_pool"]
     assert isolation["mounts"] == "shared" and isolation["pids"] == "shared"
     # what still holds: a uid per slot (no writes to the trainer's files, no signals) and the
-    # removal of what the slot's uid left in the shared /tmp and /dev/shm
+    # removal of what the slot's uid left in the shared /tmp and /dev/shm and in SysV IPC
     assert isolation["uid"] == "per-slot"
     assert report["call_ok"], report
     assert report["checkpoint_after"] == "weights" and report["signals_received"] == []
     assert not report["left_in_tmp"] and not report["left_in_dev_shm"]
+    # no IPC namespace: the worker removes the SysV objects of the slot's uid after each call
+    assert isolation["ipc"] == "removed-per-call"
+    assert report["attack"]["sysv_shm"] >= 0 and not report["left_in_sysv_shm"]
 
 
 def test_code_under_tmp_stays_importable_through_the_private_tmp(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import pytest
 
 from rl_envs import make_env
 from rl_envs.tasks import CountdownEnv, SingleTurnEnv, ToolEnv, generate_countdown, load_rows
+from rl_envs.tasks.data import RowKeys
 
 pytestmark = pytest.mark.xdist_group("dist")  # starts sandbox worker processes
 
@@ -76,6 +77,49 @@ def test_jsonl_rows_including_bad_json(tmp_path):
         (1, "<json>"), (2, "reward_model.ground_truth"), (3, "answer"), (4, "<row>")]  # fmt: skip
     with pytest.raises(ValueError, match="unsupported"):
         load_rows(__file__)
+
+
+def test_jsonl_decode_failures_are_rows_naming_their_line(tmp_path):
+    """Blank lines count toward the line number; a line that is not UTF-8, or nests deeper than
+    the parser recurses (in the line, its messages string or its test_cases string), is a
+    rejected row naming file and line, never an exception."""
+    good = json.dumps({"prompt": "x?", "answer": "1"})
+    deep = "[" * 50_000  # far deeper than the parser recurses, shorter than a prompt may be
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(
+        "\n".join([
+            good,  # line 1
+            "",
+            "   ",
+            json.dumps({"prompt": 5, "answer": "1"}),  # line 4
+            deep,  # line 5
+            "",
+            json.dumps({"messages": deep, "answer": "1"}),  # line 7
+            json.dumps({"prompt": "x", "test_cases": deep, "case_type": "assert"}),  # line 8
+        ]).encode()
+        + b'\n{"prompt": "caf\xe9?", "answer": "1"}\n'  # line 9: Latin-1, not UTF-8
+        + good.encode()  # line 10
+    )  # fmt: skip
+    report = load_rows(str(path), keys=RowKeys(messages="messages"))
+    assert [(r.index, r.line) for r in report.rows] == [(0, 1), (6, 10)]
+    rejected = [(e.row, e.line, e.field) for e in report.rejected]
+    assert rejected == [(1, 4, "prompt"), (2, 5, "<json>"), (3, 7, "messages"),
+                        (4, 8, "test_cases"), (5, 9, "<json>")]  # fmt: skip
+    reasons = [e.reason for e in report.rejected]
+    assert "nested too deeply" in reasons[1] and "nested too deeply" in reasons[2]
+    assert "nested too deeply" in reasons[3] and "byte 0xe9 at offset 15 is not UTF-8" in reasons[4]
+    assert str(report.rejected[0]).startswith(f"{path}: row 1: field 'prompt': ")
+    assert str(report.rejected[0]).endswith("(line 4)")
+    # a .json file: a list decodes as before (no lines); JSON lines with the same bad lines too
+    as_json = tmp_path / "rows.json"
+    as_json.write_bytes(path.read_bytes())
+    assert [(e.row, e.line) for e in load_rows(str(as_json)).rejected][-1] == (5, 9)
+    as_json.write_text(json.dumps([json.loads(good), {"prompt": 5}]))
+    assert [(e.row, e.line) for e in load_rows(str(as_json)).rejected] == [(1, None)]
+    as_json.write_text(deep)
+    assert [(e.row, e.line, e.field) for e in load_rows(str(as_json)).rejected] == [
+        (0, 1, "<json>")
+    ]
 
 
 def test_single_turn_env_grades_in_sandbox(tmp_path, math_pool):

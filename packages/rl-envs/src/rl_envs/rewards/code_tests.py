@@ -13,8 +13,14 @@ only as a sandbox call, ``SandboxPool.call("rl_envs.rewards.code_tests:code_sand
 
 The program is the last fenced code block of the response (```python ...``` preferred). Each
 test runs in a process forked inside the sandbox call, with its own deadline: a test that hangs
-fails and the next one runs. Score: the fraction of tests passed (a response with no code
-block: 0.0, ``no_code`` True).
+fails and the next one runs. That process closes every descriptor but its two report pipes, runs
+the program as ``__main__``, then the test's asserts in its namespace, and only then asks the
+call for a random nonce and reports it: a test passes only if the report carries its nonce (and,
+for stdin tests, the expected output). A program that exits before its asserts ran
+(``sys.exit``, ``SystemExit`` of any code, ``os._exit``) or writes a report of its own fails.
+Out of reach of any in-process runner: a program that imitates this harness's protocol or
+patches the interpreter, and results whose ``__eq__`` lies. Score: the fraction of tests passed
+(a response with no code block: 0.0, ``no_code`` True).
 """
 
 from __future__ import annotations
@@ -24,17 +30,19 @@ import io
 import json
 import os
 import re
-import runpy
 import select
 import signal
 import sys
 import time
+import types
 from typing import Any
 
 ASSERT_TYPES = ("assert", "pytest")
 IO_TYPES = ("input", "stdin")
 MAX_TESTS = 256
 OUTPUT_LIMIT = 1 << 20
+NONCE_BYTES = 16
+READY = b"R"  # the child's request for the nonce, after its tests ran
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 
 
@@ -44,6 +52,8 @@ def _load_json(value: Any, what: str) -> Any:
             return json.loads(value)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{what} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ValueError(f"{what} is not valid JSON: nested too deeply") from None
     return value
 
 
@@ -120,74 +130,125 @@ def _same_output(got: str, want: str) -> bool:
     return lines(got) == lines(want)
 
 
-def _child(program: str, case: dict[str, str], out_fd: int) -> None:
-    """Forked test process: run the program (and the test), report via exit status."""
+def _close_fds_except(*keep: int) -> None:
+    """Close every descriptor from 3 up but ``keep`` (the call's JSON result pipe among them:
+    the program must not be able to write the call's result)."""
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+
+
+def _exec(source: str, filename: str, namespace: dict[str, Any]) -> None:
+    """Run untrusted ``source`` in ``namespace`` (only ever in a sandboxed test process)."""
+    exec(compile(source, filename, "exec", dont_inherit=True), namespace)  # noqa: S102
+
+
+def _run_case(program: str, case: dict[str, str]) -> None:
+    """Run the program as ``__main__``, then (assert tests) the test code and its ``test_*``
+    functions in the program's namespace. Returns only if all of it ran; raises otherwise. A
+    ``SystemExit`` ends an stdin/stdout program (code 0 or None: its output is judged) but fails
+    an assert test, whose asserts have not run."""
+    path = os.path.join(os.getcwd(), f"solution_{os.getpid()}.py")
+    with open(path, "w") as handle:
+        handle.write(program)
+    module = types.ModuleType("__main__")
+    module.__file__ = path
+    sys.modules["__main__"] = module
+    sys.argv = [path]
+    if "stdin" in case:
+        try:
+            _exec(program, path, module.__dict__)
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+        return
+    _exec(program, path, module.__dict__)
+    _exec(case["assert_code"], "tests.py", module.__dict__)
+    for name, fn in list(module.__dict__.items()):
+        if name.startswith("test_") and callable(fn):
+            fn()
+
+
+def _child(program: str, case: dict[str, str], report_fd: int, nonce_fd: int) -> None:
+    """Forked test process: run the test, then report it passed (never returns).
+
+    The report is ``READY``, then the nonce the parent creates and sends only when the report's
+    first bytes arrive (it did not exist while the program ran), then the captured stdout. An
+    exit of any kind before that, a ``SystemExit`` included, leaves no report: the test
+    fails."""
+    write, read, exit_now = os.write, os.read, os._exit  # bound before the program can patch os
     status = 1
     captured = io.StringIO()
     try:
+        _close_fds_except(report_fd, nonce_fd)
         os.setpgid(0, 0)
-        path = os.path.join(os.getcwd(), f"solution_{os.getpid()}.py")
-        source = program if "stdin" in case else f"{program}\n\n{case['assert_code']}\n"
-        with open(path, "w") as handle:
-            handle.write(source)
         sys.stdin = io.StringIO(case.get("stdin", ""))
         with contextlib.redirect_stdout(captured):
-            namespace = runpy.run_path(path, run_name="__main__")
-            if "assert_code" in case:
-                for name, fn in list(namespace.items()):
-                    if name.startswith("test_") and callable(fn):
-                        fn()
+            _run_case(program, case)
+        write(report_fd, READY)
+        nonce = read(nonce_fd, NONCE_BYTES)
+        write(report_fd, nonce + captured.getvalue()[:OUTPUT_LIMIT].encode(errors="replace"))
         status = 0
-    except SystemExit as exc:
-        status = 0 if exc.code in (0, None) else 1
     except BaseException:
         status = 1
     finally:
-        if status == 0:
-            with contextlib.suppress(BaseException):
-                os.write(out_fd, captured.getvalue()[:OUTPUT_LIMIT].encode(errors="replace"))
-        os._exit(status)
+        exit_now(status)
+
+
+def _collect(report_fd: int, nonce_fd: int, deadline: float) -> tuple[bytes, bytes, bool]:
+    """``(report, nonce, timed_out)``: read the child's report until EOF, sending a fresh nonce
+    once its first bytes arrive."""
+    chunks: list[bytes] = []
+    nonce = b""
+    while True:
+        wait = deadline - time.monotonic()
+        if wait <= 0:
+            return b"".join(chunks), nonce, True
+        ready, _, _ = select.select([report_fd], [], [], wait)
+        if not ready:
+            continue
+        chunk = os.read(report_fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks), nonce, False
+        if sum(map(len, chunks)) < OUTPUT_LIMIT:
+            chunks.append(chunk)
+        if not nonce:
+            nonce = os.urandom(NONCE_BYTES)
+            with contextlib.suppress(OSError):  # the child may be gone already
+                os.write(nonce_fd, nonce)
 
 
 def _run_one(program: str, case: dict[str, str], timeout_s: float) -> tuple[bool, bool]:
-    """``(passed, timed_out)`` of one test in a forked process."""
-    read_fd, write_fd = os.pipe()
+    """``(passed, timed_out)`` of one test in a forked process: passed only when the child's
+    report carries this test's nonce (and, for stdin tests, the expected output)."""
+    report_r, report_w = os.pipe()
+    nonce_r, nonce_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.close(read_fd)
-        _child(program, case, write_fd)
-    os.close(write_fd)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
-    timed_out = False
+        _child(program, case, report_w, nonce_r)
+    os.close(report_w)
+    os.close(nonce_r)
     try:
-        while True:
-            wait = deadline - time.monotonic()
-            if wait <= 0:
-                timed_out = True
-                break
-            ready, _, _ = select.select([read_fd], [], [], wait)
-            if not ready:
-                continue
-            chunk = os.read(read_fd, 1 << 16)
-            if not chunk:
-                break
-            if sum(map(len, chunks)) < OUTPUT_LIMIT:
-                chunks.append(chunk)
+        report, nonce, timed_out = _collect(report_r, nonce_w, time.monotonic() + timeout_s)
     finally:
-        os.close(read_fd)
+        os.close(report_r)
+        os.close(nonce_w)
     if timed_out:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
+    marker = READY + nonce
     if timed_out or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
         return False, timed_out
+    if not nonce or not report.startswith(marker):
+        return False, False
     if "stdin" in case:
-        return _same_output(
-            b"".join(chunks).decode(errors="replace"), case["expected_stdout"]
-        ), False
+        output = report[len(marker) :].decode(errors="replace")
+        return _same_output(output, case["expected_stdout"]), False
     return True, False
 
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_envs.sandbox import isolation
+from rl_envs.sandbox import isolation, sysv
 from rl_envs.sandbox.call import _resolve, start_call
 from rl_envs.sandbox.cgroups import SlotCgroup, open_slot_cgroup
 from rl_envs.sandbox.protocol import read_frame, write_frame
@@ -238,11 +238,12 @@ def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
             _, got.status = os.waitpid(pid, 0)
     duration = time.monotonic() - start
     if namespaces:
-        pass  # the private /tmp went away with the call's mount namespace
+        pass  # the private /tmp and SysV IPC went away with the call's namespaces
     else:
         shutil.rmtree(workdir, ignore_errors=True)
         if uid is not None:
             _cleanup_shared_tmp(uid)
+            sysv.remove_left_by(uid)
     oom = cgroup is not None and cgroup.oom_kills() > oom_before
     response = _classify(got, oom, float(limits["cpu_s"]))
     response["duration_s"] = duration
@@ -286,8 +287,8 @@ def _baseline_vm() -> int:
 
 
 def _probe_call_namespaces() -> bool:
-    """Can a call get its mount and pid namespaces and private mounts here? (A throwaway fork
-    tries the same steps as a real call.)"""
+    """Can a call get its mount, pid and IPC namespaces and private mounts here? (A throwaway
+    fork tries the same steps as a real call.)"""
     try:
         pid = isolation.fork_into_call_namespaces()
     except OSError:
@@ -323,6 +324,7 @@ def _setup(config: dict[str, Any]) -> dict[str, Any]:
         "limits": cgroup.version if cgroup is not None else "rlimit",
         "mounts": "private" if namespaces else "shared",
         "pids": "pidns" if namespaces else "shared",
+        "ipc": "ipcns" if namespaces else ("removed-per-call" if uid is not None else "shared"),
     }
     state = {"uid": uid, "uid_lock": uid_lock, "cgroup": cgroup, "namespaces": namespaces,
              "block_sockets": network == "none"}  # fmt: skip

@@ -1,11 +1,12 @@
 """Linux namespaces and mounts for sandboxed calls (trusted code, run before untrusted code).
 
 Per worker: an empty network namespace (``isolate_network``). Per call: the worker forks the
-call straight into new mount and pid namespaces (``fork_into_call_namespaces``, one clone(2),
-so a large worker is copied once), and the call, pid 1 there, runs ``private_mounts``: the whole
-file tree read-only, a fresh size-capped tmpfs on ``/tmp``, an empty read-only ``/dev/shm`` and
-a ``/proc`` that shows only the call's own processes. When pid 1 exits the kernel kills the rest
-of the namespace, and everything mounted there disappears.
+call straight into new mount, pid and SysV IPC namespaces (``fork_into_call_namespaces``, one
+clone(2), so a large worker is copied once), and the call, pid 1 there, runs ``private_mounts``:
+the whole file tree read-only, a fresh size-capped tmpfs on ``/tmp``, an empty read-only
+``/dev/shm`` and a ``/proc`` that shows only the call's own processes. When pid 1 exits the
+kernel kills the rest of the namespace, and everything mounted there, and every shared-memory
+segment, semaphore and message queue the call created, disappears.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from typing import Any
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -34,7 +36,7 @@ AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 SYS_MOUNT_SETATTR = 442  # same number on x86_64 and aarch64 (unified syscall table)
 
-CALL_NAMESPACES = CLONE_NEWNS | CLONE_NEWPID
+CALL_NAMESPACES = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC
 _SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(platform.machine())
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -86,8 +88,9 @@ def isolate_network(can_switch_uid: bool) -> str:
 
 
 def fork_into_call_namespaces() -> int:
-    """``os.fork()`` whose child starts in new mount and pid namespaces (it is pid 1 of the
-    latter). Python's fork hooks run as for ``os.fork``. Raises OSError where refused."""
+    """``os.fork()`` whose child starts in new mount, pid and IPC namespaces (it is pid 1 of
+    the pid namespace). Python's fork hooks run as for ``os.fork``. Raises OSError where
+    refused."""
     if _SYS_CLONE is None:
         raise OSError(38, f"clone with namespaces is not wired for {platform.machine()}")
     ctypes.pythonapi.PyOS_BeforeFork()
@@ -100,7 +103,7 @@ def fork_into_call_namespaces() -> int:
     errno = ctypes.get_errno()
     ctypes.pythonapi.PyOS_AfterFork_Parent()
     if pid < 0:
-        raise OSError(errno, f"clone(CLONE_NEWNS | CLONE_NEWPID): {os.strerror(errno)}")
+        raise OSError(errno, f"clone(call namespaces): {os.strerror(errno)}")
     return int(pid)
 
 

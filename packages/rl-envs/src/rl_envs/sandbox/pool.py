@@ -31,6 +31,7 @@ from rl_envs.sandbox.protocol import FrameTimeout, read_frame, write_frame
 logger = logging.getLogger(__name__)
 
 GRACE_S = 3.0
+MAX_RESULT_DEPTH = 64  # of a call's JSON result: deeper is a bad_result
 _ENV_KEEP = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "VIRTUAL_ENV", "TZ")
 
 
@@ -82,6 +83,21 @@ def _default(value: Any) -> Any:
     if isinstance(value, set | frozenset):
         return sorted(value, key=repr)
     return repr(value)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether JSON ``value`` nests lists/objects more than ``limit`` deep (iterative: a result
+    nested as deep as the parser allows must not make its reader recurse)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _split_batch(batch: SandboxResult, n: int) -> list[SandboxResult] | None:
@@ -227,7 +243,8 @@ class SandboxPool:
         """What a call gets, as the workers measured it at start: ``network`` (netns |
         userns+netns | none | allowed), ``uid`` (per-slot | shared-with-caller), ``limits``
         (cgroup2 | cgroup1 | rlimit), ``mounts`` (private | shared), ``pids`` (pidns | shared),
-        and ``mode``: "strong" when all of network, mounts and pids are isolated and memory is
+        ``ipc`` (ipcns | removed-per-call: the slot uid's SysV objects are removed after each
+        call | shared), and ``mode``: "strong" when all of network, mounts and pids are isolated and memory is
         capped in total, else "weak"."""
         report = dict(self._isolation)
         strong = (
@@ -279,7 +296,7 @@ class SandboxPool:
             response = read_frame(
                 worker.process.stdout.fileno(), start + limits.timeout_s + GRACE_S
             )
-        except (FrameTimeout, OSError, ValueError):
+        except (FrameTimeout, OSError, ValueError, RecursionError):
             response = None
         if response is None:
             self._kill(worker)
@@ -311,12 +328,15 @@ class SandboxPool:
             return SandboxResult(
                 False, kind="output_too_large", error="result too large", stdout=stdout
             )
-        try:
+        try:  # untrusted: a call can write its result pipe ("[" * 10**5 is a RecursionError)
             payload = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return SandboxResult(
                 False, kind="bad_result", error="result is not valid JSON", stdout=stdout
             )
+        if _deeper_than(payload, MAX_RESULT_DEPTH):
+            return SandboxResult(False, kind="bad_result", stdout=stdout,
+                                 error=f"result nested deeper than {MAX_RESULT_DEPTH}")  # fmt: skip
         if not isinstance(payload, dict):
             return SandboxResult(
                 False, kind="bad_result", error="result is not an object", stdout=stdout

@@ -8,7 +8,9 @@ Schemas: verl's (``prompt`` = chat messages, ``data_source``, ``ability``,
 ``reward_model.{style,ground_truth}``, ``extra_info``), ROLL's (``messages`` = chat messages or
 their JSON string, or ``prompt`` = text; ``ground_truth``; ``tag``; ``id``; optional ``domain``;
 code rows ``test_cases``/``case_type``) and a plain one (``prompt`` string, ``answer``). A bad row
-is rejected with its row number (0-based) and the field at fault; the other rows load.
+is rejected with its row number (0-based), in a JSON-lines file also its line (1-based, blank
+lines counted), and the field at fault; the other rows load. A line that is not UTF-8 or JSON,
+or nests too deeply for the parser, is such a row.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +64,7 @@ class TaskRow:
     is_chat: bool = True
     columns: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    line: int | None = None  # of a JSON-lines file, 1-based
 
     @property
     def prompt_text(self) -> str | list[dict[str, str]]:
@@ -83,10 +86,12 @@ class RowError:
     reason: str
     source: str = ""  # the file
     fatal: bool = False
+    line: int | None = None  # of a JSON-lines file, 1-based (blank lines counted)
 
     def __str__(self) -> str:
         where = f"{self.source}: " if self.source else ""
-        return f"{where}row {self.row}: field {self.field!r}: {self.reason}"
+        at = f" (line {self.line})" if self.line is not None else ""
+        return f"{where}row {self.row}: field {self.field!r}: {self.reason}{at}"
 
 
 @dataclass
@@ -200,6 +205,8 @@ def _chat_messages(value: Any, max_chars: int, name: str) -> list[dict[str, str]
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise RowInvalid(name, f"not a JSON list of messages: {exc}") from None
+        except RecursionError:
+            raise RowInvalid(name, "not a JSON list of messages: nested too deeply") from None
     if not isinstance(value, list | tuple):
         raise RowInvalid(name, f"wrong type {type(value).__name__}, expected a list of messages")
     return _messages(value, max_chars, name)
@@ -273,6 +280,7 @@ def validate_row(
     default_data_source: str,
     keys: RowKeys = DEFAULT_KEYS,
     source: str = "",
+    line: int | None = None,
 ) -> TaskRow:
     if isinstance(record, _BadJson):
         raise RowInvalid("<json>", f"invalid JSON: {record.error}")
@@ -308,6 +316,7 @@ def validate_row(
         is_chat=is_chat,
         columns=columns,
         source=source,
+        line=line,
     )
 
 
@@ -319,10 +328,13 @@ def validate_records(
     max_answer_chars: int = 4_000,
     default_data_source: str = "openai/gsm8k",
     keys: RowKeys = DEFAULT_KEYS,
+    lines: Sequence[int] | None = None,
 ) -> LoadReport:
+    """``lines``: the file line of each record (JSON lines), named in its errors."""
     rows: list[TaskRow] = []
     rejected: list[RowError] = []
     for index, record in enumerate(records):
+        line = lines[index] if lines is not None else None
         try:
             rows.append(
                 validate_row(
@@ -333,24 +345,38 @@ def validate_records(
                     default_data_source=default_data_source,
                     keys=keys,
                     source=source,
+                    line=line,
                 )
             )
         except RowInvalid as exc:
-            rejected.append(RowError(index, exc.field_name, exc.reason, source, exc.fatal))
+            rejected.append(RowError(index, exc.field_name, exc.reason, source, exc.fatal, line))
+        except RecursionError:  # a value nested as deep as the parser allows
+            rejected.append(RowError(index, "<row>", "nested too deeply", source, False, line))
     return LoadReport(source, rows, rejected)
 
 
-def _read_jsonl(path: str) -> list[Any]:
+def _decode_line(text: str) -> Any:
+    """One JSON line (its undecodable bytes kept as lone surrogates), or ``_BadJson``."""
+    try:
+        return json.loads(text.encode("utf-8", "surrogateescape").decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return _BadJson(f"byte {exc.object[exc.start]:#04x} at offset {exc.start} is not UTF-8")
+    except json.JSONDecodeError as exc:
+        return _BadJson(str(exc))
+    except RecursionError:
+        return _BadJson("nested too deeply")
+
+
+def _read_jsonl(path: str) -> tuple[list[Any], list[int]]:
+    """``(records, lines)``: each non-blank line's record and its line number (1-based)."""
     records: list[Any] = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                records.append(_BadJson(str(exc)))
-    return records
+    lines: list[int] = []
+    with open(path, encoding="utf-8", errors="surrogateescape") as handle:
+        for number, text in enumerate(handle, start=1):
+            if text.strip():
+                records.append(_decode_line(text))
+                lines.append(number)
+    return records, lines
 
 
 def load_rows(path: str, **options: Any) -> LoadReport:
@@ -364,16 +390,18 @@ def load_rows(path: str, **options: Any) -> LoadReport:
         except ImportError as exc:
             raise ImportError("parquet files need pyarrow: pip install 'rl-envs[data]'") from exc
         records: list[Any] = pq.read_table(path).to_pylist()
+        lines = None
     elif path.endswith(".jsonl"):
-        records = _read_jsonl(path)
+        records, lines = _read_jsonl(path)
     elif path.endswith(".json"):
-        with open(path, encoding="utf-8") as handle:
-            try:
-                records = json.load(handle)
-            except json.JSONDecodeError:  # JSON lines named .json, as HF's json loader reads
-                records = _read_jsonl(path)
+        with open(path, "rb") as handle:
+            data = handle.read()
+        try:
+            records, lines = json.loads(data.decode("utf-8")), None
+        except (ValueError, RecursionError):  # JSON lines named .json, as HF's json loader reads
+            records, lines = _read_jsonl(path)
         if not isinstance(records, list):
             raise ValueError(f"{path}: expected a JSON list of rows or JSON lines")
     else:
         raise ValueError(f"{path}: unsupported dataset format (use .parquet, .jsonl or .json)")
-    return validate_records(records, source=path, **options)
+    return validate_records(records, source=path, lines=lines, **options)

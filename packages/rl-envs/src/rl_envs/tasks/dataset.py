@@ -132,7 +132,7 @@ def load_dataset(spec: DataSpec) -> Dataset:
             if domain is None and spec.tag_to_domain:
                 rejected.append(RowError(row.index, spec.keys.tag,
                                          f"tag {row.tag!r} is in no rewards domain's tag_included",
-                                         path))  # fmt: skip
+                                         path, line=row.line))  # fmt: skip
                 continue
             rows.append(replace(row, domain=domain))
     fatal = [e for e in rejected if e.fatal]
