@@ -4,8 +4,11 @@ deadline, from the main thread and from a worker thread; nothing is left running
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -243,3 +246,38 @@ def test_call_each_rescores_a_failed_batch_call_by_call(hostile_pool):
     assert results[1].kind == "timeout"
     delta = _stats_delta(hostile_pool, before, "batches", "batch_fallbacks", "calls", "timeouts")
     assert delta == {"batches": 1, "batch_fallbacks": 1, "calls": 3, "timeouts": 1}
+
+
+def test_calls_cannot_read_the_users_credentials(monkeypatch):
+    """The user's credentials (SSH keys, the checkpoint signing key named by
+    $RL_CHECKPOINT_KEY_FILE ...) are empty inside a call, even where the call's uid could read
+    them (here made world-readable); other files of the home directory stay readable."""
+    home = Path(tempfile.mkdtemp(dir="/var/tmp"))  # not under /tmp: a call's /tmp is its own
+    try:
+        home.chmod(0o755)
+        (home / ".ssh").mkdir(mode=0o755)
+        files = {
+            home / ".ssh" / "id_ed25519": "SSH-SECRET",
+            home / "keys" / "checkpoint.key": "KEY-SECRET",
+            home / "notes.txt": "PUBLIC-NOTE",
+        }
+        for path, text in files.items():
+            path.parent.mkdir(mode=0o755, exist_ok=True)
+            path.write_text(text)
+            path.chmod(0o644)
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.setenv("RL_CHECKPOINT_KEY_FILE", str(home / "keys" / "checkpoint.key"))
+        code = "".join(
+            f"try:\n    print(open({str(p)!r}).read())\nexcept OSError as e:\n    print(e)\n"
+            for p in files
+        )
+        with SandboxPool(1, limits=SandboxLimits(timeout_s=5.0, allow_weak_isolation=True)) as pool:
+            if pool.isolation["mounts"] != "private":
+                pytest.skip("no mount namespaces here: nothing can be hidden")
+            assert pool.isolation["credentials"] == "hidden"
+            result = pool.run_python(code)
+        assert result.ok, result.error
+        assert "PUBLIC-NOTE" in result.stdout  # the call can read what it could before
+        assert "SSH-SECRET" not in result.stdout and "KEY-SECRET" not in result.stdout
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

@@ -214,7 +214,7 @@ def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     if cgroup is not None:
         cgroup.set_limits(int(limits["memory_mb"]) << 20, int(limits["max_processes"]) + 1)
         oom_before = cgroup.oom_kills()
-    call = {"workdir": workdir, "uid": uid, "namespaces": namespaces,
+    call = {"workdir": workdir, "uid": uid, "namespaces": namespaces, "hidden": state["hidden"],
             "baseline_vm": state["baseline_vm"], "block_sockets": state["block_sockets"]}  # fmt: skip
     result_r, result_w = os.pipe()
     output_r, output_w = os.pipe()
@@ -286,7 +286,7 @@ def _baseline_vm() -> int:
     return 0
 
 
-def _probe_call_namespaces() -> bool:
+def _probe_call_namespaces(hidden: list[str]) -> bool:
     """Can a call get its mount, pid and IPC namespaces and private mounts here? (A throwaway
     fork tries the same steps as a real call.)"""
     try:
@@ -295,7 +295,7 @@ def _probe_call_namespaces() -> bool:
         return False
     if pid == 0:
         try:
-            isolation.private_mounts(64 << 10, os.geteuid(), os.getegid())
+            isolation.private_mounts(64 << 10, os.geteuid(), os.getegid(), hidden)
             os._exit(0)
         finally:
             os._exit(1)
@@ -316,7 +316,8 @@ def _setup(config: dict[str, Any]) -> dict[str, Any]:
         int(limits["max_processes"]) + 1,
     )  # before a user namespace makes the cgroup files foreign
     network = "allowed" if config.get("network") else isolation.isolate_network(root)
-    namespaces = network != "none" and _probe_call_namespaces()
+    hidden = [str(p) for p in config.get("hidden", [])]
+    namespaces = network != "none" and _probe_call_namespaces(hidden)
     report = {
         "network": network,
         "uid": "per-slot" if uid is not None else "shared-with-caller",
@@ -325,9 +326,11 @@ def _setup(config: dict[str, Any]) -> dict[str, Any]:
         "mounts": "private" if namespaces else "shared",
         "pids": "pidns" if namespaces else "shared",
         "ipc": "ipcns" if namespaces else ("removed-per-call" if uid is not None else "shared"),
+        # the user's credentials (rl_envs.sandbox.credentials); a slot uid cannot open 0600 ones
+        "credentials": "hidden" if namespaces else ("slot-uid" if uid is not None else "readable"),
     }
     state = {"uid": uid, "uid_lock": uid_lock, "cgroup": cgroup, "namespaces": namespaces,
-             "block_sockets": network == "none"}  # fmt: skip
+             "block_sockets": network == "none", "hidden": hidden}  # fmt: skip
     return {"state": state, "isolation": report}
 
 

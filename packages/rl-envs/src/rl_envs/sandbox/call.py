@@ -150,7 +150,7 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
         workdir = call["workdir"]
         if call["namespaces"]:
             owner = call["uid"] if call["uid"] is not None else os.geteuid()
-            isolation.private_mounts(int(limits["tmp_mb"]) << 20, owner, owner)
+            isolation.private_mounts(int(limits["tmp_mb"]) << 20, owner, owner, call["hidden"])
             os.makedirs(workdir, exist_ok=True)
         _set_limits(limits, call["baseline_vm"])
         if call["uid"] is not None:

@@ -3,8 +3,9 @@
 Per worker: an empty network namespace (``isolate_network``). Per call: the worker forks the
 call straight into new mount, pid and SysV IPC namespaces (``fork_into_call_namespaces``, one
 clone(2), so a large worker is copied once), and the call, pid 1 there, runs ``private_mounts``:
-the whole file tree read-only, a fresh size-capped tmpfs on ``/tmp``, an empty read-only
-``/dev/shm`` and a ``/proc`` that shows only the call's own processes. When pid 1 exits the
+the whole file tree read-only with the user's credentials hidden (``credentials``), a fresh
+size-capped tmpfs on ``/tmp``, an empty read-only ``/dev/shm`` and a ``/proc`` that shows only
+the call's own processes. When pid 1 exits the
 kernel kills the rest of the namespace, and everything mounted there, and every shared-memory
 segment, semaphore and message queue the call created, disappears.
 """
@@ -17,6 +18,7 @@ import os
 import platform
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 CLONE_NEWNS = 0x00020000
@@ -133,11 +135,15 @@ def import_roots_under(tmp: str = "/tmp") -> list[str]:
     return roots
 
 
-def private_mounts(tmp_bytes: int, owner_uid: int, owner_gid: int) -> dict[str, Any]:
-    """In pid 1 of the call's namespaces: read-only tree, private ``/tmp`` (``tmp_bytes``, owned
-    by the call's uid), no writable ``/dev/shm``, a ``/proc`` of this pid namespace."""
+def private_mounts(
+    tmp_bytes: int, owner_uid: int, owner_gid: int, hidden: Sequence[str] = ()
+) -> dict[str, Any]:
+    """In pid 1 of the call's namespaces: read-only tree, the ``hidden`` paths (the user's
+    credentials: rl_envs.sandbox.credentials) empty, private ``/tmp`` (``tmp_bytes``, owned by
+    the call's uid), no writable ``/dev/shm``, a ``/proc`` of this pid namespace."""
     _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
     _read_only_tree()
+    masked = sum(_hide(path) for path in hidden)
     size_kb = max(tmp_bytes // 1024, 64)
     keep = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in import_roots_under()]
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
@@ -155,7 +161,25 @@ def private_mounts(tmp_bytes: int, owner_uid: int, owner_gid: int) -> dict[str, 
         proc = "pidns"
     except OSError:
         proc = "host"
-    return {"fs": "read-only", "tmp": "private", "dev_shm": "none", "proc": proc}
+    return {"fs": "read-only", "tmp": "private", "dev_shm": "none", "proc": proc,
+            "credentials": f"hidden {masked} of {len(hidden)}"}  # fmt: skip
+
+
+def _hide(path: str) -> bool:
+    """Cover ``path`` in this mount namespace: an empty read-only tmpfs over a directory,
+    ``/dev/null`` over a file. False if it no longer exists or cannot be covered (counted in
+    the call's report)."""
+    try:
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                   "size=4k,mode=0555")  # fmt: skip
+        elif os.path.exists(path):
+            _mount("/dev/null", path, "", MS_BIND)
+        else:
+            return False
+    except OSError:
+        return False
+    return True
 
 
 PR_CAPBSET_DROP = 24

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_envs.sandbox.cgroups import SlotCgroup
+from rl_envs.sandbox.credentials import secret_paths
 from rl_envs.sandbox.limits import SandboxLimits
 from rl_envs.sandbox.protocol import FrameTimeout, read_frame, write_frame
 
@@ -143,7 +144,8 @@ class SandboxPool:
         self.limits = limits or SandboxLimits()
         self.num_workers = num_workers
         self._config = {"preload": list(preload), "warmup": list(warmup),
-                        "network": self.limits.network, "limits": self.limits.to_dict()}  # fmt: skip
+                        "network": self.limits.network, "limits": self.limits.to_dict(),
+                        "hidden": secret_paths()}  # fmt: skip
         self._start_timeout_s = start_timeout_s
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._all: set[_Worker] = set()
@@ -244,7 +246,9 @@ class SandboxPool:
         userns+netns | none | allowed), ``uid`` (per-slot | shared-with-caller), ``limits``
         (cgroup2 | cgroup1 | rlimit), ``mounts`` (private | shared), ``pids`` (pidns | shared),
         ``ipc`` (ipcns | removed-per-call: the slot uid's SysV objects are removed after each
-        call | shared), and ``mode``: "strong" when all of network, mounts and pids are isolated and memory is
+        call | shared), ``credentials`` (hidden: the user's credential files are empty in each
+        call, rl_envs.sandbox.credentials | slot-uid: only the slot uid's permissions keep them |
+        readable), and ``mode``: "strong" when all of network, mounts and pids are isolated and memory is
         capped in total, else "weak"."""
         report = dict(self._isolation)
         strong = (
