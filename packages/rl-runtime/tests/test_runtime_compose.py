@@ -295,3 +295,25 @@ def test_share_prompt_forward_refused_for_the_critic():
     }
     with pytest.raises(ConfigError, match=r"critic\.share_prompt_forward"):
         _components(critic)
+
+
+@pytest.mark.parametrize(
+    ("estimator", "extra", "unread"),
+    [
+        ("grpo", {"lambd": 0.9, "gamma": 0.99}, ["lambd", "gamma"]),  # no critic, no discount
+        ("reinforce", {"lambd": 0.9, "gamma": 0.99}, ["lambd"]),  # discounted returns read gamma
+        ("gigpo", {"gamma": 0.99, "step_reward_gamma": 0.9}, ["gamma"]),
+        (
+            "grpo",
+            {"episode_reward_weight": 0.5, "step_reward_gamma": 0.9},
+            ["episode_reward_weight", "step_reward_gamma"],
+        ),  # fmt: skip
+        ("grpo", {"lambd": 0.95, "gamma": 1.0}, []),  # written at their defaults: silent
+    ],
+)
+def test_estimator_keys_the_estimator_never_reads_are_warned_about(estimator, extra, unread):
+    warned = _components({"adv_estimator": estimator, **extra}).warnings
+    named = sorted(w.split("=")[0] for w in warned if f"adv_estimator={estimator}" in w)
+    assert named == sorted(unread)
+    for key in unread:
+        assert any(w.startswith(f"{key}={extra[key]!r} has no effect") for w in warned)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rl_runtime.compose.advantage import build_advantage, build_kl
+from rl_runtime.compose.advantage import build_advantage, build_kl, unread_estimator_keys
 from rl_runtime.compose.async_plan import AsyncPlan, build_async
 from rl_runtime.compose.components import (
     AgentPlan,
@@ -110,6 +110,7 @@ def compose(
             "(set add_token_level_kl: true for a reward KL penalty)"
         )
     advantage = build_advantage(cfg)
+    warnings += unread_estimator_keys(plain)
     if "values" in advantage.needs and cfg.critic is None and not rollout_only:
         raise ValueError(f"adv_estimator={cfg.adv_estimator} needs a critic section")
     actor = next((r for r in roles if r.role == "actor_train"), None)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
-from rl_runtime.advantages import AdvantageConfig, KLControlConfig
+from rl_runtime.advantages import AdvantageConfig, KLControlConfig, estimator_needs
 
 GROUPING_ALIASES = {"state": "traj_group_id"}
 """ROLL's reward-normalisation grouping names -> ours."""
@@ -25,6 +26,36 @@ def build_advantage(cfg: Any) -> AdvantageConfig:
         gigpo_step_weight=cfg.step_reward_weight,
         gigpo_gamma=cfg.step_reward_gamma,
     )
+
+
+def estimator_keys_read(estimator: str) -> dict[str, bool]:
+    """Which of the estimator-specific config keys `estimator` reads (rl_runtime.advantages
+    passes each by its signature): `lambd` and `gamma` (GAE with a critic; `gamma` also by
+    token-discounting estimators), and GiGPO's `step_reward_gamma`, `episode_reward_weight`,
+    `step_reward_weight` (step-wise estimators)."""
+    from rl_algos.advantages import get_estimator
+
+    params = inspect.signature(get_estimator(estimator)).parameters
+    step_wise = "step_rows" in estimator_needs(estimator)
+    return {
+        "lambd": "values" in estimator_needs(estimator),
+        "gamma": ("gamma" in params and not step_wise) or "token_gamma" in params,
+        "step_reward_gamma": "gamma" in params and step_wise,
+        "episode_reward_weight": "episode_weight" in params,
+        "step_reward_weight": "step_weight" in params,
+    }
+
+
+def unread_estimator_keys(cfg: Any) -> list[str]:
+    """A warning for each estimator-specific key set away from its default that
+    `cfg.adv_estimator` never reads (e.g. `lambd` with grpo: no critic, no GAE)."""
+    fields = type(cfg).model_fields
+    return [
+        f"{key}={getattr(cfg, key)!r} has no effect with adv_estimator={cfg.adv_estimator} "
+        f"(it does not read {key})"
+        for key, read in estimator_keys_read(cfg.adv_estimator).items()
+        if not read and getattr(cfg, key) != fields[key].default
+    ]
 
 
 def build_kl(cfg: Any) -> KLControlConfig:
