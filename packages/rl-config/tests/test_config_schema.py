@@ -251,6 +251,37 @@ def test_config_algorithm_rules() -> None:
     assert validate(actor_train={"pg_variant": "ppo"}).policy_loss == "ppo_clip"
 
 
+def test_config_lr_schedule_keys_are_read_by_the_schedule() -> None:
+    def train(role: str = "actor_train", **args: Any) -> dict[str, Any]:
+        return {role: {"training_args": args}}
+
+    found = issues_of(**train(warmup_steps=5, lr_scheduler_type="constant"))
+    assert "constant_with_warmup" in found["actor_train.training_args.warmup_steps"]
+    # under the default (constant) schedule, as ROLL examples write warmup_steps: a warning
+    warnings = validate(**train(warmup_steps=5)).config_warnings()
+    (warning,) = [w for w in warnings if "warmup" in w]
+    assert warning.startswith("actor_train.training_args.warmup_steps: is 5 but")
+    assert "constant is the default lr_scheduler_type" in warning
+    found = issues_of(**train(warmup_ratio=0.1, lr_scheduler_type="constant"))
+    assert "has no warmup" in found["actor_train.training_args.warmup_ratio"]
+    found = issues_of(
+        **train(lr_scheduler_type="constant_with_warmup", lr_scheduler_kwargs={"min_lr_rate": 0.1})
+    )
+    message = found["actor_train.training_args.lr_scheduler_kwargs.min_lr_rate"]
+    assert "constant_with_warmup does not decay" in message and "cosine_with_min_lr" in message
+    found = issues_of(**train(lr_scheduler_kwargs={"min_lr": 1e-7}))
+    assert "actor_train.training_args.lr_scheduler_kwargs.min_lr" in found
+    critic = {"training_args": {"warmup_steps": 2, "lr_scheduler_type": "constant"}}
+    found = issues_of(critic=critic, adv_estimator="gae", reward_pretrain="r")
+    assert "critic.training_args.warmup_steps" in found
+    # defaults (0) pass; the schedules that read the keys accept them
+    validate(**train(warmup_steps=0, warmup_ratio=0.0, lr_scheduler_kwargs={"min_lr_rate": 0}))
+    validate(**train(warmup_steps=5, lr_scheduler_type="constant_with_warmup"))
+    for name in ("linear", "cosine", "cosine_with_min_lr"):
+        kwargs = {"min_lr_rate": 0.1}
+        validate(**train(warmup_ratio=0.1, lr_scheduler_type=name, lr_scheduler_kwargs=kwargs))
+
+
 def test_config_async_rules() -> None:
     cfg = validate(async_generation_ratio=1.5)
     assert cfg.async_.max_staleness == 2 and cfg.is_async

@@ -488,6 +488,54 @@ def check_algorithm(cfg: ExperimentConfig) -> Issues:
     return issues
 
 
+def _unread_warmup(role: str, worker: WorkerConfig) -> list[tuple[str, str]]:
+    """``(key, message)`` per warmup key set (non-zero) under the constant schedule."""
+    args = worker.training_args
+    if args.lr_scheduler_type != "constant":
+        return []
+    prefix = f"{role}.training_args"
+    return [
+        (
+            f"{prefix}.{key}",
+            f"is {getattr(args, key)} but {prefix}.lr_scheduler_type constant has no warmup; "
+            f"use constant_with_warmup (or linear, cosine), or remove {key}",
+        )
+        for key in ("warmup_steps", "warmup_ratio")
+        if getattr(args, key)
+    ]
+
+
+FLOORED_SCHEDULES = ("linear", "cosine", "cosine_with_min_lr")
+"""Schedules that decay to a floor, so read lr_scheduler_kwargs.min_lr_rate / min_lr."""
+
+
+def check_lr_schedules(cfg: ExperimentConfig) -> Issues:
+    """Warmup and decay-floor keys are read by the chosen lr_scheduler_type: ``constant`` has no
+    warmup, and neither constant schedule decays to a floor (keys at their default 0 pass)."""
+    issues: Issues = []
+    for role, worker in cfg.workers().items():
+        if role not in TRAIN_ROLES:
+            continue
+        args = worker.training_args
+        name = args.lr_scheduler_type
+        prefix = f"{role}.training_args"
+        if name == "constant" and "lr_scheduler_type" in args.model_fields_set:
+            issues += [ConfigIssue(k, m) for k, m in _unread_warmup(role, worker)]
+        if name in FLOORED_SCHEDULES:
+            continue
+        for key in ("min_lr_rate", "min_lr"):
+            if (args.lr_scheduler_kwargs or {}).get(key, 0):
+                issues.append(
+                    ConfigIssue(
+                        f"{prefix}.lr_scheduler_kwargs.{key}",
+                        f"is {args.lr_scheduler_kwargs[key]} but {prefix}.lr_scheduler_type "
+                        f"{name} does not decay; use {_or_list(FLOORED_SCHEDULES)}, or remove "
+                        f"{key}",
+                    )
+                )
+    return issues
+
+
 def _overlap(a: WorkerConfig, b: WorkerConfig) -> list[int]:
     return sorted(set(a.device_mapping or []) & set(b.device_mapping or []))
 
@@ -551,6 +599,7 @@ RULES: tuple[Callable[[ExperimentConfig], Issues], ...] = (
     check_generation,
     check_agentic,
     check_algorithm,
+    check_lr_schedules,
     check_async,
 )
 
@@ -612,6 +661,14 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
         out.append("use_kl_loss is true but kl_loss_coef is 0; the KL loss has no effect")
     if cfg.critic is not None and cfg.adv_estimator != "gae":
         out.append(f"a critic is configured but adv_estimator {cfg.adv_estimator} does not use it")
+    for role, worker in cfg.workers().items():
+        # an explicit `lr_scheduler_type: constant` with warmup is an error (check_lr_schedules);
+        # under the default one (as many ROLL examples write warmup_steps) a warning
+        if role in TRAIN_ROLES and "lr_scheduler_type" not in worker.training_args.model_fields_set:
+            out += [
+                f"{key}: {message} (constant is the default lr_scheduler_type)"
+                for key, message in _unread_warmup(role, worker)
+            ]
     if cfg.is_agentic and cfg.eval_steps > 0 and cfg.val_env_manager is None:
         out.append("eval_steps > 0 but no val_env_manager: validation is skipped")
 
