@@ -189,6 +189,14 @@ def test_config_sequence_lengths() -> None:
     assert cfg.sequence_length == 768
     found = issues_of(response_length=100, actor_infer={"generating_args": {"max_new_tokens": 200}})
     assert "above response_length 100" in found["actor_infer.generating_args.max_new_tokens"]
+    # RLVR: response_length is the generation budget; a smaller written max_new_tokens is refused
+    found = issues_of(response_length=100, actor_infer={"generating_args": {"max_new_tokens": 50}})
+    message = found["actor_infer.generating_args.max_new_tokens"]
+    assert "is 50, below response_length 100" in message and "${response_length}" in message
+    validate(response_length=200)  # max_new_tokens left at its default (128): response_length
+    validate(response_length=100, actor_infer={"generating_args": {"max_new_tokens": 100}})
+    small = {"generating_args": {"max_new_tokens": 50}}
+    validate(**agentic(response_length=100, actor_infer=small))  # agentic: per-turn budget
     found = issues_of(
         actor_train={
             "use_dynamic_batching_in_train": True,

@@ -270,6 +270,21 @@ def check_lengths(cfg: ExperimentConfig) -> Issues:
                     "${response_length}",
                 )
             )
+        elif (
+            cfg.pipeline_kind == "rlvr"
+            and cfg.response_length is not None
+            and gen.max_new_tokens < cfg.response_length
+            and "max_new_tokens" in gen.model_fields_set
+        ):
+            # ROLL: response_length is the RLVR generation budget and max_new_tokens repeats it
+            issues.append(
+                ConfigIssue(
+                    "actor_infer.generating_args.max_new_tokens",
+                    f"is {gen.max_new_tokens}, below response_length {cfg.response_length}, "
+                    "which is the RLVR generation budget; use ${response_length} (or lower "
+                    "response_length)",
+                )
+            )
     for tag, env in cfg.custom_envs.items():
         if env.max_tokens_per_step >= seq:
             issues.append(
