@@ -320,6 +320,23 @@ def test_config_warnings() -> None:
     assert validate(rollout_batch_size=8, num_return_sequences_in_group=4).config_warnings() == []
 
 
+def test_config_warns_about_loss_keys_their_switch_turns_off() -> None:
+    def warnings(**extra: Any) -> list[str]:
+        return [w for w in validate(**extra).config_warnings() if "has no effect" in w]
+
+    (low, high) = warnings(pg_clip_low=0.1, pg_clip_high=0.28)
+    assert low == "pg_clip_low=0.1 has no effect: use_pg_clip_range is false"
+    assert high.startswith("pg_clip_high=0.28 has no effect: use_pg_clip_range is false")
+    (clip,) = warnings(use_pg_clip_range=True, pg_clip=0.3, pg_clip_high=0.28)
+    assert clip.startswith("pg_clip=0.3 has no effect: use_pg_clip_range is true")
+    assert warnings(dual_clip_c=5.0) == ["dual_clip_c=5.0 has no effect: dual_clip_loss is false"]
+    # read by the switch they belong to, or at their defaults: no warning
+    assert warnings(use_pg_clip_range=True, pg_clip_low=0.1, pg_clip_high=0.28) == []
+    assert warnings(pg_clip=0.3, dual_clip_loss=True, dual_clip_c=5.0) == []
+    assert warnings(pg_clip_low=0.2, pg_clip_high=0.2, dual_clip_c=3.0) == []
+    assert warnings(use_pg_clip_range=True, pg_clip=0.2) == []
+
+
 def test_config_dump_round_trip(seed_yaml) -> None:
     from rl_config import load_config
 

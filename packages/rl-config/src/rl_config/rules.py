@@ -627,6 +627,25 @@ def check_rules(cfg: ExperimentConfig) -> Issues:
     return issues
 
 
+def _switched_off(cfg: ExperimentConfig) -> list[str]:
+    """Loss keys set (off their default) whose switch selects the other key: pg_clip_low /
+    pg_clip_high without use_pg_clip_range, pg_clip with it, dual_clip_c without dual_clip_loss."""
+    fields = type(cfg).model_fields
+    range_keys = ("pg_clip_low", "pg_clip_high")
+    unread = [
+        (key, "use_pg_clip_range", cfg.use_pg_clip_range)
+        for key in (("pg_clip",) if cfg.use_pg_clip_range else range_keys)
+    ]
+    if not cfg.dual_clip_loss:
+        unread.append(("dual_clip_c", "dual_clip_loss", False))
+    return [
+        f"{key}={getattr(cfg, key)!r} has no effect: {switch} is {str(on).lower()}"
+        + (" (the clip range is pg_clip_low/pg_clip_high)" if key == "pg_clip" else "")
+        for key, switch, on in unread
+        if getattr(cfg, key) != fields[key].default
+    ]
+
+
 def collect_warnings(cfg: ExperimentConfig) -> list[str]:
     """Legal but likely unintended settings."""
     out: list[str] = []
@@ -670,6 +689,8 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
                 f"adv_estimator {cfg.adv_estimator} with num_return_sequences_in_group 1: groups "
                 "of one sample give zero advantages"
             )
+    if rl:
+        out += _switched_off(cfg)
     if cfg.kl_loss_coef > 0 and not cfg.use_kl_loss:
         out.append("kl_loss_coef is set but use_kl_loss is false; the KL loss is off")
     if cfg.use_kl_loss and cfg.kl_loss_coef == 0:
