@@ -337,6 +337,25 @@ def test_config_warns_about_loss_keys_their_switch_turns_off() -> None:
     assert warnings(use_pg_clip_range=True, pg_clip=0.2) == []
 
 
+def test_config_dpo_warns_about_rlvr_validation_and_reward_keys() -> None:
+    cfg = validate(
+        beta=0.2,  # a preference key: a DPO config
+        val_greedy=True,
+        val_n_sample=4,
+        custom_reward_function={"path": "r.py"},
+        rewards={"math": {"tag_included": ["gsm8k"]}},
+    )
+    assert cfg.pipeline_kind == "dpo"
+    ignored = [w.split("=")[0] for w in cfg.config_warnings() if "has no effect" in w]
+    assert ignored == [
+        "val_n_sample",
+        "val_greedy",
+        "rewards.math.tag_included",
+        "custom_reward_function.path",
+    ]
+    assert not [w for w in validate(beta=0.2).config_warnings() if "has no effect" in w]
+
+
 def test_config_dump_round_trip(seed_yaml) -> None:
     from rl_config import load_config
 
