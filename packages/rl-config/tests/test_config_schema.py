@@ -356,6 +356,18 @@ def test_config_dpo_warns_about_rlvr_validation_and_reward_keys() -> None:
     assert not [w for w in validate(beta=0.2).config_warnings() if "has no effect" in w]
 
 
+@pytest.mark.parametrize("value", [True, "false", 1])
+@pytest.mark.parametrize("role", ["actor_infer", "reference", "actor_train"])
+def test_config_strategy_config_cannot_turn_remote_code_on(role: str, value: Any) -> None:
+    name = {"actor_infer": "hf_infer", "reference": "hf_infer", "actor_train": "deepspeed_train"}
+    strategy = {"strategy_name": name[role], "strategy_config": {"trust_remote_code": value}}
+    found = issues_of(**{role: {"strategy_args": strategy}})
+    message = found[f"{role}.strategy_args.strategy_config.trust_remote_code"]
+    assert message.startswith(f"{value!r} is not supported: remote model code is never run")
+    strategy["strategy_config"] = {"trust_remote_code": False}
+    validate(**{role: {"strategy_args": strategy}})
+
+
 def test_config_dump_round_trip(seed_yaml) -> None:
     from rl_config import load_config
 

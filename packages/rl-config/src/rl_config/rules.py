@@ -97,6 +97,26 @@ def check_fsdp2_options(cfg: ExperimentConfig) -> Issues:
     return issues
 
 
+def check_remote_code(cfg: ExperimentConfig) -> Issues:
+    """No role's strategy_config turns remote model code on (as model_args.trust_remote_code
+    cannot): the key may only be false."""
+    from rl_config.contract import UNSUPPORTED
+
+    reason = UNSUPPORTED["*.model_args.trust_remote_code"]
+    issues: Issues = []
+    for role, worker in cfg.workers().items():
+        options = worker.strategy_args.strategy_config if worker.strategy_args else None
+        value = (options or {}).get("trust_remote_code", False)
+        if value is not False:
+            issues.append(
+                ConfigIssue(
+                    f"{role}.strategy_args.strategy_config.trust_remote_code",
+                    f"{value!r} is not supported: {reason}; remove it",
+                )
+            )
+    return issues
+
+
 def check_model_paths(cfg: ExperimentConfig) -> Issues:
     """Every worker knows which model to load."""
     issues: Issues = []
@@ -607,6 +627,7 @@ def check_async(cfg: ExperimentConfig) -> Issues:
 RULES: tuple[Callable[[ExperimentConfig], Issues], ...] = (
     check_strategies,
     check_fsdp2_options,
+    check_remote_code,
     check_model_paths,
     check_devices,
     check_batches,
