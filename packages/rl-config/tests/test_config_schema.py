@@ -368,6 +368,58 @@ def test_config_strategy_config_cannot_turn_remote_code_on(role: str, value: Any
     validate(**{role: {"strategy_args": strategy}})
 
 
+def test_config_warns_about_deepspeed_values_the_backend_replaces() -> None:
+    def warnings(strategy_config: dict[str, Any], **extra: Any) -> list[str]:
+        strategy = {"strategy_name": "deepspeed_train", "strategy_config": strategy_config}
+        cfg = validate(
+            rollout_batch_size=8,
+            num_return_sequences_in_group=4,
+            actor_train={"strategy_args": strategy, **extra},
+        )
+        prefix = "actor_train.strategy_args.strategy_config."
+        return [w.removeprefix(prefix) for w in cfg.config_warnings() if w.startswith(prefix)]
+
+    explicit = {
+        "bf16": {"enabled": True},
+        "fp16": {"enabled": False},  # agrees with the fp32 default dtype
+        "gradient_clipping": 0.5,
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 4,
+        "optimizer": {"type": "AdamW"},
+        "scheduler": {"type": "WarmupLR"},
+    }
+    found = warnings(explicit)
+    assert [w.split(":")[0] for w in found] == [
+        "bf16.enabled",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "train_batch_size",
+        "gradient_clipping",
+        "optimizer",
+        "scheduler",
+    ]
+    assert found[0] == (
+        "bf16.enabled: True is replaced by False (set by actor_train.model_args.dtype); remove "
+        "it or write auto"
+    )
+    assert "0.5 is replaced by 1.0 (set by max_grad_norm)" in found[4]
+    assert "is dropped (set by actor_train.training_args.learning_rate" in found[5]
+    # auto, and explicit values equal to what the backend sets, pass
+    auto = {k: "auto" for k in explicit} | {"bf16": {"enabled": "auto"}}
+    assert warnings(auto) == []
+    agreeing = {
+        "bf16": {"enabled": True},
+        "fp16": {"enabled": False},
+        "gradient_clipping": 1.0,
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 4,
+    }
+    args = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4}
+    assert warnings(agreeing, model_args={"dtype": "bf16"}, training_args=args) == []
+
+
 def test_config_dump_round_trip(seed_yaml) -> None:
     from rl_config import load_config
 

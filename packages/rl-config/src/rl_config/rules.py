@@ -97,6 +97,56 @@ def check_fsdp2_options(cfg: ExperimentConfig) -> Issues:
     return issues
 
 
+_ABSENT = object()
+
+
+def deepspeed_owned(cfg: ExperimentConfig, role: str, worker: WorkerConfig) -> list[tuple]:
+    """``(deepspeed key, value the backend sets or None if it drops the key, config keys that
+    control it)`` for what rl_train's deepspeed_train backend overrides (resolve_ds_config)."""
+    dtype = worker.model_args.dtype
+    owned: list[tuple] = [
+        ("bf16.enabled", dtype == "bf16", f"{role}.model_args.dtype"),
+        ("fp16.enabled", dtype == "fp16", f"{role}.model_args.dtype"),
+    ]
+    if role not in TRAIN_ROLES:
+        return owned
+    args, prefix = worker.training_args, f"{role}.training_args"
+    micro, gas = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    dpo = cfg.pipeline_kind == "dpo"  # micro-batches hold the pair's rows: set by the DPO loss
+    return [
+        *owned,
+        ("train_micro_batch_size_per_gpu", None if dpo else micro,
+         f"{prefix}.per_device_train_batch_size"),
+        ("gradient_accumulation_steps", gas, f"{prefix}.gradient_accumulation_steps"),
+        ("train_batch_size", None if dpo else micro * gas * (worker.world_size or 1),
+         f"{prefix}.per_device_train_batch_size x gradient_accumulation_steps x world size"),
+        ("gradient_clipping", cfg.max_grad_norm, "max_grad_norm"),
+        ("optimizer", None, f"{prefix}.learning_rate, weight_decay, adam_beta1/2, adam_epsilon"),
+        ("scheduler", None, f"{prefix}.lr_scheduler_type, warmup_steps/warmup_ratio"),
+    ]  # fmt: skip
+
+
+def deepspeed_overrides(cfg: ExperimentConfig) -> list[str]:
+    """Warnings for explicit deepspeed_train strategy_config values the backend replaces or
+    drops (``"auto"`` and values equal to what it sets pass), naming the controlling key."""
+    out: list[str] = []
+    for role, worker in cfg.workers().items():
+        strategy = worker.strategy_args
+        if strategy is None or strategy.strategy_name != "deepspeed_train":
+            continue
+        options = strategy.strategy_config or {}
+        for key, value, control in deepspeed_owned(cfg, role, worker):
+            section, _, leaf = key.rpartition(".")
+            node = options.get(section) if section else options
+            given = node.get(leaf, _ABSENT) if isinstance(node, dict) else _ABSENT
+            if given is _ABSENT or given == "auto" or (value is not None and given == value):
+                continue
+            path = f"{role}.strategy_args.strategy_config.{key}"
+            effect = "is dropped" if value is None else f"is replaced by {value!r}"
+            out.append(f"{path}: {given!r} {effect} (set by {control}); remove it or write auto")
+    return out
+
+
 def check_remote_code(cfg: ExperimentConfig) -> Issues:
     """No role's strategy_config turns remote model code on (as model_args.trust_remote_code
     cannot): the key may only be false."""
@@ -729,6 +779,7 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
     if cfg.is_agentic and cfg.eval_steps > 0 and cfg.val_env_manager is None:
         out.append("eval_steps > 0 but no val_env_manager: validation is skipped")
 
+    out += deepspeed_overrides(cfg)
     errors, ignored = contract_issues(cfg)
     out += [f"{key}: {message} (the runtime refuses this config)" for key, message in errors]
     return out + ignored
