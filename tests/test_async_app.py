@@ -14,6 +14,7 @@ APP = ROOT / "apps" / "async"
 sys.path.insert(0, str(APP))
 
 from async_compare import (  # noqa: E402
+    async_staleness,
     run_overrides,
     run_summary,
     split_async_only,
@@ -24,7 +25,9 @@ from async_compare import (  # noqa: E402
 def test_the_async_runs_bound_comes_from_the_overrides_and_sync_is_zero():
     rest, staleness = split_staleness(["max_steps=3", "async.max_staleness=2"])
     assert rest == ["max_steps=3"] and staleness == 2
-    assert split_staleness([])[1] == 1  # one-step-off by default
+    assert split_staleness([])[1] is None  # not given: the config's, else 1 (async_staleness)
+    assert async_staleness(None, None) == 1 and async_staleness(None, 0) == 1  # one-step-off
+    assert async_staleness(None, 3) == 3 and async_staleness(2, 3) == 2  # the command line wins
     with pytest.raises(ValueError, match="async.max_staleness=0"):
         split_staleness(["async.max_staleness=0"])
     sync = run_overrides(rest, "out/x/", "sync", 0)
@@ -75,6 +78,27 @@ def test_dry_run_shows_a_synchronous_and_an_asynchronous_plan(tmp_path):
     assert "asynchronous: None" in sync
     assert "asynchronous: AsyncPlan(max_staleness=1" in asyn
     assert "actor_infer  strategy=hf_infer devices=[1]" in asyn
+
+
+def test_dry_run_takes_max_staleness_from_the_config_file_unless_overridden(tmp_path):
+    """`--config FILE` with `async.max_staleness: 3`: the asynchronous run's bound is 3 (it was 1,
+    the app's default, which beat the file); `async.max_staleness=2` on the command line wins."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "apps" / "rlvr" / "configs" / "cpu_default.yaml").read_text())
+    data["num_gpus_per_node"] = 2
+    data["actor_infer"]["device_mapping"] = [1]
+    data["async"] = {"max_staleness": 3}
+    config = tmp_path / "async.yaml"
+    config.write_text(yaml.safe_dump(data))
+    for extra, expected in (([], 3), (["async.max_staleness=2"], 2)):
+        proc = subprocess.run([sys.executable, str(APP), "--dry-run", "--config", str(config),
+                               *extra], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=600)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        sync, asyn = proc.stdout.split("=== async run")
+        assert "asynchronous: None" in sync
+        assert f"asynchronous: AsyncPlan(max_staleness={expected}," in asyn
 
 
 def test_dry_run_refuses_more_cpus_than_its_ray_cluster_holds(tmp_path):

@@ -195,6 +195,12 @@ CHANGES: dict[str, Any] = {
 }
 # keys whose effect shows only together with another key
 CONTEXT: dict[str, dict[str, Any]] = {
+    # warmup and the decay floor are read by a decaying schedule (constant refuses them)
+    **{
+        f"{role}.training_args.{key}": {role: {"training_args": {"lr_scheduler_type": "cosine"}}}
+        for role in ("actor_train", "critic")
+        for key in ("warmup_steps", "warmup_ratio", "lr_scheduler_kwargs")
+    },
     "pg_clip_low": {"use_pg_clip_range": True},
     "pg_clip_high": {"use_pg_clip_range": True},
     "dual_clip_c": {"dual_clip_loss": True},
@@ -387,10 +393,13 @@ RLVR_CONTEXT: dict[str, dict[str, Any]] = {
     "num_return_sequences_in_group": {"actor_infer": {"generating_args": {"num_return_sequences": 1}}},
     "sequence_length": {"prompt_length": None},
     "overlong_penalty.enable": {"overlong_penalty": {"buffer_length": 4}},
-    "response_length": {"actor_infer": {"generating_args": {"max_new_tokens": 4}}},
     **{key: VALIDATION for key in PIPELINE_CONSUMED["rlvr"] if key.startswith("validation.")},
     "eval_steps": VALIDATION,
 }  # fmt: skip
+# keys a config writes together (ROLL's `max_new_tokens: ${response_length}`): changed as one
+RLVR_LINKED: dict[str, tuple[str, ...]] = {
+    "response_length": ("actor_infer.generating_args.max_new_tokens",),
+}
 
 
 REWARD_KEYS = ("rewards.", "custom_reward_function.")
@@ -407,6 +416,8 @@ def test_every_rlvr_key_changes_the_plan(key):
     changes = {**CHANGES, **RLVR_CHANGES, **RLVR_REFUSED}
     value = changes[key] if key in changes else _changed(_get(before, key))
     _set(data, key, value)
+    for linked in RLVR_LINKED.get(key, ()):
+        _set(data, linked, value)
     after = ExperimentConfig.model_validate(data)
     if key in RLVR_REFUSED:
         with pytest.raises(ValueError, match=key):

@@ -1,9 +1,9 @@
 """`uv run apps/async [--config FILE] [key=value ...] [--dry-run]`
 
 Runs apps/rlvr's recipe twice on the same config and devices, synchronously
-(`async.max_staleness=0`) and then asynchronously (`async.max_staleness`, 1 = one-step-off, when
-not given), and prints side by side the trained samples per second and the held-out accuracy;
-output_dir/summary.json holds `sync.*` and `async.*` (`samples_per_s`, `heldout_accuracy`, ...) and
+(`async.max_staleness=0`) and then asynchronously (`async.max_staleness` of the command line, else
+of the config file, else 1 = one-step-off), and prints side by side the trained samples per second
+and the held-out accuracy; output_dir/summary.json holds `sync.*` and `async.*` (`samples_per_s`, `heldout_accuracy`, ...) and
 `speedup`. Without --config: apps/rlvr's CPU default with rollout and training on separate CPU
 bundles and 20 RL steps (async_compare.CPU_DEFAULTS). key=value overrides apply to both runs.
 """
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from async_compare import (
         CPU_DEFAULTS,
+        async_staleness,
         run_overrides,
         run_summary,
         split_async_only,
@@ -44,11 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_app_args(argv, flags=FLAGS, default_config=DEFAULT_CONFIG, prog="apps/async")
         defaults = [f"{k}={v}" for k, v in CPU_DEFAULTS.items()]
-        base, staleness = split_staleness(
+        base, given = split_staleness(
             ([] if args.config != DEFAULT_CONFIG else defaults) + list(args.overrides)
         )
         base, async_only = split_async_only(base)
         cfg, _ = load(args.config, base)
+        staleness = async_staleness(given, cfg.async_.max_staleness)
         runs = {}
         for mode, bound in (("sync", 0), ("async", staleness)):
             overrides = run_overrides(base, cfg.output_dir, mode, bound)

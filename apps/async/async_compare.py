@@ -1,7 +1,8 @@
 """The two runs apps/async compares and the figures it reports (pure: overrides and summaries).
 
 Both runs are apps/rlvr's recipe on the same config and devices; only `async.max_staleness`
-differs (0: synchronous; the async run's value, 1 by default: one-step-off). samples/s is trained
+differs (0: synchronous; the async run's value: the command line's, else the config's, else 1:
+one-step-off). samples/s is trained
 samples per second of the training loop (`RunResult.throughput`: evaluation and checkpoints not
 counted); held-out accuracy is the final evaluation's (`val/accuracy`: sampled like training,
 `val/greedy/accuracy`: greedy decoding).
@@ -37,19 +38,28 @@ STALENESS_KEY = "async.max_staleness"
 ASYNC_ONLY_KEYS = ("async.partial_rollout",)
 
 
-def split_staleness(overrides: list[str]) -> tuple[list[str], int]:
-    """The overrides without `async.max_staleness=...`, and that value (1 when absent): the
-    asynchronous run's bound (the synchronous run uses 0)."""
-    rest, staleness = [], 1
+def split_staleness(overrides: list[str]) -> tuple[list[str], int | None]:
+    """The overrides without `async.max_staleness=...`, and that value (None when absent: see
+    `async_staleness`)."""
+    rest, staleness = [], None
     for item in overrides:
         key, _, value = item.partition("=")
         if key.strip() == STALENESS_KEY:
             staleness = int(value)
         else:
             rest.append(item)
-    if staleness < 1:
+    if staleness is not None and staleness < 1:
         raise ValueError(f"{STALENESS_KEY}={staleness}: the asynchronous run needs at least 1")
     return rest, staleness
+
+
+def async_staleness(given: int | None, configured: int | None) -> int:
+    """The asynchronous run's bound (the synchronous run uses 0): the command line's
+    `async.max_staleness`, else the config's (the file's, or derived from
+    async_generation_ratio) when at least 1, else 1 (one-step-off)."""
+    if given is not None:
+        return given
+    return configured if configured is not None and configured >= 1 else 1
 
 
 def split_async_only(overrides: list[str]) -> tuple[list[str], list[str]]:

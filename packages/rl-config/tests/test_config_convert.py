@@ -115,6 +115,21 @@ def test_convert_keeps_accumulation_when_not_divisible(write_yaml) -> None:
     assert any("kept 3, not divisible by 4" in n for n in conversion.notes)
 
 
+def test_convert_keeps_megatron_warmup_under_a_constant_schedule(write_yaml, tmp_path) -> None:
+    """Megatron warms up under every decay style; constant here has none (a config error)."""
+    path = write_yaml(
+        "m.yaml",
+        MEGATRON_YAML.replace(
+            "gradient_accumulation_steps: 8",
+            "gradient_accumulation_steps: 8\n    lr_scheduler_type: constant\n    warmup_steps: 5",
+        ),
+    )
+    conversion = convert_file(path, "fsdp2")
+    training = conversion.data["actor_train"]["training_args"]
+    assert training["lr_scheduler_type"] == "constant_with_warmup" and training["warmup_steps"] == 5
+    assert any("constant -> constant_with_warmup" in n for n in conversion.notes)
+
+
 def test_convert_refuses_bad_parallel_size(write_yaml) -> None:
     path = write_yaml(
         "m.yaml",

@@ -189,6 +189,14 @@ def test_config_sequence_lengths() -> None:
     assert cfg.sequence_length == 768
     found = issues_of(response_length=100, actor_infer={"generating_args": {"max_new_tokens": 200}})
     assert "above response_length 100" in found["actor_infer.generating_args.max_new_tokens"]
+    # RLVR: response_length is the generation budget; a smaller written max_new_tokens is refused
+    found = issues_of(response_length=100, actor_infer={"generating_args": {"max_new_tokens": 50}})
+    message = found["actor_infer.generating_args.max_new_tokens"]
+    assert "is 50, below response_length 100" in message and "${response_length}" in message
+    validate(response_length=200)  # max_new_tokens left at its default (128): response_length
+    validate(response_length=100, actor_infer={"generating_args": {"max_new_tokens": 100}})
+    small = {"generating_args": {"max_new_tokens": 50}}
+    validate(**agentic(response_length=100, actor_infer=small))  # agentic: per-turn budget
     found = issues_of(
         actor_train={
             "use_dynamic_batching_in_train": True,
@@ -251,6 +259,37 @@ def test_config_algorithm_rules() -> None:
     assert validate(actor_train={"pg_variant": "ppo"}).policy_loss == "ppo_clip"
 
 
+def test_config_lr_schedule_keys_are_read_by_the_schedule() -> None:
+    def train(role: str = "actor_train", **args: Any) -> dict[str, Any]:
+        return {role: {"training_args": args}}
+
+    found = issues_of(**train(warmup_steps=5, lr_scheduler_type="constant"))
+    assert "constant_with_warmup" in found["actor_train.training_args.warmup_steps"]
+    # under the default (constant) schedule, as ROLL examples write warmup_steps: a warning
+    warnings = validate(**train(warmup_steps=5)).config_warnings()
+    (warning,) = [w for w in warnings if "warmup" in w]
+    assert warning.startswith("actor_train.training_args.warmup_steps: is 5 but")
+    assert "constant is the default lr_scheduler_type" in warning
+    found = issues_of(**train(warmup_ratio=0.1, lr_scheduler_type="constant"))
+    assert "has no warmup" in found["actor_train.training_args.warmup_ratio"]
+    found = issues_of(
+        **train(lr_scheduler_type="constant_with_warmup", lr_scheduler_kwargs={"min_lr_rate": 0.1})
+    )
+    message = found["actor_train.training_args.lr_scheduler_kwargs.min_lr_rate"]
+    assert "constant_with_warmup does not decay" in message and "cosine_with_min_lr" in message
+    found = issues_of(**train(lr_scheduler_kwargs={"min_lr": 1e-7}))
+    assert "actor_train.training_args.lr_scheduler_kwargs.min_lr" in found
+    critic = {"training_args": {"warmup_steps": 2, "lr_scheduler_type": "constant"}}
+    found = issues_of(critic=critic, adv_estimator="gae", reward_pretrain="r")
+    assert "critic.training_args.warmup_steps" in found
+    # defaults (0) pass; the schedules that read the keys accept them
+    validate(**train(warmup_steps=0, warmup_ratio=0.0, lr_scheduler_kwargs={"min_lr_rate": 0}))
+    validate(**train(warmup_steps=5, lr_scheduler_type="constant_with_warmup"))
+    for name in ("linear", "cosine", "cosine_with_min_lr"):
+        kwargs = {"min_lr_rate": 0.1}
+        validate(**train(warmup_ratio=0.1, lr_scheduler_type=name, lr_scheduler_kwargs=kwargs))
+
+
 def test_config_async_rules() -> None:
     cfg = validate(async_generation_ratio=1.5)
     assert cfg.async_.max_staleness == 2 and cfg.is_async
@@ -279,6 +318,106 @@ def test_config_warnings() -> None:
     assert "zero advantages" in text
     assert "use_kl_loss is false" in text
     assert validate(rollout_batch_size=8, num_return_sequences_in_group=4).config_warnings() == []
+
+
+def test_config_warns_about_loss_keys_their_switch_turns_off() -> None:
+    def warnings(**extra: Any) -> list[str]:
+        return [w for w in validate(**extra).config_warnings() if "has no effect" in w]
+
+    (low, high) = warnings(pg_clip_low=0.1, pg_clip_high=0.28)
+    assert low == "pg_clip_low=0.1 has no effect: use_pg_clip_range is false"
+    assert high.startswith("pg_clip_high=0.28 has no effect: use_pg_clip_range is false")
+    (clip,) = warnings(use_pg_clip_range=True, pg_clip=0.3, pg_clip_high=0.28)
+    assert clip.startswith("pg_clip=0.3 has no effect: use_pg_clip_range is true")
+    assert warnings(dual_clip_c=5.0) == ["dual_clip_c=5.0 has no effect: dual_clip_loss is false"]
+    # read by the switch they belong to, or at their defaults: no warning
+    assert warnings(use_pg_clip_range=True, pg_clip_low=0.1, pg_clip_high=0.28) == []
+    assert warnings(pg_clip=0.3, dual_clip_loss=True, dual_clip_c=5.0) == []
+    assert warnings(pg_clip_low=0.2, pg_clip_high=0.2, dual_clip_c=3.0) == []
+    assert warnings(use_pg_clip_range=True, pg_clip=0.2) == []
+
+
+def test_config_dpo_warns_about_rlvr_validation_and_reward_keys() -> None:
+    cfg = validate(
+        beta=0.2,  # a preference key: a DPO config
+        val_greedy=True,
+        val_n_sample=4,
+        custom_reward_function={"path": "r.py"},
+        rewards={"math": {"tag_included": ["gsm8k"]}},
+    )
+    assert cfg.pipeline_kind == "dpo"
+    ignored = [w.split("=")[0] for w in cfg.config_warnings() if "has no effect" in w]
+    assert ignored == [
+        "val_n_sample",
+        "val_greedy",
+        "rewards.math.tag_included",
+        "custom_reward_function.path",
+    ]
+    assert not [w for w in validate(beta=0.2).config_warnings() if "has no effect" in w]
+
+
+@pytest.mark.parametrize("value", [True, "false", 1])
+@pytest.mark.parametrize("role", ["actor_infer", "reference", "actor_train"])
+def test_config_strategy_config_cannot_turn_remote_code_on(role: str, value: Any) -> None:
+    name = {"actor_infer": "hf_infer", "reference": "hf_infer", "actor_train": "deepspeed_train"}
+    strategy = {"strategy_name": name[role], "strategy_config": {"trust_remote_code": value}}
+    found = issues_of(**{role: {"strategy_args": strategy}})
+    message = found[f"{role}.strategy_args.strategy_config.trust_remote_code"]
+    assert message.startswith(f"{value!r} is not supported: remote model code is never run")
+    strategy["strategy_config"] = {"trust_remote_code": False}
+    validate(**{role: {"strategy_args": strategy}})
+
+
+def test_config_warns_about_deepspeed_values_the_backend_replaces() -> None:
+    def warnings(strategy_config: dict[str, Any], **extra: Any) -> list[str]:
+        strategy = {"strategy_name": "deepspeed_train", "strategy_config": strategy_config}
+        cfg = validate(
+            rollout_batch_size=8,
+            num_return_sequences_in_group=4,
+            actor_train={"strategy_args": strategy, **extra},
+        )
+        prefix = "actor_train.strategy_args.strategy_config."
+        return [w.removeprefix(prefix) for w in cfg.config_warnings() if w.startswith(prefix)]
+
+    explicit = {
+        "bf16": {"enabled": True},
+        "fp16": {"enabled": False},  # agrees with the fp32 default dtype
+        "gradient_clipping": 0.5,
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 4,
+        "optimizer": {"type": "AdamW"},
+        "scheduler": {"type": "WarmupLR"},
+    }
+    found = warnings(explicit)
+    assert [w.split(":")[0] for w in found] == [
+        "bf16.enabled",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "train_batch_size",
+        "gradient_clipping",
+        "optimizer",
+        "scheduler",
+    ]
+    assert found[0] == (
+        "bf16.enabled: True is replaced by False (set by actor_train.model_args.dtype); remove "
+        "it or write auto"
+    )
+    assert "0.5 is replaced by 1.0 (set by max_grad_norm)" in found[4]
+    assert "is dropped (set by actor_train.training_args.learning_rate" in found[5]
+    # auto, and explicit values equal to what the backend sets, pass
+    auto = {k: "auto" for k in explicit} | {"bf16": {"enabled": "auto"}}
+    assert warnings(auto) == []
+    agreeing = {
+        "bf16": {"enabled": True},
+        "fp16": {"enabled": False},
+        "gradient_clipping": 1.0,
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 4,
+    }
+    args = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4}
+    assert warnings(agreeing, model_args={"dtype": "bf16"}, training_args=args) == []
 
 
 def test_config_dump_round_trip(seed_yaml) -> None:

@@ -438,3 +438,45 @@ def test_weight_update_mid_episode_keeps_env_state_and_token_versions(
         hf_reference_model.load_state_dict(original)
         decode(encode(traj), Trajectory)
     assert mixed_turns >= 1  # the update landed inside a turn, not between turns
+
+
+@pytest.mark.parametrize("seed", [None, 4])
+def test_every_sampling_field_reaches_the_engine_on_every_turn(tiny_tokenizer, seed) -> None:
+    """Per-turn requests (rebuilt for the turn's seed and token budget) keep every other sampling
+    field of the loop's params: repetition_penalty, temperature, top_p/top_k, stop, ignore_eos."""
+    from rl_envs.solvers import solve_actions
+
+    env = make_env("SimpleSokoban", max_steps=20)
+    env.reset(seed=4)
+    script = {"s": [f"<answer>{a}</answer>" for a in solve_actions(env)]}
+    engine = RecordingEngine(ScriptedEngine(tiny_tokenizer, script))
+    given = SamplingParams(
+        temperature=0.7,
+        top_p=0.9,
+        top_k=20,
+        repetition_penalty=1.3,
+        stop=["</answer>"],
+        seed=seed,
+        ignore_eos=True,
+    )
+    loop = AgentLoop(
+        engine,
+        tiny_tokenizer,
+        template="qwen2_5",
+        max_tokens_per_step=32,
+        max_sequence_length=4096,
+        sampling=given,
+    )
+    spec = EpisodeSpec(make_env("SimpleSokoban", max_steps=20), 4, "g", "SimpleSokoban", "s")
+    (traj,) = asyncio.run(loop.run_episodes([spec]))
+    assert traj.success and len(engine.calls) == len(script["s"]) >= 2
+    for req, _ in engine.calls:
+        got = req.sampling
+        assert (got.repetition_penalty, got.temperature, got.top_p, got.top_k) == (
+            1.3,
+            0.7,
+            0.9,
+            20,
+        )
+        assert got.stop == ["</answer>"] and got.ignore_eos and got.n == 1
+        assert (got.seed is None) == (seed is None)

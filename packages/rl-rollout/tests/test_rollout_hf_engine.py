@@ -168,6 +168,31 @@ def test_config_errors_and_registry(tiny_model_dir) -> None:
         build_engine("nope", tiny_model_dir)
 
 
+@pytest.mark.parametrize("value", ["false", "False", 1, True, None])
+def test_strategy_config_never_turns_remote_code_on(tiny_model_dir, value) -> None:
+    """strategy_config.trust_remote_code: only a real False; 'false' was truthy (bool('false'))."""
+    with pytest.raises(ValueError, match="trust_remote_code=.*never run"):
+        HFEngine(tiny_model_dir, {"trust_remote_code": value}, device="cpu")
+
+
+def test_loader_gets_trust_remote_code_only_from_the_argument(tiny_model_dir, monkeypatch) -> None:
+    from transformers import AutoModelForCausalLM
+
+    seen: list[object] = []
+    load = AutoModelForCausalLM.from_pretrained
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["trust_remote_code"])
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", recording)
+    HFEngine(tiny_model_dir, {"trust_remote_code": False}, device="cpu").shutdown()
+    HFEngine(tiny_model_dir, device="cpu", trust_remote_code=True).shutdown()
+    assert seen == [False, True] and all(type(v) is bool for v in seen)
+    with pytest.raises(TypeError, match="must be a bool"):
+        HFEngine(tiny_model_dir, device="cpu", trust_remote_code="yes")  # type: ignore[arg-type]
+
+
 def test_sample_tokens_draws_from_the_warped_distribution() -> None:
     """Empirical frequencies of the Gumbel-max draw match softmax(warped logits)."""
     from rl_rollout.sampling import sample_tokens

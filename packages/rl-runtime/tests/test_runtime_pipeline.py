@@ -276,3 +276,12 @@ def test_without_ray_the_keys_only_ray_reads_are_warned_about_by_name():
     assert warnings[0].startswith("node_resources=('trainer_node', 'rollout_node') has no effect")
     assert warnings[1].startswith("weight_sync_host='10.0.0.5' has no effect without Ray")
     assert check_in_process(compose(pinned), use_ray=True) == []
+    data = cfg.model_dump(exclude_unset=True)
+    for mb, expected in (
+        (64, ["model_update_buffer_size_mb=64 has no effect without Ray"]),
+        (1024, []),
+    ):  # fmt: skip  (1024: the default)
+        sized = ExperimentConfig.model_validate({**data, "model_update_buffer_size_mb": mb})
+        found = check_in_process(compose(sized), use_ray=False)
+        assert [w.split(" (--no-ray)")[0] for w in found] == expected
+        assert check_in_process(compose(sized), use_ray=True) == []

@@ -37,6 +37,31 @@ def test_tracker_kwargs_log_dir_wins(tmp_path):
     assert read_metrics(tmp_path / "b")[0]["sync/seconds"] == 0.1
 
 
+def test_tracker_kwargs_only_wandb_reads_are_warned_about_by_name():
+    from rl_config import ExperimentConfig
+    from rl_runtime.compose.run_settings import build_tracker
+
+    def warnings(track_with, kwargs):
+        cfg = ExperimentConfig.model_validate(
+            {"pretrain": "m", "track_with": track_with, "tracker_kwargs": kwargs}
+        )
+        out: list[str] = []
+        settings = build_tracker(cfg, out)
+        assert settings.kwargs == kwargs  # passed on unchanged
+        return out
+
+    kwargs = {"project": "p", "log_dir": "/tmp/x", "name": "n"}
+    for track_with in ("stdout", "tensorboard"):
+        found = warnings(track_with, kwargs)
+        assert [w.split(" has no effect")[0] for w in found] == [
+            "tracker_kwargs.project='p'",
+            "tracker_kwargs.name='n'",
+        ]
+        assert "reads only tracker_kwargs.log_dir" in found[0]
+    assert warnings("wandb", kwargs) == []
+    assert warnings("tensorboard", {"log_dir": "/tmp/x"}) == []
+
+
 def test_phase_timer_accumulates():
     timer = PhaseTimer()
     for _ in range(2):

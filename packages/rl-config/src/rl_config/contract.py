@@ -266,6 +266,10 @@ DPO_IGNORED: dict[str, str] = {
     "async_generation_ratio": _NO_ROLLOUT,
     "sandbox_allow_weak_isolation": "no untrusted code runs in DPO",
     "reward_pretrain": "no reward model in DPO (the preference labels are the data)",
+    "rewards.*": "no rewards in DPO (the preference labels are the data)",
+    "custom_reward_function.*": "no rewards in DPO (the preference labels are the data)",
+    "val_n_sample": "RLVR only (DPO evaluates every held-out pair once, by its preference loss)",
+    "val_greedy": "RLVR only (DPO evaluates held-out pairs without generating)",
     **dict.fromkeys(
         (
             "is_num_return_sequences_expand",

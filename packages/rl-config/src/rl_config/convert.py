@@ -110,6 +110,13 @@ def _convert_role(
             f"{sizes['pipeline_model_parallel_size']} × context {sizes['context_parallel_size']})"
         )
     training = resolved.get("training_args") or {}
+    warmup = training.get("warmup_steps") or training.get("warmup_ratio")
+    if name == "megatron_train" and training.get("lr_scheduler_type") == "constant" and warmup:
+        section.setdefault("training_args", {})["lr_scheduler_type"] = "constant_with_warmup"
+        notes.append(
+            f"{role}.training_args.lr_scheduler_type: constant -> constant_with_warmup (Megatron "
+            "warms up under every decay style; constant here has no warmup)"
+        )
     accumulation = training.get("gradient_accumulation_steps")
     if shrink > 1 and isinstance(accumulation, int) and name == "megatron_train":
         key = f"{role}.training_args.gradient_accumulation_steps"

@@ -97,6 +97,76 @@ def check_fsdp2_options(cfg: ExperimentConfig) -> Issues:
     return issues
 
 
+_ABSENT = object()
+
+
+def deepspeed_owned(cfg: ExperimentConfig, role: str, worker: WorkerConfig) -> list[tuple]:
+    """``(deepspeed key, value the backend sets or None if it drops the key, config keys that
+    control it)`` for what rl_train's deepspeed_train backend overrides (resolve_ds_config)."""
+    dtype = worker.model_args.dtype
+    owned: list[tuple] = [
+        ("bf16.enabled", dtype == "bf16", f"{role}.model_args.dtype"),
+        ("fp16.enabled", dtype == "fp16", f"{role}.model_args.dtype"),
+    ]
+    if role not in TRAIN_ROLES:
+        return owned
+    args, prefix = worker.training_args, f"{role}.training_args"
+    micro, gas = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    dpo = cfg.pipeline_kind == "dpo"  # micro-batches hold the pair's rows: set by the DPO loss
+    return [
+        *owned,
+        ("train_micro_batch_size_per_gpu", None if dpo else micro,
+         f"{prefix}.per_device_train_batch_size"),
+        ("gradient_accumulation_steps", gas, f"{prefix}.gradient_accumulation_steps"),
+        ("train_batch_size", None if dpo else micro * gas * (worker.world_size or 1),
+         f"{prefix}.per_device_train_batch_size x gradient_accumulation_steps x world size"),
+        ("gradient_clipping", cfg.max_grad_norm, "max_grad_norm"),
+        ("optimizer", None, f"{prefix}.learning_rate, weight_decay, adam_beta1/2, adam_epsilon"),
+        ("scheduler", None, f"{prefix}.lr_scheduler_type, warmup_steps/warmup_ratio"),
+    ]  # fmt: skip
+
+
+def deepspeed_overrides(cfg: ExperimentConfig) -> list[str]:
+    """Warnings for explicit deepspeed_train strategy_config values the backend replaces or
+    drops (``"auto"`` and values equal to what it sets pass), naming the controlling key."""
+    out: list[str] = []
+    for role, worker in cfg.workers().items():
+        strategy = worker.strategy_args
+        if strategy is None or strategy.strategy_name != "deepspeed_train":
+            continue
+        options = strategy.strategy_config or {}
+        for key, value, control in deepspeed_owned(cfg, role, worker):
+            section, _, leaf = key.rpartition(".")
+            node = options.get(section) if section else options
+            given = node.get(leaf, _ABSENT) if isinstance(node, dict) else _ABSENT
+            if given is _ABSENT or given == "auto" or (value is not None and given == value):
+                continue
+            path = f"{role}.strategy_args.strategy_config.{key}"
+            effect = "is dropped" if value is None else f"is replaced by {value!r}"
+            out.append(f"{path}: {given!r} {effect} (set by {control}); remove it or write auto")
+    return out
+
+
+def check_remote_code(cfg: ExperimentConfig) -> Issues:
+    """No role's strategy_config turns remote model code on (as model_args.trust_remote_code
+    cannot): the key may only be false."""
+    from rl_config.contract import UNSUPPORTED
+
+    reason = UNSUPPORTED["*.model_args.trust_remote_code"]
+    issues: Issues = []
+    for role, worker in cfg.workers().items():
+        options = worker.strategy_args.strategy_config if worker.strategy_args else None
+        value = (options or {}).get("trust_remote_code", False)
+        if value is not False:
+            issues.append(
+                ConfigIssue(
+                    f"{role}.strategy_args.strategy_config.trust_remote_code",
+                    f"{value!r} is not supported: {reason}; remove it",
+                )
+            )
+    return issues
+
+
 def check_model_paths(cfg: ExperimentConfig) -> Issues:
     """Every worker knows which model to load."""
     issues: Issues = []
@@ -268,6 +338,21 @@ def check_lengths(cfg: ExperimentConfig) -> Issues:
                     "actor_infer.generating_args.max_new_tokens",
                     f"is {gen.max_new_tokens}, above response_length {cfg.response_length}; use "
                     "${response_length}",
+                )
+            )
+        elif (
+            cfg.pipeline_kind == "rlvr"
+            and cfg.response_length is not None
+            and gen.max_new_tokens < cfg.response_length
+            and "max_new_tokens" in gen.model_fields_set
+        ):
+            # ROLL: response_length is the RLVR generation budget and max_new_tokens repeats it
+            issues.append(
+                ConfigIssue(
+                    "actor_infer.generating_args.max_new_tokens",
+                    f"is {gen.max_new_tokens}, below response_length {cfg.response_length}, "
+                    "which is the RLVR generation budget; use ${response_length} (or lower "
+                    "response_length)",
                 )
             )
     for tag, env in cfg.custom_envs.items():
@@ -488,6 +573,54 @@ def check_algorithm(cfg: ExperimentConfig) -> Issues:
     return issues
 
 
+def _unread_warmup(role: str, worker: WorkerConfig) -> list[tuple[str, str]]:
+    """``(key, message)`` per warmup key set (non-zero) under the constant schedule."""
+    args = worker.training_args
+    if args.lr_scheduler_type != "constant":
+        return []
+    prefix = f"{role}.training_args"
+    return [
+        (
+            f"{prefix}.{key}",
+            f"is {getattr(args, key)} but {prefix}.lr_scheduler_type constant has no warmup; "
+            f"use constant_with_warmup (or linear, cosine), or remove {key}",
+        )
+        for key in ("warmup_steps", "warmup_ratio")
+        if getattr(args, key)
+    ]
+
+
+FLOORED_SCHEDULES = ("linear", "cosine", "cosine_with_min_lr")
+"""Schedules that decay to a floor, so read lr_scheduler_kwargs.min_lr_rate / min_lr."""
+
+
+def check_lr_schedules(cfg: ExperimentConfig) -> Issues:
+    """Warmup and decay-floor keys are read by the chosen lr_scheduler_type: ``constant`` has no
+    warmup, and neither constant schedule decays to a floor (keys at their default 0 pass)."""
+    issues: Issues = []
+    for role, worker in cfg.workers().items():
+        if role not in TRAIN_ROLES:
+            continue
+        args = worker.training_args
+        name = args.lr_scheduler_type
+        prefix = f"{role}.training_args"
+        if name == "constant" and "lr_scheduler_type" in args.model_fields_set:
+            issues += [ConfigIssue(k, m) for k, m in _unread_warmup(role, worker)]
+        if name in FLOORED_SCHEDULES:
+            continue
+        for key in ("min_lr_rate", "min_lr"):
+            if (args.lr_scheduler_kwargs or {}).get(key, 0):
+                issues.append(
+                    ConfigIssue(
+                        f"{prefix}.lr_scheduler_kwargs.{key}",
+                        f"is {args.lr_scheduler_kwargs[key]} but {prefix}.lr_scheduler_type "
+                        f"{name} does not decay; use {_or_list(FLOORED_SCHEDULES)}, or remove "
+                        f"{key}",
+                    )
+                )
+    return issues
+
+
 def _overlap(a: WorkerConfig, b: WorkerConfig) -> list[int]:
     return sorted(set(a.device_mapping or []) & set(b.device_mapping or []))
 
@@ -544,6 +677,7 @@ def check_async(cfg: ExperimentConfig) -> Issues:
 RULES: tuple[Callable[[ExperimentConfig], Issues], ...] = (
     check_strategies,
     check_fsdp2_options,
+    check_remote_code,
     check_model_paths,
     check_devices,
     check_batches,
@@ -551,6 +685,7 @@ RULES: tuple[Callable[[ExperimentConfig], Issues], ...] = (
     check_generation,
     check_agentic,
     check_algorithm,
+    check_lr_schedules,
     check_async,
 )
 
@@ -561,6 +696,25 @@ def check_rules(cfg: ExperimentConfig) -> Issues:
     for rule in RULES:
         issues += rule(cfg)
     return issues
+
+
+def _switched_off(cfg: ExperimentConfig) -> list[str]:
+    """Loss keys set (off their default) whose switch selects the other key: pg_clip_low /
+    pg_clip_high without use_pg_clip_range, pg_clip with it, dual_clip_c without dual_clip_loss."""
+    fields = type(cfg).model_fields
+    range_keys = ("pg_clip_low", "pg_clip_high")
+    unread = [
+        (key, "use_pg_clip_range", cfg.use_pg_clip_range)
+        for key in (("pg_clip",) if cfg.use_pg_clip_range else range_keys)
+    ]
+    if not cfg.dual_clip_loss:
+        unread.append(("dual_clip_c", "dual_clip_loss", False))
+    return [
+        f"{key}={getattr(cfg, key)!r} has no effect: {switch} is {str(on).lower()}"
+        + (" (the clip range is pg_clip_low/pg_clip_high)" if key == "pg_clip" else "")
+        for key, switch, on in unread
+        if getattr(cfg, key) != fields[key].default
+    ]
 
 
 def collect_warnings(cfg: ExperimentConfig) -> list[str]:
@@ -606,15 +760,26 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
                 f"adv_estimator {cfg.adv_estimator} with num_return_sequences_in_group 1: groups "
                 "of one sample give zero advantages"
             )
+    if rl:
+        out += _switched_off(cfg)
     if cfg.kl_loss_coef > 0 and not cfg.use_kl_loss:
         out.append("kl_loss_coef is set but use_kl_loss is false; the KL loss is off")
     if cfg.use_kl_loss and cfg.kl_loss_coef == 0:
         out.append("use_kl_loss is true but kl_loss_coef is 0; the KL loss has no effect")
     if cfg.critic is not None and cfg.adv_estimator != "gae":
         out.append(f"a critic is configured but adv_estimator {cfg.adv_estimator} does not use it")
+    for role, worker in cfg.workers().items():
+        # an explicit `lr_scheduler_type: constant` with warmup is an error (check_lr_schedules);
+        # under the default one (as many ROLL examples write warmup_steps) a warning
+        if role in TRAIN_ROLES and "lr_scheduler_type" not in worker.training_args.model_fields_set:
+            out += [
+                f"{key}: {message} (constant is the default lr_scheduler_type)"
+                for key, message in _unread_warmup(role, worker)
+            ]
     if cfg.is_agentic and cfg.eval_steps > 0 and cfg.val_env_manager is None:
         out.append("eval_steps > 0 but no val_env_manager: validation is skipped")
 
+    out += deepspeed_overrides(cfg)
     errors, ignored = contract_issues(cfg)
     out += [f"{key}: {message} (the runtime refuses this config)" for key, message in errors]
     return out + ignored

@@ -41,6 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import msgspec
+
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams, Trajectory, Turn
 from rl_rollout.engine import GeneratingEngine
 from rl_rollout.templates import ChatTemplate, get_template
@@ -191,17 +193,11 @@ class AgentLoop:
         stop_ids = list(sampling.stop_token_ids)
         if self._end_of_turn_id is not None and self._end_of_turn_id not in stop_ids:
             stop_ids.append(self._end_of_turn_id)
-        self.sampling = SamplingParams(
-            n=1,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
+        self.sampling = msgspec.structs.replace(
+            sampling,
             max_new_tokens=max_tokens_per_step,
-            repetition_penalty=sampling.repetition_penalty,
             stop=list(sampling.stop),
             stop_token_ids=stop_ids,
-            seed=sampling.seed,
-            ignore_eos=sampling.ignore_eos,
         )
 
     # ------------------------------------------------------------------ public
@@ -312,17 +308,8 @@ class AgentLoop:
             seed = (
                 None if sampling.seed is None else sampling.seed + 7919 * ep.turn_idx + ep.spec.seed
             )
-            sampling = SamplingParams(
-                n=1,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                max_new_tokens=budget,
-                stop=sampling.stop,
-                stop_token_ids=sampling.stop_token_ids,
-                seed=seed,
-                ignore_eos=sampling.ignore_eos,
-            )
+            # every other field (repetition_penalty, stop, ...) carries over unchanged
+            sampling = msgspec.structs.replace(sampling, n=1, max_new_tokens=budget, seed=seed)
         return GenerationRequest(
             request_id=f"{ep.spec.traj_id}/t{ep.turn_idx}",
             prompt_ids=list(ep.token_ids),

@@ -45,6 +45,7 @@ __all__ = [
     "EngineTimeoutError",
     "GeneratingEngine",
     "check_requests",
+    "remote_code_flag",
 ]
 
 
@@ -111,3 +112,18 @@ def check_requests(requests: list[GenerationRequest], *, max_model_len: int | No
                 f"request {req.request_id!r}: prompt of {len(req.prompt_ids)} tokens does not fit "
                 f"max_model_len={max_model_len}"
             )
+
+
+def remote_code_flag(strategy_config: dict, trust_remote_code: bool) -> bool:
+    """The ``trust_remote_code`` an engine gives its loader: its own argument (a real bool,
+    default False). Pops ``strategy_config["trust_remote_code"]``, which may only repeat False
+    (a config never turns remote code on; a string such as 'false' is refused, not truthy)."""
+    value = strategy_config.pop("trust_remote_code", False)
+    if value is not False:
+        raise ValueError(
+            f"strategy_config.trust_remote_code={value!r}: remote model code is never run from a "
+            "config; remove the key (an engine's own trust_remote_code=True argument allows it)"
+        )
+    if not isinstance(trust_remote_code, bool):
+        raise TypeError(f"trust_remote_code must be a bool, got {trust_remote_code!r}")
+    return trust_remote_code

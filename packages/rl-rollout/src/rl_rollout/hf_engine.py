@@ -35,7 +35,12 @@ from typing import Any
 import torch
 
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams
-from rl_rollout.engine import EngineAsleepError, EngineTimeoutError, check_requests
+from rl_rollout.engine import (
+    EngineAsleepError,
+    EngineTimeoutError,
+    check_requests,
+    remote_code_flag,
+)
 from rl_rollout.gqa_attention import engine_attn_implementation
 from rl_rollout.sampling import apply_repetition_penalty, raw_log_probs_of, sample_tokens
 
@@ -111,10 +116,11 @@ class HFEngine:
     strategy_config keys (ROLL's names where they exist): ``max_num_seqs`` (running batch size,
     default 64), ``max_num_batched_tokens`` (prompt tokens per prefill, default 8192),
     ``max_model_len`` (default: the model's max_position_embeddings), ``attn_implementation``
-    (default "sdpa", run as `rl_rollout.gqa_attention`'s copy-free variant), ``trust_remote_code`` (default False), ``enable_prefix_caching`` (default
-    True: the KV of a finished sequence is kept, and a later prompt that extends it, i.e. the
-    next turn of the same conversation, prefills only its new tokens; dropped on weight updates),
-    ``prefix_cache_max_tokens`` (default 65536, LRU bound).
+    (default "sdpa", run as `rl_rollout.gqa_attention`'s copy-free variant), ``trust_remote_code``
+    (only False: the ``trust_remote_code`` argument alone allows remote code),
+    ``enable_prefix_caching`` (default True: the KV of a finished sequence is kept, and a later
+    prompt that extends it, i.e. the next turn of the same conversation, prefills only its new
+    tokens; dropped on weight updates), ``prefix_cache_max_tokens`` (default 65536, LRU bound).
     """
 
     def __init__(
@@ -125,6 +131,7 @@ class HFEngine:
         dtype: str | torch.dtype | None = "float32",
         device: str | torch.device | None = None,
         seed: int = 0,
+        trust_remote_code: bool = False,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -143,6 +150,7 @@ class HFEngine:
             raise ValueError(
                 f"HFEngine strategy_config: unknown key(s) {unknown}; known: {sorted(known)}"
             )
+        remote_code = remote_code_flag(cfg, trust_remote_code)
         if device is None:
             from rl_sync.device import torch_device
 
@@ -153,7 +161,7 @@ class HFEngine:
             self.model_path,
             dtype=resolve_dtype(dtype),
             attn_implementation=engine_attn_implementation(cfg.get("attn_implementation")),
-            trust_remote_code=bool(cfg.get("trust_remote_code", False)),
+            trust_remote_code=remote_code,
         )
         self.model.to(self.device).eval()
         self.max_num_seqs = int(cfg.get("max_num_seqs", 64))

@@ -46,7 +46,12 @@ from typing import Any, TypeVar
 import torch
 
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams
-from rl_rollout.engine import EngineAsleepError, EngineTimeoutError, check_requests
+from rl_rollout.engine import (
+    EngineAsleepError,
+    EngineTimeoutError,
+    check_requests,
+    remote_code_flag,
+)
 from rl_rollout.loop_thread import LoopThread
 
 __all__ = ["VLLMEngine", "to_vllm_sampling_params"]
@@ -136,6 +141,8 @@ class VLLMEngine:
     ``max_num_batched_tokens``, ``max_num_seqs``, ``tensor_parallel_size``, ``enable_sleep_mode``)
     and any other vLLM ``AsyncEngineArgs`` field; an unknown key is an error naming it. One key
     is ours: ``call_timeout_s`` bounds every wait on the engine (see module docstring).
+    ``trust_remote_code`` may only be False (the ``trust_remote_code`` argument alone allows
+    remote code).
     """
 
     def __init__(
@@ -146,12 +153,14 @@ class VLLMEngine:
         dtype: str | torch.dtype | None = "float32",
         device: str | torch.device | None = None,
         seed: int = 0,
+        trust_remote_code: bool = False,
     ) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         del device  # vLLM picks its platform (CUDA / CPU / vllm-ascend plugin) itself
         cfg = {**STRATEGY_DEFAULTS, **(strategy_config or {})}
         call_timeout_s = float(cfg.pop("call_timeout_s", DEFAULT_CALL_TIMEOUT_S))
+        remote_code = remote_code_flag(cfg, trust_remote_code)
         fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
         unknown = sorted(set(cfg) - fields)
         if unknown:
@@ -178,7 +187,7 @@ class VLLMEngine:
             seed=seed,
             logprobs_mode="raw_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
-            trust_remote_code=bool(cfg.pop("trust_remote_code", False)),
+            trust_remote_code=remote_code,
             disable_log_stats=True,
             **cfg,
         )

@@ -300,7 +300,8 @@ def check_in_process(components: Components, use_ray: bool) -> list[str]:
     of a training role's process group: a ``ConfigError`` naming each training role mapped to
     more than one rank, before anything starts (its first rank would otherwise wait for the
     others until rpc_timeout). Returns warnings for the keys only Ray reads (``node_resources``,
-    ``weight_sync_host``), which such a run ignores."""
+    ``weight_sync_host``, ``model_update_buffer_size_mb`` off its default), which such a run
+    ignores."""
     if use_ray:
         return []
     from rl_config.errors import ConfigError, ConfigIssue
@@ -319,10 +320,17 @@ def check_in_process(components: Components, use_ray: bool) -> list[str]:
             )
     if issues:
         raise ConfigError(issues)
+    from rl_config.schema import ExperimentConfig
+
     cluster = components.cluster
+    default_mb = ExperimentConfig.model_fields["model_update_buffer_size_mb"].default
+    buffer_mb = cluster.sync_bucket_bytes // 1024**2  # 0: no weight sync (DPO)
     ignored = [("node_resources", cluster.node_resources, "there are no Ray nodes to pin to"),
                ("weight_sync_host", cluster.sync_host,
-                "the weights reach the engines in this process")]  # fmt: skip
+                "the weights reach the engines in this process"),
+               ("model_update_buffer_size_mb", buffer_mb if buffer_mb not in (0, default_mb)
+                else None, "the weights reach the engines in this process as whole tensors, "
+                "not in transfer buckets")]  # fmt: skip
     return [
         f"{key}={value!r} has no effect without Ray (--no-ray): {why}"
         for key, value, why in ignored

@@ -140,6 +140,19 @@ class WandbBackend:
 
 
 BACKENDS = ("stdout", "jsonl", "tensorboard", "wandb")
+KWARGS_BACKENDS = ("wandb",)
+"""Backends that read `tracker_kwargs` beyond `log_dir` (wandb: project, name, mode, ...)."""
+
+
+def unread_tracker_kwargs(
+    track_with: str | Sequence[str] | None, kwargs: Mapping[str, Any]
+) -> list[str]:
+    """The `tracker_kwargs` keys no backend of `track_with` reads (all but `log_dir` unless a
+    `KWARGS_BACKENDS` backend is on)."""
+    names = [track_with] if isinstance(track_with, str) else list(track_with or ["stdout"])
+    if any(n in KWARGS_BACKENDS for n in names):
+        return []
+    return [k for k in kwargs if k != "log_dir"]
 
 
 class Tracker:

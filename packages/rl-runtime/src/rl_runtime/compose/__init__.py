@@ -139,7 +139,7 @@ def compose(
         sequence_length=cfg.sequence_length,
         cadence=build_cadence(cfg),
         checkpoint=build_checkpoint(cfg),
-        tracker=build_tracker(cfg),
+        tracker=build_tracker(cfg, warnings),
         cluster=build_cluster(
             cfg, sync_bucket_bytes=int(cfg.model_update_buffer_size_mb) * 1024**2
         ),

@@ -196,7 +196,7 @@ def compose_dpo(
         ),
         cadence=build_cadence(cfg),
         checkpoint=build_checkpoint(cfg),
-        tracker=build_tracker(cfg),
+        tracker=build_tracker(cfg, warnings),
         cluster=build_cluster(cfg, sync_bucket_bytes=0),
         sizes={
             "examples_per_step": examples,

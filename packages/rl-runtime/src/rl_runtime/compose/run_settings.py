@@ -32,10 +32,17 @@ def build_checkpoint(cfg: Any) -> CheckpointSettings:
     )
 
 
-def build_tracker(cfg: Any) -> TrackerSettings:
-    return TrackerSettings(
-        track_with=cfg.track_with, log_dir=cfg.logging_dir, kwargs=dict(cfg.tracker_kwargs)
-    )
+def build_tracker(cfg: Any, warnings: list[str]) -> TrackerSettings:
+    """The tracker's settings; appends a warning per `tracker_kwargs` key its backends ignore."""
+    from rl_runtime.tracking import KWARGS_BACKENDS, unread_tracker_kwargs
+
+    kwargs = dict(cfg.tracker_kwargs)
+    warnings += [
+        f"tracker_kwargs.{key}={kwargs[key]!r} has no effect: track_with {cfg.track_with!r} reads "
+        f"only tracker_kwargs.log_dir (the other keys are for {', '.join(KWARGS_BACKENDS)})"
+        for key in unread_tracker_kwargs(cfg.track_with, kwargs)
+    ]
+    return TrackerSettings(track_with=cfg.track_with, log_dir=cfg.logging_dir, kwargs=kwargs)
 
 
 def build_cluster(cfg: Any, *, sync_bucket_bytes: int) -> ClusterSettings:
