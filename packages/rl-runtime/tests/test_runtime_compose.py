@@ -303,11 +303,8 @@ def test_share_prompt_forward_refused_for_the_critic():
         ("grpo", {"lambd": 0.9, "gamma": 0.99}, ["lambd", "gamma"]),  # no critic, no discount
         ("reinforce", {"lambd": 0.9, "gamma": 0.99}, ["lambd"]),  # discounted returns read gamma
         ("gigpo", {"gamma": 0.99, "step_reward_gamma": 0.9}, ["gamma"]),
-        (
-            "grpo",
-            {"episode_reward_weight": 0.5, "step_reward_gamma": 0.9},
-            ["episode_reward_weight", "step_reward_gamma"],
-        ),  # fmt: skip
+        ("grpo", {"episode_reward_weight": 0.5}, ["episode_reward_weight"]),
+        ("grpo", {"step_reward_gamma": 0.9}, ["step_reward_gamma"]),
         ("grpo", {"lambd": 0.95, "gamma": 1.0}, []),  # written at their defaults: silent
     ],
 )
