@@ -94,12 +94,13 @@ Where the cores go (`cores_busy` per run: CPU seconds of each role's processes o
 (`response_tokens_per_s`: the trainer's cost grows with the response tokens, and a lagging policy
 shortens its responses more slowly, so samples/s alone hides work per sample).
 
-Where it stands (the latest measurement, "Against the stronger synchronous layout" below,
-2026-11-24, 3 rounds of 32 steps): the best setting, staleness_2_partial, trains 1.33x +- 0.04 as
-many samples per second as `sync` over the whole run and 1.55 +- 0.04 over the second half, and
-1.41 +- 0.03 against `sync_colocated`, with the same held-out accuracy; the 1.6x target is not
-met. The measurements below run from 2026-11-23 18:29 to that one, then go back from 14:17 that
-day to the first; each says what had changed.
+Where it stands (the latest measurement, "After one-rank training stopped wrapping the model in
+FSDP2" below, 2026-11-24 11:18, 3 rounds of 32 steps): the best setting, staleness_2_partial,
+trains 1.44x +- 0.10 as many samples per second as `sync` over the whole run (rounds 1.32-1.63),
+1.82 +- 0.12 over the second half, and 1.55 +- 0.03 against `sync_colocated`, with the same
+held-out accuracy; the 1.6x target is met in steady state, not over the whole run. The
+measurements below run from 2026-11-23 18:29 to that one, then go back from 14:17 that day to the
+first; each says what had changed.
 
 Measured on a quiet 2-core machine after apps/rlvr's CPU default turned activation checkpointing
 off (2026-11-23 18:29, load average 1.4-1.7, 245 s in all), `--steps 16` (all five runs):
@@ -224,6 +225,28 @@ sync sync_colocated staleness_2_partial`, the order reversed in round 2:
   not met, as in the rounds above.
 - Held-out sampled / greedy: 0.760 / 0.760 for both synchronous layouts, 0.750 / 0.760 for
   staleness_2_partial, in every round.
+
+After one-rank training stopped wrapping the model in FSDP2 (rl-train: `fsdp2_train` on one rank
+with nothing to shard, offload or cast trains the plain module, bit-identically; a third less
+training time here), 2026-11-24 11:18-11:24 (quiet, load 2.0 from the bench itself, 379 s in
+all), the same command as above, the order reversed in round 2:
+
+| round | sync samples/s (t_roll / t_train s) | sync_colocated (ratio to sync) | staleness_2_partial (t_roll / t_train s) | its ratio: to sync / second half / to sync_colocated |
+|---|---|---|---|---|
+| 1 | 368.2 (0.17 / 0.17) | 333.1 (0.90) | 498.9 (0.21 / 0.23) | 1.36 / 1.75 / 1.50 |
+| 2 | 293.5 (0.21 / 0.21) | 302.2 (1.03) | 479.3 (0.20 / 0.24) | 1.63 / 2.05 / 1.59 |
+| 3 | 352.8 (0.17 / 0.18) | 296.7 (0.84) | 464.9 (0.22 / 0.25) | 1.32 / 1.67 / 1.57 |
+
+- staleness_2_partial: **1.44x +- 0.10** over the whole run, **1.82 +- 0.12** over the second
+  half, 1.55 +- 0.03 against sync_colocated. The ideal from the synchronous timings is now
+  1.94-2.0 (t_train ~ t_roll: the balance the formula wants).
+- The whole-run ratio is held down by steps 1-3, as before: a 32-step pair of the same hour
+  (`--runs sync staleness_2_partial`, ratio 1.36, second half 1.79) had async steps 1-3 of 0.73 /
+  0.71 / 0.65 s against sync's 0.86 / 0.56 / 0.50 s: the three batches the warm-up policy drew
+  ahead (max_staleness 2) hold 14.7-16.0-token responses where sync trains on 9.6 and 8.8; from
+  step 6 the async step is 0.21-0.22 s against sync's 0.33-0.41 s.
+- Held-out sampled / greedy: 0.760 / 0.760 for both synchronous layouts, 0.750-0.755 / 0.760 for
+  staleness_2_partial, in every round (as before the change).
 
 Measured on a quiet 2-core machine after the trainer's forward began to run each distinct prompt
 once (`actor_train.share_prompt_forward: true`, now in apps/rlvr's CPU default; rl-train's
