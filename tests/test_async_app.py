@@ -31,7 +31,8 @@ def test_the_async_runs_bound_comes_from_the_overrides_and_sync_is_zero():
     with pytest.raises(ValueError, match="async.max_staleness=0"):
         split_staleness(["async.max_staleness=0"])
     sync = run_overrides(rest, "out/x/", "sync", 0)
-    assert sync[-4:] == ["output_dir=out/x/sync", "logging_dir=out/x/sync/logs",
+    assert sync[-5:] == ["output_dir=out/x/sync", "logging_dir=out/x/sync/logs",
+                         "tracker_kwargs.log_dir=out/x/sync/logs",  # it overrides logging_dir
                          "checkpoint_config.output_dir=out/x/sync/checkpoints",
                          "async.max_staleness=0"]  # fmt: skip
 
@@ -78,6 +79,19 @@ def test_dry_run_shows_a_synchronous_and_an_asynchronous_plan(tmp_path):
     assert "asynchronous: None" in sync
     assert "asynchronous: AsyncPlan(max_staleness=1" in asyn
     assert "actor_infer  strategy=hf_infer devices=[1]" in asyn
+
+
+def test_each_run_logs_to_its_own_directory_even_with_tracker_kwargs_log_dir(tmp_path):
+    """`tracker_kwargs.log_dir` overrides `logging_dir`: without the per-run override both runs
+    would append to one metrics.jsonl and the lag figures (read per run) would be missing."""
+    proc = subprocess.run([sys.executable, str(APP), "--dry-run",
+                           f"tracker_kwargs.log_dir={tmp_path}/shared"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sync, asyn = proc.stdout.split("=== async run")
+    assert "kwargs={'log_dir': './output/async_cpu/sync/logs'}" in sync
+    assert "kwargs={'log_dir': './output/async_cpu/async/logs'}" in asyn
+    assert "shared" not in proc.stdout
 
 
 def test_dry_run_takes_max_staleness_from_the_config_file_unless_overridden(tmp_path):

@@ -73,9 +73,12 @@ def split_async_only(overrides: list[str]) -> tuple[list[str], list[str]]:
 
 
 def run_overrides(base: list[str], output_dir: str, mode: str, staleness: int) -> list[str]:
-    """One run's overrides: its own output directories under `output_dir/<mode>`."""
+    """One run's overrides: its own output directories under `output_dir/<mode>`. The log
+    directory is set as `tracker_kwargs.log_dir` too, which would otherwise override
+    `logging_dir` for both runs (one metrics.jsonl for both; the lag figures read each run's)."""
     out = f"{output_dir.rstrip('/')}/{mode}"
     return [*base, f"output_dir={out}", f"logging_dir={out}/logs",
+            f"tracker_kwargs.log_dir={out}/logs",
             f"checkpoint_config.output_dir={out}/checkpoints",
             f"{STALENESS_KEY}={staleness}"]  # fmt: skip
 
