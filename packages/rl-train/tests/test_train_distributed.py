@@ -120,18 +120,11 @@ def test_two_rank_fsdp2_checkpoint_resumes_on_one_unwrapped_rank(tiny_model_path
         _spec(tmp_path / "first", tiny_model_path, **two, steps=2, save_at=2, ckpt_root=str(ck)),
         env=ENV,
     )
+    one = dict(strategy="fsdp2_train", cfg={}, world=1)
     spawn(
         train_worker,
         1,
-        _spec(
-            tmp_path / "resumed",
-            tiny_model_path,
-            "fsdp2_train",
-            {},
-            1,
-            steps=4,
-            resume_from=str(ck),
-        ),
+        _spec(tmp_path / "resumed", tiny_model_path, **one, steps=4, resume_from=str(ck)),
         env=ENV,
     )
     straight, resumed = _result(tmp_path / "straight"), _result(tmp_path / "resumed")

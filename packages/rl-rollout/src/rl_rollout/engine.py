@@ -122,7 +122,7 @@ def remote_code_flag(strategy_config: dict, trust_remote_code: bool) -> bool:
     if value is not False:
         raise ValueError(
             f"strategy_config.trust_remote_code={value!r}: remote model code is never run from a "
-            "config; remove the key (an engine's own trust_remote_code=True argument allows it)"
+            "config; remove the key (only the engine's own trust_remote_code argument allows it)"
         )
     if not isinstance(trust_remote_code, bool):
         raise TypeError(f"trust_remote_code must be a bool, got {trust_remote_code!r}")

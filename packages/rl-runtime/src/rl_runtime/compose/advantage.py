@@ -36,9 +36,10 @@ def estimator_keys_read(estimator: str) -> dict[str, bool]:
     from rl_algos.advantages import get_estimator
 
     params = inspect.signature(get_estimator(estimator)).parameters
-    step_wise = "step_rows" in estimator_needs(estimator)
+    needs = estimator_needs(estimator)
+    step_wise = "step_rows" in needs
     return {
-        "lambd": "values" in estimator_needs(estimator),
+        "lambd": "values" in needs,
         "gamma": ("gamma" in params and not step_wise) or "token_gamma" in params,
         "step_reward_gamma": "gamma" in params and step_wise,
         "episode_reward_weight": "episode_weight" in params,
