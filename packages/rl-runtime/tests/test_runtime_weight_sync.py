@@ -98,3 +98,63 @@ def test_sync_local_addr_is_this_nodes_address_off_loopback():
 
     assert sync_local_addr("127.0.0.1") is None  # rl_sync pins gloo to loopback itself
     assert sync_local_addr("10.1.2.3") == node_address().ip  # without Ray: ("local", loopback)
+
+
+def test_in_process_sync_hands_the_trainers_own_tensors_and_the_engine_keeps_copies(tmp_path):
+    """`mode="direct"` (--no-ray): the trainer hands its live tensors, with no host copies; the
+    HF engine copies them, so its weights equal the trainer's after the sync and stay the synced
+    version's when the trainer steps again."""
+    import torch
+
+    from rl_rollout.tiny_model import build_tiny_model
+    from rl_runtime.workers import RolloutWorker, TrainWorker
+    from rl_train.args import TrainingArgs
+    from rl_train.testing import make_batch
+
+    model = str(build_tiny_model(tmp_path / "tiny", seed=0))
+    plan = plan_placement({"actor_train": [0], "actor_infer": [0]}, num_devices=1)
+    args = TrainingArgs(per_device_train_batch_size=4, learning_rate=1e-2)
+    trainer_kwargs = {"role": "actor", "strategy_name": "hf_infer", "training_args": args}
+    train = WorkerGroup.create(
+        "actor_train",
+        TrainWorker,
+        plan.roles["actor_train"],
+        mode="local",
+        rpc_timeout=60,
+        init_kwargs={"model_path": model, **trainer_kwargs},
+    )
+    infer = WorkerGroup.create(
+        "actor_infer",
+        RolloutWorker,
+        plan.roles["actor_infer"],
+        mode="local",
+        rpc_timeout=60,
+        init_kwargs={"model_path": model, "strategy_name": "hf_infer"},
+    )
+    try:
+
+        def trainer_weights() -> dict[str, torch.Tensor]:
+            return dict(train.call_rank0("named_tensors", 1 << 20))  # host copies
+
+        own = [train.call_rank0("named_tensors", 1 << 20, False) for _ in range(2)]
+        assert [t.data_ptr() for _n, t in own[0]] == [t.data_ptr() for _n, t in own[1]]
+        assert all(
+            t.data_ptr() != c.data_ptr() for (_n, t), c in zip(own[0], trainer_weights().values())
+        )
+
+        train.call_rank0("train_step", make_batch(4, 12, vocab=1000), "sft")
+        sync = WeightSync(train, infer, mode="direct", timeout_s=60)
+        assert sync.sync(1)["sync/weight_version"] == 1.0
+        synced = trainer_weights()
+        engine = infer.call_all("state_dict_for_check")[0]
+        assert engine and all(torch.equal(engine[n], synced[n]) for n in engine)
+
+        train.call_rank0("train_step", make_batch(4, 12, vocab=1000, seed=1), "sft")
+        stepped = trainer_weights()
+        moved = [n for n in engine if not torch.equal(stepped[n], synced[n])]
+        assert moved  # the trainer's step changed its weights ...
+        after = infer.call_all("state_dict_for_check")[0]
+        assert all(torch.equal(after[n], synced[n]) for n in moved)  # ... and not the engine's
+    finally:
+        train.shutdown()
+        infer.shutdown()

@@ -78,7 +78,10 @@ class Engine(Protocol):
 
     def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
-    ) -> None: ...
+    ) -> None:
+        """Stage and wait until live. Like `stage_weights`, it copies what it keeps before it
+        returns: the caller may pass its live tensors and change them afterwards."""
+        ...
 
     def stage_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int

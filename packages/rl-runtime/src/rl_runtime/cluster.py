@@ -320,7 +320,8 @@ class WeightSync:
             received = results[len(self.train.workers) :]
             versions = [int(r.get("version", -1)) for r in received]
         else:
-            named = self.train.call_rank0("named_tensors", self.bucket_bytes)
+            # in-process: the engines copy the trainer's own tensors (device to device)
+            named = self.train.call_rank0("named_tensors", self.bucket_bytes, False)
             versions = self.infer.call_all("update_weights", named, version)
             metrics = {"sync/bytes": float(sum(t.numel() * t.element_size() for _n, t in named))}
         # the versions the engines committed, as their transfer calls reported them (no further

@@ -142,11 +142,19 @@ class TrainWorker:
             )
         return optimizer, scheduler
 
-    def named_tensors(self, bucket_bytes: int = 1 << 28) -> list[tuple[str, torch.Tensor]]:
-        """All HF-named full tensors (CPU copies) for object-store weight sync."""
+    def named_tensors(
+        self, bucket_bytes: int = 1 << 28, host_copies: bool = True
+    ) -> list[tuple[str, torch.Tensor]]:
+        """All HF-named full tensors: CPU copies (for the object store, checks and exports), or,
+        with ``host_copies=False``, the backend's own tensors where they live (the in-process
+        weight sync: an engine's `update_weights` copies what it keeps before it returns, so the
+        weights never round-trip through host memory on a device)."""
         out: list[tuple[str, torch.Tensor]] = []
         for bucket in self.backend.iter_full_tensor_buckets(bucket_bytes):
-            out.extend((n, t.detach().cpu().clone()) for n, t in bucket)
+            if host_copies:
+                out.extend((n, t.detach().cpu().clone()) for n, t in bucket)
+            else:
+                out.extend((n, t.detach()) for n, t in bucket)
         return out
 
     def state_dict_for_check(self) -> dict[str, torch.Tensor]:
