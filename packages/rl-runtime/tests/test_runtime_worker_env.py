@@ -1,6 +1,6 @@
 """A worker's environment and torch threads: the config's system_envs and the CPUs its bundle
 reserves reach the worker, with Ray and in-process; in-process workers give the driver's
-environment and threads back at shutdown."""
+environment, threads and global RNG streams back at shutdown."""
 
 from __future__ import annotations
 
@@ -85,6 +85,38 @@ def test_in_process_workers_get_their_environment_and_give_the_drivers_back(
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def _seed_all(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def _draws() -> tuple[list[float], float, float]:
+    import random
+
+    import numpy as np
+
+    return torch.rand(3).tolist(), random.random(), float(np.random.rand())
+
+
+def test_in_process_workers_give_the_drivers_random_streams_back():
+    """A worker seeds the global streams it shares with the driver (Probe: seed 0); after
+    shutdown the driver draws what it would have drawn without the cluster."""
+    _seed_all(1234)
+    expected = _draws()
+    _seed_all(1234)
+    cluster = _start(False, 1.0, {})
+    try:
+        assert _draws() != expected  # the worker's seed 0 took the streams over
+    finally:
+        cluster.shutdown()
+    assert _draws() == expected
 
 
 @pytest.mark.slow

@@ -212,25 +212,38 @@ class Cluster:
 @dataclass(frozen=True)
 class DriverState:
     """What in-process (`--no-ray`) workers change in the process they share with the driver:
-    the environment (system_envs, the torch.distributed variables of each rank) and torch's
-    thread count. Taken before they start, restored at shutdown."""
+    the environment (system_envs, the torch.distributed variables of each rank), torch's thread
+    count and the global RNG streams (each worker seeds torch's, python's and numpy's). Taken
+    before they start, restored at shutdown."""
 
     environ: dict[str, str]
     threads: int
+    rng: tuple[Any, Any, Any]  # torch CPU, python `random`, numpy legacy global
 
     @classmethod
     def take(cls) -> DriverState:
+        import random
+
+        import numpy as np
         import torch
 
-        return cls(dict(os.environ), torch.get_num_threads())
+        rng = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+        return cls(dict(os.environ), torch.get_num_threads(), rng)
 
     def restore(self) -> None:
+        import random
+
+        import numpy as np
         import torch
 
         for key in set(os.environ) - set(self.environ):
             del os.environ[key]
         os.environ.update(self.environ)
         torch.set_num_threads(self.threads)
+        torch_rng, python_rng, numpy_rng = self.rng
+        torch.set_rng_state(torch_rng)
+        random.setstate(python_rng)
+        np.random.set_state(numpy_rng)
 
 
 def embedded_fit_error(plan: PlacementPlan, available: Mapping[str, float]) -> Exception | None:
