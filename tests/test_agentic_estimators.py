@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rl_algos.advantages import list_estimators
+from rl_config.schema.algorithm import STD_FREE_ESTIMATORS
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "agentic"
@@ -52,6 +53,8 @@ def _overrides(out: Path, tiny: Path, estimator: str) -> list[str]:
         "agentic_app.eval_greedy": "false",
         "agentic_app.export_hf": "false",
     }
+    if estimator in STD_FREE_ESTIMATORS:  # their own baseline, raw rewards (rl_config.rules)
+        base["reward_normalization.method"] = "identity"
     if estimator == "gae":
         base["+critic"] = (
             "{training_args: {per_device_train_batch_size: 8}, device_mapping: [0], "

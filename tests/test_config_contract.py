@@ -146,7 +146,7 @@ CHANGES: dict[str, Any] = {
     "tracker_kwargs": {"project": "x"},
     "system_envs": {"A": "1"},
     "pretrain": "/tmp/other_model",
-    "adv_estimator": "rloo",
+    "adv_estimator": "reinforce",
     "target_kl": 0.05,
     "adaptive_kl_ctrl": False,
     "advantage_clip": 2.0,

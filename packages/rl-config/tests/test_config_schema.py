@@ -259,6 +259,22 @@ def test_config_algorithm_rules() -> None:
     assert validate(actor_train={"pg_variant": "ppo"}).policy_loss == "ppo_clip"
 
 
+@pytest.mark.parametrize("estimator", ["dr_grpo", "rloo", "reinforce_pp", "remax", "opo", "gpg"])
+def test_config_std_free_estimators_refuse_a_std_scaling_reward_normalization(estimator) -> None:
+    """These estimators bring their own baseline and no group std: z-scored rewards before them
+    change the algorithm (dr_grpo on z-scores is grpo), whether the method is written or not."""
+    default = issues_of(adv_estimator=estimator)["reward_normalization.method"]
+    assert (
+        default.startswith("is 'mean_std' (the default), which divides") and "identity" in default
+    )
+    written = issues_of(adv_estimator=estimator, reward_normalization={"method": "asym_clip"})
+    assert written["reward_normalization.method"].startswith("is 'asym_clip', which divides")
+    for method in ("identity", "mean"):
+        validate(adv_estimator=estimator, reward_normalization={"method": method})
+    for estimator_ok in ("grpo", "reinforce", "grpo_passk"):  # std-normalised by definition
+        validate(adv_estimator=estimator_ok)
+
+
 def test_config_lr_schedule_keys_are_read_by_the_schedule() -> None:
     def train(role: str = "actor_train", **args: Any) -> dict[str, Any]:
         return {role: {"training_args": args}}

@@ -149,3 +149,27 @@ def test_unknown_names_are_errors():
         AdvantageConfig(adv_estimator="ppo")
     with pytest.raises(ValueError, match="grouping"):
         AdvantageConfig(grouping="prompt")
+
+
+def test_dr_grpo_and_rloo_see_raw_rewards_and_refuse_z_scored_ones():
+    """Dr.GRPO: A = r - mean_g(r), no std (arXiv:2503.20783); RLOO: r minus the mean of the
+    others. Groups [1, 0, 0, 0] and [1, 1, 1, 0], by hand. z-scored rewards before them would make
+    dr_grpo equal grpo ([1.5, -0.5, ...]): refused."""
+    rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0]
+    trajs = [_traj(f"t{i}", f"g{i // 4}", "A", r) for i, r in enumerate(rewards)]
+    batch = collate_trajectories(trajs, pad_token_id=0)
+    mask = batch.tensors["response_mask"]
+
+    def first_token(estimator: str) -> list[float]:
+        adv = compute_advantages(batch, AdvantageConfig(adv_estimator=estimator, method="identity"))
+        return [float(adv["advantages"][i][mask[i]][0]) for i in range(len(rewards))]
+
+    assert first_token("dr_grpo") == pytest.approx(
+        [0.75, -0.25, -0.25, -0.25, 0.25, 0.25, 0.25, -0.75]
+    )
+    third = 1 / 3
+    assert first_token("rloo") == pytest.approx(
+        [1, -third, -third, -third, third, third, third, -1]
+    )
+    with pytest.raises(ValueError, match="reward_normalization.method='mean_std'"):
+        AdvantageConfig(adv_estimator="dr_grpo")

@@ -25,7 +25,7 @@ class FakeTrainer:
     def ready(self) -> bool:
         return True
 
-    def named_tensors(self, bucket_bytes: int = 0) -> list:
+    def named_tensors(self, bucket_bytes: int = 0, host_copies: bool = True) -> list:
         return [("w", self.w.clone())]
 
     def save_checkpoint(
@@ -192,7 +192,7 @@ def test_resume_refuses_changed_seed_and_estimator_before_anything_starts(tmp_pa
     capsys.readouterr()
     recipe = FakeRecipe()
     runner = _runner(
-        tmp_path, recipe, max_steps=5, resume_from_checkpoint=True, seed=7, adv_estimator="rloo"
+        tmp_path, recipe, max_steps=5, resume_from_checkpoint=True, seed=7, adv_estimator="reinforce"
     )
     with pytest.raises(ConfigError) as info:
         runner.run()

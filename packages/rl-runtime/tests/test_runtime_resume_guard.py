@@ -57,7 +57,7 @@ def test_breaking_changes_are_one_error_naming_each_key():
     saved = config_record(_cfg())
     new = _cfg(
         seed=7,
-        adv_estimator="rloo",
+        adv_estimator="reinforce",
         rollout_batch_size=8,
         train_env_manager={"num_env_groups": 2, "group_size": 4, "tags": ["FL"]},
         max_steps=9,  # harmless: not in the error

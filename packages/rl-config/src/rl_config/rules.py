@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from rl_config.errors import ConfigIssue
 from rl_config.roll_compat import ROLL_TEMPLATE_PLACEHOLDERS
 from rl_config.schema.agentic import TEMPLATE_FIELDS, EnvManagerConfig
+from rl_config.schema.algorithm import STD_FREE_ESTIMATORS, STD_SCALING_METHODS
 from rl_config.schema.worker import (
     DTYPE_NAMES,
     FORWARD_STRATEGIES,
@@ -541,6 +542,20 @@ def check_algorithm(cfg: ExperimentConfig) -> Issues:
                 "adv_estimator",
                 "is 'gae', which needs value estimates: add a `critic:` worker or use a "
                 "critic-free estimator such as grpo",
+            )
+        )
+    method = cfg.reward_normalization.method
+    if cfg.adv_estimator in STD_FREE_ESTIMATORS and method in STD_SCALING_METHODS:
+        written = "reward_normalization" in cfg.model_fields_set and (
+            "method" in cfg.reward_normalization.model_fields_set
+        )
+        issues.append(
+            ConfigIssue(
+                "reward_normalization.method",
+                f"is {method!r}{'' if written else ' (the default)'}, which divides the rewards "
+                f"by their group's std before adv_estimator {cfg.adv_estimator!r}, an estimator "
+                "defined on raw rewards with its own baseline (with it dr_grpo would be exactly "
+                "grpo): set reward_normalization.method: identity",
             )
         )
     if cfg.adaptive_kl_ctrl and cfg.target_kl is None:

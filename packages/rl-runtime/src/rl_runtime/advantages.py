@@ -115,6 +115,13 @@ class AdvantageConfig:
         ):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} is not supported; choose from {allowed}")
+        from rl_config.schema.algorithm import STD_FREE_ESTIMATORS, STD_SCALING_METHODS
+
+        if self.adv_estimator in STD_FREE_ESTIMATORS and self.method in STD_SCALING_METHODS:
+            raise ValueError(
+                f"reward_normalization.method={self.method!r} divides by the group std, which "
+                f"adv_estimator={self.adv_estimator!r} is defined without: use 'identity'"
+            )
 
     @property
     def needs(self) -> frozenset[str]:

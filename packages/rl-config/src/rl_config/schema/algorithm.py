@@ -25,6 +25,23 @@ AdvEstimatorName = Literal[
     "gigpo",
     "step_reinforce",
 ]
+#: Estimators defined on raw rewards with a baseline of their own and no per-group std: a
+#: reward_normalization that divides by the group std first changes the algorithm (dr_grpo
+#: becomes exactly grpo, rloo's leave-one-out runs on z-scores).
+STD_FREE_ESTIMATORS = frozenset(
+    {
+        "dr_grpo",
+        "rloo",
+        "reinforce_pp",
+        "reinforce_plus_plus",
+        "reinforce_pp_baseline",
+        "reinforce_plus_plus_baseline",
+        "remax",
+        "opo",
+        "gpg",
+    }
+)
+STD_SCALING_METHODS = ("mean_std", "asym_clip")
 KlKind = Literal["kl", "k1", "abs", "mse", "k2", "k3", "low_var_kl", "full"]
 LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
@@ -135,7 +152,7 @@ class AlgorithmFields(StrictModel):
         "the registry): gae (needs a critic), grpo, dr_grpo, reinforce, rloo, reinforce_pp "
         "(= reinforce_plus_plus), reinforce_pp_baseline (= reinforce_plus_plus_baseline), remax "
         "(greedy baseline rollouts), opo, gpg, grpo_passk, gigpo (per-turn steps), step_reinforce (ROLL's per-step "
-        "REINFORCE: each turn's discounted return, normalised). Reward normalisation (reward_normalization) runs first; group estimators use its groups.",
+        "REINFORCE: each turn's discounted return, normalised). Reward normalisation (reward_normalization) runs first; group estimators use its groups. dr_grpo, rloo, reinforce_pp(_baseline), remax, opo and gpg bring their own baseline and no group std: they need reward_normalization.method identity (or mean).",
     )
     ppo_epochs: int = Field(
         default=1,
