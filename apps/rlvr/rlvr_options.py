@@ -25,6 +25,7 @@ class ArithDataOptions:
     num_digits: int = 4
     max_a: int = 99
     max_b: int = 9
+    #: share of the distinct problems held out (one prompt each; rl_envs.tasks.arith.split)
     val_fraction: float = 0.2
     seed: int = 0
 

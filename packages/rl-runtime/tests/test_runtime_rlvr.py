@@ -49,7 +49,8 @@ def _plan(train: list[str], val: str | None, **extra: Any) -> RlvrPlan:
 
 @pytest.fixture(scope="module")
 def arith(tmp_path_factory) -> tuple[str, str]:
-    """100 `a+b=` problems: 80 training, 20 held-out (train.parquet, test.parquet)."""
+    """100 `a+b=` prompts, 55 problems (`a+b` = `b+a`): the 81 prompts of 44 problems for training,
+    one prompt each of the other 11 held out (train.parquet, test.parquet)."""
     out = tmp_path_factory.mktemp("arith")
     train, val = write_arith_parquet(str(out), kind="add", max_a=9, max_b=9, val_fraction=0.2,
                                      seed=0)  # fmt: skip
@@ -64,10 +65,10 @@ def _lengths(tok, rows: Sequence[TaskRow]) -> list[int]:
 
 def test_prompts_are_tokenized_held_out_cut_and_the_sampler_seeded(arith, tok, capsys):
     prompts = load_rlvr_prompts(_plan([arith[0]], arith[1]), tok, SEED)
-    assert len(prompts.train.rows) == 80 and len(prompts.val.rows) == 5  # val_batch_size
-    assert [r.index for r in prompts.train.rows] == list(range(80))
+    assert len(prompts.train.rows) == 81 and len(prompts.val.rows) == 5  # val_batch_size
+    assert [r.index for r in prompts.train.rows] == list(range(81))
     assert [len(i) for i in prompts.train.ids] == _lengths(tok, prompts.train.rows)
-    assert prompts.metrics == {"data/train_prompts": 80.0, "data/rejected_rows": 0.0,
+    assert prompts.metrics == {"data/train_prompts": 81.0, "data/rejected_rows": 0.0,
                                "data/filtered_overlong_prompts": 0.0}  # fmt: skip
     expected = RowSampler(prompts.train.rows, SEED, None)
     assert [prompts.sampler.next(4) for _ in range(3)] == [expected.next(4) for _ in range(3)]
@@ -83,9 +84,9 @@ def test_rejected_rows_and_overlong_prompts_are_counted_and_printed(arith, tok, 
     limit = max(_lengths(tok, load_rlvr_prompts(_plan([arith[0]], None), tok, SEED).train.rows))
     capsys.readouterr()
     prompts = load_rlvr_prompts(_plan([arith[0], str(extra)], None, prompt_length=limit), tok, 0)
-    assert prompts.metrics == {"data/train_prompts": 80.0, "data/rejected_rows": 1.0,
+    assert prompts.metrics == {"data/train_prompts": 81.0, "data/rejected_rows": 1.0,
                                "data/filtered_overlong_prompts": 1.0}  # fmt: skip
-    assert len(prompts.train.rows) == 80 and not prompts.val.rows
+    assert len(prompts.train.rows) == 81 and not prompts.val.rows
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and out[0].startswith("warning: rejected ") and "row 1" in out[0]
     assert out[1] == f"filtered 1 prompts longer than prompt_length={limit}"
@@ -162,7 +163,7 @@ def test_rollout_refills_dropped_groups_with_the_round_seed(arith, tok):
         "dynamic_sampling/generated_groups": 6.0, "dynamic_sampling/kept_groups": 3.0,
         "dynamic_sampling/filled": 0.0}  # fmt: skip
     assert m["reward/mean"] == pytest.approx(3 / 12)  # every generated group, dropped ones too
-    assert m["data/train_prompts"] == 80.0 and m["reward/failures/timeout"] == 3.0
+    assert m["data/train_prompts"] == 81.0 and m["reward/failures/timeout"] == 3.0
     assert m["timing/rollout_generate"] >= 0.0
     assert cluster.phases == []  # the caller hands the devices to rollout
 

@@ -4,34 +4,53 @@
 - `max`: `max 3 8 1 5 =` -> `8` (the largest of `num_digits` digits);
 - `add`: `a+b=` with a in [0, max_a], b in [0, max_b].
 
-Held-out prompts come from a seeded split of the distinct problems, so no held-out prompt appears
-among the training prompts (disjoint by content)."""
+Held-out prompts are disjoint from the training prompts by content, not only by text: prompts that
+are the same problem written differently (`max` with its digits reordered, `a+b=` and `b+a=`)
+share a key and fall on one side of the split together, and the held-out side keeps one
+prompt per problem, so its prompts are distinct problems (independent for a standard error)."""
 
 from __future__ import annotations
 
 import itertools
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
+#: (prompt text, answer text, content key): prompts with equal keys are one problem
+Problem = tuple[str, str, tuple[int, ...]]
 
-def problems(kind: str, *, num_digits: int = 4, max_a: int = 99, max_b: int = 9):
-    """Every distinct problem of a task as (prompt text, answer text)."""
+
+def problems(kind: str, *, num_digits: int = 4, max_a: int = 99, max_b: int = 9) -> list[Problem]:
+    """Every prompt of a task as (prompt, answer, key); the key names the problem up to how it
+    is written: the sorted digits for `max`, the unordered pair of addends for `add`."""
     if kind == "max":
-        return [(f"max {' '.join(map(str, d))} =", str(max(d)))
+        return [(f"max {' '.join(map(str, d))} =", str(max(d)), tuple(sorted(d)))
                 for d in itertools.product(range(10), repeat=num_digits)]  # fmt: skip
     if kind == "add":
-        return [(f"{a}+{b}=", str(a + b)) for a in range(max_a + 1) for b in range(max_b + 1)]
+        return [(f"{a}+{b}=", str(a + b), (min(a, b), max(a, b)))
+                for a in range(max_a + 1) for b in range(max_b + 1)]  # fmt: skip
     raise ValueError(f"rlvr_app.arith_data.kind={kind!r}: use 'max' or 'add'")
 
 
-def split(items: list, val_fraction: float, seed: int) -> tuple[list, list]:
-    """(train, held-out): a seeded permutation cut in two; every item in exactly one."""
-    order = np.random.default_rng(seed).permutation(len(items))
-    n_val = round(len(items) * val_fraction)
-    if not 0 < n_val < len(items):
-        raise ValueError(f"val_fraction={val_fraction} leaves no training or no held-out rows")
-    return [items[i] for i in order[n_val:]], [items[i] for i in order[:n_val]]
+def split(items: list[Problem], val_fraction: float, seed: int) -> tuple[list, list]:
+    """(train, held-out) by content: a seeded permutation of the distinct problems (keys) cut in
+    two, `val_fraction` of them held out. Training gets every prompt of its problems (in a
+    seeded order); the held-out side one prompt per problem, picked by the same generator."""
+    rng = np.random.default_rng(seed)
+    forms: dict[tuple[int, ...], list[Problem]] = defaultdict(list)
+    for item in items:
+        forms[item[2]].append(item)
+    keys = sorted(forms)
+    order = rng.permutation(len(keys))
+    n_val = round(len(keys) * val_fraction)
+    if not 0 < n_val < len(keys):
+        raise ValueError(f"val_fraction={val_fraction} leaves no training or no held-out problems")
+    held_out = [keys[i] for i in order[:n_val]]
+    val_keys = set(held_out)
+    train = [items[i] for i in rng.permutation(len(items)) if items[i][2] not in val_keys]
+    val = [forms[k][int(rng.integers(len(forms[k])))] for k in held_out]
+    return train, val
 
 
 def row(prompt: str, answer: str, split_name: str, index: int) -> dict:
@@ -56,7 +75,7 @@ def write_arith_parquet(out_dir: str, *, kind: str, val_fraction: float, seed: i
     for name, items in (("train", train), ("test", val)):
         path = out / f"{name}.parquet"
         pq.write_table(
-            pa.Table.from_pylist([row(p, a, name, i) for i, (p, a) in enumerate(items)]), path
+            pa.Table.from_pylist([row(p, a, name, i) for i, (p, a, _key) in enumerate(items)]), path
         )
         paths.append(str(path))
     return paths[0], paths[1]
