@@ -192,7 +192,12 @@ def test_resume_refuses_changed_seed_and_estimator_before_anything_starts(tmp_pa
     capsys.readouterr()
     recipe = FakeRecipe()
     runner = _runner(
-        tmp_path, recipe, max_steps=5, resume_from_checkpoint=True, seed=7, adv_estimator="reinforce"
+        tmp_path,
+        recipe,
+        max_steps=5,
+        resume_from_checkpoint=True,
+        seed=7,
+        adv_estimator="reinforce",
     )
     with pytest.raises(ConfigError) as info:
         runner.run()
