@@ -100,7 +100,10 @@ trains 1.44x +- 0.10 as many samples per second as `sync` over the whole run (ro
 1.82 +- 0.12 over the second half, and 1.55 +- 0.03 against `sync_colocated`, with the same
 held-out accuracy; the 1.6x target is met in steady state, not over the whole run. The
 measurements below run from 2026-11-23 18:29 to that one, then go back from 14:17 that day to the
-first; each says what had changed.
+first; each says what had changed. All of them used the held-out split by text that was replaced
+on 2026-11-24 14:30 by a split by problem (rl_envs.tasks.arith: each of their held-out prompts was
+a training prompt with its digits reordered): their samples/s and ratios stand, their held-out
+accuracies compare the runs with each other but measure recall, not generalisation.
 
 Measured on a quiet 2-core machine after apps/rlvr's CPU default turned activation checkpointing
 off (2026-11-23 18:29, load average 1.4-1.7, 245 s in all), `--steps 16` (all five runs):
