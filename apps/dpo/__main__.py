@@ -1,8 +1,9 @@
 """`uv run apps/dpo [--config FILE] [key=value ...] [--dry-run] [--no-ray]`
 
 With no arguments: the CPU default (configs/cpu_default.yaml) — a tiny model built locally,
-generated arithmetic preference pairs (the correct last digit of A+B chosen, a wrong digit
-rejected; held-out prompts disjoint by content), DPO; it prints held-out preference accuracy and
+generated arithmetic preference pairs (the correct last digit of A+1 chosen, a wrong digit
+rejected; held-out numbers A never in training, though their last digits recur: a learned rule
+on new numbers, see rl_runtime.dpo_arithmetic), DPO; it prints held-out preference accuracy and
 greedy-answer correctness before and after (also in output_dir/summary.json).
 """
 
