@@ -75,10 +75,17 @@ def test_dual_clip_c_bounds_negative_advantages():
 GSPO = {"actor_train": {"pg_variant": "gspo"}}
 
 
+def _loss_cfg(comp, role: str = "actor_train") -> Any:
+    """The loss config compose built for `role` (ActorLossConfig or CriticLossConfig)."""
+    loss = comp.role(role).loss
+    assert loss is not None
+    return loss
+
+
 def test_clip_range_reaches_gspo():
     # old code: gspo always ran with its own 3e-4/4e-4, whatever the config said
     extra = {**GSPO, "use_pg_clip_range": True, "pg_clip_low": 0.1, "pg_clip_high": 0.28}
-    cfg = _components(extra).role("actor_train").loss
+    cfg = _loss_cfg(_components(extra))
     assert (cfg.clip_ratio_low, cfg.clip_ratio_high) == (0.1, 0.28)
     loss = build_actor_loss(cfg)
     assert _loss(loss, math.log(1.5), 1.0) == pytest.approx(-1.28)  # 1 + pg_clip_high
@@ -86,7 +93,7 @@ def test_clip_range_reaches_gspo():
 
 
 def test_unwritten_clip_keys_keep_the_variants_published_default():
-    cfg = _components(GSPO).role("actor_train").loss
+    cfg = _loss_cfg(_components(GSPO))
     assert (cfg.clip_ratio_low, cfg.clip_ratio_high) == (None, None)
     assert _loss(build_actor_loss(cfg), math.log(1.2), 1.0) == pytest.approx(-1.0004)  # 4e-4
     clip_cov = _actor_loss({"actor_train": {"pg_variant": "clip_cov"}, "pg_clip": 0.1})
@@ -114,7 +121,7 @@ def test_clip_key_the_variant_cannot_read_is_refused_by_name(extra, key):
 
 def test_pg_clip_written_at_its_default_for_a_variant_without_clip_warns():
     comp = _components({"actor_train": {"pg_variant": "reinforce"}, "pg_clip": 0.2})
-    assert comp.role("actor_train").loss.clip_ratio_low is None
+    assert _loss_cfg(comp).clip_ratio_low is None
     assert any(
         w.startswith("pg_clip=0.2 has no effect with pg_variant=reinforce") for w in comp.warnings
     )
@@ -150,7 +157,7 @@ def test_dr_grpo_divides_by_the_rlvr_response_length_not_the_batch_width():
         {**rlvr, **DR_GRPO, "response_length": 16, "actor_infer": gen}
     )
     comp = compose(cfg, pipeline="rlvr")
-    actor = comp.role("actor_train").loss
+    actor = _loss_cfg(comp)
     assert actor.norm_constant == 16.0
     # old code: -1/(2*8) with a 4-token prompt, -1/(2*64) with a 60-token one
     assert _response_grads(actor, 4) == _response_grads(actor, 60) == [-1 / (2 * 16)] * 8
@@ -159,14 +166,14 @@ def test_dr_grpo_divides_by_the_rlvr_response_length_not_the_batch_width():
 def test_dr_grpo_agentic_constant_is_the_generation_budget():
     # 4 turns of at most 24 tokens: 96 generated tokens at most (sequence_length 1024 is larger)
     comp = _components({**DR_GRPO, "max_tokens_per_step": 24})
-    assert comp.role("actor_train").loss.norm_constant == 96.0
+    assert _loss_cfg(comp).norm_constant == 96.0
     # 20 turns of 24 tokens (480) do not fit sequence_length 256: the trajectory's budget is 256
     long_episodes = {"custom_envs": {"FL": {"max_steps": 20}}, "sequence_length": 256}
     capped = _components({**DR_GRPO, **long_episodes, "max_tokens_per_step": 24})
-    assert capped.role("actor_train").loss.norm_constant == 256.0
+    assert _loss_cfg(capped).norm_constant == 256.0
     critic = _components({**DR_GRPO, **CRITIC_SECTION, "max_tokens_per_step": 24})
-    assert critic.role("critic").loss.norm_constant == 96.0
-    assert _components().role("actor_train").loss.norm_constant is None  # other modes: none
+    assert _loss_cfg(critic, "critic").norm_constant == 96.0
+    assert _loss_cfg(_components()).norm_constant is None  # other modes: none
 
 
 def test_train_infer_correction_weights_the_loss():
