@@ -10,6 +10,7 @@ from an experiment config (ROLL's key names and aliases are resolved there, not 
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -41,20 +42,77 @@ class ISFilterConfig:
     high: float = 1.2
 
 
+CLIP_RANGE_OPTION = "clip_ratio_low/clip_ratio_high"
+DUAL_CLIP_OPTION = "dual_clip_c"
+
+
+def policy_loss_keywords(policy_loss: str) -> frozenset[str]:
+    """The keyword options the registered policy loss ``policy_loss`` accepts (its signature)."""
+    params = inspect.signature(get_policy_loss(policy_loss)).parameters.values()
+    return frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def clip_kwargs(
+    policy_loss: str,
+    clip_ratio_low: float | None,
+    clip_ratio_high: float | None,
+    dual_clip_c: float | None,
+) -> tuple[dict[str, float], dict[str, str]]:
+    """``(keyword arguments, {option: why it cannot be read})`` of the clip options for
+    ``policy_loss``, decided by its signature: a range goes to ``clip_ratio_low/high``, or to a
+    single ``clip_ratio`` when the two are equal; ``dual_clip_c`` to ``clip_ratio_c``. None: not
+    given (the loss keeps its own published default, e.g. gspo's 3e-4/4e-4)."""
+    accepted = policy_loss_keywords(policy_loss)
+    kwargs: dict[str, float] = {}
+    unread: dict[str, str] = {}
+    given = {
+        k: v
+        for k, v in (("clip_ratio_low", clip_ratio_low), ("clip_ratio_high", clip_ratio_high))
+        if v is not None
+    }
+    if given and set(given) <= accepted:
+        kwargs.update(given)
+    elif given and "clip_ratio" in accepted:
+        if len(given) == 2 and clip_ratio_low == clip_ratio_high:
+            kwargs["clip_ratio"] = float(given["clip_ratio_low"])
+        else:
+            unread[CLIP_RANGE_OPTION] = (
+                f"policy loss {policy_loss!r} takes one symmetric clip_ratio, got "
+                f"low={clip_ratio_low} high={clip_ratio_high}"
+            )
+    elif given:
+        unread[CLIP_RANGE_OPTION] = f"policy loss {policy_loss!r} has no clip range"
+    if dual_clip_c is not None:
+        if "clip_ratio_c" in accepted:
+            kwargs["clip_ratio_c"] = dual_clip_c
+        else:
+            unread[DUAL_CLIP_OPTION] = f"policy loss {policy_loss!r} has no dual clip"
+    return kwargs, unread
+
+
 @dataclass(frozen=True)
 class ActorLossConfig:
     """The actor's loss: a policy loss from rl_algos' registry plus KL / entropy / IS terms.
 
-    ``clip_ratio_low/high``: PPO clip epsilons (ratio clipped to [1-low, 1+high]);
-    ``dual_clip_c``: dual-clip constant (None: off); ``is_weight``/``is_filters``: train/inference
-    mismatch correction against ``batch["rollout_log_probs"]`` (weights, then masks in order).
+    ``clip_ratio_low/high``: clip epsilons (ratio clipped to [1-low, 1+high]), passed to every loss
+    whose signature takes them (to a single ``clip_ratio`` when equal, e.g. clip_cov); None: the
+    loss's own published default (ppo 0.2, gspo 3e-4/4e-4, cispo 1.0/0.28, gmpo 0.4).
+    ``dual_clip_c``: dual-clip constant (None: off). A clip option the chosen loss cannot read is a
+    ``ValueError`` naming it (see :func:`clip_kwargs`).
+    ``norm_constant``: denominator of ``seq-mean-token-sum-norm`` (Dr.GRPO's fixed generation
+    budget, MAX_TOKENS); rl_runtime.compose fills it from the configured response budget. None
+    (library use, nothing configures it): the mini-batch's padded width ``T``, which is NOT
+    constant (it grows with the longest prompt of the batch) — set it for Dr.GRPO's scale.
+    ``is_weight``/``is_filters``: train/inference mismatch correction against
+    ``batch["rollout_log_probs"]`` (weights, then masks in order).
     """
 
     policy_loss: str = "ppo_clip"
     loss_agg_mode: str = "token-mean"
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
     dual_clip_c: float | None = None
+    norm_constant: float | None = None
     policy_loss_kwargs: tuple[tuple[str, Any], ...] = ()
     rl_loss_coef: float = 1.0
     use_kl_loss: bool = False
@@ -68,35 +126,55 @@ class ActorLossConfig:
         get_policy_loss(self.policy_loss)  # unknown name -> rl_algos' error lists the registry
         if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
             raise ValueError(f"dual_clip_c must be > 1, got {self.dual_clip_c}")
+        _check_norm_constant(self.norm_constant)
+        self.policy_kwargs()  # a clip option the loss cannot read fails here
 
     def policy_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the chosen policy loss."""
-        kwargs = dict(self.policy_loss_kwargs)
-        if self.policy_loss in ("ppo", "ppo_clip"):
-            kwargs.update(
-                clip_ratio_low=self.clip_ratio_low,
-                clip_ratio_high=self.clip_ratio_high,
-                clip_ratio_c=self.dual_clip_c,
+        clip, unread = clip_kwargs(
+            self.policy_loss, self.clip_ratio_low, self.clip_ratio_high, self.dual_clip_c
+        )
+        if unread:
+            raise ValueError(
+                "; ".join(f"ActorLossConfig.{key}: {why}" for key, why in unread.items())
             )
-        return kwargs
+        return {**dict(self.policy_loss_kwargs), **clip}
 
 
 @dataclass(frozen=True)
 class CriticLossConfig:
-    """The critic's clipped value loss: ``value_clip`` (None: unclipped), aggregation mode."""
+    """The critic's clipped value loss: ``value_clip`` (None: unclipped), aggregation mode, and
+    ``norm_constant`` of ``seq-mean-token-sum-norm`` (as in :class:`ActorLossConfig`)."""
 
     value_clip: float | None = None
     loss_agg_mode: str = "token-mean"
+    norm_constant: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_norm_constant(self.norm_constant)
 
 
-def _agg(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, ctx: LossContext) -> torch.Tensor:
+def _check_norm_constant(value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ValueError(f"norm_constant must be > 0, got {value}")
+
+
+def _agg(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    ctx: LossContext,
+    norm_constant: float | None,
+) -> torch.Tensor:
+    """``[B, T]`` -> scalar; ``seq-mean-token-sum-norm`` divides by ``norm_constant`` (None: the
+    mini-batch's padded width ``ctx.max_seq_len``, the library fallback)."""
     return aggregate(
         loss_mat,
         mask,
         mode,
         global_token_count=ctx.global_tokens,
         global_seq_count=ctx.global_seqs,
-        norm_constant=float(ctx.max_seq_len),
+        norm_constant=float(ctx.max_seq_len) if norm_constant is None else norm_constant,
     )
 
 
@@ -116,7 +194,7 @@ def build_actor_loss(cfg: ActorLossConfig | None = None) -> LossFn:
     if not isinstance(c, ActorLossConfig):
         raise TypeError(f"build_actor_loss takes an ActorLossConfig, got {type(c).__name__}")
     policy_loss = get_policy_loss(c.policy_loss)
-    mode = c.loss_agg_mode
+    mode, norm = c.loss_agg_mode, c.norm_constant
     kwargs = c.policy_kwargs()
 
     def loss_fn(mb: Batch, out: ForwardOutput, ctx: LossContext) -> LossResult:
@@ -136,7 +214,7 @@ def build_actor_loss(cfg: ActorLossConfig | None = None) -> LossFn:
             result = policy_loss(lp, old, adv, mask, is_weights=is_weights, **kwargs)
         else:
             result = policy_loss(lp, old, adv, mask, **kwargs)
-        loss = _agg(result.loss_mat, result.mask, mode, ctx)
+        loss = _agg(result.loss_mat, result.mask, mode, ctx, norm)
         metrics["pg_loss"] = loss.detach()
         loss = c.rl_loss_coef * loss
         for k, v in result.stats.items():
@@ -144,11 +222,11 @@ def build_actor_loss(cfg: ActorLossConfig | None = None) -> LossFn:
                 metrics[k] = _share(v, mask, ctx)
         if c.use_kl_loss:
             ref = _require(mb, "ref_log_probs", "actor (use_kl_loss)")
-            kl = _agg(kl_penalty(lp, ref, c.kl_loss_type), mask, mode, ctx)
+            kl = _agg(kl_penalty(lp, ref, c.kl_loss_type), mask, mode, ctx, norm)
             loss = loss + c.kl_loss_coef * kl
             metrics["kl_loss"] = kl.detach()
         if out.entropy is not None:
-            ent = _agg(out.entropy, mask, mode, ctx)
+            ent = _agg(out.entropy, mask, mode, ctx, norm)
             if c.entropy_loss_coef:
                 loss = loss - c.entropy_loss_coef * ent
             metrics["entropy"] = ent.detach()
@@ -210,7 +288,7 @@ def build_critic_loss(cfg: CriticLossConfig | None = None) -> LossFn:
     c = cfg or CriticLossConfig()
     if not isinstance(c, CriticLossConfig):
         raise TypeError(f"build_critic_loss takes a CriticLossConfig, got {type(c).__name__}")
-    clip, mode = c.value_clip, c.loss_agg_mode
+    clip, mode, norm = c.value_clip, c.loss_agg_mode, c.norm_constant
 
     def loss_fn(mb: Batch, out: ForwardOutput, ctx: LossContext) -> LossResult:
         if out.values is None:
@@ -220,7 +298,7 @@ def build_critic_loss(cfg: CriticLossConfig | None = None) -> LossFn:
         old = mb.get("values")
         old = out.values.detach() if old is None else old
         result = value_loss(out.values, old, returns, mask, clip_range_value=clip)
-        loss = _agg(result.loss_mat, result.mask, mode, ctx)
+        loss = _agg(result.loss_mat, result.mask, mode, ctx, norm)
         metrics = {"vf_loss": loss.detach()}
         metrics.update({k: _share(v, mask, ctx) for k, v in result.stats.items()})
         return loss, metrics

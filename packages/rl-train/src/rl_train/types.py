@@ -43,7 +43,9 @@ class LossContext:
     Attributes:
         global_tokens: number of ``response_mask`` tokens in the mini-batch (all ranks).
         global_seqs: number of sequences in the mini-batch (all ranks).
-        max_seq_len: the largest padded length ``T`` in the mini-batch (for ``*-token-sum-norm``).
+        max_seq_len: the largest padded length ``T`` in the mini-batch: the denominator of
+            ``seq-mean-token-sum-norm`` only where the loss config sets no ``norm_constant``
+            (library use; it varies with prompt length and batch composition).
     """
 
     global_tokens: float

@@ -29,7 +29,12 @@ from rl_runtime.compose.components import (
     TrackerSettings,
 )
 from rl_runtime.compose.envs import build_env_manager, build_env_specs
-from rl_runtime.compose.losses import build_actor_loss, build_critic_loss, build_is_correction
+from rl_runtime.compose.losses import (
+    build_actor_loss,
+    build_critic_loss,
+    build_is_correction,
+    loss_norm_constant,
+)
 from rl_runtime.compose.roles import build_role, resolve_local, role_specs
 from rl_runtime.compose.run_settings import (
     build_cadence,
@@ -62,6 +67,7 @@ __all__ = [
     "build_sampling",
     "compose",
     "describe",
+    "loss_norm_constant",
     "refuse_unsupported",
     "resolve_local",
     "role_specs",
@@ -86,10 +92,11 @@ def compose(
     plain = getattr(cfg, "__wrapped__", cfg)
     refuse_unsupported(plain, pipeline)
     warnings: list[str] = []
+    kind = pipeline or pipeline_kind(plain)
     samples = (
         cfg.rollout_batch_size
     )  # RLVR: prompts, each sampled num_return_sequences_in_group times
-    if (pipeline or pipeline_kind(plain)) == "rlvr":
+    if kind == "rlvr":
         samples *= cfg.num_return_sequences_in_group
     gen = cfg.actor_infer.generating_args
     max_new = min(gen.max_new_tokens, cfg.max_tokens_per_step or gen.max_new_tokens)
@@ -101,8 +108,14 @@ def compose(
             names.append("reference")
         if cfg.critic is not None:
             names.append("critic")
+    norm = (  # Dr.GRPO's fixed denominator; the other modes have none
+        loss_norm_constant(cfg, kind, max_new)
+        if cfg.loss_agg_mode == "seq-mean-token-sum-norm"
+        else None
+    )
     roles = tuple(
-        build_role(cfg, r, samples, device_kind, flash_attn_available, warnings) for r in names
+        build_role(cfg, r, samples, device_kind, flash_attn_available, warnings, norm_constant=norm)
+        for r in names
     )
     if kl.init_coef > 0 and not kl.in_reward and not cfg.use_kl_loss:
         warnings.append(

@@ -124,6 +124,11 @@ class _HeldOut:
     sampling: SamplingParams
 
 
+def rlvr_response_length(cfg: Any) -> int:
+    """Response tokens at most: `response_length`, else `actor_infer.generating_args.max_new_tokens`."""
+    return cfg.response_length or cfg.actor_infer.generating_args.max_new_tokens
+
+
 def build_held_out(cfg: Any, response_length: int) -> _HeldOut:
     """Held-out files, template and sampling: ROLL's `validation` section when set (its
     data_args.file_name and template, its generating_args), else
@@ -200,7 +205,7 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
             f"actor_infer.generating_args.num_return_sequences={n_gen} differs from "
             f"num_return_sequences_in_group={group} (set it to 1 or to the group size)"
         )
-    response_length = cfg.response_length or gen.max_new_tokens
+    response_length = rlvr_response_length(cfg)
     prompt_length = cfg.prompt_length or max(1, (cfg.sequence_length or 1024) - response_length)
     ds, ol = cfg.dynamic_sampling, cfg.overlong_penalty
     if ol.enable and ol.buffer_length > response_length:

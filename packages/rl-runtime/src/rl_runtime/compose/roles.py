@@ -76,9 +76,11 @@ def build_role(
     *,
     ppo_epochs: int | None = None,
     with_loss: bool = True,
+    norm_constant: float | None = None,
 ) -> RolePlan:
     """One role's plan. `ppo_epochs` overrides the config's (a pipeline without PPO epochs passes
-    1); `with_loss=False` leaves the loss to the caller (e.g. a preference loss)."""
+    1); `with_loss=False` leaves the loss to the caller (e.g. a preference loss);
+    `norm_constant`: the losses' `seq-mean-token-sum-norm` denominator (`loss_norm_constant`)."""
     w = getattr(cfg, role)
     epochs = cfg.ppo_epochs if ppo_epochs is None else ppo_epochs
     mapping = tuple(w.device_mapping or [0])
@@ -158,9 +160,9 @@ def build_role(
     if not with_loss:
         pass
     elif role == "actor_train":
-        loss = build_actor_loss(cfg)
+        loss = build_actor_loss(cfg, norm_constant, warnings)
     elif role == "critic":
-        loss = build_critic_loss(cfg)
+        loss = build_critic_loss(cfg, norm_constant)
     return RolePlan(**common, training_args=training, model_args=model_args, loss=loss)  # type: ignore[arg-type]
 
 
