@@ -4,6 +4,7 @@ packing, losses, guard, checkpoints and export."""
 import math
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -326,7 +327,7 @@ def test_checkpoint_resume_is_bit_exact_and_falls_back(tiny_model_path, tmp_path
         _backend(tiny_model_path).load_checkpoint(tmp_path)
 
 
-def _adam_state(backend) -> list[dict]:
+def _adam_state(backend: Any) -> list[dict]:
     return [backend.optimizer.state[p] for p in backend.model.parameters()]
 
 
@@ -340,7 +341,7 @@ def test_resume_takes_the_configured_optimizer_and_schedule_settings(tiny_model_
     for b in batches[:2]:
         first.train_step(b, nll_loss)
     first.save_checkpoint(tmp_path, 2)
-    resumed = _backend(
+    resumed: Any = _backend(
         tiny_model_path,
         learning_rate=1e-4,
         weight_decay=0.1,
@@ -376,10 +377,12 @@ def test_an_optimizer_without_state_is_checkpointed_without_one(
     from rl_train.backends import dcp_io
 
     batches = [make_batch(8, 14, seed=20 + s) for s in range(3)]
-    args = dict(lr_scheduler_type="cosine", warmup_steps=1, max_steps=4)
 
-    def warmed_up():  # one step, then the optimizer's state forgotten; gradients left
-        backend = _backend(tiny_model_path, **args)
+    def fresh() -> Any:
+        return _backend(tiny_model_path, lr_scheduler_type="cosine", warmup_steps=1, max_steps=4)
+
+    def warmed_up() -> Any:  # one step, then the optimizer's state forgotten; gradients left
+        backend = fresh()
         backend.train_step(batches[0], nll_loss)
         backend.optimizer.state.clear()
         return backend
@@ -394,21 +397,21 @@ def test_an_optimizer_without_state_is_checkpointed_without_one(
     saved.save_checkpoint(tmp_path / "restart", 1)
     assert not saved.optimizer.state
     assert _max_diff(trained(saved), unsaved) == 0.0
-    resumed = _backend(tiny_model_path, **args)
+    resumed = fresh()
     resumed.load_checkpoint(tmp_path / "restart")
     assert not resumed.optimizer.state
     assert _max_diff(trained(resumed), unsaved) == 0.0
 
-    never_stepped = _backend(tiny_model_path, **args)
+    never_stepped = fresh()
     never_stepped.save_checkpoint(tmp_path / "fresh", 0)
     assert not never_stepped.optimizer.state
     trained(never_stepped)
-    assert _max_diff(_params(never_stepped), trained(_backend(tiny_model_path, **args))) == 0.0
+    assert _max_diff(_params(never_stepped), trained(fresh())) == 0.0
 
     monkeypatch.setattr(dcp_io, "_has_optimizer_state", lambda backend: True)
     warmed_up().save_checkpoint(tmp_path / "groups_only", 1)  # as saved before the fix
     monkeypatch.undo()
-    resumed = _backend(tiny_model_path, **args)
+    resumed = fresh()
     resumed.load_checkpoint(tmp_path / "groups_only")
     assert _max_diff(trained(resumed), unsaved) == 0.0
 

@@ -3,6 +3,7 @@ single-process training, log-probs match HF, NaN skips on all ranks, bit-exact r
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,7 +26,9 @@ ZERO3 = {
 }
 
 
-def _spec(out: Path, model: str, strategy: str, cfg: dict, world: int, steps: int = 2, **extra):
+def _spec(
+    out: Path, model: str, strategy: str, cfg: dict, world: int, steps: int = 2, **extra
+) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     return dict(
         strategy=strategy,
