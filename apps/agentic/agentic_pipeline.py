@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from agentic_options import AppOptions
 
+from rl_runtime.advantages import restore_kl_controller
 from rl_runtime.agentic_rollout import assignments, env_configs, play, play_split
 from rl_runtime.async_queue import RolloutBatch
 from rl_runtime.collate import collate_trajectories
@@ -61,7 +62,7 @@ class AgenticRecipe:
 
     def load_state(self, state: dict[str, Any]) -> None:
         if "kl_controller" in state:
-            self.kl_ctl.load_state_dict(state["kl_controller"])
+            restore_kl_controller(self.kl_ctl, state["kl_controller"])
 
     def step(self, ctx: Context) -> dict[str, float]:
         """Synchronous step: rollout of batch `ctx.step`, then learn on it."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from rlvr_options import AppOptions
 
+from rl_runtime.advantages import restore_kl_controller
 from rl_runtime.async_queue import RolloutBatch
 from rl_runtime.collate import collate_trajectories
 from rl_runtime.compose.rlvr import RlvrPlan
@@ -67,7 +68,7 @@ class RlvrRecipe:
 
     def load_state(self, state: dict[str, Any]) -> None:
         if "kl_controller" in state:
-            self.kl_ctl.load_state_dict(state["kl_controller"])
+            restore_kl_controller(self.kl_ctl, state["kl_controller"])
         if "sampler" in state:
             self.prompts.sampler.load_state(state["sampler"])
 

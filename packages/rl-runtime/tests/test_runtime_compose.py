@@ -418,3 +418,24 @@ def test_estimator_keys_the_estimator_never_reads_are_warned_about(estimator, ex
     assert named == sorted(unread)
     for key in unread:
         assert any(w.startswith(f"{key}={extra[key]!r} has no effect") for w in warned)
+
+
+def test_a_resumed_kl_controller_keeps_only_an_adaptive_coefficient():
+    """On resume the KL controller built from the config takes, from the checkpointed one, only
+    the coefficient an adaptive controller evolved to: its target and horizon, a fixed
+    coefficient and the kind of controller are the config's (resume_guard warns they apply)."""
+    from rl_algos.kl_control import AdaptiveKLController, FixedKLController
+    from rl_runtime.advantages import KLControlConfig, restore_kl_controller
+
+    evolved = AdaptiveKLController(0.37, target=0.5, horizon=100).state_dict()
+    adaptive = KLControlConfig(init_coef=0.2, target=0.01, horizon=50).build()
+    restore_kl_controller(adaptive, evolved)
+    assert adaptive == AdaptiveKLController(0.37, target=0.01, horizon=50)
+    fixed = KLControlConfig(init_coef=0.2).build()
+    restore_kl_controller(fixed, evolved)
+    assert fixed == FixedKLController(0.2)
+    restore_kl_controller(fixed, FixedKLController(0.9).state_dict())
+    assert fixed == FixedKLController(0.2)
+    now_adaptive = KLControlConfig(init_coef=0.2, target=0.01).build()
+    restore_kl_controller(now_adaptive, FixedKLController(0.9).state_dict())
+    assert now_adaptive.value == 0.2  # the checkpoint's controller was fixed: the config's start

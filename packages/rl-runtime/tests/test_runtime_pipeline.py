@@ -219,6 +219,34 @@ def test_resume_warns_about_harmless_changes(tmp_path, capsys):
     assert result.step == 5
 
 
+def test_a_fresh_run_moves_an_earlier_runs_results_aside(tmp_path, capsys):
+    """A fresh run into an earlier run's directories first moves that run's metrics.jsonl and
+    checkpoints into `previous-<UTC time>/` (one line says what moved where), so its metrics
+    and checkpoints are its own and a later resume continues it, not the earlier run's newest
+    step; the resumed run goes on in the same metrics.jsonl, moving nothing."""
+    out = tmp_path / "out"
+    _run(tmp_path, FakeRecipe(), max_steps=5)  # logs steps 2, 4, 5; checkpoints 3, 5
+    capsys.readouterr()
+    _run(tmp_path, FakeRecipe(), max_steps=2)  # again, fresh: logs step 2, checkpoint 2
+    (logs_aside,) = (out / "logs").glob("previous-*")
+    (ckpts_aside,) = (out / "checkpoints").glob("previous-*")
+    assert logs_aside.name == ckpts_aside.name
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "this run starts fresh; an earlier run's results moved aside: metrics.jsonl -> "
+        f"{logs_aside}/; step-000003, step-000005 -> {ckpts_aside}/"
+    )
+    assert _logged_steps(tmp_path) == [2]
+    earlier = (logs_aside / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in earlier if "train/loss" in x] == [2, 4, 5]
+    assert sorted(p.name for p in ckpts_aside.iterdir()) == ["step-000003", "step-000005"]
+    assert [p.name for p in (out / "checkpoints").glob("step-*")] == ["step-000002"]
+
+    _, result = _run(tmp_path, FakeRecipe(), max_steps=4, resume_from_checkpoint=True)
+    assert result.resumed_from == str(out / "checkpoints" / "step-000002")
+    assert _logged_steps(tmp_path) == [2, 4]
+    assert len(list((out / "logs").glob("previous-*"))) == 1
+
+
 class RecipeWithBaselines(FakeRecipe):
     def baselines(self, ctx) -> dict:
         return {"blind": {"val/success_rate": 0.125}}

@@ -10,6 +10,7 @@ from rl_config.contract import schema_keys
 from rl_config.errors import ConfigError
 from rl_config.schema import ExperimentConfig
 from rl_runtime.resume_guard import (
+    RESUME_NOTED,
     RESUME_REFUSED,
     RESUME_SILENT,
     changed_keys,
@@ -51,6 +52,13 @@ def test_harmless_changes_are_warnings_naming_key_and_values():
     assert len(warnings) == 2
     assert warnings[0].startswith("max_steps changed since checkpoint ck/step-000003: 3 -> 8")
     assert warnings[1].startswith("logging_steps changed")
+
+
+def test_a_key_that_applies_in_part_says_so():
+    saved = config_record(_cfg(init_kl_coef=0.1, target_kl=0.5))
+    (line,) = check_resume(saved, _cfg(init_kl_coef=0.2, target_kl=0.5), "ck")
+    assert line.startswith("init_kl_coef changed since checkpoint ck: 0.1 -> 0.2")
+    assert "adaptive KL control" in line and "checkpointed coefficient" in line
 
 
 def test_breaking_changes_are_one_error_naming_each_key():
@@ -101,5 +109,5 @@ def test_a_checkpoint_without_a_config_is_one_warning():
 
 def test_every_pattern_names_schema_keys():
     keys = schema_keys()
-    for pattern in (*RESUME_REFUSED, *RESUME_SILENT):
+    for pattern in (*RESUME_REFUSED, *RESUME_SILENT, *RESUME_NOTED):
         assert any(fnmatchcase(k, pattern) or k.startswith(pattern + ".") for k in keys), pattern

@@ -83,3 +83,32 @@ def test_held_rate_defaults_to_the_configured_one(tmp_path):
     worker = _cosine_worker(str(build_tiny_model(tmp_path / "tiny", seed=0)))
     assert worker.hold_learning_rate() == 1e-3  # not the schedule's first, ramped rate
     assert _rates_of_steps(worker, 3, "sft") == [1e-3] * 3
+
+
+def test_a_checkpoint_saved_right_after_the_warm_up_resumes(tmp_path):
+    """Saved after `restart_schedule` and before any RL optimizer step (dynamic sampling kept no
+    group), the checkpoint holds no optimizer state; a fresh worker resumes from it and trains
+    as the uninterrupted one does. `restart_schedule` drops the warm-up's gradients too."""
+    import torch
+
+    model = str(build_tiny_model(tmp_path / "tiny", seed=0))
+
+    def warmed_up() -> TrainWorker:
+        worker = _cosine_worker(model)
+        worker.hold_learning_rate(5e-3)
+        _rates_of_steps(worker, 2, "sft")
+        worker.restart_schedule()
+        assert all(p.grad is None for p in worker.backend.model.parameters())  # type: ignore[attr-defined]
+        return worker
+
+    def rl_steps(worker: TrainWorker) -> dict[str, torch.Tensor]:
+        _rates_of_steps(worker, 2)
+        return dict(worker.named_tensors())
+
+    uninterrupted = rl_steps(warmed_up())
+    saved = warmed_up()
+    saved.save_checkpoint(str(tmp_path / "ckpt"), 0)
+    resumed = _cosine_worker(model)
+    assert resumed.load_checkpoint(str(tmp_path / "ckpt")) == (0, {})
+    for trained in (rl_steps(saved), rl_steps(resumed)):
+        assert all(torch.equal(trained[k], uninterrupted[k]) for k in uninterrupted)

@@ -4,6 +4,7 @@ packing, losses, guard, checkpoints and export."""
 import math
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -324,6 +325,95 @@ def test_checkpoint_resume_is_bit_exact_and_falls_back(tiny_model_path, tmp_path
     shutil.rmtree(tmp_path / "step_00000001")
     with pytest.raises(rl_train.CheckpointError, match=shard.name):
         _backend(tiny_model_path).load_checkpoint(tmp_path)
+
+
+def _adam_state(backend: Any) -> list[dict]:
+    return [backend.optimizer.state[p] for p in backend.model.parameters()]
+
+
+def test_resume_takes_the_configured_optimizer_and_schedule_settings(tiny_model_path, tmp_path):
+    """A checkpoint keeps what training accumulated (Adam's moments and step counts, the
+    schedule's position); every setting the resuming config gives (rate, betas, epsilon,
+    weight decay, schedule type, warm-up, floor, horizon) is that config's, from the first
+    step after the load on."""
+    batches = [make_batch(8, 14, seed=10 + s) for s in range(3)]
+    first = _backend(tiny_model_path, lr_scheduler_type="cosine", warmup_steps=1, max_steps=4)
+    for b in batches[:2]:
+        first.train_step(b, nll_loss)
+    first.save_checkpoint(tmp_path, 2)
+    resumed: Any = _backend(
+        tiny_model_path,
+        learning_rate=1e-4,
+        weight_decay=0.1,
+        adam_beta1=0.8,
+        adam_beta2=0.99,
+        adam_epsilon=1e-7,
+        lr_scheduler_type="linear",
+        max_steps=10,
+        min_lr_ratio=0.5,
+    )
+    assert resumed.load_checkpoint(tmp_path)[0] == 2
+    groups = resumed.optimizer.param_groups
+    # linear decay from 1e-4 to the floor 0.5e-4 over 10 steps, at position 2: 0.5 + 0.5 * 0.8
+    assert [g["lr"] for g in groups] == pytest.approx([0.9e-4, 0.9e-4])
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
+    assert [(g["betas"], g["eps"]) for g in groups] == [((0.8, 0.99), 1e-7)] * 2
+    assert resumed.scheduler.last_epoch == 2 and resumed.scheduler.base_lrs == [1e-4, 1e-4]
+    for saved, loaded in zip(_adam_state(first), _adam_state(resumed), strict=True):
+        assert saved.keys() == loaded.keys()
+        assert all(torch.equal(saved[k], loaded[k]) for k in saved)
+    # the step after the load ran at 0.9e-4 and leaves the rate of position 3: 0.5 + 0.5 * 0.7
+    assert resumed.train_step(batches[2], nll_loss)["actor/lr"] == pytest.approx(0.85e-4)
+
+
+def test_an_optimizer_without_state_is_checkpointed_without_one(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    """An optimizer holding no state at a save (before its first step, or cleared as a restarted
+    schedule does after a warm-up, its gradients left over) is saved as none: the save leaves it
+    as it was (DCP would otherwise step it at rate 0 into zero moments, changing the updates
+    that follow), the resumed run trains exactly as the uninterrupted one, and a checkpoint
+    written before this (the groups' settings but no state) loads too."""
+    from rl_train.backends import dcp_io
+
+    batches = [make_batch(8, 14, seed=20 + s) for s in range(3)]
+
+    def fresh() -> Any:
+        return _backend(tiny_model_path, lr_scheduler_type="cosine", warmup_steps=1, max_steps=4)
+
+    def warmed_up() -> Any:  # one step, then the optimizer's state forgotten; gradients left
+        backend = fresh()
+        backend.train_step(batches[0], nll_loss)
+        backend.optimizer.state.clear()
+        return backend
+
+    def trained(backend):
+        for b in batches[1:]:
+            backend.train_step(b, nll_loss)
+        return _params(backend)
+
+    unsaved = trained(warmed_up())
+    saved = warmed_up()
+    saved.save_checkpoint(tmp_path / "restart", 1)
+    assert not saved.optimizer.state
+    assert _max_diff(trained(saved), unsaved) == 0.0
+    resumed = fresh()
+    resumed.load_checkpoint(tmp_path / "restart")
+    assert not resumed.optimizer.state
+    assert _max_diff(trained(resumed), unsaved) == 0.0
+
+    never_stepped = fresh()
+    never_stepped.save_checkpoint(tmp_path / "fresh", 0)
+    assert not never_stepped.optimizer.state
+    trained(never_stepped)
+    assert _max_diff(_params(never_stepped), trained(fresh())) == 0.0
+
+    monkeypatch.setattr(dcp_io, "_has_optimizer_state", lambda backend: True)
+    warmed_up().save_checkpoint(tmp_path / "groups_only", 1)  # as saved before the fix
+    monkeypatch.undo()
+    resumed = fresh()
+    resumed.load_checkpoint(tmp_path / "groups_only")
+    assert _max_diff(trained(resumed), unsaved) == 0.0
 
 
 def test_export_hf_loads_in_transformers(tiny_model_path, tmp_path):

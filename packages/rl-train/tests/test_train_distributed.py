@@ -1,7 +1,9 @@
 """Real 2-rank gloo runs (torch.multiprocessing spawn): FSDP2 and DeepSpeed ZeRO-2/3 reproduce
 single-process training, log-probs match HF, NaN skips on all ranks, bit-exact resume, fallback."""
 
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,7 +26,9 @@ ZERO3 = {
 }
 
 
-def _spec(out: Path, model: str, strategy: str, cfg: dict, world: int, steps: int = 2, **extra):
+def _spec(
+    out: Path, model: str, strategy: str, cfg: dict, world: int, steps: int = 2, **extra
+) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     return dict(
         strategy=strategy,
@@ -244,6 +248,60 @@ def test_fsdp2_resume_bit_exact_and_truncated_shard_falls_back(tiny_model_path, 
     # resuming from step 1 (three more steps) reproduces the straight run too
     assert _max_diff(straight["params"], fallback["params"]) == 0.0
     assert len(fallback["history"]) == 3
+
+
+RESUMED_SETTINGS = dict(
+    learning_rate=1e-4,
+    weight_decay=0.1,
+    adam_beta1=0.8,
+    adam_beta2=0.99,
+    adam_epsilon=1e-7,
+    lr_scheduler_type="linear",
+    warmup_steps=0,
+    max_steps=10,
+    min_lr_ratio=0.5,
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "strategy,cfg", [("fsdp2_train", {}), ("deepspeed_train", ZERO2)], ids=["fsdp2", "zero2"]
+)
+def test_two_rank_resume_takes_the_configured_settings_and_loads_a_stateless_optimizer(
+    tiny_model_path, tmp_path, strategy, cfg
+):
+    """Two ranks: a checkpoint written when the optimizer held no state (dropped after step 2,
+    as a schedule restarted after a warm-up drops it) resumes, with no state; one with state
+    resumes with it. Either way the optimizer's settings are the resuming config's (rate at
+    the schedule's checkpointed position, betas, epsilon, weight decay), not the checkpoint's."""
+    ck = tmp_path / "ckpt"
+    first = _spec(tmp_path / "first", tiny_model_path, strategy, cfg, 2, steps=2,
+                  save_at=[1, 2], ckpt_root=str(ck), forget_optimizer_state_at=[2])  # fmt: skip
+    spawn(train_worker, 2, first, env=ENV)
+
+    def resume(name: str) -> dict:
+        spec = _spec(tmp_path / name, tiny_model_path, strategy, cfg, 2, steps=3,
+                     resume_from=str(ck))  # fmt: skip
+        spec["kwargs"]["training_args"].update(RESUMED_SETTINGS)
+        spawn(train_worker, 2, spec, env=ENV)
+        return _result(tmp_path / name)
+
+    def settings(lr: float) -> list[dict]:
+        common = dict(lr=pytest.approx(lr), betas=(0.8, 0.99), eps=1e-7)
+        return [dict(common, weight_decay=0.1), dict(common, weight_decay=0.0)]
+
+    stateless = resume("from_step_2")
+    assert stateless["load_report"]["loaded"] == "step_00000002"
+    # linear decay from 1e-4 to the floor 0.5e-4 over 10 steps: position 2 -> 0.9e-4
+    assert stateless["load_report"]["optimizer"] == {"groups": settings(0.9e-4), "states": 0}
+    assert [h.get("error") for h in stateless["history"]] == [None]
+
+    shutil.rmtree(ck / "step_00000002")
+    with_state = resume("from_step_1")
+    assert with_state["load_report"]["loaded"] == "step_00000001"
+    loaded = with_state["load_report"]["optimizer"]
+    assert loaded["groups"] == settings(0.95e-4) and loaded["states"] > 0
+    assert [h.get("error") for h in with_state["history"]] == [None, None]
 
 
 class _Payload:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +64,18 @@ class KLControlConfig:
         from rl_algos.kl_control import build_kl_controller
 
         return build_kl_controller(self.init_coef, self.target, self.horizon)
+
+
+def restore_kl_controller(controller, saved: Mapping[str, float]) -> None:
+    """Continue a checkpointed run's reward KL control in `controller`, built from this run's
+    config: an adaptive controller resumed from an adaptive one takes the coefficient it had
+    evolved to (its only state); the rest (target and horizon, a fixed coefficient, a controller
+    of the other kind) stays the config's, as `rl_runtime.resume_guard`'s warnings say.
+    `saved`: the checkpointed controller's `state_dict()`."""
+    from rl_algos.kl_control import AdaptiveKLController
+
+    if isinstance(controller, AdaptiveKLController) and "target" in saved:
+        controller.value = float(saved["value"])
 
 
 def reward_kl_coef(cfg: KLControlConfig, controller) -> float:

@@ -22,7 +22,9 @@ A recipe supplies its science through a small protocol (composition, not inherit
 bumps it), the phase timer, `log`, and sharded `forward`/`train` calls on a role. A pipeline without
 rollout engines (no `actor_infer` role, e.g. offline preference training) has no weight sync. The last step always logs, evaluates and saves.
 At start the runner prints the config warnings and writes the resolved config (secrets redacted)
-to output_dir; at the end it writes output_dir/summary.json. A resumed run says so first.
+to output_dir; at the end it writes output_dir/summary.json. A resumed run says so first and
+goes on in its run's metrics.jsonl; a fresh run first moves an earlier run's metrics and
+checkpoints in its directories aside (rl_runtime.previous_run) and says where.
 Throughput: `throughput/samples_per_s` (trained samples, `rollout/num_trajectories`, per second of
 the training loop without evaluation and checkpoints), in the metrics and summary.json.
 With `components.asynchronous`, rollout runs ahead of the trainer (rl_runtime.async_training).
@@ -44,9 +46,10 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
+from rl_runtime.previous_run import set_aside_previous_run
 from rl_runtime.resume_guard import check_resume, config_record
 from rl_runtime.timing import PhaseTimer, StepProgress
-from rl_runtime.tracking import Tracker
+from rl_runtime.tracking import Tracker, earlier_run_logs, tracker_log_dir
 
 
 class Recipe(Protocol):
@@ -359,10 +362,11 @@ class Runner:
 
     # ------------------------------------------------------------------------------ setup
     def _announce(self) -> tuple[Path | None, RunState | None]:
-        """First output: the resume line (if any), then warnings; writes the resolved config.
-        Refused here, before anything starts: training roles of several ranks without Ray
-        (`check_in_process`), and a resume whose config changed a key the checkpoint depends on
-        (rl_runtime.resume_guard)."""
+        """First output: the resume line, or the line saying where an earlier run's results in
+        this run's directories were moved (rl_runtime.previous_run), then warnings; writes the
+        resolved config. Refused here, before anything starts: training roles of several ranks
+        without Ray (`check_in_process`), and a resume whose config changed a key the
+        checkpoint depends on (rl_runtime.resume_guard)."""
         c = self.components
         in_process_warnings = check_in_process(c, self.options.use_ray)
         resume, state = None, None
@@ -383,6 +387,13 @@ class Runner:
                     flush=True,
                 )
                 resume_warnings = check_resume(state.extra.get("config"), self.cfg, str(resume))
+        if resume is None:
+            earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
+            moved = set_aside_previous_run(
+                earlier + (self.ckpt.present() if self.ckpt is not None else [])
+            )
+            if moved is not None:
+                print(moved, flush=True)
         for line in (
             *resume_warnings,
             *self.cfg.config_warnings(),

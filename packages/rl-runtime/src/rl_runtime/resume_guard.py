@@ -7,8 +7,14 @@ A checkpoint records its run's resolved config (secrets redacted, `config_record
   the seed and batch/group sizes that the env and sampling seeds derive from, the estimator ...)
   is refused: one `ConfigError` naming every such key, its checkpointed and its new value;
 * a key in `RESUME_SILENT` (`resume_from_checkpoint` itself) is not reported;
+* a key in `RESUME_NOTED` is a warning saying how much of the new value applies;
 * any other changed key is a warning naming it (`max_steps`, `logging_steps`, a learning rate):
-  the run continues with the new value.
+  the run continues with the new value. That is so for what the checkpoint restores too: the
+  trainers' optimizer and LR schedule keep only what training accumulated (Adam's moments, the
+  schedule's position) and take every configured setting again (rl_train.optim
+  `apply_configured_settings`: learning rate, betas, epsilon, weight decay, schedule type,
+  warm-up, floor, horizon); the reward KL controller keeps only an adaptive coefficient
+  (rl_runtime.advantages `restore_kl_controller`).
 
 Keys are dotted paths as in the YAML; patterns are `fnmatch` patterns (`*` spans dots). A section
 that appears or disappears (a critic added) is one key, the section's name.
@@ -65,6 +71,16 @@ RESUME_REFUSED: dict[str, str] = {
 RESUME_SILENT: tuple[str, ...] = ("resume_from_checkpoint",)
 """Keys that differ on every resume by design: not reported."""
 
+RESUME_NOTED: dict[str, str] = {
+    "init_kl_coef": (
+        "the run continues with the new value, except under adaptive KL control (target_kl "
+        "set, in the checkpoint and now), which continues from its checkpointed coefficient"
+    ),
+}
+"""Keys whose new value applies only in part on resume -> what happens (a warning)."""
+
+_APPLIES = "the run continues with the new value"
+
 
 def config_record(cfg: Any) -> dict[str, Any]:
     """The resolved config as JSON data, secrets redacted (what a checkpoint records)."""
@@ -108,9 +124,10 @@ def check_resume(saved: Mapping[str, Any] | None, cfg: Any, checkpoint: str) -> 
             continue
         why = _reason(key)
         if why is None:
+            note = next((n for p, n in RESUME_NOTED.items() if fnmatchcase(key, p)), _APPLIES)
             warnings.append(
                 f"{key} changed since checkpoint {checkpoint}: {_show(old)} -> {_show(new)} "
-                "(the run continues with the new value)"
+                f"({note})"
             )
         else:
             refused.append(

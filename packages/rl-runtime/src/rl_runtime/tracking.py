@@ -81,7 +81,9 @@ def _fmt(value: float) -> str:
 
 
 class JsonlBackend:
-    """Appends `{"step": n, ...metrics}` lines to `<log_dir>/metrics.jsonl` (machine-readable)."""
+    """Appends `{"step": n, ...metrics}` lines to `<log_dir>/metrics.jsonl` (machine-readable).
+    A resumed run goes on in its run's file; before a fresh run, the runner moves an earlier
+    run's file aside (rl_runtime.previous_run)."""
 
     def __init__(self, log_dir: str | os.PathLike[str]) -> None:
         self.path = Path(log_dir) / "metrics.jsonl"
@@ -155,6 +157,21 @@ def unread_tracker_kwargs(
     return [k for k in kwargs if k != "log_dir"]
 
 
+RUN_LOGS = ("metrics.jsonl", "tensorboard")
+"""What the backends write into the log directory that a later run would add to (wandb keeps
+each run in a directory of its own)."""
+
+
+def tracker_log_dir(log_dir: str | os.PathLike[str], tracker_kwargs: Mapping[str, Any]) -> Path:
+    """Where a `Tracker` writes: `tracker_kwargs.log_dir`, else `log_dir` (`logging_dir`)."""
+    return Path(tracker_kwargs.get("log_dir") or log_dir)
+
+
+def earlier_run_logs(log_dir: str | os.PathLike[str]) -> list[Path]:
+    """The `RUN_LOGS` present in `log_dir` (an earlier run's, before a fresh one starts)."""
+    return [Path(log_dir) / name for name in RUN_LOGS if (Path(log_dir) / name).exists()]
+
+
 class Tracker:
     """Fan-out of metrics to the backends named by `track_with`.
 
@@ -173,7 +190,8 @@ class Tracker:
     ) -> None:
         names = [track_with] if isinstance(track_with, str) else list(track_with or ["stdout"])
         kwargs = dict(tracker_kwargs or {})
-        self.log_dir = Path(kwargs.pop("log_dir", None) or log_dir)
+        self.log_dir = tracker_log_dir(log_dir, kwargs)
+        kwargs.pop("log_dir", None)
         self.backends: list[TrackerBackend] = []
         unknown = [n for n in names if n not in BACKENDS]
         if unknown:

@@ -123,12 +123,15 @@ class TrainWorker:
         """Start optimization afresh: the LR schedule back at its step 0 (after
         `hold_learning_rate`, the configured schedule again) and the optimizer's moment
         estimates forgotten (a supervised warm-up's much larger gradient statistics would shrink
-        RL's first updates). The weights are kept. Returns the rate of the next step."""
+        RL's first updates), its gradients too (`set_to_none`: an optimizer that has gradients
+        but no state is one torch's checkpoint code takes as initialised). The weights are kept.
+        Returns the rate of the next step."""
         optimizer, scheduler = self._optimizer_and_scheduler()
         if self._held_schedule is not None:
             scheduler.base_lrs, scheduler.lr_lambdas = (list(x) for x in self._held_schedule)
             self._held_schedule = None
         optimizer.state.clear()
+        optimizer.zero_grad(set_to_none=True)
         scheduler.last_epoch = -1
         scheduler.step()  # to step 0: every group's rate is base * multiplier(0)
         return float(optimizer.param_groups[0]["lr"])

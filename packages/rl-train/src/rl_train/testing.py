@@ -132,7 +132,11 @@ def shard_rows(batch: Batch, rank: int, world: int, mini: int) -> Batch:
 
 def train_worker(rank: int, spec: dict[str, Any]) -> None:
     """Build ``spec['strategy']`` with ``spec['kwargs']``, run ``spec['steps']`` train steps on this
-    rank's rows of ``make_batch(**spec['batch'])``, and write params + metrics to spec['out']."""
+    rank's rows of ``make_batch(**spec['batch'])``, and write params + metrics to spec['out'].
+    Options: ``resume_from`` (a checkpoint root; the result's ``load_report`` then holds the
+    loaded optimizer's group settings and state count), ``save_at``/``ckpt_root``,
+    ``forget_optimizer_state_at`` (steps after which the optimizer's state and gradients are
+    dropped, before that step's save), ``nan_steps``/``nan_rank``, ``swap_after_verify``."""
     torch.set_num_threads(1)
     from rl_train import dist as rdist
     from rl_train.registry import build_backend
@@ -155,6 +159,14 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
                 "loaded": report.loaded.name,
                 "rejected": [(p.name, reason) for p, reason in report.rejected],
             }
+        optimizer = backend.optimizer  # type: ignore[attr-defined]
+        load_report["optimizer"] = {
+            "groups": [
+                {k: g[k] for k in ("lr", "betas", "eps", "weight_decay")}
+                for g in optimizer.param_groups
+            ],
+            "states": len(optimizer.state),
+        }
     loss_fn = spec.get("loss_fn") or _loss_with_nan
     if spec.get("actor_loss") is not None:  # ActorLossConfig kwargs (a closure cannot spawn)
         from rl_train.losses import ActorLossConfig, build_actor_loss
@@ -172,6 +184,9 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
         except Exception as err:
             history.append({"error": str(err)})  # type: ignore[dict-item]
             break
+        if step + 1 in spec.get("forget_optimizer_state_at", ()):  # as a restarted schedule
+            backend.optimizer.state.clear()  # type: ignore[attr-defined]
+            backend.optimizer.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
         save_at = spec.get("save_at")  # a step, or a list of steps
         if step + 1 in (save_at if isinstance(save_at, list) else [save_at]):
             backend.save_checkpoint(spec["ckpt_root"], step + 1, {"note": "mid"})

@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rl_train import checkpoint as ckpt
+from rl_train.optim import apply_configured_settings
 
 KeyFile = str | os.PathLike[str] | None
 
@@ -37,13 +38,33 @@ class _VerifiedFileSystem(FileSystem):
             yield f
 
 
-def _state(backend: Any) -> dict[str, Any]:
-    if backend.optimizer is None:
+def _state(backend: Any, *, optimizer: bool = True) -> dict[str, Any]:
+    """What a checkpoint holds: the model's state dict, and the optimizer's unless ``optimizer``
+    is False or there is none (DCP's flattened keys ``model.<fqn>``, ``optim.state.<fqn>.<key>``,
+    ``optim.param_groups.<fqn>.<key>``)."""
+    if backend.optimizer is None or not optimizer:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         return {"model": get_model_state_dict(backend.model)}
     model_sd, optim_sd = get_state_dict(backend.model, backend.optimizer)
     return {"model": model_sd, "optim": optim_sd}
+
+
+def _has_optimizer_state(backend: Any) -> bool:
+    """Whether the optimizer holds state (Adam's moments and step counts): none before its first
+    step, nor after `optimizer.state.clear()` (a schedule restarted after a supervised warm-up).
+    Such an optimizer is saved as nothing: DCP's `get_state_dict` would otherwise run a step at
+    rate 0 to create zero moments (and so change the training that follows), or, where gradients
+    are left over, save groups without state that no fresh optimizer could load."""
+    return backend.optimizer is not None and bool(backend.optimizer.state)
+
+
+def _saved_optimizer_state(reader: FileSystemReader) -> bool:
+    """Whether the checkpoint read by ``reader`` holds optimizer state (``optim.state.*`` keys):
+    not one saved without it, nor one with only the groups' settings (``optim.param_groups.*``:
+    written, before this was checked, by an optimizer that had gradients but no state)."""
+    keys = reader.read_metadata().state_dict_metadata
+    return any(key.startswith("optim.state.") for key in keys)
 
 
 def trainer_state(backend: Any, step: int, extra: dict[str, Any] | None) -> dict[str, Any]:
@@ -67,6 +88,8 @@ def restore_trainer_state(backend: Any, state: dict[str, Any]) -> tuple[int, dic
     backend.global_step = int(state["global_step"])
     if backend.scheduler is not None and state.get("scheduler") is not None:
         backend.scheduler.load_state_dict(state["scheduler"])
+    if backend.optimizer is not None and backend.scheduler is not None:
+        apply_configured_settings(backend.optimizer, backend.scheduler, backend.args)
     backend.guard.consecutive = int(state["guard"]["consecutive"])
     backend.guard.total_skipped = int(state["guard"]["total"])
     return int(state["step"]), dict(state.get("extra") or {})
@@ -76,7 +99,8 @@ def save(
     backend: Any, root: str | Path, step: int, extra: dict[str, Any] | None, key_file: KeyFile
 ) -> Path:
     tmp = ckpt.begin(root, step)
-    dcp.save(_state(backend), checkpoint_id=str(tmp / "model_optim"))
+    sd = _state(backend, optimizer=_has_optimizer_state(backend))
+    dcp.save(sd, checkpoint_id=str(tmp / "model_optim"))
     ckpt.save_rng(tmp, backend.device_kind)
     ckpt.save_json(tmp / "trainer_state.json", trainer_state(backend, step, extra))
     return ckpt.commit(root, step, tmp, keep_last=backend.keep_last, key_file=key_file)
@@ -85,14 +109,17 @@ def save(
 def load(backend: Any, root: str | Path, key_file: KeyFile) -> tuple[int, dict[str, Any]]:
     def _load(path: Path, report: ckpt.LoadReport) -> tuple[int, dict[str, Any]]:
         state = ckpt.load_json(path / "trainer_state.json", report.files)
-        sd = _state(backend)
         reader = FileSystemReader(path / "model_optim")
         reader.fs = _VerifiedFileSystem(path, report.files)
+        # without saved optimizer state, the optimizer stays as built (no state, like the saved one)
+        sd = _state(backend, optimizer=_saved_optimizer_state(reader))
         dcp.load(sd, storage_reader=reader)
-        if backend.optimizer is None:
+        if "optim" not in sd:
             from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
             set_model_state_dict(backend.model, sd["model"])
+            if backend.optimizer is not None:
+                backend.optimizer.state.clear()
         else:
             set_state_dict(
                 backend.model,

@@ -1,0 +1,40 @@
+"""rl_runtime.previous_run: an earlier run's results moved aside, nothing lost."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from rl_runtime.previous_run import set_aside_previous_run
+from rl_runtime.tracking import earlier_run_logs
+
+WHEN = datetime(2026, 11, 24, 14, 5, 9, tzinfo=UTC)
+
+
+def test_each_directory_gets_one_previous_dir_named_for_the_moment(tmp_path):
+    logs, ckpts = tmp_path / "logs", tmp_path / "ckpts"
+    (logs / "tensorboard").mkdir(parents=True)
+    (logs / "tensorboard" / "events.1").write_text("e")
+    (logs / "metrics.jsonl").write_text('{"step": 1}\n')
+    (logs / "notes.txt").write_text("kept")  # not the tracker's: stays
+    (ckpts / "step-000004").mkdir(parents=True)
+    (ckpts / "step-000004" / "run_state.json").write_text("{}")
+    (logs / "previous-20261124T140509Z").mkdir()  # taken (an earlier move the same second)
+
+    found = earlier_run_logs(logs)
+    assert [p.name for p in found] == ["metrics.jsonl", "tensorboard"]
+    line = set_aside_previous_run([*found, ckpts / "step-000004"], WHEN)
+    logs_aside = logs / "previous-20261124T140509Z-1"
+    ckpts_aside = ckpts / "previous-20261124T140509Z"
+    assert line == (
+        "this run starts fresh; an earlier run's results moved aside: metrics.jsonl, "
+        f"tensorboard -> {logs_aside}/; step-000004 -> {ckpts_aside}/"
+    )
+    assert (logs_aside / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert (logs_aside / "tensorboard" / "events.1").read_text() == "e"
+    assert (ckpts_aside / "step-000004" / "run_state.json").read_text() == "{}"
+    assert sorted(p.name for p in logs.iterdir()) == [
+        "notes.txt",
+        "previous-20261124T140509Z",
+        "previous-20261124T140509Z-1",
+    ]
+    assert earlier_run_logs(logs) == [] and set_aside_previous_run([], WHEN) is None
