@@ -331,7 +331,9 @@ def _adam_state(backend: Any) -> list[dict]:
     return [backend.optimizer.state[p] for p in backend.model.parameters()]
 
 
-def test_resume_takes_the_configured_optimizer_and_schedule_settings(tiny_model_path, tmp_path):
+def test_resume_takes_the_configured_optimizer_and_schedule_settings(
+    tiny_model_path, tmp_path, resumed_training_settings
+):
     """A checkpoint keeps what training accumulated (Adam's moments and step counts, the
     schedule's position); every setting the resuming config gives (rate, betas, epsilon,
     weight decay, schedule type, warm-up, floor, horizon) is that config's, from the first
@@ -341,17 +343,7 @@ def test_resume_takes_the_configured_optimizer_and_schedule_settings(tiny_model_
     for b in batches[:2]:
         first.train_step(b, nll_loss)
     first.save_checkpoint(tmp_path, 2)
-    resumed: Any = _backend(
-        tiny_model_path,
-        learning_rate=1e-4,
-        weight_decay=0.1,
-        adam_beta1=0.8,
-        adam_beta2=0.99,
-        adam_epsilon=1e-7,
-        lr_scheduler_type="linear",
-        max_steps=10,
-        min_lr_ratio=0.5,
-    )
+    resumed: Any = _backend(tiny_model_path, **resumed_training_settings)
     assert resumed.load_checkpoint(tmp_path)[0] == 2
     groups = resumed.optimizer.param_groups
     # linear decay from 1e-4 to the floor 0.5e-4 over 10 steps, at position 2: 0.5 + 0.5 * 0.8

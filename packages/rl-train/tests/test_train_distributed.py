@@ -250,25 +250,12 @@ def test_fsdp2_resume_bit_exact_and_truncated_shard_falls_back(tiny_model_path, 
     assert len(fallback["history"]) == 3
 
 
-RESUMED_SETTINGS = dict(
-    learning_rate=1e-4,
-    weight_decay=0.1,
-    adam_beta1=0.8,
-    adam_beta2=0.99,
-    adam_epsilon=1e-7,
-    lr_scheduler_type="linear",
-    warmup_steps=0,
-    max_steps=10,
-    min_lr_ratio=0.5,
-)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy,cfg", [("fsdp2_train", {}), ("deepspeed_train", ZERO2)], ids=["fsdp2", "zero2"]
 )
 def test_two_rank_resume_takes_the_configured_settings_and_loads_a_stateless_optimizer(
-    tiny_model_path, tmp_path, strategy, cfg
+    tiny_model_path, tmp_path, strategy, cfg, resumed_training_settings
 ):
     """Two ranks: a checkpoint written when the optimizer held no state (dropped after step 2,
     as a schedule restarted after a warm-up drops it) resumes, with no state; one with state
@@ -282,7 +269,7 @@ def test_two_rank_resume_takes_the_configured_settings_and_loads_a_stateless_opt
     def resume(name: str) -> dict:
         spec = _spec(tmp_path / name, tiny_model_path, strategy, cfg, 2, steps=3,
                      resume_from=str(ck))  # fmt: skip
-        spec["kwargs"]["training_args"].update(RESUMED_SETTINGS)
+        spec["kwargs"]["training_args"].update(resumed_training_settings)
         spawn(train_worker, 2, spec, env=ENV)
         return _result(tmp_path / name)
 
