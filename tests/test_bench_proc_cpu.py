@@ -35,10 +35,14 @@ def test_a_busy_child_counts_as_one_core_and_a_sleeping_driver_as_none():
 
 def test_cpu_before_the_first_mark_is_not_counted():
     child = subprocess.Popen(
-        [sys.executable, "-c", BURN.format(s=0.5) + "\nimport time\ntime.sleep(5)"]
+        [sys.executable, "-c", BURN.format(s=0.5) + "\nprint('burnt', flush=True)\ntime.sleep(5)"],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
-        time.sleep(1.2)  # the child's burn is over before sampling starts
+        assert child.stdout is not None
+        # the child's burn is over before sampling starts (however loaded the machine)
+        assert child.stdout.readline().strip() == "burnt"
         with ProcessCpu(interval=0.05) as cpu:
             cpu.mark("start")
             time.sleep(0.3)
@@ -47,6 +51,8 @@ def test_cpu_before_the_first_mark_is_not_counted():
     finally:
         child.kill()
         child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
 
 
 @pytest.mark.parametrize(
