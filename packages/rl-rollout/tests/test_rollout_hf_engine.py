@@ -217,11 +217,14 @@ def test_sample_tokens_draws_from_the_warped_distribution() -> None:
     assert greedy.tolist() == [0]
 
 
-def test_repetition_penalty_changes_greedy_tokens_and_keeps_raw_log_probs(
+def test_repetition_penalty_changes_greedy_tokens_and_log_probs(
     fresh_engine, hf_reference_model
 ) -> None:
-    """A huge penalty forbids repeating any token of the prompt or output (greedy), while the
-    recorded log-probs stay the raw model's (teacher-forced)."""
+    """A huge penalty forbids repeating any token of the prompt or output (greedy); the recorded
+    log-probs are those of the penalised distribution the tokens came from (vLLM's processed
+    log-probs), not the raw model's."""
+    from rl_rollout.sampling import apply_repetition_penalty
+
     prompt = list(range(20, 30))
 
     def run(penalty: float) -> object:
@@ -235,8 +238,21 @@ def test_repetition_penalty_changes_greedy_tokens_and_keeps_raw_log_probs(
     assert len(set(plain.output_ids)) < len(plain.output_ids)  # the tiny model repeats itself
     out = penalised.output_ids
     assert len(set(out)) == len(out) and not set(out) & set(prompt)
-    expected = _teacher_forced(hf_reference_model, prompt, out)
-    assert torch.allclose(torch.tensor(penalised.output_log_probs), expected, atol=1e-4)
+    ids = torch.tensor([prompt + out])
+    with torch.no_grad():
+        logits = hf_reference_model(ids).logits[0].float()
+    expected = torch.stack(
+        [
+            torch.log_softmax(
+                apply_repetition_penalty(logits[len(prompt) - 1 + i], prompt + out[:i], 1e6), -1
+            )[token]
+            for i, token in enumerate(out)
+        ]
+    )
+    recorded = torch.tensor(penalised.output_log_probs)
+    assert torch.allclose(recorded, expected, atol=1e-4)
+    raw = _teacher_forced(hf_reference_model, prompt, out)
+    assert (recorded - raw).abs().max().item() > 1e-3
 
 
 def test_apply_repetition_penalty_is_ctrl_rule() -> None:

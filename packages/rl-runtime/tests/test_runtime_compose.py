@@ -365,6 +365,34 @@ def test_share_prompt_forward_reaches_actor_and_reference_training_args():
 
 
 @pytest.mark.parametrize(
+    ("gen", "expected"),
+    [({"temperature": 0.7}, 0.7), ({"temperature": 0.7, "do_sample": False}, 1.0), ({}, 1.0)],
+    ids=["sampled", "greedy", "default"],
+)
+def test_the_trainers_log_probs_are_at_the_sampling_temperature(gen, expected):
+    """The actor's and the reference's log-probs use the rollout's sampling temperature (the
+    engine records its log-probs at it too), greedy rollouts the raw model's."""
+    kl = {"use_kl_loss": True, "kl_loss_coef": 0.1}  # a reference role
+    c = _components({"actor_infer": {"generating_args": gen}, **kl})
+    assert c.role("actor_train").training_args.logprob_temperature == expected
+    assert c.role("reference").training_args.logprob_temperature == expected
+
+
+def test_raw_vllm_log_probs_at_another_temperature_warn_by_name():
+    infer = {
+        "generating_args": {"temperature": 0.7},
+        "strategy_args": {
+            "strategy_name": "vllm",
+            "strategy_config": {"logprobs_mode": "raw_logprobs"},
+        },
+    }
+    warnings = _components({"actor_infer": infer}).warnings
+    assert any("strategy_config.logprobs_mode=raw_logprobs" in w and "0.7" in w for w in warnings)
+    infer["generating_args"] = {"temperature": 1.0}
+    assert not any("logprobs_mode" in w for w in _components({"actor_infer": infer}).warnings)
+
+
+@pytest.mark.parametrize(
     ("extra", "match"),
     [
         (

@@ -33,8 +33,9 @@ def _backend(path, role="actor", **targs):
     return rl_train.build_backend("hf_infer", role=role, model_path=path, training_args=base)
 
 
-def _reference_log_probs(path, batch):
-    """Plain loop: one HF forward per row on its real tokens, log_softmax, pick the next token."""
+def _reference_log_probs(path, batch, temperature=1.0):
+    """Plain loop: one HF forward per row on its real tokens, log_softmax(logits / temperature),
+    pick the next token."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -43,7 +44,7 @@ def _reference_log_probs(path, batch):
         for b in range(batch["input_ids"].shape[0]):
             n = int(batch["attention_mask"][b].sum())
             logits = model(input_ids=batch["input_ids"][b : b + 1, :n]).logits[0]
-            logp = torch.log_softmax(logits.float(), -1)
+            logp = torch.log_softmax(logits.float() / temperature, -1)
             for t in range(1, n):
                 out[b, t] = logp[t - 1, batch["input_ids"][b, t]]
     return out
@@ -60,6 +61,39 @@ def test_forward_log_probs_equal_direct_hf_forward(tiny_model_path, packed):
     assert out.log_probs is not None
     torch.testing.assert_close(out.log_probs, expected, atol=2e-5, rtol=1e-5)
     assert torch.all(out.log_probs[:, 0] == 0)
+
+
+@pytest.mark.parametrize("role", ["reference", "actor"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_log_probs_at_the_configured_temperature(tiny_model_path, role, packed):
+    """`logprob_temperature` (the rollout's sampling temperature) scales the logits of every
+    log-prob forward: the reference's, the actor's no-grad forward and the detached log-probs
+    its policy loss reads as `old_log_probs` (ratio exactly 1 on the first pass)."""
+    batch = make_batch(4, 18, seed=11)
+    backend = _backend(
+        tiny_model_path, role=role, use_sequence_packing=packed, logprob_temperature=0.6
+    )
+    out = backend.forward(batch)
+    assert out.log_probs is not None
+    expected = _reference_log_probs(tiny_model_path, batch, temperature=0.6)
+    torch.testing.assert_close(out.log_probs, expected, atol=2e-5, rtol=1e-5)
+    at_one = _reference_log_probs(tiny_model_path, batch)
+    assert (out.log_probs - at_one).abs().max() > 1e-2
+    if role == "actor":
+        seen: list[torch.Tensor] = []
+
+        def loss_fn(mb, fwd, ctx):
+            seen.append(fwd.log_probs.detach().cpu())
+            return nll_loss(mb, fwd, ctx)
+
+        backend.train_step(batch, loss_fn, epochs=1)
+        got = torch.cat(seen)  # micro-batches in row order (no shuffling)
+        torch.testing.assert_close(got * batch["attention_mask"], expected, atol=2e-5, rtol=1e-5)
+
+
+def test_logprob_temperature_must_be_positive(tiny_model_path):
+    with pytest.raises(ValueError, match="logprob_temperature"):
+        _backend(tiny_model_path, logprob_temperature=0.0)
 
 
 def test_critic_values_aligned_and_packed_equal(tiny_model_path):

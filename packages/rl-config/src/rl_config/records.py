@@ -6,8 +6,9 @@ any process can decode them without torch; the runtime collates them into ``[B, 
 
 Token alignment: ``Trajectory.token_ids`` is the whole conversation (prompt, model turns, env
 turns). ``response_mask[t]`` is True iff token ``t`` was sampled by the model and is trained on.
-``rollout_log_probs[t]`` is the engine's log-prob of token ``t`` under the raw (temperature 1,
-untruncated) model distribution, and ``0.0`` wherever ``response_mask`` is False.
+``rollout_log_probs[t]`` is the engine's log-prob of token ``t`` under the distribution it was
+sampled from (temperature, and top-k / top-p where set: rl_rollout's engine contract), and ``0.0``
+wherever ``response_mask`` is False.
 """
 
 from __future__ import annotations
@@ -85,8 +86,9 @@ class GenerationResult(msgspec.Struct, kw_only=True):
     """One sampled completion. With ``n > 1`` an engine returns ``n`` results per request,
     same ``request_id``, ``sample_index`` 0..n-1, in request order.
 
-    ``output_log_probs[i]`` is log p(output_ids[i] | prompt, output_ids[:i]) under the raw model
-    distribution at temperature 1 (what a teacher-forced trainer forward computes).
+    ``output_log_probs[i]`` is log p(output_ids[i] | prompt, output_ids[:i]) under the distribution
+    the token was sampled from (temperature, top-k / top-p; greedy: temperature 1). With top-k and
+    top-p off, what a teacher-forced trainer forward at the sampling temperature computes.
     ``token_versions[i]`` is the weight version that sampled ``output_ids[i]`` (partial rollout
     continues a generation under newer weights); empty means all are ``weight_version``.
     """

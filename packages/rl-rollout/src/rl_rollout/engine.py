@@ -5,9 +5,11 @@ Semantics every engine honours:
 - ``await generate(requests)`` returns, for each request in order, ``sampling.n`` results
   (``sample_index`` 0..n-1). ``output_ids`` are exactly the sampled token ids, including a final
   eos/stop token when generation stopped on one (the agent loop trains on these very ids).
-  ``output_log_probs[i]`` = log p(output_ids[i] | prompt, output_ids[:i]) under the RAW model
-  distribution at temperature 1 (no top-k/top-p renormalisation), i.e. what a teacher-forced
-  trainer forward computes.
+  ``output_log_probs[i]`` = log p(output_ids[i] | prompt, output_ids[:i]) under the distribution
+  the token was drawn from: the model's logits after a repetition penalty, divided by the
+  temperature, with top-k / top-p applied (vLLM's ``processed_logprobs``; greedy rows: temperature
+  1). Without truncation or penalty (the RL default) that is what a teacher-forced trainer forward
+  at the same temperature computes (rl_train ``TrainingArgs.logprob_temperature``).
 - ``finish_reason``: ``"stop"`` (eos, a stop token id or a stop string; ``stop_reason`` is the
   stop token id or string, None for eos), ``"length"`` (max_new_tokens), ``"abort"``.
 - ``weight_version`` of a result: the engine's version when the sequence was admitted (the oldest

@@ -42,7 +42,12 @@ from rl_rollout.engine import (
     remote_code_flag,
 )
 from rl_rollout.gqa_attention import engine_attn_implementation
-from rl_rollout.sampling import apply_repetition_penalty, raw_log_probs_of, sample_tokens
+from rl_rollout.sampling import (
+    apply_repetition_penalty,
+    draw_tokens,
+    log_probs_of,
+    sampling_scores,
+)
 
 __all__ = ["HFEngine"]
 
@@ -619,10 +624,11 @@ class HFEngine:
         self.stats["decode_steps"] += 1
 
     def _append_tokens(self, rows: list[_Seq], logits: torch.Tensor) -> None:
-        """Sample one token per row from logits [B, V]; record raw log-probs; check stops."""
-        scores = logits
+        """Sample one token per row from logits [B, V]; record the log-prob of each token under
+        the distribution it was drawn from (rl_rollout.sampling); check stops."""
+        penalized = logits
         if any(s.sampling.repetition_penalty != 1.0 for s in rows):
-            scores = torch.stack(
+            penalized = torch.stack(
                 [
                     apply_repetition_penalty(
                         logits[i], s.prompt_ids + s.output_ids, s.sampling.repetition_penalty
@@ -630,14 +636,15 @@ class HFEngine:
                     for i, s in enumerate(rows)
                 ]
             )
-        tokens = sample_tokens(
-            scores,
-            [s.sampling.temperature for s in rows],
+        temperatures = [s.sampling.temperature for s in rows]
+        scores = sampling_scores(
+            penalized,
+            temperatures,
             [s.sampling.top_p for s in rows],
             [s.sampling.top_k for s in rows],
-            [s.generator or self._generator for s in rows],
         )
-        log_probs = raw_log_probs_of(logits, tokens).tolist()
+        tokens = draw_tokens(scores, temperatures, [s.generator or self._generator for s in rows])
+        log_probs = log_probs_of(scores, tokens).tolist()
         for seq, token, lp in zip(rows, tokens.tolist(), log_probs):
             seq.output_ids.append(int(token))
             seq.output_log_probs.append(float(lp))

@@ -1,17 +1,28 @@
 """Pure sampling math shared by the HF engine and the tests.
 
-Log-prob semantics (CONTRACT.md): the log-prob returned for a sampled token is taken from the RAW
-model distribution at temperature 1, ``log_softmax(logits)``, with no temperature, top-k or top-p
-applied. That is exactly what a teacher-forced trainer forward computes, so the only difference
-between ``rollout_log_probs`` and ``old_log_probs`` is numerical (kernels, batch shape, dtype).
-Temperature/top-k/top-p only change WHICH token is drawn.
+Log-prob semantics (the `Engine` contract): the log-prob returned for a sampled token is taken from
+the distribution it was drawn from: ``log_softmax(sampling_scores)``, after the repetition penalty,
+the temperature and top-k / top-p (vLLM's ``processed_logprobs``; verl's and TRL's choice). The
+trainer computes ``log_softmax(logits / T)`` at the same temperature (rl_train
+``TrainingArgs.logprob_temperature``), so with top-k and top-p off and no penalty (the RL
+default) ``rollout_log_probs`` and ``old_log_probs`` differ only numerically (kernels, batch shape,
+dtype); with truncation the behaviour log-prob is that of the truncated distribution, which a
+train-inference IS correction then accounts for. A greedy row (temperature 0) records
+``log_softmax`` of its logits at temperature 1 (after a repetition penalty).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["apply_repetition_penalty", "raw_log_probs_of", "sample_tokens", "warp_logits"]
+__all__ = [
+    "apply_repetition_penalty",
+    "draw_tokens",
+    "log_probs_of",
+    "sample_tokens",
+    "sampling_scores",
+    "warp_logits",
+]
 
 
 def warp_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
@@ -50,26 +61,30 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: list[int], penalty: flo
     return out
 
 
-def sample_tokens(
-    logits: torch.Tensor,
-    temperatures: list[float],
-    top_ps: list[float],
-    top_ks: list[int],
-    generators: list[torch.Generator | None],
+def sampling_scores(
+    logits: torch.Tensor, temperatures: list[float], top_ps: list[float], top_ks: list[int]
 ) -> torch.Tensor:
-    """Draw one token per row. logits: [B, V]; per-row params (len B). Returns token ids [B].
-
-    Gumbel-max: token = argmax(warped_logits + Gumbel noise), an exact draw from
-    softmax(warped_logits); the noise of a row comes from that row's generator (reproducible per
-    request), the rest is batched. temperature == 0 is greedy (argmax of the raw logits).
-    """
-    batch, vocab = logits.shape
-    device = logits.device
-    temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=device)
+    """The logits each row samples from, ``[B, V]`` float: ``logits / temperature`` with top-k /
+    top-p applied (:func:`warp_logits`; masked entries -inf); a greedy row (temperature 0) keeps
+    its raw logits. ``softmax`` of a row is the distribution its token is drawn from."""
+    vocab = logits.shape[-1]
+    temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device)
     scores = logits.float() / temps.unsqueeze(-1)
-    for row in range(batch):
+    for row in range(logits.shape[0]):
         if temperatures[row] > 0 and (0 < top_ks[row] < vocab or top_ps[row] < 1.0):
             scores[row] = warp_logits(logits[row], temperatures[row], top_ps[row], top_ks[row])
+    return scores
+
+
+def draw_tokens(
+    scores: torch.Tensor, temperatures: list[float], generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """One token per row of :func:`sampling_scores` ``[B, V]`` -> ``[B]``. Gumbel-max: token =
+    argmax(scores + Gumbel noise), an exact draw from softmax(scores); the noise of a row comes
+    from that row's generator (reproducible per request), the rest is batched. A greedy row
+    (temperature 0) takes the argmax."""
+    batch, vocab = scores.shape
+    device = scores.device
     uniform = torch.empty((batch, vocab), device=device)
     for row in range(batch):
         gen = generators[row]
@@ -82,11 +97,25 @@ def sample_tokens(
     tokens = torch.argmax(scores + gumbel, dim=-1)
     greedy = torch.tensor([t == 0.0 for t in temperatures], device=device)
     if bool(greedy.any()):
-        tokens = torch.where(greedy, torch.argmax(logits, dim=-1), tokens)
+        tokens = torch.where(greedy, torch.argmax(scores, dim=-1), tokens)
     return tokens
 
 
-def raw_log_probs_of(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """log p(token) under the raw temperature-1 distribution. logits [B, V], tokens [B] -> [B]."""
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
+def sample_tokens(
+    logits: torch.Tensor,
+    temperatures: list[float],
+    top_ps: list[float],
+    top_ks: list[int],
+    generators: list[torch.Generator | None],
+) -> torch.Tensor:
+    """Draw one token per row. logits: [B, V]; per-row params (len B). Returns token ids [B]
+    (:func:`draw_tokens` of :func:`sampling_scores`; temperature 0 is greedy)."""
+    return draw_tokens(
+        sampling_scores(logits, temperatures, top_ps, top_ks), temperatures, generators
+    )
+
+
+def log_probs_of(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log softmax(scores)[token] per row: scores [B, V], tokens [B] -> [B] (float32)."""
+    log_probs = torch.log_softmax(scores.float(), dim=-1)
     return log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

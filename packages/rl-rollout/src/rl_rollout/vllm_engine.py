@@ -4,8 +4,11 @@ One code path for every platform vLLM supports: CUDA (``vllm``), the CPU (``vllm
 and Ascend NPUs (``vllm`` + the ``vllm-ascend`` platform plugin, which vLLM discovers by itself).
 Nothing here compares device strings.
 
-- Log-probs: ``logprobs_mode="raw_logprobs"`` and ``logprobs=0`` give the log-prob of each sampled
-  token under the raw (temperature 1, untruncated) distribution, the trainer's semantics.
+- Log-probs: ``logprobs_mode="processed_logprobs"`` and ``logprobs=0`` give the log-prob of each
+  sampled token under the distribution it was drawn from (after penalties, temperature, top-k and
+  top-p), the `Engine` contract; the trainer's log-probs are at the same temperature.
+  ``strategy_config.logprobs_mode: raw_logprobs`` (temperature-1 log-probs) is for a platform whose
+  sampler lacks the processed mode; it matches the trainer only at temperature 1.
 - Weights: ``update_weights`` packs HF-named tensors into safetensors bytes in memory and ships them
   to every worker with ``collective_rpc`` into
   :class:`rl_rollout.vllm_worker_ext.RLWorkerExtension`, which reloads them in place through
@@ -80,6 +83,8 @@ CPU_KV_CACHE_BYTES = 512 << 20
 
 #: Seconds any one wait on the engine may take (start, a generate call, a weight update ...).
 DEFAULT_CALL_TIMEOUT_S = 1800.0
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+"""vLLM log-prob modes this engine takes: processed (the `Engine` contract) or raw (temperature 1)."""
 
 
 def to_vllm_sampling_params(params: SamplingParams, *, n: int = 1) -> Any:
@@ -161,6 +166,12 @@ class VLLMEngine:
         cfg = {**STRATEGY_DEFAULTS, **(strategy_config or {})}
         call_timeout_s = float(cfg.pop("call_timeout_s", DEFAULT_CALL_TIMEOUT_S))
         remote_code = remote_code_flag(cfg, trust_remote_code)
+        logprobs_mode = cfg.pop("logprobs_mode", "processed_logprobs")
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"VLLMEngine strategy_config.logprobs_mode={logprobs_mode!r}: use one of "
+                f"{LOGPROBS_MODES} (the trainer compares log-probs, not logits)"
+            )
         fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
         unknown = sorted(set(cfg) - fields)
         if unknown:
@@ -185,7 +196,7 @@ class VLLMEngine:
             tokenizer=str(model_path),
             dtype=dtype_name,
             seed=seed,
-            logprobs_mode="raw_logprobs",
+            logprobs_mode=logprobs_mode,
             worker_extension_cls=WORKER_EXTENSION,
             trust_remote_code=remote_code,
             disable_log_stats=True,
@@ -300,7 +311,14 @@ class VLLMEngine:
                     new_ids = list(comp.token_ids)
                     sample.ids.extend(new_ids)
                     sample.versions.extend([version] * len(new_ids))
-                    if comp.logprobs and new_ids:
+                    if new_ids and not comp.logprobs:
+                        raise RuntimeError(
+                            "vLLM returned no log-probs for sampled tokens: this platform's "
+                            "sampler may not support logprobs_mode="
+                            f"{self.args.logprobs_mode!r} (try strategy_config.logprobs_mode: "
+                            "raw_logprobs, exact only at temperature 1)"
+                        )
+                    if new_ids:
                         for tok, entry in zip(new_ids, comp.logprobs[-len(new_ids) :]):
                             sample.log_probs.append(float(entry[tok].logprob))
                     self.stats["generated_tokens"] += len(new_ids)

@@ -45,6 +45,10 @@ class TrainingArgs:
     share_prompt_forward: bool = False
     """Run each distinct prompt of a micro-batch once (its KV cache expanded to the rows that
     share it) in the actor/reference log-prob forward: :mod:`rl_train.shared_prefix`."""
+    logprob_temperature: float = 1.0
+    """Log-probs and entropy of the actor and reference are those of ``softmax(logits /
+    logprob_temperature)``: the rollout's sampling temperature, so the trained policy is the one
+    that samples (and the train-inference ratio compares like with like). 1 = the raw model."""
     max_consecutive_nonfinite: int = 3
     """Stop training with an error after this many optimizer steps in a row were skipped."""
     seed: int = 42
@@ -66,6 +70,10 @@ class TrainingArgs:
         ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"training_args.{name} must be >= 1, got {getattr(self, name)!r}")
+        if not self.logprob_temperature > 0:
+            raise ValueError(
+                f"training_args.logprob_temperature must be > 0, got {self.logprob_temperature!r}"
+            )
         if self.max_steps < 1:
             raise ValueError(f"training_args.max_steps must be >= 1, got {self.max_steps}")
 

@@ -103,6 +103,7 @@ class BackendCore:
             role=self.role,
             packed=self.packed,
             need_entropy=self.role == "actor",
+            temperature=self.args.logprob_temperature,
             share_prompt=self.args.share_prompt_forward,
         )
 

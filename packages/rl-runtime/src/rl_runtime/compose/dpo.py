@@ -158,6 +158,7 @@ def compose_dpo(
             warnings,
             ppo_epochs=1,
             with_loss=False,
+            logprob_temperature=1.0,  # preference losses score the raw model (no sampling)
         )
         if name == "actor_train":
             assert r.training_args is not None and r.model_args is not None

@@ -66,6 +66,17 @@ def optimizer_steps_per_step(samples: int, targs: Any, world_size: int, ppo_epoc
     return max(1, math.ceil(samples / per_step)) * ppo_epochs
 
 
+def sampling_temperature(cfg: Any) -> float:
+    """The temperature the rollout samples the policy at (`actor_infer.generating_args`), which
+    the trainer's log-probs use too (verl's and TRL's rule): greedy decoding or no `actor_infer`
+    section is 1 (the raw model)."""
+    infer = getattr(cfg, "actor_infer", None)
+    gen = getattr(infer, "generating_args", None)
+    if gen is None or not gen.do_sample or gen.temperature == 0:
+        return 1.0
+    return float(gen.temperature)
+
+
 def build_role(
     cfg: Any,
     role: str,
@@ -77,10 +88,13 @@ def build_role(
     ppo_epochs: int | None = None,
     with_loss: bool = True,
     norm_constant: float | None = None,
+    logprob_temperature: float | None = None,
 ) -> RolePlan:
     """One role's plan. `ppo_epochs` overrides the config's (a pipeline without PPO epochs passes
     1); `with_loss=False` leaves the loss to the caller (e.g. a preference loss);
-    `norm_constant`: the losses' `seq-mean-token-sum-norm` denominator (`loss_norm_constant`)."""
+    `norm_constant`: the losses' `seq-mean-token-sum-norm` denominator (`loss_norm_constant`);
+    `logprob_temperature`: the temperature of the actor's and reference's log-probs, by default
+    the rollout's (`sampling_temperature`)."""
     w = getattr(cfg, role)
     epochs = cfg.ppo_epochs if ppo_epochs is None else ppo_epochs
     mapping = tuple(w.device_mapping or [0])
@@ -97,6 +111,14 @@ def build_role(
         dtype=DTYPE_NAMES[w.model_args.dtype],
     )
     if role == "actor_infer":
+        mode = common["strategy_config"].get("logprobs_mode")
+        if mode == "raw_logprobs" and sampling_temperature(cfg) != 1.0:
+            warnings.append(
+                "actor_infer.strategy_args.strategy_config.logprobs_mode=raw_logprobs: the "
+                "engine records temperature-1 log-probs while the trainer's are at the sampling "
+                f"temperature {sampling_temperature(cfg)}; the train-inference ratio then "
+                "measures the temperature, not a mismatch"
+            )
         return RolePlan(**common)  # type: ignore[arg-type]
     attn = attn_implementation(
         w.model_args.attn_implementation,
@@ -117,6 +139,7 @@ def build_role(
         ),
     )
     share_prompt = False if role == "critic" else shared_prompt_forward(w, role, model_args)
+    temperature = sampling_temperature(cfg) if logprob_temperature is None else logprob_temperature
     world = max(1, len(mapping) // per_worker)
     t = w.training_args
     training = None
@@ -151,10 +174,14 @@ def build_role(
             seed=cfg.seed,
             infer_batch_size=w.infer_batch_size,
             share_prompt_forward=share_prompt,
+            logprob_temperature=temperature,
         )
     else:
         training = TrainingArgs(
-            seed=cfg.seed, infer_batch_size=w.infer_batch_size, share_prompt_forward=share_prompt
+            seed=cfg.seed,
+            infer_batch_size=w.infer_batch_size,
+            share_prompt_forward=share_prompt,
+            logprob_temperature=temperature,
         )
     loss = None
     if not with_loss:
