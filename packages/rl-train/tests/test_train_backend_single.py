@@ -89,6 +89,14 @@ def test_log_probs_at_the_configured_temperature(tiny_model_path, role, packed):
         backend.train_step(batch, loss_fn, epochs=1)
         got = torch.cat(seen)  # micro-batches in row order (no shuffling)
         torch.testing.assert_close(got * batch["attention_mask"], expected, atol=2e-5, rtol=1e-5)
+        # a loss that names its own temperature (a supervised loss: 1) reads log-probs at it
+        backend = _backend(tiny_model_path, role=role, use_sequence_packing=packed,
+                           logprob_temperature=0.6, learning_rate=0.0)  # fmt: skip
+        seen.clear()
+        loss_fn.logprob_temperature = 1.0  # type: ignore[attr-defined]
+        backend.train_step(batch, loss_fn, epochs=1)
+        got = torch.cat(seen) * batch["attention_mask"]
+        torch.testing.assert_close(got, at_one, atol=2e-5, rtol=1e-5)
 
 
 def test_logprob_temperature_must_be_positive(tiny_model_path):

@@ -15,3 +15,8 @@ def sft_loss_fn(batch: dict[str, torch.Tensor], out, ctx) -> tuple[torch.Tensor,
     nll_sum = -(out.log_probs * mask).sum()
     loss = nll_sum / max(float(ctx.global_tokens), 1.0)
     return loss, {"sft_nll": loss.detach()}
+
+
+# a supervised loss fits the model's own distribution to the data, whatever temperature the
+# rollout samples at (rl_train.losses.forward_temperature)
+sft_loss_fn.logprob_temperature = 1.0  # type: ignore[attr-defined]

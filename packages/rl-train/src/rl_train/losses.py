@@ -236,6 +236,13 @@ def build_actor_loss(cfg: ActorLossConfig | None = None) -> LossFn:
     return loss_fn
 
 
+def forward_temperature(loss_fn: LossFn | None, default: float) -> float:
+    """The temperature of the log-probs ``loss_fn`` reads: its ``logprob_temperature`` attribute
+    where it has one (a supervised loss: 1, the model's own distribution fitted to data), else
+    ``default`` (``TrainingArgs.logprob_temperature``, the policy's sampling temperature)."""
+    return float(getattr(loss_fn, "logprob_temperature", default))
+
+
 def reads_old_log_probs(loss_fn: LossFn | None) -> bool:
     """Whether ``loss_fn`` is a policy loss built by :func:`build_actor_loss`: it reads
     ``old_log_probs`` (the detached current log-probs where the batch has none)."""
