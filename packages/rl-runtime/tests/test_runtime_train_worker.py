@@ -47,9 +47,10 @@ def test_sft_warm_up_fits_the_raw_model_whatever_the_sampling_temperature(tmp_pa
     at_half, at_one = worker(0.5), worker(1.0)
     nll = [w.train_step(dict(batch), "sft")["actor/sft_nll"] for w in (at_half, at_one)]
     assert nll[0] == pytest.approx(nll[1], rel=1e-6)
-    rl_forward = [w.backend.forward(dict(batch)).log_probs for w in (at_half, at_one)]
-    assert (rl_forward[0] - rl_forward[1]).abs().max() > 1e-2  # the policy's are at 0.5
-    assert torch.isfinite(rl_forward[0]).all()
+    half, one = (w.backend.forward(dict(batch)).log_probs for w in (at_half, at_one))
+    assert half is not None and one is not None
+    assert (half - one).abs().max() > 1e-2  # the policy's are at 0.5
+    assert torch.isfinite(half).all()
 
 
 def _cosine_worker(model: str) -> TrainWorker:
