@@ -94,16 +94,37 @@ Where the cores go (`cores_busy` per run: CPU seconds of each role's processes o
 (`response_tokens_per_s`: the trainer's cost grows with the response tokens, and a lagging policy
 shortens its responses more slowly, so samples/s alone hides work per sample).
 
-Where it stands (the latest measurement, "After one-rank training stopped wrapping the model in
-FSDP2" below, 2026-11-24 11:18, 3 rounds of 32 steps): the best setting, staleness_2_partial,
-trains 1.44x +- 0.10 as many samples per second as `sync` over the whole run (rounds 1.32-1.63),
-1.82 +- 0.12 over the second half, and 1.55 +- 0.03 against `sync_colocated`, with the same
-held-out accuracy; the 1.6x target is met in steady state, not over the whole run. The
-measurements below run from 2026-11-23 18:29 to that one, then go back from 14:17 that day to the
-first; each says what had changed. All of them used the held-out split by text that was replaced
-on 2026-11-24 14:30 by a split by problem (rl_envs.tasks.arith: each of their held-out prompts was
-a training prompt with its digits reordered): their samples/s and ratios stand, their held-out
-accuracies compare the runs with each other but measure recall, not generalisation.
+Where it stands (the latest measurement, "On the held-out split by problem" below, 2026-11-24
+17:32, 3 rounds of 32 steps): the best setting, staleness_2_partial, trains 1.39x +- 0.04 as many
+samples per second as `sync` over the whole run (rounds 1.35-1.46), 1.91 +- 0.12 over the second
+half, and 1.47 +- 0.03 against `sync_colocated`, with the same held-out accuracy; the 1.6x target
+is met in steady state, not over the whole run. Earlier measurements follow, newest first from
+11:18 back to 2026-11-23 18:29, then from 14:17 that day back to the first; each says what had
+changed. All before 2026-11-24 14:30 used the held-out split by text that was replaced then by a
+split by problem (rl_envs.tasks.arith: each of their held-out prompts was a training prompt with
+its digits reordered): their samples/s and ratios stand, their held-out accuracies compare the
+runs with each other but measure recall, not generalisation.
+
+On the held-out split by problem (2026-11-24 17:32-17:39, quiet, load 1.5-1.8 from the bench
+itself, 408 s in all), `--steps 32 --repeats 3 --runs sync sync_colocated staleness_2_partial`,
+the order reversed in round 2:
+
+| round | sync samples/s (t_roll / t_train s) | sync_colocated (ratio to sync) | staleness_2_partial (t_roll / t_train s) | its ratio: to sync / second half / to sync_colocated |
+|---|---|---|---|---|
+| 1 | 308.6 (0.19 / 0.20) | 273.9 (0.89) | 420.2 (0.24 / 0.27) | 1.36 / 2.08 / 1.53 |
+| 2 | 302.7 (0.21 / 0.20) | 284.5 (0.94) | 409.1 (0.26 / 0.27) | 1.35 / 1.68 / 1.44 |
+| 3 | 332.1 (0.18 / 0.19) | 334.7 (1.01) | 485.4 (0.20 / 0.24) | 1.46 / 1.98 / 1.45 |
+
+- staleness_2_partial: **1.39x +- 0.04** over the whole run, **1.91 +- 0.12** over the second
+  half, 1.47 +- 0.03 against sync_colocated; ideal from the synchronous timings 1.95.
+- Held-out accuracy (100 problems never seen in any written form, 2 samples each): sampled 0.53
+  and greedy 0.53 in every run of every round, so the asynchronous runs lose nothing per sample
+  consumed on this split either.
+- Where the whole run loses (round 1, per step): the first three async batches were drawn by the
+  warm-up policy (response mean 19.6 / 21.6 / 19.0 tokens) and trained in 0.95 / 0.79 / 0.73 s;
+  sync trained 19.6 / 11.1 / 8.3 tokens in 0.64 / 0.44 / 0.32 s. The same step-1 batch trains
+  48% slower beside the generating rollout worker than alone. Steps 1-5 cost async 3.42 s and
+  sync 2.96 s; from step 6 an async step is 0.16-0.24 s against sync's 0.29-0.44 s.
 
 Measured on a quiet 2-core machine after apps/rlvr's CPU default turned activation checkpointing
 off (2026-11-23 18:29, load average 1.4-1.7, 245 s in all), `--steps 16` (all five runs):
