@@ -3,7 +3,7 @@ side with TRL's `GRPOTrainer` in the same run (issue 12).
 
 One step, composed in-process from the parts the RLVR pipeline runs (no Ray, as `--no-ray`):
 1. generation: rl_rollout's HF engine (`hf_infer`) samples G completions for each of P prompts
-   (exactly N new tokens each: `ignore_eos`), raw log-probs recorded;
+   (exactly N new tokens each: `ignore_eos`), log-probs recorded;
 2. rewards (the share of digits in the completion, cheap and identical on both sides) and
    rl_runtime's `collate_trajectories`;
 3. update: rl_runtime's `compute_advantages` (rl_algos' `grpo`), the backend's `train_step` with

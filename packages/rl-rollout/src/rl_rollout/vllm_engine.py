@@ -88,7 +88,7 @@ LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 
 
 def to_vllm_sampling_params(params: SamplingParams, *, n: int = 1) -> Any:
-    """Our SamplingParams -> vLLM's (raw log-prob of the sampled token, delta outputs)."""
+    """Our SamplingParams -> vLLM's (the log-prob of the sampled token, delta outputs)."""
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
