@@ -47,7 +47,7 @@ import torch
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
 from rl_runtime.previous_run import set_aside_previous_run
-from rl_runtime.resume_guard import check_resume, config_record
+from rl_runtime.resume_guard import app_record, check_resume, config_record
 from rl_runtime.timing import PhaseTimer, StepProgress
 from rl_runtime.tracking import Tracker, earlier_run_logs, tracker_log_dir
 
@@ -78,6 +78,8 @@ class RunOptions:
         "val/success_rate",
         "val/greedy/success_rate",
     )
+    #: the app's own section as a checkpoint records it (rl_runtime.resume_guard.app_record)
+    app_record: dict[str, Any] = field(default_factory=dict)
 
     #: the attributes :meth:`from_app` reads from an app's options
     APP_FIELDS = (
@@ -91,9 +93,11 @@ class RunOptions:
 
     @classmethod
     def from_app(cls, app: Any, model_path: str, **overrides: Any) -> RunOptions:
-        """The run options an app's options object carries (:attr:`APP_FIELDS`), with
-        ``overrides`` (the app's own keys, or changes to those) on top."""
+        """The run options an app's options object carries (:attr:`APP_FIELDS`, and the whole
+        section as `app_record`), with ``overrides`` (the app's own keys, or changes to those)
+        on top."""
         fields = {name: getattr(app, name) for name in cls.APP_FIELDS}
+        fields["app_record"] = app_record(app)
         return cls(model_path=model_path, **{**fields, **overrides})
 
 
@@ -359,6 +363,8 @@ class Runner:
         self.asynchronous: Any = None  # rl_runtime.async_training.AsyncTraining, while running
         self.samples_trained = 0.0
         self.loop_seconds = 0.0
+        #: the evaluation before training (a resumed run's comes from its checkpoint)
+        self.eval_before: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------ setup
     def _announce(self) -> tuple[Path | None, RunState | None]:
@@ -386,7 +392,10 @@ class Runner:
                     f"(weight version {state.weight_version})",
                     flush=True,
                 )
-                resume_warnings = check_resume(state.extra.get("config"), self.cfg, str(resume))
+                resume_warnings = check_resume(
+                    state.extra.get("config"), self.cfg, str(resume),
+                    saved_app=state.extra.get("app"), app=self.options.app_record,
+                )  # fmt: skip
         if resume is None:
             earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
             moved = set_aside_previous_run(
@@ -466,7 +475,12 @@ class Runner:
                 )
 
         recipe_state = self.recipe.state() if hasattr(self.recipe, "state") else {}
-        extra: dict[str, Any] = {"recipe": recipe_state, "config": config_record(self.cfg)}
+        extra: dict[str, Any] = {
+            "recipe": recipe_state,
+            "config": config_record(self.cfg),
+            "app": self.options.app_record,
+            "eval_before": self.eval_before,
+        }
         if self.asynchronous is not None:
             from rl_runtime.async_training import STATE_KEY
 
@@ -489,6 +503,7 @@ class Runner:
             )
         ctx.step, ctx.weight_version = state.step, state.weight_version
         restore_rng(state.rng)
+        self.eval_before = dict(state.extra.get("eval_before") or {})
         if hasattr(self.recipe, "load_state"):
             self.recipe.load_state(dict(state.extra.get("recipe") or {}))
         from rl_runtime.async_training import STATE_KEY, restore_rollout_state
@@ -502,7 +517,6 @@ class Runner:
     def run(self) -> RunResult:
         t0 = time.perf_counter()
         resume, state = self._announce()
-        before: dict[str, float] = {}
         after: dict[str, float] = {}
         try:
             ctx = self._setup()
@@ -516,12 +530,12 @@ class Runner:
                     if warm:
                         ctx.log(warm, step=0)
                 if self.options.eval_before_training and self.components.cadence.eval_steps:
-                    before = self.recipe.evaluate(ctx)
-                    if before:
-                        ctx.log(before)
+                    self.eval_before = self.recipe.evaluate(ctx)
+                    if self.eval_before:
+                        ctx.log(self.eval_before)
             self._start_async(ctx, state if resume is not None else None)
             after = self._loop(ctx)
-            return self._finish(ctx, t0, before, after, resume)
+            return self._finish(ctx, t0, self.eval_before, after, resume)
         finally:
             self.teardown()
 
