@@ -22,8 +22,10 @@ A recipe supplies its science through a small protocol (composition, not inherit
 bumps it), the phase timer, `log`, and sharded `forward`/`train` calls on a role. A pipeline without
 rollout engines (no `actor_infer` role, e.g. offline preference training) has no weight sync. The last step always logs, evaluates and saves.
 At start the runner prints the config warnings and writes the resolved config (secrets redacted)
-to output_dir; at the end it writes output_dir/summary.json. A resumed run says so first and
-goes on in its run's metrics.jsonl; a fresh run first moves an earlier run's metrics and
+to output_dir; at the end it writes output_dir/summary.json. A checkpoint records the config and
+the app's own section (`RunOptions.app_record`), which rl_runtime.resume_guard compares on resume,
+and the evaluation before training, which a resumed run's summary keeps. A resumed run says so
+first and goes on in its run's metrics.jsonl; a fresh run first moves an earlier run's metrics and
 checkpoints in its directories aside (rl_runtime.previous_run) and says where.
 Throughput: `throughput/samples_per_s` (trained samples, `rollout/num_trajectories`, per second of
 the training loop without evaluation and checkpoints), in the metrics and summary.json.
