@@ -93,7 +93,8 @@ def test_agentic_cpu_ray_hf_engine(tmp_path):
 
 @pytest.mark.slow  # in-process (--no-ray): not in the "ray" group, it may run beside a Ray test
 def test_agentic_resume_matches_uninterrupted(tmp_path):
-    common = {"max_steps": 3, "save_steps": 2, "agentic_app.check_sync_weights": "false"}
+    common = {"max_steps": 3, "save_steps": 2, "agentic_app.check_sync_weights": "false",
+              "agentic_app.eval_before_training": "true"}  # fmt: skip
     full = _run(tmp_path / "full", "--no-ray", **common)
     _run(tmp_path / "part", "--no-ray", **{**common, "max_steps": 2})
     resumed, stdout = _run_with_stdout(
@@ -115,6 +116,12 @@ def test_agentic_resume_matches_uninterrupted(tmp_path):
         "sync/weight_version",
     ):
         assert step3_resumed[key] == pytest.approx(step3_full[key], rel=1e-5, abs=1e-6), key
+    summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("full", "part")]
+    assert summaries[1]["eval_before"]  # the evaluation before RL comes from the checkpoint
+    for part in ("eval_before", "eval_after"):
+        resumed_eval, full_eval = ({k: v for k, v in summary[part].items() if not k.startswith("timing/")}
+                                   for summary in summaries)  # fmt: skip
+        assert resumed_eval == pytest.approx(full_eval, rel=1e-5), part
 
 
 @pytest.mark.slow

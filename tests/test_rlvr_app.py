@@ -413,7 +413,8 @@ def test_rlvr_code_domain_scores_row_tests_in_the_sandbox_and_counts_failures(tm
     """Two steps over code rows whose rewards are their own unit tests (`code_sandbox`, ROLL's
     CodeSandboxRewardWorker) run in the sandbox: per-domain reward metrics are logged, and the
     two code rows that carry no tests are counted as reward failures (4 samples each), never
-    scored as if they were data, and not trained on."""
+    scored as if they were data, and not trained on. The run totals by kind continue across a
+    resume (checkpointed with the sampler)."""
     out = tmp_path / "code"
     out.mkdir()
     untested = [{"id": f"bad{i}", "tag": "code", "prompt": f"def f(x): x+1 #b{i}",
@@ -421,12 +422,13 @@ def test_rlvr_code_domain_scores_row_tests_in_the_sandbox_and_counts_failures(tm
     train, val = out / "train.jsonl", out / "val.jsonl"
     train.write_text("\n".join(json.dumps(r) for r in [*_code_rows(6), *untested]) + "\n")
     val.write_text("\n".join(json.dumps(r) for r in _code_rows(2, start=100)) + "\n")
-    rows = _run_app(out / "run", "--no-ray", **{
+    common = {
         "rlvr_app.arith_data.generate": "false", "rlvr_app.warmup.steps": 0,
         "actor_train.data_args.file_name": train, "actor_train.data_args.eval_file_name": val,
         "rewards.code.worker_cls": CODE_WORKER, "rewards.code.tag_included": "[code]",
         "dynamic_sampling.enable": "false", "val_greedy": "false",
-    })  # fmt: skip
+    }  # fmt: skip
+    rows = _run_app(out / "run", "--no-ray", **common)
     steps = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in steps] == [1, 2]  # 2 steps x 4 prompts: every row once
     for r in steps:  # failed samples are not trained on (rl_runtime.failures)
@@ -441,6 +443,10 @@ def test_rlvr_code_domain_scores_row_tests_in_the_sandbox_and_counts_failures(tm
     assert sum(kinds.values()) == 8, kinds  # cumulative over the run, by kind
     summary = json.loads((out / "run" / "summary.json").read_text())
     assert summary["eval_after"]["val/reward_failed"] == 0  # the held-out rows all have tests
+    _run_app(out / "part", "--no-ray", **{**common, "max_steps": 1, "save_steps": 1})
+    resumed = _run_app(out / "part", "--no-ray", **{**common, "resume_from_checkpoint": "true"})
+    (step2,) = [r for r in resumed if r["step"] == 2 and "train/loss" in r]
+    assert {k: v for k, v in step2.items() if k.startswith("reward/failures/")} == kinds
 
 
 @pytest.mark.slow
@@ -460,6 +466,12 @@ def test_rlvr_resume_matches_uninterrupted(tmp_path):
     )
     step3_full = next(r for r in full if r["step"] == 3 and "train/loss" in r)
     step3_resumed = next(r for r in resumed if r["step"] == 3 and "train/loss" in r)
+    summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("full", "part")]
+    for part in ("eval_before", "eval_after"):  # the evaluation before RL is in the checkpoint
+        resumed_eval, full_eval = ({k: v for k, v in summary[part].items() if not k.startswith("timing/")}
+                                   for summary in summaries)  # fmt: skip
+        assert resumed_eval == pytest.approx(full_eval, rel=1e-5), part
+    assert summaries[1]["eval_before"]["val/num_prompts"] == 8
     for key in ("reward/mean", "response/length_mean", "rollout/response_tokens", "train/loss",
                 "train/grad_norm", "sync/weight_version"):  # fmt: skip
         assert step3_resumed[key] == pytest.approx(step3_full[key], rel=1e-5, abs=1e-6), key

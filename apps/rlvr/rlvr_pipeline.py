@@ -57,20 +57,26 @@ class RlvrRecipe:
         self.generator = GroupGenerator(self.scorer, tok, plan.reward_clip)
 
     def state(self) -> dict[str, Any]:
-        return {"kl_controller": self.kl_ctl.state_dict(), "sampler": self.prompts.sampler.state()}
+        return {"kl_controller": self.kl_ctl.state_dict(), **self.rollout_state()}
 
     def rollout_state(self) -> dict[str, Any]:
-        """The prompt sampler's position (asynchronous rollout draws ahead of the trainer)."""
-        return {"sampler": self.prompts.sampler.state()}
+        """The rollout side's state: the prompt sampler's position and the run's reward-failure
+        totals by kind (`reward/failures/*`); asynchronous rollout draws ahead of the trainer."""
+        assert self.scorer is not None
+        return {"sampler": self.prompts.sampler.state(),
+                "reward_failures": dict(self.scorer.failures)}  # fmt: skip
 
     def load_rollout_state(self, state: dict[str, Any]) -> None:
+        assert self.scorer is not None
         self.prompts.sampler.load_state(state["sampler"])
+        self.scorer.failures.clear()  # a checkpoint from before the totals were saved: from 0
+        self.scorer.failures.update(state.get("reward_failures") or {})
 
     def load_state(self, state: dict[str, Any]) -> None:
         if "kl_controller" in state:
             restore_kl_controller(self.kl_ctl, state["kl_controller"])
         if "sampler" in state:
-            self.prompts.sampler.load_state(state["sampler"])
+            self.load_rollout_state(state)
 
     def close(self) -> None:
         if self.scorer is not None:

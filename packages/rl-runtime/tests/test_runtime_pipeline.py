@@ -97,7 +97,9 @@ class FakeRecipe:
         self.counter = state["counter"]
 
 
-def _runner(tmp_path: Path, recipe: FakeRecipe, **extra: object) -> Runner:
+def _runner(
+    tmp_path: Path, recipe: FakeRecipe, app_record: dict | None = None, **extra: object
+) -> Runner:
     data = {
         "pretrain": "unused",
         "output_dir": str(tmp_path / "out"),
@@ -113,12 +115,12 @@ def _runner(tmp_path: Path, recipe: FakeRecipe, **extra: object) -> Runner:
         **extra,
     }
     cfg = ExperimentConfig.model_validate(data)
-    options = RunOptions(model_path="unused", use_ray=False)
+    options = RunOptions(model_path="unused", use_ray=False, app_record=app_record or {})
     return Runner(cfg, compose(cfg), recipe, options)
 
 
-def _run(tmp_path: Path, recipe: FakeRecipe, **extra: object):
-    runner = _runner(tmp_path, recipe, **extra)
+def _run(tmp_path: Path, recipe: FakeRecipe, app_record: dict | None = None, **extra: object):
+    runner = _runner(tmp_path, recipe, app_record, **extra)
     return runner, runner.run()
 
 
@@ -206,6 +208,38 @@ def test_resume_refuses_changed_seed_and_estimator_before_anything_starts(tmp_pa
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("resuming from checkpoint") and "step-000003" in first
     assert recipe.calls == [] and runner.ctx is None  # no cluster, no step
+
+
+def test_a_resumed_summary_keeps_the_checkpointed_evaluation_before_training(tmp_path):
+    _, full = _run(tmp_path / "full", FakeRecipe(), max_steps=5)
+    _run(tmp_path / "part", FakeRecipe(), max_steps=3)
+    recipe = FakeRecipe()
+    _, resumed = _run(tmp_path / "part", recipe, max_steps=5, resume_from_checkpoint=True)
+    assert ("eval", 0) not in recipe.calls  # not evaluated again: carried by the checkpoint
+    assert resumed.eval_before == full.eval_before == {"val/success_rate": 0.0}
+    summary = json.loads((tmp_path / "part" / "out" / "summary.json").read_text())
+    assert summary["eval_before"] == {"val/success_rate": 0.0}
+    assert summary["eval_after"] == resumed.eval_after == full.eval_after
+
+
+def test_the_app_section_is_recorded_and_checked_on_resume(tmp_path, capsys):
+    app = {"rlvr_app": {"use_ray": False, "arith_data": {"seed": 0}}}
+    _run(tmp_path, FakeRecipe(), app, max_steps=3)
+    state = json.loads(
+        (tmp_path / "out" / "checkpoints" / "step-000003" / "run_state.json").read_text()
+    )
+    assert state["extra"]["app"] == app
+    changed = {"rlvr_app": {"use_ray": True, "arith_data": {"seed": 1}}}
+    runner = _runner(tmp_path, FakeRecipe(), changed, max_steps=5, resume_from_checkpoint=True)
+    with pytest.raises(ConfigError) as info:
+        runner.run()
+    assert [i.path for i in info.value.issues] == ["rlvr_app.arith_data.seed"]
+    assert runner.ctx is None  # refused before anything started
+    capsys.readouterr()
+    harmless = {"rlvr_app": {"use_ray": True, "arith_data": {"seed": 0}}}
+    _run(tmp_path, FakeRecipe(), harmless, max_steps=5, resume_from_checkpoint=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert any(x.startswith("warning: rlvr_app.use_ray changed since checkpoint") for x in lines)
 
 
 def test_resume_warns_about_harmless_changes(tmp_path, capsys):

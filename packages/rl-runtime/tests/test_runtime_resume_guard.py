@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from typing import ClassVar
 
 import pytest
 
@@ -12,7 +14,9 @@ from rl_config.schema import ExperimentConfig
 from rl_runtime.resume_guard import (
     RESUME_NOTED,
     RESUME_REFUSED,
+    RESUME_REFUSED_MEMBERS,
     RESUME_SILENT,
+    app_record,
     changed_keys,
     check_resume,
     config_record,
@@ -107,7 +111,111 @@ def test_a_checkpoint_without_a_config_is_one_warning():
     assert "records no config" in line
 
 
+def _refused(saved: ExperimentConfig, new: ExperimentConfig) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        check_resume(config_record(saved), new, "ck")
+    return [i.path for i in info.value.issues]
+
+
+def test_what_the_training_prompts_derive_from_is_refused_and_validation_keys_warn():
+    """The prompt sampler's rows and order derive from the data files, columns, template,
+    prompt_length (prompts that fit) and domain mix: each change is refused by name; held-out
+    keys only warn."""
+    data = {"file_name": "train.parquet", "eval_file_name": "val.parquet"}
+    saved = _cfg(actor_train={"data_args": data})
+    new = _cfg(
+        prompt_length=64,
+        actor_train={"data_args": {**data, "template": "qwen2_5", "tag": "kind",
+                                   "domain_interleave_probs": {"math": 1.0}}},
+    )  # fmt: skip
+    assert _refused(saved, new) == [
+        "prompt_length",
+        "actor_train.data_args.template",
+        "actor_train.data_args.tag",
+        "actor_train.data_args.domain_interleave_probs",
+    ]
+    held_out = _cfg(
+        actor_train={"data_args": {**data, "eval_file_name": "other.parquet"}}, val_batch_size=9
+    )
+    lines = check_resume(config_record(saved), held_out, "ck")
+    assert [x.split(" ")[0] for x in lines] == [
+        "val_batch_size",
+        "actor_train.data_args.eval_file_name",
+    ]
+
+
+def test_a_reward_domain_added_or_removed_or_retagged_is_refused_its_scoring_warns():
+    math = {"worker_cls": "math_rule", "tag_included": ["math"]}
+    saved = _cfg(rewards={"math": math})
+    code = {"worker_cls": "code_sandbox", "tag_included": ["code"]}
+    assert _refused(saved, _cfg(rewards={"math": math, "code": code})) == ["rewards.code"]
+    assert _refused(saved, _cfg()) == ["rewards.math"]  # every domain removed
+    retagged = _cfg(rewards={"math": {**math, "tag_included": ["gsm8k"]}})
+    assert _refused(saved, retagged) == ["rewards.math.tag_included"]
+    (line,) = check_resume(
+        config_record(saved), _cfg(rewards={"math": {**math, "timeout_s": 3.0}}), "ck"
+    )
+    assert line.startswith("rewards.math.timeout_s changed since checkpoint ck")
+    assert set(RESUME_REFUSED_MEMBERS) <= {k.split(".")[0] for k in schema_keys()}
+
+
+@pytest.mark.parametrize(
+    "before, after", [(None, "model.embed_tokens"), ("model.embed_tokens", None)]
+)
+def test_freezing_other_parameters_is_refused(before, after):
+    saved = _cfg(actor_train={"model_args": {"freeze_module_prefix": before}})
+    new = _cfg(actor_train={"model_args": {"freeze_module_prefix": after}})
+    with pytest.raises(ConfigError) as info:
+        check_resume(config_record(saved), new, "ck")
+    (issue,) = info.value.issues
+    assert issue.path == "actor_train.model_args.freeze_module_prefix"
+    assert "optimizer state" in issue.message
+
+
+def test_the_app_section_is_compared_by_the_same_rules():
+    @dataclass
+    class Arith:
+        seed: int = 0
+        out_dir: str = "d"
+
+    @dataclass
+    class Warmup:
+        steps: int = 2
+
+    @dataclass
+    class App:
+        SECTION: ClassVar[str] = "rlvr_app"
+        use_ray: bool = True
+        arith_data: Arith = field(default_factory=Arith)
+        warmup: Warmup = field(default_factory=Warmup)
+
+    saved = app_record(App())
+    assert saved == {"rlvr_app": {"use_ray": True, "arith_data": {"seed": 0, "out_dir": "d"},
+                                  "warmup": {"steps": 2}}}  # fmt: skip
+    cfg = config_record(_cfg())
+    with pytest.raises(ConfigError) as info:
+        check_resume(cfg, _cfg(), "ck", saved_app=saved, app=app_record(App(arith_data=Arith(1))))
+    assert [i.path for i in info.value.issues] == ["rlvr_app.arith_data.seed"]
+    assert "training prompts" in info.value.issues[0].message
+    new = app_record(App(use_ray=False, arith_data=Arith(out_dir="e"), warmup=Warmup(5)))
+    lines = check_resume(cfg, _cfg(), "ck", saved_app=saved, app=new)
+    assert [x.split(" ")[0] for x in lines] == [
+        "rlvr_app.use_ray", "rlvr_app.arith_data.out_dir", "rlvr_app.warmup.steps"]  # fmt: skip
+    assert "does not repeat it" in lines[2] and "continues with the new value" in lines[0]
+    # a checkpoint from before apps' sections were recorded: one warning, no comparison
+    (line,) = check_resume(cfg, _cfg(), "ck", saved_app=None, app=new)
+    assert line == "checkpoint ck records no rlvr_app section; its changed keys cannot be checked"
+    assert check_resume(cfg, _cfg(), "ck", saved_app=None, app={}) == []  # no app section
+
+
+def _app_pattern(pattern: str) -> bool:
+    return pattern.split(".")[0].endswith("_app")
+
+
 def test_every_pattern_names_schema_keys():
+    """(Patterns of the apps' own sections: tests/test_resume_app_sections.py.)"""
     keys = schema_keys()
     for pattern in (*RESUME_REFUSED, *RESUME_SILENT, *RESUME_NOTED):
+        if _app_pattern(pattern):
+            continue
         assert any(fnmatchcase(k, pattern) or k.startswith(pattern + ".") for k in keys), pattern

@@ -22,8 +22,10 @@ A recipe supplies its science through a small protocol (composition, not inherit
 bumps it), the phase timer, `log`, and sharded `forward`/`train` calls on a role. A pipeline without
 rollout engines (no `actor_infer` role, e.g. offline preference training) has no weight sync. The last step always logs, evaluates and saves.
 At start the runner prints the config warnings and writes the resolved config (secrets redacted)
-to output_dir; at the end it writes output_dir/summary.json. A resumed run says so first and
-goes on in its run's metrics.jsonl; a fresh run first moves an earlier run's metrics and
+to output_dir; at the end it writes output_dir/summary.json. A checkpoint records the config and
+the app's own section (`RunOptions.app_record`), which rl_runtime.resume_guard compares on resume,
+and the evaluation before training, which a resumed run's summary keeps. A resumed run says so
+first and goes on in its run's metrics.jsonl; a fresh run first moves an earlier run's metrics and
 checkpoints in its directories aside (rl_runtime.previous_run) and says where.
 Throughput: `throughput/samples_per_s` (trained samples, `rollout/num_trajectories`, per second of
 the training loop without evaluation and checkpoints), in the metrics and summary.json.
@@ -47,7 +49,7 @@ import torch
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
 from rl_runtime.previous_run import set_aside_previous_run
-from rl_runtime.resume_guard import check_resume, config_record
+from rl_runtime.resume_guard import app_record, check_resume, config_record
 from rl_runtime.timing import PhaseTimer, StepProgress
 from rl_runtime.tracking import Tracker, earlier_run_logs, tracker_log_dir
 
@@ -78,6 +80,8 @@ class RunOptions:
         "val/success_rate",
         "val/greedy/success_rate",
     )
+    #: the app's own section as a checkpoint records it (rl_runtime.resume_guard.app_record)
+    app_record: dict[str, Any] = field(default_factory=dict)
 
     #: the attributes :meth:`from_app` reads from an app's options
     APP_FIELDS = (
@@ -91,9 +95,11 @@ class RunOptions:
 
     @classmethod
     def from_app(cls, app: Any, model_path: str, **overrides: Any) -> RunOptions:
-        """The run options an app's options object carries (:attr:`APP_FIELDS`), with
-        ``overrides`` (the app's own keys, or changes to those) on top."""
+        """The run options an app's options object carries (:attr:`APP_FIELDS`, and the whole
+        section as `app_record`), with ``overrides`` (the app's own keys, or changes to those)
+        on top."""
         fields = {name: getattr(app, name) for name in cls.APP_FIELDS}
+        fields["app_record"] = app_record(app)
         return cls(model_path=model_path, **{**fields, **overrides})
 
 
@@ -359,6 +365,8 @@ class Runner:
         self.asynchronous: Any = None  # rl_runtime.async_training.AsyncTraining, while running
         self.samples_trained = 0.0
         self.loop_seconds = 0.0
+        #: the evaluation before training (a resumed run's comes from its checkpoint)
+        self.eval_before: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------ setup
     def _announce(self) -> tuple[Path | None, RunState | None]:
@@ -386,7 +394,10 @@ class Runner:
                     f"(weight version {state.weight_version})",
                     flush=True,
                 )
-                resume_warnings = check_resume(state.extra.get("config"), self.cfg, str(resume))
+                resume_warnings = check_resume(
+                    state.extra.get("config"), self.cfg, str(resume),
+                    saved_app=state.extra.get("app"), app=self.options.app_record,
+                )  # fmt: skip
         if resume is None:
             earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
             moved = set_aside_previous_run(
@@ -466,7 +477,12 @@ class Runner:
                 )
 
         recipe_state = self.recipe.state() if hasattr(self.recipe, "state") else {}
-        extra: dict[str, Any] = {"recipe": recipe_state, "config": config_record(self.cfg)}
+        extra: dict[str, Any] = {
+            "recipe": recipe_state,
+            "config": config_record(self.cfg),
+            "app": self.options.app_record,
+            "eval_before": self.eval_before,
+        }
         if self.asynchronous is not None:
             from rl_runtime.async_training import STATE_KEY
 
@@ -489,6 +505,7 @@ class Runner:
             )
         ctx.step, ctx.weight_version = state.step, state.weight_version
         restore_rng(state.rng)
+        self.eval_before = dict(state.extra.get("eval_before") or {})
         if hasattr(self.recipe, "load_state"):
             self.recipe.load_state(dict(state.extra.get("recipe") or {}))
         from rl_runtime.async_training import STATE_KEY, restore_rollout_state
@@ -502,7 +519,6 @@ class Runner:
     def run(self) -> RunResult:
         t0 = time.perf_counter()
         resume, state = self._announce()
-        before: dict[str, float] = {}
         after: dict[str, float] = {}
         try:
             ctx = self._setup()
@@ -516,12 +532,12 @@ class Runner:
                     if warm:
                         ctx.log(warm, step=0)
                 if self.options.eval_before_training and self.components.cadence.eval_steps:
-                    before = self.recipe.evaluate(ctx)
-                    if before:
-                        ctx.log(before)
+                    self.eval_before = self.recipe.evaluate(ctx)
+                    if self.eval_before:
+                        ctx.log(self.eval_before)
             self._start_async(ctx, state if resume is not None else None)
             after = self._loop(ctx)
-            return self._finish(ctx, t0, before, after, resume)
+            return self._finish(ctx, t0, self.eval_before, after, resume)
         finally:
             self.teardown()
 

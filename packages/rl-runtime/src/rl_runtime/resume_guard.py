@@ -1,11 +1,14 @@
 """Resume safety: the config a checkpoint was written under, against the config resuming it.
 
-A checkpoint records its run's resolved config (secrets redacted, `config_record`). On resume,
-`check_resume` compares it key by key with the new one:
+A checkpoint records its run's resolved config (secrets redacted, `config_record`) and the app's
+own section (`app_record`: `rlvr_app:`, `agentic_app:`, `dpo_app:`). On resume, `check_resume`
+compares both key by key with the new ones, by the same rules:
 
 * a changed key matching `RESUME_REFUSED` (model and architecture, training strategy and ranks,
-  the seed and batch/group sizes that the env and sampling seeds derive from, the estimator ...)
-  is refused: one `ConfigError` naming every such key, its checkpointed and its new value;
+  which parameters train, the seed and batch/group sizes that the env and sampling seeds derive
+  from, what the training prompts and their order derive from, the estimator ...), or a member
+  added to or removed from a section of `RESUME_REFUSED_MEMBERS` (a reward domain), is refused:
+  one `ConfigError` naming every such key, its checkpointed and its new value;
 * a key in `RESUME_SILENT` (`resume_from_checkpoint` itself) is not reported;
 * a key in `RESUME_NOTED` is a warning saying how much of the new value applies;
 * any other changed key is a warning naming it (`max_steps`, `logging_steps`, a learning rate):
@@ -16,8 +19,10 @@ A checkpoint records its run's resolved config (secrets redacted, `config_record
   warm-up, floor, horizon); the reward KL controller keeps only an adaptive coefficient
   (rl_runtime.advantages `restore_kl_controller`).
 
-Keys are dotted paths as in the YAML; patterns are `fnmatch` patterns (`*` spans dots). A section
-that appears or disappears (a critic added) is one key, the section's name.
+Keys are dotted paths as in the YAML (an app key under its section: `rlvr_app.arith_data.seed`);
+patterns are `fnmatch` patterns (`*` spans dots). A section that appears or disappears (a critic
+added) is one key, the section's name. A checkpoint that records no config, or no app section
+(written before they were recorded), resumes with one warning each.
 """
 
 from __future__ import annotations
@@ -30,8 +35,22 @@ from typing import Any
 from rl_config.errors import ConfigError, ConfigIssue
 
 _TRAINED = ("actor_train", "critic")
+_DATA_ARGS = ("file_name", "template", "prompt", "messages", "response", "tag",
+              "domain_interleave_probs")  # fmt: skip
+_PROMPT_KEYS = ("prompt_length", "chosen_key", "rejected_key", "label_key", "completion_key",
+                "truncation_mode")  # fmt: skip
+_ARITH_DATA = ("kind", "num_digits", "max_a", "max_b", "val_fraction", "seed")
 _MODEL = "the checkpoint holds weights of another model"
 _RANKS = "the trainer's checkpoint is sharded over the role's ranks and strategy"
+_FROZEN = (
+    "the checkpointed optimizer state covers exactly the parameters that trained then; resuming "
+    "with other trainable parameters is not supported (an unfrozen parameter has no optimizer "
+    "state to load)"
+)
+_PROMPTS = (
+    "the training prompts and their order derive from it (the rows read, how each is rendered "
+    "and whether it fits); the checkpointed sampler position would not continue them"
+)
 _SEEDS = (
     "the env and sampling seeds of each step derive from it; the resumed run would not "
     "continue the checkpointed one"
@@ -63,10 +82,25 @@ RESUME_REFUSED: dict[str, str] = {
     "train_env_manager.num_groups_partition": _SEEDS,
     "custom_envs.*.env_type": "the task of the checkpointed run changes",
     "custom_envs.*.env_config": "the task of the checkpointed run changes",
-    "actor_train.data_args.file_name": "the prompts of each step derive from the dataset and step",
+    **{f"{r}.model_args.freeze_module_prefix": _FROZEN for r in _TRAINED},
+    # RLVR/DPO: which rows are read (files, columns, reward domains by tag), how each prompt is
+    # rendered (template) and whether it fits (prompt_length), the mix per batch; DPO's pairs
+    **{f"actor_train.data_args.{k}": _PROMPTS for k in _DATA_ARGS},
+    **{k: _PROMPTS for k in _PROMPT_KEYS},
+    "rewards": _PROMPTS,
+    "rewards.*.tag_included": _PROMPTS,
+    # the apps' own sections: the model they build, the data they generate
+    "*_app.build_tiny_model": _MODEL,
+    "*_app.tiny_model.*": _MODEL,
+    **{f"rlvr_app.arith_data.{k}": _PROMPTS for k in _ARITH_DATA},
+    "dpo_app.arithmetic.*": _PROMPTS,
     "adv_estimator": "the checkpointed policy (and critic) were trained for another objective",
 }
 """Keys whose change breaks a resume -> why (refused, each named)."""
+
+RESUME_REFUSED_MEMBERS: dict[str, str] = {"rewards": _PROMPTS}
+"""Sections whose members are named by the user (a reward domain) -> why a member added or
+removed (the key `rewards.<domain>`) is refused; changes inside a member follow `RESUME_REFUSED`."""
 
 RESUME_SILENT: tuple[str, ...] = ("resume_from_checkpoint",)
 """Keys that differ on every resume by design: not reported."""
@@ -75,6 +109,11 @@ RESUME_NOTED: dict[str, str] = {
     "init_kl_coef": (
         "the run continues with the new value, except under adaptive KL control (target_kl "
         "set, in the checkpoint and now), which continues from its checkpointed coefficient"
+    ),
+    "*_app.warmup.*": "the warm-up ran before the checkpoint; a resumed run does not repeat it",
+    "*_app.eval_before_training": (
+        "the evaluation before training ran (or not) before the checkpoint; a resumed run keeps "
+        "the checkpointed one"
     ),
 }
 """Keys whose new value applies only in part on resume -> what happens (a warning)."""
@@ -88,6 +127,17 @@ def config_record(cfg: Any) -> dict[str, Any]:
 
     data = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
     return json.loads(json.dumps(redact(data), default=str))
+
+
+def app_record(app: Any) -> dict[str, Any]:
+    """An app's own options (a dataclass naming its YAML section in `SECTION`) as JSON data
+    under that section's name, `{"rlvr_app": {...}}` (what a checkpoint records next to the
+    config); {} for None."""
+    from dataclasses import asdict
+
+    if app is None:
+        return {}
+    return json.loads(json.dumps({app.SECTION: asdict(app)}, default=str))
 
 
 def changed_keys(old: Any, new: Any, prefix: str = "") -> Iterator[tuple[str, Any, Any]]:
@@ -108,18 +158,43 @@ def _show(value: Any) -> str:
 
 
 def _reason(key: str) -> str | None:
+    section, _, member = key.rpartition(".")
+    if section in RESUME_REFUSED_MEMBERS and member:
+        return RESUME_REFUSED_MEMBERS[section]
     return next((why for p, why in RESUME_REFUSED.items() if fnmatchcase(key, p)), None)
 
 
-def check_resume(saved: Mapping[str, Any] | None, cfg: Any, checkpoint: str) -> list[str]:
-    """Warnings for the keys changed since `checkpoint` was written under the config `saved`;
-    raises `ConfigError` naming every changed key `RESUME_REFUSED` lists. `saved` None (a
-    checkpoint from before configs were recorded) is one warning."""
-    if saved is None:
-        return [f"checkpoint {checkpoint} records no config; changed keys cannot be checked"]
-    refused: list[ConfigIssue] = []
+def check_resume(
+    saved: Mapping[str, Any] | None,
+    cfg: Any,
+    checkpoint: str,
+    *,
+    saved_app: Mapping[str, Any] | None = None,
+    app: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """Warnings for the keys changed since `checkpoint` was written under the config `saved`
+    and the app section `saved_app` (both as the checkpoint recorded them: `config_record`,
+    `app_record`), against the config `cfg` and the app record `app`; raises `ConfigError`
+    naming every refused changed key. A record the checkpoint lacks (written before it was
+    recorded) is one warning; no `app` (a run without an app section) checks the config only."""
     warnings: list[str] = []
-    for key, old, new in changed_keys(saved, config_record(cfg)):
+    pairs: list[tuple[Mapping[str, Any], Mapping[str, Any]]] = []
+    if saved is None:
+        warnings.append(
+            f"checkpoint {checkpoint} records no config; changed keys cannot be checked"
+        )
+    else:
+        pairs.append((saved, config_record(cfg)))
+    if app and saved_app is not None:
+        pairs.append((saved_app, app))
+    elif app:
+        warnings.append(
+            f"checkpoint {checkpoint} records no {', '.join(app)} section; its changed keys "
+            "cannot be checked"
+        )
+    refused: list[ConfigIssue] = []
+    changes = [change for old_new in pairs for change in changed_keys(*old_new)]
+    for key, old, new in changes:
         if any(fnmatchcase(key, p) for p in RESUME_SILENT):
             continue
         why = _reason(key)

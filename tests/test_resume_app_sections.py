@@ -1,0 +1,49 @@
+"""rl_runtime.resume_guard's patterns for the apps' own sections (`rlvr_app:`, `agentic_app:`,
+`dpo_app:`) name keys those sections have: a renamed option cannot leave its rule behind."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator, Mapping
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from rl_runtime.resume_guard import RESUME_NOTED, RESUME_REFUSED, app_record
+
+APPS = Path(__file__).resolve().parents[1] / "apps"
+
+
+def _leaves(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else key
+        yield from _leaves(value, path) if isinstance(value, Mapping) else [path]
+
+
+def _app_keys() -> list[str]:
+    """Every dotted key of every app's section, as a checkpoint records it (`app_record`)."""
+    keys: list[str] = []
+    for name in ("agentic", "rlvr", "dpo"):
+        spec = importlib.util.spec_from_file_location(
+            f"_{name}_options", APPS / name / f"{name}_options.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
+        keys += _leaves(app_record(module.AppOptions()))
+    return keys
+
+
+def test_every_app_pattern_names_an_app_key():
+    keys = _app_keys()
+    assert {k.split(".")[0] for k in keys} == {"agentic_app", "rlvr_app", "dpo_app"}
+    patterns = [p for p in (*RESUME_REFUSED, *RESUME_NOTED) if p.split(".")[0].endswith("_app")]
+    assert len(patterns) >= 5
+    for pattern in patterns:
+        assert any(fnmatchcase(k, pattern) for k in keys), pattern
+    # the keys that generate the training prompts are refused
+    refused = {k for k in keys if any(fnmatchcase(k, p) for p in RESUME_REFUSED)}
+    assert {"rlvr_app.arith_data.seed", "dpo_app.arithmetic.train_rows"} <= refused
+    assert "rlvr_app.arith_data.out_dir" not in refused and "rlvr_app.use_ray" not in refused
