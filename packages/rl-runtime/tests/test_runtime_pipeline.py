@@ -38,6 +38,11 @@ class FakeTrainer:
     def load_checkpoint(self, root: str, key_file: str | None = None) -> tuple[int, dict]:
         return int((Path(root) / "step.txt").read_text()), {}
 
+    def export_hf(self, out: str) -> str:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "config.json").write_text(json.dumps({"step": self.w.tolist()}))
+        return out
+
     def offload(self) -> None: ...
 
     def onload(self) -> None: ...
@@ -97,7 +102,9 @@ class FakeRecipe:
         self.counter = state["counter"]
 
 
-def _runner(tmp_path: Path, recipe: FakeRecipe, **extra: object) -> Runner:
+def _runner(
+    tmp_path: Path, recipe: FakeRecipe, run_options: dict | None = None, **extra: object
+) -> Runner:
     data = {
         "pretrain": "unused",
         "output_dir": str(tmp_path / "out"),
@@ -113,12 +120,12 @@ def _runner(tmp_path: Path, recipe: FakeRecipe, **extra: object) -> Runner:
         **extra,
     }
     cfg = ExperimentConfig.model_validate(data)
-    options = RunOptions(model_path="unused", use_ray=False)
+    options = RunOptions(model_path="unused", use_ray=False, **(run_options or {}))
     return Runner(cfg, compose(cfg), recipe, options)
 
 
-def _run(tmp_path: Path, recipe: FakeRecipe, **extra: object):
-    runner = _runner(tmp_path, recipe, **extra)
+def _run(tmp_path: Path, recipe: FakeRecipe, run_options: dict | None = None, **extra: object):
+    runner = _runner(tmp_path, recipe, run_options, **extra)
     return runner, runner.run()
 
 
@@ -220,31 +227,49 @@ def test_resume_warns_about_harmless_changes(tmp_path, capsys):
 
 
 def test_a_fresh_run_moves_an_earlier_runs_results_aside(tmp_path, capsys):
-    """A fresh run into an earlier run's directories first moves that run's metrics.jsonl and
-    checkpoints into `previous-<UTC time>/` (one line says what moved where), so its metrics
-    and checkpoints are its own and a later resume continues it, not the earlier run's newest
-    step; the resumed run goes on in the same metrics.jsonl, moving nothing."""
+    """A fresh run into an earlier run's directories first moves that run's metrics.jsonl,
+    checkpoints and outputs (summary.json, curves.png, resolved_config.yaml, hf_model/, and a
+    file the app writes for the run, `RunOptions.app_outputs`) into `previous-<UTC time>/` of
+    the directory each was in (one line says what moved where), so its metrics and checkpoints
+    are its own, a later resume continues it, not the earlier run's newest step, and nothing of
+    the earlier run is overwritten; the resumed run goes on in the same metrics.jsonl, moving
+    nothing."""
     out = tmp_path / "out"
-    _run(tmp_path, FakeRecipe(), max_steps=5)  # logs steps 2, 4, 5; checkpoints 3, 5
+    options = {"export_hf": True, "app_outputs": (str(tmp_path / "comparison.json"),)}
+    _run(tmp_path, FakeRecipe(), options, max_steps=5)  # logs 2, 4, 5; checkpoints 3, 5
+    (tmp_path / "comparison.json").write_text("earlier comparison")  # the app's own file
+    earlier_curves = (out / "curves.png").read_bytes()
     capsys.readouterr()
-    _run(tmp_path, FakeRecipe(), max_steps=2)  # again, fresh: logs step 2, checkpoint 2
+    _run(tmp_path, FakeRecipe(), options, max_steps=2)  # again, fresh: logs 2, checkpoint 2
     (logs_aside,) = (out / "logs").glob("previous-*")
     (ckpts_aside,) = (out / "checkpoints").glob("previous-*")
-    assert logs_aside.name == ckpts_aside.name
+    (out_aside,) = out.glob("previous-*")
+    (app_aside,) = tmp_path.glob("previous-*")
+    assert logs_aside.name == ckpts_aside.name == out_aside.name == app_aside.name
     assert capsys.readouterr().out.splitlines()[0] == (
         "this run starts fresh; an earlier run's results moved aside: metrics.jsonl -> "
-        f"{logs_aside}/; step-000003, step-000005 -> {ckpts_aside}/"
+        f"{logs_aside}/; step-000003, step-000005 -> {ckpts_aside}/; summary.json, "
+        f"curves.png, resolved_config.yaml, hf_model -> {out_aside}/; "
+        f"comparison.json -> {app_aside}/"
     )
     assert _logged_steps(tmp_path) == [2]
     earlier = (logs_aside / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in earlier if "train/loss" in x] == [2, 4, 5]
     assert sorted(p.name for p in ckpts_aside.iterdir()) == ["step-000003", "step-000005"]
     assert [p.name for p in (out / "checkpoints").glob("step-*")] == ["step-000002"]
+    assert json.loads((out_aside / "summary.json").read_text())["step"] == 5
+    assert json.loads((out / "summary.json").read_text())["step"] == 2
+    assert (out_aside / "curves.png").read_bytes() == earlier_curves
+    assert "max_steps: 5" in (out_aside / "resolved_config.yaml").read_text()
+    assert "max_steps: 2" in (out / "resolved_config.yaml").read_text()
+    assert (out_aside / "hf_model" / "config.json").is_file()
+    assert (app_aside / "comparison.json").read_text() == "earlier comparison"
 
-    _, result = _run(tmp_path, FakeRecipe(), max_steps=4, resume_from_checkpoint=True)
+    _, result = _run(tmp_path, FakeRecipe(), options, max_steps=4, resume_from_checkpoint=True)
     assert result.resumed_from == str(out / "checkpoints" / "step-000002")
     assert _logged_steps(tmp_path) == [2, 4]
-    assert len(list((out / "logs").glob("previous-*"))) == 1
+    for directory in (out / "logs", out / "checkpoints", out, tmp_path):
+        assert len(list(directory.glob("previous-*"))) == 1, directory
 
 
 class RecipeWithBaselines(FakeRecipe):

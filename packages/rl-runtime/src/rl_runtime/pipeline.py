@@ -23,8 +23,9 @@ bumps it), the phase timer, `log`, and sharded `forward`/`train` calls on a role
 rollout engines (no `actor_infer` role, e.g. offline preference training) has no weight sync. The last step always logs, evaluates and saves.
 At start the runner prints the config warnings and writes the resolved config (secrets redacted)
 to output_dir; at the end it writes output_dir/summary.json. A resumed run says so first and
-goes on in its run's metrics.jsonl; a fresh run first moves an earlier run's metrics and
-checkpoints in its directories aside (rl_runtime.previous_run) and says where.
+goes on in its run's metrics.jsonl; a fresh run first moves an earlier run's metrics,
+checkpoints and outputs (summary.json, curves.png, resolved_config.yaml, hf_model/, and the
+app's `RunOptions.app_outputs`) in its directories aside (rl_runtime.previous_run) and says where.
 Throughput: `throughput/samples_per_s` (trained samples, `rollout/num_trajectories`, per second of
 the training loop without evaluation and checkpoints), in the metrics and summary.json.
 With `components.asynchronous`, rollout runs ahead of the trainer (rl_runtime.async_training).
@@ -46,7 +47,13 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
-from rl_runtime.previous_run import set_aside_previous_run
+from rl_runtime.previous_run import (
+    CURVES_NAME,
+    HF_MODEL_NAME,
+    SUMMARY_NAME,
+    earlier_run_outputs,
+    set_aside_previous_run,
+)
 from rl_runtime.resume_guard import check_resume, config_record
 from rl_runtime.timing import PhaseTimer, StepProgress
 from rl_runtime.tracking import Tracker, earlier_run_logs, tracker_log_dir
@@ -78,6 +85,9 @@ class RunOptions:
         "val/success_rate",
         "val/greedy/success_rate",
     )
+    #: files or directories the app itself writes for this run outside the runner's
+    #: (apps/async: its summary.json of both runs); a fresh run moves an earlier one aside too
+    app_outputs: tuple[str, ...] = ()
 
     #: the attributes :meth:`from_app` reads from an app's options
     APP_FIELDS = (
@@ -390,7 +400,9 @@ class Runner:
         if resume is None:
             earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
             moved = set_aside_previous_run(
-                earlier + (self.ckpt.present() if self.ckpt is not None else [])
+                earlier
+                + (self.ckpt.present() if self.ckpt is not None else [])
+                + earlier_run_outputs(c.output_dir, self.options.app_outputs)
             )
             if moved is not None:
                 print(moved, flush=True)
@@ -602,7 +614,7 @@ class Runner:
         out = Path(self.components.output_dir)
         png = write_curves(
             ctx.tracker.history,
-            out / "curves.png",
+            out / CURVES_NAME,
             title=self.components.exp_name,
             baselines={
                 f"{name}: {key}": value
@@ -612,7 +624,7 @@ class Runner:
         )
         hf_dir = None
         if self.options.export_hf and ctx.cluster.has("actor_train"):
-            hf_dir = ctx.cluster["actor_train"].call_rank0("export_hf", str(out / "hf_model"))
+            hf_dir = ctx.cluster["actor_train"].call_rank0("export_hf", str(out / HF_MODEL_NAME))
         result = RunResult(
             step=ctx.step,
             weight_version=ctx.weight_version,
@@ -631,7 +643,7 @@ class Runner:
             },
         )
         out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(result.__dict__, indent=2, default=str))
+        (out / SUMMARY_NAME).write_text(json.dumps(result.__dict__, indent=2, default=str))
         return result
 
     def teardown(self) -> None:
