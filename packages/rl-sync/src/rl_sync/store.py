@@ -7,8 +7,11 @@ a loopback address and hands its descriptor to the store (``master_listen_fd``),
 reachable from this machine only. A non-loopback ``host`` (a multi-node run) keeps torch's
 behaviour: the peers on other machines must reach it.
 
-:func:`loopback_interface` names the loopback interface for ``GLOO_SOCKET_IFNAME``, so the gloo
-pairs of a default process group listen on loopback too instead of on the hostname's address.
+:func:`loopback_interface` names the loopback interface, and :func:`loopback_socket_env` the
+backend's own variable that pins a single-node group's sockets to it (``GLOO_SOCKET_IFNAME``,
+``NCCL_SOCKET_IFNAME``, ``HCCL_SOCKET_IFNAME``), so the gloo pairs and the NCCL/HCCL bootstrap
+sockets listen on loopback too instead of on the hostname's or the first external interface's
+address.
 
 Picking a port is a race: a port found free (bind to 0, close) can be taken by any process (Ray
 opens many connections, each on an ephemeral port) before the store binds it. Two ways out:
@@ -28,6 +31,7 @@ import re
 import socket
 import stat
 import tempfile
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 
@@ -178,6 +182,46 @@ def loopback_interface() -> str | None:
     return None
 
 
+#: per backend: the variables that choose the interface its sockets listen on, the one set to
+#: pin it to loopback first; a backend whose any of these the user set is left alone.
+#: gloo: GLOO_SOCKET_IFNAME, an interface name. nccl: NCCL_SOCKET_IFNAME, where a leading ``=``
+#: asks for that exact name rather than a prefix (NCCL's environment variable docs).
+#: hccl: HCCL_SOCKET_IFNAME takes the same ``=name`` form for an exact name, and HCCL_IF_IP (one
+#: host IP) takes precedence over it; with neither set HCCL prefers any interface other than
+#: docker/lo (Ascend CANN environment variable reference, "HCCL_SOCKET_IFNAME" and "HCCL_IF_IP",
+#: hiascend.com/document/detail/zh/canncommercial/latest/maintenref/envvar/envref_07_0075.html).
+SOCKET_IFNAME_VARS: dict[str, tuple[str, ...]] = {
+    "gloo": ("GLOO_SOCKET_IFNAME",),
+    "nccl": ("NCCL_SOCKET_IFNAME",),
+    "hccl": ("HCCL_SOCKET_IFNAME", "HCCL_IF_IP"),
+}
+_EXACT_NAME_PREFIX = {"gloo": "", "nccl": "=", "hccl": "="}
+
+
+def loopback_socket_env(
+    backend: str,
+    environ: Mapping[str, str] | None = None,
+    interface: str | None = None,
+) -> dict[str, str]:
+    """The variables to set so a group of ``backend`` whose ranks all run on this node listens
+    on the loopback interface only: ``{"GLOO_SOCKET_IFNAME": "lo"}``,
+    ``{"NCCL_SOCKET_IFNAME": "=lo"}``, ``{"HCCL_SOCKET_IFNAME": "=lo"}``. Empty when the user
+    already chose (any of the backend's :data:`SOCKET_IFNAME_VARS` set in ``environ``, default
+    ``os.environ``), when no loopback interface is known, or for an unknown backend.
+    ``interface``: the loopback interface's name (default :func:`loopback_interface`).
+
+    Set it in the process before the backend's first group there: NCCL reads its interface once
+    per process. Callers merge it into ``os.environ`` (nothing here changes the environment)."""
+    names = SOCKET_IFNAME_VARS.get(backend)
+    environ = os.environ if environ is None else environ
+    if names is None or any(name in environ for name in names):
+        return {}
+    lo = interface if interface is not None else loopback_interface()
+    if lo is None:
+        return {}
+    return {names[0]: _EXACT_NAME_PREFIX[backend] + lo}
+
+
 def _interface_names() -> list[str]:
     try:
         return [name for _index, name in socket.if_nameindex()]
@@ -191,6 +235,7 @@ __all__ = [
     "create_store",
     "is_loopback_host",
     "loopback_interface",
+    "loopback_socket_env",
     "new_rendezvous_token",
     "node_local_store",
     "node_local_store_path",
