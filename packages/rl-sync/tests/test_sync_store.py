@@ -14,13 +14,15 @@ from rl_sync.store import (
     bind_listener,
     create_private_file,
     create_store,
+    host_tag,
     loopback_interface,
     loopback_socket_env,
     new_rendezvous_token,
     node_local_store,
     node_local_store_path,
+    sweep_leaked_rendezvous,
 )
-from rl_sync.testing import mp_context, store_rank_main
+from rl_sync.testing import killed_launchers_store, mp_context, store_rank_main
 
 pytestmark = pytest.mark.xdist_group("dist")
 
@@ -107,6 +109,41 @@ def test_rendezvous_tokens_are_fresh_and_valid():
     assert len(tokens) == 100
     for t in tokens:
         assert node_local_store_path(t).name == f"rl-rendezvous-{t}"
+        pid, tag, rest = t.split("-")  # the maker, its host, 128 random bits
+        assert (int(pid), tag, len(rest)) == (os.getpid(), host_tag(), 32)
+
+
+def test_a_killed_launchers_store_file_is_swept_and_nothing_else(tmp_path):
+    leaked = killed_launchers_store(tmp_path)
+    dead_pid = leaked.split("-")[2]
+    ours = f"rl-rendezvous-{new_rendezvous_token()}"  # this process: alive
+    create_private_file(tmp_path / ours)
+    hex32 = "0" * 32
+    init = f"rl-rendezvous-1-{host_tag()}-{hex32}"  # a live pid, of another process
+    elsewhere = f"rl-rendezvous-{dead_pid}-{'f' * 8}-{hex32}"  # another host's launcher
+    older = f"rl-rendezvous-{hex32}"  # a token without a pid
+    link = f"rl-rendezvous-{dead_pid}-{host_tag()}-{'1' * 32}"  # a symlink: not followed
+    directory = f"rl-rendezvous-{dead_pid}-{host_tag()}-{'2' * 32}"
+    for name in (init, elsewhere, older):
+        create_private_file(tmp_path / name)
+    (tmp_path / "victim").write_text("keep me")
+    (tmp_path / link).symlink_to(tmp_path / "victim")
+    (tmp_path / directory).mkdir()
+
+    assert sweep_leaked_rendezvous(tmp_path) == [tmp_path / leaked]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [ours, init, elsewhere, older, link, directory, "victim"]
+    )
+    assert (tmp_path / "victim").read_text() == "keep me"
+    assert sweep_leaked_rendezvous(tmp_path) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making another user's file needs root")
+def test_another_users_leaked_store_file_is_left_alone(tmp_path):
+    leaked = killed_launchers_store(tmp_path)
+    os.chown(tmp_path / leaked, 65534, 65534)  # nobody's
+    assert sweep_leaked_rendezvous(tmp_path) == []
+    assert (tmp_path / leaked).is_file()
 
 
 def test_the_store_file_is_private_and_one_planted_under_its_name_is_refused(tmp_path):

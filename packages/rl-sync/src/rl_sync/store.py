@@ -21,6 +21,11 @@ opens many connections, each on an ephemeral port) before the store binds it. Tw
 - ``create_store(..., listener=sock)``: rank 0 binds its listener first (:func:`bind_listener`,
   port 0), publishes the port, and hands the socket to the store later; nothing else can take the
   port in between.
+
+A node-local store's file outlives a launcher that is killed (SIGKILL) before it removes it. A
+token names the process that made it and its host (``<pid>-<host tag>-<random>``), so
+:func:`sweep_leaked_rendezvous`, run when a group starts, can remove this user's files whose
+maker on this host is gone.
 """
 
 from __future__ import annotations
@@ -104,6 +109,10 @@ def create_store(
 
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")
+STORE_PREFIX = "rl-rendezvous-"
+#: a store file named by :func:`new_rendezvous_token`: the maker's pid, its host's tag, then
+#: 128 random bits
+_SWEEPABLE = re.compile(re.escape(STORE_PREFIX) + r"([1-9][0-9]{0,6})-([0-9a-f]{8})-[0-9a-f]{32}")
 
 
 def node_local_store(token: str, world_size: int) -> Store:
@@ -160,14 +169,75 @@ def node_local_store_path(token: str) -> Path:
             f"rendezvous token {token!r}: expected 16-64 characters of [A-Za-z0-9_-] "
             "(rl_sync.store.new_rendezvous_token)"
         )
-    return Path(tempfile.gettempdir()) / f"rl-rendezvous-{token}"
+    return Path(tempfile.gettempdir()) / f"{STORE_PREFIX}{token}"
 
 
 def new_rendezvous_token() -> str:
-    """A fresh random token for :func:`node_local_store` (128 bits)."""
+    """A fresh token for :func:`node_local_store`: ``<pid>-<host tag>-<128 random bits in
+    hex>``, the pid of the process that makes it (the launcher, which removes the store after
+    its ranks) and :func:`host_tag`, so a store it leaves when killed can be found by
+    :func:`sweep_leaked_rendezvous`."""
     import secrets
 
-    return secrets.token_hex(16)
+    return f"{os.getpid()}-{host_tag()}-{secrets.token_hex(16)}"
+
+
+def host_tag() -> str:
+    """8 hex digits naming this host (of its hostname): a pid means something only on the host
+    whose process it is (the ranks of a launcher on another node make its store on theirs)."""
+    import hashlib
+
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (any user's: a pid reused by another
+    process counts as alive; a zombie too, until its parent reaps it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
+
+
+def sweep_leaked_rendezvous(directory: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove the node-local store files (``rl-rendezvous-<pid>-<host tag>-<hex>``, in
+    ``directory``, default the temp dir) made on this host (:func:`host_tag`) whose maker
+    ``<pid>`` is no longer alive: a launcher killed before it removed its store. Only regular
+    files owned by this user are removed (a symlink is never followed nor removed, another
+    user's file never touched); a live pid, even one reused by another process, keeps its file,
+    and so does a file another host's launcher named (its pid means nothing here). Stores named
+    by older tokens (no pid) are left alone. Returns what was removed; a file that cannot be
+    examined or removed is skipped.
+
+    Containers of one hostname and uid that share a temp dir but not a pid namespace cannot
+    tell each other's live launchers from dead ones: give them their own temp dir."""
+    root = Path(tempfile.gettempdir() if directory is None else directory)
+    tag, removed = host_tag(), []
+    try:
+        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return []
+    try:
+        with os.scandir(dir_fd) as entries:
+            names = [e.name for e in entries if e.name.startswith(STORE_PREFIX)]
+        for name in names:
+            match = _SWEEPABLE.fullmatch(name)
+            if match is None or match.group(2) != tag or pid_alive(int(match.group(1))):
+                continue
+            try:
+                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                    continue
+                os.unlink(name, dir_fd=dir_fd)  # unlink never follows a symlink either
+            except OSError:
+                continue
+            removed.append(root / name)
+    finally:
+        os.close(dir_fd)
+    return removed
 
 
 def loopback_interface() -> str | None:
@@ -233,10 +303,13 @@ __all__ = [
     "bind_listener",
     "create_private_file",
     "create_store",
+    "host_tag",
     "is_loopback_host",
     "loopback_interface",
     "loopback_socket_env",
     "new_rendezvous_token",
     "node_local_store",
     "node_local_store_path",
+    "pid_alive",
+    "sweep_leaked_rendezvous",
 ]
