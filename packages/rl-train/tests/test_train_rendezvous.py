@@ -78,14 +78,16 @@ def test_a_single_node_nccl_or_hccl_group_is_pinned_to_loopback_unless_the_user_
     env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "1", **rendezvous, **user_set}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    seen: dict[str, str] = {}
+    seen: list[dict[str, str]] = []
 
     def init_process_group(**kwargs: object) -> None:
-        seen.update({name: os.environ[name] for name in SOCKET_VARS if name in os.environ})
+        seen.append({name: os.environ[name] for name in SOCKET_VARS if name in os.environ})
 
+    # a group another test left in this process would make init_distributed a no-op
+    monkeypatch.setattr(rdist, "is_dist", lambda: False)
     monkeypatch.setattr(rdist, "backend_for", lambda kind: backend)
     monkeypatch.setattr(rdist, "create_store", lambda *a: object())
     monkeypatch.setattr(torch.distributed, "init_process_group", init_process_group)
     rdist.init_distributed("cpu")
     lo = loopback_interface()
-    assert seen == {**user_set, **{k: v.format(lo=lo) for k, v in expected.items()}}
+    assert seen == [{**user_set, **{k: v.format(lo=lo) for k, v in expected.items()}}]
