@@ -145,3 +145,36 @@ def test_rlvr_trajectories_carry_the_engines_per_token_versions():
     partial, whole = group_trajectories([group], step=0, max_len_mask=False)
     assert partial.token_versions == [7, 7, 5, 6, 7] and oldest_weight_version(partial) == 5
     assert whole.token_versions == [] and oldest_weight_version(whole) == 7
+
+
+def test_each_run_moves_an_earlier_comparisons_summary_aside_when_it_starts_fresh(
+    tmp_path, monkeypatch, capsys
+):
+    """output_dir/summary.json (both runs' figures) is the app's own file: it goes to each run
+    as `app_outputs`, so the runner moves an earlier one into `previous-<UTC time>/` with that
+    run's own outputs when the run starts fresh (rl_runtime.previous_run), instead of the
+    comparison overwriting it. The runs themselves are recorded here, not trained."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("async_app_main", APP / "__main__.py")
+    assert spec is not None and spec.loader is not None
+    app_main = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app_main)  # puts apps/rlvr on sys.path
+    import rlvr_app
+
+    calls = []
+
+    def run(cfg, app, composed, flags=frozenset(), *, eval_before=None, app_outputs=()):
+        calls.append((cfg.output_dir, app_outputs))
+        return SimpleNamespace(
+            eval_before={"val/accuracy": 0.25}, eval_after={"val/accuracy": 0.5}, step=1,
+            wall_seconds=1.0, throughput={"samples_per_s": 2.0, "samples_trained": 2.0,
+                                          "loop_seconds": 1.0},
+        )  # fmt: skip
+
+    monkeypatch.setattr(rlvr_app, "run", run)
+    out = tmp_path / "cmp"
+    assert app_main.main([f"output_dir={out}", "max_steps=1"]) == 0
+    summary = str(out / "summary.json")
+    assert calls == [(f"{out}/sync", (summary,)), (f"{out}/async", (summary,))]
+    assert '"speedup": 1.0' in (out / "summary.json").read_text()

@@ -70,17 +70,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     summary: dict = {"max_staleness": staleness}
     results = {}
+    out = Path(cfg.output_dir)
     for mode, (run_cfg, app, composed) in runs.items():
         print(f"=== {mode} run (async.max_staleness={0 if mode == 'sync' else staleness})")
-        # the pre-RL policy is the same in both runs: evaluate it once
-        results[mode] = run(run_cfg, app, composed, eval_before=mode == "sync")
+        # the pre-RL policy is the same in both runs: evaluate it once. A fresh run moves an
+        # earlier comparison's summary.json aside with its own outputs (rl_runtime.previous_run)
+        results[mode] = run(run_cfg, app, composed, eval_before=mode == "sync",
+                            app_outputs=(str(out / "summary.json"),))  # fmt: skip
         summary[mode] = run_summary(results[mode], step_rows(run_cfg.logging_dir))
     summary["heldout_accuracy_before_rl"] = results["sync"].eval_before.get("val/accuracy")
     if summary["sync"]["samples_per_s"]:
         summary["speedup"] = round(
             summary["async"]["samples_per_s"] / summary["sync"]["samples_per_s"], 3
         )
-    out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     from rich.console import Console

@@ -43,9 +43,10 @@ def prepare(cfg: Any, app: AppOptions) -> str:
 
 
 def run(cfg: Any, app: AppOptions, composed: Composed, flags: frozenset[str] = frozenset(), *,
-        eval_before: bool | None = None) -> Any:  # fmt: skip
+        eval_before: bool | None = None, app_outputs: tuple[str, ...] = ()) -> Any:  # fmt: skip
     """The RLVR recipe on the Runner (Ray or in-process per `app.use_ray`); the RunResult.
-    `eval_before` overrides `rlvr_app.eval_before_training`."""
+    `eval_before` overrides `rlvr_app.eval_before_training`; `app_outputs`: files the caller
+    writes for this run (RunOptions.app_outputs)."""
     from rlvr_pipeline import PROGRESS_KEYS, STDOUT_KEYS, RlvrRecipe
 
     from rl_runtime.pipeline import Runner, RunOptions
@@ -54,6 +55,7 @@ def run(cfg: Any, app: AppOptions, composed: Composed, flags: frozenset[str] = f
     options = RunOptions.from_app(
         app, path, stdout_keys=STDOUT_KEYS, progress_keys=PROGRESS_KEYS,
         eval_before_training=app.eval_before_training if eval_before is None else eval_before,
+        app_outputs=app_outputs,
     )  # fmt: skip
     recipe = RlvrRecipe(app, composed.plan, path)
     try:

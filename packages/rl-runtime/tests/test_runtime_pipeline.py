@@ -38,6 +38,11 @@ class FakeTrainer:
     def load_checkpoint(self, root: str, key_file: str | None = None) -> tuple[int, dict]:
         return int((Path(root) / "step.txt").read_text()), {}
 
+    def export_hf(self, out: str) -> str:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "config.json").write_text(json.dumps({"step": self.w.tolist()}))
+        return out
+
     def offload(self) -> None: ...
 
     def onload(self) -> None: ...
@@ -98,7 +103,7 @@ class FakeRecipe:
 
 
 def _runner(
-    tmp_path: Path, recipe: FakeRecipe, app_record: dict | None = None, **extra: object
+    tmp_path: Path, recipe: FakeRecipe, run_options: dict | None = None, **extra: object
 ) -> Runner:
     data = {
         "pretrain": "unused",
@@ -115,12 +120,12 @@ def _runner(
         **extra,
     }
     cfg = ExperimentConfig.model_validate(data)
-    options = RunOptions(model_path="unused", use_ray=False, app_record=app_record or {})
+    options = RunOptions(model_path="unused", use_ray=False, **(run_options or {}))
     return Runner(cfg, compose(cfg), recipe, options)
 
 
-def _run(tmp_path: Path, recipe: FakeRecipe, app_record: dict | None = None, **extra: object):
-    runner = _runner(tmp_path, recipe, app_record, **extra)
+def _run(tmp_path: Path, recipe: FakeRecipe, run_options: dict | None = None, **extra: object):
+    runner = _runner(tmp_path, recipe, run_options, **extra)
     return runner, runner.run()
 
 
@@ -224,20 +229,22 @@ def test_a_resumed_summary_keeps_the_checkpointed_evaluation_before_training(tmp
 
 def test_the_app_section_is_recorded_and_checked_on_resume(tmp_path, capsys):
     app = {"rlvr_app": {"use_ray": False, "arith_data": {"seed": 0}}}
-    _run(tmp_path, FakeRecipe(), app, max_steps=3)
+    _run(tmp_path, FakeRecipe(), {"app_record": app}, max_steps=3)
     state = json.loads(
         (tmp_path / "out" / "checkpoints" / "step-000003" / "run_state.json").read_text()
     )
     assert state["extra"]["app"] == app
     changed = {"rlvr_app": {"use_ray": True, "arith_data": {"seed": 1}}}
-    runner = _runner(tmp_path, FakeRecipe(), changed, max_steps=5, resume_from_checkpoint=True)
+    runner = _runner(
+        tmp_path, FakeRecipe(), {"app_record": changed}, max_steps=5, resume_from_checkpoint=True
+    )
     with pytest.raises(ConfigError) as info:
         runner.run()
     assert [i.path for i in info.value.issues] == ["rlvr_app.arith_data.seed"]
     assert runner.ctx is None  # refused before anything started
     capsys.readouterr()
     harmless = {"rlvr_app": {"use_ray": True, "arith_data": {"seed": 0}}}
-    _run(tmp_path, FakeRecipe(), harmless, max_steps=5, resume_from_checkpoint=True)
+    _run(tmp_path, FakeRecipe(), {"app_record": harmless}, max_steps=5, resume_from_checkpoint=True)
     lines = capsys.readouterr().out.splitlines()
     assert any(x.startswith("warning: rlvr_app.use_ray changed since checkpoint") for x in lines)
 
@@ -254,31 +261,49 @@ def test_resume_warns_about_harmless_changes(tmp_path, capsys):
 
 
 def test_a_fresh_run_moves_an_earlier_runs_results_aside(tmp_path, capsys):
-    """A fresh run into an earlier run's directories first moves that run's metrics.jsonl and
-    checkpoints into `previous-<UTC time>/` (one line says what moved where), so its metrics
-    and checkpoints are its own and a later resume continues it, not the earlier run's newest
-    step; the resumed run goes on in the same metrics.jsonl, moving nothing."""
+    """A fresh run into an earlier run's directories first moves that run's metrics.jsonl,
+    checkpoints and outputs (summary.json, curves.png, resolved_config.yaml, hf_model/, and a
+    file the app writes for the run, `RunOptions.app_outputs`) into `previous-<UTC time>/` of
+    the directory each was in (one line says what moved where), so its metrics and checkpoints
+    are its own, a later resume continues it, not the earlier run's newest step, and nothing of
+    the earlier run is overwritten; the resumed run goes on in the same metrics.jsonl, moving
+    nothing."""
     out = tmp_path / "out"
-    _run(tmp_path, FakeRecipe(), max_steps=5)  # logs steps 2, 4, 5; checkpoints 3, 5
+    options = {"export_hf": True, "app_outputs": (str(tmp_path / "comparison.json"),)}
+    _run(tmp_path, FakeRecipe(), options, max_steps=5)  # logs 2, 4, 5; checkpoints 3, 5
+    (tmp_path / "comparison.json").write_text("earlier comparison")  # the app's own file
+    earlier_curves = (out / "curves.png").read_bytes()
     capsys.readouterr()
-    _run(tmp_path, FakeRecipe(), max_steps=2)  # again, fresh: logs step 2, checkpoint 2
+    _run(tmp_path, FakeRecipe(), options, max_steps=2)  # again, fresh: logs 2, checkpoint 2
     (logs_aside,) = (out / "logs").glob("previous-*")
     (ckpts_aside,) = (out / "checkpoints").glob("previous-*")
-    assert logs_aside.name == ckpts_aside.name
+    (out_aside,) = out.glob("previous-*")
+    (app_aside,) = tmp_path.glob("previous-*")
+    assert logs_aside.name == ckpts_aside.name == out_aside.name == app_aside.name
     assert capsys.readouterr().out.splitlines()[0] == (
         "this run starts fresh; an earlier run's results moved aside: metrics.jsonl -> "
-        f"{logs_aside}/; step-000003, step-000005 -> {ckpts_aside}/"
+        f"{logs_aside}/; step-000003, step-000005 -> {ckpts_aside}/; summary.json, "
+        f"curves.png, resolved_config.yaml, hf_model -> {out_aside}/; "
+        f"comparison.json -> {app_aside}/"
     )
     assert _logged_steps(tmp_path) == [2]
     earlier = (logs_aside / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in earlier if "train/loss" in x] == [2, 4, 5]
     assert sorted(p.name for p in ckpts_aside.iterdir()) == ["step-000003", "step-000005"]
     assert [p.name for p in (out / "checkpoints").glob("step-*")] == ["step-000002"]
+    assert json.loads((out_aside / "summary.json").read_text())["step"] == 5
+    assert json.loads((out / "summary.json").read_text())["step"] == 2
+    assert (out_aside / "curves.png").read_bytes() == earlier_curves
+    assert "max_steps: 5" in (out_aside / "resolved_config.yaml").read_text()
+    assert "max_steps: 2" in (out / "resolved_config.yaml").read_text()
+    assert (out_aside / "hf_model" / "config.json").is_file()
+    assert (app_aside / "comparison.json").read_text() == "earlier comparison"
 
-    _, result = _run(tmp_path, FakeRecipe(), max_steps=4, resume_from_checkpoint=True)
+    _, result = _run(tmp_path, FakeRecipe(), options, max_steps=4, resume_from_checkpoint=True)
     assert result.resumed_from == str(out / "checkpoints" / "step-000002")
     assert _logged_steps(tmp_path) == [2, 4]
-    assert len(list((out / "logs").glob("previous-*"))) == 1
+    for directory in (out / "logs", out / "checkpoints", out, tmp_path):
+        assert len(list(directory.glob("previous-*"))) == 1, directory
 
 
 class RecipeWithBaselines(FakeRecipe):

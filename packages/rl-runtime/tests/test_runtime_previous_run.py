@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from rl_runtime.previous_run import set_aside_previous_run
+from rl_runtime.previous_run import earlier_run_outputs, set_aside_previous_run
 from rl_runtime.tracking import earlier_run_logs
 
 WHEN = datetime(2026, 11, 24, 14, 5, 9, tzinfo=UTC)
@@ -38,3 +38,27 @@ def test_each_directory_gets_one_previous_dir_named_for_the_moment(tmp_path):
         "previous-20261124T140509Z-1",
     ]
     assert earlier_run_logs(logs) == [] and set_aside_previous_run([], WHEN) is None
+
+
+def test_a_runs_outputs_and_the_apps_files_are_found_and_moved_once(tmp_path):
+    out = tmp_path / "out"
+    (out / "hf_model").mkdir(parents=True)
+    (out / "summary.json").write_text("{}")
+    (out / "resolved_config.yaml").write_text("seed: 1\n")
+    (out / "notes.txt").write_text("kept")  # not the runner's: stays
+    extra = [str(tmp_path / "comparison.json"), str(tmp_path / "absent.json")]
+    (tmp_path / "comparison.json").write_text("{}")
+
+    found = earlier_run_outputs(out, [*extra, str(out / "summary.json")])
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == [
+        "out/summary.json",
+        "out/resolved_config.yaml",
+        "out/hf_model",
+        "comparison.json",
+        "out/summary.json",  # named twice: moved once
+    ]
+    line = set_aside_previous_run(found, WHEN)
+    assert line is not None and "summary.json, resolved_config.yaml, hf_model -> " in line
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "previous-20261124T140509Z"]
+    assert (tmp_path / "previous-20261124T140509Z" / "comparison.json").is_file()
+    assert earlier_run_outputs(out, extra) == []

@@ -63,6 +63,21 @@ def test_each_group_meets_in_its_own_node_local_rendezvous_without_a_port():
     assert ref.call_all("rendezvous")[0][RENDEZVOUS_ENV] not in tokens
 
 
+def test_a_group_start_sweeps_the_store_file_a_killed_driver_left(tmp_path, monkeypatch):
+    """A driver SIGKILLed before its teardown leaves its role's rendezvous file; the next
+    group started on this node removes it (rl_sync.store.sweep_leaked_rendezvous)."""
+    import tempfile
+
+    from rl_sync.testing import killed_launchers_store
+
+    leaked = killed_launchers_store(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    plan = plan_placement({"actor_train": [0, 1]}, num_devices=2)
+    group = WorkerGroup.create("actor_train", Echo, plan.roles["actor_train"], mode="local")
+    assert not (tmp_path / leaked).exists()
+    group.shutdown()
+
+
 class Stuck:
     """A worker whose `hang` blocks (bounded by `release`, so the old code returns late)."""
 

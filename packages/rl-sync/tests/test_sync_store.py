@@ -1,6 +1,7 @@
 """Rendezvous stores without a port race: a listener held from the moment its port is published,
 and a node-local FileStore that needs no port at all. Real sockets, real gloo processes."""
 
+import contextlib
 import errno
 import os
 import socket
@@ -13,11 +14,15 @@ from rl_sync.store import (
     bind_listener,
     create_private_file,
     create_store,
+    host_tag,
+    loopback_interface,
+    loopback_socket_env,
     new_rendezvous_token,
     node_local_store,
     node_local_store_path,
+    sweep_leaked_rendezvous,
 )
-from rl_sync.testing import mp_context, store_rank_main
+from rl_sync.testing import killed_launchers_store, mp_context, store_rank_main
 
 pytestmark = pytest.mark.xdist_group("dist")
 
@@ -104,6 +109,41 @@ def test_rendezvous_tokens_are_fresh_and_valid():
     assert len(tokens) == 100
     for t in tokens:
         assert node_local_store_path(t).name == f"rl-rendezvous-{t}"
+        pid, tag, rest = t.split("-")  # the maker, its host, 128 random bits
+        assert (int(pid), tag, len(rest)) == (os.getpid(), host_tag(), 32)
+
+
+def test_a_killed_launchers_store_file_is_swept_and_nothing_else(tmp_path):
+    leaked = killed_launchers_store(tmp_path)
+    dead_pid = leaked.split("-")[2]
+    ours = f"rl-rendezvous-{new_rendezvous_token()}"  # this process: alive
+    create_private_file(tmp_path / ours)
+    hex32 = "0" * 32
+    init = f"rl-rendezvous-1-{host_tag()}-{hex32}"  # a live pid, of another process
+    elsewhere = f"rl-rendezvous-{dead_pid}-{'f' * 8}-{hex32}"  # another host's launcher
+    older = f"rl-rendezvous-{hex32}"  # a token without a pid
+    link = f"rl-rendezvous-{dead_pid}-{host_tag()}-{'1' * 32}"  # a symlink: not followed
+    directory = f"rl-rendezvous-{dead_pid}-{host_tag()}-{'2' * 32}"
+    for name in (init, elsewhere, older):
+        create_private_file(tmp_path / name)
+    (tmp_path / "victim").write_text("keep me")
+    (tmp_path / link).symlink_to(tmp_path / "victim")
+    (tmp_path / directory).mkdir()
+
+    assert sweep_leaked_rendezvous(tmp_path) == [tmp_path / leaked]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [ours, init, elsewhere, older, link, directory, "victim"]
+    )
+    assert (tmp_path / "victim").read_text() == "keep me"
+    assert sweep_leaked_rendezvous(tmp_path) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making another user's file needs root")
+def test_another_users_leaked_store_file_is_left_alone(tmp_path):
+    leaked = killed_launchers_store(tmp_path)
+    os.chown(tmp_path / leaked, 65534, 65534)  # nobody's
+    assert sweep_leaked_rendezvous(tmp_path) == []
+    assert (tmp_path / leaked).is_file()
 
 
 def test_the_store_file_is_private_and_one_planted_under_its_name_is_refused(tmp_path):
@@ -120,3 +160,62 @@ def test_the_store_file_is_private_and_one_planted_under_its_name_is_refused(tmp
         with pytest.raises(PermissionError, match=f"{name} exists but is not a private regular"):
             create_private_file(tmp_path / name)
     assert (tmp_path / "store").read_bytes() == b""
+
+
+@pytest.mark.parametrize(
+    ("backend", "environ", "expected"),
+    [
+        ("gloo", {}, {"GLOO_SOCKET_IFNAME": "lo"}),  # an exact interface name
+        ("nccl", {}, {"NCCL_SOCKET_IFNAME": "=lo"}),  # "=": exactly lo, not a prefix
+        ("hccl", {}, {"HCCL_SOCKET_IFNAME": "=lo"}),
+        ("gloo", {"GLOO_SOCKET_IFNAME": "eth0"}, {}),  # the user chose: left alone
+        ("nccl", {"NCCL_SOCKET_IFNAME": "ib"}, {}),
+        ("nccl", {"GLOO_SOCKET_IFNAME": "eth0"}, {"NCCL_SOCKET_IFNAME": "=lo"}),  # not nccl's
+        ("hccl", {"HCCL_SOCKET_IFNAME": "eth"}, {}),
+        ("hccl", {"HCCL_IF_IP": "10.0.0.7"}, {}),  # takes precedence over HCCL_SOCKET_IFNAME
+        ("hccl", {"NCCL_SOCKET_IFNAME": "ib"}, {"HCCL_SOCKET_IFNAME": "=lo"}),
+        ("mpi", {}, {}),  # a backend it does not know
+    ],
+)
+def test_loopback_socket_env_names_the_backends_own_variable_unless_the_user_set_it(
+    backend, environ, expected
+):
+    assert loopback_socket_env(backend, environ, interface="lo") == expected
+
+
+def test_loopback_socket_env_reads_the_machines_loopback_and_the_process_env(monkeypatch):
+    lo = loopback_interface()
+    assert lo is not None  # Linux: "lo"
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    assert loopback_socket_env("nccl") == {"NCCL_SOCKET_IFNAME": f"={lo}"}
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
+    assert loopback_socket_env("nccl") == {}
+    monkeypatch.setattr("rl_sync.store.loopback_interface", lambda: None)
+    assert loopback_socket_env("gloo", {}) == {}  # no loopback interface known: nothing
+
+
+@pytest.mark.parametrize(
+    ("host", "preset", "expected"),
+    [
+        ("127.0.0.1", None, "={lo}"),
+        ("localhost", None, "={lo}"),
+        ("10.0.0.7", None, None),  # a cluster address: the ranks may be on other nodes
+        ("127.0.0.1", "ib0", "ib0"),  # the user's choice stays
+    ],
+)
+def test_a_loopback_weight_sync_group_pins_nccl_to_loopback(monkeypatch, host, preset, expected):
+    """The trainer -> rollout broadcast group over NCCL (formed on a GPU only: here the
+    communicator's constructor refuses, after the environment is set)."""
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import HashStore
+
+    from rl_sync import group
+
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    if preset is not None:
+        monkeypatch.setenv("NCCL_SOCKET_IFNAME", preset)
+    with contextlib.suppress(ValueError, RuntimeError):  # no GPU here
+        group._make_backend("nccl", HashStore(), 0, 1, timedelta(seconds=5), host)
+    lo = loopback_interface()
+    assert os.environ.get("NCCL_SOCKET_IFNAME") == (expected and expected.format(lo=lo))

@@ -25,8 +25,9 @@ At start the runner prints the config warnings and writes the resolved config (s
 to output_dir; at the end it writes output_dir/summary.json. A checkpoint records the config and
 the app's own section (`RunOptions.app_record`), which rl_runtime.resume_guard compares on resume,
 and the evaluation before training, which a resumed run's summary keeps. A resumed run says so
-first and goes on in its run's metrics.jsonl; a fresh run first moves an earlier run's metrics and
-checkpoints in its directories aside (rl_runtime.previous_run) and says where.
+first and goes on in its run's metrics.jsonl; a fresh run first moves an earlier run's metrics,
+checkpoints and outputs (summary.json, curves.png, resolved_config.yaml, hf_model/, and the
+app's `RunOptions.app_outputs`) in its directories aside (rl_runtime.previous_run) and says where.
 Throughput: `throughput/samples_per_s` (trained samples, `rollout/num_trajectories`, per second of
 the training loop without evaluation and checkpoints), in the metrics and summary.json.
 With `components.asynchronous`, rollout runs ahead of the trainer (rl_runtime.async_training).
@@ -48,7 +49,13 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
-from rl_runtime.previous_run import set_aside_previous_run
+from rl_runtime.previous_run import (
+    CURVES_NAME,
+    HF_MODEL_NAME,
+    SUMMARY_NAME,
+    earlier_run_outputs,
+    set_aside_previous_run,
+)
 from rl_runtime.resume_guard import app_record, check_resume, config_record
 from rl_runtime.timing import PhaseTimer, StepProgress
 from rl_runtime.tracking import Tracker, earlier_run_logs, tracker_log_dir
@@ -82,6 +89,9 @@ class RunOptions:
     )
     #: the app's own section as a checkpoint records it (rl_runtime.resume_guard.app_record)
     app_record: dict[str, Any] = field(default_factory=dict)
+    #: files or directories the app itself writes for this run outside the runner's
+    #: (apps/async: its summary.json of both runs); a fresh run moves an earlier one aside too
+    app_outputs: tuple[str, ...] = ()
 
     #: the attributes :meth:`from_app` reads from an app's options
     APP_FIELDS = (
@@ -401,7 +411,9 @@ class Runner:
         if resume is None:
             earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
             moved = set_aside_previous_run(
-                earlier + (self.ckpt.present() if self.ckpt is not None else [])
+                earlier
+                + (self.ckpt.present() if self.ckpt is not None else [])
+                + earlier_run_outputs(c.output_dir, self.options.app_outputs)
             )
             if moved is not None:
                 print(moved, flush=True)
@@ -618,7 +630,7 @@ class Runner:
         out = Path(self.components.output_dir)
         png = write_curves(
             ctx.tracker.history,
-            out / "curves.png",
+            out / CURVES_NAME,
             title=self.components.exp_name,
             baselines={
                 f"{name}: {key}": value
@@ -628,7 +640,7 @@ class Runner:
         )
         hf_dir = None
         if self.options.export_hf and ctx.cluster.has("actor_train"):
-            hf_dir = ctx.cluster["actor_train"].call_rank0("export_hf", str(out / "hf_model"))
+            hf_dir = ctx.cluster["actor_train"].call_rank0("export_hf", str(out / HF_MODEL_NAME))
         result = RunResult(
             step=ctx.step,
             weight_version=ctx.weight_version,
@@ -647,7 +659,7 @@ class Runner:
             },
         )
         out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(result.__dict__, indent=2, default=str))
+        (out / SUMMARY_NAME).write_text(json.dumps(result.__dict__, indent=2, default=str))
         return result
 
     def teardown(self) -> None:

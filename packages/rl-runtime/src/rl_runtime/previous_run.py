@@ -4,10 +4,12 @@ A run that starts fresh (no checkpoint resumed: `resume_from_checkpoint: false`,
 no checkpoint yet) into directories an earlier run wrote would otherwise append its metrics to
 the earlier `metrics.jsonl` (and its TensorBoard events beside the earlier ones), and leave the
 earlier checkpoints beside its own, where pruning and a later `resume_from_checkpoint: true` go
-by step number and may pick the earlier run's newest. `set_aside_previous_run` moves each of
-those into `previous-<UTC time>/` inside the directory it was in, one such directory per
-directory, all named for the same moment; nothing is deleted. A resumed run moves nothing (its
-metrics go on in the same file).
+by step number and may pick the earlier run's newest; and it would overwrite the earlier
+`RUN_OUTPUTS` in output_dir (summary.json, curves.png, resolved_config.yaml, hf_model/), and any
+file an app writes for the run (apps/async's summary.json of both runs). `set_aside_previous_run`
+moves each of those into `previous-<UTC time>/` inside the directory it was in, one such
+directory per directory, all named for the same moment; nothing is deleted. A resumed run moves
+nothing (its metrics go on in the same file, its outputs are rewritten at its end).
 """
 
 from __future__ import annotations
@@ -17,7 +19,24 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from rl_config.redact import DUMP_NAME
+
 PREFIX = "previous-"
+SUMMARY_NAME = "summary.json"
+CURVES_NAME = "curves.png"
+HF_MODEL_NAME = "hf_model"
+RUN_OUTPUTS = (SUMMARY_NAME, CURVES_NAME, DUMP_NAME, HF_MODEL_NAME)
+"""What rl_runtime.pipeline writes into output_dir (the resolved config through
+rl_config.redact.dump_resolved, hf_model/ with `export_hf`)."""
+
+
+def earlier_run_outputs(
+    output_dir: str | os.PathLike[str], extra: Sequence[str] = ()
+) -> list[Path]:
+    """The `RUN_OUTPUTS` present in `output_dir`, then those of `extra` (paths an app writes
+    for the run) that exist: what a fresh run would overwrite."""
+    found = [Path(output_dir) / name for name in RUN_OUTPUTS]
+    return [p for p in (*found, *map(Path, extra)) if os.path.lexists(p)]
 
 
 def aside_dir(directory: Path, when: datetime) -> Path:
@@ -38,7 +57,7 @@ def set_aside_previous_run(paths: Sequence[Path], when: datetime | None = None) 
         return None
     when = when or datetime.now(UTC)
     moved: dict[Path, list[str]] = {}
-    for path in (Path(os.path.abspath(p)) for p in paths):
+    for path in dict.fromkeys(Path(os.path.abspath(p)) for p in paths):
         parent = path.parent
         target = next((t for t in moved if t.parent == parent), None)
         if target is None:

@@ -105,12 +105,15 @@ class WorkerGroup:
 
         Each worker also gets the torch.distributed env for process groups inside the role: RANK,
         WORLD_SIZE, LOCAL_RANK and, instead of a MASTER_ADDR/MASTER_PORT that a port race can
-        break, a fresh token naming the role's node-local rendezvous (rl_train.dist).
+        break, a fresh token naming the role's node-local rendezvous (rl_train.dist). Store files
+        an earlier driver left on this node when it was killed are removed first
+        (rl_sync.store.sweep_leaked_rendezvous).
         """
-        from rl_sync.store import new_rendezvous_token
+        from rl_sync.store import new_rendezvous_token, sweep_leaked_rendezvous
         from rl_train.dist import RENDEZVOUS_ENV
 
         world = placement.num_workers
+        sweep_leaked_rendezvous()
         token = new_rendezvous_token()
         workers: list[Any] = []
         for slot in placement.workers:

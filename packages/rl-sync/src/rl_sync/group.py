@@ -13,6 +13,7 @@ Every collective carries a timeout and waits with it; a peer that dies or stalls
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from torch._C._distributed_c10d import (
 )
 
 from rl_sync.device import BackendName, DeviceKind, backend_for, detect_device_kind, torch_device
-from rl_sync.store import create_store, is_loopback_host
+from rl_sync.store import create_store, is_loopback_host, loopback_socket_env
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_TIMEOUT_S = 600.0
@@ -72,6 +73,10 @@ def _make_backend(
         hostname = local_addr or (DEFAULT_HOST if is_loopback_host(host) else "")
         options._devices = [ProcessGroupGloo.create_device(hostname=hostname)]
         return ProcessGroupGloo(store, rank, world_size, options)
+    if is_loopback_host(host):
+        # every rank is on this host: NCCL's/HCCL's bootstrap sockets listen on loopback, not on
+        # the first external interface (gloo's device is pinned above, not through the env)
+        os.environ.update(loopback_socket_env(backend))
     if backend == "nccl":
         from torch._C._distributed_c10d import ProcessGroupNCCL
 

@@ -7,8 +7,11 @@ a loopback address and hands its descriptor to the store (``master_listen_fd``),
 reachable from this machine only. A non-loopback ``host`` (a multi-node run) keeps torch's
 behaviour: the peers on other machines must reach it.
 
-:func:`loopback_interface` names the loopback interface for ``GLOO_SOCKET_IFNAME``, so the gloo
-pairs of a default process group listen on loopback too instead of on the hostname's address.
+:func:`loopback_interface` names the loopback interface, and :func:`loopback_socket_env` the
+backend's own variable that pins a single-node group's sockets to it (``GLOO_SOCKET_IFNAME``,
+``NCCL_SOCKET_IFNAME``, ``HCCL_SOCKET_IFNAME``), so the gloo pairs and the NCCL/HCCL bootstrap
+sockets listen on loopback too instead of on the hostname's or the first external interface's
+address.
 
 Picking a port is a race: a port found free (bind to 0, close) can be taken by any process (Ray
 opens many connections, each on an ephemeral port) before the store binds it. Two ways out:
@@ -18,6 +21,11 @@ opens many connections, each on an ephemeral port) before the store binds it. Tw
 - ``create_store(..., listener=sock)``: rank 0 binds its listener first (:func:`bind_listener`,
   port 0), publishes the port, and hands the socket to the store later; nothing else can take the
   port in between.
+
+A node-local store's file outlives a launcher that is killed (SIGKILL) before it removes it. A
+token names the process that made it and its host (``<pid>-<host tag>-<random>``), so
+:func:`sweep_leaked_rendezvous`, run when a group starts, can remove this user's files whose
+maker on this host is gone.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import re
 import socket
 import stat
 import tempfile
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 
@@ -100,6 +109,10 @@ def create_store(
 
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")
+STORE_PREFIX = "rl-rendezvous-"
+#: a store file named by :func:`new_rendezvous_token`: the maker's pid, its host's tag, then
+#: 128 random bits
+_SWEEPABLE = re.compile(re.escape(STORE_PREFIX) + r"([1-9][0-9]{0,6})-([0-9a-f]{8})-[0-9a-f]{32}")
 
 
 def node_local_store(token: str, world_size: int) -> Store:
@@ -156,14 +169,75 @@ def node_local_store_path(token: str) -> Path:
             f"rendezvous token {token!r}: expected 16-64 characters of [A-Za-z0-9_-] "
             "(rl_sync.store.new_rendezvous_token)"
         )
-    return Path(tempfile.gettempdir()) / f"rl-rendezvous-{token}"
+    return Path(tempfile.gettempdir()) / f"{STORE_PREFIX}{token}"
 
 
 def new_rendezvous_token() -> str:
-    """A fresh random token for :func:`node_local_store` (128 bits)."""
+    """A fresh token for :func:`node_local_store`: ``<pid>-<host tag>-<128 random bits in
+    hex>``, the pid of the process that makes it (the launcher, which removes the store after
+    its ranks) and :func:`host_tag`, so a store it leaves when killed can be found by
+    :func:`sweep_leaked_rendezvous`."""
     import secrets
 
-    return secrets.token_hex(16)
+    return f"{os.getpid()}-{host_tag()}-{secrets.token_hex(16)}"
+
+
+def host_tag() -> str:
+    """8 hex digits naming this host (of its hostname): a pid means something only on the host
+    whose process it is (the ranks of a launcher on another node make its store on theirs)."""
+    import hashlib
+
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (any user's: a pid reused by another
+    process counts as alive; a zombie too, until its parent reaps it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
+
+
+def sweep_leaked_rendezvous(directory: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove the node-local store files (``rl-rendezvous-<pid>-<host tag>-<hex>``, in
+    ``directory``, default the temp dir) made on this host (:func:`host_tag`) whose maker
+    ``<pid>`` is no longer alive: a launcher killed before it removed its store. Only regular
+    files owned by this user are removed (a symlink is never followed nor removed, another
+    user's file never touched); a live pid, even one reused by another process, keeps its file,
+    and so does a file another host's launcher named (its pid means nothing here). Stores named
+    by older tokens (no pid) are left alone. Returns what was removed; a file that cannot be
+    examined or removed is skipped.
+
+    Containers of one hostname and uid that share a temp dir but not a pid namespace cannot
+    tell each other's live launchers from dead ones: give them their own temp dir."""
+    root = Path(tempfile.gettempdir() if directory is None else directory)
+    tag, removed = host_tag(), []
+    try:
+        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return []
+    try:
+        with os.scandir(dir_fd) as entries:
+            names = [e.name for e in entries if e.name.startswith(STORE_PREFIX)]
+        for name in names:
+            match = _SWEEPABLE.fullmatch(name)
+            if match is None or match.group(2) != tag or pid_alive(int(match.group(1))):
+                continue
+            try:
+                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                    continue
+                os.unlink(name, dir_fd=dir_fd)  # unlink never follows a symlink either
+            except OSError:
+                continue
+            removed.append(root / name)
+    finally:
+        os.close(dir_fd)
+    return removed
 
 
 def loopback_interface() -> str | None:
@@ -178,6 +252,46 @@ def loopback_interface() -> str | None:
     return None
 
 
+#: per backend: the variables that choose the interface its sockets listen on, the one set to
+#: pin it to loopback first; a backend whose any of these the user set is left alone.
+#: gloo: GLOO_SOCKET_IFNAME, an interface name. nccl: NCCL_SOCKET_IFNAME, where a leading ``=``
+#: asks for that exact name rather than a prefix (NCCL's environment variable docs).
+#: hccl: HCCL_SOCKET_IFNAME takes the same ``=name`` form for an exact name, and HCCL_IF_IP (one
+#: host IP) takes precedence over it; with neither set HCCL prefers any interface other than
+#: docker/lo (Ascend CANN environment variable reference, "HCCL_SOCKET_IFNAME" and "HCCL_IF_IP",
+#: hiascend.com/document/detail/zh/canncommercial/latest/maintenref/envvar/envref_07_0075.html).
+SOCKET_IFNAME_VARS: dict[str, tuple[str, ...]] = {
+    "gloo": ("GLOO_SOCKET_IFNAME",),
+    "nccl": ("NCCL_SOCKET_IFNAME",),
+    "hccl": ("HCCL_SOCKET_IFNAME", "HCCL_IF_IP"),
+}
+_EXACT_NAME_PREFIX = {"gloo": "", "nccl": "=", "hccl": "="}
+
+
+def loopback_socket_env(
+    backend: str,
+    environ: Mapping[str, str] | None = None,
+    interface: str | None = None,
+) -> dict[str, str]:
+    """The variables to set so a group of ``backend`` whose ranks all run on this node listens
+    on the loopback interface only: ``{"GLOO_SOCKET_IFNAME": "lo"}``,
+    ``{"NCCL_SOCKET_IFNAME": "=lo"}``, ``{"HCCL_SOCKET_IFNAME": "=lo"}``. Empty when the user
+    already chose (any of the backend's :data:`SOCKET_IFNAME_VARS` set in ``environ``, default
+    ``os.environ``), when no loopback interface is known, or for an unknown backend.
+    ``interface``: the loopback interface's name (default :func:`loopback_interface`).
+
+    Set it in the process before the backend's first group there: NCCL reads its interface once
+    per process. Callers merge it into ``os.environ`` (nothing here changes the environment)."""
+    names = SOCKET_IFNAME_VARS.get(backend)
+    environ = os.environ if environ is None else environ
+    if names is None or any(name in environ for name in names):
+        return {}
+    lo = interface if interface is not None else loopback_interface()
+    if lo is None:
+        return {}
+    return {names[0]: _EXACT_NAME_PREFIX[backend] + lo}
+
+
 def _interface_names() -> list[str]:
     try:
         return [name for _index, name in socket.if_nameindex()]
@@ -189,9 +303,13 @@ __all__ = [
     "bind_listener",
     "create_private_file",
     "create_store",
+    "host_tag",
     "is_loopback_host",
     "loopback_interface",
+    "loopback_socket_env",
     "new_rendezvous_token",
     "node_local_store",
     "node_local_store_path",
+    "pid_alive",
+    "sweep_leaked_rendezvous",
 ]

@@ -218,6 +218,42 @@ def store_rank_main(rank: int, world_size: int, token: str, result_queue: Any) -
         result_queue.put(("crash", traceback.format_exc()))
 
 
+_LAUNCHER = """
+import time
+from rl_sync.store import new_rendezvous_token, node_local_store
+token = new_rendezvous_token()
+store = node_local_store(token, 2)  # the file the ranks meet in; the other rank never comes
+print(token, flush=True)
+time.sleep(120)
+"""
+
+
+def killed_launchers_store(tmpdir: str | os.PathLike[str]) -> str:
+    """Start a launcher process that makes a node-local store file in ``tmpdir`` (its temp
+    dir), SIGKILL it before it can remove the file, and reap it (a zombie's pid would still be
+    alive); the file's name, which is left in ``tmpdir``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LAUNCHER], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        token = proc.stdout.readline().strip()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    name = f"rl-rendezvous-{token}"
+    if not (Path(tmpdir) / name).is_file():
+        raise RuntimeError(f"the launcher left no store file {name!r} in {tmpdir}")
+    return name
+
+
 def _shard(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     flat = tensor.contiguous().reshape(-1)
     per = -(-flat.numel() // world_size)

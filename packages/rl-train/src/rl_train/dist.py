@@ -22,7 +22,7 @@ from rl_sync.device import DeviceKind, backend_for, detect_device_kind, set_devi
 from rl_sync.store import (
     create_store,
     is_loopback_host,
-    loopback_interface,
+    loopback_socket_env,
     new_rendezvous_token,
     node_local_store,
     node_local_store_path,
@@ -58,8 +58,10 @@ def init_distributed(
     and no group is created. With ``$RL_RENDEZVOUS_TOKEN`` the ranks (all on this node) meet in a
     node-local FileStore, without a port; else at MASTER_ADDR:MASTER_PORT. Either way a group on
     one node listens on loopback only: a loopback MASTER_ADDR's store binds loopback alone (see
-    :func:`rl_sync.store.create_store`), and gloo's pairs use the loopback interface
-    (``GLOO_SOCKET_IFNAME``, unless already set).
+    :func:`rl_sync.store.create_store`), and the backend's sockets (gloo's pairs, the NCCL/HCCL
+    bootstrap) use the loopback interface (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``/
+    ``HCCL_SOCKET_IFNAME``: :func:`rl_sync.store.loopback_socket_env`; none the user set is
+    changed).
     """
     kind = kind or detect_device_kind()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -76,10 +78,8 @@ def init_distributed(
             store = create_store(
                 master, int(os.environ["MASTER_PORT"]), world, rank_ == 0, timeout_s
             )
-        if store is not None:
-            lo = loopback_interface()
-            if backend == "gloo" and lo is not None:
-                os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+        if store is not None:  # every rank on this node
+            os.environ.update(loopback_socket_env(backend))
         dist.init_process_group(
             backend=backend,
             rank=rank_,

@@ -252,6 +252,11 @@ def rendezvous_probe(rank: int, out: str) -> None:
         "master_port": os.environ.get("MASTER_PORT"),
         # while the group lives (every rank has all-reduced, none has left)
         "store_file": bool(token) and node_local_store_path(token).exists(),
+        # the interfaces the group's sockets were pinned to (rl_sync.store.loopback_socket_env)
+        "socket_env": {
+            name: os.environ.get(name)
+            for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
+        },
     }
     (Path(out) / f"probe_rank{rank}.json").write_text(json.dumps(seen))
 
