@@ -8,6 +8,7 @@ from typing import Any
 
 from rl_runtime.compose.components import BACKEND_ROLE, Components, RolePlan
 from rl_runtime.compose.losses import build_actor_loss, build_critic_loss
+from rl_runtime.compose.sampling import build_sampling
 from rl_train.args import ModelArgs, TrainingArgs, parse_prefixes
 
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -70,11 +71,11 @@ def sampling_temperature(cfg: Any) -> float:
     """The temperature the rollout samples the policy at (`actor_infer.generating_args`), which
     the trainer's log-probs use too (verl's and TRL's rule): greedy decoding or no `actor_infer`
     section is 1 (the raw model)."""
-    infer = getattr(cfg, "actor_infer", None)
-    gen = getattr(infer, "generating_args", None)
-    if gen is None or not gen.do_sample or gen.temperature == 0:
+    gen = getattr(getattr(cfg, "actor_infer", None), "generating_args", None)
+    if gen is None:
         return 1.0
-    return float(gen.temperature)
+    # build_sampling decides greedy (temperature 0) the way the rollout does
+    return build_sampling(gen, max_new_tokens=1).temperature or 1.0
 
 
 def build_role(
@@ -112,11 +113,12 @@ def build_role(
     )
     if role == "actor_infer":
         mode = common["strategy_config"].get("logprobs_mode")
-        if mode == "raw_logprobs" and sampling_temperature(cfg) != 1.0:
+        temperature = sampling_temperature(cfg)
+        if mode == "raw_logprobs" and temperature != 1.0:
             warnings.append(
                 "actor_infer.strategy_args.strategy_config.logprobs_mode=raw_logprobs: the "
                 "engine records temperature-1 log-probs while the trainer's are at the sampling "
-                f"temperature {sampling_temperature(cfg)}; the train-inference ratio then "
+                f"temperature {temperature}; the train-inference ratio then "
                 "measures the temperature, not a mismatch"
             )
         return RolePlan(**common)  # type: ignore[arg-type]
