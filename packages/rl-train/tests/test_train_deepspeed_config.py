@@ -10,7 +10,7 @@ import pytest
 from rl_config import ExperimentConfig
 from rl_config.rules import deepspeed_overrides, deepspeed_owned
 from rl_train.args import ModelArgs, TrainingArgs
-from rl_train.backends.deepspeed import resolve_ds_config
+from rl_train.backends.deepspeed import plain_optimizer_step, resolve_ds_config
 
 EXPLICIT: dict[str, Any] = {
     "bf16": {"enabled": True},
@@ -55,3 +55,22 @@ def test_the_backend_sets_what_the_config_warnings_name(dtype: str) -> None:
                       "scheduler", "gradient_clipping", "gradient_accumulation_steps"}  # fmt: skip
     assert ("bf16.enabled" in warned) == (dtype != "bf16")
     assert ("fp16.enabled" in warned) == (dtype != "fp16")
+
+
+@pytest.mark.parametrize(
+    "raw,dtype,plain",
+    [
+        ({}, "fp32", True),
+        ({"zero_optimization": {"stage": 0}}, "fp32", True),
+        ({"zero_optimization": {"stage": 0}}, "bf16", False),
+        ({"zero_optimization": {"stage": 1}}, "fp32", False),
+        ({"zero_optimization": {"stage": 2}}, "fp32", False),
+    ],
+)
+def test_a_plain_optimizer_step_is_clipped_by_the_backend(raw, dtype, plain) -> None:
+    """ZeRO stage 0 in fp32 steps a plain optimizer: DeepSpeed's clipping (which hides the norm)
+    is off there and the backend clips instead; elsewhere DeepSpeed clips at max_grad_norm."""
+    args = TrainingArgs(max_grad_norm=0.7)
+    resolved = resolve_ds_config(raw, args, ModelArgs(dtype=dtype), 1, hidden_size=8)
+    assert plain_optimizer_step(resolved) is plain
+    assert resolved["gradient_clipping"] == (0.0 if plain else 0.7)

@@ -17,6 +17,7 @@ ZERO2 = {
     "zero_optimization": {"stage": 2, "overlap_comm": False, "reduce_bucket_size": "auto"},
     "bf16": {"enabled": "auto"},
 }
+ZERO0 = {"zero_optimization": {"stage": 0}}  # a plain optimizer step (rl_train.backends.deepspeed)
 ZERO3 = {
     "zero_optimization": {
         "stage": 3,
@@ -97,6 +98,19 @@ def test_fsdp2_two_ranks_match_single_process_and_hf_log_probs(
     )
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg", [{}, ZERO0], ids=["no_zero_section", "zero0"])
+def test_deepspeed_without_zero_one_rank_matches_single_process(
+    tiny_model_path, single_run, tmp_path, cfg
+):
+    """ZeRO stage 0 (the default without a zero_optimization section) in fp32 steps a plain torch
+    optimizer, whose norm DeepSpeed does not report: the step ran, with the single process's
+    gradient norm (clipped by max_grad_norm as there), and trained the same weights."""
+    spawn(train_worker, 1, _spec(tmp_path, tiny_model_path, "deepspeed_train", cfg, 1), env=ENV)
+    _check_matches_single(single_run, tmp_path)
+    assert [h["actor/skipped_steps"] for h in _result(tmp_path)["history"]] == [0.0, 0.0]
+
+
 def test_fsdp2_one_rank_trains_the_plain_module_bit_exactly(tiny_model_path, single_run, tmp_path):
     """One rank has nothing to shard: fsdp2_train trains the module without FSDP2's hooks
     (rl_train.backends.native), with the single-process hf_infer run's results to the bit."""
@@ -144,8 +158,8 @@ def test_two_rank_fsdp2_checkpoint_resumes_on_one_unwrapped_rank(tiny_model_path
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "cfg",
-    [ZERO2, ZERO3, {**ZERO3, "fused_lm_head": True}],
-    ids=["zero2", "zero3", "zero3_fused_head"],
+    [ZERO0, ZERO2, ZERO3, {**ZERO3, "fused_lm_head": True}],
+    ids=["zero0", "zero2", "zero3", "zero3_fused_head"],
 )
 def test_deepspeed_two_ranks_match_single_process(tiny_model_path, single_run, tmp_path, cfg):
     spawn(train_worker, 2, _spec(tmp_path, tiny_model_path, "deepspeed_train", cfg, 2), env=ENV)
@@ -154,7 +168,9 @@ def test_deepspeed_two_ranks_match_single_process(tiny_model_path, single_run, t
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "strategy,cfg", [("fsdp2_train", {}), ("deepspeed_train", ZERO2)], ids=["fsdp2", "zero2"]
+    "strategy,cfg",
+    [("fsdp2_train", {}), ("deepspeed_train", ZERO2), ("deepspeed_train", ZERO0)],
+    ids=["fsdp2", "zero2", "zero0"],
 )
 def test_nan_on_one_rank_skips_step_on_both(tiny_model_path, tmp_path, strategy, cfg):
     spawn(
@@ -484,3 +500,57 @@ def test_implicit_old_policy_forward_two_ranks_match_single_process(
         assert a["actor/optimizer_steps"] == b["actor/optimizer_steps"] == 2
         assert b["actor/clip_frac"] == pytest.approx(a["actor/clip_frac"], abs=1e-6)
     assert max(h["actor/clip_frac"] for h in single) > 0  # the second step is clipped
+
+
+_LAUNCHER_VARS = (
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RL_RENDEZVOUS_TOKEN",
+)
+
+LONE_PROCESS = """
+import os, sys, json
+import torch
+import torch.distributed as dist
+from rl_train.registry import build_backend
+from rl_train.testing import make_batch, nll_loss
+
+backend = build_backend(
+    "deepspeed_train", role="actor", model_path=sys.argv[1], strategy_config={},
+    training_args=dict(per_device_train_batch_size=4, learning_rate=1e-3),
+)
+metrics = backend.train_step(make_batch(n=4, max_len=12), nll_loss)
+print(json.dumps({
+    "world": dist.get_world_size(), "step": metrics["actor/global_step"],
+    "grad_norm": metrics["actor/grad_norm"],
+    "master_addr": os.environ.get("MASTER_ADDR"), "world_size_env": os.environ.get("WORLD_SIZE"),
+}))
+"""
+
+
+@pytest.mark.slow
+def test_deepspeed_in_a_lone_process_trains_in_its_own_one_rank_group(tiny_model_path):
+    """No launcher (no WORLD_SIZE/RANK/MASTER_ADDR, as a library user's script): the backend makes
+    a one-rank group on an in-memory store, instead of DeepSpeed's MPI discovery (an ImportError
+    without mpi4py; with it, a store on the first address of `hostname -I`)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    done = subprocess.run(
+        [sys.executable, "-c", LONE_PROCESS, tiny_model_path],
+        env={**env, **ENV},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["world"] == 1 and result["step"] == 1.0
+    assert result["grad_norm"] > 0.0  # the plain-optimizer step's norm, reported
+    assert result["master_addr"] is None and result["world_size_env"] is None

@@ -50,12 +50,15 @@ def barrier() -> None:
 
 
 def init_distributed(
-    kind: DeviceKind | None = None, *, timeout_s: float = 600.0
+    kind: DeviceKind | None = None, *, timeout_s: float = 600.0, group_when_alone: bool = False
 ) -> tuple[DeviceKind, torch.device]:
     """Initialise the default process group from env vars when WORLD_SIZE is set (idempotent).
 
     Returns the device kind and this rank's device. Without WORLD_SIZE this is a single process
-    and no group is created. With ``$RL_RENDEZVOUS_TOKEN`` the ranks (all on this node) meet in a
+    and no group is created, unless ``group_when_alone``: then a group of one rank on an
+    in-memory store (a backend that needs a group even alone, DeepSpeed, would otherwise make its
+    own by MPI discovery: an ImportError without mpi4py, and with it a store on the first address
+    of ``hostname -I``, port 29500). With ``$RL_RENDEZVOUS_TOKEN`` the ranks (all on this node) meet in a
     node-local FileStore, without a port; else at MASTER_ADDR:MASTER_PORT. Either way a group on
     one node listens on loopback only: a loopback MASTER_ADDR's store binds loopback alone (see
     :func:`rl_sync.store.create_store`), and the backend's sockets (gloo's pairs, the NCCL/HCCL
@@ -66,11 +69,12 @@ def init_distributed(
     kind = kind or detect_device_kind()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = set_device(local_rank, kind)
-    if not is_dist() and "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) >= 1:
-        rank_, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    alone = group_when_alone and "WORLD_SIZE" not in os.environ
+    if not is_dist() and (alone or int(os.environ.get("WORLD_SIZE", "0")) >= 1):
+        rank_, world = (0, 1) if alone else (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
         backend = backend_for(kind)
         store = None
-        token = os.environ.get(RENDEZVOUS_ENV)
+        token = new_rendezvous_token() if alone else os.environ.get(RENDEZVOUS_ENV)
         master = os.environ.get("MASTER_ADDR", "")
         if token:
             store = node_local_store(token, world)

@@ -7,6 +7,14 @@ Gradient accumulation is caller-owned (``managed_gradient_accumulation: false``)
 loss is pre-normalised by global counts, ``backward`` only accumulates, and ``step`` is the boundary.
 A non-finite gradient norm makes DeepSpeed skip the step on every rank (its overflow path; we
 enable ``bf16.check_grad_overflow``), which the guard counts.
+
+ZeRO stage 0 in fp32 (``deepspeed_zero``, and a config without ``zero_optimization``) steps a
+plain torch optimizer: DeepSpeed neither reports that step's gradient norm nor checks it, so a NaN
+gradient would be applied. There the skip is decided before the step from each rank's own
+gradients (an averaged gradient is finite iff every rank's is; the guard all-reduces the flag),
+and the clipping is ours (DeepSpeed's is off): an optimizer step pre-hook, which runs after
+DeepSpeed averaged the gradients over ranks, clips them to ``max_grad_norm`` and records their
+norm, the one reported.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ def _import_deepspeed(kind: str) -> Any:
     os.environ.setdefault(
         "LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
     )
+    os.environ.setdefault("LOCAL_RANK", "0")  # a lone process (its engine asserts the variable)
     try:
         import deepspeed
     except ImportError as err:  # pragma: no cover - depends on the extra
@@ -103,10 +112,20 @@ def resolve_ds_config(
             else:
                 del zero[key]
     cfg["zero_optimization"] = zero
+    if plain_optimizer_step(cfg):
+        cfg["gradient_clipping"] = 0.0  # ours: DeepSpeedBackend._clip_averaged_gradients
     for key, value in list(cfg.items()):
         if value == "auto":
             del cfg[key]
     return cfg
+
+
+def plain_optimizer_step(ds_config: dict[str, Any]) -> bool:
+    """Whether DeepSpeed steps a plain torch optimizer for this resolved config (ZeRO stage 0 in
+    fp32), which reports no gradient norm and applies non-finite gradients (module docstring)."""
+    stage = int(dict(ds_config.get("zero_optimization") or {}).get("stage", 0))
+    low_precision = any(dict(ds_config.get(k) or {}).get("enabled") for k in ("bf16", "fp16"))
+    return stage == 0 and not low_precision
 
 
 class DeepSpeedBackend(BackendCore):
@@ -133,7 +152,7 @@ class DeepSpeedBackend(BackendCore):
         self.keep_last = raw.get("keep_last")
         self.model_path = str(model_path)
         self.last_load_report = None
-        self.device_kind, self.device = rdist.init_distributed()
+        self.device_kind, self.device = rdist.init_distributed(group_when_alone=True)
         self.rank, self.world_size = rdist.rank(), rdist.world_size()
         deepspeed = _import_deepspeed(self.device_kind)
         from rl_sync.device import backend_for
@@ -160,6 +179,8 @@ class DeepSpeedBackend(BackendCore):
             raw, args, model_args, self.world_size, int(getattr(model.config, "hidden_size", 1024))
         )
         self.zero_stage = int(self.ds_config["zero_optimization"].get("stage", 0))
+        self.plain_step = plain_optimizer_step(self.ds_config)
+        self._averaged_grad_norm = float("nan")
         if resolve_compile_layers(raw.get("compile_layers")):
             if self.zero_stage == 3:
                 warnings.warn(
@@ -190,6 +211,8 @@ class DeepSpeedBackend(BackendCore):
             self.model = engine  # engine.forward -> module.forward (ZeRO-3 gathers params)
             self.optimizer = optimizer
             self.scheduler = scheduler
+            if self.plain_step:
+                engine.optimizer.register_step_pre_hook(self._clip_averaged_gradients)
         self.grad_scale = float(self.world_size)  # DeepSpeed averages gradients over ranks
 
     # -- primitives -------------------------------------------------------------------------------
@@ -204,8 +227,26 @@ class DeepSpeedBackend(BackendCore):
         if self.engine is not None:
             self.engine.zero_grad()
 
+    def _clip_averaged_gradients(self, *_: Any) -> None:
+        """Optimizer step pre-hook of a plain-optimizer step (module docstring): the gradients
+        are averaged over ranks by now; clip them and record their norm."""
+        max_norm = self.args.max_grad_norm if self.args.max_grad_norm > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self._module().parameters(), max_norm)
+        self._averaged_grad_norm = float(norm)
+
+    def _finish_plain_step(self, loss_nonfinite: bool) -> tuple[float, bool]:
+        assert self.engine is not None
+        grads = [p.grad for p in self._module().parameters() if p.grad is not None]
+        local_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        norm, skip = self._guarded_update(
+            loss_nonfinite, local_norm, self.engine.step, self.engine.zero_grad
+        )
+        return (norm, skip) if skip else (self._averaged_grad_norm, skip)
+
     def _finish_step(self, loss_nonfinite: bool) -> tuple[float, bool]:
         assert self.engine is not None
+        if self.plain_step:
+            return self._finish_plain_step(loss_nonfinite)
         self.engine.step()
         applied = bool(self.engine.was_step_applied())
         norm = self.engine.get_global_grad_norm()
