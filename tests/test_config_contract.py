@@ -477,3 +477,35 @@ def test_install_commands_name_extras_the_workspace_has():
     assert named and named <= have, (
         f"extras in install commands missing from the root: {named - have}"
     )
+
+
+# ------------------------------------------------------------------------- output directories
+APP_CONFIGS = sorted((ROOT / "apps").glob("*/configs/*.yaml"))  # not configs/examples: ROLL's
+APP_SECTIONS = {"agentic": "agentic_app", "rlvr": "rlvr_app", "dpo": "dpo_app"}
+
+
+@pytest.mark.parametrize("path", APP_CONFIGS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_a_shipped_app_config_writes_under_its_output_dir(path: Path, tmp_path: Path) -> None:
+    """`uv run apps/X output_dir=DIR` moves everything the run writes (logs, checkpoints,
+    renders, generated data) into DIR: a second run with another output_dir must not share
+    (and move aside, or resume from) the first run's checkpoints and metrics."""
+    from rl_config.loading import load_app_config
+
+    out = tmp_path / "run"
+    cfg, _ = load_app_config(
+        path, [f"output_dir={out}"], section=APP_SECTIONS[path.parent.parent.name]
+    )
+    written = {
+        "logging_dir": cfg.logging_dir,
+        "render_save_dir": cfg.render_save_dir,
+        "checkpoint_config.output_dir": cfg.checkpoint_config.output_dir,
+        **{
+            f"actor_train.data_args.{k}": getattr(cfg.actor_train.data_args, k, None)
+            for k in ("file_name", "eval_file_name")
+            if path.parent.parent.name == "dpo"
+        },
+    }
+    for key, value in written.items():
+        for one in value if isinstance(value, list) else [value]:
+            if one is not None:
+                assert Path(one).is_relative_to(out), f"{path}: {key}={one!r} is outside {out}"
