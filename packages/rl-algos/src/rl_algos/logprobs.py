@@ -48,9 +48,10 @@ __all__ = [
 # accelerator so each chunk's matmul is big enough to run near peak (1 GiB = 1,766 rows at 152k)
 _CHUNK_BYTES = 128 * 1024 * 1024
 _CHUNK_BYTES_ACCELERATOR = 1024 * 1024 * 1024
-# bytes per vocabulary entry of a truncated chunk's working set besides the float32 row: the sort's
-# values (4) and int64 indices (8), the sorted probabilities and their cumulative sum (8), masks (3)
-_TRUNCATION_BYTES_PER_ENTRY = 23
+# bytes per vocabulary entry of a truncated chunk's working set besides the float32 row: the top-k
+# masked copy (4), the sort's values (4) and int64 indices (8), the sorted probabilities and their
+# cumulative sum (8), bool masks (4)
+_TRUNCATION_BYTES_PER_ENTRY = 28
 
 
 def _auto_chunk(
