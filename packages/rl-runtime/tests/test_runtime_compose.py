@@ -15,6 +15,7 @@ from rl_config.schema import ExperimentConfig
 from rl_runtime.advantages import compute_advantages, update_kl_controller
 from rl_runtime.collate import collate_trajectories
 from rl_runtime.compose import compose
+from rl_train.args import LogprobSampling
 from rl_train.losses import build_actor_loss
 from rl_train.types import ForwardOutput, LossContext
 
@@ -366,30 +367,57 @@ def test_share_prompt_forward_reaches_actor_and_reference_training_args():
 
 @pytest.mark.parametrize(
     ("gen", "expected"),
-    [({"temperature": 0.7}, 0.7), ({"temperature": 0.7, "do_sample": False}, 1.0), ({}, 1.0)],
-    ids=["sampled", "greedy", "default"],
+    [
+        ({"temperature": 0.7}, LogprobSampling(0.7)),
+        ({"temperature": 0.7, "top_k": 100, "top_p": 0.99}, LogprobSampling(0.7, 100, 0.99)),
+        ({"top_k": 0, "top_p": 1.0}, LogprobSampling()),
+        ({"top_k": -1, "top_p": 0.5}, LogprobSampling(top_p=0.5)),
+        ({"temperature": 0.7, "top_k": 5, "top_p": 0.9, "do_sample": False}, LogprobSampling()),
+        ({"temperature": 0.0, "top_k": 5}, LogprobSampling()),
+        ({}, LogprobSampling()),
+    ],
+    ids=["sampled", "truncated", "off", "top-p-only", "greedy", "temperature-0", "default"],
 )
-def test_the_trainers_log_probs_are_at_the_sampling_temperature(gen, expected):
-    """The actor's and the reference's log-probs use the rollout's sampling temperature (the
-    engine records its log-probs at it too), greedy rollouts the raw model's."""
+def test_the_trainers_log_probs_are_of_the_sampling_distribution(gen, expected):
+    """The actor's and the reference's log-probs are those of the distribution the rollout samples
+    from (temperature, top-k, top-p: the engine records its log-probs of it too); `top_k <= 0`
+    and `top_p = 1` are off, greedy rollouts the raw model's."""
     kl = {"use_kl_loss": True, "kl_loss_coef": 0.1}  # a reference role
     c = _components({"actor_infer": {"generating_args": gen}, **kl})
-    assert c.role("actor_train").training_args.logprob_temperature == expected
-    assert c.role("reference").training_args.logprob_temperature == expected
+    assert c.role("actor_train").training_args.logprob_sampling == expected
+    assert c.role("reference").training_args.logprob_sampling == expected
 
 
-def test_raw_vllm_log_probs_at_another_temperature_warn_by_name():
+@pytest.mark.parametrize(
+    ("gen", "warns"),
+    [
+        ({"temperature": 0.7}, True),
+        ({"top_k": 100}, True),
+        ({"top_p": 0.99}, True),
+        ({"temperature": 1.0}, False),
+        ({"top_k": 100, "do_sample": False}, False),
+    ],
+    ids=["temperature", "top-k", "top-p", "raw", "greedy"],
+)
+def test_raw_vllm_log_probs_of_another_distribution_warn_by_name(gen, warns):
     infer = {
-        "generating_args": {"temperature": 0.7},
+        "generating_args": gen,
         "strategy_args": {
             "strategy_name": "vllm",
             "strategy_config": {"logprobs_mode": "raw_logprobs"},
         },
     }
     warnings = _components({"actor_infer": infer}).warnings
-    assert any("strategy_config.logprobs_mode=raw_logprobs" in w and "0.7" in w for w in warnings)
-    infer["generating_args"] = {"temperature": 1.0}
-    assert not any("logprobs_mode" in w for w in _components({"actor_infer": infer}).warnings)
+    key = "actor_infer.strategy_args.strategy_config.logprobs_mode=raw_logprobs"
+    assert any(key in w for w in warnings) == warns, warnings
+
+
+def test_a_repetition_penalty_warns_by_name():
+    """The engines record log-probs after the penalty; the trainer does not reproduce it."""
+    gen = {"repetition_penalty": 1.1}
+    warnings = _components({"actor_infer": {"generating_args": gen}}).warnings
+    assert any("actor_infer.generating_args.repetition_penalty=1.1" in w for w in warnings)
+    assert not any("repetition_penalty" in w for w in _components().warnings)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import pytest
 
 from rl_rollout.tiny_model import build_tiny_model
 from rl_runtime.workers import TrainWorker
-from rl_train.args import TrainingArgs
+from rl_train.args import LogprobSampling, TrainingArgs
 from rl_train.testing import make_batch, nll_loss
 
 
@@ -31,20 +31,21 @@ def test_sft_warm_up_is_one_pass_whatever_ppo_epochs_says(tmp_path):
 
 def test_sft_warm_up_fits_the_raw_model_whatever_the_sampling_temperature(tmp_path):
     """The warm-up's NLL is of softmax(logits) (temperature 1) while the trainer's RL log-probs
-    are at the sampling temperature (`logprob_temperature` 0.5): the forward's log-probs."""
+    are of the sampling distribution (`logprob_sampling`: temperature 0.5, top-k 5): the forward's
+    log-probs."""
     import torch
 
     model = build_tiny_model(tmp_path / "tiny", seed=0)
 
-    def worker(temperature: float) -> TrainWorker:
+    def worker(sampling: LogprobSampling) -> TrainWorker:
         return TrainWorker(rank=0, world_size=1, dist_env={}, role="actor",
                            model_path=str(model), strategy_name="hf_infer",
                            training_args=TrainingArgs(per_device_train_batch_size=8,
                                                       learning_rate=0.0,
-                                                      logprob_temperature=temperature))  # fmt: skip
+                                                      logprob_sampling=sampling))  # fmt: skip
 
     batch = make_batch(8, 12, vocab=1000)
-    at_half, at_one = worker(0.5), worker(1.0)
+    at_half, at_one = worker(LogprobSampling(0.5, top_k=5)), worker(LogprobSampling())
     nll = [w.train_step(dict(batch), "sft")["actor/sft_nll"] for w in (at_half, at_one)]
     assert nll[0] == pytest.approx(nll[1], rel=1e-6)
     half, one = (w.backend.forward(dict(batch)).log_probs for w in (at_half, at_one))

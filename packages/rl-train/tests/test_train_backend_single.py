@@ -12,6 +12,7 @@ import torch
 import rl_train
 from rl_algos.aggregate import masked_mean
 from rl_train import checkpoint as ckpt
+from rl_train.args import LogprobSampling
 from rl_train.losses import (
     ActorLossConfig,
     CriticLossConfig,
@@ -66,12 +67,15 @@ def test_forward_log_probs_equal_direct_hf_forward(tiny_model_path, packed):
 @pytest.mark.parametrize("role", ["reference", "actor"])
 @pytest.mark.parametrize("packed", [False, True])
 def test_log_probs_at_the_configured_temperature(tiny_model_path, role, packed):
-    """`logprob_temperature` (the rollout's sampling temperature) scales the logits of every
+    """`logprob_sampling.temperature` (the rollout's sampling temperature) scales the logits of every
     log-prob forward: the reference's, the actor's no-grad forward and the detached log-probs
     its policy loss reads as `old_log_probs` (ratio exactly 1 on the first pass)."""
     batch = make_batch(4, 18, seed=11)
     backend = _backend(
-        tiny_model_path, role=role, use_sequence_packing=packed, logprob_temperature=0.6
+        tiny_model_path,
+        role=role,
+        use_sequence_packing=packed,
+        logprob_sampling=LogprobSampling(temperature=0.6),
     )
     out = backend.forward(batch)
     assert out.log_probs is not None
@@ -91,17 +95,17 @@ def test_log_probs_at_the_configured_temperature(tiny_model_path, role, packed):
         torch.testing.assert_close(got * batch["attention_mask"], expected, atol=2e-5, rtol=1e-5)
         # a loss that names its own temperature (a supervised loss: 1) reads log-probs at it
         backend = _backend(tiny_model_path, role=role, use_sequence_packing=packed,
-                           logprob_temperature=0.6, learning_rate=0.0)  # fmt: skip
+                           logprob_sampling=LogprobSampling(0.6), learning_rate=0.0)  # fmt: skip
         seen.clear()
-        loss_fn.logprob_temperature = 1.0  # type: ignore[attr-defined]
+        loss_fn.logprob_sampling = LogprobSampling()  # type: ignore[attr-defined]
         backend.train_step(batch, loss_fn, epochs=1)
         got = torch.cat(seen) * batch["attention_mask"]
         torch.testing.assert_close(got, at_one, atol=2e-5, rtol=1e-5)
 
 
 def test_logprob_temperature_must_be_positive(tiny_model_path):
-    with pytest.raises(ValueError, match="logprob_temperature"):
-        _backend(tiny_model_path, logprob_temperature=0.0)
+    with pytest.raises(ValueError, match="logprob_sampling.temperature"):
+        _backend(tiny_model_path, logprob_sampling={"temperature": 0.0})
 
 
 def test_critic_values_aligned_and_packed_equal(tiny_model_path):

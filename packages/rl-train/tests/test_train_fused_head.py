@@ -4,7 +4,7 @@ stays an ordinary model outside a request, and the strategy option resolves per 
 import pytest
 import torch
 
-from rl_train.args import ModelArgs
+from rl_train.args import LogprobSampling, ModelArgs
 from rl_train.fused_head import LogProbHead, install_log_prob_head, log_prob_request
 from rl_train.modeling import load_model, resolve_fused_lm_head, token_outputs
 from rl_train.testing import make_batch
@@ -18,8 +18,15 @@ def _pair(path: str):
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_fused_head_matches_logits_path_values_and_gradients(tiny_model_path, packed, temperature):
+@pytest.mark.parametrize(
+    "sampling",
+    [LogprobSampling(), LogprobSampling(0.7), LogprobSampling(0.8, top_k=5, top_p=0.9)],
+    ids=["raw", "T0.7", "T0.8-k5-p0.9"],
+)
+def test_fused_head_matches_logits_path_values_and_gradients(tiny_model_path, packed, sampling):
+    """Also under top-k / top-p truncation: the chunked hidden-state path keeps the same set,
+    renormalises alike and back-propagates through the kept logits only (random labels: most
+    are outside the set and join it)."""
     plain, fused = _pair(tiny_model_path)
     assert isinstance(fused.lm_head, LogProbHead)
     assert fused.lm_head.weight is fused.model.embed_tokens.weight  # still tied
@@ -27,7 +34,7 @@ def test_fused_head_matches_logits_path_values_and_gradients(tiny_model_path, pa
     outs = []
     for model in (plain, fused):
         out = token_outputs(
-            model, batch, role="actor", packed=packed, need_entropy=True, temperature=temperature
+            model, batch, role="actor", packed=packed, need_entropy=True, sampling=sampling
         )
         assert out.log_probs is not None and out.entropy is not None
         mask = batch["response_mask"].float()
@@ -52,7 +59,10 @@ def test_fused_head_is_an_ordinary_lm_head_outside_a_request(tiny_model_path):
     with (
         pytest.raises(ValueError, match="do not match the hidden states"),
         log_prob_request(
-            fused.lm_head, torch.zeros(1, 3, dtype=torch.long), temperature=1.0, with_entropy=False
+            fused.lm_head,
+            torch.zeros(1, 3, dtype=torch.long),
+            sampling=LogprobSampling(),
+            with_entropy=False,
         ),
     ):
         fused(input_ids=ids)

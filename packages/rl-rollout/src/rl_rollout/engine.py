@@ -8,8 +8,9 @@ Semantics every engine honours:
   ``output_log_probs[i]`` = log p(output_ids[i] | prompt, output_ids[:i]) under the distribution
   the token was drawn from: the model's logits after a repetition penalty, divided by the
   temperature, with top-k / top-p applied (vLLM's ``processed_logprobs``; greedy rows: temperature
-  1). Without truncation or penalty (the RL default) that is what a teacher-forced trainer forward
-  at the same temperature computes (rl_train ``TrainingArgs.logprob_temperature``).
+  1). Without a repetition penalty that is what a teacher-forced trainer forward of the same
+  sampling distribution computes (rl_train ``TrainingArgs.logprob_sampling``: temperature, top-k,
+  top-p).
 - ``finish_reason``: ``"stop"`` (eos, a stop token id or a stop string; ``stop_reason`` is the
   stop token id or string, None for eos), ``"length"`` (max_new_tokens), ``"abort"``.
 - ``weight_version`` of a result: the engine's version when the sequence was admitted (the oldest

@@ -3,12 +3,11 @@
 Log-prob semantics (the `Engine` contract): the log-prob returned for a sampled token is taken from
 the distribution it was drawn from: ``log_softmax(sampling_scores)``, after the repetition penalty,
 the temperature and top-k / top-p (vLLM's ``processed_logprobs``; verl's and TRL's choice). The
-trainer computes ``log_softmax(logits / T)`` at the same temperature (rl_train
-``TrainingArgs.logprob_temperature``), so with top-k and top-p off and no penalty (the RL
-default) ``rollout_log_probs`` and ``old_log_probs`` differ only numerically (kernels, batch shape,
-dtype); with truncation the behaviour log-prob is that of the truncated distribution, which a
-train-inference IS correction then accounts for. A greedy row (temperature 0) records
-``log_softmax`` of its logits at temperature 1 (after a repetition penalty).
+trainer computes the log-probs of the same distribution (rl_train
+``TrainingArgs.logprob_sampling``: temperature, then the same top-k / top-p set, renormalised), so
+without a repetition penalty (which the trainer does not reproduce) ``rollout_log_probs`` and
+``old_log_probs`` differ only numerically (kernels, batch shape, dtype). A greedy row (temperature
+0) records ``log_softmax`` of its logits at temperature 1 (after a repetition penalty).
 """
 
 from __future__ import annotations
@@ -29,8 +28,11 @@ def warp_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: i
     """Sampling logits of one row after temperature, top-k and top-p (masked entries = -inf).
 
     logits: [V] float. temperature > 0. top_k = -1 disables it; top_p = 1.0 disables it.
-    The top-p rule keeps the smallest prefix of the descending-sorted distribution whose mass
-    reaches top_p (the highest-probability token is always kept). Returns [V].
+    Top-k keeps every logit tied with the k-th. The top-p rule keeps the smallest prefix of the
+    descending-sorted distribution whose mass reaches top_p (the highest-probability token is
+    always kept; a stable sort, so among equal probabilities the lower token id comes first). The
+    trainer reproduces this set with ``rl_algos.logprobs.truncation_keep_mask`` (a test pins the
+    two together). Returns [V].
     """
     out = logits.float() / temperature
     vocab = out.shape[-1]
@@ -38,7 +40,7 @@ def warp_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: i
         kth = torch.topk(out, top_k).values[-1]
         out = out.masked_fill(out < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(out, descending=True)
+        sorted_logits, order = torch.sort(out, descending=True, stable=True)
         probs = torch.softmax(sorted_logits, dim=-1)
         mass_before = torch.cumsum(probs, dim=-1) - probs
         drop_sorted = mass_before >= top_p

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from rl_train.args import LogprobSampling
+
 
 def sft_loss_fn(batch: dict[str, torch.Tensor], out, ctx) -> tuple[torch.Tensor, dict]:
     """Supervised warm-up: mean negative log-likelihood of the `response_mask` tokens.
@@ -17,6 +19,6 @@ def sft_loss_fn(batch: dict[str, torch.Tensor], out, ctx) -> tuple[torch.Tensor,
     return loss, {"sft_nll": loss.detach()}
 
 
-# a supervised loss fits the model's own distribution to the data, whatever temperature the
-# rollout samples at (rl_train.losses.forward_temperature)
-sft_loss_fn.logprob_temperature = 1.0  # type: ignore[attr-defined]
+# a supervised loss fits the model's own full distribution to the data, whatever temperature and
+# truncation the rollout samples with (rl_train.losses.forward_sampling)
+sft_loss_fn.logprob_sampling = LogprobSampling()  # type: ignore[attr-defined]

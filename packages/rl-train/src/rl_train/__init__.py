@@ -8,7 +8,13 @@ metrics = backend.train_step(batch, loss_fn)    # ppo_epochs x mini x micro batc
 
 from importlib.metadata import PackageNotFoundError, version
 
-from rl_train.args import ModelArgs, TrainingArgs, parse_model_args, parse_training_args
+from rl_train.args import (
+    LogprobSampling,
+    ModelArgs,
+    TrainingArgs,
+    parse_model_args,
+    parse_training_args,
+)
 from rl_train.checkpoint import CheckpointError, committed_checkpoints, latest_checkpoint
 from rl_train.guard import NonFiniteTrainingError
 from rl_train.protocol import TrainBackend
@@ -24,6 +30,7 @@ __all__ = [
     "Batch",
     "CheckpointError",
     "ForwardOutput",
+    "LogprobSampling",
     "LossContext",
     "LossFn",
     "ModelArgs",

@@ -19,6 +19,64 @@ SchedulerName = Literal[
 _SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr")
 
 
+@dataclass(frozen=True)
+class LogprobSampling:
+    """The distribution whose log-probs (and entropy) the actor and reference forwards compute:
+    the one the rollout samples from. ``softmax(logits / temperature)``, then the ``top_k`` /
+    ``top_p`` kept set renormalised, in the samplers' order and tie rules
+    (``rl_algos.logprobs.truncation_keep_mask``: top-k keeps ties with the k-th; top-p keeps the
+    smallest stably-sorted prefix reaching ``top_p``, at least one token). The scored token always
+    joins the kept set, so a token a stale policy sampled outside the current policy's set gets a
+    finite log-prob (renormalised over the set plus that token), never ``-inf``.
+
+    ``top_k`` None = off (else >= 1; >= V is off too); ``top_p`` None or 1 = off (else in (0, 1)).
+    The default is the raw model (temperature 1, no truncation). The repetition penalty is not
+    reproduced."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        key = "training_args.logprob_sampling"
+        if isinstance(self.temperature, bool) or not float(self.temperature) > 0:
+            raise ValueError(f"{key}.temperature must be > 0, got {self.temperature!r}")
+        if self.top_k is not None and (
+            isinstance(self.top_k, bool) or int(self.top_k) != self.top_k or self.top_k < 1
+        ):
+            raise ValueError(
+                f"{key}.top_k must be None (off) or an integer >= 1, got {self.top_k!r}"
+            )
+        if self.top_p is not None and (
+            isinstance(self.top_p, bool) or not 0.0 < float(self.top_p) <= 1.0
+        ):
+            raise ValueError(f"{key}.top_p must be None (off) or in (0, 1], got {self.top_p!r}")
+
+    @property
+    def truncates(self) -> bool:
+        """Whether top-k or top-p is on (a top-k at or above the vocabulary still keeps all)."""
+        return self.top_k is not None or (self.top_p is not None and self.top_p < 1.0)
+
+
+def _logprob_sampling(value: Any) -> LogprobSampling:
+    """``training_args.logprob_sampling`` from a :class:`LogprobSampling` or a mapping of its
+    fields (unknown keys are an error naming them)."""
+    if isinstance(value, LogprobSampling):
+        return value
+    if isinstance(value, Mapping):
+        names = {f.name for f in fields(LogprobSampling)}
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise ValueError(
+                f"training_args.logprob_sampling: unknown keys {unknown} (known: {sorted(names)})"
+            )
+        return LogprobSampling(**value)
+    raise ValueError(
+        "training_args.logprob_sampling must be a LogprobSampling or a mapping of temperature, "
+        f"top_k, top_p; got {type(value).__name__}"
+    )
+
+
 @dataclass
 class TrainingArgs:
     learning_rate: float = 1e-6
@@ -45,10 +103,11 @@ class TrainingArgs:
     share_prompt_forward: bool = False
     """Run each distinct prompt of a micro-batch once (its KV cache expanded to the rows that
     share it) in the actor/reference log-prob forward: :mod:`rl_train.shared_prefix`."""
-    logprob_temperature: float = 1.0
-    """Log-probs and entropy of the actor and reference are those of ``softmax(logits /
-    logprob_temperature)``: the rollout's sampling temperature, so the trained policy is the one
-    that samples (and the train-inference ratio compares like with like). 1 = the raw model."""
+    logprob_sampling: LogprobSampling = field(default_factory=LogprobSampling)
+    """Log-probs and entropy of the actor and reference are those of the rollout's sampling
+    distribution (temperature, top-k, top-p: :class:`LogprobSampling`), so the trained policy is
+    the one that samples and the train-inference ratio compares like with like. The default is
+    the raw model. A mapping of its fields is accepted."""
     max_consecutive_nonfinite: int = 3
     """Stop training with an error after this many optimizer steps in a row were skipped."""
     seed: int = 42
@@ -70,10 +129,7 @@ class TrainingArgs:
         ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"training_args.{name} must be >= 1, got {getattr(self, name)!r}")
-        if not self.logprob_temperature > 0:
-            raise ValueError(
-                f"training_args.logprob_temperature must be > 0, got {self.logprob_temperature!r}"
-            )
+        self.logprob_sampling = _logprob_sampling(self.logprob_sampling)
         if self.max_steps < 1:
             raise ValueError(f"training_args.max_steps must be >= 1, got {self.max_steps}")
 
@@ -114,6 +170,11 @@ def parse_training_args(obj: Any = None, **overrides: Any) -> TrainingArgs:
         return obj
     raw = as_mapping(obj)
     raw.update(overrides)
+    if "logprob_temperature" in raw:
+        raise ValueError(
+            "training_args.logprob_temperature is now training_args.logprob_sampling.temperature "
+            "(with top_k and top_p)"
+        )
     known = {f.name: f for f in fields(TrainingArgs)}
     values: dict[str, Any] = {}
     for key, value in raw.items():

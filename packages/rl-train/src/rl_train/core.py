@@ -17,10 +17,10 @@ from torch import nn
 
 from rl_train import batching
 from rl_train import dist as rdist
-from rl_train.args import ModelArgs, TrainingArgs
+from rl_train.args import LogprobSampling, ModelArgs, TrainingArgs
 from rl_train.faults import fault_point
 from rl_train.guard import NonFiniteGuard, any_rank_true, is_finite
-from rl_train.losses import forward_temperature, reads_old_log_probs
+from rl_train.losses import forward_sampling, reads_old_log_probs
 from rl_train.modeling import check_role, token_outputs
 from rl_train.shared_prefix import check_shared_prompt
 from rl_train.types import Batch, ForwardOutput, LossContext, LossFn
@@ -96,16 +96,16 @@ class BackendCore:
         self.model: nn.Module
 
     # -- primitives a backend provides ------------------------------------------------------------
-    def _train_forward(self, mb: Batch, temperature: float | None = None) -> ForwardOutput:
-        """Outputs of ``mb`` with grad; log-probs at ``temperature`` (None: the configured
-        ``logprob_temperature``)."""
+    def _train_forward(self, mb: Batch, sampling: LogprobSampling | None = None) -> ForwardOutput:
+        """Outputs of ``mb`` with grad; log-probs of the ``sampling`` distribution (None: the
+        configured ``logprob_sampling``)."""
         return token_outputs(
             self.model,
             self._to_device(mb),
             role=self.role,
             packed=self.packed,
             need_entropy=self.role == "actor",
-            temperature=self.args.logprob_temperature if temperature is None else temperature,
+            sampling=self.args.logprob_sampling if sampling is None else sampling,
             share_prompt=self.args.share_prompt_forward,
         )
 
@@ -204,7 +204,7 @@ class BackendCore:
         passes = args.ppo_epochs if epochs is None else epochs
         if passes < 1:
             raise ValueError(f"{self.role}: train_step epochs must be >= 1, got {passes}")
-        temperature = forward_temperature(loss_fn, args.logprob_temperature)
+        sampling = forward_sampling(loss_fn, args.logprob_sampling)
         t0 = time.perf_counter()  # the old-policy forward counts as training time
         needs_old = reads_old_log_probs(loss_fn) and "old_log_probs" not in batch
         if needs_old and passes > 1:  # every row is revisited after the first step
@@ -251,7 +251,7 @@ class BackendCore:
                 nonfinite = False
                 step_sums: dict[str, float] = {}
                 for mb, counts in pairs:
-                    out = self._train_forward(mb, temperature)
+                    out = self._train_forward(mb, sampling)
                     loss, metrics = loss_fn(self._to_device(mb), out, ctx)
                     if not counts:
                         loss = loss * 0.0

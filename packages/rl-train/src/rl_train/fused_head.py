@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from rl_algos.logprobs import log_probs_from_hidden
+from rl_train.args import LogprobSampling
 
 __all__ = ["LogProbHead", "install_log_prob_head", "log_prob_head", "log_prob_request"]
 
@@ -28,7 +29,7 @@ __all__ = ["LogProbHead", "install_log_prob_head", "log_prob_head", "log_prob_re
 @dataclass
 class _Request:
     labels: torch.Tensor  # [B, L] int64, < 0 ignored
-    temperature: float
+    sampling: LogprobSampling
     with_entropy: bool
 
 
@@ -58,7 +59,9 @@ class LogProbHead(nn.Module):
             hidden,
             self.weight,
             request.labels,
-            temperature=request.temperature,
+            temperature=request.sampling.temperature,
+            top_k=request.sampling.top_k,
+            top_p=request.sampling.top_p,
             with_entropy=request.with_entropy,
         )
         if entropy is None:
@@ -90,10 +93,11 @@ def log_prob_head(model: nn.Module) -> LogProbHead | None:
 
 @contextmanager
 def log_prob_request(
-    head: LogProbHead, labels: torch.Tensor, *, temperature: float, with_entropy: bool
+    head: LogProbHead, labels: torch.Tensor, *, sampling: LogprobSampling, with_entropy: bool
 ) -> Iterator[None]:
-    """While open, ``head`` answers the next forward with log-probs of ``labels [B, L]``."""
-    head._request = _Request(labels, temperature, with_entropy)
+    """While open, ``head`` answers the next forward with log-probs of ``labels [B, L]`` under the
+    ``sampling`` distribution."""
+    head._request = _Request(labels, sampling, with_entropy)
     try:
         yield
     finally:

@@ -20,6 +20,7 @@ import torch
 from rl_algos.aggregate import aggregate
 from rl_algos.correction import masked_is, mismatch_metrics, truncated_is
 from rl_algos.losses import get_policy_loss, kl_penalty, value_loss
+from rl_train.args import LogprobSampling
 from rl_train.types import Batch, ForwardOutput, LossContext, LossFn, LossResult
 
 ISLevel = Literal["token", "sequence", "geometric"]
@@ -236,11 +237,18 @@ def build_actor_loss(cfg: ActorLossConfig | None = None) -> LossFn:
     return loss_fn
 
 
-def forward_temperature(loss_fn: LossFn | None, default: float) -> float:
-    """The temperature of the log-probs ``loss_fn`` reads: its ``logprob_temperature`` attribute
-    where it has one (a supervised loss: 1, the model's own distribution fitted to data), else
-    ``default`` (``TrainingArgs.logprob_temperature``, the policy's sampling temperature)."""
-    return float(getattr(loss_fn, "logprob_temperature", default))
+def forward_sampling(loss_fn: LossFn | None, default: LogprobSampling) -> LogprobSampling:
+    """The distribution of the log-probs ``loss_fn`` reads: its ``logprob_sampling`` attribute
+    where it has one (a supervised loss: ``LogprobSampling()``, the model's own full distribution
+    fitted to data), else ``default`` (``TrainingArgs.logprob_sampling``, the policy's sampling
+    distribution)."""
+    declared = getattr(loss_fn, "logprob_sampling", default)
+    if not isinstance(declared, LogprobSampling):
+        raise TypeError(
+            f"{getattr(loss_fn, '__name__', loss_fn)!r}.logprob_sampling must be a "
+            f"LogprobSampling, got {type(declared).__name__}"
+        )
+    return declared
 
 
 def reads_old_log_probs(loss_fn: LossFn | None) -> bool:

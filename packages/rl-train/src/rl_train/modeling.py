@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from rl_algos.logprobs import log_probs_from_logits_chunked
-from rl_train.args import ModelArgs
+from rl_train.args import LogprobSampling, ModelArgs
 from rl_train.attention import (
     VARLEN,
     packed_attention_kwargs,
@@ -165,20 +165,26 @@ def _log_probs_forward(
     model: nn.Module,
     labels: torch.Tensor,
     need_entropy: bool,
-    temperature: float,
+    sampling: LogprobSampling,
     **inputs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Forward ``inputs`` and return log p(labels) and entropy, ``[B, L]`` each, for the ``[B, L]``
-    positions of the forward (labels < 0 give 0). With a :class:`LogProbHead` installed the head
-    computes them from hidden states; otherwise from the ``[B, L, V]`` logits, chunked."""
+    """Forward ``inputs`` and return log p(labels) and entropy of the ``sampling`` distribution,
+    ``[B, L]`` each, for the ``[B, L]`` positions of the forward (labels < 0 give 0). With a
+    :class:`LogProbHead` installed the head computes them from hidden states; otherwise from the
+    ``[B, L, V]`` logits, chunked (a truncated distribution is sorted chunk by chunk too)."""
     head = log_prob_head(model)
     if head is not None:
-        with log_prob_request(head, labels, temperature=temperature, with_entropy=need_entropy):
+        with log_prob_request(head, labels, sampling=sampling, with_entropy=need_entropy):
             out = model(use_cache=False, **inputs).logits  # [B, L, 2]
         return out[..., 0], (out[..., 1] if need_entropy else None)
     logits = model(use_cache=False, **inputs).logits
     return log_probs_from_logits_chunked(
-        logits, labels, temperature=temperature, with_entropy=need_entropy
+        logits,
+        labels,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        with_entropy=need_entropy,
     )
 
 
@@ -189,7 +195,7 @@ def token_outputs(
     role: str,
     packed: bool = False,
     need_entropy: bool = False,
-    temperature: float = 1.0,
+    sampling: LogprobSampling | None = None,
     share_prompt: bool = False,
 ) -> ForwardOutput:
     """Forward ``batch`` through ``model`` and return aligned ``[B, T]`` outputs (with grad).
@@ -200,7 +206,9 @@ def token_outputs(
     then masks across rows: varlen kernels with flash-attention, a block mask with sdpa/eager).
     With ``share_prompt=True`` (actor/reference, padded) each distinct prompt of the batch runs
     once (:mod:`rl_train.shared_prefix`); the prompt columns of the log-probs are then 0.
+    Log-probs and entropy are those of the ``sampling`` distribution (None: the raw model).
     """
+    sampling = LogprobSampling() if sampling is None else sampling
     if share_prompt and packed:
         raise ValueError("share_prompt_forward cannot be combined with sequence packing")
     full_t = int(batch["input_ids"].shape[1])
@@ -228,7 +236,7 @@ def token_outputs(
         else:
             # the last position predicts nothing: an ignored label (its output is dropped below)
             labels = torch.cat([packed_ids[:, 1:], packed_ids.new_full((1, 1), -1)], dim=1)
-            lp, ent = _log_probs_forward(model, labels, need_entropy, temperature, **inputs)
+            lp, ent = _log_probs_forward(model, labels, need_entropy, sampling, **inputs)
             lp = torch.cat([lp.new_zeros(1), lp.reshape(-1)[:-1]]).index_fill(0, starts, 0.0)
             ent_aligned = None
             if ent is not None:
@@ -248,7 +256,7 @@ def token_outputs(
             mask,
             trimmed["response_mask"],
             need_entropy=need_entropy,
-            temperature=temperature,
+            sampling=sampling,
         )
         result = ForwardOutput(log_probs=lp, entropy=ent)
     else:
@@ -260,7 +268,7 @@ def token_outputs(
         else:
             labels = torch.cat([ids[:, 1:], ids.new_full((b, 1), -1)], dim=1)
             lp, ent = _log_probs_forward(
-                model, labels, need_entropy, temperature, input_ids=ids, attention_mask=mask
+                model, labels, need_entropy, sampling, input_ids=ids, attention_mask=mask
             )
             lp, ent = lp[:, :-1], (None if ent is None else ent[:, :-1])
             result = ForwardOutput(

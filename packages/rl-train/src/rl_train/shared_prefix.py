@@ -37,6 +37,8 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicLayer
 
+from rl_train.args import LogprobSampling
+
 __all__ = [
     "SHARED_PROMPT_ATTENTION",
     "PrefixPlan",
@@ -234,7 +236,7 @@ def shared_prompt_log_probs(
     response_mask: torch.Tensor,
     *,
     need_entropy: bool,
-    temperature: float,
+    sampling: LogprobSampling,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log p(ids[b, t] | ids[b, :t]) and entropy, ``[B, T]`` each (with grad), for right-padded
     ``ids/mask/response_mask [B, T]``; 0 on column 0, the prompt columns and padding. See the
@@ -264,7 +266,7 @@ def shared_prompt_log_probs(
             model,
             labels,
             need_entropy,
-            temperature,
+            sampling,
             input_ids=row_ids,
             attention_mask=attention,
             position_ids=cols,

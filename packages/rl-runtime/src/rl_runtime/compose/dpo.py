@@ -28,6 +28,7 @@ from rl_runtime.compose.run_settings import (
     build_cluster,
     build_tracker,
 )
+from rl_train.args import LogprobSampling
 from rl_train.preference import PreferenceLossConfig
 
 PACKED_KERNELS = ("flash_attention_2", "rl_varlen")
@@ -158,7 +159,7 @@ def compose_dpo(
             warnings,
             ppo_epochs=1,
             with_loss=False,
-            logprob_temperature=1.0,  # preference losses score the raw model (no sampling)
+            logprob_sampling=LogprobSampling(),  # preference losses score the raw model
         )
         if name == "actor_train":
             assert r.training_args is not None and r.model_args is not None

@@ -9,7 +9,7 @@ from typing import Any
 from rl_runtime.compose.components import BACKEND_ROLE, Components, RolePlan
 from rl_runtime.compose.losses import build_actor_loss, build_critic_loss
 from rl_runtime.compose.sampling import build_sampling
-from rl_train.args import ModelArgs, TrainingArgs, parse_prefixes
+from rl_train.args import LogprobSampling, ModelArgs, TrainingArgs, parse_prefixes
 
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -67,15 +67,51 @@ def optimizer_steps_per_step(samples: int, targs: Any, world_size: int, ppo_epoc
     return max(1, math.ceil(samples / per_step)) * ppo_epochs
 
 
-def sampling_temperature(cfg: Any) -> float:
-    """The temperature the rollout samples the policy at (`actor_infer.generating_args`), which
-    the trainer's log-probs use too (verl's and TRL's rule): greedy decoding or no `actor_infer`
-    section is 1 (the raw model)."""
+def rollout_sampling_distribution(cfg: Any) -> LogprobSampling:
+    """The distribution the rollout samples the policy from (`actor_infer.generating_args`:
+    temperature, top-k, top-p), which the trainer's log-probs use too (verl's and TRL's rule for
+    the temperature; the engines record log-probs of the truncated distribution, so the trainer
+    truncates alike). Greedy decoding or no `actor_infer` section: the raw model; `top_k <= 0`
+    and `top_p >= 1` are off."""
     gen = getattr(getattr(cfg, "actor_infer", None), "generating_args", None)
     if gen is None:
-        return 1.0
-    # build_sampling decides greedy (temperature 0) the way the rollout does
-    return build_sampling(gen, max_new_tokens=1).temperature or 1.0
+        return LogprobSampling()
+    # build_sampling decides greedy (temperature 0) and "off" the way the rollout does
+    sampling = build_sampling(gen, max_new_tokens=1)
+    if sampling.temperature == 0:
+        return LogprobSampling()
+    return LogprobSampling(
+        temperature=sampling.temperature,
+        top_k=sampling.top_k if sampling.top_k > 0 else None,
+        top_p=sampling.top_p if sampling.top_p < 1.0 else None,
+    )
+
+
+def rollout_log_prob_warnings(cfg: Any, logprobs_mode: str | None) -> list[str]:
+    """Where the engine's recorded log-probs cannot match the trainer's, by key: vLLM's
+    `raw_logprobs` at a temperature other than 1 or with top-k / top-p, and a repetition penalty
+    (the engines record log-probs after it; the trainer does not reproduce it)."""
+    gen = getattr(getattr(cfg, "actor_infer", None), "generating_args", None)
+    if gen is None:
+        return []
+    out = []
+    dist = rollout_sampling_distribution(cfg)
+    if logprobs_mode == "raw_logprobs" and (dist.temperature != 1.0 or dist.truncates):
+        out.append(
+            "actor_infer.strategy_args.strategy_config.logprobs_mode=raw_logprobs: the "
+            "engine records the raw temperature-1 log-probs while the trainer's are of the "
+            f"sampling distribution (temperature {dist.temperature}, top_k {dist.top_k}, "
+            f"top_p {dist.top_p}); the train-inference ratio then measures the sampling "
+            "settings, not a mismatch"
+        )
+    penalty = build_sampling(gen, max_new_tokens=1).repetition_penalty
+    if penalty != 1.0:
+        out.append(
+            f"actor_infer.generating_args.repetition_penalty={penalty}: the engine's log-probs "
+            "are taken after the penalty, the trainer's without it; the train-inference ratio "
+            "and the policy gradient see the difference"
+        )
+    return out
 
 
 def build_role(
@@ -89,13 +125,13 @@ def build_role(
     ppo_epochs: int | None = None,
     with_loss: bool = True,
     norm_constant: float | None = None,
-    logprob_temperature: float | None = None,
+    logprob_sampling: LogprobSampling | None = None,
 ) -> RolePlan:
     """One role's plan. `ppo_epochs` overrides the config's (a pipeline without PPO epochs passes
     1); `with_loss=False` leaves the loss to the caller (e.g. a preference loss);
     `norm_constant`: the losses' `seq-mean-token-sum-norm` denominator (`loss_norm_constant`);
-    `logprob_temperature`: the temperature of the actor's and reference's log-probs, by default
-    the rollout's (`sampling_temperature`)."""
+    `logprob_sampling`: the distribution of the actor's and reference's log-probs, by default
+    the rollout's (`rollout_sampling_distribution`)."""
     w = getattr(cfg, role)
     epochs = cfg.ppo_epochs if ppo_epochs is None else ppo_epochs
     mapping = tuple(w.device_mapping or [0])
@@ -113,14 +149,7 @@ def build_role(
     )
     if role == "actor_infer":
         mode = common["strategy_config"].get("logprobs_mode")
-        temperature = sampling_temperature(cfg)
-        if mode == "raw_logprobs" and temperature != 1.0:
-            warnings.append(
-                "actor_infer.strategy_args.strategy_config.logprobs_mode=raw_logprobs: the "
-                "engine records temperature-1 log-probs while the trainer's are at the sampling "
-                f"temperature {temperature}; the train-inference ratio then "
-                "measures the temperature, not a mismatch"
-            )
+        warnings.extend(rollout_log_prob_warnings(cfg, mode))
         return RolePlan(**common)  # type: ignore[arg-type]
     attn = attn_implementation(
         w.model_args.attn_implementation,
@@ -141,7 +170,7 @@ def build_role(
         ),
     )
     share_prompt = False if role == "critic" else shared_prompt_forward(w, role, model_args)
-    temperature = sampling_temperature(cfg) if logprob_temperature is None else logprob_temperature
+    sampling = rollout_sampling_distribution(cfg) if logprob_sampling is None else logprob_sampling
     world = max(1, len(mapping) // per_worker)
     t = w.training_args
     training = None
@@ -176,14 +205,14 @@ def build_role(
             seed=cfg.seed,
             infer_batch_size=w.infer_batch_size,
             share_prompt_forward=share_prompt,
-            logprob_temperature=temperature,
+            logprob_sampling=sampling,
         )
     else:
         training = TrainingArgs(
             seed=cfg.seed,
             infer_batch_size=w.infer_batch_size,
             share_prompt_forward=share_prompt,
-            logprob_temperature=temperature,
+            logprob_sampling=sampling,
         )
     loss = None
     if not with_loss:
