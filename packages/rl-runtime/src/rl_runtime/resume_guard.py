@@ -19,6 +19,13 @@ compares both key by key with the new ones, by the same rules:
   warm-up, floor, horizon); the reward KL controller keeps only an adaptive coefficient
   (rl_runtime.advantages `restore_kl_controller`).
 
+What is refused depends on the pipeline resumed (`check_resume(..., pipeline=)`: agentic, rlvr,
+dpo): a key that pipeline does not read (rl_config.contract declares it ignored for that kind:
+`prompt_length` in an agentic or DPO run, a critic in a DPO run) only warns, and
+`PIPELINE_RESUME_REFUSED` adds the keys only that pipeline's data derives from (DPO's pair
+lengths: `sequence_length` and `truncation_mode` decide which pairs are kept and how they are cut;
+its batch sizes, which pairs each step trains on). Without a pipeline every table applies.
+
 Keys are dotted paths as in the YAML (an app key under its section: `rlvr_app.arith_data.seed`);
 patterns are `fnmatch` patterns (`*` spans dots). A section that appears or disappears (a critic
 added) is one key, the section's name. A checkpoint that records no config, or no app section
@@ -51,6 +58,7 @@ _PROMPTS = (
     "the training prompts and their order derive from it (the rows read, how each is rendered "
     "and whether it fits); the checkpointed sampler position would not continue them"
 )
+_OBJECTIVE = "the checkpointed policy (and critic) were trained for another objective"
 _SEEDS = (
     "the env and sampling seeds of each step derive from it; the resumed run would not "
     "continue the checkpointed one"
@@ -94,9 +102,27 @@ RESUME_REFUSED: dict[str, str] = {
     "*_app.tiny_model.*": _MODEL,
     **{f"rlvr_app.arith_data.{k}": _PROMPTS for k in _ARITH_DATA},
     "dpo_app.arithmetic.*": _PROMPTS,
-    "adv_estimator": "the checkpointed policy (and critic) were trained for another objective",
+    "adv_estimator": _OBJECTIVE,
 }
 """Keys whose change breaks a resume -> why (refused, each named)."""
+
+_PAIRS = (
+    "the preference pairs and each step's batch derive from it (which pairs fit and how they are "
+    "cut; step k trains on the k-th slice of `examples_per_step` pairs of the seeded epoch "
+    "order); the resumed run would not continue at the checkpointed run's next batch"
+)
+
+PIPELINE_RESUME_REFUSED: dict[str, dict[str, str]] = {
+    "dpo": {
+        "sequence_length": _PAIRS,
+        "truncation_mode": _PAIRS,
+        "actor_train.training_args.per_device_train_batch_size": _PAIRS,
+        "actor_train.training_args.gradient_accumulation_steps": _PAIRS,
+        "loss_type": _OBJECTIVE + " (kto reads unpaired rows)",
+        "ipo": _OBJECTIVE,
+    },
+}
+"""Per pipeline kind: keys refused on top of `RESUME_REFUSED` when resuming that pipeline."""
 
 RESUME_REFUSED_MEMBERS: dict[str, str] = {"rewards": _PROMPTS}
 """Sections whose members are named by the user (a reward domain) -> why a member added or
@@ -157,11 +183,32 @@ def _show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _reason(key: str) -> str | None:
+def refused_keys(pipeline: str | None) -> dict[str, str]:
+    """The refused key patterns -> why, for resuming a `pipeline` run (None: every pipeline's)."""
+    extra = (
+        PIPELINE_RESUME_REFUSED.values()
+        if pipeline is None
+        else [PIPELINE_RESUME_REFUSED.get(pipeline, {})]
+    )
+    return {k: why for table in (RESUME_REFUSED, *extra) for k, why in table.items()}
+
+
+def unread_by(pipeline: str | None, key: str, section: bool) -> str | None:
+    """Why a `pipeline` run does not read `key` (rl_config.contract declares it ignored for that
+    kind; a `section` that appears or disappears: its members), or None."""
+    if pipeline is None:
+        return None
+    from rl_config.contract import declared
+
+    found = declared(f"{key}.*" if section else key, pipeline)
+    return found[1] if found is not None and found[0] == "ignored" else None
+
+
+def _reason(key: str, refused: Mapping[str, str]) -> str | None:
     section, _, member = key.rpartition(".")
     if section in RESUME_REFUSED_MEMBERS and member:
         return RESUME_REFUSED_MEMBERS[section]
-    return next((why for p, why in RESUME_REFUSED.items() if fnmatchcase(key, p)), None)
+    return next((why for p, why in refused.items() if fnmatchcase(key, p)), None)
 
 
 def check_resume(
@@ -171,12 +218,14 @@ def check_resume(
     *,
     saved_app: Mapping[str, Any] | None = None,
     app: Mapping[str, Any] | None = None,
+    pipeline: str | None = None,
 ) -> list[str]:
     """Warnings for the keys changed since `checkpoint` was written under the config `saved`
     and the app section `saved_app` (both as the checkpoint recorded them: `config_record`,
     `app_record`), against the config `cfg` and the app record `app`; raises `ConfigError`
-    naming every refused changed key. A record the checkpoint lacks (written before it was
-    recorded) is one warning; no `app` (a run without an app section) checks the config only."""
+    naming every key refused for resuming a `pipeline` run (agentic, rlvr, dpo; None: refused
+    for any). A record the checkpoint lacks (written before it was recorded) is one warning; no
+    `app` (a run without an app section) checks the config only."""
     warnings: list[str] = []
     pairs: list[tuple[Mapping[str, Any], Mapping[str, Any]]] = []
     if saved is None:
@@ -193,13 +242,17 @@ def check_resume(
             "cannot be checked"
         )
     refused: list[ConfigIssue] = []
+    table = refused_keys(pipeline)
     changes = [change for old_new in pairs for change in changed_keys(*old_new)]
     for key, old, new in changes:
         if any(fnmatchcase(key, p) for p in RESUME_SILENT):
             continue
-        why = _reason(key)
+        unread = unread_by(pipeline, key, isinstance(old, Mapping) or isinstance(new, Mapping))
+        why = None if unread is not None else _reason(key, table)
         if why is None:
             note = next((n for p, n in RESUME_NOTED.items() if fnmatchcase(key, p)), _APPLIES)
+            if unread is not None:
+                note = f"not read by the {pipeline} pipeline: {unread}"
             warnings.append(
                 f"{key} changed since checkpoint {checkpoint}: {_show(old)} -> {_show(new)} "
                 f"({note})"
