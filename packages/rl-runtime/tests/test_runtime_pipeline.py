@@ -298,6 +298,15 @@ def test_a_resume_refuses_the_changed_keys_the_pipeline_reads(tmp_path, capsys):
     with pytest.raises(ConfigError) as info:
         runner.run()
     assert [i.path for i in info.value.issues] == ["prompt_length"]
+    # the values the pipeline derives for its data are recorded and checked too
+    _run(tmp_path / "derived", FakeRecipe(), {"derived": {"prompt_length": 56}}, max_steps=3)
+    runner = _runner(
+        tmp_path / "derived", FakeRecipe(), {"derived": {"prompt_length": 33}}, max_steps=5,
+        resume_from_checkpoint=True,
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        runner.run()
+    assert [i.path for i in info.value.issues] == ["derived.prompt_length"]
 
 
 def test_resume_warns_about_harmless_changes(tmp_path, capsys):

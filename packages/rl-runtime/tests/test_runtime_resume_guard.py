@@ -282,3 +282,30 @@ def test_every_pipelines_refused_keys_are_keys_it_reads():
             matched = [k for k in keys if fnmatchcase(k, pattern)]
             assert matched, pattern
             assert all(declared(k, kind) is None for k in matched), (kind, pattern)
+
+
+def test_a_changed_derived_value_is_refused_once_by_its_name():
+    """RLVR's prompt budget is `prompt_length`, else `sequence_length - response_length`: with
+    prompt_length unset, a changed sequence_length changes which prompts fit, though no refused
+    key changed. The pipeline's derived record catches it (`derived.prompt_length`); a changed
+    prompt_length itself is refused once, by its own name; an older checkpoint without the
+    record is one warning."""
+    same = {"sequence_length": 512, "response_length": 32,
+            "actor_infer": {"generating_args": {"max_new_tokens": 32}}}  # fmt: skip
+    saved = config_record(_cfg(**same))
+    new = _cfg(**{**same, "sequence_length": 256})
+    with pytest.raises(ConfigError) as info:
+        check_resume(saved, new, "ck", pipeline="rlvr", saved_derived={"prompt_length": 480},
+                     derived={"prompt_length": 224})  # fmt: skip
+    (issue,) = info.value.issues
+    assert issue.path == "derived.prompt_length"
+    assert issue.message.startswith("480 in checkpoint ck, now 224: the prompt budget")
+    with pytest.raises(ConfigError) as info:
+        check_resume(config_record(_cfg(prompt_length=480)), _cfg(prompt_length=224), "ck",
+                     pipeline="rlvr", saved_derived={"prompt_length": 480},
+                     derived={"prompt_length": 224})  # fmt: skip
+    assert [i.path for i in info.value.issues] == ["prompt_length"]
+    lines = check_resume(saved, _cfg(**same), "ck", pipeline="rlvr", saved_derived=None,
+                         derived={"prompt_length": 480})  # fmt: skip
+    assert lines == ["checkpoint ck records no derived values (prompt_length); their changes "
+                     "cannot be checked"]  # fmt: skip

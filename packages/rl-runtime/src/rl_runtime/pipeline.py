@@ -22,8 +22,10 @@ A recipe supplies its science through a small protocol (composition, not inherit
 bumps it), the phase timer, `log`, and sharded `forward`/`train` calls on a role. A pipeline without
 rollout engines (no `actor_infer` role, e.g. offline preference training) has no weight sync. The last step always logs, evaluates and saves.
 At start the runner prints the config warnings and writes the resolved config (secrets redacted)
-to output_dir; at the end it writes output_dir/summary.json. A checkpoint records the config and
-the app's own section (`RunOptions.app_record`), which rl_runtime.resume_guard compares on resume,
+to output_dir; at the end it writes output_dir/summary.json. A checkpoint records the config,
+the app's own section (`RunOptions.app_record`) and the values it derives for its data
+(`RunOptions.derived`), which rl_runtime.resume_guard compares on resume for the pipeline kind run
+(`RunOptions.pipeline`),
 and the evaluation before training, which a resumed run's summary keeps. A resumed run says so
 first and goes on in its run's metrics.jsonl; a fresh run first moves an earlier run's metrics,
 checkpoints and outputs (summary.json, curves.png, resolved_config.yaml, hf_model/, and the
@@ -100,6 +102,9 @@ class RunOptions:
     #: the pipeline kind the app runs (agentic, rlvr, dpo: the app options' `PIPELINE`); a
     #: resume refuses the changed keys that kind reads (None: the config's `pipeline_kind`)
     pipeline: str | None = None
+    #: values the app derives from several config keys and reads for its data (apps/rlvr: the
+    #: prompt budget); a checkpoint records them and a resume refuses a change (resume_guard)
+    derived: dict[str, Any] = field(default_factory=dict)
     #: files or directories the app itself writes for this run outside the runner's
     #: (apps/async: its summary.json of both runs); a fresh run moves an earlier one aside too
     app_outputs: tuple[str, ...] = ()
@@ -427,7 +432,8 @@ class Runner:
                 resume_warnings = check_resume(
                     state.extra.get("config"), self.cfg, str(resume),
                     saved_app=state.extra.get("app"), app=self.options.app_record,
-                    pipeline=self.pipeline(),
+                    pipeline=self.pipeline(), saved_derived=state.extra.get("derived"),
+                    derived=self.options.derived,
                 )  # fmt: skip
         if resume is None:
             earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
@@ -514,6 +520,7 @@ class Runner:
             "recipe": recipe_state,
             "config": config_record(self.cfg),
             "app": self.options.app_record,
+            "derived": self.options.derived,
             "eval_before": self.eval_before,
             THROUGHPUT_KEY: self.throughput_state(),
         }

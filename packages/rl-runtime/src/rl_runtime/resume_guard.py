@@ -26,6 +26,12 @@ dpo): a key that pipeline does not read (rl_config.contract declares it ignored 
 lengths: `sequence_length` and `truncation_mode` decide which pairs are kept and how they are cut;
 its batch sizes, which pairs each step trains on). Without a pipeline every table applies.
 
+A pipeline may also record values it derives from several keys and reads for its data (`derived`,
+`RunOptions.derived`: RLVR's prompt budget, `prompt_length` or else `sequence_length -
+response_length`, which decides which prompts fit); any change of one is refused as
+`derived.<name>` (`DERIVED_REFUSED` says why), so a resume that changes `sequence_length` under
+an unset `prompt_length` is refused although no refused key changed.
+
 Keys are dotted paths as in the YAML (an app key under its section: `rlvr_app.arith_data.seed`);
 patterns are `fnmatch` patterns (`*` spans dots). A section that appears or disappears (a critic
 added) is one key, the section's name. A checkpoint that records no config, or no app section
@@ -124,6 +130,12 @@ PIPELINE_RESUME_REFUSED: dict[str, dict[str, str]] = {
 }
 """Per pipeline kind: keys refused on top of `RESUME_REFUSED` when resuming that pipeline."""
 
+DERIVED_REFUSED: dict[str, str] = {
+    "prompt_length": "the prompt budget (prompt_length, else sequence_length - response_length) "
+    "decides which training prompts fit: " + _PROMPTS,
+}
+"""Derived values (`RunOptions.derived`) -> why a change is refused (others: `_PROMPTS`)."""
+
 RESUME_REFUSED_MEMBERS: dict[str, str] = {"rewards": _PROMPTS}
 """Sections whose members are named by the user (a reward domain) -> why a member added or
 removed (the key `rewards.<domain>`) is refused; changes inside a member follow `RESUME_REFUSED`."""
@@ -211,6 +223,15 @@ def _reason(key: str, refused: Mapping[str, str]) -> str | None:
     return next((why for p, why in refused.items() if fnmatchcase(key, p)), None)
 
 
+def _refusal(key: str, old: Any, new: Any, checkpoint: str, why: str) -> ConfigIssue:
+    return ConfigIssue(
+        key,
+        f"{_show(old)} in checkpoint {checkpoint}, now {_show(new)}: {why}. Resume with the "
+        "checkpointed value, or start a new run (resume_from_checkpoint: false and another "
+        "checkpoint_config.output_dir)",
+    )
+
+
 def check_resume(
     saved: Mapping[str, Any] | None,
     cfg: Any,
@@ -219,13 +240,16 @@ def check_resume(
     saved_app: Mapping[str, Any] | None = None,
     app: Mapping[str, Any] | None = None,
     pipeline: str | None = None,
+    saved_derived: Mapping[str, Any] | None = None,
+    derived: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """Warnings for the keys changed since `checkpoint` was written under the config `saved`
     and the app section `saved_app` (both as the checkpoint recorded them: `config_record`,
     `app_record`), against the config `cfg` and the app record `app`; raises `ConfigError`
     naming every key refused for resuming a `pipeline` run (agentic, rlvr, dpo; None: refused
-    for any). A record the checkpoint lacks (written before it was recorded) is one warning; no
-    `app` (a run without an app section) checks the config only."""
+    for any), and every changed value of the pipeline's `derived` record against the
+    checkpoint's (`saved_derived`). A record the checkpoint lacks (written before it was
+    recorded) is one warning; no `app` (a run without an app section) checks the config only."""
     warnings: list[str] = []
     pairs: list[tuple[Mapping[str, Any], Mapping[str, Any]]] = []
     if saved is None:
@@ -258,14 +282,18 @@ def check_resume(
                 f"({note})"
             )
         else:
-            refused.append(
-                ConfigIssue(
-                    key,
-                    f"{_show(old)} in checkpoint {checkpoint}, now {_show(new)}: {why}. Resume "
-                    "with the checkpointed value, or start a new run (resume_from_checkpoint: "
-                    "false and another checkpoint_config.output_dir)",
-                )
-            )
+            refused.append(_refusal(key, old, new, checkpoint, why))
+    if derived and saved_derived is None:
+        warnings.append(
+            f"checkpoint {checkpoint} records no derived values ({', '.join(derived)}); their "
+            "changes cannot be checked"
+        )
+    elif derived:
+        named = {issue.path for issue in refused}
+        for name, old, new in changed_keys(saved_derived, derived):
+            if name not in named:  # the key itself changed: refused once, by its name
+                why = DERIVED_REFUSED.get(name, _PROMPTS)
+                refused.append(_refusal(f"derived.{name}", old, new, checkpoint, why))
     if refused:
         raise ConfigError(refused)
     return warnings
