@@ -254,6 +254,10 @@ def test_a_resume_refuses_what_the_resumed_pipeline_reads():
     (line,) = check_resume(saved, _dpo(prompt_length=64), "ck", pipeline="dpo")
     assert line.startswith("prompt_length changed since checkpoint ck: None -> 64")
     assert "not read by the dpo pipeline" in line
+    mix = {**DPO["actor_train"], "data_args": {"file_name": "pairs.jsonl",
+                                               "domain_interleave_probs": {"a": 1.0}}}  # fmt: skip
+    (line,) = check_resume(saved, _dpo(actor_train=mix), "ck", pipeline="dpo")  # a mapping value
+    assert line.startswith("actor_train.data_args.domain_interleave_probs changed")
     # agentic: RLVR's keys warn, its own are refused
     math = {"worker_cls": "math_rule", "tag_included": ["math"]}
     lines = check_resume(

@@ -207,13 +207,17 @@ def refused_keys(pipeline: str | None) -> dict[str, str]:
 
 def unread_by(pipeline: str | None, key: str, section: bool) -> str | None:
     """Why a `pipeline` run does not read `key` (rl_config.contract declares it ignored for that
-    kind; a `section` that appears or disappears: its members), or None."""
+    kind; a `section` that appears or disappears, or a mapping value: it or its members), or
+    None."""
     if pipeline is None:
         return None
     from rl_config.contract import declared
 
-    found = declared(f"{key}.*" if section else key, pipeline)
-    return found[1] if found is not None and found[0] == "ignored" else None
+    for name in (key, f"{key}.*") if section else (key,):
+        found = declared(name, pipeline)
+        if found is not None and found[0] == "ignored":
+            return found[1]
+    return None
 
 
 def _reason(key: str, refused: Mapping[str, str]) -> str | None:
