@@ -122,6 +122,10 @@ def test_agentic_resume_matches_uninterrupted(tmp_path):
         resumed_eval, full_eval = ({k: v for k, v in summary[part].items() if not k.startswith("timing/")}
                                    for summary in summaries)  # fmt: skip
         assert resumed_eval == pytest.approx(full_eval, rel=1e-5), part
+    # the run's totals, not the resumed part's (the checkpoint carries them)
+    throughput = [summary["throughput"] for summary in summaries]
+    assert throughput[1]["samples_trained"] == throughput[0]["samples_trained"] > 0
+    assert throughput[1]["scope"] == "run"
 
 
 @pytest.mark.slow

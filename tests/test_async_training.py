@@ -158,3 +158,54 @@ def test_agentic_pipeline_trains_one_step_off_by_config(tmp_path):
         assert r["async/dropped_stale_samples"] == 0 and r["rollout/num_trajectories"] == 8
         assert r["sync/max_abs_diff"] == 0.0 and r["failures/episodes"] == 0.0
     assert "val/success_rate" in steps[-1]
+
+
+def test_a_resumed_one_step_off_run_continues_the_run_totals_exactly(tmp_path):
+    """max_staleness 1 with reward failures in training and in every evaluation (code rows
+    without tests). The uninterrupted run saves at step 2 mid-run; resumed from that checkpoint,
+    steps 3 and 4 report the uninterrupted run's totals: the training rollouts' failures
+    (`reward/failures/*`, restored with rollout's snapshot before batch 2), the evaluations'
+    (`val/reward_failures/*`: evaluation runs on the trainer while rollout draws ahead, so its
+    totals are the trainer's state at the checkpoint, not rollout's at its snapshot), and the
+    run's trained samples (`RunResult.throughput`). Before, the evaluations' failures were
+    counted into the rollout totals, the evaluation at step 2 after batch 2's snapshot."""
+    import shutil
+
+    from test_rlvr_app import CODE_WORKER, _code_rows
+
+    data = tmp_path / "code"
+    data.mkdir()
+    untested = [{"id": f"bad{i}", "tag": "code", "prompt": f"def f(x): x+1 #b{i}",
+                 "ground_truth": "7"} for i in range(2)]  # fmt: skip
+    (data / "train.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in [*_code_rows(6), *untested]) + "\n"
+    )
+    (data / "val.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in [*_code_rows(2, start=100), untested[0]]) + "\n"
+    )
+    common = {
+        "async.max_staleness": 1, "max_steps": 4, "eval_steps": 2, "save_steps": 2,
+        "rlvr_app.arith_data.generate": "false", "rlvr_app.warmup.steps": 0,
+        "actor_train.data_args.file_name": data / "train.jsonl",
+        "actor_train.data_args.eval_file_name": data / "val.jsonl",
+        "rewards.code.worker_cls": CODE_WORKER, "rewards.code.tag_included": "[code]",
+        "val_greedy": "false",
+    }  # fmt: skip
+    full_result, full = run_rlvr(tmp_path / "full", **common)
+    part = tmp_path / "part"  # the uninterrupted run's checkpoint of step 2, resumed
+    shutil.copytree(tmp_path / "full" / "ckpt" / "step-000002", part / "ckpt" / "step-000002")
+    resumed_result, resumed = run_rlvr(part, **{**common, "resume_from_checkpoint": "true"})
+    assert [r["step"] for r in full] == [1, 2, 3, 4] and [r["step"] for r in resumed] == [3, 4]
+
+    def totals(row: dict, prefix: str) -> dict:
+        return {k: v for k, v in row.items() if k.startswith(prefix)}
+
+    # every untested training row fails its 4 samples, once per epoch of 8 rows (2 steps)
+    assert sum(totals(full[-1], "reward/failures/").values()) == 16
+    # the held-out untested row fails both samples in each evaluation: before, at 2 and at 4
+    assert sum(totals(full[-1], "val/reward_failures/").values()) == 6
+    for f, r in zip(full[2:], resumed, strict=True):
+        for prefix in ("reward/failures/", "val/reward_failures/"):
+            assert totals(r, prefix) == totals(f, prefix), (f["step"], prefix)
+    assert resumed_result.throughput["samples_trained"] == 64 - 16  # failed samples not trained
+    assert full_result.throughput["samples_trained"] == 64 - 16

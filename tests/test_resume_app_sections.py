@@ -33,6 +33,8 @@ def _app_keys() -> list[str]:
         sys.modules[spec.name] = module  # dataclasses look their module up
         spec.loader.exec_module(module)
         keys += _leaves(app_record(module.AppOptions()))
+        # the pipeline kind a resume is checked for (RunOptions.from_app reads it)
+        assert name == module.AppOptions.PIPELINE
     return keys
 
 

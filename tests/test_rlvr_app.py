@@ -472,6 +472,9 @@ def test_rlvr_resume_matches_uninterrupted(tmp_path):
                                    for summary in summaries)  # fmt: skip
         assert resumed_eval == pytest.approx(full_eval, rel=1e-5), part
     assert summaries[1]["eval_before"]["val/num_prompts"] == 8
+    throughput = [summary["throughput"] for summary in summaries]  # the run's, not the part's
+    assert throughput[1]["samples_trained"] == throughput[0]["samples_trained"] == 3 * 16
+    assert throughput[1]["scope"] == "run"
     for key in ("reward/mean", "response/length_mean", "rollout/response_tokens", "train/loss",
                 "train/grad_norm", "sync/weight_version"):  # fmt: skip
         assert step3_resumed[key] == pytest.approx(step3_full[key], rel=1e-5, abs=1e-6), key

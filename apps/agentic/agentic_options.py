@@ -29,6 +29,7 @@ class WarmupOptions:
 @dataclass
 class AppOptions(AppRunOptions):
     SECTION = "agentic_app"
+    PIPELINE = "agentic"
     warmup: WarmupOptions = field(default_factory=WarmupOptions)
     export_hf: bool = True
     render_val_envs: int = 2

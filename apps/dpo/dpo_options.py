@@ -20,6 +20,7 @@ class ArithmeticOptions:
 @dataclass
 class AppOptions(AppRunOptions):
     SECTION = "dpo_app"
+    PIPELINE = "dpo"
     #: write the arithmetic pairs to actor_train.data_args.file_name / eval_file_name first
     generate_arithmetic: bool = False
     arithmetic: ArithmeticOptions = field(default_factory=ArithmeticOptions)

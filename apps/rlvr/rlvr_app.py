@@ -55,7 +55,7 @@ def run(cfg: Any, app: AppOptions, composed: Composed, flags: frozenset[str] = f
     options = RunOptions.from_app(
         app, path, stdout_keys=STDOUT_KEYS, progress_keys=PROGRESS_KEYS,
         eval_before_training=app.eval_before_training if eval_before is None else eval_before,
-        app_outputs=app_outputs,
+        app_outputs=app_outputs, derived={"prompt_length": composed.plan.prompt_length},
     )  # fmt: skip
     recipe = RlvrRecipe(app, composed.plan, path)
     try:

@@ -33,6 +33,7 @@ class ArithDataOptions:
 @dataclass
 class AppOptions(AppRunOptions):
     SECTION = "rlvr_app"
+    PIPELINE = "rlvr"
     arith_data: ArithDataOptions = field(default_factory=ArithDataOptions)
     warmup: WarmupOptions = field(default_factory=WarmupOptions)
 

@@ -12,6 +12,7 @@ scorer), rlvr_rollout (generation, dynamic sampling), rlvr_eval (held-out accura
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from rlvr_options import AppOptions
@@ -40,6 +41,10 @@ class RlvrRecipe:
         self.app, self.plan, self.model_path = app, plan, model_path
         self.kl_ctl: Any = None
         self.scorer: Scorer | None = None  # owns sandbox processes: made in setup, closed in close
+        #: the run's failed reward calls by kind: of the training rollouts (rollout state) and
+        #: of the evaluations (the trainer's state: evaluation runs on the trainer's side)
+        self.reward_failures: Counter[str] = Counter()
+        self.eval_reward_failures: Counter[str] = Counter()
 
     # --------------------------------------------------------------------------- setup
     def setup(self, ctx: Context) -> None:
@@ -57,24 +62,26 @@ class RlvrRecipe:
         self.generator = GroupGenerator(self.scorer, tok, plan.reward_clip)
 
     def state(self) -> dict[str, Any]:
-        return {"kl_controller": self.kl_ctl.state_dict(), **self.rollout_state()}
+        return {"kl_controller": self.kl_ctl.state_dict(),
+                "eval_reward_failures": dict(self.eval_reward_failures),
+                **self.rollout_state()}  # fmt: skip
 
     def rollout_state(self) -> dict[str, Any]:
-        """The rollout side's state: the prompt sampler's position and the run's reward-failure
-        totals by kind (`reward/failures/*`); asynchronous rollout draws ahead of the trainer."""
-        assert self.scorer is not None
+        """The rollout side's state: the prompt sampler's position and the training rollouts'
+        reward-failure totals by kind (`reward/failures/*`); asynchronous rollout draws ahead of
+        the trainer."""
         return {"sampler": self.prompts.sampler.state(),
-                "reward_failures": dict(self.scorer.failures)}  # fmt: skip
+                "reward_failures": dict(self.reward_failures)}  # fmt: skip
 
     def load_rollout_state(self, state: dict[str, Any]) -> None:
-        assert self.scorer is not None
         self.prompts.sampler.load_state(state["sampler"])
-        self.scorer.failures.clear()  # a checkpoint from before the totals were saved: from 0
-        self.scorer.failures.update(state.get("reward_failures") or {})
+        # a checkpoint from before the totals were saved: from 0
+        self.reward_failures = Counter(state.get("reward_failures") or {})
 
     def load_state(self, state: dict[str, Any]) -> None:
         if "kl_controller" in state:
             restore_kl_controller(self.kl_ctl, state["kl_controller"])
+        self.eval_reward_failures = Counter(state.get("eval_reward_failures") or {})
         if "sampler" in state:
             self.load_rollout_state(state)
 
@@ -96,7 +103,8 @@ class RlvrRecipe:
         metrics (rl_runtime.rlvr_rollout.rollout_batch; asynchronous training runs this on the
         producer thread)."""
         return rollout_batch(ctx.cluster, self.generator, self.prompts, self.plan,
-                             seed=ctx.components.seed, index=index)  # fmt: skip
+                             seed=ctx.components.seed, index=index,
+                             failures=self.reward_failures)  # fmt: skip
 
     def learn(self, ctx: Context, batch: RolloutBatch) -> dict[str, float]:
         """Train on `batch` (collate, then rl_runtime.policy_update) and sync the weights; an
@@ -121,9 +129,11 @@ class RlvrRecipe:
     # --------------------------------------------------------------------- evaluation
     def evaluate(self, ctx: Context) -> dict[str, float]:
         """Held-out accuracy: greedy (val/greedy/*, with val_greedy) and sampled with
-        val_n_sample samples per prompt (val/accuracy = mean over samples, val/pass@k)."""
+        val_n_sample samples per prompt (val/accuracy = mean over samples, val/pass@k), and the
+        evaluations' reward-failure totals (val/reward_failures/*)."""
         seed = ctx.components.seed
-        return held_out_accuracy(ctx.cluster, self.generator, self.prompts, self.plan, seed)
+        return held_out_accuracy(ctx.cluster, self.generator, self.prompts, self.plan, seed,
+                                 failures=self.eval_reward_failures)  # fmt: skip
 
     # ------------------------------------------------------------------------ warm-up
     def before_training(self, ctx: Context) -> dict[str, float]:

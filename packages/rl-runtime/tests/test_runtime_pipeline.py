@@ -227,6 +227,38 @@ def test_a_resumed_summary_keeps_the_checkpointed_evaluation_before_training(tmp
     assert summary["eval_after"] == resumed.eval_after == full.eval_after
 
 
+class CountingRecipe(FakeRecipe):
+    """Trains 4 samples a step (`rollout/num_trajectories`, what the runner's throughput counts)."""
+
+    def step(self, ctx) -> dict[str, float]:
+        return {**super().step(ctx), "rollout/num_trajectories": 4.0}
+
+
+def test_a_resumed_run_reports_the_whole_runs_throughput_totals(tmp_path, capsys):
+    """The checkpoint carries the trained samples and training-loop seconds so far: a run
+    resumed at step 3 reports the uninterrupted run's totals, and its rate is over the whole
+    run's loop seconds (the part before the interruption included), `"scope": "run"`."""
+    _, full = _run(tmp_path / "full", CountingRecipe(), max_steps=5)
+    _run(tmp_path / "part", CountingRecipe(), max_steps=3)
+    state = json.loads(
+        (tmp_path / "part" / "out" / "checkpoints" / "step-000003" / "run_state.json").read_text()
+    )
+    before = state["extra"]["throughput"]
+    assert before["samples_trained"] == 12.0 and before["loop_seconds"] > 0
+    _, resumed = _run(tmp_path / "part", CountingRecipe(), max_steps=5, resume_from_checkpoint=True)
+    assert resumed.throughput["samples_trained"] == full.throughput["samples_trained"] == 20.0
+    assert resumed.throughput["loop_seconds"] > before["loop_seconds"]
+    assert resumed.throughput["samples_per_s"] == pytest.approx(
+        20.0 / resumed.throughput["loop_seconds"])  # fmt: skip
+    summary = json.loads((tmp_path / "part" / "out" / "summary.json").read_text())
+    assert summary["throughput"] == resumed.throughput and summary["throughput"]["scope"] == "run"
+    capsys.readouterr()
+    runner = _runner(tmp_path / "old", CountingRecipe())
+    runner.load_throughput_state(None, "ck/step-000003")  # a checkpoint from before: from 0
+    assert runner.throughput_state() == {"samples_trained": 0.0, "loop_seconds": 0.0}
+    assert "ck/step-000003 records no throughput totals" in capsys.readouterr().out
+
+
 def test_the_app_section_is_recorded_and_checked_on_resume(tmp_path, capsys):
     app = {"rlvr_app": {"use_ray": False, "arith_data": {"seed": 0}}}
     _run(tmp_path, FakeRecipe(), {"app_record": app}, max_steps=3)
@@ -247,6 +279,34 @@ def test_the_app_section_is_recorded_and_checked_on_resume(tmp_path, capsys):
     _run(tmp_path, FakeRecipe(), {"app_record": harmless}, max_steps=5, resume_from_checkpoint=True)
     lines = capsys.readouterr().out.splitlines()
     assert any(x.startswith("warning: rlvr_app.use_ray changed since checkpoint") for x in lines)
+
+
+def test_a_resume_refuses_the_changed_keys_the_pipeline_reads(tmp_path, capsys):
+    """The runner checks a resume for the pipeline it runs (`RunOptions.pipeline`, else the
+    config's kind): this agentic config does not read prompt_length (a warning), an RLVR run
+    does (refused by name)."""
+    _run(tmp_path, FakeRecipe(), max_steps=3)
+    capsys.readouterr()
+    _run(tmp_path, FakeRecipe(), max_steps=4, resume_from_checkpoint=True, prompt_length=64)
+    lines = capsys.readouterr().out.splitlines()
+    (line,) = [x for x in lines if x.startswith("warning: prompt_length changed")]
+    assert "not read by the agentic pipeline" in line
+    runner = _runner(
+        tmp_path, FakeRecipe(), {"pipeline": "rlvr"}, max_steps=5, resume_from_checkpoint=True,
+        prompt_length=32,
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        runner.run()
+    assert [i.path for i in info.value.issues] == ["prompt_length"]
+    # the values the pipeline derives for its data are recorded and checked too
+    _run(tmp_path / "derived", FakeRecipe(), {"derived": {"prompt_length": 56}}, max_steps=3)
+    runner = _runner(
+        tmp_path / "derived", FakeRecipe(), {"derived": {"prompt_length": 33}}, max_steps=5,
+        resume_from_checkpoint=True,
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        runner.run()
+    assert [i.path for i in info.value.issues] == ["derived.prompt_length"]
 
 
 def test_resume_warns_about_harmless_changes(tmp_path, capsys):

@@ -8,10 +8,11 @@ from typing import ClassVar
 
 import pytest
 
-from rl_config.contract import schema_keys
+from rl_config.contract import declared, schema_keys
 from rl_config.errors import ConfigError
 from rl_config.schema import ExperimentConfig
 from rl_runtime.resume_guard import (
+    PIPELINE_RESUME_REFUSED,
     RESUME_NOTED,
     RESUME_REFUSED,
     RESUME_REFUSED_MEMBERS,
@@ -20,6 +21,7 @@ from rl_runtime.resume_guard import (
     changed_keys,
     check_resume,
     config_record,
+    refused_keys,
 )
 
 BASE = {
@@ -219,3 +221,95 @@ def test_every_pattern_names_schema_keys():
         if _app_pattern(pattern):
             continue
         assert any(fnmatchcase(k, pattern) or k.startswith(pattern + ".") for k in keys), pattern
+
+
+DPO = {"pretrain": "m", "loss_type": "sigmoid", "chosen_key": "chosen", "sequence_length": 256,
+       "actor_train": {"data_args": {"file_name": "pairs.jsonl"},
+                       "training_args": {"per_device_train_batch_size": 2}}}  # fmt: skip
+
+
+def _dpo(**changes: object) -> ExperimentConfig:
+    return ExperimentConfig.model_validate({**DPO, **changes})
+
+
+def test_a_resume_refuses_what_the_resumed_pipeline_reads():
+    """DPO's pairs derive from sequence_length and truncation_mode (which pairs fit, how they
+    are cut) and each step's batch from the batch sizes: refused by name for a DPO resume; the
+    prompt_length DPO does not read only warns, saying so. An agentic resume likewise passes
+    prompt_length and a reward domain (RLVR's), and still refuses its own keys."""
+    saved = config_record(_dpo())
+    assert _dpo().pipeline_kind == "dpo"
+    new = _dpo(sequence_length=512, truncation_mode="drop", prompt_length=64,
+               actor_train={**DPO["actor_train"], "training_args": {
+                   "per_device_train_batch_size": 4}})  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        check_resume(saved, new, "ck", pipeline="dpo")
+    issues = {i.path: i.message for i in info.value.issues}
+    assert sorted(issues) == [
+        "actor_train.training_args.per_device_train_batch_size",
+        "sequence_length",
+        "truncation_mode",
+    ]
+    assert "the preference pairs and each step's batch derive from it" in issues["sequence_length"]
+    (line,) = check_resume(saved, _dpo(prompt_length=64), "ck", pipeline="dpo")
+    assert line.startswith("prompt_length changed since checkpoint ck: None -> 64")
+    assert "not read by the dpo pipeline" in line
+    mix = {**DPO["actor_train"], "data_args": {"file_name": "pairs.jsonl",
+                                               "domain_interleave_probs": {"a": 1.0}}}  # fmt: skip
+    (line,) = check_resume(saved, _dpo(actor_train=mix), "ck", pipeline="dpo")  # a mapping value
+    assert line.startswith("actor_train.data_args.domain_interleave_probs changed")
+    # agentic: RLVR's keys warn, its own are refused
+    math = {"worker_cls": "math_rule", "tag_included": ["math"]}
+    lines = check_resume(
+        config_record(_cfg()), _cfg(prompt_length=64, rewards={"math": math}), "ck",
+        pipeline="agentic",
+    )  # fmt: skip
+    assert [x.split(" ")[0] for x in lines] == ["prompt_length", "rewards.math"]
+    with pytest.raises(ConfigError) as info:
+        check_resume(config_record(_cfg()), _cfg(rollout_batch_size=8, prompt_length=64), "ck",
+                     pipeline="agentic")  # fmt: skip
+    assert [i.path for i in info.value.issues] == ["rollout_batch_size"]
+    # RLVR reads prompt_length; without a pipeline every table applies
+    for kind in ("rlvr", None):
+        with pytest.raises(ConfigError) as info:
+            check_resume(config_record(_cfg()), _cfg(prompt_length=64), "ck", pipeline=kind)
+        assert [i.path for i in info.value.issues] == ["prompt_length"]
+    assert "sequence_length" in refused_keys(None) and "sequence_length" not in refused_keys("rlvr")
+
+
+def test_every_pipelines_refused_keys_are_keys_it_reads():
+    """A pipeline's own refused patterns name schema keys that pipeline does not declare
+    ignored (rl_config.contract): a refusal of a key the run does not read cannot creep in."""
+    keys = schema_keys()
+    for kind, table in PIPELINE_RESUME_REFUSED.items():
+        for pattern in table:
+            matched = [k for k in keys if fnmatchcase(k, pattern)]
+            assert matched, pattern
+            assert all(declared(k, kind) is None for k in matched), (kind, pattern)
+
+
+def test_a_changed_derived_value_is_refused_once_by_its_name():
+    """RLVR's prompt budget is `prompt_length`, else `sequence_length - response_length`: with
+    prompt_length unset, a changed sequence_length changes which prompts fit, though no refused
+    key changed. The pipeline's derived record catches it (`derived.prompt_length`); a changed
+    prompt_length itself is refused once, by its own name; an older checkpoint without the
+    record is one warning."""
+    same = {"sequence_length": 512, "response_length": 32,
+            "actor_infer": {"generating_args": {"max_new_tokens": 32}}}  # fmt: skip
+    saved = config_record(_cfg(**same))
+    new = _cfg(**{**same, "sequence_length": 256})
+    with pytest.raises(ConfigError) as info:
+        check_resume(saved, new, "ck", pipeline="rlvr", saved_derived={"prompt_length": 480},
+                     derived={"prompt_length": 224})  # fmt: skip
+    (issue,) = info.value.issues
+    assert issue.path == "derived.prompt_length"
+    assert issue.message.startswith("480 in checkpoint ck, now 224: the prompt budget")
+    with pytest.raises(ConfigError) as info:
+        check_resume(config_record(_cfg(prompt_length=480)), _cfg(prompt_length=224), "ck",
+                     pipeline="rlvr", saved_derived={"prompt_length": 480},
+                     derived={"prompt_length": 224})  # fmt: skip
+    assert [i.path for i in info.value.issues] == ["prompt_length"]
+    lines = check_resume(saved, _cfg(**same), "ck", pipeline="rlvr", saved_derived=None,
+                         derived={"prompt_length": 480})  # fmt: skip
+    assert lines == ["checkpoint ck records no derived values (prompt_length); their changes "
+                     "cannot be checked"]  # fmt: skip

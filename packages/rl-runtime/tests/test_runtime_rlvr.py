@@ -95,8 +95,8 @@ def test_rejected_rows_and_overlong_prompts_are_counted_and_printed(arith, tok, 
 class TextScorer(Scorer):
     """Reward 1.0 for the response `1`, 0.0 otherwise (no sandbox)."""
 
-    def __init__(self) -> None:
-        self.failures = Counter({"timeout": 3})
+    def __init__(self) -> None:  # no sandbox
+        pass
 
     def score(self, rows, texts, lengths) -> list[Scored]:
         return [Scored(float(t == "1"), True, "ok") for t in texts]
@@ -144,7 +144,8 @@ def test_rollout_refills_dropped_groups_with_the_round_seed(arith, tok):
     prompts = load_rlvr_prompts(plan, tok, SEED)
     cluster = FakeCluster(tok, lambda req, k: "1" if int(req.request_id) % 2 == 0 == k else "0")
     generator = GroupGenerator(TextScorer(), tok, None)
-    batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=5)
+    totals = Counter({"timeout": 3})  # the run's so far: none of this batch's calls failed
+    batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=5, failures=totals)
 
     expected = RowSampler(prompts.train.rows, SEED, None)
     drawn = expected.next(4) + expected.next(2)
@@ -197,3 +198,35 @@ def test_held_out_accuracy_without_held_out_prompts_is_empty(arith, tok):
     generator = GroupGenerator(TextScorer(), tok, None)
     assert held_out_accuracy(cluster, generator, load_rlvr_prompts(plan, tok, SEED), plan, 0) == {}
     assert cluster.requests == [] and cluster.phases == []
+
+
+class TimeoutScorer(TextScorer):
+    """The response `x` times out (a failed call); otherwise as `TextScorer`."""
+
+    def score(self, rows, texts, lengths) -> list[Scored]:
+        ok = super().score(rows, texts, lengths)
+        return [Scored(0.0, False, "timeout") if t == "x" else s for t, s in zip(texts, ok)]
+
+
+def test_failed_reward_calls_count_into_the_callers_totals_rollout_and_evaluation_apart(arith, tok):
+    """The run totals by kind are the caller's: a training rollout adds its failed calls to
+    the rollout's totals (`reward/failures/*`, rollout state), an evaluation to the
+    evaluation's (`val/reward_failures/*`, the trainer's state), never one into the other (an
+    asynchronous run evaluates on the trainer while rollout draws ahead)."""
+    plan = _plan([arith[0]], arith[1], dynamic_sampling={"enable": False})
+    prompts = load_rlvr_prompts(plan, tok, SEED)
+    cluster = FakeCluster(tok, lambda req, k: "x" if k == 0 else "1")  # sample 0 of each fails
+    generator = GroupGenerator(TimeoutScorer(), tok, None)
+    rollout_totals, eval_totals = Counter({"error": 1}), Counter()
+    batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0,
+                          failures=rollout_totals)  # fmt: skip
+    assert rollout_totals == {"error": 1, "timeout": 4}  # 4 prompts, one failed sample each
+    failures = {k: v for k, v in batch.metrics.items() if k.startswith("reward/failures/")}
+    assert failures == {"reward/failures/error": 1.0, "reward/failures/timeout": 4.0}
+    for _ in range(2):
+        out = held_out_accuracy(cluster, generator, prompts, plan, SEED, failures=eval_totals)
+    # 5 held-out prompts, greedy (1 sample: sample 0) and sampled (2): 10 failures a time
+    assert eval_totals == {"timeout": 20} and out["val/reward_failures/timeout"] == 20.0
+    assert rollout_totals == {"error": 1, "timeout": 4}
+    assert "val/reward_failures/timeout" not in held_out_accuracy(
+        cluster, generator, prompts, plan, SEED)  # fmt: skip

@@ -41,9 +41,11 @@ def strict_options(cls: type[T], raw: dict[str, Any] | None, path: str) -> T:
 @dataclass
 class AppRunOptions:
     """The options of every app section: the model it builds, where and how its workers run.
-    An app's options extend this class and name their YAML section in `SECTION`."""
+    An app's options extend this class, name their YAML section in `SECTION` and the pipeline
+    kind they run in `PIPELINE` (agentic, rlvr, dpo: what a resume checks, rl_runtime.resume_guard)."""
 
     SECTION: ClassVar[str] = "app"
+    PIPELINE: ClassVar[str | None] = None
     #: build a tiny model at `pretrain` first (the CPU defaults; nothing is downloaded)
     build_tiny_model: bool = False
     tiny_model: TinyModelOptions = field(default_factory=TinyModelOptions)

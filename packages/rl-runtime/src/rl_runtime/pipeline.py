@@ -22,14 +22,21 @@ A recipe supplies its science through a small protocol (composition, not inherit
 bumps it), the phase timer, `log`, and sharded `forward`/`train` calls on a role. A pipeline without
 rollout engines (no `actor_infer` role, e.g. offline preference training) has no weight sync. The last step always logs, evaluates and saves.
 At start the runner prints the config warnings and writes the resolved config (secrets redacted)
-to output_dir; at the end it writes output_dir/summary.json. A checkpoint records the config and
-the app's own section (`RunOptions.app_record`), which rl_runtime.resume_guard compares on resume,
+to output_dir; at the end it writes output_dir/summary.json. A checkpoint records the config,
+the app's own section (`RunOptions.app_record`) and the values it derives for its data
+(`RunOptions.derived`), which rl_runtime.resume_guard compares on resume for the pipeline kind run
+(`RunOptions.pipeline`),
 and the evaluation before training, which a resumed run's summary keeps. A resumed run says so
 first and goes on in its run's metrics.jsonl; a fresh run first moves an earlier run's metrics,
 checkpoints and outputs (summary.json, curves.png, resolved_config.yaml, hf_model/, and the
 app's `RunOptions.app_outputs`) in its directories aside (rl_runtime.previous_run) and says where.
 Throughput: `throughput/samples_per_s` (trained samples, `rollout/num_trajectories`, per second of
-the training loop without evaluation and checkpoints), in the metrics and summary.json.
+the training loop without evaluation and checkpoints), in the metrics and summary.json
+(`throughput`: `samples_trained`, `loop_seconds`, `samples_per_s`). They are the whole run's,
+`"scope": "run"`: a checkpoint carries the totals so far and a resumed run goes on from them (its
+rate includes the training loop's seconds before the interruption; the steps after the last
+checkpoint that were lost are counted once, as trained again). `wall_seconds` is this
+invocation's.
 With `components.asynchronous`, rollout runs ahead of the trainer (rl_runtime.async_training).
 """
 
@@ -60,6 +67,9 @@ from rl_runtime.resume_guard import app_record, check_resume, config_record
 from rl_runtime.timing import PhaseTimer, StepProgress
 from rl_runtime.tracking import Tracker, earlier_run_logs, tracker_log_dir
 
+THROUGHPUT_KEY = "throughput"
+"""The checkpoint's extra state holding the run's throughput totals (`Runner.throughput_state`)."""
+
 
 class Recipe(Protocol):
     def step(self, ctx: Context) -> dict[str, float]: ...
@@ -89,6 +99,12 @@ class RunOptions:
     )
     #: the app's own section as a checkpoint records it (rl_runtime.resume_guard.app_record)
     app_record: dict[str, Any] = field(default_factory=dict)
+    #: the pipeline kind the app runs (agentic, rlvr, dpo: the app options' `PIPELINE`); a
+    #: resume refuses the changed keys that kind reads (None: the config's `pipeline_kind`)
+    pipeline: str | None = None
+    #: values the app derives from several config keys and reads for its data (apps/rlvr: the
+    #: prompt budget); a checkpoint records them and a resume refuses a change (resume_guard)
+    derived: dict[str, Any] = field(default_factory=dict)
     #: files or directories the app itself writes for this run outside the runner's
     #: (apps/async: its summary.json of both runs); a fresh run moves an earlier one aside too
     app_outputs: tuple[str, ...] = ()
@@ -110,6 +126,7 @@ class RunOptions:
         on top."""
         fields = {name: getattr(app, name) for name in cls.APP_FIELDS}
         fields["app_record"] = app_record(app)
+        fields["pipeline"] = getattr(app, "PIPELINE", None)
         return cls(model_path=model_path, **{**fields, **overrides})
 
 
@@ -174,7 +191,9 @@ class RunResult:
     hf_model: str | None = None
     baselines: dict[str, dict[str, float]] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
-    throughput: dict[str, float] = field(default_factory=dict)
+    #: the whole run's (`"scope": "run"`, a resumed run's checkpointed part included):
+    #: samples_trained, loop_seconds, samples_per_s; `wall_seconds` is this invocation's
+    throughput: dict[str, Any] = field(default_factory=dict)
 
 
 def engine_weight_diff(cluster: Any) -> float:
@@ -379,6 +398,12 @@ class Runner:
         self.eval_before: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------ setup
+    def pipeline(self) -> str | None:
+        """The pipeline kind run: the app's (`RunOptions.pipeline`), else the config's."""
+        from rl_config.contract import pipeline_kind
+
+        return self.options.pipeline or pipeline_kind(getattr(self.cfg, "__wrapped__", self.cfg))
+
     def _announce(self) -> tuple[Path | None, RunState | None]:
         """First output: the resume line, or the line saying where an earlier run's results in
         this run's directories were moved (rl_runtime.previous_run), then warnings; writes the
@@ -407,6 +432,8 @@ class Runner:
                 resume_warnings = check_resume(
                     state.extra.get("config"), self.cfg, str(resume),
                     saved_app=state.extra.get("app"), app=self.options.app_record,
+                    pipeline=self.pipeline(), saved_derived=state.extra.get("derived"),
+                    derived=self.options.derived,
                 )  # fmt: skip
         if resume is None:
             earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
@@ -493,7 +520,9 @@ class Runner:
             "recipe": recipe_state,
             "config": config_record(self.cfg),
             "app": self.options.app_record,
+            "derived": self.options.derived,
             "eval_before": self.eval_before,
+            THROUGHPUT_KEY: self.throughput_state(),
         }
         if self.asynchronous is not None:
             from rl_runtime.async_training import STATE_KEY
@@ -518,6 +547,7 @@ class Runner:
         ctx.step, ctx.weight_version = state.step, state.weight_version
         restore_rng(state.rng)
         self.eval_before = dict(state.extra.get("eval_before") or {})
+        self.load_throughput_state(state.extra.get(THROUGHPUT_KEY), str(path))
         if hasattr(self.recipe, "load_state"):
             self.recipe.load_state(dict(state.extra.get("recipe") or {}))
         from rl_runtime.async_training import STATE_KEY, restore_rollout_state
@@ -613,9 +643,26 @@ class Runner:
         return last_eval
 
     def samples_per_s(self) -> float:
-        """Trained samples per second of the training loop so far (evaluation and checkpoints
-        not counted)."""
+        """Trained samples per second of the run's training loop so far (evaluation and
+        checkpoints not counted; a resumed run's checkpointed part included)."""
         return self.samples_trained / self.loop_seconds if self.loop_seconds > 0 else 0.0
+
+    def throughput_state(self) -> dict[str, float]:
+        """The run's throughput totals so far, as a checkpoint carries them."""
+        return {"samples_trained": self.samples_trained, "loop_seconds": self.loop_seconds}
+
+    def load_throughput_state(self, state: dict[str, Any] | None, checkpoint: str) -> None:
+        """The run's throughput totals from a checkpoint; one written before they were saved
+        counts from the resume (said in a warning)."""
+        if state is None:
+            print(
+                f"warning: checkpoint {checkpoint} records no throughput totals; "
+                "throughput/samples_per_s and summary.json's throughput count from this resume",
+                flush=True,
+            )
+            state = {}
+        self.samples_trained = float(state.get("samples_trained", 0.0))
+        self.loop_seconds = float(state.get("loop_seconds", 0.0))
 
     def _finish(
         self,
@@ -653,6 +700,7 @@ class Runner:
             baselines=self.baselines,
             summary=self.recipe.summary(before, after) if hasattr(self.recipe, "summary") else {},
             throughput={
+                "scope": "run",
                 "samples_per_s": self.samples_per_s(),
                 "samples_trained": self.samples_trained,
                 "loop_seconds": self.loop_seconds,

@@ -19,6 +19,19 @@ compares both key by key with the new ones, by the same rules:
   warm-up, floor, horizon); the reward KL controller keeps only an adaptive coefficient
   (rl_runtime.advantages `restore_kl_controller`).
 
+What is refused depends on the pipeline resumed (`check_resume(..., pipeline=)`: agentic, rlvr,
+dpo): a key that pipeline does not read (rl_config.contract declares it ignored for that kind:
+`prompt_length` in an agentic or DPO run, a critic in a DPO run) only warns, and
+`PIPELINE_RESUME_REFUSED` adds the keys only that pipeline's data derives from (DPO's pair
+lengths: `sequence_length` and `truncation_mode` decide which pairs are kept and how they are cut;
+its batch sizes, which pairs each step trains on). Without a pipeline every table applies.
+
+A pipeline may also record values it derives from several keys and reads for its data (`derived`,
+`RunOptions.derived`: RLVR's prompt budget, `prompt_length` or else `sequence_length -
+response_length`, which decides which prompts fit); any change of one is refused as
+`derived.<name>` (`DERIVED_REFUSED` says why), so a resume that changes `sequence_length` under
+an unset `prompt_length` is refused although no refused key changed.
+
 Keys are dotted paths as in the YAML (an app key under its section: `rlvr_app.arith_data.seed`);
 patterns are `fnmatch` patterns (`*` spans dots). A section that appears or disappears (a critic
 added) is one key, the section's name. A checkpoint that records no config, or no app section
@@ -51,6 +64,7 @@ _PROMPTS = (
     "the training prompts and their order derive from it (the rows read, how each is rendered "
     "and whether it fits); the checkpointed sampler position would not continue them"
 )
+_OBJECTIVE = "the checkpointed policy (and critic) were trained for another objective"
 _SEEDS = (
     "the env and sampling seeds of each step derive from it; the resumed run would not "
     "continue the checkpointed one"
@@ -94,9 +108,33 @@ RESUME_REFUSED: dict[str, str] = {
     "*_app.tiny_model.*": _MODEL,
     **{f"rlvr_app.arith_data.{k}": _PROMPTS for k in _ARITH_DATA},
     "dpo_app.arithmetic.*": _PROMPTS,
-    "adv_estimator": "the checkpointed policy (and critic) were trained for another objective",
+    "adv_estimator": _OBJECTIVE,
 }
 """Keys whose change breaks a resume -> why (refused, each named)."""
+
+_PAIRS = (
+    "the preference pairs and each step's batch derive from it (which pairs fit and how they are "
+    "cut; step k trains on the k-th slice of `examples_per_step` pairs of the seeded epoch "
+    "order); the resumed run would not continue at the checkpointed run's next batch"
+)
+
+PIPELINE_RESUME_REFUSED: dict[str, dict[str, str]] = {
+    "dpo": {
+        "sequence_length": _PAIRS,
+        "truncation_mode": _PAIRS,
+        "actor_train.training_args.per_device_train_batch_size": _PAIRS,
+        "actor_train.training_args.gradient_accumulation_steps": _PAIRS,
+        "loss_type": _OBJECTIVE + " (kto reads unpaired rows)",
+        "ipo": _OBJECTIVE,
+    },
+}
+"""Per pipeline kind: keys refused on top of `RESUME_REFUSED` when resuming that pipeline."""
+
+DERIVED_REFUSED: dict[str, str] = {
+    "prompt_length": "the prompt budget (prompt_length, else sequence_length - response_length) "
+    "decides which training prompts fit: " + _PROMPTS,
+}
+"""Derived values (`RunOptions.derived`) -> why a change is refused (others: `_PROMPTS`)."""
 
 RESUME_REFUSED_MEMBERS: dict[str, str] = {"rewards": _PROMPTS}
 """Sections whose members are named by the user (a reward domain) -> why a member added or
@@ -157,11 +195,45 @@ def _show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _reason(key: str) -> str | None:
+def refused_keys(pipeline: str | None) -> dict[str, str]:
+    """The refused key patterns -> why, for resuming a `pipeline` run (None: every pipeline's)."""
+    extra = (
+        PIPELINE_RESUME_REFUSED.values()
+        if pipeline is None
+        else [PIPELINE_RESUME_REFUSED.get(pipeline, {})]
+    )
+    return {k: why for table in (RESUME_REFUSED, *extra) for k, why in table.items()}
+
+
+def unread_by(pipeline: str | None, key: str, section: bool) -> str | None:
+    """Why a `pipeline` run does not read `key` (rl_config.contract declares it ignored for that
+    kind; a `section` that appears or disappears, or a mapping value: it or its members), or
+    None."""
+    if pipeline is None:
+        return None
+    from rl_config.contract import declared
+
+    for name in (key, f"{key}.*") if section else (key,):
+        found = declared(name, pipeline)
+        if found is not None and found[0] == "ignored":
+            return found[1]
+    return None
+
+
+def _reason(key: str, refused: Mapping[str, str]) -> str | None:
     section, _, member = key.rpartition(".")
     if section in RESUME_REFUSED_MEMBERS and member:
         return RESUME_REFUSED_MEMBERS[section]
-    return next((why for p, why in RESUME_REFUSED.items() if fnmatchcase(key, p)), None)
+    return next((why for p, why in refused.items() if fnmatchcase(key, p)), None)
+
+
+def _refusal(key: str, old: Any, new: Any, checkpoint: str, why: str) -> ConfigIssue:
+    return ConfigIssue(
+        key,
+        f"{_show(old)} in checkpoint {checkpoint}, now {_show(new)}: {why}. Resume with the "
+        "checkpointed value, or start a new run (resume_from_checkpoint: false and another "
+        "checkpoint_config.output_dir)",
+    )
 
 
 def check_resume(
@@ -171,11 +243,16 @@ def check_resume(
     *,
     saved_app: Mapping[str, Any] | None = None,
     app: Mapping[str, Any] | None = None,
+    pipeline: str | None = None,
+    saved_derived: Mapping[str, Any] | None = None,
+    derived: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """Warnings for the keys changed since `checkpoint` was written under the config `saved`
     and the app section `saved_app` (both as the checkpoint recorded them: `config_record`,
     `app_record`), against the config `cfg` and the app record `app`; raises `ConfigError`
-    naming every refused changed key. A record the checkpoint lacks (written before it was
+    naming every key refused for resuming a `pipeline` run (agentic, rlvr, dpo; None: refused
+    for any), and every changed value of the pipeline's `derived` record against the
+    checkpoint's (`saved_derived`). A record the checkpoint lacks (written before it was
     recorded) is one warning; no `app` (a run without an app section) checks the config only."""
     warnings: list[str] = []
     pairs: list[tuple[Mapping[str, Any], Mapping[str, Any]]] = []
@@ -193,26 +270,34 @@ def check_resume(
             "cannot be checked"
         )
     refused: list[ConfigIssue] = []
+    table = refused_keys(pipeline)
     changes = [change for old_new in pairs for change in changed_keys(*old_new)]
     for key, old, new in changes:
         if any(fnmatchcase(key, p) for p in RESUME_SILENT):
             continue
-        why = _reason(key)
+        unread = unread_by(pipeline, key, isinstance(old, Mapping) or isinstance(new, Mapping))
+        why = None if unread is not None else _reason(key, table)
         if why is None:
             note = next((n for p, n in RESUME_NOTED.items() if fnmatchcase(key, p)), _APPLIES)
+            if unread is not None:
+                note = f"not read by the {pipeline} pipeline: {unread}"
             warnings.append(
                 f"{key} changed since checkpoint {checkpoint}: {_show(old)} -> {_show(new)} "
                 f"({note})"
             )
         else:
-            refused.append(
-                ConfigIssue(
-                    key,
-                    f"{_show(old)} in checkpoint {checkpoint}, now {_show(new)}: {why}. Resume "
-                    "with the checkpointed value, or start a new run (resume_from_checkpoint: "
-                    "false and another checkpoint_config.output_dir)",
-                )
-            )
+            refused.append(_refusal(key, old, new, checkpoint, why))
+    if derived and saved_derived is None:
+        warnings.append(
+            f"checkpoint {checkpoint} records no derived values ({', '.join(derived)}); their "
+            "changes cannot be checked"
+        )
+    elif derived:
+        named = {issue.path for issue in refused}
+        for name, old, new in changed_keys(saved_derived, derived):
+            if name not in named:  # the key itself changed: refused once, by its name
+                why = DERIVED_REFUSED.get(name, _PROMPTS)
+                refused.append(_refusal(f"derived.{name}", old, new, checkpoint, why))
     if refused:
         raise ConfigError(refused)
     return warnings

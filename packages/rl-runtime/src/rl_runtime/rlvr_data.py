@@ -12,7 +12,6 @@ through `rl_envs.rewards.router.RewardRouter` in a sandbox pool (per-domain rewa
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -153,8 +152,9 @@ class Scored:
 
 class Scorer:
     """Rewards by domain in the sandbox, DAPO's overlong penalty added when enabled; a failed
-    call scores 0.0 and is counted by kind in `failures` (never silently zero). Thread-safe:
-    asynchronous training scores rollout batches (producer thread) while evaluating."""
+    call scores 0.0 and says so (`Scored.ok`, its `kind`: never silently zero; the callers count
+    them, rl_runtime.rlvr_metrics.count_failures). Thread-safe: asynchronous training scores
+    rollout batches (producer thread) while evaluating."""
 
     def __init__(
         self,
@@ -171,7 +171,6 @@ class Scorer:
             self.pool.close()
             raise
         self.overlong, self.response_length = overlong, response_length
-        self.failures: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     def score(
@@ -184,7 +183,6 @@ class Scorer:
         ]
         with self._lock:
             outputs = self.router.score(items)
-            self.failures.update(out.kind for out in outputs if not out.ok)
         scored = []
         for item, out in zip(items, outputs, strict=True):
             reward = out.reward

@@ -25,6 +25,13 @@ class Group:
     rewards: list[float]
 
 
+def count_failures(groups: list[Group], totals: Counter[str]) -> dict[str, float]:
+    """Add the failed reward calls of `groups` to the run's `totals` by kind (updated in place);
+    the totals as metrics `<kind>: count`."""
+    totals.update(s.kind for g in groups for s in g.scores if not s.ok)
+    return {kind: float(n) for kind, n in sorted(totals.items())}
+
+
 def _quantile(ordered: list[int], q: float) -> float:
     """The `q` quantile of sorted values (nearest rank: the smallest value with at least a
     fraction `q` of the values at or below it)."""

@@ -6,6 +6,7 @@ single-turn `Trajectory` per sample), and a step's rollout with DAPO's dynamic s
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from rl_runtime.collate import shard_rows
 from rl_runtime.compose.rlvr import RlvrPlan
 from rl_runtime.dynamic_sampling import fill_groups
 from rl_runtime.rlvr_data import RlvrPrompts, Scored, Scorer
-from rl_runtime.rlvr_metrics import Group, group_metrics
+from rl_runtime.rlvr_metrics import Group, count_failures, group_metrics
 
 
 def generate(cluster: Any, prompts: list[list[int]], sampling: SamplingParams) -> list:
@@ -147,14 +148,17 @@ def rollout_batch(
     *,
     seed: int,
     index: int,
+    failures: Counter[str],
 ) -> RolloutBatch:
     """Step `index`'s groups as trajectories: `plan.prompts_per_step` prompts drawn from
     `prompts.sampler`, G samples each, scored, then DAPO's dynamic sampling (`fill_groups`:
     zero-variance groups dropped, more drawn within the bound). Generation round r samples with
     seed `seed * 100_003 + index * 7 + (groups drawn before r) * 100_000_007`. Metrics:
     dynamic_sampling/*, data/*, reward/* and response/* of every generated group (dropped ones
-    included), timing/rollout_generate (engine seconds), reward/failures/<kind> (run totals).
-    Only actor_infer is called (asynchronous training runs this on the producer thread)."""
+    included), timing/rollout_generate (engine seconds), reward/failures/<kind> (the run's
+    totals of the training rollouts' failed reward calls, `failures`, updated with this
+    batch's: rollout state, so a resume continues them exactly). Only actor_infer is called
+    (asynchronous training runs this on the producer thread)."""
     train = prompts.train
     drawn: list[Group] = []  # every generated group, dropped ones included (metrics)
     generate_s: list[float] = []  # per generation round (the rest: decoding, scoring)
@@ -176,7 +180,7 @@ def rollout_batch(
     )  # fmt: skip
     metrics = {**fill.metrics(), **prompts.metrics, **group_metrics(drawn)}
     metrics["timing/rollout_generate"] = sum(generate_s)
-    failures = generator.scorer.failures
-    metrics.update({f"reward/failures/{k}": float(v) for k, v in failures.items()})
+    totals = count_failures(drawn, failures)
+    metrics.update({f"reward/failures/{k}": v for k, v in totals.items()})
     trajectories = group_trajectories(fill.groups, index, plan.max_len_mask)
     return RolloutBatch(index, trajectories, metrics)
