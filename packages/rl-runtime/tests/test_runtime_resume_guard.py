@@ -146,6 +146,29 @@ def test_what_the_training_prompts_derive_from_is_refused_and_validation_keys_wa
     ]
 
 
+def test_a_member_of_a_mapping_valued_key_changed_is_judged_as_the_key():
+    """`changed_keys` names a changed member (`...domain_interleave_probs.math`); the domain mix,
+    the model's config kwargs and an env's config are each one value, refused as the key is, and
+    a pipeline that ignores the key only warns."""
+    mix = {"file_name": "train.parquet", "domain_interleave_probs": {"math": 0.5, "code": 0.5}}
+    saved = _cfg(actor_train={"data_args": mix})
+    remixed = {**mix, "domain_interleave_probs": {"math": 0.9, "code": 0.1}}
+    assert _refused(saved, _cfg(actor_train={"data_args": remixed})) == [
+        "actor_train.data_args.domain_interleave_probs.math",
+        "actor_train.data_args.domain_interleave_probs.code",
+    ]
+    shaped = _cfg(actor_train={"model_args": {"model_config_kwargs": {"num_hidden_layers": 2}}})
+    assert _refused(_cfg(), shaped) == [
+        "actor_train.model_args.model_config_kwargs.num_hidden_layers"
+    ]
+    dpo_mix = {**DPO["actor_train"], "data_args": {**DPO["actor_train"]["data_args"], **mix}}
+    dpo_remix = {**dpo_mix, "data_args": {**dpo_mix["data_args"], **remixed}}
+    lines = check_resume(
+        config_record(_dpo(actor_train=dpo_mix)), _dpo(actor_train=dpo_remix), "ck", pipeline="dpo"
+    )
+    assert len(lines) == 2 and all("not read by the dpo pipeline" in x for x in lines)
+
+
 def test_a_reward_domain_added_or_removed_or_retagged_is_refused_its_scoring_warns():
     math = {"worker_cls": "math_rule", "tag_included": ["math"]}
     saved = _cfg(rewards={"math": math})

@@ -140,6 +140,14 @@ RESUME_REFUSED_MEMBERS: dict[str, str] = {"rewards": _PROMPTS}
 """Sections whose members are named by the user (a reward domain) -> why a member added or
 removed (the key `rewards.<domain>`) is refused; changes inside a member follow `RESUME_REFUSED`."""
 
+MAPPING_VALUED: tuple[str, ...] = (
+    "*.model_args.model_config_kwargs",
+    "actor_train.data_args.domain_interleave_probs",
+    "custom_envs.*.env_config",
+)
+"""Keys whose value is a mapping read as one value: a change of a member (`changed_keys` names
+`<key>.<member>`) is judged as a change of the key (refused or ignored as the key is)."""
+
 RESUME_SILENT: tuple[str, ...] = ("resume_from_checkpoint",)
 """Keys that differ on every resume by design: not reported."""
 
@@ -213,18 +221,27 @@ def unread_by(pipeline: str | None, key: str, section: bool) -> str | None:
         return None
     from rl_config.contract import declared
 
-    for name in (key, f"{key}.*") if section else (key,):
+    names = [f"{key}.*", key] if section else [key]
+    for name in (*names, *_mapping_ancestors(key)):
         found = declared(name, pipeline)
         if found is not None and found[0] == "ignored":
             return found[1]
     return None
 
 
+def _mapping_ancestors(key: str) -> list[str]:
+    """The ancestors of `key` that are `MAPPING_VALUED` keys (nearest first)."""
+    parts = key.split(".")
+    ancestors = (".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1))
+    return [a for a in ancestors if any(fnmatchcase(a, p) for p in MAPPING_VALUED)]
+
+
 def _reason(key: str, refused: Mapping[str, str]) -> str | None:
     section, _, member = key.rpartition(".")
     if section in RESUME_REFUSED_MEMBERS and member:
         return RESUME_REFUSED_MEMBERS[section]
-    return next((why for p, why in refused.items() if fnmatchcase(key, p)), None)
+    names = (key, *_mapping_ancestors(key))
+    return next((why for p, why in refused.items() for name in names if fnmatchcase(name, p)), None)
 
 
 def _refusal(key: str, old: Any, new: Any, checkpoint: str, why: str) -> ConfigIssue:
