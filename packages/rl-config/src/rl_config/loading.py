@@ -191,11 +191,24 @@ def _resolve(cfg: DictConfig, source: str | None) -> dict[str, Any]:
     return {str(k): v for k, v in data.items()}
 
 
+def _directory_message(path: str | Path, folder: Path) -> str:
+    """What to say when a directory is given where one config file is expected."""
+    names = sorted(p.name for p in folder.glob("*.yaml"))
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    inside = f"its YAML files: {shown}" if names else "it holds no .yaml file"
+    return (
+        f"{path} is a directory; a config is one YAML file ({inside}). The apps also take "
+        "ROLL's form: --config_path DIR --config_name NAME"
+    )
+
+
 def compose_config(
     path: str | Path, overrides: Iterable[str] = (), *, keep_variables: bool = False
 ) -> ComposedConfig:
     """Compose ``path`` with its defaults, apply ``overrides``, interpolate, split off variables."""
     file = Path(path).expanduser().resolve()
+    if file.is_dir():
+        raise ConfigError(ConfigIssue("", _directory_message(path, file)))
     if not file.is_file():
         raise ConfigError(ConfigIssue("", f"no such file: {path}"))
     if file.suffix != ".yaml":
