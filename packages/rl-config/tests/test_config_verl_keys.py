@@ -6,6 +6,7 @@ import pytest
 
 from rl_config import ConfigError, load_config
 from rl_config.contract import schema_keys
+from rl_config.roll_compat import ROLL_IGNORED, ROLL_NOT_SUPPORTED
 from rl_config.verl_keys import VERL_SECTIONS
 
 
@@ -14,6 +15,9 @@ def test_every_roll_key_a_verl_hint_names_is_a_schema_key():
     named = [roll for pairs in VERL_SECTIONS.values() for roll in pairs.values()]
     assert named and [k for k in named if k not in keys] == []
     assert not set(VERL_SECTIONS) & {k.split(".")[0] for k in keys}  # sections we do not have
+    assert not set(VERL_SECTIONS) & {
+        k.split(".")[0] for k in {**ROLL_IGNORED, **ROLL_NOT_SUPPORTED}
+    }
 
 
 def test_verl_overrides_are_refused_naming_the_roll_keys(write_yaml):

@@ -46,12 +46,12 @@ VERL_SECTIONS: dict[str, dict[str, str]] = {
         "experiment_name": "exp_name",
         "critic_warmup": "critic_warmup",
     },
-    "reward_model": {},
     "reward_manager": {},
 }
 """verl section -> {verl key under it: the ROLL key of this stack}. An empty mapping: no
-counterpart (reward models; rule rewards are the ``rewards`` section and
-``custom_reward_function``)."""
+counterpart (rule rewards are the ``rewards`` section and ``custom_reward_function``). verl's
+``reward_model`` and ``critic`` are ROLL keys too (rl_config.roll_compat, the schema): they are
+judged as such."""
 
 
 def verl_section_hint(key: str) -> str:
@@ -61,5 +61,5 @@ def verl_section_hint(key: str) -> str:
     pairs = VERL_SECTIONS[key]
     head = f"'{key}' is a verl section; this stack reads ROLL's key names"
     if not pairs:
-        return f"{head}, and has no reward models (rule rewards: rewards, custom_reward_function)"
+        return f"{head}; rule rewards are the rewards section and custom_reward_function"
     return head + ": " + ", ".join(f"{key}.{v} -> {r}" for v, r in pairs.items())
