@@ -262,14 +262,14 @@ def load_app_config(path: str | Path, overrides: Iterable[str] = (), *, section:
     """:func:`load_config` for an app whose YAML also holds its own options under ``section``
     (e.g. ``agentic_app:``), which are not experiment keys: returns ``(config, section or None)``.
     """
-    from rl_config.roll_keys import megatron_issue
+    from rl_config.roll_keys import pipeline_or_megatron_issue
     from rl_config.schema import ExperimentConfig
 
     composed = compose_config(path, overrides)
     source = composed.source or str(path)
     data = dict(composed.data)
     app_options = data.pop(section, None) if section else None
-    issue = megatron_issue(data, source=str(path))
+    issue = pipeline_or_megatron_issue(data, source=str(path))
     if issue is not None:
         raise ConfigError(issue, source=source)
     try:

@@ -208,6 +208,22 @@ ROLL_TEMPLATE_PLACEHOLDERS: dict[str, str] = {
 """``custom_envs.*.agent_template`` placeholders of ROLL's env managers that this stack does not
 fill: a warning, not an error (other unknown placeholders are errors)."""
 
+ROLL_PIPELINES_NOT_IMPLEMENTED: dict[str, tuple[str, ...]] = {
+    "distillation": (
+        "student",
+        "teacher",
+        "student_train",
+        "student_infer",
+        "student_pretrain",
+        "teacher_pretrain",
+        "kd_objective",
+        "distill_loss_weight",
+    ),
+    "SFT": ("sft_train",),
+}
+"""ROLL pipelines this stack does not have -> the top-level keys that mark a config of one (the
+config is refused with one message naming them, before its keys are judged one by one)."""
+
 ROLL_UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
     "adv_estimator": {
         "agentic_reinforce": "ROLL's agentic REINFORCE is not implemented; use reinforce",
