@@ -61,7 +61,6 @@ class DPORecipe:
         )
         paired = plan.loss.paired
         require_files("actor_train.data_args.file_name", plan.data.train_files)
-        require_files("actor_train.data_args.eval_file_name", plan.data.eval_files)
         self.train = load_preferences(plan.data.train_files, tok, plan.data, paired=paired)
         if len(self.train.examples) < plan.examples_per_step:
             raise ValueError(
@@ -69,6 +68,7 @@ class DPORecipe:
                 f"{plan.examples_per_step} (per_device_train_batch_size x accumulation x ranks)"
             )
         if plan.data.eval_files:
+            require_files("actor_train.data_args.eval_file_name", plan.data.eval_files)
             self.held_out = load_preferences(plan.data.eval_files, tok, plan.data, paired=paired)
         if plan.reference == "cached":
             ctx.cluster.enter_phase("train")

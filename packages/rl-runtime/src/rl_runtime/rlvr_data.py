@@ -129,8 +129,8 @@ def load_rlvr_prompts(plan: RlvrPlan, tokenizer: Any, seed: int) -> RlvrPrompts:
 
     data = plan.data
     require_files("actor_train.data_args.file_name", data.train_files)
-    require_files(data.val_files_key, data.val_files)
     train = prompts(data.train_files, data.template)
+    require_files(data.val_files_key, data.val_files)
     val = (
         prompts(data.val_files, data.val_template).head(plan.val_prompts)
         if data.val_files
