@@ -19,6 +19,7 @@ from rl_config.contract import IGNORED, PIPELINE_CONSUMED, UNSUPPORTED, declared
 from rl_config.loading import compose_config
 from rl_config.schema import ExperimentConfig
 from rl_runtime.compose import compose
+from rl_runtime.compose.envs import PROMPT_KEYS
 from rl_runtime.compose.rlvr import build_rlvr
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,6 +139,8 @@ CHANGES: dict[str, Any] = {
     "val_env_manager.tags": ["Other"],
     "custom_envs.*.env_type": "sokoban",
     "custom_envs.*.env_config": {"size": 5},
+    "custom_envs.*.agent_system_template": "Play well.",
+    "custom_envs.*.agent_template": "{observation} ({actions_left} left)",
     "reward_normalization.grouping": "batch",
     "resume_from_checkpoint": "/tmp/ckpt",
     "checkpoint_config.output_dir": "/tmp/other_ckpt",
@@ -299,6 +302,9 @@ def _base_for(key: str) -> dict[str, Any]:
         base["custom_envs"]["Other"] = copy.deepcopy(base["custom_envs"]["FrozenLake"])
     if key == "custom_envs.*.max_steps":
         next(iter(base["custom_envs"].values()))["env_config"].pop("max_steps", None)
+    if key.startswith("custom_envs.*.") and key.split(".")[-1] in PROMPT_KEYS:
+        env_config = next(iter(base["custom_envs"].values()))["env_config"]
+        env_config.pop(PROMPT_KEYS[key.split(".")[-1]], None)  # the ROLL key sets it instead
     return _merge(base, CONTEXT.get(key, {}))
 
 

@@ -102,6 +102,20 @@ def test_malformed_rows_fail_the_run_naming_them(tmp_path):
     assert f"{data}: 1 malformed row(s): row 1: missing 'rejected'" in proc.stderr
 
 
+def test_a_missing_data_file_fails_the_run_naming_key_and_file(tmp_path):
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, str(APP), "--config", str(CONFIG),
+        *_overrides(out, **{"dpo_app.generate_arithmetic": "false"}),  # data/ was never written
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert (
+        "data error: actor_train.data_args.file_name: dataset file not found: "
+        f"{tmp_path / 'data' / 'train.jsonl'}"
+    ) in proc.stderr
+
+
 def test_dry_run_prints_the_preference_plan():
     proc = subprocess.run(
         [sys.executable, str(APP), "--dry-run", "ipo=true"],

@@ -207,6 +207,7 @@ def test_roll_qwen3_example_dry_run_reads_its_validation_section():
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "val_files=('data/math_benchmarks.jsonl',)" in proc.stdout
+    assert "val_files_key='validation.data_args.file_name'" in proc.stdout  # a missing one: named
     assert "template='qwen3'" in proc.stdout and "val_template='qwen3'" in proc.stdout
     held_out = proc.stdout[proc.stdout.index("held_out_sampling=") :]
     assert "temperature=0.6, top_p=0.6, top_k=50" in held_out.replace("\n", " ")
@@ -303,7 +304,9 @@ def test_missing_data_file_is_named_and_the_run_ends_cleanly(tmp_path):
            "actor_train.data_args.file_name=missing_train.parquet"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "data error: dataset file not found: missing_train.parquet" in proc.stderr
+    assert (
+        "data error: actor_train.data_args.file_name: dataset file not found: missing_train.parquet"
+    ) in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -74,7 +74,7 @@ SPEC = AppSpec(
     summary_row=summary_row,
     before_label="before DPO",
     after_label="after DPO",
-    data_errors=(PreferenceDataError,),
+    data_errors=(PreferenceDataError, FileNotFoundError),
 )
 load = partial(load_app, SPEC)
 main = partial(app_main, SPEC)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from dpo_options import AppOptions
 
+from rl_envs.tasks import require_files
 from rl_runtime.pipeline import Context
 from rl_runtime.preference_data import PreferenceSet, collate, load_preferences
 from rl_runtime.preference_step import (
@@ -59,6 +60,7 @@ class DPORecipe:
             tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         )
         paired = plan.loss.paired
+        require_files("actor_train.data_args.file_name", plan.data.train_files)
         self.train = load_preferences(plan.data.train_files, tok, plan.data, paired=paired)
         if len(self.train.examples) < plan.examples_per_step:
             raise ValueError(
@@ -66,6 +68,7 @@ class DPORecipe:
                 f"{plan.examples_per_step} (per_device_train_batch_size x accumulation x ranks)"
             )
         if plan.data.eval_files:
+            require_files("actor_train.data_args.eval_file_name", plan.data.eval_files)
             self.held_out = load_preferences(plan.data.eval_files, tok, plan.data, paired=paired)
         if plan.reference == "cached":
             ctx.cluster.enter_phase("train")

@@ -134,3 +134,15 @@ def test_config_file_errors(write_yaml, tmp_path) -> None:
         load_config(write_yaml("c.yml", BASE))
     with pytest.raises(ConfigError, match="mapping"):
         load_config(write_yaml("list.yaml", "- 1\n- 2\n"))
+
+
+def test_a_directory_given_as_the_config_names_its_yaml_files(tmp_path):
+    (tmp_path / "rlvr_config.yaml").write_text("pretrain: m\n")
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path)
+    message = str(info.value)
+    assert (
+        f"{tmp_path} is a directory" in message and "its YAML files: rlvr_config.yaml)" in message
+    )
+    assert "--config_path DIR --config_name NAME" in message

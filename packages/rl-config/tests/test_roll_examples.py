@@ -114,3 +114,21 @@ def test_roll_megatron_example_converted_to_fsdp2_passes_check(
         assert worker.strategy_args is not None
         assert not worker.strategy_args.strategy_name.startswith("megatron"), role
     assert any(note.startswith("dropped ") for note in conversion.notes)
+
+
+@pytest.mark.parametrize(
+    ("path", "pipeline", "marker"),
+    [
+        ("head/examples/qwen2.5-vl-7B-distill/distill_vl_fsdp2.yaml", "distillation", "student"),
+        ("head/examples/qwen3-30BA3B-sft_fsdp2/sft_config.yaml", "SFT", "sft_train"),
+    ],
+)
+def test_roll_pipelines_this_stack_lacks_fail_with_one_message(path, pipeline, marker):
+    """ROLL's SFT and distillation examples (without Megatron): one error naming the pipeline,
+    not one 'unknown key; did you mean ...' per key of it."""
+    with pytest.raises(ConfigError) as info:
+        load_config(ROLL / path)
+    (issue,) = info.value.issues
+    assert issue.path == marker
+    assert f"a config of ROLL's {pipeline} pipeline" in issue.message
+    assert "not implemented in this stack" in issue.message and "apps/rlvr" in issue.message

@@ -253,3 +253,31 @@ def test_epoch_sampler_state_roundtrip_at_epoch_boundary():
     assert a.take(6) == b.take(6) and sorted(first) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="out of range"):
         b.load_state_dict({**state, "position": 9})
+
+
+def test_a_file_without_a_usable_row_says_why_in_one_line(tmp_path):
+    """A parquet whose prompt column is missing: the error gives the reason and the columns the
+    file has, once (not only row by row)."""
+    rows = [{k: v for k, v in _verl(i).items() if k != "prompt"} for i in range(5)]
+    path = tmp_path / "no_prompt.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(DataError) as info:  # skipping bad rows (as apps/rlvr does) leaves none
+        load_dataset(data_spec({"file_name": str(path)}, on_bad_row="skip"))
+    (line,) = str(info.value).splitlines()
+    assert line == (
+        f"no usable rows in [{str(path)!r}]: all 5 rows rejected; field 'prompt': missing (no "
+        "column 'prompt'; columns: ['ability', 'data_source', 'extra_info', 'reward_model']) "
+        "(5 rows)"
+    )
+
+
+def test_require_files_names_the_key_and_every_missing_file(tmp_path):
+    from rl_envs.tasks import require_files
+
+    here = _jsonl(tmp_path / "here.jsonl", [_roll(0, "t")])
+    require_files("actor_train.data_args.file_name", [here])  # present: nothing raised
+    with pytest.raises(FileNotFoundError) as info:
+        require_files("validation.data_args.file_name", [here, "a.jsonl", "b.parquet"])
+    assert str(info.value) == (
+        "validation.data_args.file_name: dataset file not found: a.jsonl, b.parquet"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from typing import Any
 
 import pytest
@@ -495,3 +496,66 @@ def test_a_resumed_kl_controller_keeps_only_an_adaptive_coefficient():
     now_adaptive = KLControlConfig(init_coef=0.2, target=0.01).build()
     restore_kl_controller(now_adaptive, FixedKLController(0.9).state_dict())
     assert now_adaptive.value == 0.2  # the checkpoint's controller was fixed: the config's start
+
+
+ROLL_TURN = (
+    "Turn {turn_idx}:\nObservation:\n{observation}\nYou have {actions_left} actions left. "
+    "Max response length: {max_response_length} words (tokens).\n"
+)
+
+
+def test_roll_agent_templates_set_the_envs_prompts():
+    """ROLL's `agent_system_template` / `agent_template` are the prompts the built env gives
+    the agent loop (system message; each turn's user message, ROLL's placeholders filled)."""
+    from rl_runtime.envs import make_envs
+
+    envs = {"FL": {"agent_system_template": "Play well.", "agent_template": ROLL_TURN}}
+    specs = _components({"custom_envs": envs}).env_specs
+    ((env, _seed, _group, _tag),) = make_envs(
+        [("g", "FL", 3)],
+        {t: {"env_type": s.env_type, "config": s.config} for t, s in specs.items()},
+    )
+    observation, _ = env.reset()
+    assert env.system_prompt() == "Play well."
+    assert env.turn_prompt(observation, 0, 32) == (
+        f"Turn 0:\nObservation:\n{observation}\nYou have 4 actions left. "
+        "Max response length: 32 words (tokens).\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "key", "match"),
+    [
+        (
+            {"agent_template": "{history}\n{observation}"},
+            "custom_envs.FL.agent_template",
+            r"\{history\} is filled by ROLL's step/GiGPO env managers",
+        ),
+        (
+            {"agent_template": ROLL_TURN, "env_config": {"turn_template": "{observation}"}},
+            "custom_envs.FL.agent_template",
+            r"disagrees with custom_envs\.FL\.env_config\.turn_template",
+        ),
+        (
+            {"env_type": "single_turn", "agent_template": ROLL_TURN},
+            "custom_envs.FL.agent_template",
+            r"env type 'single_turn' takes no turn_template \(its prompt options: system_prompt\)",
+        ),
+        (
+            {"env_type": "tool_use", "agent_system_template": "Use tools."},
+            "custom_envs.FL.agent_system_template",
+            r"takes no system_prompt \(its prompt options: none\)",
+        ),
+        (
+            {"env_type": "webshop"},
+            "custom_envs.FL.env_type",
+            r"unknown env 'webshop'; tags: .*env types: .*'sokoban'",
+        ),
+    ],
+)
+def test_env_prompts_and_types_compose_cannot_honour_are_refused_by_name(env, key, match):
+    with pytest.raises(ConfigError) as info:
+        _components({"custom_envs": {"FL": env}})
+    (issue,) = info.value.issues
+    assert issue.path == key
+    assert re.search(match, issue.message), issue.message

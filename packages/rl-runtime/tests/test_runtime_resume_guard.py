@@ -197,6 +197,16 @@ def test_freezing_other_parameters_is_refused(before, after):
     assert "optimizer state" in issue.message
 
 
+@pytest.mark.parametrize("key", ["agent_template", "agent_system_template"])
+def test_rolls_env_prompt_keys_are_refused_like_the_env_config(key):
+    """ROLL's prompt keys set the env's prompts (rl_runtime.compose.envs), as env_config does."""
+    new = _cfg(custom_envs={"FL": {"env_type": "frozen_lake", key: "{observation}"}})
+    with pytest.raises(ConfigError) as info:
+        check_resume(config_record(_cfg()), new, "ck")
+    (issue,) = info.value.issues
+    assert issue.path == f"custom_envs.FL.{key}" and "task" in issue.message
+
+
 def test_the_app_section_is_compared_by_the_same_rules():
     @dataclass
     class Arith:

@@ -82,9 +82,6 @@ UNSUPPORTED: dict[str, str] = {
     "val_env_manager.group_size_redundancy": "redundant envs per group are not started",
     "train_env_manager.max_traj_per_env": "each env plays rollout_batch_size / num_envs episodes",
     "val_env_manager.max_traj_per_env": "each val env plays one episode",
-    "custom_envs.*.agent_system_template": "prompts come from env_config (system_prompt, "
-    "env_instruction, turn_template)",
-    "custom_envs.*.agent_template": "prompts come from env_config (turn_template)",
     "custom_envs.*.max_env_step_concurrent": "env steps are not rate-limited per env type",
     "rewards.*.code_url": "code tests run in the local rl-envs sandbox, not a remote one",
     "rewards.*.response_length_penalty_coef": "a length penalty of rule rewards is not "

@@ -191,11 +191,24 @@ def _resolve(cfg: DictConfig, source: str | None) -> dict[str, Any]:
     return {str(k): v for k, v in data.items()}
 
 
+def _directory_message(path: str | Path, folder: Path) -> str:
+    """What to say when a directory is given where one config file is expected."""
+    names = sorted(p.name for p in folder.glob("*.yaml"))
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    inside = f"its YAML files: {shown}" if names else "it holds no .yaml file"
+    return (
+        f"{path} is a directory; a config is one YAML file ({inside}). The apps also take "
+        "ROLL's form: --config_path DIR --config_name NAME"
+    )
+
+
 def compose_config(
     path: str | Path, overrides: Iterable[str] = (), *, keep_variables: bool = False
 ) -> ComposedConfig:
     """Compose ``path`` with its defaults, apply ``overrides``, interpolate, split off variables."""
     file = Path(path).expanduser().resolve()
+    if file.is_dir():
+        raise ConfigError(ConfigIssue("", _directory_message(path, file)))
     if not file.is_file():
         raise ConfigError(ConfigIssue("", f"no such file: {path}"))
     if file.suffix != ".yaml":
@@ -249,14 +262,14 @@ def load_app_config(path: str | Path, overrides: Iterable[str] = (), *, section:
     """:func:`load_config` for an app whose YAML also holds its own options under ``section``
     (e.g. ``agentic_app:``), which are not experiment keys: returns ``(config, section or None)``.
     """
-    from rl_config.roll_keys import megatron_issue
+    from rl_config.roll_keys import pipeline_or_megatron_issue
     from rl_config.schema import ExperimentConfig
 
     composed = compose_config(path, overrides)
     source = composed.source or str(path)
     data = dict(composed.data)
     app_options = data.pop(section, None) if section else None
-    issue = megatron_issue(data, source=str(path))
+    issue = pipeline_or_megatron_issue(data, source=str(path))
     if issue is not None:
         raise ConfigError(issue, source=source)
     try:

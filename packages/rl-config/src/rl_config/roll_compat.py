@@ -43,20 +43,23 @@ ROLL_IGNORED: dict[str, str] = {
     "train_batch_size": "not a ROLL config field; samples per step come from rollout_batch_size",
 }
 
-_RLVR = "the RLVR pipeline is not implemented in this stack yet"
 _VL = "multimodal (image/video/audio) inputs are not implemented"
 _ENV = "ROLL env-manager option; this stack's env manager does not implement it"
+_DIFFICULTY = "ROLL's difficulty filter of prompt groups is not implemented (see dynamic_sampling)"
 
 ROLL_NOT_SUPPORTED: dict[str, str] = {
     # RLVR pipeline sections and knobs
-    "reward_model": f"ROLL's reward-model worker; {_RLVR}",
-    "reward": f"ROLL's reward worker; {_RLVR}",
-    "reward_system_config": f"ROLL's remote reward system; {_RLVR}",
+    "reward_model": "ROLL's reward-model worker; reward models are not implemented (rule "
+    "rewards: the rewards section, custom_reward_function)",
+    "reward": "ROLL's reward worker; rewards are the rewards section, scored in the rl-envs "
+    "sandbox",
+    "reward_system_config": "ROLL's remote reward system; rewards are scored in the local "
+    "rl-envs sandbox",
     "global_template": "ROLL's prompt template override; set ROLE.data_args.template",
-    "difficulty_mask": f"ROLL's difficulty filter of prompt groups; {_RLVR}",
-    "difficulty_low_threshold": f"ROLL's difficulty filter of prompt groups; {_RLVR}",
-    "difficulty_high_threshold": f"ROLL's difficulty filter of prompt groups; {_RLVR}",
-    "error_max_len_clip": f"ROLL's clipping of failed long responses; {_RLVR}",
+    "difficulty_mask": _DIFFICULTY,
+    "difficulty_low_threshold": _DIFFICULTY,
+    "difficulty_high_threshold": _DIFFICULTY,
+    "error_max_len_clip": "ROLL's clipping of failed long responses is not implemented",
     "use_topr_neg_loss_coef": "ROLL's TOPR negative-sample coefficient; use "
     "actor_train.topr_negative_weight",
     "importance_sampling": "ROLL's token/seq importance-sampling switch; use "
@@ -204,6 +207,22 @@ ROLL_TEMPLATE_PLACEHOLDERS: dict[str, str] = {
 }
 """``custom_envs.*.agent_template`` placeholders of ROLL's env managers that this stack does not
 fill: a warning, not an error (other unknown placeholders are errors)."""
+
+ROLL_PIPELINES_NOT_IMPLEMENTED: dict[str, tuple[str, ...]] = {
+    "distillation": (
+        "student",
+        "teacher",
+        "student_train",
+        "student_infer",
+        "student_pretrain",
+        "teacher_pretrain",
+        "kd_objective",
+        "distill_loss_weight",
+    ),
+    "SFT": ("sft_train",),
+}
+"""ROLL pipelines this stack does not have -> the top-level keys that mark a config of one (the
+config is refused with one message naming them, before its keys are judged one by one)."""
 
 ROLL_UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
     "adv_estimator": {

@@ -21,6 +21,7 @@ from rl_config.roll_compat import (
     ROLES,
     ROLL_IGNORED,
     ROLL_NOT_SUPPORTED,
+    ROLL_PIPELINES_NOT_IMPLEMENTED,
     ROLL_UNSUPPORTED_VALUES,
     STRATEGY_ALIASES,
     VALUE_ALIASES,
@@ -159,6 +160,29 @@ def megatron_keys(data: dict[str, Any]) -> list[str]:
         if isinstance(options, dict):
             keys.extend(f"{role}.strategy_args.strategy_config.{k}" for k in options)
     return keys
+
+
+def missing_pipeline_issue(data: dict[str, Any]) -> ConfigIssue | None:
+    """The one error of a config of a ROLL pipeline this stack does not have (distillation,
+    SFT: ``ROLL_PIPELINES_NOT_IMPLEMENTED``); None for any other config."""
+    for pipeline, markers in ROLL_PIPELINES_NOT_IMPLEMENTED.items():
+        found = [key for key in markers if key in data]
+        if found:
+            return ConfigIssue(
+                found[0],
+                f"this is a config of ROLL's {pipeline} pipeline ({', '.join(found)}), which is "
+                "not implemented in this stack; its pipelines are agentic (apps/agentic), RLVR "
+                "(apps/rlvr, apps/async) and DPO (apps/dpo)",
+            )
+    return None
+
+
+def pipeline_or_megatron_issue(
+    data: dict[str, Any], source: str | None = None
+) -> ConfigIssue | None:
+    """The one error that refuses the whole config before its keys are judged: a pipeline this
+    stack lacks, else Megatron (None when neither)."""
+    return missing_pipeline_issue(data) or megatron_issue(data, source)
 
 
 def megatron_issue(data: dict[str, Any], source: str | None = None) -> ConfigIssue | None:

@@ -11,6 +11,7 @@ from rl_envs.registry import (
     list_env_types,
     list_tags,
     make_env,
+    prompt_options,
     register_env,
     register_tag,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "list_env_types",
     "list_tags",
     "make_env",
+    "prompt_options",
     "register_env",
     "register_tag",
     "solve",

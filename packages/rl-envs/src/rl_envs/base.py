@@ -69,6 +69,8 @@ class TextGameEnv:
 
     #: redraws ``reset`` may take to land in ``layout_split`` before it gives up
     max_split_draws: int = 10_000
+    #: constructor options that set the prompts (rl_envs.registry.prompt_options)
+    prompt_options: tuple[str, ...] = ("system_prompt", "turn_template")
 
     action_names: tuple[str, ...] = ()
     default_instruction: str = ""

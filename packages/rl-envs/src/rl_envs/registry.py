@@ -96,6 +96,17 @@ def resolve_config(tag_or_type: str, **config: Any) -> tuple[str, dict[str, Any]
     )
 
 
+def prompt_options(tag_or_type: str) -> tuple[str, ...]:
+    """The constructor options of a tag's or env type's factory that set its prompts
+    (``system_prompt``: the system message, ``turn_template``: each turn's user message, see
+    rl_envs.prompts); a factory declares them in a ``prompt_options`` attribute, none if it has
+    none. An unknown name raises ``KeyError`` listing the known ones."""
+    env_type, _ = resolve_config(tag_or_type)
+    if env_type not in _ENV_TYPES:
+        raise KeyError(f"tag {tag_or_type!r} names unknown env type {env_type!r}")
+    return tuple(getattr(_ENV_TYPES[env_type], "prompt_options", ()))
+
+
 def make_env(tag_or_type: str, **config: Any) -> Env:
     """Build an env from a tag (``SimpleSokoban``) or an env type (``sokoban``) plus overrides."""
     env_type, merged = resolve_config(tag_or_type, **config)

@@ -96,6 +96,8 @@ RESUME_REFUSED: dict[str, str] = {
     "train_env_manager.num_groups_partition": _SEEDS,
     "custom_envs.*.env_type": "the task of the checkpointed run changes",
     "custom_envs.*.env_config": "the task of the checkpointed run changes",
+    "custom_envs.*.agent_template": "the task of the checkpointed run changes (its prompts)",
+    "custom_envs.*.agent_system_template": "the task of the checkpointed run changes (its prompts)",
     **{f"{r}.model_args.freeze_module_prefix": _FROZEN for r in _TRAINED},
     # RLVR/DPO: which rows are read (files, columns, reward domains by tag), how each prompt is
     # rendered (template) and whether it fits (prompt_length), the mix per batch; DPO's pairs

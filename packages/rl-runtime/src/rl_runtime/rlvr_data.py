@@ -119,6 +119,7 @@ def load_rlvr_prompts(plan: RlvrPlan, tokenizer: Any, seed: int) -> RlvrPrompts:
     """The training and held-out prompts of `plan.data`, each rendered by its template and
     tokenized (`tokenized_prompts`); prints the first 20 rejected training rows and the count of
     overlong training prompts. The sampler is seeded with the run's `seed`."""
+    from rl_envs.tasks import require_files
     from rl_rollout.templates import get_template
 
     def prompts(files: tuple[str, ...], template: str) -> PromptSet:
@@ -126,7 +127,9 @@ def load_rlvr_prompts(plan: RlvrPlan, tokenizer: Any, seed: int) -> RlvrPrompts:
                                  get_template(template, tokenizer), plan.prompt_length)  # fmt: skip
 
     data = plan.data
+    require_files("actor_train.data_args.file_name", data.train_files)
     train = prompts(data.train_files, data.template)
+    require_files(data.val_files_key, data.val_files)
     val = (
         prompts(data.val_files, data.val_template).head(plan.val_prompts)
         if data.val_files

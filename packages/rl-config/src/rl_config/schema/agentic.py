@@ -33,12 +33,14 @@ class CustomEnv(StrictModel):
         "content hash falls in that split) and val_fraction (share of maps that are val).",
     )
     agent_system_template: str | None = Field(
-        default=None, description="System prompt of the agent; unset: the env's own system prompt."
+        default=None,
+        description="System prompt of the agent (the env's system_prompt option); unset: the "
+        "env's own system prompt.",
     )
     agent_template: str | None = Field(
         default=None,
-        description="Per-turn user message; placeholders {turn_idx}, {observation}, "
-        "{actions_left}, {max_response_length}.",
+        description="Per-turn user message (the env's turn_template option); placeholders "
+        "{turn_idx}, {observation}, {actions_left}, {max_response_length}; unset: the env's own.",
     )
     max_env_step_concurrent: int | None = Field(
         default=None, ge=1, description="Concurrent env.step calls at most for this env type."

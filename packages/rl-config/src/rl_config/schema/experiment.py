@@ -117,17 +117,18 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
     @model_validator(mode="wrap")
     @classmethod
     def _roll_compat(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Self:
-        """Refuse Megatron configs; drop ROLL's accepted-but-unimplemented keys (with notes)."""
+        """Refuse configs of ROLL pipelines this stack lacks and Megatron configs; drop ROLL's
+        accepted-but-unimplemented keys (with notes)."""
         from rl_config.roll_keys import (
-            megatron_issue,
             pipeline_kind,
+            pipeline_or_megatron_issue,
             strip_roll_keys,
             unsupported_values,
         )
 
         if not isinstance(data, dict):
             return handler(data)
-        issue = megatron_issue(data)
+        issue = pipeline_or_megatron_issue(data)
         if issue is not None:
             raise RuleViolations([issue])
         refused = unsupported_values(data)

@@ -12,6 +12,7 @@ from rl_envs.tasks.data import (
     RowKeys,
     TaskRow,
     load_rows,
+    require_files,
     validate_records,
 )
 from rl_envs.tasks.dataset import (
@@ -50,5 +51,6 @@ __all__ = [
     "generate_countdown",
     "load_dataset",
     "load_rows",
+    "require_files",
     "validate_records",
 ]

@@ -218,7 +218,7 @@ def _prompt(record: dict[str, Any], keys: RowKeys, max_chars: int) -> tuple[list
         return _chat_messages(record[keys.messages], max_chars, keys.messages), True
     if keys.prompt not in record:
         named = f"{keys.messages!r} or {keys.prompt!r}" if keys.messages else repr(keys.prompt)
-        raise RowInvalid(keys.prompt, f"missing (no column {named})")
+        raise RowInvalid(keys.prompt, f"missing (no column {named}; columns: {sorted(record)})")
     value = record[keys.prompt]
     return _messages(value, max_chars, keys.prompt), not isinstance(value, str)
 
@@ -377,6 +377,14 @@ def _read_jsonl(path: str) -> tuple[list[Any], list[int]]:
                 records.append(_decode_line(text))
                 lines.append(number)
     return records, lines
+
+
+def require_files(key: str, paths: Sequence[str]) -> None:
+    """Raise ``FileNotFoundError`` naming the config ``key`` and every path of ``paths`` that
+    does not exist (before anything is loaded)."""
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+        raise FileNotFoundError(f"{key}: dataset file not found: {', '.join(missing)}")
 
 
 def load_rows(path: str, **options: Any) -> LoadReport:

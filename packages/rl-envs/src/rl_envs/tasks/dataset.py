@@ -112,6 +112,16 @@ def _errors_text(errors: list[RowError]) -> str:
     return "\n".join(lines)
 
 
+def _reasons_text(errors: list[RowError]) -> str:
+    """Why rows were rejected, the most frequent reasons first (one per field and reason)."""
+    if not errors:
+        return ""
+    counts = Counter((e.field, e.reason) for e in errors)
+    reasons = [f"field {f!r}: {r} ({n} rows)" for (f, r), n in counts.most_common(3)]
+    more = f"; and {len(counts) - 3} other reasons" if len(counts) > 3 else ""
+    return f": all {len(errors)} rows rejected; " + "; ".join(reasons) + more
+
+
 def load_dataset(spec: DataSpec) -> Dataset:
     """Rows of every file in order, each with its domain (see ``DataSpec``)."""
     rows: list[TaskRow] = []
@@ -143,7 +153,7 @@ def load_dataset(spec: DataSpec) -> Dataset:
     if rejected:
         logger.warning("dropped %d malformed rows:\n%s", len(rejected), _errors_text(rejected))
     if not rows:
-        raise DataError(f"no usable rows in {list(spec.files)}")
+        raise DataError(f"no usable rows in {list(spec.files)}" + _reasons_text(rejected))
     return Dataset(rows, rejected, per_file)
 
 

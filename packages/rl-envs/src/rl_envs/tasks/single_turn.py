@@ -21,6 +21,10 @@ SYSTEM_PROMPT = "You are a helpful assistant. Solve the problem step by step."
 class SingleTurnEnv:
     """One prompt, one response, one sandboxed reward. ``success`` = reward >= ``success_reward``."""
 
+    #: constructor options that set the prompts (rl_envs.registry.prompt_options); the user
+    #: message is the row's prompt, so there is no per-turn template
+    prompt_options: tuple[str, ...] = ("system_prompt",)
+
     def __init__(
         self,
         rows: list[TaskRow] | None = None,

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl_config.errors import ConfigError, ConfigIssue
+from rl_config.roll_compat import ROLL_TEMPLATE_PLACEHOLDERS
+from rl_envs import prompt_options
+from rl_envs.prompts import TURN_FIELDS, template_fields
 from rl_runtime.compose.components import EnvManagerPlan, EnvSpec
 
 
@@ -20,10 +24,18 @@ def build_env_manager(mgr: Any, num_episodes: int | None) -> EnvManagerPlan | No
     )
 
 
+PROMPT_KEYS = {"agent_system_template": "system_prompt", "agent_template": "turn_template"}
+"""ROLL's prompt keys of a ``custom_envs`` entry -> the env constructor option they set."""
+
+
 def build_env_specs(custom_envs: Any) -> dict[str, EnvSpec]:
-    """custom_envs -> EnvSpec per tag; `max_steps` (turns per episode) goes into the env's
-    options, and must agree with an `env_config.max_steps` given there too."""
-    out = {}
+    """custom_envs -> EnvSpec per tag. `max_steps` (turns per episode) goes into the env's
+    options and must agree with an `env_config.max_steps` given there too; ROLL's
+    `agent_system_template` / `agent_template` become the env's `system_prompt` /
+    `turn_template` (PROMPT_KEYS), refused for an env type without that option. `env_type` must
+    name a registered env type or tag (rl_envs.registry)."""
+    out: dict[str, EnvSpec] = {}
+    issues: list[ConfigIssue] = []
     for tag, env in custom_envs.items():
         config = dict(env.env_config or {})
         inner = config.setdefault("max_steps", env.max_steps)
@@ -32,5 +44,60 @@ def build_env_specs(custom_envs: Any) -> dict[str, EnvSpec]:
                 f"custom_envs.{tag}.max_steps={env.max_steps} disagrees with "
                 f"custom_envs.{tag}.env_config.max_steps={inner}; set one of them"
             )
+        try:
+            accepted = prompt_options(env.env_type)
+        except KeyError as exc:
+            issues.append(ConfigIssue(f"custom_envs.{tag}.env_type", str(exc.args[0])))
+            continue
+        for key, option in PROMPT_KEYS.items():
+            found = _prompt_issue(tag, env.env_type, key, getattr(env, key), option, accepted)
+            if found is None and getattr(env, key) is not None:
+                found = _set_once(tag, key, option, getattr(env, key), config)
+            issues += [found] if found is not None else []
         out[tag] = EnvSpec(env_type=env.env_type, config=config)
+    if issues:
+        raise ConfigError(issues)
     return out
+
+
+def _prompt_issue(
+    tag: str, env_type: str, key: str, value: str | None, option: str, accepted: tuple[str, ...]
+) -> ConfigIssue | None:
+    """The issue of a prompt key the env cannot honour (None when it can)."""
+    if value is None:
+        return None
+    path = f"custom_envs.{tag}.{key}"
+    if option not in accepted:
+        takes = ", ".join(accepted) or "none"
+        return ConfigIssue(
+            path, f"env type {env_type!r} takes no {option} (its prompt options: {takes})"
+        )
+    if option != "turn_template":
+        return None
+    try:
+        unknown = sorted(template_fields(value) - set(TURN_FIELDS))
+    except ValueError as exc:
+        return ConfigIssue(path, f"bad template: {exc}")
+    if not unknown:
+        return None
+    # rl-config refuses unknown placeholders; ROLL's own (ROLL_TEMPLATE_PLACEHOLDERS) pass its
+    # check with a warning, and are refused here, where the template would be used
+    why = [f"{{{n}}} is {ROLL_TEMPLATE_PLACEHOLDERS.get(n, 'unknown')}" for n in unknown]
+    allowed = ", ".join("{" + f + "}" for f in TURN_FIELDS)
+    return ConfigIssue(
+        path, f"uses placeholders this stack does not fill ({'; '.join(why)}); allowed: {allowed}"
+    )
+
+
+def _set_once(
+    tag: str, key: str, option: str, value: str, config: dict[str, Any]
+) -> ConfigIssue | None:
+    """Put `value` into the env options as `option`; a different `env_config.<option>` is an
+    issue (None when set)."""
+    given = config.setdefault(option, value)
+    if given == value:
+        return None
+    return ConfigIssue(
+        f"custom_envs.{tag}.{key}",
+        f"disagrees with custom_envs.{tag}.env_config.{option}; set one of them",
+    )

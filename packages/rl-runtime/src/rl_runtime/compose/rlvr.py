@@ -33,6 +33,8 @@ class DataPlan:
     domain_interleave_probs: dict[str, float] | None
     template: str
     val_template: str
+    #: the key that named `val_files` (a missing file is reported by it)
+    val_files_key: str = "actor_train.data_args.eval_file_name"
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ def build_rewards(cfg: Any) -> RewardRouterSpec:
 @dataclass(frozen=True)
 class _HeldOut:
     files: tuple[str, ...]
+    files_key: str
     template: str
     sampling: SamplingParams
 
@@ -139,6 +142,7 @@ def build_held_out(cfg: Any, response_length: int) -> _HeldOut:
 
     data, val = cfg.actor_train.data_args, cfg.validation
     files, template = _files(data.eval_file_name), data.template
+    files_key = "actor_train.data_args.eval_file_name"
     gen, max_new = cfg.actor_infer.generating_args, response_length
     if val is not None:
         val_files = _files(val.data_args.file_name)
@@ -148,6 +152,7 @@ def build_held_out(cfg: Any, response_length: int) -> _HeldOut:
                 "name held-out files; set one"
             )
         files = val_files or files
+        files_key = "validation.data_args.file_name" if val_files else files_key
         if "template" in val.data_args.model_fields_set:
             template = val.data_args.template
             if template not in list_templates():
@@ -172,7 +177,7 @@ def build_held_out(cfg: Any, response_length: int) -> _HeldOut:
                 "validation.eval_steps)"
             )
     sampling = msgspec.structs.replace(build_sampling(gen, max_new), n=cfg.val_n_sample)
-    return _HeldOut(files, template, sampling)
+    return _HeldOut(files, files_key, template, sampling)
 
 
 def build_rlvr(cfg: Any) -> RlvrPlan:
@@ -221,6 +226,7 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
         data=DataPlan(
             train_files=train_files,
             val_files=held_out.files,
+            val_files_key=held_out.files_key,
             prompt_key=data.prompt,
             messages_key=data.messages,
             response_key=data.response,
