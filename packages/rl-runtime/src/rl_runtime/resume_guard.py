@@ -223,7 +223,7 @@ def unread_by(pipeline: str | None, key: str, section: bool) -> str | None:
         return None
     from rl_config.contract import declared
 
-    names = [f"{key}.*", key] if section else [key]
+    names = [key, f"{key}.*"] if section else [key]
     for name in (*names, *_mapping_ancestors(key)):
         found = declared(name, pipeline)
         if found is not None and found[0] == "ignored":
