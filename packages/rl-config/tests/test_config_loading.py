@@ -90,6 +90,29 @@ def test_config_broken_interpolation_names_key(write_yaml) -> None:
     assert "interpolation failed" in info.value.issues[0].message
 
 
+def test_a_library_fragment_used_without_its_defaults_entry_says_how_to_add_it(write_yaml) -> None:
+    """`${deepspeed_zero2}` on a config that does not list the library fragment: the error names
+    the library file and the defaults entry that brings it in; with that entry it resolves."""
+    override = "actor_train.strategy_args.strategy_config=${deepspeed_zero2}"
+    path = write_yaml("main.yaml", BASE)
+    with pytest.raises(ConfigError) as info:
+        load_yaml_dict(path, [override])
+    message = info.value.issues[0].message
+    assert "config/deepspeed_zero2.yaml" in message
+    assert "defaults: [../config/deepspeed_zero2@_here_]" in message
+    with_entry = write_yaml(
+        "with.yaml", "defaults:\n  - ../config/deepspeed_zero2@_here_\n  - _self_\n" + BASE
+    )
+    data = load_yaml_dict(with_entry, [override])
+    assert (
+        data["actor_train"]["strategy_args"]["strategy_config"]["zero_optimization"]["stage"] == 2
+    )
+    unknown = write_yaml("other.yaml", BASE + "exp_name: ${no_such_fragment}\n")
+    with pytest.raises(ConfigError) as info:
+        load_yaml_dict(unknown)
+    assert "library" not in info.value.issues[0].message
+
+
 def test_config_override_kinds(write_yaml) -> None:
     path = write_yaml("main.yaml", BASE + "seed: 1\ntracker_kwargs:\n  project: p\n")
     cfg = load_config(

@@ -185,10 +185,34 @@ def _resolve(cfg: DictConfig, source: str | None) -> dict[str, Any]:
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", "") or ""
         msg = (getattr(exc, "msg", None) or _first_line(exc)).strip().splitlines()[0]
-        raise ConfigError(ConfigIssue(str(key), f"interpolation failed: {msg}"), source) from None
+        missing = _MISSING_KEY.search(msg)
+        hint = _library_fragment_hint(missing.group(1)) if missing else ""
+        raise ConfigError(
+            ConfigIssue(str(key), f"interpolation failed: {msg}{hint}"), source
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(ConfigIssue("", "the config must be a mapping"), source)
     return {str(k): v for k, v in data.items()}
+
+
+_MISSING_KEY = re.compile(r"Interpolation key '([A-Za-z_][\w-]*)[.']")
+
+
+def _library_fragment_hint(name: str) -> str:
+    """For ``${name}`` that no file defines but a bundled library fragment does (e.g.
+    ``deepspeed_zero2``): how to bring it in ('' when no fragment defines ``name``)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    for folder in library_search_path():
+        for file in sorted((folder / "config").glob("*.yaml")):
+            raw = OmegaConf.load(file)
+            if isinstance(raw, DictConfig) and name in raw:
+                return (
+                    f"; {name} is defined in rl-config's library file config/{file.name}: add "
+                    f"it to the config's defaults list (defaults: [../config/{file.stem}@_here_]), "
+                    "as ROLL's examples do"
+                )
+    return ""
 
 
 def _directory_message(path: str | Path, folder: Path) -> str:
