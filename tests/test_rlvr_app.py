@@ -481,3 +481,32 @@ def test_rlvr_resume_matches_uninterrupted(tmp_path):
     for key in ("reward/mean", "response/length_mean", "rollout/response_tokens", "train/loss",
                 "train/grad_norm", "sync/weight_version"):  # fmt: skip
         assert step3_resumed[key] == pytest.approx(step3_full[key], rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.slow
+def test_kl_is_to_the_warmed_up_policy_and_stays_so_after_resume(tmp_path):
+    """With a supervised warm-up and a KL loss, the reference is the policy RL starts from (the
+    warmed-up one), not the `pretrain` model the warm-up moved away from: step 1's KL is near 0
+    (it was ~6 nats per token against the untrained model). A resumed run's reference is the
+    same policy (its weights are in the checkpoint), so step 3 trains to the uninterrupted run's
+    numbers, KL included."""
+    common = {
+        "max_steps": 3,
+        "save_steps": 2,
+        "eval_steps": 100,
+        "dynamic_sampling.enable": "false",
+        "use_kl_loss": "true",
+        "kl_loss_coef": 0.1,
+        "rlvr_app.warmup.steps": 6,
+    }
+    full = _run_app(tmp_path / "full", "--no-ray", **common)
+    _run_app(tmp_path / "part", "--no-ray", **{**common, "max_steps": 2})
+    resumed = _run_app(
+        tmp_path / "part", "--no-ray", **{**common, "resume_from_checkpoint": "true"}
+    )
+    trained = {r["step"]: r for r in full if "train/kl_loss" in r}
+    assert trained[1]["train/kl_loss"] < 0.05, trained[1]["train/kl_loss"]
+    assert (tmp_path / "part" / "ckpt" / "step-000002" / "reference" / "config.json").is_file()
+    step3 = next(r for r in resumed if r["step"] == 3 and "train/kl_loss" in r)
+    for key in ("train/kl_loss", "train/loss", "train/grad_norm", "reward/mean"):
+        assert step3[key] == pytest.approx(trained[3][key], rel=1e-5, abs=1e-7), key

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rl_rollout.tiny_model import build_tiny_model
@@ -137,3 +139,39 @@ def test_a_checkpoint_saved_right_after_the_warm_up_resumes(tmp_path):
     assert resumed.load_checkpoint(str(tmp_path / "ckpt")) == (0, {})
     for trained in (rl_steps(saved), rl_steps(resumed)):
         assert all(torch.equal(trained[k], uninterrupted[k]) for k in uninterrupted)
+
+
+def test_a_reference_adopts_another_models_weights_and_forgets_its_own(tmp_path):
+    """`adopt_weights`: a reference worker built from one model takes a trained actor's weights
+    (another model's `named_tensors`): its log-probs are then the actor's, to the bit, not those of
+    the model it was built from; `reload` from an exported directory does the same; shutdown
+    removes the directory the adopted weights were written to."""
+    import torch
+
+    def worker(path: Path, role: str) -> TrainWorker:
+        return TrainWorker(rank=0, world_size=1, dist_env={}, role=role, model_path=str(path),
+                           strategy_name="hf_infer",
+                           training_args=TrainingArgs(per_device_train_batch_size=4))  # fmt: skip
+
+    actor = worker(build_tiny_model(tmp_path / "actor", seed=1), "actor")
+    reference = worker(build_tiny_model(tmp_path / "pretrain", seed=0), "reference")
+    batch = make_batch(4, 12, vocab=1000)
+    actor.train_step(dict(batch), "sft")  # the actor moves away from where it was built
+
+    def log_probs(w: TrainWorker) -> torch.Tensor:
+        return w.forward(dict(batch))["log_probs"]
+
+    before = log_probs(reference)
+    assert not torch.equal(before, log_probs(actor))
+    reference.adopt_weights(actor.named_tensors())
+    assert torch.equal(log_probs(reference), log_probs(actor))
+    adopted = reference._adopted_dir
+    assert adopted is not None and Path(adopted).is_dir()
+
+    exported = Path(reference.export_hf(str(tmp_path / "ckpt" / "reference")))
+    other = worker(tmp_path / "pretrain", "reference")
+    assert torch.equal(log_probs(other), before)
+    other.reload(str(exported))
+    assert torch.equal(log_probs(other), log_probs(actor))
+    reference.shutdown()
+    assert not Path(adopted).exists()

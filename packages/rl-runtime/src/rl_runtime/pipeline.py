@@ -69,6 +69,9 @@ from rl_runtime.tracking import Tracker, earlier_run_logs, tracker_log_dir
 
 THROUGHPUT_KEY = "throughput"
 """The checkpoint's extra state holding the run's throughput totals (`Runner.throughput_state`)."""
+REFERENCE_KEY = "reference_is_start_policy"
+"""Checkpoint state: the reference role held the policy RL started from (its weights are in the
+checkpoint's `reference/`), not `pretrain`."""
 
 
 class Recipe(Protocol):
@@ -145,6 +148,19 @@ class Context:
     #: a context every weight sync runs in (asynchronous training without partial rollout:
     #: the rollout producer's `between_batches`)
     sync_gate: Callable[[], AbstractContextManager[Any]] | None = None
+    #: the reference role holds the policy RL started from, not `pretrain` (a supervised
+    #: warm-up ran: `adopt_policy_as_reference`); checkpoints then carry its weights
+    reference_is_start_policy: bool = False
+
+    def adopt_policy_as_reference(self) -> None:
+        """The reference role takes actor_train's current weights: after a supervised warm-up,
+        KL terms measure the distance from the policy RL starts from (the warmed-up one), not
+        from the `pretrain` model the warm-up moved away from. No-op without a reference."""
+        if not self.cluster.has("reference"):
+            return
+        weights = self.cluster["actor_train"].call_all("named_tensors")[0]
+        self.cluster["reference"].call_all("adopt_weights", weights)
+        self.reference_is_start_policy = True
 
     def sync_weights(self, *, new_version: bool = True) -> dict[str, float]:
         """Hand the devices to rollout and push the trainer's weights to the engines, as the next
@@ -514,6 +530,8 @@ class Runner:
                 ctx.cluster[role].call_all(
                     "save_checkpoint", str(d / role), ctx.step, key_file=self.ckpt.key_file
                 )
+            if ctx.reference_is_start_policy:  # not `pretrain`: the run's own (see restore)
+                ctx.cluster["reference"].call_all("export_hf", str(d / "reference"))
 
         recipe_state = self.recipe.state() if hasattr(self.recipe, "state") else {}
         extra: dict[str, Any] = {
@@ -523,6 +541,7 @@ class Runner:
             "derived": self.options.derived,
             "eval_before": self.eval_before,
             THROUGHPUT_KEY: self.throughput_state(),
+            REFERENCE_KEY: ctx.reference_is_start_policy,
         }
         if self.asynchronous is not None:
             from rl_runtime.async_training import STATE_KEY
@@ -544,6 +563,10 @@ class Runner:
             ctx.cluster[role].call_all(
                 "load_checkpoint", str(path / role), key_file=self.ckpt.key_file
             )
+        if state.extra.get(REFERENCE_KEY) and ctx.cluster.has("reference"):
+            # the policy RL started from (a warm-up's), saved with the checkpoint
+            ctx.cluster["reference"].call_all("reload", str(path / "reference"))
+            ctx.reference_is_start_policy = True
         ctx.step, ctx.weight_version = state.step, state.weight_version
         restore_rng(state.rng)
         self.eval_before = dict(state.extra.get("eval_before") or {})

@@ -30,8 +30,9 @@ def supervised_warmup(
     `warmup/*` at negative steps (the warm-up precedes step 0). Then actor_train starts afresh
     (`TrainWorker.restart_schedule`): its Adam moments are reset (the warm-up's large SFT
     gradients would shrink RL's first updates) and its schedule (`warmup_steps`, decay to
-    `max_steps`) begins at RL's first step, not used up by the warm-up's; the weights are
-    synced. Returns `warmup/seconds`, `warmup/demos`."""
+    `max_steps`) begins at RL's first step, not used up by the warm-up's; a reference role takes
+    the warmed-up weights (`Context.adopt_policy_as_reference`: KL terms are to the policy RL
+    starts from); the weights are synced. Returns `warmup/seconds`, `warmup/demos`."""
     t0 = time.perf_counter()
     batch = collate_trajectories(demos, pad_token_id=pad_token_id, max_length=max_length)
     gen = torch.Generator().manual_seed(ctx.components.seed)
@@ -47,5 +48,6 @@ def supervised_warmup(
             print(f"warm-up {i + 1}/{steps} | loss={last.get('actor/loss', float('nan')):.3f}"
                   f" | {time.perf_counter() - t0:.0f}s", flush=True)  # fmt: skip
     actor.call_all("restart_schedule")
+    ctx.adopt_policy_as_reference()
     ctx.sync_weights()
     return {"warmup/seconds": time.perf_counter() - t0, "warmup/demos": float(batch.batch_size)}

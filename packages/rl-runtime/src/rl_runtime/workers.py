@@ -8,8 +8,11 @@ plain data (dicts of CPU tensors, msgspec records), so they travel through Ray's
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -59,26 +62,54 @@ class TrainWorker:
         seed: int = 0,
     ) -> None:
         _init_process(dist_env, seed + rank)
-        from rl_train import build_backend
-
         self.rank = rank
         self.role = role
-        self.backend = build_backend(
-            strategy_name,
-            role=role,
-            model_path=model_path,
-            strategy_config=dict(strategy_config or {}),
-            training_args=training_args,
-            model_args=model_args,
-            loss_config=loss_config,
-        )
+        #: how the backend is built, but the model: `reload` builds it again from another one
+        self._backend_args: dict[str, Any] = {
+            "role": role,
+            "strategy_config": dict(strategy_config or {}),
+            "training_args": training_args,
+            "model_args": model_args,
+            "loss_config": loss_config,
+        }
+        self._strategy_name = strategy_name
+        #: where `adopt_weights` wrote the weights this worker now holds (removed at shutdown)
+        self._adopted_dir: str | None = None
+        self.backend = self._build_backend(model_path)
         #: the weight-sync store's socket between `open_sync_listener` and `init_sync_group`
         self._sync_listener: socket.socket | None = None
         #: the schedule's (base rates, multipliers) while `hold_learning_rate` holds the rate
         self._held_schedule: tuple[list[float], list[Any]] | None = None
 
+    def _build_backend(self, model_path: str) -> Any:
+        from rl_train import build_backend
+
+        return build_backend(self._strategy_name, model_path=model_path, **self._backend_args)
+
     def ready(self) -> bool:
         return True
+
+    def reload(self, model_path: str) -> None:
+        """Build the backend again, the same way, from the HF model directory `model_path`: the
+        reference role taking the policy RL starts from (a checkpoint's `reference/`). A role
+        with an optimizer starts it afresh. Collective: every rank of the role calls it."""
+        del self.backend  # its memory is free before the new one is built
+        gc.collect()
+        self.backend = self._build_backend(model_path)
+
+    def adopt_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Hold `named_tensors` (HF names, full tensors: another role's `named_tensors()`) as
+        this worker's weights: the reference role takes the policy a supervised warm-up made,
+        the model RL starts from. Written as an HF directory of this worker's own architecture
+        (rl_train.export.save_state_as_hf) in a directory of its own, then `reload`ed."""
+        from rl_train.export import save_state_as_hf
+
+        previous = self._adopted_dir
+        self._adopted_dir = tempfile.mkdtemp(prefix=f"rl-{self.role}-adopted-")
+        out = save_state_as_hf(self.backend, dict(named_tensors), Path(self._adopted_dir) / "model")
+        self.reload(str(out))
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = self.backend.forward(batch)
@@ -234,6 +265,9 @@ class TrainWorker:
     def shutdown(self) -> None:
         import torch.distributed as dist
 
+        if self._adopted_dir is not None:
+            shutil.rmtree(self._adopted_dir, ignore_errors=True)
+            self._adopted_dir = None
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 

@@ -63,6 +63,20 @@ def export_hf(backend: Any, out_dir: Path) -> Path:
     return out_dir
 
 
+def save_state_as_hf(backend: Any, state: dict[str, torch.Tensor], out_dir: Path) -> Path:
+    """Write ``state`` (HF-named full tensors, e.g. another model's ``named_tensors``) as an HF
+    directory of ``backend``'s architecture and config, with its tokenizer files; atomically.
+    Every parameter must be in ``state`` (a tied one under either name)."""
+    _save_pretrained(
+        backend.hf_model_class,
+        backend.hf_config,
+        state,
+        out_dir,
+        source_dir=Path(backend.model_path),
+    )
+    return out_dir
+
+
 def _save_pretrained(
     model_class: Any,
     config: Any,
