@@ -166,10 +166,11 @@ ROLL_REFUSED = {
         "custom_envs.swebench_native_verified.env_type: unknown env 'rock_tb_native_env'"
     ),
     "head/examples/qwen2.5-7B-agentic_megatron/agentic_val_webshop_amd.yaml": (
-        "reward_clip: 20.0 is not supported"
+        "custom_envs.WebShopEnv.max_env_step_concurrent: 5 is not supported"
     ),
     "v0.2.1/examples/qwen2.5-7B-agentic_megatron/agentic_val_webshop_amd.yaml": (
-        "reward_clip: 20.0 is not supported"
+        "custom_envs.SimpleSokoban.max_steps=10 disagrees with "
+        "custom_envs.SimpleSokoban.env_config.max_steps=20"
     ),
 }
 
@@ -187,14 +188,8 @@ def _roll_agentic() -> list[str]:
 def test_roll_agentic_examples_without_megatron_dry_run_through_the_app(name, capsys):
     """`apps/agentic --config <ROLL example> --dry-run`: ROLL's agent_system_template and
     agent_template (examples/config/traj_envs.yaml) become the envs' prompts; an env this
-    stack does not have, or ROLL's agentic reward_clip, is one line naming the key."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("agentic_app_main", APP / "__main__.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    code = module.main(["--config", str(ROLL / name), "--dry-run"])
+    stack does not have, or a key it lacks, is one line naming the key."""
+    code = _agentic_main()(["--config", str(ROLL / name), "--dry-run"])
     out, err = capsys.readouterr()
     if name in ROLL_REFUSED:
         assert code == 1 and ROLL_REFUSED[name] in err, err
@@ -202,6 +197,39 @@ def test_roll_agentic_examples_without_megatron_dry_run_through_the_app(name, ca
     assert code == 0, err
     assert "'turn_template': 'Turn {turn_idx}:\\n'" in out, out  # ROLL's agent_template
     assert "'system_prompt': \"You're a helpful assistant." in out
+
+
+def _agentic_main():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("agentic_app_main", APP / "__main__.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def test_roll_webshop_example_with_reward_clip_dry_runs_on_sokoban(tmp_path, capsys):
+    """ROLL's agentic_val_webshop_amd (grpo, mean_std, reward_clip: 20) with its WebShop env
+    swapped for SimpleSokoban (this stack has no WebShop) and the env-step rate limit dropped:
+    reward_clip, refused in the agentic pipeline before, reaches the advantage config."""
+    import shutil
+
+    examples = ROLL / "head" / "examples"
+    for part in ("config", "qwen2.5-7B-agentic_megatron"):
+        shutil.copytree(examples / part, tmp_path / part)
+    envs = tmp_path / "config" / "traj_envs.yaml"
+    envs.write_text(
+        "".join(x for x in envs.read_text().splitlines(True) if "max_env_step_concurrent" not in x)
+    )
+    cfg = tmp_path / "qwen2.5-7B-agentic_megatron" / "agentic_val_webshop_amd.yaml"
+    text = cfg.read_text()
+    assert "reward_clip: 20" in text and 'adv_estimator: "grpo"' in text
+    cfg.write_text(text.replace("WebShopEnv", "SimpleSokoban"))
+    code = _agentic_main()(["--config", str(cfg), "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "reward_clip=20.0" in out
 
 
 def test_all_seven_roll_agentic_examples_are_swept():

@@ -80,3 +80,26 @@ def test_estimator_runs_two_steps(name, tmp_path, tiny_model_dir):
     assert all(math.isfinite(r["train/loss"]) for r in steps)
     if name == "gae":
         assert all(math.isfinite(r["critic/vf_loss"]) for r in steps)
+
+
+@pytest.mark.slow
+def test_reward_clip_runs_through_the_agentic_app_and_is_logged(tmp_path, tiny_model_dir):
+    """ROLL's reward_clip in the agentic pipeline (refused before): two steps of reinforce on
+    raw rewards (identity normalisation) clamped to [-0.05, 0.05]. The untrained tiny model's
+    invalid moves cost format_penalty -0.1 each, so episodes below -0.05 are clamped: the
+    fraction clamped is logged and positive, and every advantage (the clamped reward on each
+    model token) is within the clip."""
+    out = tmp_path / "clip"
+    overrides = [
+        *_overrides(out, tiny_model_dir, "reinforce"),
+        "reward_normalization.method=identity",
+        "reward_clip=0.05",
+    ]
+    assert _app_main()(["--no-ray", *overrides]) == 0
+    rows = [json.loads(x) for x in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(math.isfinite(r["train/loss"]) for r in steps)
+    assert all(r["env/episode_reward"] < -0.05 for r in steps)  # some episode is clamped
+    assert all(0.0 < r["train/reward_clip_frac"] <= 1.0 for r in steps)
+    assert all(abs(r["train/advantage_mean"]) <= 0.05 + 1e-7 for r in steps)

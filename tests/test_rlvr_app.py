@@ -278,6 +278,28 @@ def test_rlvr_cpu_ray_vllm_engine_trains(tmp_path):
 
 
 @pytest.mark.slow
+def test_rlvr_reward_clip_clamps_the_trained_rewards_and_reports_raw_ones(tmp_path):
+    """reward_clip acts once, as ROLL's: on the normalised rewards the estimator takes, not on
+    the scorer's. A custom reward function returning 50 for every response, identity
+    normalisation, reinforce, reward_clip 10: `reward/mean` stays the raw 50 (the old rollout
+    clip reported 10), every reward is clamped (`train/reward_clip_frac` 1) and every
+    advantage is the clamped reward 10 on each token (`train/advantage_mean` 10)."""
+    fn = tmp_path / "fifty.py"
+    fn.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    return 50.0\n")  # fmt: skip
+    extra = {"dynamic_sampling.enable": "false", "eval_steps": 100, "adv_estimator": "reinforce",
+             "reward_normalization.method": "identity", "reward_clip": 10.0,
+             "custom_reward_function.path": fn, "custom_reward_function.name": "score"}  # fmt: skip
+    rows = _run_app(tmp_path / "clip", "--no-ray", **extra)
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["reward/mean"] == 50.0 and r["reward/failed"] == 0
+        assert r["train/reward_clip_frac"] == 1.0
+        assert r["train/advantage_mean"] == pytest.approx(10.0)
+
+
+@pytest.mark.slow
 def test_rlvr_dynamic_sampling_refills_within_its_bound(tmp_path):
     """An almost untrained policy rarely varies within a group: dropped groups are replaced by new
     generation rounds, at most 1 + max_num_gen_batches per step, and a step whose batch stays

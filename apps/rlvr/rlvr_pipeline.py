@@ -1,9 +1,10 @@
 """The RLVR recipe (ROLL's RLVRPipeline, verl's GRPO/DAPO trainer) on rl_runtime.pipeline's Runner.
 
 One step: `rollout` (draw prompts from the resumable sampler -> G samples per prompt on the
-actor_infer engines -> sandboxed rewards (+ DAPO overlong penalty, reward_clip) -> dynamic sampling:
+actor_infer engines -> sandboxed rewards (+ DAPO overlong penalty) -> dynamic sampling:
 drop zero-variance groups, refill up to a bound) then `learn` (collate -> old / reference
-log-probs -> advantages (estimator by name) -> train -> weight sync). With `async:` the Runner
+log-probs -> advantages (reward normalisation, reward_clip, estimator by name) -> train -> weight
+sync). With `async:` the Runner
 runs `rollout` ahead on its producer thread (rl_runtime.async_training). Evaluation: held-out
 prompts, greedy accuracy and pass@k with val_n_sample samples. Before training: an optional
 supervised warm-up on the training answers. The parts: rl_runtime.rlvr_data (prompts, sampler,
@@ -59,7 +60,7 @@ class RlvrRecipe:
         self.prompts: RlvrPrompts = load_rlvr_prompts(plan, tok, c.seed)
         self.scorer = Scorer(plan.rewards, plan.overlong, plan.response_length,
                              allow_weak_isolation=c.sandbox_allow_weak_isolation)  # fmt: skip
-        self.generator = GroupGenerator(self.scorer, tok, plan.reward_clip)
+        self.generator = GroupGenerator(self.scorer, tok)
 
     def state(self) -> dict[str, Any]:
         return {"kl_controller": self.kl_ctl.state_dict(),

@@ -1,8 +1,17 @@
 import pytest
 import torch
 
+from rl_algos.advantages import list_estimators
 from rl_config.records import Trajectory, Turn
-from rl_runtime.advantages import AdvantageConfig, compute_advantages, step_rows
+from rl_config.schema.algorithm import STD_FREE_ESTIMATORS
+from rl_runtime.advantages import (
+    AdvantageConfig,
+    clip_row_values,
+    compute_advantages,
+    estimator_needs,
+    reward_clip_site,
+    step_rows,
+)
 from rl_runtime.collate import collate_trajectories
 
 
@@ -173,3 +182,172 @@ def test_dr_grpo_and_rloo_see_raw_rewards_and_refuse_z_scored_ones():
     )
     with pytest.raises(ValueError, match="reward_normalization.method='mean_std'"):
         AdvantageConfig(adv_estimator="dr_grpo")
+
+
+# ------------------------------------------------------------------------------- reward_clip
+# ROLL's key: the normalised rewards are clamped to [-reward_clip, reward_clip], as ROLL's
+# reward_postprocess (RLVR) and compute_response_level_rewards (agentic) do, before the reinforce
+# return.
+def _batch(rewards: list[float], group_size: int = 4, n_turns: int = 1):
+    trajs = [
+        _traj(f"t{i}", f"g{i // group_size}", "A", r, n_turns=n_turns, obs=(7 + i % 2,))
+        for i, r in enumerate(rewards)
+    ]
+    return collate_trajectories(trajs, pad_token_id=0)
+
+
+def _per_row(adv: torch.Tensor, mask: torch.Tensor) -> list[float]:
+    """The value of each row, checking that it is on every model token and 0 elsewhere."""
+    out = []
+    for b in range(adv.shape[0]):
+        tokens = adv[b][mask[b]]
+        assert torch.equal(tokens, tokens[:1].expand_as(tokens)), tokens
+        assert adv[b][~mask[b]].abs().sum() == 0
+        out.append(float(tokens[0]))
+    return out
+
+
+def _roll_grpo(rewards: list[float], group_size: int, clip: float) -> list[float]:
+    """ROLL's grpo as a plain loop: reward_norm with group mean and unbiased group std
+    (`(r - mean) / (std + 1e-6)`), `torch.clamp(-clip, clip)`, then the reinforce return with
+    gamma 1 (the response-level reward on every token)."""
+    out = []
+    for start in range(0, len(rewards), group_size):
+        group = rewards[start : start + group_size]
+        mean = sum(group) / len(group)
+        std = (sum((r - mean) ** 2 for r in group) / (len(group) - 1)) ** 0.5
+        out += [max(-clip, min(clip, (r - mean) / (std + 1e-6))) for r in group]
+    return out
+
+
+def test_grpo_clamps_the_group_normalised_reward_as_roll():
+    """Group [0, 0, 0, 10]: mean 2.5, unbiased std sqrt((3 * 2.5**2 + 7.5**2) / 3) = 5, z-scores
+    [-0.5, -0.5, -0.5, 1.5]; reward_clip 1 clamps the outlier to 1.0. Group [1, 0, 1, 0]: mean
+    0.5, std sqrt(4 * 0.25 / 3) = 0.5774, z = +-0.866: not clamped. 1 of 8 rewards clamped.
+    The old RLVR clip (raw rewards, before normalising) gave [0, 0, 0, 1] -> z-scores
+    [-0.5, -0.5, -0.5, 1.5]: the outlier kept 1.5."""
+    rewards = [0.0, 0.0, 0.0, 10.0, 1.0, 0.0, 1.0, 0.0]
+    batch = _batch(rewards)
+    mask = batch.tensors["response_mask"]
+    out = compute_advantages(batch, AdvantageConfig(adv_estimator="grpo", reward_clip=1.0))
+    got = _per_row(out["advantages"], mask)
+    z = 0.5 * 3**0.5  # 0.866 = 0.5 / sqrt(1/3)
+    assert got == pytest.approx([-0.5, -0.5, -0.5, 1.0, z, -z, z, -z], abs=1e-5)
+    assert got[3] == 1.0  # clamped exactly
+    assert got == pytest.approx(_roll_grpo(rewards, 4, 1.0), abs=1e-5)
+    assert float(out["reward_clip_frac"]) == 1 / 8
+    assert torch.equal(out["returns"], out["advantages"])
+
+
+def test_reinforce_on_raw_rewards_clamps_them_as_rolls_webshop_example():
+    """ROLL's agentic_val_webshop_amd: reinforce, reward_normalization identity, reward_clip 20.
+    Rewards [0, 50, -30, 5] -> [0, 20, -20, 5] on every model token; 2 of 4 clamped. gae with
+    zero values and gamma = lam = 1 gives the same (the reward-to-go of the clamped reward)."""
+    batch = _batch([0.0, 50.0, -30.0, 5.0])
+    mask = batch.tensors["response_mask"]
+    cfg = AdvantageConfig(adv_estimator="reinforce", method="identity", reward_clip=20.0)
+    out = compute_advantages(batch, cfg)
+    assert _per_row(out["advantages"], mask) == [0.0, 20.0, -20.0, 5.0]
+    assert out["scores"].tolist() == [0.0, 20.0, -20.0, 5.0]
+    assert float(out["reward_clip_frac"]) == 0.5
+    gae = AdvantageConfig(adv_estimator="gae", method="identity", reward_clip=20.0)
+    values = torch.zeros(mask.shape)
+    assert _per_row(compute_advantages(batch, gae, values=values)["advantages"], mask) == [
+        0.0,
+        20.0,
+        -20.0,
+        5.0,
+    ]
+
+
+def test_dr_grpo_takes_the_clamped_rewards():
+    """Dr.GRPO (identity normalisation): [0, 0, 0, 10] clamped to 1 -> [0, 0, 0, 1], minus the
+    group mean 0.25 -> [-0.25, -0.25, -0.25, 0.75] (unclamped: [-2.5, -2.5, -2.5, 7.5])."""
+    batch = _batch([0.0, 0.0, 0.0, 10.0])
+    cfg = AdvantageConfig(adv_estimator="dr_grpo", method="identity", reward_clip=1.0)
+    got = _per_row(compute_advantages(batch, cfg)["advantages"], batch.tensors["response_mask"])
+    assert got == [-0.25, -0.25, -0.25, 0.75]
+
+
+def test_step_reinforce_clamps_each_steps_normalised_return_before_the_token_discount():
+    """a: two turns rewarded 0.5 each, step_reward_gamma 0.5 -> turn returns 0.75 and 0.5
+    (identity normalisation); b: 0 and 0. reward_clip 0.6 clamps 0.75 to 0.6, then the token
+    discount 0.5 within the turn: [0.3, 0.6]; the second turn stays [0.25, 0.5]. ROLL clamps the
+    step's normalised reward, then takes the reinforce return. 1 of 4 step rows clamped."""
+    batch = _batch([1.0, 0.0], group_size=2, n_turns=2)
+    cfg = AdvantageConfig(
+        adv_estimator="step_reinforce",
+        method="identity",
+        gigpo_gamma=0.5,
+        gamma=0.5,
+        reward_clip=0.6,
+    )
+    out = compute_advantages(batch, cfg)
+    adv, mask = out["advantages"], batch.tensors["response_mask"]
+    assert adv[0][mask[0]].tolist() == pytest.approx([0.3, 0.6, 0.25, 0.5], abs=1e-7)
+    assert adv[1][mask[1]].tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert float(out["reward_clip_frac"]) == 0.25
+
+
+def test_clip_row_values_scales_a_clamped_row_and_leaves_the_others_bit_identical():
+    """Rows: a constant 3 (clamped to exactly 1), a reward-to-go 4 * [0.5, 1] (value 4 on the
+    last token -> 1 * [0.5, 1]), -0.3 (kept bit for bit), and a row without model tokens."""
+    adv = torch.tensor([[3.0, 3.0, 0.0], [2.0, 4.0, 0.0], [-0.3, -0.3, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 0], [0, 0, 0]], dtype=torch.bool)
+    rows, hit = clip_row_values(adv, mask, 1.0)
+    assert rows[0].tolist() == [1.0, 1.0, 0.0]
+    assert rows[1].tolist() == [0.5, 1.0, 0.0]
+    assert torch.equal(rows[2:], adv[2:])
+    assert hit.tolist() == [True, True, False, False]
+
+
+def _setting(name: str) -> dict:
+    """A config and the inputs each registered estimator needs, on 2 groups of 4 rows with two
+    turns each (step-wise estimators) and rewards with one outlier."""
+    method = "identity" if name in STD_FREE_ESTIMATORS else "mean_std"
+    rewards = [0.0, 0.05, 0.0, 10.0, 1.0, 0.0, 0.5, 0.0]
+    batch = _batch(rewards, n_turns=2)
+    needs = estimator_needs(name)
+    mask = batch.tensors["response_mask"]
+    kwargs = {}
+    if "values" in needs:
+        kwargs["values"] = torch.linspace(-1.0, 1.0, mask.numel()).reshape(mask.shape)
+    if "baseline_scores" in needs:
+        kwargs["baseline_scores"] = torch.tensor([0.5, 0.5, 0.5, 0.5, 0.2, 0.2, 0.2, 0.2])
+    return {"batch": batch, "method": method, "kwargs": kwargs}
+
+
+@pytest.mark.parametrize("name", list_estimators())
+def test_a_clip_that_does_not_bind_changes_nothing_bit_for_bit(name):
+    """No silent change of any run's numbers: a clip larger than every normalised reward gives
+    the advantages, returns and scores of a run without reward_clip, bit for bit."""
+    s = _setting(name)
+    unset = compute_advantages(s["batch"], AdvantageConfig(name, method=s["method"]), **s["kwargs"])
+    loose = AdvantageConfig(name, method=s["method"], reward_clip=1e6)
+    out = compute_advantages(s["batch"], loose, **s["kwargs"])
+    for key in ("advantages", "returns", "scores"):
+        assert torch.equal(out[key], unset[key]), key
+    assert float(out["reward_clip_frac"]) == 0.0 and "reward_clip_frac" not in unset
+
+
+@pytest.mark.parametrize("name", list_estimators())
+def test_a_binding_clip_is_not_undone_by_the_estimator(name):
+    """With the clip binding, every estimator's advantages change (grpo's own group z-score of
+    clamped scores would give back the unclamped ones for a group like [0, 0, 0, 10]: it is
+    clamped after the estimator); where the clamp acts on the estimator's per-row value, no
+    advantage exceeds it."""
+    s = _setting(name)
+    plain = compute_advantages(s["batch"], AdvantageConfig(name, method=s["method"]), **s["kwargs"])
+    cfg = AdvantageConfig(name, method=s["method"], reward_clip=0.6)
+    out = compute_advantages(s["batch"], cfg, **s["kwargs"])
+    assert not torch.equal(out["advantages"], plain["advantages"])
+    assert 0.0 < float(out["reward_clip_frac"]) < 1.0
+    if reward_clip_site(name) == "advantages":
+        assert float(out["advantages"].abs().max()) <= float(torch.tensor(0.6))
+    else:
+        assert float(out["scores"].abs().max()) <= float(torch.tensor(0.6))
+
+
+def test_reward_clip_must_be_positive():
+    with pytest.raises(ValueError, match="reward_clip=0.0 must be > 0"):
+        AdvantageConfig(reward_clip=0.0)

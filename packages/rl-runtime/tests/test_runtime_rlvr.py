@@ -143,7 +143,7 @@ def test_rollout_refills_dropped_groups_with_the_round_seed(arith, tok):
     plan = _plan([arith[0]], arith[1])
     prompts = load_rlvr_prompts(plan, tok, SEED)
     cluster = FakeCluster(tok, lambda req, k: "1" if int(req.request_id) % 2 == 0 == k else "0")
-    generator = GroupGenerator(TextScorer(), tok, None)
+    generator = GroupGenerator(TextScorer(), tok)
     totals = Counter({"timeout": 3})  # the run's so far: none of this batch's calls failed
     batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=5, failures=totals)
 
@@ -175,7 +175,7 @@ def test_held_out_accuracy_greedy_sampled_and_baseline(arith, tok):
     # greedy: always right; sampled: the first of 2 samples right on even prompts only
     cluster = FakeCluster(tok, lambda req, k: "1" if req.sampling.temperature == 0 or
                           (int(req.request_id) % 2 == 0 == k) else "0")  # fmt: skip
-    out = held_out_accuracy(cluster, GroupGenerator(TextScorer(), tok, None), prompts, plan, SEED)
+    out = held_out_accuracy(cluster, GroupGenerator(TextScorer(), tok), prompts, plan, SEED)
 
     assert cluster.phases == ["rollout"]
     eval_seed = SEED * 100_003 + 1
@@ -195,7 +195,7 @@ def test_held_out_accuracy_greedy_sampled_and_baseline(arith, tok):
 def test_held_out_accuracy_without_held_out_prompts_is_empty(arith, tok):
     plan = _plan([arith[0]], None)
     cluster = FakeCluster(tok, lambda req, k: "1")
-    generator = GroupGenerator(TextScorer(), tok, None)
+    generator = GroupGenerator(TextScorer(), tok)
     assert held_out_accuracy(cluster, generator, load_rlvr_prompts(plan, tok, SEED), plan, 0) == {}
     assert cluster.requests == [] and cluster.phases == []
 
@@ -216,7 +216,7 @@ def test_failed_reward_calls_count_into_the_callers_totals_rollout_and_evaluatio
     plan = _plan([arith[0]], arith[1], dynamic_sampling={"enable": False})
     prompts = load_rlvr_prompts(plan, tok, SEED)
     cluster = FakeCluster(tok, lambda req, k: "x" if k == 0 else "1")  # sample 0 of each fails
-    generator = GroupGenerator(TimeoutScorer(), tok, None)
+    generator = GroupGenerator(TimeoutScorer(), tok)
     rollout_totals, eval_totals = Counter({"error": 1}), Counter()
     batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0,
                           failures=rollout_totals)  # fmt: skip

@@ -7,6 +7,10 @@ Composes rl_algos (no estimator math of its own):
    aliases) picks the groups, `method` (`mean_std` | `mean` | `asym_clip` | `identity`) the
    normalisation
    (rl_algos.rewards).
+   `reward_clip` (ROLL's key) clamps the normalised rewards to `[-reward_clip, reward_clip]`
+   (`reward_clip_site`): the scores the estimator takes, or, for an estimator that divides by a
+   group std itself (grpo, grpo_passk) and for the step-wise ones (gigpo, step_reinforce), the
+   per-row value it returns, since re-scaling the clamped scores would undo the clamp there.
 3. With a reward KL penalty (`kl_coef > 0`, ROLL's `add_token_level_kl`), the scores go on each
    row's last model token and `kl_coef * KL(kind)` is subtracted per token (rl_algos.kl_control).
 4. The estimator, by name from rl_algos' registry (`get_estimator`); its signature declares what it
@@ -47,6 +51,43 @@ def estimator_needs(name: str) -> frozenset[str]:
     if "step_rewards" in params:
         needs.add("step_rows")
     return frozenset(needs)
+
+
+def reward_clip_site(name: str) -> str:
+    """Where `reward_clip` acts for the registered estimator `name`, read from its signature:
+    `"scores"`, the normalised scores it takes (ROLL's place: after reward normalisation, before
+    the estimator), or `"advantages"`, each row's value it returns, for an estimator that would
+    undo a clamp of its input: one that divides its input by a group std (a `norm_by_std`
+    parameter that defaults to True: grpo, grpo_passk; a group's z-scores do not change when its
+    extreme values are clamped) and the step-wise ones (gigpo, step_reinforce), whose per-step
+    value is what ROLL clamps. For grpo after `mean_std` normalisation that value is the
+    normalised reward itself (its z-score of z-scores is the identity up to epsilon), so the
+    result is ROLL's: normalise, clamp, then the reward on every model token."""
+    from rl_algos.advantages import get_estimator
+
+    params = inspect.signature(get_estimator(name)).parameters
+    by_std = "norm_by_std" in params and params["norm_by_std"].default is True
+    return "advantages" if by_std or "step_rows" in estimator_needs(name) else "scores"
+
+
+def clip_row_values(
+    advantages: torch.Tensor, mask: torch.Tensor, clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clamp each row's value to `[-clip, clip]`, rows `[R, T]` being one value times a fixed
+    token pattern (an outcome on every model token, or its reward-to-go): the value is the one on
+    the row's last model token, and a clamped row is scaled with it. Returns the rows `[R, T]`
+    (bit-identical where the value is within the clip; exactly `+-clip` on a constant row that
+    is clamped) and which rows were clamped `[R]` bool."""
+    from rl_algos.rewards import clip_rewards
+
+    last = _last_positions(mask)
+    value = advantages.gather(1, last.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    value = torch.where(last >= 0, value, torch.zeros_like(value))
+    clipped = clip_rewards(value, clip)
+    hit = clipped != value
+    pattern = advantages / torch.where(hit, value, torch.ones_like(value)).unsqueeze(-1)
+    rows = torch.where(hit.unsqueeze(-1), clipped.unsqueeze(-1) * pattern, advantages)
+    return rows, hit
 
 
 @dataclass(frozen=True)
@@ -99,10 +140,11 @@ class AdvantageConfig:
     """How advantages are computed (built by rl_runtime.compose from the experiment config).
 
     `kl_kind`: the reward KL estimator (rl_algos.losses.kl_penalty names); the coefficient itself
-    comes from the KL controller at each step. `gigpo_*`: GiGPO's episode/step weights and the
-    discount across turns (step_reward_gamma) of the step-wise estimators (gigpo,
-    step_reinforce; the latter discounts within a turn by `gamma`). `needs` is derived from the
-    estimator's signature."""
+    comes from the KL controller at each step. `reward_clip`: clamp the normalised rewards to
+    `[-reward_clip, reward_clip]` where `reward_clip_site` says (None: no clamp). `gigpo_*`:
+    GiGPO's episode/step weights and the discount across turns (step_reward_gamma) of the
+    step-wise estimators (gigpo, step_reinforce; the latter discounts within a turn by `gamma`).
+    `needs` is derived from the estimator's signature."""
 
     adv_estimator: str = "grpo"
     grouping: str = "traj_group_id"
@@ -111,6 +153,7 @@ class AdvantageConfig:
     lam: float = 1.0
     whiten_advantages: bool = False
     advantage_clip: float | None = None
+    reward_clip: float | None = None
     kl_kind: str = "k1"
     gigpo_episode_weight: float = 1.0
     gigpo_step_weight: float = 1.0
@@ -127,6 +170,8 @@ class AdvantageConfig:
         ):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} is not supported; choose from {allowed}")
+        if self.reward_clip is not None and not self.reward_clip > 0:
+            raise ValueError(f"reward_clip={self.reward_clip!r} must be > 0 (or null: no clip)")
         from rl_config.schema.algorithm import STD_FREE_ESTIMATORS, STD_SCALING_METHODS
 
         if self.adv_estimator in STD_FREE_ESTIMATORS and self.method in STD_SCALING_METHODS:
@@ -159,11 +204,16 @@ def normalize_scores(scores: torch.Tensor, keys: torch.Tensor, method: str) -> t
     return normalize_rewards(scores, grouping="group", index=keys, method=method)
 
 
+def _last_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Each row's last model token `[B]` of `mask [B, T]`, -1 for a row without one."""
+    positions = torch.arange(mask.shape[1]).expand_as(mask)
+    return torch.where(mask, positions, -1).max(dim=1).values
+
+
 def _last_token_rewards(per_row: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`[B, T]` with each row's score on its last model token."""
     out = torch.zeros(mask.shape, dtype=torch.float32)
-    positions = torch.arange(mask.shape[1]).expand_as(mask)
-    last = torch.where(mask, positions, -1).max(dim=1).values
+    last = _last_positions(mask)
     rows = (last >= 0).nonzero().flatten()
     out[rows, last[rows]] = per_row[rows].to(torch.float32)
     return out
@@ -221,20 +271,31 @@ def compute_advantages(
     baseline_scores: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Advantages and returns `[B, T]` (zero outside `response_mask`) plus the normalised
-    `scores [B]` and, with `kl_coef > 0`, the per-token reward `kl [B, T]`.
+    `scores [B]` the estimator took, with `kl_coef > 0` the per-token reward `kl [B, T]` and,
+    with `cfg.reward_clip`, the fraction of rewards it clamped `reward_clip_frac` (a scalar: of
+    the scores, the rows, or the step rows, where `reward_clip_site` puts the clamp).
 
     `values [B, T]`: critic values (estimators that need them); `baseline_scores [B]`: the
-    episode rewards of greedy rollouts of the same envs (remax), normalised like the scores."""
+    episode rewards of greedy rollouts of the same envs (remax), normalised (and clamped) like
+    the scores."""
     from rl_algos.advantages import get_estimator
     from rl_algos.aggregate import masked_whiten
     from rl_algos.kl_control import apply_kl_penalty
+    from rl_algos.rewards import clip_rewards
 
     t = batch.tensors
     mask = t["response_mask"]
     raw = t["episode_rewards"].to(torch.float32)
     keys = group_keys(batch, cfg.grouping)
     scores = normalize_scores(raw, keys, cfg.method)
-    out: dict[str, torch.Tensor] = {"scores": scores}
+    out: dict[str, torch.Tensor] = {}
+    clip = cfg.reward_clip
+    clip_scores = clip is not None and reward_clip_site(cfg.adv_estimator) == "scores"
+    if clip_scores:
+        clipped = clip_rewards(scores, clip)
+        out["reward_clip_frac"] = (clipped != scores).to(torch.float32).mean()
+        scores = clipped
+    out["scores"] = scores
     fn, needs = get_estimator(cfg.adv_estimator), cfg.needs
     params = inspect.signature(fn).parameters
     rewards: torch.Tensor = scores
@@ -257,17 +318,22 @@ def compute_advantages(
             )
         adv, ret = fn(rewards, values.to(torch.float32), mask, lam=cfg.lam, **kwargs)
     elif "step_rows" in needs:
-        adv, ret = _step_estimate(batch, cfg, fn, scores, keys, kwargs)
+        adv, ret, hit = _step_estimate(batch, cfg, fn, scores, keys, kwargs)
+        if hit is not None:
+            out["reward_clip_frac"] = hit.to(torch.float32).mean()
     else:
         if "baseline_scores" in needs:
             if baseline_scores is None:
                 raise ValueError(
                     f"adv_estimator={cfg.adv_estimator} needs baseline_scores (greedy rollouts)"
                 )
-            kwargs["baseline_scores"] = normalize_scores(
-                baseline_scores.to(torch.float32), keys, cfg.method
-            )
+            baseline = normalize_scores(baseline_scores.to(torch.float32), keys, cfg.method)
+            kwargs["baseline_scores"] = clip_rewards(baseline, clip) if clip_scores else baseline
         adv, ret = fn(rewards, mask, keys, **kwargs)
+        if clip is not None and not clip_scores:  # the estimator's per-row value is clamped
+            clipped_adv, hit = clip_row_values(adv.to(torch.float32), mask, clip)
+            out["reward_clip_frac"] = hit.to(torch.float32).mean()
+            adv, ret = clipped_adv, (clipped_adv if ret is adv else ret)
     adv = adv.to(torch.float32)
     if cfg.whiten_advantages:
         adv = masked_whiten(adv, mask)
@@ -286,9 +352,11 @@ def _step_estimate(
     scores: torch.Tensor,
     keys: torch.Tensor,
     kwargs: dict[str, object],
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A step-wise estimator (gigpo, step_reinforce): one row per model turn, written back onto
-    its tokens. The estimator gets those of the step inputs its signature names."""
+    its tokens. The estimator gets those of the step inputs its signature names; with
+    `cfg.reward_clip` each step's value is clamped (ROLL clamps the normalised step reward), and
+    which step rows were clamped `[S]` comes back third (None without a clip)."""
     mask = batch.tensors["response_mask"]
     rows = step_rows(batch)
     row_of = rows["row_of"]
@@ -305,8 +373,11 @@ def _step_estimate(
     params = inspect.signature(fn).parameters
     step_kwargs = {k: v for k, v in offered.items() if k in params}
     step_adv, _ = fn(scores[row_of], rows["step_mask"], keys[row_of], **step_kwargs, **kwargs)
-    adv = torch.zeros(mask.shape, dtype=torch.float32).index_add_(0, row_of, step_adv.float())
-    return adv, adv
+    step_adv, hit = step_adv.float(), None
+    if cfg.reward_clip is not None:
+        step_adv, hit = clip_row_values(step_adv, rows["step_mask"], cfg.reward_clip)
+    adv = torch.zeros(mask.shape, dtype=torch.float32).index_add_(0, row_of, step_adv)
+    return adv, adv, hit
 
 
 def group_success_stats(batch: CollatedBatch, keys: Sequence[str]) -> dict[str, float]:

@@ -6,7 +6,8 @@ synced weights out.
                    first optimizer step, a no-grad forward of its own for the rest; rl_train.core)
     ref log-probs  the reference role, when there is one
     values         the critic, when there is one
-    advantages     rl_runtime.advantages (reward normalisation, reward KL, the estimator)
+    advantages     rl_runtime.advantages (reward normalisation and reward_clip, reward KL, the
+                   estimator)
     train          critic, then actor_train (the configured policy loss)
     sync           the trainer's weights into the engines, the next weight version
 """
@@ -57,6 +58,8 @@ def update_policy(
         )
         t["advantages"], t["returns"] = adv["advantages"], adv["returns"]
     metrics = update_kl_controller(kl_controller, adv, t["response_mask"])
+    if "reward_clip_frac" in adv:  # ROLL logs it as critic/reward_clip_frac
+        metrics["train/reward_clip_frac"] = float(adv["reward_clip_frac"])
     if cluster.has("critic"):
         with timer.phase("critic_train"):
             metrics.update(prefixed(ctx.train("critic", t), "critic/"))

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import torch
 
-from rl_algos.rewards import clip_rewards
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams, Trajectory, Turn
 from rl_runtime.async_queue import RolloutBatch
 from rl_runtime.collate import shard_rows
@@ -49,10 +47,10 @@ def score_groups(
     rows: list,
     prompt_ids: list[list[int]],
     results: list[list[GenerationResult]],
-    reward_clip: float | None,
 ) -> list[Group]:
     """One `Group` per prompt: its samples decoded and scored (every sample of the batch in one
-    call to the sandboxed scorer), rewards after `reward_clip`."""
+    call to the sandboxed scorer), the raw rewards (`reward_clip` clamps the normalised rewards
+    when advantages are computed, rl_runtime.advantages)."""
     texts = [[tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in res]
              for res in results]  # fmt: skip
     flat = scorer.score(
@@ -63,8 +61,7 @@ def score_groups(
     groups, start = [], 0
     for row, prompt, res, ts in zip(rows, prompt_ids, results, texts, strict=True):
         scores, start = flat[start : start + len(res)], start + len(res)
-        rewards = clip_rewards(torch.tensor([s.reward for s in scores]), reward_clip).tolist()
-        groups.append(Group(row, prompt, res, ts, scores, rewards))
+        groups.append(Group(row, prompt, res, ts, scores, [s.reward for s in scores]))
     return groups
 
 
@@ -110,11 +107,10 @@ def _reward_info(score: Scored) -> dict[str, Any]:
 @dataclass(frozen=True)
 class GroupGenerator:
     """Prompts to scored groups: `generate` on every engine, then `score_groups` (the tokenizer
-    decodes, the sandboxed `scorer` rewards, `reward_clip` clips). The caller owns the scorer."""
+    decodes, the sandboxed `scorer` rewards). The caller owns the scorer."""
 
     scorer: Scorer
     tokenizer: Any
-    reward_clip: float | None
 
     def groups(
         self,
@@ -130,8 +126,7 @@ class GroupGenerator:
         results = generate(cluster, prompt_ids, sampling)
         if generate_s is not None:
             generate_s.append(time.perf_counter() - t0)
-        return score_groups(self.scorer, self.tokenizer, rows, prompt_ids, results,
-                            self.reward_clip)  # fmt: skip
+        return score_groups(self.scorer, self.tokenizer, rows, prompt_ids, results)
 
 
 def scored_rewards(group: Group) -> list[float]:

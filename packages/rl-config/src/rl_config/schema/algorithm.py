@@ -272,7 +272,11 @@ class AlgorithmFields(StrictModel):
         default=False, description="When normalising, only divide by the std (no centering)."
     )
     reward_clip: float | None = Field(
-        default=None, gt=0, description="Clip rewards to [-reward_clip, reward_clip]."
+        default=None,
+        gt=0,
+        description="Clamp the normalised rewards to [-reward_clip, reward_clip] (as ROLL: after "
+        "reward_normalization, before the advantage estimator; train/reward_clip_frac logs the "
+        "fraction clamped).",
     )
     whiten_rewards: bool = Field(default=False, description="Whiten rewards (zero mean, unit var).")
     whiten_advantages: bool = Field(

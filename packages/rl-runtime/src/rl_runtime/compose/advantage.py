@@ -21,6 +21,7 @@ def build_advantage(cfg: Any) -> AdvantageConfig:
         lam=cfg.lambd,
         whiten_advantages=cfg.whiten_advantages,
         advantage_clip=cfg.advantage_clip,
+        reward_clip=cfg.reward_clip,
         kl_kind=cfg.kl_penalty,
         gigpo_episode_weight=cfg.episode_reward_weight,
         gigpo_step_weight=cfg.step_reward_weight,

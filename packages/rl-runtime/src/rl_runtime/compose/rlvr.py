@@ -76,7 +76,6 @@ class RlvrPlan:
     dynamic_sampling: DynamicSamplingPlan
     overlong: OverlongPlan
     max_len_mask: bool
-    reward_clip: float | None
     sampling: SamplingParams  # train: n = group_size, max_new_tokens = response_length
     #: held-out sampling (validation.generating_args, else actor_infer's), n = val_n_sample
     held_out_sampling: SamplingParams
@@ -249,7 +248,6 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
             enable=ol.enable, buffer_length=ol.buffer_length, penalty_factor=ol.penalty_factor
         ),
         max_len_mask=cfg.max_len_mask,
-        reward_clip=cfg.reward_clip,
         sampling=msgspec.structs.replace(build_sampling(gen, response_length), n=group),
         held_out_sampling=held_out.sampling,
         rewards=rewards,
