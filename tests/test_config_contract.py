@@ -515,3 +515,22 @@ def test_a_shipped_app_config_writes_under_its_output_dir(path: Path, tmp_path: 
         for one in value if isinstance(value, list) else [value]:
             if one is not None:
                 assert Path(one).is_relative_to(out), f"{path}: {key}={one!r} is outside {out}"
+
+
+def test_vllm_options_named_by_verl_hints_are_read_by_the_engine():
+    """The vLLM strategy_config options rl_config.verl_keys names exist: the engine's defaults,
+    enable_sleep_mode (VLLMEngine reads it) and enable_chunked_prefill (a vLLM EngineArgs field,
+    passed on as every other)."""
+    from rl_config.verl_keys import VERL_SECTIONS
+    from rl_rollout.vllm_engine import STRATEGY_DEFAULTS
+
+    prefix = "actor_infer.strategy_args.strategy_config."
+    named = {
+        key.removeprefix(prefix)
+        for pairs in VERL_SECTIONS.values()
+        for found in pairs.values()
+        for key in found.keys
+        if key.startswith(prefix)
+    }
+    assert named - set(STRATEGY_DEFAULTS) == {"enable_sleep_mode", "enable_chunked_prefill"}
+    assert "gpu_memory_utilization" in named and "tensor_parallel_size" in named

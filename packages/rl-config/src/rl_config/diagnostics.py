@@ -38,13 +38,8 @@ def _show(value: Any) -> str:
 
 
 def suggest_key(root: type[BaseModel], model: type[BaseModel] | None, path: str, key: str) -> str:
-    """'did you mean ...' for an unknown key at ``path`` (empty when nothing is close); a verl
-    section at the top level names the ROLL keys that hold its settings (rl_config.verl_keys)."""
-    from rl_config.verl_keys import verl_section_hint
-
-    verl = verl_section_hint(key) if not path else ""
-    if verl:
-        return verl
+    """'did you mean ...' for an unknown key at ``path`` (empty when nothing is close). verl keys
+    never get here: they are refused before validation (rl_config.verl_keys)."""
     if model is not None:
         names = list(yaml_fields(model))
         close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)

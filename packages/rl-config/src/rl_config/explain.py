@@ -21,6 +21,7 @@ from rl_config.schema_walk import (
     unwrap,
     yaml_fields,
 )
+from rl_config.verl_keys import verl_key_hint
 
 
 @dataclass
@@ -85,6 +86,9 @@ def explain(key: str, root: type[BaseModel] | None = None) -> FieldDoc:
         if is_model(inner):
             found = field_by_key(inner, part)
             if found is None:
+                verl = verl_key_hint(key)
+                if verl:
+                    raise ConfigError(ConfigIssue(key, f"unknown key; {verl}"))
                 hint = suggest_key(root, inner, path, part)
                 raise ConfigError(
                     ConfigIssue(

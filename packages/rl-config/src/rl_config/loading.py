@@ -104,7 +104,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _own_keys(path: Path) -> set[str]:
+    """The file's own top-level keys (not ``defaults``/``hydra``); a verl (Hydra) config is
+    refused here, before its defaults list is composed (rl_config.verl_keys)."""
     from omegaconf import DictConfig, OmegaConf
+
+    from rl_config.verl_keys import is_verl_file, verl_file_issue
 
     try:
         raw = OmegaConf.load(path)
@@ -112,7 +116,10 @@ def _own_keys(path: Path) -> set[str]:
         raise ConfigError(ConfigIssue("", f"cannot parse YAML: {exc}"), source=str(path)) from None
     if not isinstance(raw, DictConfig):
         raise ConfigError(ConfigIssue("", "the file must hold a mapping at the top"), str(path))
-    return {str(k) for k in raw if k not in ("defaults", "hydra")}
+    keys = {str(k) for k in raw}
+    if is_verl_file(keys):
+        raise ConfigError(verl_file_issue(str(path), keys), source=str(path))
+    return keys - {"defaults", "hydra"}
 
 
 def _referenced_roots(node: Any) -> set[str]:

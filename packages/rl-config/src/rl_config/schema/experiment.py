@@ -117,21 +117,23 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
     @model_validator(mode="wrap")
     @classmethod
     def _roll_compat(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Self:
-        """Refuse configs of ROLL pipelines this stack lacks and Megatron configs; drop ROLL's
-        accepted-but-unimplemented keys (with notes)."""
+        """Refuse configs of ROLL pipelines this stack lacks, Megatron configs and verl keys (one
+        error each, naming its ROLL counterpart); drop ROLL's accepted-but-unimplemented keys
+        (with notes)."""
         from rl_config.roll_keys import (
             pipeline_kind,
             pipeline_or_megatron_issue,
             strip_roll_keys,
             unsupported_values,
         )
+        from rl_config.verl_keys import verl_key_issues
 
         if not isinstance(data, dict):
             return handler(data)
         issue = pipeline_or_megatron_issue(data)
         if issue is not None:
             raise RuleViolations([issue])
-        refused = unsupported_values(data)
+        refused = verl_key_issues(data) + unsupported_values(data)
         if refused:
             raise RuleViolations(refused)
         kind = pipeline_kind(data)
