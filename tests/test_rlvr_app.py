@@ -532,3 +532,23 @@ def test_kl_is_to_the_warmed_up_policy_and_stays_so_after_resume(tmp_path):
     step3 = next(r for r in resumed if r["step"] == 3 and "train/kl_loss" in r)
     for key in ("train/kl_loss", "train/loss", "train/grad_norm", "reward/mean"):
         assert step3[key] == pytest.approx(trained[3][key], rel=1e-5, abs=1e-7), key
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_a_two_rank_reference_takes_the_warmed_up_policy_on_ray(tmp_path):
+    """The same with actor_train and the reference on two ranks each (Ray workers): every rank of
+    the reference writes and loads the warmed-up weights on its own (transformers' save_pretrained
+    writes on rank 0 only, which left rank 1 a directory without a config), and the checkpoint
+    carries them."""
+    two = "list(range(0,2))"
+    rows = _run_app(tmp_path / "two", **{
+        "max_steps": 1, "eval_steps": 100, "save_steps": 1, "dynamic_sampling.enable": "false",
+        "use_kl_loss": "true", "kl_loss_coef": 0.1, "num_gpus_per_node": 2,
+        "actor_train.device_mapping": two, "reference.device_mapping": two,
+        "actor_infer.device_mapping": two,
+    })  # fmt: skip
+    step1 = next(r for r in rows if r["step"] == 1 and "train/kl_loss" in r)
+    assert step1["train/kl_loss"] < 0.05, step1["train/kl_loss"]
+    saved = tmp_path / "two" / "ckpt" / "step-000001" / "reference"
+    assert (saved / "config.json").is_file() and (saved / "model.safetensors").is_file()
