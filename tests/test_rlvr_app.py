@@ -552,3 +552,30 @@ def test_a_two_rank_reference_takes_the_warmed_up_policy_on_ray(tmp_path):
     assert step1["train/kl_loss"] < 0.05, step1["train/kl_loss"]
     saved = tmp_path / "two" / "ckpt" / "step-000001" / "reference"
     assert (saved / "config.json").is_file() and (saved / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_turning_on_kl_when_resuming_a_warmed_up_run_without_its_reference_is_refused(tmp_path):
+    """A run with a warm-up and no KL term saves no reference; resuming it with a KL term would
+    measure KL against the untrained pretrain model, so the resume is refused, naming the
+    checkpoint; resuming it as it was goes on."""
+    common = {"max_steps": 1, "save_steps": 1, "eval_steps": 100}
+    out = tmp_path / "run"
+    _run_app(out, "--no-ray", **common)
+    assert not (out / "ckpt" / "step-000001" / "reference").exists()
+    base = {
+        "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
+        "pretrain": tmp_path / "tiny_model", "track_with": "stdout", "max_steps": 2,
+        "save_steps": 1, "eval_steps": 100, "resume_from_checkpoint": "true", "use_kl_loss": "true",
+        "rollout_batch_size": 4, "num_return_sequences_in_group": 4, "val_batch_size": 8,
+        "actor_train.training_args.per_device_train_batch_size": 8,
+        "actor_train.training_args.gradient_accumulation_steps": 2, "rlvr_app.warmup.steps": 2,
+        "rlvr_app.warmup.batch_size": 8, "rlvr_app.warmup.demos": 16,
+    }  # fmt: skip
+    cmd = [sys.executable, str(APP), "--config", str(CONFIG), "--no-ray",
+           *(f"{k}={v}" for k, v in base.items())]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "config error" in proc.stderr and "step-000001" in proc.stderr
+    assert "untrained pretrain model" in proc.stderr and "Traceback" not in proc.stderr
+    _run_app(out, "--no-ray", **{**common, "max_steps": 2, "resume_from_checkpoint": "true"})

@@ -69,9 +69,9 @@ from rl_runtime.tracking import Tracker, earlier_run_logs, tracker_log_dir
 
 THROUGHPUT_KEY = "throughput"
 """The checkpoint's extra state holding the run's throughput totals (`Runner.throughput_state`)."""
-REFERENCE_KEY = "reference_is_start_policy"
-"""Checkpoint state: the reference role held the policy RL started from (its weights are in the
-checkpoint's `reference/`), not `pretrain`."""
+WARMED_UP_KEY = "started_from_warm_up"
+"""Checkpoint state: RL started from a supervised warm-up's policy, not `pretrain`; a reference
+role held that policy, and its weights are in the checkpoint's `reference/`."""
 
 
 class Recipe(Protocol):
@@ -148,19 +148,18 @@ class Context:
     #: a context every weight sync runs in (asynchronous training without partial rollout:
     #: the rollout producer's `between_batches`)
     sync_gate: Callable[[], AbstractContextManager[Any]] | None = None
-    #: the reference role holds the policy RL started from, not `pretrain` (a supervised
-    #: warm-up ran: `adopt_policy_as_reference`); checkpoints then carry its weights
-    reference_is_start_policy: bool = False
+    #: RL starts from a supervised warm-up's policy, not `pretrain`
+    #: (`adopt_policy_as_reference`); checkpoints then carry the reference role's weights
+    warmed_up: bool = False
 
     def adopt_policy_as_reference(self) -> None:
-        """The reference role takes actor_train's current weights: after a supervised warm-up,
-        KL terms measure the distance from the policy RL starts from (the warmed-up one), not
-        from the `pretrain` model the warm-up moved away from. No-op without a reference."""
-        if not self.cluster.has("reference"):
-            return
-        weights = self.cluster["actor_train"].call_all("named_tensors")[0]
-        self.cluster["reference"].call_all("adopt_weights", weights)
-        self.reference_is_start_policy = True
+        """After a supervised warm-up: the reference role takes actor_train's current weights,
+        so that KL terms measure the distance from the policy RL starts from (the warmed-up one),
+        not from the `pretrain` model the warm-up moved away from."""
+        self.warmed_up = True
+        if self.cluster.has("reference"):
+            weights = self.cluster["actor_train"].call_all("named_tensors")[0]
+            self.cluster["reference"].call_all("adopt_weights", weights)
 
     def sync_weights(self, *, new_version: bool = True) -> dict[str, float]:
         """Hand the devices to rollout and push the trainer's weights to the engines, as the next
@@ -530,7 +529,7 @@ class Runner:
                 ctx.cluster[role].call_all(
                     "save_checkpoint", str(d / role), ctx.step, key_file=self.ckpt.key_file
                 )
-            if ctx.reference_is_start_policy:  # not `pretrain`: the run's own (see restore)
+            if ctx.warmed_up and ctx.cluster.has("reference"):  # not `pretrain` (see restore)
                 ctx.cluster["reference"].call_all("export_hf", str(d / "reference"))
 
         recipe_state = self.recipe.state() if hasattr(self.recipe, "state") else {}
@@ -541,7 +540,7 @@ class Runner:
             "derived": self.options.derived,
             "eval_before": self.eval_before,
             THROUGHPUT_KEY: self.throughput_state(),
-            REFERENCE_KEY: ctx.reference_is_start_policy,
+            WARMED_UP_KEY: ctx.warmed_up,
         }
         if self.asynchronous is not None:
             from rl_runtime.async_training import STATE_KEY
@@ -563,10 +562,10 @@ class Runner:
             ctx.cluster[role].call_all(
                 "load_checkpoint", str(path / role), key_file=self.ckpt.key_file
             )
-        if state.extra.get(REFERENCE_KEY) and ctx.cluster.has("reference"):
-            # the policy RL started from (a warm-up's), saved with the checkpoint
-            ctx.cluster["reference"].call_all("reload", str(path / "reference"))
-            ctx.reference_is_start_policy = True
+        if state.extra.get(WARMED_UP_KEY):  # the reference is the warm-up's policy
+            ctx.warmed_up = True
+            if ctx.cluster.has("reference"):
+                ctx.cluster["reference"].call_all("reload", str(_saved_reference(path)))
         ctx.step, ctx.weight_version = state.step, state.weight_version
         restore_rng(state.rng)
         self.eval_before = dict(state.extra.get("eval_before") or {})
@@ -746,3 +745,22 @@ class Runner:
             ctx.cluster.shutdown()
             ctx.cluster = None
         self.ctx = None
+
+
+def _saved_reference(checkpoint: Path) -> Path:
+    """The warm-up's policy a checkpoint holds for the reference role; a clear error when the
+    checkpoint's run had no reference (no KL term) and this one has."""
+    from rl_config.errors import ConfigError, ConfigIssue
+
+    saved = checkpoint / "reference"
+    if not saved.is_dir():
+        raise ConfigError(
+            ConfigIssue(
+                "resume_from_checkpoint",
+                f"{checkpoint} was written by a run that started RL from its supervised warm-up "
+                "and had no KL term, so it holds no copy of that policy; with a KL term "
+                "(use_kl_loss, add_token_level_kl) the resumed run's reference would be the "
+                "untrained pretrain model. Resume without the KL term, or start a new run.",
+            )
+        )
+    return saved
