@@ -558,14 +558,16 @@ class Runner:
     def restore(self, path: Path, state: RunState) -> None:
         ctx = self.ctx
         assert ctx is not None and self.ckpt is not None
+        ctx.warmed_up = bool(state.extra.get(WARMED_UP_KEY))
+        reference = (
+            _saved_reference(path) if ctx.warmed_up and ctx.cluster.has("reference") else None
+        )
         for role in self._optimizer_roles():
             ctx.cluster[role].call_all(
                 "load_checkpoint", str(path / role), key_file=self.ckpt.key_file
             )
-        if state.extra.get(WARMED_UP_KEY):  # the reference is the warm-up's policy
-            ctx.warmed_up = True
-            if ctx.cluster.has("reference"):
-                ctx.cluster["reference"].call_all("reload", str(_saved_reference(path)))
+        if reference is not None:  # the warm-up's policy, not `pretrain`
+            ctx.cluster["reference"].call_all("reload", str(reference))
         ctx.step, ctx.weight_version = state.step, state.weight_version
         restore_rng(state.rng)
         self.eval_before = dict(state.extra.get("eval_before") or {})
