@@ -3,7 +3,6 @@ twice, tests run it in-process): compose a config, prepare the runtime inputs, r
 
 from __future__ import annotations
 
-import pprint
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,27 +17,17 @@ DEFAULT_CONFIG = HERE / "configs" / "cpu_default.yaml"
 
 
 def compose(cfg: Any, app: Any = None, flags: frozenset[str] = frozenset()) -> Composed:
-    """The shared components (pipeline "rlvr") and the RLVR plan; reward domains no scorer can
-    score are refusals (a dry run lists them, a run stops)."""
-    from rl_runtime.compose.rlvr import build_rlvr
-    from rl_runtime.pipeline import compose_here
+    """The shared components and the RLVR plan (rl_runtime.compose.rlvr.compose_rlvr)."""
+    from rl_runtime.compose.rlvr import compose_rlvr
 
-    components, plan = compose_here(cfg, pipeline="rlvr"), build_rlvr(cfg)
-    unscorable = [f"{why} (rewards.{d})" for d, why in plan.rewards.unsupported.items()]
-    details = "rlvr: " + pprint.pformat(plan, width=98, sort_dicts=False).replace("\n", "\n  ")
-    return Composed(components, plan, notes=tuple(plan.notes), details=details,
-                    refusals=tuple(unscorable))  # fmt: skip
+    return compose_rlvr(cfg)
 
 
 def prepare(cfg: Any, app: AppOptions) -> str:
     """Runtime inputs: the arithmetic parquet files (rlvr_app.arith_data.generate) and the
     policy model (built when rlvr_app.build_tiny_model); returns the model path."""
     if app.arith_data.generate:
-        from rl_envs.tasks.arith import write_arith_parquet
-
-        d = app.arith_data
-        write_arith_parquet(d.out_dir, kind=d.kind, num_digits=d.num_digits, max_a=d.max_a,
-                            max_b=d.max_b, val_fraction=d.val_fraction, seed=d.seed)  # fmt: skip
+        app.arith_data.write()
     return app.model_path(cfg.pretrain)
 
 

@@ -10,24 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rl_runtime.app_options import AppRunOptions
+from rl_runtime.rlvr_data import ArithDataOptions
 from rl_runtime.rlvr_warmup import WarmupOptions
-
-
-@dataclass
-class ArithDataOptions:
-    """Task prompts written to parquet (verl's schema) before the run; held-out problems are
-    disjoint from training problems (see rl_envs.tasks.arith)."""
-
-    generate: bool = False
-    out_dir: str = "./output/rlvr_data"
-    #: `max` (largest of num_digits digits) or `add` (a+b)
-    kind: str = "max"
-    num_digits: int = 4
-    max_a: int = 99
-    max_b: int = 9
-    #: share of the distinct problems held out (one prompt each; rl_envs.tasks.arith.split)
-    val_fraction: float = 0.2
-    seed: int = 0
 
 
 @dataclass

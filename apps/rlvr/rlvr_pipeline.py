@@ -20,12 +20,9 @@ from rlvr_options import AppOptions
 
 from rl_runtime.advantages import restore_kl_controller
 from rl_runtime.async_queue import RolloutBatch
-from rl_runtime.collate import collate_trajectories
 from rl_runtime.compose.rlvr import RlvrPlan
-from rl_runtime.failures import screen_failures
-from rl_runtime.metrics import rollout_metrics
 from rl_runtime.pipeline import Context
-from rl_runtime.policy_update import update_policy
+from rl_runtime.policy_update import learn_on_groups
 from rl_runtime.rlvr_data import RlvrPrompts, Scorer, load_rlvr_prompts
 from rl_runtime.rlvr_eval import held_out_accuracy
 from rl_runtime.rlvr_rollout import GroupGenerator, rollout_batch
@@ -108,24 +105,8 @@ class RlvrRecipe:
                              failures=self.reward_failures)  # fmt: skip
 
     def learn(self, ctx: Context, batch: RolloutBatch) -> dict[str, float]:
-        """Train on `batch` (collate, then rl_runtime.policy_update) and sync the weights; an
-        empty batch (every group dropped) trains on nothing. Samples whose reward call failed
-        are screened out (rl_runtime.failures: `failures/*` metrics, and a stop past
-        `max_failed_fraction`)."""
-        timer = ctx.timer
-        metrics = dict(batch.metrics)
-        if not batch.trajectories:  # every group dropped within the bound: nothing to learn from
-            metrics["train/skipped"] = 1.0
-            metrics.update(timer.metrics())
-            return metrics
-        screened = screen_failures(batch.trajectories, ctx.components.max_failed_fraction)
-        metrics.update(screened.metrics)
-        trajectories = screened.kept
-        collated = collate_trajectories(trajectories, pad_token_id=self.pad_token_id)
-        metrics.update(update_policy(ctx, collated, self.kl_ctl))
-        metrics.update(rollout_metrics(trajectories, collated))
-        metrics.update(timer.metrics())
-        return metrics
+        """Train on `batch` and sync the weights (rl_runtime.policy_update.learn_on_groups)."""
+        return learn_on_groups(ctx, batch, self.kl_ctl, pad_token_id=self.pad_token_id)
 
     # --------------------------------------------------------------------- evaluation
     def evaluate(self, ctx: Context) -> dict[str, float]:
@@ -138,14 +119,7 @@ class RlvrRecipe:
 
     # ------------------------------------------------------------------------ warm-up
     def before_training(self, ctx: Context) -> dict[str, float]:
-        """Supervised warm-up on the training answers (rlvr_app.warmup), then a sync."""
-        from rl_runtime.rlvr_warmup import demonstrations
-        from rl_runtime.sft_warmup import supervised_warmup
+        """Supervised warm-up on the training answers (rl_runtime.rlvr_warmup.warm_up)."""
+        from rl_runtime.rlvr_warmup import warm_up
 
-        w, seed, train = self.app.warmup, ctx.components.seed, self.prompts.train
-        if w.steps <= 0:
-            return {}
-        demos = demonstrations(train.rows, train.ids, self.tokenizer, w, seed)
-        return supervised_warmup(ctx, demos, steps=w.steps, batch_size=w.batch_size,
-                                 learning_rate=w.learning_rate, log_every=10,
-                                 pad_token_id=self.pad_token_id)  # fmt: skip
+        return warm_up(ctx, self.prompts.train, self.tokenizer, self.app.warmup, self.pad_token_id)

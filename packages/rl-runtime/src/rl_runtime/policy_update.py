@@ -72,6 +72,32 @@ def update_policy(
     return metrics
 
 
+def learn_on_groups(
+    ctx: Context, batch: Any, kl_controller: Any, *, pad_token_id: int
+) -> dict[str, float]:
+    """RLVR's learn step on a `RolloutBatch` of scored groups: the rollout's metrics, then, unless
+    every group was dropped (`train/skipped`), samples whose reward call failed screened out
+    (rl_runtime.failures: `failures/*`, a stop past `max_failed_fraction`), collate,
+    `update_policy` (train and weight sync) and the trajectories' `rollout_metrics`; the step's
+    timings last."""
+    from rl_runtime.collate import collate_trajectories
+    from rl_runtime.failures import screen_failures
+    from rl_runtime.metrics import rollout_metrics
+
+    metrics = dict(batch.metrics)
+    if not batch.trajectories:  # every group dropped within the bound: nothing to learn from
+        metrics["train/skipped"] = 1.0
+        metrics.update(ctx.timer.metrics())
+        return metrics
+    screened = screen_failures(batch.trajectories, ctx.components.max_failed_fraction)
+    metrics.update(screened.metrics)
+    collated = collate_trajectories(screened.kept, pad_token_id=pad_token_id)
+    metrics.update(update_policy(ctx, collated, kl_controller))
+    metrics.update(rollout_metrics(screened.kept, collated))
+    metrics.update(ctx.timer.metrics())
+    return metrics
+
+
 def prefixed(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
     """A worker's numeric metrics under ``prefix`` (``actor/pg_loss`` -> ``train/pg_loss``)."""
     return {

@@ -24,6 +24,31 @@ from rl_envs.tasks.sampler import PromptSampler
 from rl_runtime.compose.rlvr import DataPlan, OverlongPlan, RlvrPlan
 
 
+@dataclass
+class ArithDataOptions:
+    """Task prompts written to parquet (verl's schema) before the run; held-out problems are
+    disjoint from training problems (see rl_envs.tasks.arith)."""
+
+    generate: bool = False
+    out_dir: str = "./output/rlvr_data"
+    #: `max` (largest of num_digits digits) or `add` (a+b)
+    kind: str = "max"
+    num_digits: int = 4
+    max_a: int = 99
+    max_b: int = 9
+    #: share of the distinct problems held out (one prompt each; rl_envs.tasks.arith.split)
+    val_fraction: float = 0.2
+    seed: int = 0
+
+    def write(self) -> None:
+        """The train/test parquet files under `out_dir` (rl_envs.tasks.arith)."""
+        from rl_envs.tasks.arith import write_arith_parquet
+
+        write_arith_parquet(self.out_dir, kind=self.kind, num_digits=self.num_digits,
+                            max_a=self.max_a, max_b=self.max_b, val_fraction=self.val_fraction,
+                            seed=self.seed)  # fmt: skip
+
+
 def load_prompts(
     files: Sequence[str], plan: DataPlan, rewards: RewardRouterSpec
 ) -> tuple[list[TaskRow], list[str]]:

@@ -261,3 +261,18 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
             if name in TEXT_ONLY_TEMPLATES and (key.startswith("actor") or name != data.template)
         ),
     )
+
+
+def compose_rlvr(cfg: Any) -> Any:  # -> rl_runtime.app_main.Composed
+    """What apps/rlvr runs: the shared components (pipeline "rlvr") and the RLVR plan; reward
+    domains no scorer can score are refusals (a dry run lists them, a run stops)."""
+    import pprint
+
+    from rl_runtime.app_main import Composed
+    from rl_runtime.pipeline import compose_here
+
+    components, plan = compose_here(cfg, pipeline="rlvr"), build_rlvr(cfg)
+    unscorable = [f"{why} (rewards.{d})" for d, why in plan.rewards.unsupported.items()]
+    details = "rlvr: " + pprint.pformat(plan, width=98, sort_dicts=False).replace("\n", "\n  ")
+    return Composed(components, plan, notes=tuple(plan.notes), details=details,
+                    refusals=tuple(unscorable))  # fmt: skip
