@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.app_loading import app_main
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "agentic"
 CONFIG = APP / "configs" / "cpu_default.yaml"
@@ -189,7 +191,7 @@ def test_roll_agentic_examples_without_megatron_dry_run_through_the_app(name, ca
     """`apps/agentic --config <ROLL example> --dry-run`: ROLL's agent_system_template and
     agent_template (examples/config/traj_envs.yaml) become the envs' prompts; an env this
     stack does not have, or a key it lacks, is one line naming the key."""
-    code = _agentic_main()(["--config", str(ROLL / name), "--dry-run"])
+    code = app_main("agentic")(["--config", str(ROLL / name), "--dry-run"])
     out, err = capsys.readouterr()
     if name in ROLL_REFUSED:
         assert code == 1 and ROLL_REFUSED[name] in err, err
@@ -197,16 +199,6 @@ def test_roll_agentic_examples_without_megatron_dry_run_through_the_app(name, ca
     assert code == 0, err
     assert "'turn_template': 'Turn {turn_idx}:\\n'" in out, out  # ROLL's agent_template
     assert "'system_prompt': \"You're a helpful assistant." in out
-
-
-def _agentic_main():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("agentic_app_main", APP / "__main__.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 def test_roll_webshop_example_with_reward_clip_dry_runs_on_sokoban(tmp_path, capsys):
@@ -226,7 +218,7 @@ def test_roll_webshop_example_with_reward_clip_dry_runs_on_sokoban(tmp_path, cap
     text = cfg.read_text()
     assert "reward_clip: 20" in text and 'adv_estimator: "grpo"' in text
     cfg.write_text(text.replace("WebShopEnv", "SimpleSokoban"))
-    code = _agentic_main()(["--config", str(cfg), "--dry-run"])
+    code = app_main("agentic")(["--config", str(cfg), "--dry-run"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "reward_clip=20.0" in out

@@ -4,7 +4,6 @@ rollouts, gigpo on per-turn steps, the group estimators on env groups."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -13,17 +12,10 @@ import pytest
 
 from rl_algos.advantages import list_estimators
 from rl_config.schema.algorithm import STD_FREE_ESTIMATORS
+from tests.app_loading import app_main
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "agentic"
-
-
-def _app_main():
-    spec = importlib.util.spec_from_file_location("agentic_app_main", APP / "__main__.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module.main
 
 
 def _overrides(out: Path, tiny: Path, estimator: str) -> list[str]:
@@ -73,7 +65,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("name", list_estimators())
 def test_estimator_runs_two_steps(name, tmp_path, tiny_model_dir):
     out = tmp_path / name
-    assert _app_main()(["--no-ray", *_overrides(out, tiny_model_dir, name)]) == 0
+    assert app_main("agentic")(["--no-ray", *_overrides(out, tiny_model_dir, name)]) == 0
     rows = [json.loads(x) for x in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
@@ -95,7 +87,7 @@ def test_reward_clip_runs_through_the_agentic_app_and_is_logged(tmp_path, tiny_m
         "reward_normalization.method=identity",
         "reward_clip=0.05",
     ]
-    assert _app_main()(["--no-ray", *overrides]) == 0
+    assert app_main("agentic")(["--no-ray", *overrides]) == 0
     rows = [json.loads(x) for x in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in steps] == [1, 2]

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.app_loading import app_main
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "rlvr"
 sys.path.insert(0, str(APP))
@@ -156,17 +158,6 @@ def _roll_rlvr() -> list[str]:
             if r["kind"] == "rlvr" and r["strategy"] != "megatron"]  # fmt: skip
 
 
-def _app_main():
-    """apps/rlvr's `main` (its __main__.py), called in process."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("rlvr_app_main", APP / "__main__.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
-
-
 # vLLM workers of 2 devices (tensor_parallel_size 2) on the devices of the 1-device training
 # workers (ROLL's usual layout): planned as a mixed colocation (rl_runtime.placement)
 MIXED_COLOCATION = {
@@ -181,7 +172,7 @@ def test_roll_rlvr_examples_without_megatron_dry_run_through_the_app(name, capsy
     """`apps/rlvr --config <ROLL example> --dry-run` exits 0 and prints the placement and the
     RLVR plan (templates qwen3 and qwen2-vl, freeze_module_prefix and the validation section
     included); a TP-2 engine on 1-device trainers' devices is planned as a mixed colocation."""
-    code = _app_main()(["--config", str(ROLL / name), "--dry-run"])
+    code = app_main("rlvr")(["--config", str(ROLL / name), "--dry-run"])
     out, err = capsys.readouterr()
     assert code == 0, err
     mixed = "colocated roles mix devices per worker" in out
