@@ -382,6 +382,7 @@ RLVR_CHANGES: dict[str, Any] = {
     "actor_infer.generating_args.max_new_tokens": 6,
     "response_length": 6,
     "num_return_sequences_in_group": 4,
+    "adv_estimator": "remax",  # the plan reads it for the greedy baseline rollout only
     "validation.data_args.file_name": "other_val.jsonl",
     "validation.data_args.template": "qwen2_5",
     "validation.generating_args.top_k": 5,
@@ -398,6 +399,7 @@ RLVR_CONTEXT: dict[str, dict[str, Any]] = {
     "actor_infer.generating_args.max_new_tokens": {"response_length": None},
     "num_return_sequences_in_group": {"actor_infer": {"generating_args": {"num_return_sequences": 1}}},
     "sequence_length": {"prompt_length": None},
+    "adv_estimator": {"reward_normalization": {"method": "identity"}},  # remax's raw rewards
     "overlong_penalty.enable": {"overlong_penalty": {"buffer_length": 4}},
     **{key: VALIDATION for key in PIPELINE_CONSUMED["rlvr"] if key.startswith("validation.")},
     "eval_steps": VALIDATION,

@@ -290,6 +290,50 @@ def test_rlvr_reward_clip_clamps_the_trained_rewards_and_reports_raw_ones(tmp_pa
         assert r["train/advantage_mean"] == pytest.approx(10.0)
 
 
+def _needing_estimators() -> list[str]:
+    """The registry's estimators that need more than rewards and that RLVR runs (gae's critic is
+    refused by name): each needs its own wiring (greedy baselines, per-turn step rows)."""
+    from rl_algos.advantages import list_estimators
+    from rl_runtime.advantages import estimator_needs
+
+    return [n for n in list_estimators() if estimator_needs(n) - {"values"} and n != "gae"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _needing_estimators())
+def test_rlvr_estimator_with_needs_trains_two_steps(name, tmp_path):
+    from rl_config.schema.algorithm import STD_FREE_ESTIMATORS
+
+    extra = {"dynamic_sampling.enable": "false", "eval_steps": 100, "adv_estimator": name}
+    if name in STD_FREE_ESTIMATORS:
+        extra["reward_normalization.method"] = "identity"
+    rows = _run_app(tmp_path / name, "--no-ray", **extra)
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(math.isfinite(r["train/loss"]) for r in steps)
+    if name == "remax":
+        assert all(0.0 <= r["reward/baseline_mean"] <= 1.0 for r in steps)
+
+
+@pytest.mark.slow
+def test_rlvr_remax_subtracts_the_greedy_responses_reward(tmp_path):
+    """remax with a reward of 50 for any response: the greedy baseline also scores 50, so every
+    advantage is 50 - 50 = 0 (50 if the baseline did not reach the estimator). It failed at the
+    first step before the RLVR rollout ran baselines."""
+    fn = tmp_path / "fifty.py"
+    fn.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    return 50.0\n")  # fmt: skip
+    extra = {"dynamic_sampling.enable": "false", "eval_steps": 100, "adv_estimator": "remax",
+             "reward_normalization.method": "identity",
+             "custom_reward_function.path": fn, "custom_reward_function.name": "score"}  # fmt: skip
+    rows = _run_app(tmp_path / "remax", "--no-ray", **extra)
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["reward/mean"] == 50.0 and r["reward/baseline_mean"] == 50.0
+        assert r["train/advantage_mean"] == 0.0
+
+
 @pytest.mark.slow
 def test_rlvr_dynamic_sampling_refills_within_its_bound(tmp_path):
     """An almost untrained policy rarely varies within a group: dropped groups are replaced by new

@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
 from agentic_options import AppOptions
 
 from rl_runtime.advantages import restore_kl_controller
@@ -73,15 +72,15 @@ class AgenticRecipe:
 
     def rollout(self, ctx: Context, index: int) -> RolloutBatch:
         """The episodes of step `index` (a function of seed and index); with an estimator that
-        needs a greedy baseline, each trajectory's `metrics["baseline_score"]` is the greedy
-        episode's reward on the same env. Only actor_infer is called (asynchronous training runs
+        needs a greedy baseline, each trajectory's `baseline_reward` is the greedy episode's
+        reward on the same env. Only actor_infer is called (asynchronous training runs
         this on the producer thread)."""
         c = ctx.components
         trajectories = play_split(ctx, "train", epoch=index)
         if "baseline_scores" in c.advantage.needs:  # e.g. remax: greedy rollouts, same envs
             jobs, sampling = assignments(c, "train", index), c.sampling("train", index, True)
             for t, g in zip(trajectories, play(ctx, jobs, sampling, "train"), strict=True):
-                t.metrics["baseline_score"] = float(g.episode_reward)
+                t.baseline_reward = float(g.episode_reward)
         stats = merge_counts(ctx.cluster["actor_infer"].call_all("take_sandbox_stats"))
         return RolloutBatch(index, trajectories, stats)
 
@@ -89,17 +88,11 @@ class AgenticRecipe:
         """Train on the batch's episodes (failed ones screened out) and sync the weights."""
         c = ctx.components
         trajectories = rollout_batch.trajectories
-        baseline = None
-        if "baseline_scores" in c.advantage.needs:
-            scores = [t.metrics["baseline_score"] for t in trajectories]
-            baseline = torch.tensor(scores, dtype=torch.float32)
         screened = screen_failures(trajectories, c.max_failed_fraction)  # failed: not trained on
-        if baseline is not None:
-            baseline = baseline[screened.kept_index]
         batch = collate_trajectories(
             screened.kept, pad_token_id=self.pad_token_id, max_length=c.sequence_length
         )
-        metrics = update_policy(ctx, batch, self.kl_ctl, baseline_scores=baseline)
+        metrics = update_policy(ctx, batch, self.kl_ctl)
         if self.app.check_sync_weights:
             metrics["sync/max_abs_diff"] = engine_weight_diff(ctx.cluster)
         metrics.update(rollout_metrics(trajectories, batch))

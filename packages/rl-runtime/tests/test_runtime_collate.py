@@ -82,3 +82,22 @@ def test_collate_truncation_keeps_cut_turn_reward():
 def test_collate_rejects_empty():
     with pytest.raises(ValueError, match="no trajectories"):
         collate_trajectories([], pad_token_id=0)
+
+
+def test_collate_carries_baseline_rewards_in_row_order_all_or_none():
+    trajs = [_traj(str(i), "g", [1], [([5], [], 0.0)]) for i in range(3)]
+    assert "baseline_rewards" not in collate_trajectories(trajs, pad_token_id=0).tensors
+    for t, b in zip(trajs, [0.5, -1.0, 2.0]):
+        t.baseline_reward = b
+    out = collate_trajectories(trajs[::-1], pad_token_id=0)
+    assert out.tensors["baseline_rewards"].tolist() == [2.0, -1.0, 0.5]
+    trajs[1].baseline_reward = None
+    with pytest.raises(ValueError, match=r"1 of 3 trajectories have no baseline_reward.*'1'"):
+        collate_trajectories(trajs, pad_token_id=0)
+
+
+def test_trajectory_refuses_a_non_finite_baseline_reward():
+    with pytest.raises(ValueError, match="baseline_reward is nan"):
+        Trajectory(traj_id="t", group_id="g", tag="x", env_seed=0, token_ids=[1],
+                   prompt_length=1, response_mask=[False], rollout_log_probs=[0.0],
+                   baseline_reward=float("nan"))  # fmt: skip

@@ -230,3 +230,73 @@ def test_failed_reward_calls_count_into_the_callers_totals_rollout_and_evaluatio
     assert rollout_totals == {"error": 1, "timeout": 4}
     assert "val/reward_failures/timeout" not in held_out_accuracy(
         cluster, generator, prompts, plan, SEED)  # fmt: skip
+
+
+def test_every_prompt_longer_than_prompt_length_is_a_data_error_naming_the_shortest(arith, tok):
+    from rl_envs.tasks.dataset import DataError
+
+    shortest = min(_lengths(tok, load_rlvr_prompts(_plan([arith[0]], None), tok, SEED).train.rows))
+    with pytest.raises(DataError, match=rf"prompt_length={shortest - 1} .*shortest has {shortest}"):
+        load_rlvr_prompts(_plan([arith[0]], None, prompt_length=shortest - 1), tok, SEED)
+
+
+def _remax_plan(arith) -> RlvrPlan:
+    return _plan([arith[0]], arith[1], adv_estimator="remax",
+                 reward_normalization={"method": "identity"})  # fmt: skip
+
+
+def test_remax_rollout_scores_one_greedy_baseline_per_prompt_and_keeps_groups_it_separates(
+    arith, tok
+):
+    """remax: each round also asks every prompt for one greedy response, scored with the samples;
+    each trajectory carries its group's baseline reward. Samples answer `0` twice; the greedy
+    answer is `1` on even prompts: those groups have zero variance among their samples but not
+    against the baseline (advantage -1), so dynamic sampling keeps them and drops the odd ones."""
+    plan = _remax_plan(arith)
+    assert plan.baseline_rollout and not _plan([arith[0]], arith[1]).baseline_rollout
+    prompts = load_rlvr_prompts(plan, tok, SEED)
+    cluster = FakeCluster(tok, lambda req, k: "1" if req.sampling.temperature == 0
+                          and int(req.request_id) % 2 == 0 else "0")  # fmt: skip
+    generator = GroupGenerator(TextScorer(), tok)
+    batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0,
+                          failures=Counter())  # fmt: skip
+
+    expected = RowSampler(prompts.train.rows, SEED, None)
+    drawn = [expected.next(4), expected.next(2)]  # 2 groups kept, 2 more drawn, 1 kept
+    sampled = [r for r in cluster.requests if r.sampling.temperature != 0]
+    greedy = [r for r in cluster.requests if r.sampling.temperature == 0]
+    assert [r.prompt_ids for r in greedy] == [prompts.train.ids[i] for i in drawn[0] + drawn[1]]
+    assert [r.prompt_ids for r in sampled] == [r.prompt_ids for r in greedy]
+    assert all(r.sampling.n == 1 and r.sampling.top_k == -1 for r in greedy)
+    assert all(r.sampling.n == 2 for r in sampled)
+    assert [r.sampling.max_new_tokens for r in greedy] == [8] * 6
+    assert len(batch.trajectories) == 3 * 2
+    assert [t.episode_reward for t in batch.trajectories] == [0.0] * 6
+    assert [t.baseline_reward for t in batch.trajectories] == [1.0] * 6
+    assert batch.metrics["dynamic_sampling/dropped_groups"] == 3.0
+    assert batch.metrics["reward/baseline_mean"] == pytest.approx(3 / 6)  # every drawn group
+    assert batch.metrics["reward/mean"] == 0.0  # the samples only
+
+
+def test_remax_group_whose_baseline_reward_call_failed_is_screened_out_and_counted(arith, tok):
+    """A group without a baseline cannot be trained on: its samples are marked failed with the
+    baseline's kind (rl_runtime.failures screens them out) and the failed baseline call counts
+    into the run's totals."""
+    from rl_runtime.failures import failure_kind
+
+    plan = _plan([arith[0]], arith[1], adv_estimator="remax",
+                 reward_normalization={"method": "identity"},
+                 dynamic_sampling={"enable": False})  # fmt: skip
+    prompts = load_rlvr_prompts(plan, tok, SEED)
+    cluster = FakeCluster(tok, lambda req, k: ("x" if int(req.request_id) == 1 else "0")
+                          if req.sampling.temperature == 0 else str(k))  # fmt: skip
+    totals: Counter[str] = Counter()
+    batch = rollout_batch(cluster, GroupGenerator(TimeoutScorer(), tok), prompts, plan,
+                          seed=SEED, index=0, failures=totals)  # fmt: skip
+    assert totals == {"timeout": 1} and batch.metrics["reward/failures/timeout"] == 1.0
+    by_group = [batch.trajectories[i : i + 2] for i in range(0, 8, 2)]
+    assert [[failure_kind(t) for t in g] for g in by_group] == [
+        [None, None], ["reward", "reward"], [None, None], [None, None]]  # fmt: skip
+    assert {t.turns[0].info["reward_error"] for t in by_group[1]} == {"baseline_timeout"}
+    assert [t.baseline_reward for g in by_group for t in g] == [0.0, 0.0, None, None] + [0.0] * 4
+    assert [t.episode_reward for t in by_group[1]] == [0.0, 1.0]  # its own rewards are kept

@@ -137,6 +137,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
     sharing it started from the same env config and seed.
     ``token_versions[t]`` is the weight version that sampled token ``t`` (meaningful where
     ``response_mask`` is True); empty means every model token has ``weight_version``.
+    ``baseline_reward`` is the reward of a greedy response to the same prompt (ReMax's baseline),
+    None where the pipeline ran no baseline rollout.
     """
 
     traj_id: str
@@ -157,6 +159,7 @@ class Trajectory(msgspec.Struct, kw_only=True):
     timing: dict[str, float] = {}
     metrics: dict[str, float] = {}
     token_versions: list[int] = []
+    baseline_reward: float | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -181,10 +184,10 @@ class Trajectory(msgspec.Struct, kw_only=True):
                     f"Trajectory {self.traj_id!r}: turn {turn.turn_idx} span "
                     f"[{turn.start}, {turn.end}) outside the response [{self.prompt_length}, {n})"
                 )
-        if not math.isfinite(self.episode_reward):
-            raise ValueError(
-                f"Trajectory {self.traj_id!r}: episode_reward is {self.episode_reward}"
-            )
+        for name in ("episode_reward", "baseline_reward"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"Trajectory {self.traj_id!r}: {name} is {value}")
 
     @property
     def num_response_tokens(self) -> int:

@@ -27,7 +27,8 @@ class CollatedBatch:
       rollout_log_probs [B, T] float32 (0 off the response), rewards [B, T] float32 (token-level,
       turn reward on the turn's last model token), turn_index [B, T] long (turn of each model
       token, -1 elsewhere), episode_rewards [B] float32, success [B] float32,
-      group_index [B] long (dense id of `group_id`), weight_version [B] long.
+      group_index [B] long (dense id of `group_id`), weight_version [B] long; with baseline
+      rollouts (every trajectory's `baseline_reward` set, ReMax) baseline_rewards [B] float32.
     """
 
     tensors: dict[str, torch.Tensor]
@@ -114,6 +115,9 @@ def collate_trajectories(
         "group_index": group_index,
         "weight_version": torch.tensor([t.weight_version for t in trajectories], dtype=torch.long),
     }
+    baselines = _baseline_rewards(trajectories)
+    if baselines is not None:
+        tensors["baseline_rewards"] = baselines
     return CollatedBatch(
         tensors=tensors,
         group_ids=[t.group_id for t in trajectories],
@@ -121,6 +125,21 @@ def collate_trajectories(
         traj_ids=[t.traj_id for t in trajectories],
         num_truncated=num_truncated,
         turn_spans=turn_spans,
+    )
+
+
+def _baseline_rewards(trajectories: Sequence[Trajectory]) -> torch.Tensor | None:
+    """`baseline_rewards [B]` when the trajectories carry baseline rewards (all or none)."""
+    missing = [t.traj_id for t in trajectories if t.baseline_reward is None]
+    if len(missing) == len(trajectories):
+        return None
+    if missing:
+        raise ValueError(
+            f"collate_trajectories: {len(missing)} of {len(trajectories)} trajectories have no "
+            f"baseline_reward (first: {missing[0]!r}); a batch has baselines for all rows or none"
+        )
+    return torch.tensor(
+        [float(t.baseline_reward or 0.0) for t in trajectories], dtype=torch.float32
     )
 
 

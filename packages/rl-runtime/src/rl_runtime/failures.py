@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 #: the config key (rl_config PipelineFields) that bounds the failed fraction of a batch
@@ -43,8 +43,6 @@ class Screened:
 
     kept: list[Any]
     metrics: dict[str, float]
-    kept_index: list[int] = field(default_factory=list)
-    """Positions of `kept` in the screened sequence (to filter per-episode side data alike)."""
 
 
 def screen_failures(trajectories: Sequence[Any], max_failed_fraction: float) -> Screened:
@@ -56,8 +54,7 @@ def screen_failures(trajectories: Sequence[Any], max_failed_fraction: float) -> 
     if not 0.0 <= max_failed_fraction <= 1.0:
         raise ValueError(f"{MAX_FAILED_FRACTION_KEY} must be in [0, 1], got {max_failed_fraction}")
     kinds = [failure_kind(t) for t in trajectories]
-    kept_index = [i for i, kind in enumerate(kinds) if kind is None]
-    kept = [trajectories[i] for i in kept_index]
+    kept = [t for t, kind in zip(trajectories, kinds, strict=True) if kind is None]
     total = len(trajectories)
     failed = total - len(kept)
     fraction = failed / total if total else 0.0
@@ -77,7 +74,7 @@ def screen_failures(trajectories: Sequence[Any], max_failed_fraction: float) -> 
             + ("" if kept else " (none left to train on)")
             + f"; by kind: {dict(counts)}; e.g. {examples}"
         )
-    return Screened(kept, metrics, kept_index)
+    return Screened(kept, metrics)
 
 
 def _reason(trajectory: Any) -> str:

@@ -16,23 +16,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from rl_runtime.advantages import compute_advantages, reward_kl_coef, update_kl_controller
 from rl_runtime.collate import CollatedBatch
 from rl_runtime.pipeline import Context
 
 
-def update_policy(
-    ctx: Context,
-    batch: CollatedBatch,
-    kl_controller: Any,
-    *,
-    baseline_scores: torch.Tensor | None = None,
-) -> dict[str, float]:
+def update_policy(ctx: Context, batch: CollatedBatch, kl_controller: Any) -> dict[str, float]:
     """Train on ``batch`` and sync the weights; the step's ``train/*``, ``critic/*``, ``kl/*``
-    and ``sync/*`` metrics. ``baseline_scores [B]``: greedy-rollout rewards for the estimators
-    that need them (remax)."""
+    and ``sync/*`` metrics. The batch's ``baseline_rewards [B]`` (greedy-rollout rewards, when
+    the rollout ran them) are the baseline of the estimators that need one (remax)."""
     c, timer, cluster = ctx.components, ctx.timer, ctx.cluster
     t = dict(batch.tensors)
     cluster.enter_phase("train")
@@ -54,7 +46,7 @@ def update_policy(
             log_probs=t.get("old_log_probs"),
             ref_log_probs=t.get("ref_log_probs"),
             kl_coef=kl_coef,
-            baseline_scores=baseline_scores,
+            baseline_scores=t.get("baseline_rewards"),
         )
         t["advantages"], t["returns"] = adv["advantages"], adv["returns"]
     metrics = update_kl_controller(kl_controller, adv, t["response_mask"])

@@ -19,7 +19,7 @@ from typing import Any
 from rl_envs.rewards.manager import RewardInput, overlong_penalty
 from rl_envs.rewards.router import RewardRouter, RewardRouterSpec, make_reward_pool
 from rl_envs.tasks.data import RowKeys, TaskRow
-from rl_envs.tasks.dataset import DataSpec, load_dataset
+from rl_envs.tasks.dataset import DataError, DataSpec, load_dataset
 from rl_envs.tasks.sampler import PromptSampler
 from rl_runtime.compose.rlvr import DataPlan, OverlongPlan, RlvrPlan
 
@@ -98,15 +98,17 @@ def tokenized_prompts(
     than `prompt_length` tokens are dropped and counted (verl's filter_overlong_prompts). No
     prompt left is an error naming the files."""
     rows, rejected = load_prompts(files, plan, rewards)
-    kept, ids = [], []
+    kept, ids, shortest = [], [], None
     for row in rows:
         tokens = tokenizer(template.prefix(row.prompt), add_special_tokens=False)["input_ids"]
+        shortest = len(tokens) if shortest is None else min(shortest, len(tokens))
         if len(tokens) <= prompt_length:
             kept.append(replace(row, index=len(kept)))
             ids.append(list(tokens))
     if not kept:
-        raise ValueError(
-            f"{list(files)}: every prompt is longer than prompt_length={prompt_length}"
+        raise DataError(
+            f"{list(files)}: every prompt is longer than prompt_length={prompt_length} tokens "
+            f"(the shortest has {shortest}): raise prompt_length"
         )
     return PromptSet(kept, ids, rejected, len(rows) - len(kept))
 

@@ -15,7 +15,8 @@ from rl_runtime.rlvr_data import Scored
 
 @dataclass
 class Group:
-    """The G samples of one prompt: results, decoded texts, reward records, final rewards."""
+    """The G samples of one prompt: results, decoded texts, reward records, final rewards; the
+    reward record of the prompt's greedy baseline response when the rollout ran one (remax)."""
 
     row: Any
     prompt_ids: list[int]
@@ -23,12 +24,14 @@ class Group:
     texts: list[str]
     scores: list[Scored]
     rewards: list[float]
+    baseline: Scored | None = None
 
 
 def count_failures(groups: list[Group], totals: Counter[str]) -> dict[str, float]:
     """Add the failed reward calls of `groups` to the run's `totals` by kind (updated in place);
     the totals as metrics `<kind>: count`."""
-    totals.update(s.kind for g in groups for s in g.scores if not s.ok)
+    scores = [s for g in groups for s in (*g.scores, *([g.baseline] if g.baseline else []))]
+    totals.update(s.kind for s in scores if not s.ok)
     return {kind: float(n) for kind, n in sorted(totals.items())}
 
 
@@ -58,6 +61,9 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
             float(res.finish_reason == "length") for *_, res in samples
         ),
     }
+    baselines = [g.baseline.reward for g in groups if g.baseline is not None and g.baseline.ok]
+    if baselines:  # the greedy responses' reward (remax's baseline)
+        out["reward/baseline_mean"] = mean(baselines)
     for source in sorted({d for d, *_ in samples}):
         out[f"reward/{source}/mean"] = mean(r for d, r, _, _ in samples if d == source)
     for domain in sorted({g.row.domain or "unknown" for g in groups}):

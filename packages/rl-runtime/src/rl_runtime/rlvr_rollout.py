@@ -5,6 +5,7 @@ single-turn `Trajectory` per sample), and a step's rollout with DAPO's dynamic s
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -47,21 +48,27 @@ def score_groups(
     rows: list,
     prompt_ids: list[list[int]],
     results: list[list[GenerationResult]],
+    baselines: list[GenerationResult] | None = None,
 ) -> list[Group]:
-    """One `Group` per prompt: its samples decoded and scored (every sample of the batch in one
-    call to the sandboxed scorer), the raw rewards (`reward_clip` clamps the normalised rewards
-    when advantages are computed, rl_runtime.advantages)."""
+    """One `Group` per prompt: its samples decoded and scored (every sample of the batch, and
+    each prompt's greedy `baselines` response when given, in one call to the sandboxed scorer),
+    the raw rewards (`reward_clip` clamps the normalised rewards when advantages are computed,
+    rl_runtime.advantages)."""
+    scored = [[*res, baselines[i]] for i, res in enumerate(results)] if baselines else results
     texts = [[tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in res]
-             for res in results]  # fmt: skip
+             for res in scored]  # fmt: skip
     flat = scorer.score(
-        [row for row, res in zip(rows, results) for _ in res],
+        [row for row, res in zip(rows, scored) for _ in res],
         [t for ts in texts for t in ts],
-        [len(r.output_ids) for res in results for r in res],
+        [len(r.output_ids) for res in scored for r in res],
     )
     groups, start = [], 0
     for row, prompt, res, ts in zip(rows, prompt_ids, results, texts, strict=True):
         scores, start = flat[start : start + len(res)], start + len(res)
-        groups.append(Group(row, prompt, res, ts, scores, [s.reward for s in scores]))
+        group = Group(row, prompt, res, ts[: len(res)], scores, [s.reward for s in scores])
+        if baselines:
+            group.baseline, start = flat[start], start + 1
+        groups.append(group)
     return groups
 
 
@@ -70,13 +77,17 @@ def group_trajectories(groups: list[Group], step: int, max_len_mask: bool) -> li
     `max_len_mask` a truncated response is kept for its group's statistics but not trained on
     (response_mask False). A sample whose reward call failed is marked
     (`info["reward_failed"]`, its kind as `reward_error`): its 0.0 is not data, and
-    rl_runtime.failures screens it out of training. Per-token weight versions are kept when a
+    rl_runtime.failures screens it out of training; so is every sample of a group whose greedy
+    baseline's reward call failed (no baseline, nothing to compare with). `baseline_reward`: the
+    group's greedy baseline reward, when it has one. Per-token weight versions are kept when a
     generation continued under newer weights (partial rollout): the prompt counts as the first
     version."""
     out = []
     for g_index, g in enumerate(groups):
         p = len(g.prompt_ids)
-        for k, (res, reward, score) in enumerate(zip(g.results, g.rewards, g.scores)):
+        baseline = g.baseline
+        for k, (res, reward, own) in enumerate(zip(g.results, g.rewards, g.scores)):
+            score = own if baseline is None or baseline.ok else _baseline_failure(baseline)
             o = len(res.output_ids)
             truncated = res.finish_reason == "length"
             train = not (truncated and max_len_mask)
@@ -94,8 +105,14 @@ def group_trajectories(groups: list[Group], step: int, max_len_mask: bool) -> li
                 episode_reward=reward, success=success, termination_reason=reason,
                 weight_version=res.weight_version, failed=False,
                 token_versions=versions if res.token_versions else [],
+                baseline_reward=baseline.reward if baseline is not None and baseline.ok else None,
             ))  # fmt: skip
     return out
+
+
+def _baseline_failure(baseline: Scored) -> Scored:
+    """A sample's reward record when its group's baseline failed: failed, the baseline's kind."""
+    return dataclasses.replace(baseline, kind=f"baseline_{baseline.kind}")
 
 
 def _reward_info(score: Scored) -> dict[str, Any]:
@@ -119,20 +136,27 @@ class GroupGenerator:
         prompt_ids: list[list[int]],
         sampling: SamplingParams,
         generate_s: list[float] | None = None,
+        baseline: SamplingParams | None = None,
     ) -> list[Group]:
-        """One `Group` per prompt; the seconds spent in the engines' generate call are appended
-        to `generate_s` when given."""
+        """One `Group` per prompt, with its `baseline` response (one greedy sample per prompt)
+        when given; the seconds spent in the engines' generate calls are appended to
+        `generate_s` when given."""
         t0 = time.perf_counter()
         results = generate(cluster, prompt_ids, sampling)
+        greedy = [res[0] for res in generate(cluster, prompt_ids, baseline)] if baseline else None
         if generate_s is not None:
             generate_s.append(time.perf_counter() - t0)
-        return score_groups(self.scorer, self.tokenizer, rows, prompt_ids, results)
+        return score_groups(self.scorer, self.tokenizer, rows, prompt_ids, results, greedy)
 
 
 def scored_rewards(group: Group) -> list[float]:
-    """The group's rewards of the samples that were scored (a failed call's 0.0 is no reward):
-    what dynamic sampling judges a group's variance by."""
-    return [r for r, score in zip(group.rewards, group.scores, strict=True) if score.ok]
+    """The group's rewards of the samples that were scored (a failed call's 0.0 is no reward),
+    and its baseline's when it has one: what dynamic sampling judges a group's variance by (with
+    a baseline, remax, a group whose samples all match each other but not the baseline has
+    non-zero advantages and is kept)."""
+    own = [r for r, score in zip(group.rewards, group.scores, strict=True) if score.ok]
+    baseline = group.baseline
+    return [*own, baseline.reward] if baseline is not None and baseline.ok else own
 
 
 def rollout_batch(
@@ -164,7 +188,8 @@ def rollout_batch(
         sampling = msgspec.structs.replace(plan.sampling, seed=round_seed)
         rows = [train.rows[i] for i in rows_index]
         ids = [train.ids[i] for i in rows_index]
-        fresh = generator.groups(cluster, rows, ids, sampling, generate_s)
+        baseline = plan.baseline_sampling(round_seed)
+        fresh = generator.groups(cluster, rows, ids, sampling, generate_s, baseline)
         drawn.extend(fresh)
         return fresh
 

@@ -16,6 +16,7 @@ import msgspec
 
 from rl_config.records import SamplingParams
 from rl_envs.rewards.router import RewardRouterSpec, reward_router_spec
+from rl_runtime.advantages import estimator_needs
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class RlvrPlan:
     (num_return_sequences_in_group), so a step trains on prompts_per_step x G sequences.
     val_prompts: held-out prompts per evaluation (val_batch_size); val_n_sample: samples per
     held-out prompt for pass@k (k = val_n_sample); val_greedy: also greedy accuracy.
+    baseline_rollout: one greedy response per training prompt as well, scored like the samples
+    (the baseline of estimators that need one: remax).
     """
 
     data: DataPlan
@@ -80,16 +83,24 @@ class RlvrPlan:
     #: held-out sampling (validation.generating_args, else actor_infer's), n = val_n_sample
     held_out_sampling: SamplingParams
     rewards: RewardRouterSpec  # reward per domain (rewards, custom_reward_function sections)
+    baseline_rollout: bool = False
     #: what a dry run should say about the plan (e.g. a multimodal template rendering text only)
     notes: tuple[str, ...] = ()
 
     def val_sampling(self, seed: int, greedy: bool) -> SamplingParams:
         """Held-out sampling: `val_n_sample` samples, or 1 greedy."""
         if greedy:
-            return msgspec.structs.replace(
-                self.held_out_sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1, seed=seed
-            )
+            return greedy_sampling(self.held_out_sampling, seed)
         return msgspec.structs.replace(self.held_out_sampling, seed=seed)
+
+    def baseline_sampling(self, seed: int) -> SamplingParams | None:
+        """The training prompts' greedy baseline response (None without `baseline_rollout`)."""
+        return greedy_sampling(self.sampling, seed) if self.baseline_rollout else None
+
+
+def greedy_sampling(sampling: SamplingParams, seed: int) -> SamplingParams:
+    """`sampling` as one greedy response (its length budget and stops kept)."""
+    return msgspec.structs.replace(sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1, seed=seed)
 
 
 TEXT_ONLY_TEMPLATES = ("qwen2-vl",)
@@ -251,6 +262,7 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
         sampling=msgspec.structs.replace(build_sampling(gen, response_length), n=group),
         held_out_sampling=held_out.sampling,
         rewards=rewards,
+        baseline_rollout="baseline_scores" in estimator_needs(cfg.adv_estimator),
         notes=tuple(
             f"{key}={name!r} renders text only: rows with image/video inputs are refused when "
             "the data loads (multimodal inputs are not implemented)"
