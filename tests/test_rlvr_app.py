@@ -268,6 +268,17 @@ def test_rlvr_cpu_ray_vllm_engine_trains(tmp_path):
     assert all(r["rollout/num_trajectories"] == 16 and r["reward/failed"] == 0 for r in steps)
 
 
+def _fifty_for_every_response(tmp_path: Path) -> dict[str, object]:
+    """Overrides: a custom reward function returning 50.0 for any response, raw (identity
+    normalisation), every group trained on (no dynamic sampling), no evaluation."""
+    fn = tmp_path / "fifty.py"
+    fn.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    return 50.0\n")  # fmt: skip
+    return {"dynamic_sampling.enable": "false", "eval_steps": 100,
+            "reward_normalization.method": "identity",
+            "custom_reward_function.path": fn, "custom_reward_function.name": "score"}  # fmt: skip
+
+
 @pytest.mark.slow
 def test_rlvr_reward_clip_clamps_the_trained_rewards_and_reports_raw_ones(tmp_path):
     """reward_clip acts once, as ROLL's: on the normalised rewards the estimator takes, not on
@@ -275,12 +286,11 @@ def test_rlvr_reward_clip_clamps_the_trained_rewards_and_reports_raw_ones(tmp_pa
     normalisation, reinforce, reward_clip 10: `reward/mean` stays the raw 50 (the old rollout
     clip reported 10), every reward is clamped (`train/reward_clip_frac` 1) and every
     advantage is the clamped reward 10 on each token (`train/advantage_mean` 10)."""
-    fn = tmp_path / "fifty.py"
-    fn.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                  "    return 50.0\n")  # fmt: skip
-    extra = {"dynamic_sampling.enable": "false", "eval_steps": 100, "adv_estimator": "reinforce",
-             "reward_normalization.method": "identity", "reward_clip": 10.0,
-             "custom_reward_function.path": fn, "custom_reward_function.name": "score"}  # fmt: skip
+    extra = {
+        "adv_estimator": "reinforce",
+        "reward_clip": 10.0,
+        **_fifty_for_every_response(tmp_path),
+    }
     rows = _run_app(tmp_path / "clip", "--no-ray", **extra)
     steps = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
@@ -320,12 +330,7 @@ def test_rlvr_remax_subtracts_the_greedy_responses_reward(tmp_path):
     """remax with a reward of 50 for any response: the greedy baseline also scores 50, so every
     advantage is 50 - 50 = 0 (50 if the baseline did not reach the estimator). It failed at the
     first step before the RLVR rollout ran baselines."""
-    fn = tmp_path / "fifty.py"
-    fn.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                  "    return 50.0\n")  # fmt: skip
-    extra = {"dynamic_sampling.enable": "false", "eval_steps": 100, "adv_estimator": "remax",
-             "reward_normalization.method": "identity",
-             "custom_reward_function.path": fn, "custom_reward_function.name": "score"}  # fmt: skip
+    extra = {"adv_estimator": "remax", **_fifty_for_every_response(tmp_path)}
     rows = _run_app(tmp_path / "remax", "--no-ray", **extra)
     steps = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
