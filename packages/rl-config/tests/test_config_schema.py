@@ -259,6 +259,16 @@ def test_config_algorithm_rules() -> None:
     assert validate(actor_train={"pg_variant": "ppo"}).policy_loss == "ppo_clip"
 
 
+@pytest.mark.parametrize("key", ["kl_penalty", "kl_loss_type"])
+def test_config_full_vocabulary_kl_is_refused_by_name(key: str) -> None:
+    """'full' needs the reference's [B, T, V] logits in the train step, which no worker passes:
+    it used to validate and then raise inside the first train step (kl_penalty(kind='full'))."""
+    found = issues_of(**{key: "full", "use_kl_loss": True, "kl_loss_coef": 0.1})
+    assert found[key].startswith("is 'full' (the exact KL over the vocabulary)")
+    for kind in ("k1", "k2", "k3", "abs", "kl", "mse", "low_var_kl"):
+        validate(**{key: kind})
+
+
 @pytest.mark.parametrize("estimator", ["dr_grpo", "rloo", "reinforce_pp", "remax", "opo", "gpg"])
 def test_config_std_free_estimators_refuse_a_std_scaling_reward_normalization(estimator) -> None:
     """These estimators bring their own baseline and no group std: z-scored rewards before them

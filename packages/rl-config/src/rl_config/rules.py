@@ -558,6 +558,16 @@ def check_algorithm(cfg: ExperimentConfig) -> Issues:
                 "grpo): set reward_normalization.method: identity",
             )
         )
+    for key in ("kl_penalty", "kl_loss_type"):
+        if getattr(cfg, key) == "full":
+            issues.append(
+                ConfigIssue(
+                    key,
+                    "is 'full' (the exact KL over the vocabulary), which needs the reference's "
+                    "logits [B, T, V] in the train step; the reference worker gives the "
+                    "log-probs of the sampled tokens only: use k1, k2, k3 or abs",
+                )
+            )
     if cfg.adaptive_kl_ctrl and cfg.target_kl is None:
         issues.append(
             ConfigIssue("target_kl", "must be set when adaptive_kl_ctrl is true (e.g. 0.1)")
