@@ -206,6 +206,18 @@ def test_config_sequence_lengths() -> None:
     assert "at least 1024" in found["actor_train.max_tokens_per_microbatch_in_train"]
 
 
+def test_config_dpo_is_not_refused_for_the_generation_defaults_it_ignores() -> None:
+    """A DPO run never generates (actor_infer is ignored, rl_config.contract.DPO_IGNORED): the
+    default max_new_tokens 128 used to refuse any DPO sequence_length <= 128, and num_beams, a
+    key DPO ignores, was an error instead of the ignored-key warning."""
+    dpo = validate(beta=0.2, sequence_length=100)
+    assert dpo.pipeline_kind == "dpo"
+    beams = validate(beta=0.2, actor_infer={"generating_args": {"num_beams": 2}})
+    assert any(w.startswith("actor_infer.generating_args.num_beams") for w in beams.config_warnings())
+    found = issues_of(sequence_length=100)  # RLVR generates: still refused
+    assert "no room for the prompt" in found["actor_infer.generating_args.max_new_tokens"]
+
+
 def test_config_agentic_rules() -> None:
     cfg = validate(**agentic())
     assert cfg.is_agentic and cfg.train_env_manager is not None
