@@ -16,11 +16,17 @@ CHUNK = 256
 """Examples per reference forward when filling the cache."""
 
 
+def batch_position(num_examples: int, per_step: int, step: int) -> tuple[int, int]:
+    """`(epoch, batch within the epoch)` of pipeline step `step` (0-based): an epoch is
+    `num_examples // per_step` whole batches (its partial last batch is skipped)."""
+    return divmod(step, num_examples // per_step)
+
+
 def batch_index(num_examples: int, per_step: int, seed: int, step: int) -> list[int]:
     """Examples of pipeline step `step`: seeded epoch permutations consumed in order, `per_step`
     at a time (the last partial batch of an epoch is skipped); a function of the step alone, so
     a resumed run continues at the next batch."""
-    epoch, k = divmod(step, num_examples // per_step)
+    epoch, k = batch_position(num_examples, per_step, step)
     gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(num_examples, generator=gen)[k * per_step : (k + 1) * per_step].tolist()
 
