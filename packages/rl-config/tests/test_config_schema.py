@@ -213,7 +213,9 @@ def test_config_dpo_is_not_refused_for_the_generation_defaults_it_ignores() -> N
     dpo = validate(beta=0.2, sequence_length=100)
     assert dpo.pipeline_kind == "dpo"
     beams = validate(beta=0.2, actor_infer={"generating_args": {"num_beams": 2}})
-    assert any(w.startswith("actor_infer.generating_args.num_beams") for w in beams.config_warnings())
+    assert any(
+        w.startswith("actor_infer.generating_args.num_beams") for w in beams.config_warnings()
+    )
     found = issues_of(sequence_length=100)  # RLVR generates: still refused
     assert "no room for the prompt" in found["actor_infer.generating_args.max_new_tokens"]
 

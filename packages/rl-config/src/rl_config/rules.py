@@ -22,9 +22,9 @@ from rl_config.schema.worker import (
     FORWARD_STRATEGIES,
     FSDP2_OPTIONS,
     INFER_STRATEGIES,
-    GeneratingArgs,
     KNOWN_UNSUPPORTED_STRATEGIES,
     TRAIN_STRATEGIES,
+    GeneratingArgs,
     WorkerConfig,
 )
 

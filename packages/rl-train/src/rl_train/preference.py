@@ -18,6 +18,7 @@ accumulation and data parallelism reproduce the single-process full-batch loss.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -47,16 +48,24 @@ class PreferenceLossConfig:
     def paired(self) -> bool:
         return get_preference_loss(self.loss_type).paired
 
+    #: option name of rl_algos' preference losses -> the field (and config key) that sets it
+    OPTION_FIELDS: ClassVar[dict[str, str]] = {
+        "beta": "beta",
+        "label_smoothing": "label_smoothing",
+        "gamma": "simpo_gamma",
+        "desirable_weight": "kto_desirable_weight",
+        "undesirable_weight": "kto_undesirable_weight",
+    }
+
     def options(self) -> dict[str, float]:
         """Keyword options of the chosen loss (those it declares)."""
-        every = {
-            "beta": self.beta,
-            "label_smoothing": self.label_smoothing,
-            "gamma": self.simpo_gamma,
-            "desirable_weight": self.kto_desirable_weight,
-            "undesirable_weight": self.kto_undesirable_weight,
-        }
-        return {k: every[k] for k in get_preference_loss(self.loss_type).options}
+        declared = get_preference_loss(self.loss_type).options
+        return {k: getattr(self, self.OPTION_FIELDS[k]) for k in declared}
+
+    def unread_fields(self) -> tuple[str, ...]:
+        """The option fields the chosen loss does not read (e.g. label_smoothing with ipo)."""
+        declared = get_preference_loss(self.loss_type).options
+        return tuple(f for k, f in self.OPTION_FIELDS.items() if k not in declared)
 
 
 def sequence_logps(log_probs: torch.Tensor, response_mask: torch.Tensor) -> tuple:
