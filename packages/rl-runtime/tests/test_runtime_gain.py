@@ -12,6 +12,7 @@ def test_proportion_gain_by_hand():
     g = proportion_gain(0.3, 0.5, 100)
     assert g == {"gain": 0.2, "se": pytest.approx(0.0678, abs=1e-4), "gain_in_se": 2.95, "n": 100}
 
+
 def test_no_variance_gives_no_standard_error_and_no_gain_is_zero_of_them():
     """Both rates 0 (or both 1): se 0, and a gain of 0 is 0 standard errors (it was reported as
     inf: an unchanged policy read as an infinitely significant gain)."""

@@ -13,10 +13,8 @@ def proportion_gain(before: float, after: float, n: int) -> dict[str, float]:
     (both rates 0 or 1) the se is 0: no gain is 0 standard errors, a gain (0 -> 1) +-inf."""
     se = math.sqrt((before * (1 - before) + after * (1 - after)) / n)
     gain = after - before
-    if se > 0:
-        in_se = round(gain / se, 2)
-    else:
-        in_se = math.copysign(float("inf"), gain) if gain else 0.0
+    unbounded = math.copysign(float("inf"), gain) if gain else 0.0
+    in_se = round(gain / se, 2) if se > 0 else unbounded
     return {"gain": round(gain, 4), "se": round(se, 4), "gain_in_se": in_se, "n": n}
 
 
