@@ -198,11 +198,12 @@ def test_a_resumed_runs_curves_show_the_whole_run_once(tmp_path, monkeypatch):
     monkeypatch.setattr(
         "rl_runtime.curves.write_curves", lambda history, path, **_: plotted.append(history)
     )
-    one_row_a_step = {"logging_steps": 1, "save_steps": 3}
-    _run(tmp_path / "full", FakeRecipe(), **one_row_a_step)
+    _run(tmp_path / "full", FakeRecipe(), logging_steps=1, save_steps=3)
     with pytest.raises(RuntimeError, match="boom"):  # steps 1-4 logged, checkpoint at 3
-        _run(tmp_path / "part", FakeRecipe(fail_at=4), **one_row_a_step)
-    _run(tmp_path / "part", FakeRecipe(), resume_from_checkpoint=True, **one_row_a_step)
+        _run(tmp_path / "part", FakeRecipe(fail_at=4), logging_steps=1, save_steps=3)
+    _run(
+        tmp_path / "part", FakeRecipe(), logging_steps=1, save_steps=3, resume_from_checkpoint=True
+    )
 
     def points(history: list[dict]) -> list[tuple[float, float]]:
         return [
