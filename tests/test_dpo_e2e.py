@@ -76,10 +76,13 @@ def test_every_loss_type_runs_through_the_app(tmp_path, loss):
 
 @pytest.mark.slow
 def test_resume_continues_at_the_next_batch(tmp_path):
-    full = _run(tmp_path / "full", max_steps=4, eval_steps=0)
+    # 10 pairs, 4 per step: an epoch is 2 steps (2 pairs skipped), so the resume starts epoch 1
+    rows = {"dpo_app.arithmetic.train_rows": 10, "eval_steps": 0}
+    full = _run(tmp_path / "full", max_steps=4, **rows)
+    assert [r["train/epoch"] for r in full] == [0.0, 0.0, 1.0, 1.0]  # not step*4 // 10
     part = tmp_path / "part"
-    _run(part, max_steps=2, eval_steps=0, save_steps=2)
-    resumed = _run(part, max_steps=4, eval_steps=0, save_steps=2, resume_from_checkpoint="true")
+    _run(part, max_steps=2, save_steps=2, **rows)
+    resumed = _run(part, max_steps=4, save_steps=2, resume_from_checkpoint="true", **rows)
     assert [r["step"] for r in resumed if r["step"] > 2] == [3, 4]
     by_step = {r["step"]: r for r in full}
     for r in resumed:

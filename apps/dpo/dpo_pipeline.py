@@ -23,6 +23,7 @@ from rl_runtime.preference_data import PreferenceSet, collate, load_preferences
 from rl_runtime.preference_step import (
     add_reference,
     batch_index,
+    batch_position,
     held_out_metrics,
     reference_logps,
 )
@@ -84,9 +85,8 @@ class DPORecipe:
     # ------------------------------------------------------------------------ protocol
     def step(self, ctx: Context) -> dict[str, float]:
         assert self.train is not None
-        idx = batch_index(
-            len(self.train.examples), self.plan.examples_per_step, self.seed, ctx.step
-        )
+        n, per_step = len(self.train.examples), self.plan.examples_per_step
+        idx = batch_index(n, per_step, self.seed, ctx.step)
         examples = [self.train.examples[i] for i in idx]
         t = collate(examples, self.pad_token_id, idx)
         with ctx.timer.phase("reference"):
@@ -99,7 +99,7 @@ class DPORecipe:
             for k, v in out.items()
             if isinstance(v, int | float)
         }
-        metrics["train/epoch"] = float(ctx.step * len(idx) // len(self.train.examples))
+        metrics["train/epoch"] = float(batch_position(n, per_step, ctx.step)[0])
         metrics.update(ctx.timer.metrics())
         return metrics
 

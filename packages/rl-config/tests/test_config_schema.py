@@ -206,6 +206,20 @@ def test_config_sequence_lengths() -> None:
     assert "at least 1024" in found["actor_train.max_tokens_per_microbatch_in_train"]
 
 
+def test_config_dpo_is_not_refused_for_the_generation_defaults_it_ignores() -> None:
+    """A DPO run never generates (actor_infer is ignored, rl_config.contract.DPO_IGNORED): the
+    default max_new_tokens 128 used to refuse any DPO sequence_length <= 128, and num_beams, a
+    key DPO ignores, was an error instead of the ignored-key warning."""
+    dpo = validate(beta=0.2, sequence_length=100)
+    assert dpo.pipeline_kind == "dpo"
+    beams = validate(beta=0.2, actor_infer={"generating_args": {"num_beams": 2}})
+    assert any(
+        w.startswith("actor_infer.generating_args.num_beams") for w in beams.config_warnings()
+    )
+    found = issues_of(sequence_length=100)  # RLVR generates: still refused
+    assert "no room for the prompt" in found["actor_infer.generating_args.max_new_tokens"]
+
+
 def test_config_agentic_rules() -> None:
     cfg = validate(**agentic())
     assert cfg.is_agentic and cfg.train_env_manager is not None
@@ -257,6 +271,16 @@ def test_config_algorithm_rules() -> None:
     assert validate(use_kl_loss=True, kl_loss_coef=0.01).enable_reference
     assert "num_beams" in str(issues_of(actor_infer={"generating_args": {"num_beams": 2}}))
     assert validate(actor_train={"pg_variant": "ppo"}).policy_loss == "ppo_clip"
+
+
+@pytest.mark.parametrize("key", ["kl_penalty", "kl_loss_type"])
+def test_config_full_vocabulary_kl_is_refused_by_name(key: str) -> None:
+    """'full' needs the reference's [B, T, V] logits in the train step, which no worker passes:
+    it used to validate and then raise inside the first train step (kl_penalty(kind='full'))."""
+    found = issues_of(**{key: "full", "use_kl_loss": True, "kl_loss_coef": 0.1})
+    assert found[key].startswith("is 'full' (the exact KL over the vocabulary)")
+    for kind in ("k1", "k2", "k3", "abs", "kl", "mse", "low_var_kl"):
+        validate(**{key: kind})
 
 
 @pytest.mark.parametrize("estimator", ["dr_grpo", "rloo", "reinforce_pp", "remax", "opo", "gpg"])

@@ -1,6 +1,8 @@
+import msgspec
+
 from rl_config.records import Trajectory
 from rl_runtime.collate import collate_trajectories
-from rl_runtime.metrics import rollout_metrics
+from rl_runtime.metrics import rollout_metrics, val_metrics
 
 
 def _traj(tid, response_versions, prompt_version=None):
@@ -27,3 +29,21 @@ def test_resumed_samples_count_generations_spanning_weight_versions():
     ]
     metrics = rollout_metrics(trajs, collate_trajectories(trajs, pad_token_id=0))
     assert metrics["rollout/resumed_samples"] == 2.0
+
+
+def test_episodes_the_token_budget_ended_are_counted():
+    """An agentic episode whose next turn no longer fits sequence_length ends with
+    termination_reason max_length: with a budget too small for the game every episode ended
+    after one turn at 0 success, and no metric said why (rollout/truncated counts collation
+    cuts only)."""
+    cut = [
+        msgspec.structs.replace(_traj(str(i), []), termination_reason="max_length") for i in "ab"
+    ]
+    trajs = [
+        *cut,
+        _traj("c", []),
+        msgspec.structs.replace(_traj("d", []), termination_reason="success"),
+    ]
+    metrics = rollout_metrics(trajs, collate_trajectories(trajs, pad_token_id=0))
+    assert metrics["env/length_truncated"] == 0.5 and metrics["rollout/truncated"] == 0.0
+    assert val_metrics(cut)["val/length_truncated"] == 1.0

@@ -190,6 +190,31 @@ def test_resume_continues_step_version_and_recipe_state(tmp_path, capsys):
     assert result.resumed_from is not None and result.weight_version == 5
 
 
+def test_a_resumed_runs_curves_show_the_whole_run_once(tmp_path, monkeypatch):
+    """curves.png of a resumed run plotted only the steps after the resume; now the checkpointed
+    part comes from metrics.jsonl, without the interrupted run's steps past its checkpoint (lost,
+    trained again): the uninterrupted run's points, each step once."""
+    plotted = []
+    monkeypatch.setattr(
+        "rl_runtime.curves.write_curves", lambda history, path, **_: plotted.append(history)
+    )
+    _run(tmp_path / "full", FakeRecipe(), logging_steps=1, save_steps=3)
+    with pytest.raises(RuntimeError, match="boom"):  # steps 1-4 logged, checkpoint at 3
+        _run(tmp_path / "part", FakeRecipe(fail_at=4), logging_steps=1, save_steps=3)
+    _run(
+        tmp_path / "part", FakeRecipe(), logging_steps=1, save_steps=3, resume_from_checkpoint=True
+    )
+
+    def points(history: list[dict]) -> list[tuple[float, float]]:
+        return [
+            (r["step"], r[k]) for r in history for k in ("train/loss", "val/success_rate") if k in r
+        ]
+
+    full, resumed = plotted[0], plotted[-1]
+    assert [p[0] for p in points(resumed) if p[0] > 0] == [1, 2, 2, 3, 4, 4, 5, 5]
+    assert points(resumed) == points(full)
+
+
 def test_resume_refuses_changed_seed_and_estimator_before_anything_starts(tmp_path, capsys):
     _run(tmp_path, FakeRecipe(), max_steps=3)
     state = json.loads(

@@ -114,3 +114,35 @@ def test_dpo_loss_is_the_per_pair_mean_over_the_global_pair_count():
     assert float(sum(p[0] for p in parts)) == pytest.approx(float(want.loss()), rel=1e-6)
     acc = sum(float(p[1]["rewards/accuracies"]) for p in parts)
     assert acc == pytest.approx(float(want.stats["reward_accuracy"]))
+
+
+def test_kto_metrics_average_each_label_over_its_own_rows():
+    """KTO's chosen/rejected metrics are means over the desirable / undesirable rows of the whole
+    mini-batch (two uneven micro-batches add up to them); they were sums over all rows, so with
+    half the rows desirable rewards/chosen read half the desirable rows' mean reward."""
+    desirable = torch.tensor([True, False, False, True, True, False])
+    policy = torch.tensor([-1.0, -2.0, -3.0, -4.0, -5.0, -6.0])
+    ref = torch.tensor([-2.0, -1.0, -1.0, -4.5, -4.0, -7.0])  # r = policy - ref
+    batch = {
+        "response_mask": torch.ones(6, 1, dtype=torch.bool),
+        "ref_logps": ref,
+        "desirable": desirable,
+        "kl_reference": torch.zeros(6),
+        "desirable_total": torch.full((6,), 3.0),
+    }
+    loss = build_preference_loss(PreferenceLossConfig(loss_type="kto", beta=0.5))
+    ctx = LossContext(global_tokens=6.0, global_seqs=6.0, max_seq_len=1)
+    parts = [  # micro-batches of 2 and 4 rows: 1 and 2 desirable
+        loss(
+            {k: v[a:b] for k, v in batch.items()}, ForwardOutput(log_probs=policy[a:b, None]), ctx
+        )[1]
+        for a, b in ((0, 2), (2, 6))
+    ]
+    got = {k: sum(float(p[k]) for p in parts) for k in parts[0]}
+    # r = [1, -1, -2, 0.5, -1, 1]; beta r desirable rows [0.5, 0.25, -0.5], undesirable [-0.5, -1, 0.5]
+    assert got["rewards/chosen"] == pytest.approx(0.25 / 3)
+    assert got["rewards/rejected"] == pytest.approx(-1.0 / 3)
+    assert got["rewards/margins"] == pytest.approx(0.25 / 3 + 1.0 / 3)
+    assert got["rewards/accuracies"] == pytest.approx(4 / 6)  # 0.5, 0.25 > 0; -0.5, -1 < 0
+    assert got["logps/chosen"] == pytest.approx((-1 - 4 - 5) / 3)
+    assert got["logps/rejected"] == pytest.approx((-2 - 3 - 6) / 3)

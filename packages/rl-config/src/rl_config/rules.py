@@ -24,6 +24,7 @@ from rl_config.schema.worker import (
     INFER_STRATEGIES,
     KNOWN_UNSUPPORTED_STRATEGIES,
     TRAIN_STRATEGIES,
+    GeneratingArgs,
     WorkerConfig,
 )
 
@@ -306,6 +307,13 @@ def check_batches(cfg: ExperimentConfig) -> Issues:
     return issues
 
 
+def _generating_args(cfg: ExperimentConfig) -> GeneratingArgs | None:
+    """actor_infer's sampling options, or None where nothing generates: a DPO run trains on a
+    fixed dataset and ignores actor_infer (rl_config.contract.DPO_IGNORED), so its defaults
+    (max_new_tokens 128) must not refuse e.g. a DPO sequence_length of 100."""
+    return None if cfg.pipeline_kind == "dpo" else cfg.actor_infer.generating_args
+
+
 def check_lengths(cfg: ExperimentConfig) -> Issues:
     """prompt/response/sequence lengths and per-turn budgets are consistent."""
     issues: Issues = []
@@ -324,7 +332,7 @@ def check_lengths(cfg: ExperimentConfig) -> Issues:
         value = getattr(cfg, name)
         if value is not None and value >= seq:
             issues.append(ConfigIssue(name, f"is {value}, but sequence_length is only {seq}"))
-    gen = cfg.actor_infer.generating_args
+    gen = _generating_args(cfg)
     if gen is not None:
         if gen.max_new_tokens >= seq:
             issues.append(
@@ -382,7 +390,7 @@ def check_lengths(cfg: ExperimentConfig) -> Issues:
 def check_generation(cfg: ExperimentConfig) -> Issues:
     """Sampling options the engines implement."""
     issues: Issues = []
-    gen = cfg.actor_infer.generating_args
+    gen = _generating_args(cfg)
     if gen is None:
         return issues
     if gen.num_beams != 1:
@@ -558,6 +566,16 @@ def check_algorithm(cfg: ExperimentConfig) -> Issues:
                 "grpo): set reward_normalization.method: identity",
             )
         )
+    for key in ("kl_penalty", "kl_loss_type"):
+        if getattr(cfg, key) == "full":
+            issues.append(
+                ConfigIssue(
+                    key,
+                    "is 'full' (the exact KL over the vocabulary), which needs the reference's "
+                    "logits [B, T, V] in the train step; the reference worker gives the "
+                    "log-probs of the sampled tokens only: use k1, k2, k3 or abs",
+                )
+            )
     if cfg.adaptive_kl_ctrl and cfg.target_kl is None:
         issues.append(
             ConfigIssue("target_kl", "must be set when adaptive_kl_ctrl is true (e.g. 0.1)")

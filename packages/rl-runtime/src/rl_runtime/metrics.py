@@ -17,6 +17,11 @@ def _outcomes(trajectories: Sequence[Any], prefix: str) -> dict[str, float]:
         f"{prefix}/episode_reward": mean(float(t.episode_reward) for t in trajectories),
         f"{prefix}/num_turns": mean(float(len(t.turns)) for t in trajectories),
         f"{prefix}/failed": mean(float(t.failed) for t in trajectories),
+        # ended by the token budget (agentic: sequence_length; RLVR: the response budget), not
+        # by the env: a budget too small for the game shows here, not as a silent 0 success
+        f"{prefix}/length_truncated": mean(
+            float(t.termination_reason == "max_length") for t in trajectories
+        ),
         f"{prefix}/format_ok": mean(
             mean(float(turn.format_ok) for turn in t.turns) if t.turns else 0.0
             for t in trajectories
@@ -32,7 +37,9 @@ def _outcomes(trajectories: Sequence[Any], prefix: str) -> dict[str, float]:
 
 
 def rollout_metrics(trajectories: Sequence[Any], batch: CollatedBatch) -> dict[str, float]:
-    """`env/*` episode outcomes and `rollout/*` token counts of a training rollout;
+    """`env/*` episode outcomes (`env/length_truncated`: the share of episodes the token budget
+    ended) and `rollout/*` token counts of a training rollout (`rollout/truncated`: sequences
+    the collation cut);
     `rollout/resumed_samples`: samples whose tokens span several weight versions (partial
     rollout swapped weights in mid-generation)."""
     out = _outcomes(trajectories, "env")

@@ -27,7 +27,8 @@ the app's own section (`RunOptions.app_record`) and the values it derives for it
 (`RunOptions.derived`), which rl_runtime.resume_guard compares on resume for the pipeline kind run
 (`RunOptions.pipeline`),
 and the evaluation before training, which a resumed run's summary keeps. A resumed run says so
-first and goes on in its run's metrics.jsonl; a fresh run first moves an earlier run's metrics,
+first and goes on in its run's metrics.jsonl (its curves.png plots the whole run: the rows up
+to the checkpoint, then its own); a fresh run first moves an earlier run's metrics,
 checkpoints and outputs (summary.json, curves.png, resolved_config.yaml, hf_model/, and the
 app's `RunOptions.app_outputs`) in its directories aside (rl_runtime.previous_run) and says where.
 Throughput: `throughput/samples_per_s` (trained samples, `rollout/num_trajectories`, per second of
@@ -65,7 +66,7 @@ from rl_runtime.previous_run import (
 )
 from rl_runtime.resume_guard import app_record, check_resume, config_record
 from rl_runtime.timing import PhaseTimer, StepProgress
-from rl_runtime.tracking import Tracker, earlier_run_logs, tracker_log_dir
+from rl_runtime.tracking import Tracker, checkpointed_rows, earlier_run_logs, tracker_log_dir
 
 THROUGHPUT_KEY = "throughput"
 """The checkpoint's extra state holding the run's throughput totals (`Runner.throughput_state`)."""
@@ -411,6 +412,8 @@ class Runner:
         self.loop_seconds = 0.0
         #: the evaluation before training (a resumed run's comes from its checkpoint)
         self.eval_before: dict[str, float] = {}
+        #: a resumed run's metric rows up to its checkpoint (its curves show the whole run)
+        self.resumed_rows: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------------------ setup
     def pipeline(self) -> str | None:
@@ -439,6 +442,8 @@ class Runner:
             resume = self.ckpt.resolve(c.checkpoint.resume)
             if resume is not None:
                 state = self.ckpt.load_state(resume)
+                log_dir = tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs)
+                self.resumed_rows = checkpointed_rows(log_dir, state.step)
                 print(
                     f"resuming from checkpoint {resume} at step {state.step} "
                     f"(weight version {state.weight_version})",
@@ -503,6 +508,7 @@ class Runner:
         self.ctx.tracker = Tracker(
             c.tracker.track_with, c.tracker.log_dir, c.tracker.kwargs, stdout_keys=o.stdout_keys
         )
+        self.ctx.tracker.history.extend(self.resumed_rows)
         if cluster.has("actor_train") and cluster.has("actor_infer"):
             self.ctx.sync = WeightSync(
                 cluster["actor_train"],

@@ -16,11 +16,17 @@ CHUNK = 256
 """Examples per reference forward when filling the cache."""
 
 
+def batch_position(num_examples: int, per_step: int, step: int) -> tuple[int, int]:
+    """`(epoch, batch within the epoch)` of pipeline step `step` (0-based): an epoch is
+    `num_examples // per_step` whole batches (its partial last batch is skipped)."""
+    return divmod(step, num_examples // per_step)
+
+
 def batch_index(num_examples: int, per_step: int, seed: int, step: int) -> list[int]:
     """Examples of pipeline step `step`: seeded epoch permutations consumed in order, `per_step`
     at a time (the last partial batch of an epoch is skipped); a function of the step alone, so
     a resumed run continues at the next batch."""
-    epoch, k = divmod(step, num_examples // per_step)
+    epoch, k = batch_position(num_examples, per_step, step)
     gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(num_examples, generator=gen)[k * per_step : (k + 1) * per_step].tolist()
 
@@ -46,7 +52,8 @@ def add_reference(
 ) -> None:
     """`t["ref_logps"]` of the rows of `examples` (rows `idx` of the `cached` tensor, or a
     reference forward when the plan computes them on the fly); for an unpaired loss (KTO) also
-    `t["kl_reference"]`, the detached batch KL estimate that is its reference point."""
+    `t["kl_reference"]`, the detached batch KL estimate that is its reference point, and
+    `t["desirable_total"]`, the batch's desirable row count (the desirable metrics' denominator)."""
     plan = ctx.components.preference
     if plan.reference == "cached":
         assert cached is not None, "reference='cached': the recipe fills the cache in setup"
@@ -58,6 +65,8 @@ def add_reference(
         policy = sequence_logps(lp, t["response_mask"])[0]
         kl = (policy - t["ref_logps"]).mean().clamp(min=0.0)
         t["kl_reference"] = kl.expand(policy.shape[0]).clone()
+        total = t["desirable"].bool().sum().to(torch.float32)
+        t["desirable_total"] = total.expand(policy.shape[0]).clone()
 
 
 def held_out_metrics(ctx: Any, t: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -68,7 +77,10 @@ def held_out_metrics(ctx: Any, t: dict[str, torch.Tensor]) -> dict[str, float]:
     sums, means = sequence_logps(lp, t["response_mask"])
     x, n = preference_inputs(t, sums, means, plan.loss)
     result = get_preference_loss(plan.loss.loss_type)(x, **plan.loss.options())
-    metrics = preference_metrics(result, x, float(n), paired=plan.loss.paired)
+    total = t["desirable_total"][0] if "desirable_total" in t else None
+    metrics = preference_metrics(
+        result, x, float(n), paired=plan.loss.paired, desirable_total=total
+    )
     out = {f"val/{k}": float(v) for k, v in metrics.items()}
     out["val/loss"] = float(result.losses.mean())
     return out

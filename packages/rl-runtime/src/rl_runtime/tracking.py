@@ -222,6 +222,15 @@ class Tracker:
         self.backends = []
 
 
+def checkpointed_rows(log_dir: str | os.PathLike[str], step: int) -> list[dict[str, float]]:
+    """The rows of `<log_dir>/metrics.jsonl` a checkpoint at `step` covers (`step` <= it: the
+    warm-up's, the evaluation before training, the steps trained), for a resumed run's curves;
+    rows after it were logged by the interrupted run and are trained again. [] without a file."""
+    if not (Path(log_dir) / "metrics.jsonl").exists():
+        return []
+    return [r for r in read_metrics(log_dir) if r.get("step", 0) <= step]
+
+
 def read_metrics(log_dir: str | os.PathLike[str]) -> list[dict[str, float]]:
     """Rows of `<log_dir>/metrics.jsonl` (what `JsonlBackend` wrote)."""
     path = Path(log_dir) / "metrics.jsonl"

@@ -7,7 +7,9 @@ together (packed into one padding-free stream where the backend packs). Per-row 
 ``response_mask``: only response tokens count), ``pair_side`` ``[2P]`` (0 chosen, 1 rejected),
 ``pair_id`` ``[2P]`` and, for losses with a reference model, ``ref_logps`` ``[2P]`` (the
 reference's summed response log-probs). Unpaired layout (KTO): one row per example with
-``desirable`` ``[B]`` and the reference point ``kl_reference`` ``[B]`` (one value repeated).
+``desirable`` ``[B]``, the reference point ``kl_reference`` ``[B]`` and ``desirable_total`` ``[B]``
+(the mini-batch's number of desirable rows over all micro-batches and ranks, the denominator of
+the desirable-row metrics; one value each, repeated).
 
 Micro-batches must hold whole pairs (an even ``per_device_train_batch_size``, no shuffling or
 token-budget batching): the loss checks ``pair_side``/``pair_id`` and raises otherwise. Losses are
@@ -18,6 +20,7 @@ accumulation and data parallelism reproduce the single-process full-batch loss.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -47,16 +50,24 @@ class PreferenceLossConfig:
     def paired(self) -> bool:
         return get_preference_loss(self.loss_type).paired
 
+    #: option name of rl_algos' preference losses -> the field (and config key) that sets it
+    OPTION_FIELDS: ClassVar[dict[str, str]] = {
+        "beta": "beta",
+        "label_smoothing": "label_smoothing",
+        "gamma": "simpo_gamma",
+        "desirable_weight": "kto_desirable_weight",
+        "undesirable_weight": "kto_undesirable_weight",
+    }
+
     def options(self) -> dict[str, float]:
         """Keyword options of the chosen loss (those it declares)."""
-        every = {
-            "beta": self.beta,
-            "label_smoothing": self.label_smoothing,
-            "gamma": self.simpo_gamma,
-            "desirable_weight": self.kto_desirable_weight,
-            "undesirable_weight": self.kto_undesirable_weight,
-        }
-        return {k: every[k] for k in get_preference_loss(self.loss_type).options}
+        declared = get_preference_loss(self.loss_type).options
+        return {k: getattr(self, self.OPTION_FIELDS[k]) for k in declared}
+
+    def unread_fields(self) -> tuple[str, ...]:
+        """The option fields the chosen loss does not read (e.g. label_smoothing with ipo)."""
+        declared = get_preference_loss(self.loss_type).options
+        return tuple(f for k, f in self.OPTION_FIELDS.items() if k not in declared)
 
 
 def sequence_logps(log_probs: torch.Tensor, response_mask: torch.Tensor) -> tuple:
@@ -128,22 +139,49 @@ def build_preference_loss(cfg: PreferenceLossConfig) -> LossFn:
         result = spec(x, **options)
         n = max(ctx.global_seqs / (2.0 if spec.paired else 1.0), 1.0)
         loss = result.losses.sum() / n
-        return loss, preference_metrics(result, x, n, paired=spec.paired)
+        total = mb["desirable_total"][0] if "desirable_total" in mb else None
+        return loss, preference_metrics(result, x, n, paired=spec.paired, desirable_total=total)
 
     return loss_fn
 
 
-def preference_metrics(result, x: PreferenceInputs, n: float, *, paired: bool) -> dict:
-    """Sums over the micro-batch divided by the global count ``n`` (they add up to means):
-    ``rewards/{chosen,rejected,margins,accuracies}``, ``logps/{chosen,rejected}``."""
+def preference_metrics(
+    result,
+    x: PreferenceInputs,
+    n: float,
+    *,
+    paired: bool,
+    desirable_total: float | torch.Tensor | None = None,
+) -> dict:
+    """Sums over the micro-batch divided by global counts (they add up to means):
+    ``rewards/{chosen,rejected,margins,accuracies}``, ``logps/{chosen,rejected}``.
+
+    Paired: every count is ``n`` pairs. Unpaired (KTO): ``chosen`` averages the desirable rows
+    over their global count ``desirable_total`` (without it: the micro-batch's share of ``n``),
+    ``rejected`` the undesirable ones over ``n - desirable_total``; ``margins`` is the difference
+    of the two means, ``accuracies`` the share of rows whose reward has the label's sign."""
     cr, rr = result.chosen_rewards.detach(), result.rejected_rewards.detach()
+    logps = x.chosen_sum.detach()
+    if paired:
+        n_chosen = n_rejected = n
+        rejected_logps = x.rejected_sum
+    else:
+        assert x.desirable is not None
+        d = x.desirable.bool()
+        if desirable_total is None:
+            desirable_total = n * d.float().mean()
+        n_chosen = max(float(desirable_total), 1.0)
+        n_rejected = max(n - float(desirable_total), 1.0)
+        rejected_logps = torch.where(d, torch.zeros_like(logps), logps)
+        logps = torch.where(d, logps, torch.zeros_like(logps))
+    chosen, rejected = cr.sum() / n_chosen, rr.sum() / n_rejected
     out = {
-        "rewards/chosen": cr.sum() / n,
-        "rewards/rejected": rr.sum() / n,
-        "rewards/margins": (cr - rr).sum() / n,
+        "rewards/chosen": chosen,
+        "rewards/rejected": rejected,
+        "rewards/margins": chosen - rejected,
         "rewards/accuracies": (cr > rr).float().sum() / n,
-        "logps/chosen": x.chosen_sum.detach().sum() / n,
+        "logps/chosen": logps.sum() / n_chosen,
     }
-    if paired and x.rejected_sum is not None:
-        out["logps/rejected"] = x.rejected_sum.detach().sum() / n
+    if rejected_logps is not None:
+        out["logps/rejected"] = rejected_logps.detach().sum() / n_rejected
     return out

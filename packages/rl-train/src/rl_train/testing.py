@@ -345,6 +345,7 @@ def preference_worker(rank: int, spec: dict[str, Any]) -> None:
         assert ref is not None
         batch["ref_logps"] = sequence_logps(ref, batch["response_mask"])[0]
         batch["kl_reference"] = torch.zeros(len(rows))
+        batch["desirable_total"] = full["desirable"].sum().float().expand(len(rows)).clone()
         history = [backend.train_step(dict(batch)) for _ in range(spec["steps"])]
         if rank == 0:
             torch.save({"history": history}, Path(spec["out"]) / f"pref_{name}.pt")

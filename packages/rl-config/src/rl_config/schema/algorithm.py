@@ -200,7 +200,8 @@ class AlgorithmFields(StrictModel):
     kl_penalty: KlKind = Field(
         default="kl",
         description="KL estimator for the reward penalty: kl/k1 = log_probs - ref_log_probs; abs; "
-        "mse/k2 = 0.5·(log ratio)²; k3/low_var_kl; full = exact KL over the vocabulary.",
+        "mse/k2 = 0.5·(log ratio)²; k3/low_var_kl; full (exact KL over the vocabulary) is refused: "
+        "the train step has no reference logits.",
     )
     init_kl_coef: float = Field(
         default=0.0,

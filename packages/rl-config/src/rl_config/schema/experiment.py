@@ -121,7 +121,6 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
         error each, naming its ROLL counterpart); drop ROLL's accepted-but-unimplemented keys
         (with notes)."""
         from rl_config.roll_keys import (
-            pipeline_kind,
             pipeline_or_megatron_issue,
             strip_roll_keys,
             unsupported_values,
@@ -136,18 +135,19 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
         refused = verl_key_issues(data) + unsupported_values(data)
         if refused:
             raise RuleViolations(refused)
-        kind = pipeline_kind(data)
         data, notes = strip_roll_keys(data)
         cfg = handler(data)
         cfg._roll_notes = notes
-        cfg._pipeline_kind = kind
         return cfg
 
     # ----------------------------------------------------------------------------- derived values
     @model_validator(mode="after")
     def _derive_and_check(self) -> Self:
+        from rl_config.roll_keys import pipeline_kind
         from rl_config.rules import check_rules
 
+        # before the rules: they check only what the config's pipeline reads (DPO: no actor_infer)
+        self._pipeline_kind = pipeline_kind({k: getattr(self, k) for k in self.model_fields_set})
         self._derive()
         issues = check_rules(self)
         if issues:

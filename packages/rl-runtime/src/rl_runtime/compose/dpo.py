@@ -106,6 +106,25 @@ def build_preference_loss(cfg: Any) -> PreferenceLossConfig:
     )
 
 
+def unread_preference_keys(cfg: Any, loss: PreferenceLossConfig) -> list[str]:
+    """A warning for each preference key set away from its default that `loss` never reads:
+    an option of another loss type (label_smoothing with ipo, simpo_gamma with sigmoid, kto_*
+    weights with a paired loss), KTO's unpaired-row columns with a paired loss, and
+    precompute_ref_log_probs with a reference-free loss (simpo, orpo)."""
+    fields = type(getattr(cfg, "__wrapped__", cfg)).model_fields
+    keys = list(loss.unread_fields())
+    if loss.paired:
+        keys += ["label_key", "completion_key"]
+    if not loss.needs_reference:
+        keys.append("precompute_ref_log_probs")
+    return [
+        f"{key}={getattr(cfg, key)!r} has no effect with loss_type={loss.loss_type} "
+        f"(it does not read {key})"
+        for key in keys
+        if getattr(cfg, key) != fields[key].default
+    ]
+
+
 def _files(value: str | list[str] | None) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -136,8 +155,8 @@ def compose_dpo(
     from rl_runtime.compose import refuse_unsupported
 
     refuse_unsupported(getattr(cfg, "__wrapped__", cfg), "dpo")
-    warnings: list[str] = []
     loss = build_preference_loss(cfg)
+    warnings = unread_preference_keys(cfg, loss)
     names = ["actor_train"] + (["reference"] if loss.needs_reference else [])
     t = cfg.actor_train.training_args
     world = len(cfg.actor_train.device_mapping or [0])
