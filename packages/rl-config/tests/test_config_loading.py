@@ -169,3 +169,21 @@ def test_a_directory_given_as_the_config_names_its_yaml_files(tmp_path):
         f"{tmp_path} is a directory" in message and "its YAML files: rlvr_config.yaml)" in message
     )
     assert "--config_path DIR --config_name NAME" in message
+
+
+def test_an_error_about_a_command_line_override_says_so(tmp_path):
+    """The header names the file; an issue about a key the command line set (the key itself, or
+    a key under an override of its section) quotes the override, one from the file does not."""
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text("pretrain: tiny\nppo_epochs: 0\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            cfg, ["actor_train.training_args.learning_rate=-1", "overlong_penalty.buffer_len=4"]
+        )
+    text = str(info.value)
+    assert f"invalid config in {cfg}" in text
+    assert "learning_rate: must be greater than 0 (got -1 (int)) (from the command line: " \
+        "actor_train.training_args.learning_rate=-1)" in text  # fmt: skip
+    assert "(from the command line: overlong_penalty.buffer_len=4)" in text
+    (ppo,) = [line for line in text.splitlines() if "ppo_epochs" in line]
+    assert "command line" not in ppo

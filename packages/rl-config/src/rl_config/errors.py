@@ -8,13 +8,16 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ConfigIssue:
     """One problem: ``path`` is the dotted key (``actor_train.training_args.learning_rate``, or ``""``
-    for the whole config); ``message`` says what is wrong and how to fix it."""
+    for the whole config); ``message`` says what is wrong and how to fix it; ``origin`` where the
+    value came from when not from the file (``command line: key=value``)."""
 
     path: str
     message: str
+    origin: str = ""
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.message}" if self.path else self.message
+        text = f"{self.path}: {self.message}" if self.path else self.message
+        return f"{text} (from the {self.origin})" if self.origin else text
 
 
 class ConfigError(ValueError):

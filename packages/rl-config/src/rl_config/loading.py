@@ -15,6 +15,7 @@ is left in and rejected by the schema with a suggestion.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import warnings
@@ -289,6 +290,22 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()):  # -> Experime
     return load_app_config(path, overrides, section=None)[0]
 
 
+def _from_command_line(issues: list[ConfigIssue], overrides: list[str]) -> list[ConfigIssue]:
+    """`issues`, each about a key a command-line override set (the key, a key under it, or the
+    section holding it) saying so, so that an error is not looked for in the file."""
+    keys = [(parse_override(text).key, text.strip()) for text in overrides]
+    out = []
+    for issue in issues:
+        path = issue.path
+        hit = next(
+            (text for key, text in keys
+             if path and (path == key or path.startswith(key + ".") or key.startswith(path + "."))),
+            None,
+        )  # fmt: skip
+        out.append(dataclasses.replace(issue, origin=f"command line: {hit}") if hit else issue)
+    return out
+
+
 def load_app_config(path: str | Path, overrides: Iterable[str] = (), *, section: str | None):
     """:func:`load_config` for an app whose YAML also holds its own options under ``section``
     (e.g. ``agentic_app:``), which are not experiment keys: returns ``(config, section or None)``.
@@ -296,6 +313,7 @@ def load_app_config(path: str | Path, overrides: Iterable[str] = (), *, section:
     from rl_config.roll_keys import pipeline_or_megatron_issue
     from rl_config.schema import ExperimentConfig
 
+    overrides = list(overrides)
     composed = compose_config(path, overrides)
     source = composed.source or str(path)
     data = dict(composed.data)
@@ -306,6 +324,6 @@ def load_app_config(path: str | Path, overrides: Iterable[str] = (), *, section:
     try:
         cfg = ExperimentConfig.model_validate(data)
     except ConfigError as exc:
-        raise exc.with_source(source) from None
+        raise ConfigError(_from_command_line(exc.issues, overrides), source=source) from None
     cfg._roll_notes[:0] = composed.notes
     return cfg, app_options
