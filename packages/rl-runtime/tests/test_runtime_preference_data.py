@@ -44,10 +44,25 @@ def test_malformed_rows_are_refused_with_their_row_numbers(tmp_path, tok):
         load_preferences([path], tok, _plan(), paired=True)
     msg = str(err.value)
     assert "3 malformed row(s)" in msg and path in msg
-    assert "row 1: missing 'chosen'" in msg
+    assert "row 1: missing 'chosen' (chosen_key)" in msg
     assert "row 2: empty 'rejected'" in msg
     assert "row 3: identical 'chosen' and 'rejected'" in msg
     assert "row 0" not in msg and "row 4" not in msg
+    assert "no row is usable" not in msg
+
+
+def test_a_key_no_row_has_is_named_with_the_config_key_and_the_rows_keys(tmp_path, tok):
+    """`chosen_key: foo` on rows that say `chosen`: every row is refused; the message names the
+    config key and the keys the rows do have."""
+    rows = [{"prompt": p, "chosen": "1", "rejected": "2"} for p in "abc"]
+    path = _write(tmp_path / "p.jsonl", rows)
+    with pytest.raises(PreferenceDataError) as err:
+        load_preferences([path], tok, _plan(chosen_key="foo"), paired=True)
+    msg = str(err.value)
+    assert "row 0: missing 'foo' (chosen_key)" in msg
+    assert msg.endswith(
+        "no row is usable, the first row's keys are ['chosen', 'prompt', 'rejected']"
+    )
 
 
 def test_renamed_keys_chat_template_once_and_prompt_masked(tmp_path, tok):

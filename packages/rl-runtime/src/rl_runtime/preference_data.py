@@ -142,8 +142,16 @@ def load_preferences(
                 examples.append(fitted)
         if problems:
             more = f" (+{len(problems) - 20} more)" if len(problems) > 20 else ""
+            keys = (
+                f"; no row is usable, the first row's keys are {sorted(rows[0])}"
+                if len(problems) == len(rows) and isinstance(rows[0], dict)
+                else ""
+            )
             raise PreferenceDataError(
-                f"{path}: {len(problems)} malformed row(s): " + "; ".join(problems[:20]) + more
+                f"{path}: {len(problems)} malformed row(s): "
+                + "; ".join(problems[:20])
+                + more
+                + keys
             )
     if not examples:
         raise PreferenceDataError(f"no usable preference rows in {list(files)}")
@@ -155,7 +163,8 @@ def _row_problem(row: Any, d: Any) -> str | None:
         return "not a mapping"
     prompt = row.get(d.messages_key) if d.messages_key else row.get(d.prompt_key)
     if not prompt:
-        return f"missing or empty prompt ({d.messages_key or d.prompt_key!r})"
+        which = "messages_key" if d.messages_key else "prompt_key"
+        return f"missing or empty prompt ({d.messages_key or d.prompt_key!r}, {which})"
     if d.label_key in row and d.completion_key in row:
         if not isinstance(row[d.label_key], bool):
             return f"{d.label_key!r} must be true or false, got {row[d.label_key]!r}"
@@ -164,9 +173,9 @@ def _row_problem(row: Any, d: Any) -> str | None:
         return None
     chosen, rejected = _text(row.get(d.chosen_key)), _text(row.get(d.rejected_key))
     if chosen is None:
-        return f"missing {d.chosen_key!r}"
+        return f"missing {d.chosen_key!r} (chosen_key)"
     if rejected is None:
-        return f"missing {d.rejected_key!r}"
+        return f"missing {d.rejected_key!r} (rejected_key)"
     if not chosen.strip():
         return f"empty {d.chosen_key!r}"
     if not rejected.strip():
