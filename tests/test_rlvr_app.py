@@ -135,6 +135,29 @@ def test_dry_run_prints_the_rlvr_plan():
     assert "warning:" not in proc.stdout  # the RLVR keys it sets are consumed, not refused
 
 
+def test_generated_data_no_data_key_reads_is_refused_before_the_run(tmp_path, capsys):
+    """`rlvr_app.arith_data.out_dir=DIR` alone wrote DIR/*.parquet while the run trained on
+    data_args.file_name's ./output/rlvr_data/train.parquet (an earlier generation's, perhaps with
+    other options): the keys validated and did nothing. Now a run refuses it (a dry run lists
+    it); pointing file_name at the generated file, or generate=false, is accepted."""
+    from tests.app_loading import app_main
+
+    main = app_main("rlvr")
+    moved = [f"rlvr_app.arith_data.out_dir={tmp_path}/data", "rlvr_app.warmup.steps=0",
+             f"output_dir={tmp_path}/out"]  # fmt: skip
+    assert main([*moved, "max_steps=1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"config error: rlvr_app.arith_data.generate writes {tmp_path}/data/")
+    assert "actor_train.data_args.file_name=['./output/rlvr_data/train.parquet']" in err
+    assert not (tmp_path / "data").exists() and not (tmp_path / "out").exists()  # nothing ran
+    assert main(["--dry-run", *moved]) == 0
+    assert "warning: rlvr_app.arith_data.generate writes" in capsys.readouterr().out
+    for accepted in (f"actor_train.data_args.file_name={tmp_path}/data/train.parquet",
+                     "rlvr_app.arith_data.generate=false"):  # fmt: skip
+        assert main(["--dry-run", *moved, accepted]) == 0
+        assert "rlvr_app.arith_data.generate writes" not in capsys.readouterr().out
+
+
 def test_rlvr_keys_are_refused_by_the_agentic_pipeline():
     from rl_config.errors import ConfigError
     from rl_config.loading import load_app_config

@@ -83,9 +83,10 @@ def table(summaries: dict[int, dict]) -> str:
                 rows.setdefault("gain (after - before)", {}).setdefault(column, []).append(
                     gain["gain"]
                 )
-                rows.setdefault("gain in standard errors", {}).setdefault(column, []).append(
-                    gain["gain_in_se"]
-                )
+                if gain["gain_in_se"] is not None:  # null: a gain with a standard error of 0
+                    rows.setdefault("gain in standard errors", {}).setdefault(column, []).append(
+                        gain["gain_in_se"]
+                    )
     n = {int(s["eval_after"].get("val/num_episodes", 0)) for s in summaries.values()}
     seeds = ", ".join(str(k) for k in summaries)
     lines = [

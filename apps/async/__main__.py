@@ -10,7 +10,6 @@ bundles and 20 RL steps (async_compare.CPU_DEFAULTS). key=value overrides apply 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -36,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         step_rows,
         table_rows,
     )
-    from rlvr_app import DEFAULT_CONFIG, compose, load, run
+    from rlvr_app import DEFAULT_CONFIG, compose, data_errors, load, run
 
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
@@ -61,13 +60,20 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError, KeyError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
-    if "dry_run" in args.flags:
+    if "dry_run" in args.flags:  # as apps/rlvr's: refusals are listed, a run stops on them
         for mode, (run_cfg, _app, composed) in runs.items():
             print(f"=== {mode} run")
-            for line in (*run_cfg.config_warnings(), *composed.components.warnings):
+            for line in (*run_cfg.config_warnings(), *composed.components.warnings,
+                         *composed.notes, *composed.refusals):  # fmt: skip
                 print(f"warning: {line}")
             print(plan_text(composed.components))
         return 0
+    refusals = dict.fromkeys(r for _cfg, _app, composed in runs.values() for r in composed.refusals)
+    if refusals:
+        print(f"config error: {'; '.join(refusals)}", file=sys.stderr)
+        return 1
+    from rl_runtime.summary_json import write_summary
+
     summary: dict = {"max_staleness": staleness}
     results = {}
     out = Path(cfg.output_dir)
@@ -75,16 +81,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"=== {mode} run (async.max_staleness={0 if mode == 'sync' else staleness})")
         # the pre-RL policy is the same in both runs: evaluate it once. A fresh run moves an
         # earlier comparison's summary.json aside with its own outputs (rl_runtime.previous_run)
-        results[mode] = run(run_cfg, app, composed, eval_before=mode == "sync",
-                            app_outputs=(str(out / "summary.json"),))  # fmt: skip
+        try:
+            results[mode] = run(run_cfg, app, composed, eval_before=mode == "sync",
+                                app_outputs=(str(out / "summary.json"),))  # fmt: skip
+        except ConfigError as exc:  # e.g. an optional package the config needs is missing
+            print(f"config error: {exc}", file=sys.stderr)
+            return 1
+        except data_errors() as exc:
+            print(f"data error: {exc}", file=sys.stderr)
+            return 1
         summary[mode] = run_summary(results[mode], step_rows(run_cfg.logging_dir))
     summary["heldout_accuracy_before_rl"] = results["sync"].eval_before.get("val/accuracy")
     if summary["sync"]["samples_per_s"]:
         summary["speedup"] = round(
             summary["async"]["samples_per_s"] / summary["sync"]["samples_per_s"], 3
         )
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_summary(out / "summary.json", summary)
     from rich.console import Console
 
     from rl_runtime.timing import summary_table

@@ -17,10 +17,15 @@ DEFAULT_CONFIG = HERE / "configs" / "cpu_default.yaml"
 
 
 def compose(cfg: Any, app: Any = None, flags: frozenset[str] = frozenset()) -> Composed:
-    """The shared components and the RLVR plan (rl_runtime.compose.rlvr.compose_rlvr)."""
+    """The shared components and the RLVR plan (rl_runtime.compose.rlvr.compose_rlvr); generated
+    arithmetic data no data key reads is a refusal (ArithDataOptions.unread_by)."""
+    from dataclasses import replace
+
     from rl_runtime.compose.rlvr import compose_rlvr
 
-    return compose_rlvr(cfg)
+    composed = compose_rlvr(cfg)
+    unread = app.arith_data.unread_by(composed.plan.data) if app is not None else None
+    return replace(composed, refusals=(*composed.refusals, unread)) if unread else composed
 
 
 def prepare(cfg: Any, app: AppOptions) -> str:

@@ -215,6 +215,57 @@ def test_a_resumed_runs_curves_show_the_whole_run_once(tmp_path, monkeypatch):
     assert points(resumed) == points(full)
 
 
+def test_a_resumed_runs_metrics_jsonl_holds_each_step_once(tmp_path, capsys):
+    """metrics.jsonl held the steps the interrupted run logged past its checkpoint twice (once
+    from each run); now a resume cuts it back to the checkpoint, says so, and keeps the
+    interrupted file whole beside it."""
+    _run(tmp_path / "full", FakeRecipe(), logging_steps=1, save_steps=3)
+    with pytest.raises(RuntimeError, match="boom"):  # steps 1-4 logged, checkpoint at 3
+        _run(tmp_path / "part", FakeRecipe(fail_at=4), logging_steps=1, save_steps=3)
+    interrupted = (tmp_path / "part" / "out" / "logs" / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    _run(
+        tmp_path / "part", FakeRecipe(), logging_steps=1, save_steps=3, resume_from_checkpoint=True
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert "1 row(s) the interrupted run logged after step 3" in out[1]
+    assert _logged_steps(tmp_path / "part") == _logged_steps(tmp_path / "full") == [1, 2, 3, 4, 5]
+    (kept,) = (tmp_path / "part" / "out" / "logs").glob("previous-*/metrics.jsonl")
+    assert kept.read_text() == interrupted
+    assert str(kept.parent) in out[1]
+
+
+class SummarisingRecipe(FakeRecipe):
+    """Evaluates to success 0 before training and 1 after (a gain with a standard error of 0,
+    `gain_in_se` inf) and reports a NaN figure."""
+
+    def evaluate(self, ctx) -> dict[str, float]:
+        return {"val/success_rate": float(ctx.step > 0), "val/reward": float("nan")}
+
+    def summary(self, before: dict, after: dict) -> dict:
+        from rl_runtime.gain import success_gains
+
+        return success_gains(before, after, ("val/success_rate",), n=8)
+
+
+def test_summary_json_is_standard_json_with_null_for_non_finite_figures(tmp_path):
+    """summary.json held `Infinity` (a 0 -> 1 gain's gain_in_se) and `NaN`, which JSON does not
+    have: jq and JavaScript refuse the file. Now they are null; the finite figures stay."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not standard JSON: {constant}")
+
+    _, result = _run(tmp_path, SummarisingRecipe())
+    assert result.summary["gain val/success_rate"]["gain_in_se"] == float("inf")
+    text = (tmp_path / "out" / "summary.json").read_text()
+    summary = json.loads(text, parse_constant=refuse)
+    assert summary["summary"]["gain val/success_rate"] == {
+        "gain": 1.0, "se": 0.0, "gain_in_se": None, "n": 8
+    }  # fmt: skip
+    assert summary["eval_after"] == {"val/success_rate": 1.0, "val/reward": None}
+    assert not list((tmp_path / "out").glob("*.tmp"))
+
+
 def test_resume_refuses_changed_seed_and_estimator_before_anything_starts(tmp_path, capsys):
     _run(tmp_path, FakeRecipe(), max_steps=3)
     state = json.loads(

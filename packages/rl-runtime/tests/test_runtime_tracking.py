@@ -21,6 +21,25 @@ def test_tracker_writes_jsonl_stdout_and_tensorboard(tmp_path):
     assert events and events[0].stat().st_size > 0
 
 
+def test_a_resumed_tracker_hides_the_interrupted_runs_later_tensorboard_points(tmp_path):
+    """TensorBoard showed a resumed run's steps past its checkpoint twice (the interrupted
+    run's points and the new ones); `resumed_at` purges the interrupted run's from step+1 on."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first = Tracker("tensorboard", tmp_path, stream=io.StringIO())
+    for step in (1, 2, 3, 4):  # interrupted after step 4, checkpoint at 2
+        first.log({"train/loss": float(step)}, step=step)
+    first.close()
+    resumed = Tracker("tensorboard", tmp_path, stream=io.StringIO(), resumed_at=2)
+    for step in (3, 4, 5):
+        resumed.log({"train/loss": 10.0 * step}, step=step)
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    points = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    assert points == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0), (5, 50.0)]
+
+
 def test_tracker_rejects_unprefixed_names_and_unknown_backend(tmp_path):
     tracker = Tracker("jsonl", tmp_path)
     with pytest.raises(ValueError, match="'loss' has no known prefix"):

@@ -22,13 +22,15 @@ A recipe supplies its science through a small protocol (composition, not inherit
 bumps it), the phase timer, `log`, and sharded `forward`/`train` calls on a role. A pipeline without
 rollout engines (no `actor_infer` role, e.g. offline preference training) has no weight sync. The last step always logs, evaluates and saves.
 At start the runner prints the config warnings and writes the resolved config (secrets redacted)
-to output_dir; at the end it writes output_dir/summary.json. A checkpoint records the config,
+to output_dir; at the end it writes output_dir/summary.json (standard JSON: rl_runtime.summary_json).
+A checkpoint records the config,
 the app's own section (`RunOptions.app_record`) and the values it derives for its data
 (`RunOptions.derived`), which rl_runtime.resume_guard compares on resume for the pipeline kind run
 (`RunOptions.pipeline`),
 and the evaluation before training, which a resumed run's summary keeps. A resumed run says so
-first and goes on in its run's metrics.jsonl (its curves.png plots the whole run: the rows up
-to the checkpoint, then its own); a fresh run first moves an earlier run's metrics,
+first and goes on in its run's metrics.jsonl, cut back to the checkpoint's step first
+(tracking.rewind_metrics: each step once; TensorBoard hides the later points too), so its
+curves.png plots the whole run; a fresh run first moves an earlier run's metrics,
 checkpoints and outputs (summary.json, curves.png, resolved_config.yaml, hf_model/, and the
 app's `RunOptions.app_outputs`) in its directories aside (rl_runtime.previous_run) and says where.
 Throughput: `throughput/samples_per_s` (trained samples, `rollout/num_trajectories`, per second of
@@ -43,7 +45,6 @@ With `components.asynchronous`, rollout runs ahead of the trainer (rl_runtime.as
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable
@@ -65,8 +66,9 @@ from rl_runtime.previous_run import (
     set_aside_previous_run,
 )
 from rl_runtime.resume_guard import app_record, check_resume, config_record
+from rl_runtime.summary_json import write_summary
 from rl_runtime.timing import PhaseTimer, StepProgress
-from rl_runtime.tracking import Tracker, checkpointed_rows, earlier_run_logs, tracker_log_dir
+from rl_runtime.tracking import Tracker, earlier_run_logs, rewind_metrics, tracker_log_dir
 
 THROUGHPUT_KEY = "throughput"
 """The checkpoint's extra state holding the run's throughput totals (`Runner.throughput_state`)."""
@@ -414,6 +416,8 @@ class Runner:
         self.eval_before: dict[str, float] = {}
         #: a resumed run's metric rows up to its checkpoint (its curves show the whole run)
         self.resumed_rows: list[dict[str, float]] = []
+        #: the checkpoint step a resumed run goes on from (None: a fresh run)
+        self.resumed_step: int | None = None
 
     # ------------------------------------------------------------------------------ setup
     def pipeline(self) -> str | None:
@@ -442,13 +446,16 @@ class Runner:
             resume = self.ckpt.resolve(c.checkpoint.resume)
             if resume is not None:
                 state = self.ckpt.load_state(resume)
-                log_dir = tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs)
-                self.resumed_rows = checkpointed_rows(log_dir, state.step)
+                self.resumed_step = state.step
                 print(
                     f"resuming from checkpoint {resume} at step {state.step} "
                     f"(weight version {state.weight_version})",
                     flush=True,
                 )
+                log_dir = tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs)
+                self.resumed_rows, rewound = rewind_metrics(log_dir, state.step)
+                if rewound is not None:
+                    print(rewound, flush=True)
                 resume_warnings = check_resume(
                     state.extra.get("config"), self.cfg, str(resume),
                     saved_app=state.extra.get("app"), app=self.options.app_record,
@@ -506,7 +513,11 @@ class Runner:
         timer = PhaseTimer(None if o.use_ray else kind)
         self.ctx = Context(c, o, cluster, tracker=None, timer=timer)  # type: ignore[arg-type]
         self.ctx.tracker = Tracker(
-            c.tracker.track_with, c.tracker.log_dir, c.tracker.kwargs, stdout_keys=o.stdout_keys
+            c.tracker.track_with,
+            c.tracker.log_dir,
+            c.tracker.kwargs,
+            stdout_keys=o.stdout_keys,
+            resumed_at=self.resumed_step,
         )
         self.ctx.tracker.history.extend(self.resumed_rows)
         if cluster.has("actor_train") and cluster.has("actor_infer"):
@@ -736,8 +747,7 @@ class Runner:
                 "loop_seconds": self.loop_seconds,
             },
         )
-        out.mkdir(parents=True, exist_ok=True)
-        (out / SUMMARY_NAME).write_text(json.dumps(result.__dict__, indent=2, default=str))
+        write_summary(out / SUMMARY_NAME, result.__dict__)
         return result
 
     def teardown(self) -> None:

@@ -40,6 +40,28 @@ class ArithDataOptions:
     val_fraction: float = 0.2
     seed: int = 0
 
+    def unread_by(self, data: DataPlan) -> str | None:
+        """With `generate`, why the run would not read what it writes (no data key names either
+        generated file: it would train on other files, perhaps an earlier generation's, while
+        the keys set here did nothing); None when it does."""
+        import os
+
+        from rl_envs.tasks.arith import arith_parquet_paths
+
+        if not self.generate:
+            return None
+        written = [os.path.abspath(p) for p in arith_parquet_paths(self.out_dir)]
+        read = {os.path.abspath(f) for f in (*data.train_files, *data.val_files)}
+        if read.intersection(written):
+            return None
+        return (
+            f"rlvr_app.arith_data.generate writes {written[0]} and {written[1]}, but no data key "
+            f"reads them (actor_train.data_args.file_name={list(data.train_files)}, "
+            f"{data.val_files_key}={list(data.val_files)}): point file_name at "
+            f"{self.out_dir}/train.parquet (and the held-out key at test.parquet), or set "
+            "rlvr_app.arith_data.generate=false to train on your own files"
+        )
+
     def write(self) -> None:
         """The train/test parquet files under `out_dir` (rl_envs.tasks.arith)."""
         from rl_envs.tasks.arith import write_arith_parquet

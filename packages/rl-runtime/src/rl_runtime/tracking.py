@@ -15,6 +15,7 @@ import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -100,11 +101,14 @@ class JsonlBackend:
 
 
 class TensorboardBackend:
-    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
+    """`purge_step`: a resumed run's first new step; TensorBoard hides the interrupted run's
+    events from it on (they are logged again)."""
+
+    def __init__(self, log_dir: str | os.PathLike[str], purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = str(log_dir)
-        self.writer = SummaryWriter(log_dir=self.log_dir)
+        self.writer = SummaryWriter(log_dir=self.log_dir, purge_step=purge_step)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         for name, value in metrics.items():
@@ -177,6 +181,8 @@ class Tracker:
 
     `track_with`: one name or a list (`stdout`, `jsonl`, `tensorboard`, `wandb`); `jsonl` is always
     added so runs stay machine-readable. `tracker_kwargs.log_dir` overrides `log_dir`.
+    `resumed_at`: the checkpoint step a resumed run goes on from (TensorBoard hides the
+    interrupted run's later events; metrics.jsonl is cut back by `rewind_metrics`).
     """
 
     def __init__(
@@ -187,6 +193,7 @@ class Tracker:
         *,
         stdout_keys: Sequence[str] | None = None,
         stream: TextIO | None = None,
+        resumed_at: int | None = None,
     ) -> None:
         names = [track_with] if isinstance(track_with, str) else list(track_with or ["stdout"])
         kwargs = dict(tracker_kwargs or {})
@@ -204,7 +211,12 @@ class Tracker:
             elif name == "jsonl":
                 self.backends.append(JsonlBackend(self.log_dir))
             elif name == "tensorboard":
-                self.backends.append(TensorboardBackend(self.log_dir / "tensorboard"))
+                self.backends.append(
+                    TensorboardBackend(
+                        self.log_dir / "tensorboard",
+                        purge_step=None if resumed_at is None else resumed_at + 1,
+                    )
+                )
             elif name == "wandb":
                 self.backends.append(WandbBackend(self.log_dir, **kwargs))
         self.history: list[dict[str, float]] = []
@@ -222,13 +234,35 @@ class Tracker:
         self.backends = []
 
 
-def checkpointed_rows(log_dir: str | os.PathLike[str], step: int) -> list[dict[str, float]]:
-    """The rows of `<log_dir>/metrics.jsonl` a checkpoint at `step` covers (`step` <= it: the
-    warm-up's, the evaluation before training, the steps trained), for a resumed run's curves;
-    rows after it were logged by the interrupted run and are trained again. [] without a file."""
-    if not (Path(log_dir) / "metrics.jsonl").exists():
-        return []
-    return [r for r in read_metrics(log_dir) if r.get("step", 0) <= step]
+def rewind_metrics(
+    log_dir: str | os.PathLike[str], step: int
+) -> tuple[list[dict[str, float]], str | None]:
+    """For a run resumed at checkpoint `step`, which goes on in `<log_dir>/metrics.jsonl`: the
+    rows the checkpoint covers (`step` <= it: the warm-up's, the evaluation before training, the
+    steps trained), for its curves. When the interrupted run logged steps past the checkpoint
+    (trained again now, so each would appear twice), the file is cut back to those rows: written
+    atomically, the interrupted file kept whole in `previous-<UTC time>/` beside it
+    (rl_runtime.previous_run). Returns the rows and the line saying so (None: nothing to cut;
+    [] without a file)."""
+    from rl_runtime.previous_run import aside_dir
+
+    path = Path(log_dir) / "metrics.jsonl"
+    if not path.exists():
+        return [], None
+    rows = read_metrics(log_dir)
+    kept = [r for r in rows if r.get("step", 0) <= step]
+    if len(kept) == len(rows):
+        return kept, None
+    target = aside_dir(path.parent, datetime.now(UTC))
+    target.mkdir(parents=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in kept), encoding="utf-8")
+    os.replace(path, target / path.name)
+    os.replace(tmp, path)
+    return kept, (
+        f"metrics.jsonl: {len(rows) - len(kept)} row(s) the interrupted run logged after step "
+        f"{step} are trained again and logged anew; the interrupted file -> {target}/"
+    )
 
 
 def read_metrics(log_dir: str | os.PathLike[str]) -> list[dict[str, float]]:

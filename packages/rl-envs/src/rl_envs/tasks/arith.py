@@ -63,19 +63,27 @@ def row(prompt: str, answer: str, split_name: str, index: int) -> dict:
     }
 
 
+def arith_parquet_paths(out_dir: str) -> tuple[Path, Path]:
+    """Where `write_arith_parquet` writes: `out_dir/train.parquet`, `out_dir/test.parquet`."""
+    return Path(out_dir) / "train.parquet", Path(out_dir) / "test.parquet"
+
+
 def write_arith_parquet(out_dir: str, *, kind: str, val_fraction: float, seed: int, **sizes):
-    """Writes train.parquet and test.parquet under `out_dir`; returns their paths."""
+    """Writes train.parquet and test.parquet under `out_dir`, each atomically (a run starting
+    beside one that is writing reads the old file or the new one, never half of one); returns
+    their paths."""
+    import os
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     train, val = split(problems(kind, **sizes), val_fraction, seed)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, items in (("train", train), ("test", val)):
-        path = out / f"{name}.parquet"
-        pq.write_table(
-            pa.Table.from_pylist([row(p, a, name, i) for i, (p, a, _key) in enumerate(items)]), path
-        )
+    for path, name, items in zip(arith_parquet_paths(out_dir), ("train", "test"), (train, val)):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        table = pa.Table.from_pylist([row(p, a, name, i) for i, (p, a, _key) in enumerate(items)])
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
         paths.append(str(path))
     return paths[0], paths[1]
