@@ -166,6 +166,27 @@ def test_ppo_epochs_and_mini_batches_count_optimizer_steps(tiny_model_path):
         backend.train_step(make_batch(8, 12), nll_loss, epochs=0)
 
 
+def test_a_mini_batch_without_a_trainable_token_takes_no_optimizer_step(tiny_model_path):
+    """Every response masked out (e.g. max_len_mask with all responses truncated): the loss and
+    its gradients are 0, yet an AdamW step still moved the weights (its momentum from the last
+    step, and weight decay). Such a mini-batch is now skipped whole and counted."""
+    backend = _backend(tiny_model_path, per_device_train_batch_size=2,
+                       gradient_accumulation_steps=2, weight_decay=0.1)  # fmt: skip
+    backend.train_step(make_batch(4, 12), nll_loss)  # momentum is non-zero from here on
+    before = _params(backend)
+    empty = make_batch(8, 12, seed=1)
+    empty["response_mask"] = torch.zeros_like(empty["response_mask"])
+    m = backend.train_step(empty, nll_loss)
+    assert _max_diff(before, _params(backend)) == 0.0
+    assert m["actor/optimizer_steps"] == 0.0 and m["actor/empty_mini_batches"] == 2.0
+    assert backend.global_step == 1
+    half = make_batch(8, 12, seed=2)  # mini-batch 1 (rows 0-3) empty, mini-batch 2 trains
+    half["response_mask"][:4] = False
+    m = backend.train_step(half, nll_loss)
+    assert m["actor/optimizer_steps"] == 1.0 and m["actor/empty_mini_batches"] == 1.0
+    assert backend.global_step == 2 and _max_diff(before, _params(backend)) > 0.0
+
+
 def test_actor_loss_on_policy_ppo_equals_minus_mean_advantage(tiny_model_path):
     batch = make_batch(6, 16, seed=4)
     loss_fn = build_actor_loss(

@@ -198,6 +198,30 @@ def test_nan_on_one_rank_skips_step_on_both(tiny_model_path, tmp_path, strategy,
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "strategy,cfg",
+    [("deepspeed_train", ZERO2), ("deepspeed_train", ZERO0)],
+    ids=["zero2", "zero0"],  # DeepSpeed keeps its own step counts; FSDP2: the core test
+)
+def test_a_step_without_a_trainable_token_is_as_if_it_never_came(
+    tiny_model_path, tmp_path, strategy, cfg
+):
+    """A batch with every response masked out, on both ranks: skipped whole, so the weights,
+    the optimizer's moments, DeepSpeed's micro-step count and the lr schedule after the next
+    step are those of a run that never saw it (AdamW stepped on zero gradients before)."""
+    runs = {"empty": dict(empty_steps=[1]), "omitted": dict(omit_steps=[1])}
+    for name, extra in runs.items():
+        spec = _spec(tmp_path / name, tiny_model_path, strategy, cfg, 2, steps=3, **extra)
+        spawn(train_worker, 2, spec, env=ENV)
+    empty, omitted = _result(tmp_path / "empty"), _result(tmp_path / "omitted")
+    assert [h["actor/optimizer_steps"] for h in empty["history"]] == [1.0, 0.0, 1.0]
+    assert empty["history"][1]["actor/empty_mini_batches"] == 1.0
+    assert empty["history"][-1]["actor/global_step"] == 2.0
+    assert empty["history"][-1]["actor/lr"] == omitted["history"][-1]["actor/lr"]
+    assert _max_diff(empty["params"], omitted["params"]) == 0.0
+
+
+@pytest.mark.slow
 def test_fsdp2_resume_bit_exact_and_truncated_shard_falls_back(tiny_model_path, tmp_path):
     ck = tmp_path / "ckpt"
     spawn(

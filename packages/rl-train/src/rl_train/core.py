@@ -194,6 +194,9 @@ class BackendCore:
 
         The loss of each micro-batch is normalised by the mini-batch's GLOBAL counts (all ranks),
         so accumulation and data parallelism reproduce one process on the whole mini-batch.
+        A mini-batch with no trainable token on any rank (every response masked out, e.g. by
+        ``max_len_mask``) is skipped whole: no forward, no optimizer step (AdamW would still move
+        the weights by its momentum and weight decay), counted in ``<role>/empty_mini_batches``.
         """
         if self.role == "reference":
             raise RuntimeError("the reference role is forward-only; train_step is not available")
@@ -217,7 +220,7 @@ class BackendCore:
             else None
         )
         sums: dict[str, float] = {}
-        steps = skipped = 0
+        steps = skipped = empty = 0
         grad_norms: list[float] = []
         tokens = 0.0
         for _epoch in range(passes):
@@ -246,6 +249,9 @@ class BackendCore:
                     global_seqs=g_seqs,
                     max_seq_len=_max_over_ranks(int(mini["input_ids"].shape[1])),
                 )
+                if g_tokens == 0:  # the same on every rank: all skip together
+                    empty += 1
+                    continue
                 tokens += g_tokens
                 self._zero_grad()
                 nonfinite = False
@@ -283,6 +289,7 @@ class BackendCore:
                 f"{prefix}/lr": self._current_lr(),
                 f"{prefix}/optimizer_steps": float(steps),
                 f"{prefix}/skipped_steps": float(skipped),
+                f"{prefix}/empty_mini_batches": float(empty),
                 f"{prefix}/nonfinite_total": float(self.guard.total_skipped),
                 f"{prefix}/global_step": float(self.global_step),
                 f"{prefix}/response_tokens_per_s": tokens / max(elapsed, 1e-9),

@@ -136,7 +136,9 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
     Options: ``resume_from`` (a checkpoint root; the result's ``load_report`` then holds the
     loaded optimizer's group settings and state count), ``save_at``/``ckpt_root``,
     ``forget_optimizer_state_at`` (steps after which the optimizer's state and gradients are
-    dropped, before that step's save), ``nan_steps``/``nan_rank``, ``swap_after_verify``."""
+    dropped, before that step's save), ``nan_steps``/``nan_rank``, ``swap_after_verify``,
+    ``empty_steps`` (steps whose batch has no response token: every ``response_mask`` False) and
+    ``omit_steps`` (steps not trained at all)."""
     torch.set_num_threads(1)
     from rl_train import dist as rdist
     from rl_train.registry import build_backend
@@ -173,8 +175,12 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
 
         loss_fn = build_actor_loss(ActorLossConfig(**spec["actor_loss"]))
     for step in range(start, spec["steps"]):
+        if step in spec.get("omit_steps", ()):
+            continue
         batch = make_batch(**{**spec["batch"], "seed": spec["batch"].get("seed", 0) + step})
         batch = shard_rows(batch, rank, world, args.mini_batch_size)
+        if step in spec.get("empty_steps", ()):
+            batch["response_mask"] = torch.zeros_like(batch["response_mask"])
         if step in nan_steps and rank == nan_rank:
             batch["advantages"] = batch["advantages"].clone()
             col = int(batch["response_mask"][0].nonzero()[0, 0])
