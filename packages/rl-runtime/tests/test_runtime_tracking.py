@@ -1,10 +1,11 @@
 import io
+import json
 import math
 
 import pytest
 
 from rl_runtime.timing import PhaseTimer
-from rl_runtime.tracking import Tracker, read_metrics
+from rl_runtime.tracking import Tracker, read_metrics, rewind_metrics
 
 
 def test_tracker_writes_jsonl_stdout_and_tensorboard(tmp_path):
@@ -38,6 +39,25 @@ def test_a_resumed_tracker_hides_the_interrupted_runs_later_tensorboard_points(t
     events.Reload()
     points = [(e.step, e.value) for e in events.Scalars("train/loss")]
     assert points == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0), (5, 50.0)]
+
+
+def test_a_last_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
+    """A kill during a write leaves `{"step": 4, "tr` without a newline: reading the file
+    raised, and the resumed run would have appended its next row to that line. The resume
+    cuts it off (the interrupted file is kept); a broken line elsewhere is still an error."""
+    log = tmp_path / "metrics.jsonl"
+    whole = "".join(json.dumps({"step": s, "train/loss": s / 10}) + "\n" for s in (1, 2, 3))
+    log.write_text(whole + '{"step": 4, "tr')
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+    rows, line = rewind_metrics(tmp_path, 3)
+    assert [r["step"] for r in rows] == [1, 2, 3] and log.read_text() == whole
+    assert line is not None and "dropped its last line, cut short" in line
+    (kept,) = tmp_path.glob("previous-*/metrics.jsonl")
+    assert kept.read_text().endswith('{"step": 4, "tr')
+    assert rewind_metrics(tmp_path, 3) == (rows, None)  # nothing left to cut
+    log.write_text('{"step": 1, "tr\n' + whole)
+    with pytest.raises(ValueError, match="metrics.jsonl:1: not JSON"):
+        read_metrics(tmp_path)
 
 
 def test_tracker_rejects_unprefixed_names_and_unknown_backend(tmp_path):

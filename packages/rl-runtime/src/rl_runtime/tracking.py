@@ -240,7 +240,8 @@ def rewind_metrics(
     """For a run resumed at checkpoint `step`, which goes on in `<log_dir>/metrics.jsonl`: the
     rows the checkpoint covers (`step` <= it: the warm-up's, the evaluation before training, the
     steps trained), for its curves. When the interrupted run logged steps past the checkpoint
-    (trained again now, so each would appear twice), the file is cut back to those rows: written
+    (trained again now, so each would appear twice), or its last line was cut short by the kill
+    (the next row would be appended to it), the file is cut back to those rows: written
     atomically, the interrupted file kept whole in `previous-<UTC time>/` beside it
     (rl_runtime.previous_run). Returns the rows and the line saying so (None: nothing to cut;
     [] without a file)."""
@@ -249,9 +250,9 @@ def rewind_metrics(
     path = Path(log_dir) / "metrics.jsonl"
     if not path.exists():
         return [], None
-    rows = read_metrics(log_dir)
+    rows, torn = _parse_metrics(path)
     kept = [r for r in rows if r.get("step", 0) <= step]
-    if len(kept) == len(rows):
+    if len(kept) == len(rows) and not torn:
         return kept, None
     target = aside_dir(path.parent, datetime.now(UTC))
     target.mkdir(parents=True)
@@ -259,20 +260,33 @@ def rewind_metrics(
     tmp.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in kept), encoding="utf-8")
     os.replace(path, target / path.name)
     os.replace(tmp, path)
-    return kept, (
-        f"metrics.jsonl: {len(rows) - len(kept)} row(s) the interrupted run logged after step "
-        f"{step} are trained again and logged anew; the interrupted file -> {target}/"
+    dropped = [f"{len(rows) - len(kept)} row(s) the interrupted run logged after step {step} "
+               "(trained again and logged anew)"] if len(kept) < len(rows) else []  # fmt: skip
+    dropped += ["its last line, cut short by the interruption"] if torn else []
+    return (
+        kept,
+        f"metrics.jsonl: dropped {' and '.join(dropped)}; the interrupted file -> {target}/",
     )
 
 
 def read_metrics(log_dir: str | os.PathLike[str]) -> list[dict[str, float]]:
-    """Rows of `<log_dir>/metrics.jsonl` (what `JsonlBackend` wrote)."""
-    path = Path(log_dir) / "metrics.jsonl"
+    """Rows of `<log_dir>/metrics.jsonl` (what `JsonlBackend` wrote). A last line without its
+    newline that is not JSON (a write cut short by a kill) is left out; any other line that is
+    not JSON is an error naming the file and line."""
+    return _parse_metrics(Path(log_dir) / "metrics.jsonl")[0]
+
+
+def _parse_metrics(path: Path) -> tuple[list[dict[str, float]], bool]:
+    """(the rows of `path`, whether its last line was cut short) (see `read_metrics`)."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
     rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for lineno, line in enumerate(lines, start=1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
+                if lineno == len(lines) and not text.endswith("\n"):
+                    return rows, True
                 raise ValueError(f"{path}:{lineno}: not JSON: {exc}") from exc
-    return rows
+    return rows, False
