@@ -142,6 +142,8 @@ def assert_same_final_state(full: Path, killed: Path, key: Path) -> None:
     assert all(bool(m.abs().sum() > 0) for m in moments)
     # same env seeds and samples after every resume: the logged steps agree
     m_full, m_killed = _metrics(full), _metrics(killed)
+    # each step logged once: every resume cut metrics.jsonl back to its checkpoint
+    assert _trained_steps(killed) == _trained_steps(full) == list(range(1, MAX_STEPS + 1))
     for step in range(1, MAX_STEPS + 1):
         for k in ("env/episode_reward", "rollout/response_tokens", "train/loss", "train/grad_norm"):
             assert m_killed[step][k] == m_full[step][k], (step, k)
@@ -150,6 +152,11 @@ def assert_same_final_state(full: Path, killed: Path, key: Path) -> None:
 def _metrics(run: Path) -> dict[int, dict]:
     rows = [json.loads(x) for x in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r for r in rows if "train/loss" in r}
+
+
+def _trained_steps(run: Path) -> list[int]:
+    rows = [json.loads(x) for x in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in rows if "train/loss" in r]
 
 
 def _committed(run: Path) -> list[str]:

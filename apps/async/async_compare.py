@@ -10,7 +10,6 @@ counted); held-out accuracy is the final evaluation's (`val/accuracy`: sampled l
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -84,8 +83,10 @@ def run_overrides(base: list[str], output_dir: str, mode: str, staleness: int) -
 
 
 def step_rows(log_dir: str) -> list[dict[str, Any]]:
-    path = Path(log_dir) / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The run's training-step rows of its metrics.jsonl (none without the file)."""
+    from rl_runtime.tracking import read_metrics
+
+    rows = read_metrics(log_dir) if (Path(log_dir) / "metrics.jsonl").exists() else []
     return [r for r in rows if r.get("step", 0) > 0 and "train/loss" in r]
 
 
