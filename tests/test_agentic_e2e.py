@@ -229,6 +229,22 @@ def test_all_seven_roll_agentic_examples_are_swept():
     assert len(names) == 7 and set(names) >= set(ROLL_REFUSED)
 
 
+def test_a_solver_warm_up_on_envs_the_solver_cannot_play_is_refused_before_the_run(
+    tmp_path, capsys
+):
+    """countdown with `agentic_app.warmup.steps` > 0 started Ray, the workers and the warm-up,
+    then died with 'the solver produced no successful demonstration'."""
+    countdown = ["+custom_envs.C.env_type=countdown", "train_env_manager.tags=[C]",
+                 "val_env_manager.tags=[C]", f"output_dir={tmp_path}/out"]  # fmt: skip
+    assert app_main("agentic")(countdown) == 1
+    err = capsys.readouterr().err
+    assert "config error: agentic_app.warmup.steps=100: the warm-up plays" in err
+    assert "tag 'C' (env type 'countdown' has no solver)" in err
+    assert not (tmp_path / "out").exists()
+    assert app_main("agentic")([*countdown, "agentic_app.warmup.steps=0", "--dry-run"]) == 0
+    assert "warm-up" not in capsys.readouterr().out
+
+
 def test_bad_override_names_the_key():
     proc = subprocess.run(
         [sys.executable, str(APP), "--dry-run", "actor_train.training_args.learning_rat=1e-5"],

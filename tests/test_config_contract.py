@@ -303,6 +303,11 @@ def _base_for(key: str) -> dict[str, Any]:
         base["custom_envs"]["Other"] = copy.deepcopy(base["custom_envs"]["FrozenLake"])
     if key == "custom_envs.*.max_steps":
         next(iter(base["custom_envs"].values()))["env_config"].pop("max_steps", None)
+    if key == "custom_envs.*.env_type":  # options both env types take (a sokoban env refuses
+        env_config = next(iter(base["custom_envs"].values()))["env_config"]  # a grid `size`)
+        for option in ("size", "p", "is_slippery", "random_start", "random_goal",
+                       "min_path_length"):  # fmt: skip
+            env_config.pop(option, None)
     if key.startswith("custom_envs.*.") and key.split(".")[-1] in PROMPT_KEYS:
         env_config = next(iter(base["custom_envs"].values()))["env_config"]
         env_config.pop(PROMPT_KEYS[key.split(".")[-1]], None)  # the ROLL key sets it instead

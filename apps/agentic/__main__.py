@@ -23,9 +23,22 @@ DEFAULT_CONFIG = HERE / "configs" / "cpu_default.yaml"
 
 
 def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
+    """The components; a solver warm-up on training envs the solver cannot play is a refusal
+    (it would end the run after its start with no demonstration to learn from)."""
+    from rl_runtime.agentic_rollout import env_configs
+    from rl_runtime.demos import tags_without_solver
     from rl_runtime.pipeline import compose_here
 
-    return Composed(compose_here(cfg, rollout_only="rollout_only" in flags))
+    rollout_only = "rollout_only" in flags
+    components = compose_here(cfg, rollout_only=rollout_only)
+    train = components.train_envs
+    if app.warmup.steps <= 0 or rollout_only or train is None:
+        return Composed(components)
+    unplayable = tags_without_solver(train.tags, env_configs(components))
+    refusals = tuple(f"agentic_app.warmup.steps={app.warmup.steps}: the warm-up plays the "
+                     f"training envs with the BFS solver, which cannot play tag {tag!r} ({why}); "
+                     "set agentic_app.warmup.steps=0" for tag, why in unplayable.items())  # fmt: skip
+    return Composed(components, refusals=refusals)
 
 
 def run(cfg, app: AppOptions, composed: Composed, flags: frozenset[str]):

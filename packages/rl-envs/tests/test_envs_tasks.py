@@ -192,3 +192,17 @@ def test_tool_env_bad_calls_and_timeouts(math_pool):
     assert "error" in out and not info["tool_call"]["ok"]
     _, _, terminated, truncated, _ = env.step("no protocol at all")
     assert truncated and not terminated
+
+
+def test_countdown_refuses_options_it_would_ignore_and_lists_the_ones_it_takes():
+    """CountdownEnv passed unknown options on to SingleTurnEnv's row-loading options, which
+    only read `path`: `num_numbrs=3` (a typo) was dropped silently."""
+    from rl_envs.registry import env_options, make_env
+
+    with pytest.raises(TypeError, match="unexpected keyword argument 'num_numbrs'"):
+        make_env("countdown", num_numbrs=3)
+    assert {"num_numbers", "max_number", "system_prompt", "success_reward"} <= set(
+        env_options("countdown")
+    )
+    assert "render_save_dir" in env_options("SimpleSokoban")  # a tag: its env type's options
+    assert "render_save_dir" not in env_options("tool_use")

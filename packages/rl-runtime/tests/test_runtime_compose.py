@@ -551,6 +551,33 @@ def test_roll_agent_templates_set_the_envs_prompts():
             "custom_envs.FL.env_type",
             r"unknown env 'webshop'; tags: .*env types: .*'sokoban'",
         ),
+        # env options the env's constructor refuses: at compose, not in a worker after the
+        # warm-up (countdown's unknown options were dropped silently)
+        (
+            {"env_config": {"is_slipery": True}},
+            "custom_envs.FL.env_config.is_slipery",
+            r"'frozen_lake' takes no option 'is_slipery'; did you mean 'is_slippery'\?",
+        ),
+        (
+            {"env_type": "countdown", "env_config": {"num_numbrs": 3}},
+            "custom_envs.FL.env_config.num_numbrs",
+            r"did you mean 'num_numbers'\? \(its options: .*max_number, max_steps",
+        ),
+        (
+            {"env_type": "single_turn"},
+            "custom_envs.FL.env_config",
+            r"env type 'single_turn': SingleTurnEnv needs rows or path",
+        ),
+        (
+            {"env_type": "single_turn", "env_config": {"path": "no_such_file.jsonl"}},
+            "custom_envs.FL.env_config",
+            r"dataset file not found: no_such_file\.jsonl",
+        ),
+        (
+            {"env_type": "tool_use", "env_config": {"tools": ["shell"]}},
+            "custom_envs.FL.env_config",
+            r"unknown tools \['shell'\]",
+        ),
     ],
 )
 def test_env_prompts_and_types_compose_cannot_honour_are_refused_by_name(env, key, match):

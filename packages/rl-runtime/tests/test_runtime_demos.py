@@ -7,7 +7,7 @@ import pytest
 from rl_config.records import GenerationRequest, SamplingParams
 from rl_envs import make_env
 from rl_envs.solvers import solve
-from rl_runtime.demos import ScriptedEngine
+from rl_runtime.demos import ScriptedEngine, tags_without_solver
 
 
 class _CharTokenizer:
@@ -64,3 +64,12 @@ def test_partial_noise_keeps_the_solver_move_most_likely_and_is_seeded():
 def test_noise_must_be_a_probability(noise):
     with pytest.raises(ValueError, match="action_noise"):
         ScriptedEngine(_CharTokenizer(), end_token_id=0, action_noise=noise)
+
+
+def test_tags_the_solver_cannot_play_are_named_with_their_env_type():
+    specs = {"C": {"env_type": "countdown", "config": {}},
+             "T": {"env_type": "tool_use", "config": {}},
+             "F": {"env_type": "frozen_lake", "config": {"size": 3}}}  # fmt: skip
+    found = tags_without_solver(["C", "T", "F", "SimpleSokoban", "C"], specs)
+    assert found == {"C": "env type 'countdown' has no solver",
+                     "T": "env type 'tool_use' has no solver"}  # fmt: skip

@@ -57,3 +57,13 @@ def test_group_members_play_the_same_env_but_sample_differently():
     obs1, _ = e1.reset(seed=s1)
     assert obs0 == obs1  # the wrapper pins the env seed
     assert e0.max_steps == e1.max_steps  # other attributes pass through
+
+
+def test_frames_are_rendered_only_by_env_types_that_render(tmp_path):
+    """`render_save_dir` went to every env; a text task (countdown, tool_use) has no frames and
+    its constructor refused the option, so a run with `render_val_envs` on one died."""
+    specs = {"T": {"env_type": "tool_use", "config": {}},
+             "F": {"env_type": "frozen_lake", "config": {"size": 3}}}  # fmt: skip
+    built = make_envs([("g0", "T", 1), ("g1", "F", 2)], specs, render_save_dir=str(tmp_path))
+    (tools, _, _, _), (lake, _, _, _) = built
+    assert tools.reset()[0] and lake.render_save_dir == str(tmp_path)

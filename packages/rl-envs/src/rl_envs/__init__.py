@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from rl_envs.base import Env, EpisodeOverError, TextGameEnv
 from rl_envs.registry import (
+    env_options,
     get_tag,
     list_env_types,
     list_tags,
@@ -36,6 +37,7 @@ __all__ = [
     "EpisodeOverError",
     "TextGameEnv",
     "__version__",
+    "env_options",
     "get_tag",
     "list_env_types",
     "list_tags",

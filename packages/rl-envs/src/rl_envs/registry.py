@@ -107,6 +107,30 @@ def prompt_options(tag_or_type: str) -> tuple[str, ...]:
     return tuple(getattr(_ENV_TYPES[env_type], "prompt_options", ()))
 
 
+def env_options(tag_or_type: str) -> tuple[str, ...]:
+    """The keyword options an env type's factory takes (for a class, its ``__init__`` and those
+    of its bases it passes ``**kwargs`` on to), sorted; for error messages and suggestions. An
+    unknown name raises ``KeyError``."""
+    import inspect
+
+    env_type, _ = resolve_config(tag_or_type)
+    if env_type not in _ENV_TYPES:
+        raise KeyError(f"tag {tag_or_type!r} names unknown env type {env_type!r}")
+    factory = _ENV_TYPES[env_type]
+    callables = [c.__init__ for c in factory.__mro__] if isinstance(factory, type) else [factory]
+    names: set[str] = set()
+    for fn in callables:
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        names |= {p.name for p in params if p.name != "self" and p.kind in (
+            p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}  # fmt: skip
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return tuple(sorted(names))
+
+
 def make_env(tag_or_type: str, **config: Any) -> Env:
     """Build an env from a tag (``SimpleSokoban``) or an env type (``sokoban``) plus overrides."""
     env_type, merged = resolve_config(tag_or_type, **config)

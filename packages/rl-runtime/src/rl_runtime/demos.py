@@ -90,6 +90,31 @@ class ScriptedEngine:
         return {}
 
 
+def tags_without_solver(
+    tags: Sequence[str], env_configs: Mapping[str, Mapping[str, Any]]
+) -> dict[str, str]:
+    """`{tag: why}` for the tags of `tags` whose env the BFS solver cannot play
+    (rl_envs.solvers: the grid games): a solver warm-up has no demonstration of them. Each is
+    built and reset once, as `solver_demonstrations` plays it."""
+    from rl_envs.solvers import UnsolvableError, solve_actions
+
+    out: dict[str, str] = {}
+    for env, _seed, _group, tag in make_envs(
+        [("probe", tag, 0) for tag in dict.fromkeys(tags)], env_configs
+    ):
+        try:
+            env.reset()
+            solve_actions(env)
+        except UnsolvableError:  # this map has no solution; the solver plays the env type
+            pass
+        except TypeError:
+            spec = env_configs.get(tag)
+            out[tag] = f"env type {str(spec.get('env_type') if spec else tag)!r} has no solver"
+        finally:
+            env.close()
+    return out
+
+
 def solver_demonstrations(
     model_path: str,
     *,

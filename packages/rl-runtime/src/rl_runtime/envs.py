@@ -105,9 +105,10 @@ def make_envs(
     `sampling_seed` differs between the members of a group. `env_specs[tag]` is
     `{"env_type": ..., "config": {...}}` (a config's custom_envs entry); a tag without a spec is
     made from rl_envs' built-in tag of that name. Frames are saved to `render_save_dir` for the
-    first `render_count` envs (all when None).
+    first `render_count` envs (all when None) of env types that render (a `render_save_dir`
+    option: the grid games; text tasks have no frames).
     """
-    from rl_envs import make_env
+    from rl_envs import env_options, make_env
 
     envs = []
     members: dict[str, int] = {}
@@ -115,7 +116,8 @@ def make_envs(
         spec = env_specs.get(tag)
         kind = str(spec.get("env_type") or tag) if spec else tag
         cfg = dict(spec.get("config", {})) if spec else {}
-        if render_save_dir and (render_count is None or i < render_count):
+        if (render_save_dir and (render_count is None or i < render_count)
+                and "render_save_dir" in env_options(kind)):  # fmt: skip
             cfg["render_save_dir"] = render_save_dir
         member = members.get(group_id, 0)
         members[group_id] = member + 1

@@ -45,6 +45,11 @@ class SingleTurnEnv:
             report = load_rows(path, **load_options)
             rows = report.rows
             self.load_report = report
+        elif load_options:  # they only read `path`: given rows, they would do nothing
+            raise TypeError(
+                f"{type(self).__name__}.__init__() got an unexpected keyword argument "
+                f"{sorted(load_options)[0]!r} (row-loading options apply only with path)"
+            )
         if not rows:
             raise ValueError("SingleTurnEnv has no valid rows")
         self.rows = rows

@@ -33,7 +33,10 @@ def build_env_specs(custom_envs: Any) -> dict[str, EnvSpec]:
     options and must agree with an `env_config.max_steps` given there too; ROLL's
     `agent_system_template` / `agent_template` become the env's `system_prompt` /
     `turn_template` (PROMPT_KEYS), refused for an env type without that option. `env_type` must
-    name a registered env type or tag (rl_envs.registry)."""
+    name a registered env type or tag (rl_envs.registry). Each tag's env is built once with its
+    options, as a run builds it (`_construction_issues`): what its constructor refuses (an
+    unknown option, a missing data file, a bad value) is a config issue naming the key, before
+    anything starts, not an exception in a worker after the warm-up."""
     out: dict[str, EnvSpec] = {}
     issues: list[ConfigIssue] = []
     for tag, env in custom_envs.items():
@@ -54,6 +57,8 @@ def build_env_specs(custom_envs: Any) -> dict[str, EnvSpec]:
             if found is None and getattr(env, key) is not None:
                 found = _set_once(tag, key, option, getattr(env, key), config)
             issues += [found] if found is not None else []
+        if not any(i.path.startswith(f"custom_envs.{tag}.") for i in issues):
+            issues += _construction_issues(tag, env.env_type, config)
         out[tag] = EnvSpec(env_type=env.env_type, config=config)
     if issues:
         raise ConfigError(issues)
@@ -101,3 +106,30 @@ def _set_once(
         f"custom_envs.{tag}.{key}",
         f"disagrees with custom_envs.{tag}.env_config.{option}; set one of them",
     )
+
+
+def _construction_issues(tag: str, env_type: str, config: dict[str, Any]) -> list[ConfigIssue]:
+    """What building the env of `custom_envs.<tag>` with `config` (rl_envs.make_env, as
+    rl_runtime.envs.make_envs does) raises, as config issues: an unknown option at its key
+    (`custom_envs.<tag>.env_config.<key>`, with the close option names and all of them), any
+    other error at `custom_envs.<tag>.env_config`. [] when it builds."""
+    import difflib
+    import re
+
+    from rl_envs import env_options, make_env
+
+    path = f"custom_envs.{tag}.env_config"
+    try:
+        make_env(env_type, **config).close()
+    except TypeError as exc:
+        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        if unknown is None:
+            return [ConfigIssue(path, f"env type {env_type!r}: {exc}")]
+        key, known = unknown.group(1), env_options(env_type)
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return [ConfigIssue(f"{path}.{key}", f"env type {env_type!r} takes no option {key!r}"
+                            f"{hint} (its options: {', '.join(known)})")]  # fmt: skip
+    except (ValueError, KeyError, OSError, ImportError) as exc:
+        return [ConfigIssue(path, f"env type {env_type!r}: {exc}")]
+    return []
