@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import shutil
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ def _fake_package(packages: Path, name: str, deps: list[str], source: str, versi
     (pkg / "src" / module).mkdir(parents=True)
     (pkg / "src" / module / "__init__.py").write_text(source)
     (pkg / "README.md").write_text(f"# {name}\n")
+    (pkg / "LICENSE").write_text("Apache License, Version 2.0\n")
     (pkg / "CHANGELOG.md").write_text(f"# Changelog of {name}\n\n## {version}\n\n- First.\n")
     deps_toml = ", ".join(f'"{d}"' for d in deps)
     (pkg / "pyproject.toml").write_text(
@@ -30,6 +32,8 @@ def _fake_package(packages: Path, name: str, deps: list[str], source: str, versi
             version = "{version}"
             requires-python = ">=3.11"
             readme = "README.md"
+            license = "Apache-2.0"
+            license-files = ["LICENSE"]
             dependencies = [{deps_toml}]
 
             [build-system]
@@ -95,3 +99,28 @@ def test_verify_fails_on_an_undeclared_dependency_and_passes_once_declared(tmp_p
 def test_light_packages_verify_in_a_clean_venv(name, tmp_path):
     report = release.verify(ROOT / "packages" / name, tmp_path)
     assert name.replace("-", "_") in report["ok"]
+
+
+def test_every_package_ships_its_license_file():
+    """Apache-2.0 asks that the license text travel with the code: each package declares a
+    license file that exists (uv_build then puts it in the wheel's .dist-info/licenses/)."""
+    for pkg in sorted(p for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").exists()):
+        project = tomllib.loads((pkg / "pyproject.toml").read_text())["project"]
+        assert project.get("license") == "Apache-2.0", pkg.name
+        files = project.get("license-files", [])
+        assert files, f"{pkg.name}: no license-files in pyproject.toml"
+        assert all((pkg / f).is_file() for f in files), f"{pkg.name}: {files} missing"
+        assert "Apache License" in (pkg / files[0]).read_text()
+
+
+@pytest.mark.xdist_group("release")
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv not on PATH")
+def test_verify_refuses_a_wheel_without_its_license(tmp_path):
+    pkg = _fake_package(tmp_path, "bare-pkg", [], "VALUE = 1\n")
+    text = (pkg / "pyproject.toml").read_text().replace('license-files = ["LICENSE"]\n', "")
+    (pkg / "pyproject.toml").write_text(text)
+    (pkg / "LICENSE").unlink()
+    with pytest.raises(release.ReleaseError, match="holds no license file"):
+        release.verify(pkg, tmp_path / "work", constraints=[])
+    wheel = release.build(ROOT / "packages" / "rl-algos", tmp_path / "dist")
+    release.check_wheel_contents(wheel)  # the real package passes

@@ -6,7 +6,7 @@
     uv run python tools/release.py check-tag rl-algos/v0.1.1              # CI: tag == version
 
 `verify` builds the package with `uv build --no-sources` (so workspace paths cannot hide a missing
-dependency), installs the wheel ALONE into a fresh virtual environment (plus the wheels of the
+dependency), checks that the wheel carries the license file and no tests, installs the wheel ALONE into a fresh virtual environment (plus the wheels of the
 workspace packages it depends on, which are released the same way), and imports every module of it.
 A dependency the code imports but the metadata does not declare fails here, not on a user's machine.
 Modules that need an optional extra are reported as such, not as failures.
@@ -142,6 +142,22 @@ def build(pkg: Path, out_dir: Path) -> Path:
     return wheels[-1]
 
 
+def check_wheel_contents(wheel: Path) -> None:
+    """A published wheel carries its license text (Apache-2.0 requires it; ``license-files`` in
+    pyproject.toml) and none of the package's tests or byte-code."""
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    if not any(".dist-info/licenses/" in n and not n.endswith("/") for n in names):
+        raise ReleaseError(
+            f"{wheel.name} holds no license file; add LICENSE next to pyproject.toml and "
+            'license-files = ["LICENSE"] under [project]'
+        )
+    junk = [n for n in names if "/tests/" in n or n.startswith("tests/") or n.endswith(".pyc")]
+    if junk:
+        raise ReleaseError(f"{wheel.name} holds files that are not the library: {junk[:5]}")
+
+
 VERIFY_SCRIPT = r"""
 import importlib, json, pkgutil, sys
 module, extras = sys.argv[1], set(json.loads(sys.argv[2]))
@@ -182,6 +198,7 @@ def verify(
     work = work or Path(tempfile.mkdtemp(prefix=f"verify-{pkg.name}-"))
     dist = work / "dist"
     wheel = build(pkg, dist)
+    check_wheel_contents(wheel)
     for dep in workspace_deps(pkg, pkg.parent):
         build(dep, dist)
     venv = work / "venv"
