@@ -124,3 +124,41 @@ def test_verify_refuses_a_wheel_without_its_license(tmp_path):
         release.verify(pkg, tmp_path / "work", constraints=[])
     wheel = release.build(ROOT / "packages" / "rl-algos", tmp_path / "dist")
     release.check_wheel_contents(wheel)  # the real package passes
+
+
+def test_bump_moves_the_unreleased_entries_into_the_new_version(tmp_path):
+    pkg = _fake_package(tmp_path, "demo-pkg", [], "")
+    (pkg / "CHANGELOG.md").write_text(
+        "# Changelog\n\n## Unreleased\n\n- Added Z.\n  (two lines)\n\n## 0.1.0\n\n- First.\n"
+    )
+    assert release.bump(pkg, "patch", ["Fixed Y."], today=dt.date(2026, 1, 2)) == "0.1.1"
+    assert (pkg / "CHANGELOG.md").read_text() == (
+        "# Changelog\n\n## Unreleased\n\n## 0.1.1 (2026-01-02)\n\n- Fixed Y.\n- Added Z.\n"
+        "  (two lines)\n\n## 0.1.0\n\n- First.\n"
+    )
+    release.check_tag("demo-pkg/v0.1.1", tmp_path)
+    # no -m: the Unreleased entries are the notes; none at all is refused
+    (pkg / "CHANGELOG.md").write_text("# Changelog\n\n## Unreleased\n\n- Only.\n\n## 0.1.1\n")
+    assert release.bump(pkg, "patch", [], today=dt.date(2026, 1, 3)) == "0.1.2"
+    assert "## 0.1.2 (2026-01-03)\n\n- Only.\n\n## 0.1.1" in (pkg / "CHANGELOG.md").read_text()
+    with pytest.raises(release.ReleaseError, match="or entries under '## Unreleased'"):
+        release.bump(pkg, "patch", [])
+
+
+def test_a_pending_first_version_is_dated_in_place_and_tagged_only_then(tmp_path):
+    pkg = _fake_package(tmp_path, "demo-pkg", [], "")
+    (pkg / "CHANGELOG.md").write_text(
+        "# Changelog\n\n## Unreleased\n\n- Late fix.\n\n## 0.1.0 (unreleased)\n\n- First.\n"
+    )
+    with pytest.raises(release.ReleaseError, match="still calls 0.1.0 unreleased"):
+        release.check_tag("demo-pkg/v0.1.0", tmp_path)
+    assert release.bump(pkg, "0.1.0", [], today=dt.date(2026, 1, 2)) == "0.1.0"
+    assert (pkg / "CHANGELOG.md").read_text() == (
+        "# Changelog\n\n## Unreleased\n\n## 0.1.0 (2026-01-02)\n\n- Late fix.\n\n- First.\n"
+    )
+    release.check_tag("demo-pkg/v0.1.0", tmp_path)
+    (pkg / "CHANGELOG.md").write_text(
+        (pkg / "CHANGELOG.md").read_text().replace("## Unreleased\n", "## Unreleased\n\n- New.\n")
+    )
+    with pytest.raises(release.ReleaseError, match="entries under '## Unreleased' that would ship"):
+        release.check_tag("demo-pkg/v0.1.0", tmp_path)
