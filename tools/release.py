@@ -1,13 +1,19 @@
 """Per-package releases of the workspace: bump, verify, tag.
 
     uv run python tools/release.py bump rl-algos patch -m "Faster gae."   # version + CHANGELOG
+    uv run python tools/release.py bump rl-algos 0.1.0      # date a pending "## 0.1.0 (unreleased)"
     uv run python tools/release.py verify rl-algos                        # build + clean-venv import
     uv run python tools/release.py tag rl-algos                           # git tag rl-algos/vX.Y.Z
     uv run python tools/release.py check-tag rl-algos/v0.1.1              # CI: tag == version
 
+`bump` moves what `## Unreleased` lists (after the -m lines) into the new version's dated section
+and leaves `## Unreleased` empty on top; `check-tag` refuses a version its CHANGELOG still calls
+unreleased, or entries left under `## Unreleased` (they would ship without being in the notes).
+
 `verify` builds the package with `uv build --no-sources` (so workspace paths cannot hide a missing
-dependency), installs the wheel ALONE into a fresh virtual environment (plus the wheels of the
-workspace packages it depends on, which are released the same way), and imports every module of it.
+dependency), checks that the wheel carries the license file and no tests, installs the wheel ALONE
+into a fresh virtual environment (plus the wheels of the workspace packages it depends on, which
+are released the same way), and imports every module of it.
 A dependency the code imports but the metadata does not declare fails here, not on a user's machine.
 Modules that need an optional extra are reported as such, not as failures.
 """
@@ -63,35 +69,73 @@ def next_version(version: str, part: str) -> str:
     raise ReleaseError(f"bump part must be major, minor, patch or X.Y.Z, got {part!r}")
 
 
+UNRELEASED = "## Unreleased"
+
+
+def _sections(lines: list[str]) -> list[tuple[int, int]]:
+    """``(start, end)`` line ranges of the CHANGELOG's ``## `` sections, in order."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("## ")]
+    return list(zip(starts, [*starts[1:], len(lines)], strict=True))
+
+
+def _unreleased_entries(lines: list[str]) -> tuple[list[str], tuple[int, int] | None]:
+    """The body of the ``## Unreleased`` section (blank lines at its ends dropped) and its
+    line range, or ``([], None)`` when there is none."""
+    for start, end in _sections(lines):
+        if lines[start].strip() == UNRELEASED:
+            body = lines[start + 1 : end]
+            while body and not body[0].strip():
+                body.pop(0)
+            while body and not body[-1].strip():
+                body.pop()
+            return body, (start, end)
+    return [], None
+
+
 def bump(pkg: Path, part: str, notes: list[str], today: dt.date | None = None) -> str:
-    """Set the package's static version and open a CHANGELOG section for it. Returns the version."""
+    """Set the package's static version and give it a dated CHANGELOG section: the ``-m`` notes,
+    then what ``## Unreleased`` held (which stays, empty, on top for the next changes). A section
+    ``## X.Y.Z (unreleased)`` of the new version is dated and completed in place, so a package
+    whose first version was never released can be released at it. Returns the version."""
     old = read_version(pkg)
     new = next_version(old, part)
-    if new == old:
-        raise ReleaseError(f"{pkg.name} is already at {old}")
-    if not notes:
-        raise ReleaseError("a bump needs at least one CHANGELOG line (-m)")
-    pyproject = pkg / "pyproject.toml"
-    text = pyproject.read_text()
-    pyproject.write_text(VERSION_LINE.sub(f'version = "{new}"', text, count=1))
     changelog = pkg / "CHANGELOG.md"
     lines = (
         changelog.read_text().splitlines()
         if changelog.exists()
         else [f"# Changelog of {pkg.name}", ""]
     )
-    entry = (
-        [f"## {new} ({(today or dt.date.today()).isoformat()})", ""]
-        + [f"- {n}" for n in notes]
-        + [""]
-    )
-    first_section = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
-    changelog.write_text("\n".join(lines[:first_section] + entry + lines[first_section:]) + "\n")
+    pending = f"## {new} (unreleased)"
+    if new == old and pending not in lines:
+        raise ReleaseError(f"{pkg.name} is already at {old}")
+    unreleased, span = _unreleased_entries(lines)
+    entries = [f"- {n}" for n in notes] + unreleased
+    if not entries and pending not in lines:
+        raise ReleaseError(
+            "a bump needs at least one CHANGELOG line (-m) or entries under '## Unreleased'"
+        )
+    if span is not None:
+        del lines[span[0] : span[1]]
+    heading = f"## {new} ({(today or dt.date.today()).isoformat()})"
+    if pending in lines:
+        at = lines.index(pending)
+        body_starts = at + 1 + (at + 1 < len(lines) and not lines[at + 1].strip())
+        lines[at:body_starts] = [heading, "", *entries] + ([""] if entries else [])
+    else:
+        first = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+        lines[first:first] = [heading, "", *entries, ""]
+    first = next(i for i, line in enumerate(lines) if line.startswith("## "))
+    lines[first:first] = [UNRELEASED, ""]
+    pyproject = pkg / "pyproject.toml"
+    pyproject.write_text(VERSION_LINE.sub(f'version = "{new}"', pyproject.read_text(), count=1))
+    changelog.write_text("\n".join(lines) + "\n")
     return new
 
 
 def check_tag(tag: str, packages: Path = PACKAGES) -> Path:
-    """``<name>/vX.Y.Z`` must name a package whose version is X.Y.Z and whose CHANGELOG has it."""
+    """``<name>/vX.Y.Z`` must name a package whose version is X.Y.Z, whose CHANGELOG has a
+    released ``## X.Y.Z`` section, and whose ``## Unreleased`` section is empty (what it lists
+    would ship under this tag without being in its notes)."""
     match = re.fullmatch(r"([a-z0-9-]+)/v(\d+\.\d+\.\d+)", tag)
     if not match:
         raise ReleaseError(f"tag {tag!r} is not of the form <package>/vX.Y.Z")
@@ -100,8 +144,20 @@ def check_tag(tag: str, packages: Path = PACKAGES) -> Path:
     actual = read_version(pkg)
     if actual != version:
         raise ReleaseError(f"tag {tag} but {name}/pyproject.toml has version {actual}")
-    if f"## {version}" not in (pkg / "CHANGELOG.md").read_text():
+    lines = (pkg / "CHANGELOG.md").read_text().splitlines()
+    headings = [line for line in lines if line.startswith(f"## {version}")]
+    if not headings:
         raise ReleaseError(f"{name}/CHANGELOG.md has no '## {version}' entry")
+    if any("unreleased" in line.lower() for line in headings):
+        raise ReleaseError(
+            f"{name}/CHANGELOG.md still calls {version} unreleased; run "
+            f"`tools/release.py bump {name} {version}` to date it"
+        )
+    if _unreleased_entries(lines)[0]:
+        raise ReleaseError(
+            f"{name}/CHANGELOG.md has entries under '## Unreleased' that would ship in {tag} "
+            f"without being in its notes; run `tools/release.py bump {name} patch|minor|major`"
+        )
     return pkg
 
 
@@ -140,6 +196,22 @@ def build(pkg: Path, out_dir: Path) -> Path:
     if not wheels:
         raise ReleaseError(f"uv build produced no wheel for {pkg.name} in {out_dir}")
     return wheels[-1]
+
+
+def check_wheel_contents(wheel: Path) -> None:
+    """A published wheel carries its license text (Apache-2.0 requires it; ``license-files`` in
+    pyproject.toml) and none of the package's tests or byte-code."""
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    if not any(".dist-info/licenses/" in n and not n.endswith("/") for n in names):
+        raise ReleaseError(
+            f"{wheel.name} holds no license file; add LICENSE next to pyproject.toml and "
+            'license-files = ["LICENSE"] under [project]'
+        )
+    junk = [n for n in names if "/tests/" in n or n.startswith("tests/") or n.endswith(".pyc")]
+    if junk:
+        raise ReleaseError(f"{wheel.name} holds files that are not the library: {junk[:5]}")
 
 
 VERIFY_SCRIPT = r"""
@@ -182,6 +254,7 @@ def verify(
     work = work or Path(tempfile.mkdtemp(prefix=f"verify-{pkg.name}-"))
     dist = work / "dist"
     wheel = build(pkg, dist)
+    check_wheel_contents(wheel)
     for dep in workspace_deps(pkg, pkg.parent):
         build(dep, dist)
     venv = work / "venv"
@@ -250,7 +323,13 @@ def main(argv: list[str] | None = None) -> int:
     p_bump = sub.add_parser("bump", help="set a new version and add a CHANGELOG entry")
     p_bump.add_argument("package")
     p_bump.add_argument("part", help="major | minor | patch | X.Y.Z")
-    p_bump.add_argument("-m", "--message", action="append", default=[], help="a CHANGELOG line")
+    p_bump.add_argument(
+        "-m",
+        "--message",
+        action="append",
+        default=[],
+        help="a CHANGELOG line (added before what '## Unreleased' holds)",
+    )
     p_verify = sub.add_parser("verify", help="build with --no-sources, install alone, import")
     p_verify.add_argument("package", nargs="+")
     p_verify.add_argument("--keep", type=Path, help="work directory to keep (default: a temp dir)")

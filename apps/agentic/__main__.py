@@ -69,6 +69,7 @@ def summary_row(metrics: dict[str, float]) -> dict[str, float | str]:
 
 SPEC = AppSpec(
     prog="apps/agentic",
+    description=__doc__ or "",
     default_config=DEFAULT_CONFIG,
     section=AppOptions.SECTION,
     options=AppOptions,

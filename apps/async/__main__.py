@@ -42,7 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     from rl_runtime.pipeline import check_embedded_cpus, plan_text
 
     try:
-        args = parse_app_args(argv, flags=FLAGS, default_config=DEFAULT_CONFIG, prog="apps/async")
+        args = parse_app_args(
+            argv,
+            flags=FLAGS,
+            default_config=DEFAULT_CONFIG,
+            prog="apps/async",
+            description=__doc__ or "",
+        )
         defaults = [f"{k}={v}" for k, v in CPU_DEFAULTS.items()]
         base, given = split_staleness(
             ([] if args.config != DEFAULT_CONFIG else defaults) + list(args.overrides)

@@ -65,6 +65,7 @@ def summary_row(metrics: dict[str, float]) -> dict[str, float | str]:
 
 SPEC = AppSpec(
     prog="apps/dpo",
+    description=__doc__ or "",
     default_config=DEFAULT_CONFIG,
     section=AppOptions.SECTION,
     options=AppOptions,

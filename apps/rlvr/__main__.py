@@ -10,6 +10,7 @@ ROLL's launcher form `--config_path DIR --config_name NAME key=value` works too.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from functools import partial
 from pathlib import Path
@@ -22,7 +23,7 @@ from rlvr_app import SPEC  # noqa: E402
 
 from rl_runtime.app_main import app_main  # noqa: E402
 
-main = partial(app_main, SPEC)
+main = partial(app_main, dataclasses.replace(SPEC, description=__doc__ or ""))
 
 if __name__ == "__main__":
     raise SystemExit(main())

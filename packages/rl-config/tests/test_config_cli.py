@@ -46,3 +46,21 @@ def test_config_cli_explain() -> None:
     result = run("explain", "train_env_manager.num_group_partition")
     assert result.returncode == 1
     assert "did you mean 'num_groups_partition'" in result.stderr
+
+
+def test_config_cli_check_an_app_config(seed_yaml: Path) -> None:
+    """An app's YAML holds the app's own section (apps/agentic's `agentic_app:`): the error says
+    whose section it is and how to check the file; `--app-section` leaves it out."""
+    seed_yaml.write_text(seed_yaml.read_text() + "\nagentic_app:\n  tiny_model: true\n")
+    result = run("check", "-q", str(seed_yaml))
+    assert result.returncode == 1
+    assert "agentic_app: unknown key; 'agentic_app' is the options section of apps/agentic" in (
+        result.stderr
+    )
+    assert "rl-config check FILE --app-section agentic_app" in result.stderr
+    assert "uv run apps/agentic --config FILE --dry-run" in result.stderr
+    result = run("check", "-q", str(seed_yaml), "--app-section", "agentic_app")
+    assert result.returncode == 0, result.stderr
+    assert "is valid" in result.stderr
+    result = run("check", "-q", str(seed_yaml), "--app-section", "agentic_app", "seed=x")
+    assert result.returncode == 1 and "seed: expected an integer" in result.stderr

@@ -45,3 +45,12 @@ def test_app_args_errors_name_the_problem(tmp_path: Path) -> None:
         parse_app_args(["--config_path", "x"], cwd=tmp_path)
     with pytest.raises(ConfigError, match="either --config FILE or"):
         parse_app_args(["--config", "a.yaml", "--config_name", "b", "--config_path", "."])
+
+
+def test_app_help_says_what_the_app_does(capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse_app_args(["--help"], prog="apps/demo", description="`uv run apps/demo`\n\nTrains.")
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: apps/demo")
+    assert "`uv run apps/demo`\n\nTrains." in out  # kept as written (RawDescriptionHelpFormatter)

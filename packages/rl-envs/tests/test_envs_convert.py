@@ -72,3 +72,49 @@ def test_bad_records_name_file_and_row(tmp_path):
     with pytest.raises(ConvertError, match="cannot tell GSM8K"):
         convert_file(str(src), str(tmp_path / "o.parquet"))
     assert not (tmp_path / "o.parquet").exists()
+
+
+def test_malformed_inputs_are_errors_naming_the_file(tmp_path):
+    """What a user may point the converter at by mistake: one line naming the file, no
+    traceback, nothing written."""
+    out = str(tmp_path / "o.parquet")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ConvertError, match=r"folder: is a directory; give a .jsonl or .json"):
+        convert_file(str(tmp_path / "folder"), out)
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"question": "caf\xe9", "answer": "#### 1"}\n')
+    with pytest.raises(
+        ConvertError, match=r"latin1.jsonl: not UTF-8 text \(invalid continuation byte\)"
+    ):
+        convert_file(str(tmp_path / "latin1.jsonl"), out)
+    (tmp_path / "cut.json").write_text('[{"question": "q",')
+    with pytest.raises(ConvertError, match=r"cut.json: invalid JSON"):
+        convert_file(str(tmp_path / "cut.json"), out)
+    (tmp_path / "rows.csv").write_text("question,answer\n")
+    with pytest.raises(ConvertError, match=r"rows.csv: use a .jsonl or .json file"):
+        convert_file(str(tmp_path / "rows.csv"), out)
+    (tmp_path / "other.jsonl").write_text(json.dumps({"prompt": "q", "label": "7"}))
+    with pytest.raises(ConvertError, match=r"other.jsonl: row 0: .*\['label', 'prompt'\].*--kind"):
+        convert_file(str(tmp_path / "other.jsonl"), out)
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_the_output_must_be_a_parquet_file(tmp_path):
+    src = tmp_path / "gsm8k.jsonl"
+    src.write_text(json.dumps(GSM8K[0]))
+    (tmp_path / "out").mkdir()
+    for out in (tmp_path / "rows.csv", tmp_path / "out"):
+        with pytest.raises(ConvertError, match=r"the output must be a .parquet file"):
+            convert_file(str(src), str(out))
+    assert not (tmp_path / "rows.csv").exists()
+
+
+def test_the_cli_reports_a_bad_input_in_one_line(tmp_path):
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"question": "caf\xe9"}\n')
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools/convert_math_data.py"), str(tmp_path / "latin1.jsonl"),
+         "-o", str(tmp_path / "o.parquet")],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: ") and "latin1.jsonl: not UTF-8" in result.stderr

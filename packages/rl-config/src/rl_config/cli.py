@@ -12,11 +12,11 @@ from rl_config.extras import missing_extras
 
 
 def _check(args: argparse.Namespace) -> int:
-    from rl_config.loading import load_config
+    from rl_config.loading import load_app_config
     from rl_config.redact import redact, to_yaml
 
     try:
-        cfg = load_config(args.file, args.overrides)
+        cfg, _ = load_app_config(args.file, args.overrides, section=args.app_section)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("-q", "--quiet", action="store_true", help="print only errors/warnings")
     check.add_argument(
+        "--app-section",
+        metavar="NAME",
+        help="an app's own top-level section to leave out (e.g. agentic_app: the app reads it)",
+    )
+    check.add_argument(
         "--require-extras",
         action="store_true",
         help="fail (exit 1) when an optional package the config needs is not installed here "
@@ -116,7 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rl-config`` script; returns the exit code (0 ok, 1 invalid)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    # overrides after an option (`check FILE -q seed=7`): argparse ends the positionals at `-q`
+    if args.command == "check" and not any(arg.startswith("-") for arg in unknown):
+        args.overrides += unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args))
     except BrokenPipeError:  # output piped into `head` and closed early

@@ -61,9 +61,13 @@ def resolve_roll_config(config_path: str, config_name: str, cwd: Path | None = N
 
 
 def build_app_parser(
-    prog: str, flags: Mapping[str, str], default_config: Path | None
+    prog: str, flags: Mapping[str, str], default_config: Path | None, description: str = ""
 ) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog)
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description or None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--config", type=Path, default=None, help=f"experiment YAML (default: {default_config})"
     )
@@ -92,14 +96,16 @@ def parse_app_args(
     default_config: Path | None = None,
     prog: str = "app",
     cwd: Path | None = None,
+    description: str = "",
 ) -> AppArgs:
     """Parse ``--config FILE key=value ... --FLAG`` or ``--config_path DIR --config_name NAME``.
 
-    ``flags`` maps option names (``dry-run``) to help texts. Raises ``ConfigError`` when both
+    ``flags`` maps option names (``dry-run``) to help texts; ``description`` is what ``--help``
+    says the app does (its module docstring). Raises ``ConfigError`` when both
     forms are mixed, when only half of the ROLL form is given, or when its file does not exist;
     argparse exits on unknown options."""
     options = dict(flags or {"dry-run": "print the plan and exit"})
-    args = build_app_parser(prog, options, default_config).parse_intermixed_args(
+    args = build_app_parser(prog, options, default_config, description).parse_intermixed_args(
         None if argv is None else list(argv)
     )
     roll = (args.config_path, args.config_name)

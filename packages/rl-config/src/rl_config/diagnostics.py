@@ -40,6 +40,8 @@ def _show(value: Any) -> str:
 def suggest_key(root: type[BaseModel], model: type[BaseModel] | None, path: str, key: str) -> str:
     """'did you mean ...' for an unknown key at ``path`` (empty when nothing is close). verl keys
     never get here: they are refused before validation (rl_config.verl_keys)."""
+    if not path and key.endswith("_app"):
+        return app_section_hint(key)
     if model is not None:
         names = list(yaml_fields(model))
         close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
@@ -58,6 +60,17 @@ def suggest_key(root: type[BaseModel], model: type[BaseModel] | None, path: str,
                 f"did you mean '{close[0]}' (valid at: {', '.join(key_index(root)[close[0]][:3])})?"
             )
     return ""
+
+
+def app_section_hint(section: str) -> str:
+    """What to do about an app's own top-level section (``agentic_app:``) in a file checked as
+    a plain experiment: it belongs to the app, which reads it."""
+    app = section.removesuffix("_app")
+    return (
+        f"'{section}' is the options section of apps/{app}, which rl-config does not read: check "
+        f"the file with `rl-config check FILE --app-section {section}` or "
+        f"`uv run apps/{app} --config FILE --dry-run`"
+    )
 
 
 def _roll_key_suggestion(path: str, key: str) -> str:

@@ -64,6 +64,8 @@ class AppSpec:
     after_label: str = "after RL"
     #: exceptions of a run that are bad input (a data file, its rows): "data error: ..."
     data_errors: tuple[type[BaseException], ...] = ()
+    #: what `--help` says the app does (the app's module docstring)
+    description: str = ""
 
 
 def load_app(spec: AppSpec, config: Path, overrides: list[str]) -> tuple[Any, Any]:
@@ -85,7 +87,7 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
     try:
         args = parse_app_args(
             argv, flags={**BASE_FLAGS, **spec.flags}, default_config=spec.default_config,
-            prog=spec.prog,
+            prog=spec.prog, description=spec.description,
         )  # fmt: skip
         assert args.config is not None, "every app has a default config"
         cfg, options = load_app(spec, args.config, args.overrides)

@@ -71,24 +71,34 @@ CONVERTERS = {"gsm8k": gsm8k_row, "math": math_row}
 
 def read_records(path: str) -> list[Any]:
     """Records of a ``.jsonl`` file (one per non-empty line) or a ``.json`` list."""
+    if os.path.isdir(path):
+        raise ConvertError(f"{path}: is a directory; give a .jsonl or .json file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"input file not found: {path}")
-    with open(path, encoding="utf-8") as handle:
-        if path.endswith(".json"):
-            data = json.load(handle)
-            if not isinstance(data, list):
-                raise ConvertError(f"{path}: expected a JSON list of records")
-            return data
-        if not path.endswith(".jsonl"):
-            raise ConvertError(f"{path}: use a .jsonl or .json file")
-        records = []
-        for number, line in enumerate(handle, start=1):
-            if line.strip():
+    if not path.endswith((".json", ".jsonl")):
+        raise ConvertError(f"{path}: use a .jsonl or .json file")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            if path.endswith(".json"):
                 try:
-                    records.append(json.loads(line))
+                    data = json.load(handle)
                 except json.JSONDecodeError as exc:
-                    raise ConvertError(f"{path}: line {number}: invalid JSON: {exc}") from None
-        return records
+                    raise ConvertError(f"{path}: invalid JSON: {exc}") from None
+                if not isinstance(data, list):
+                    raise ConvertError(f"{path}: expected a JSON list of records")
+                return data
+            records = []
+            for number, line in enumerate(handle, start=1):
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise ConvertError(f"{path}: line {number}: invalid JSON: {exc}") from None
+            return records
+    except UnicodeDecodeError as exc:
+        raise ConvertError(
+            f"{path}: not UTF-8 text ({exc.reason}); save it as UTF-8 JSON"
+        ) from None
 
 
 def detect_kind(record: Any) -> str:
@@ -97,7 +107,11 @@ def detect_kind(record: Any) -> str:
         return "gsm8k"
     if isinstance(record, dict) and "problem" in record and "solution" in record:
         return "math"
-    raise ConvertError("cannot tell GSM8K (question/answer) from MATH (problem/solution)")
+    keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+    raise ConvertError(
+        "cannot tell GSM8K (question/answer) from MATH (problem/solution): the first record "
+        f"has {keys}; rename its fields or pass --kind"
+    )
 
 
 @dataclass(frozen=True)
@@ -113,10 +127,16 @@ def convert_file(path: str, out: str, kind: str = "auto", split: str = "train") 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    if not out.endswith(".parquet") or os.path.isdir(out):
+        raise ConvertError(f"{out}: the output must be a .parquet file (-o NAME.parquet)")
     records = read_records(path)
     if not records:
         raise ConvertError(f"{path}: no records")
-    kind = detect_kind(records[0]) if kind == "auto" else kind
+    if kind == "auto":
+        try:
+            kind = detect_kind(records[0])
+        except ConvertError as exc:
+            raise ConvertError(f"{path}: row 0: {exc}") from None
     if kind not in CONVERTERS:
         raise ConvertError(f"unknown kind {kind!r}; use one of {sorted(CONVERTERS)} or auto")
     rows = []
