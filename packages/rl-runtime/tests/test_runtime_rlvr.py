@@ -300,3 +300,35 @@ def test_remax_group_whose_baseline_reward_call_failed_is_screened_out_and_count
     assert {t.turns[0].info["reward_error"] for t in by_group[1]} == {"baseline_timeout"}
     assert [t.baseline_reward for g in by_group for t in g] == [0.0, 0.0, None, None] + [0.0] * 4
     assert [t.episode_reward for t in by_group[1]] == [0.0, 1.0]  # its own rewards are kept
+
+
+def test_overlong_penalty_shapes_the_reward_not_the_accuracy(arith, tok):
+    """DAPO's overlong penalty lowers the reward of a response in the buffer; the response is
+    still right. With the buffer the whole response budget, every response is penalised (reward
+    < 1), yet the accuracy metrics and the trajectories' success count the right answers (the
+    real sandboxed GSM8K rule scores `#### <answer>`)."""
+    plan = _plan([arith[0]], arith[1], dynamic_sampling={"enable": False},
+                 overlong_penalty={"enable": True, "buffer_length": 8})  # fmt: skip
+    prompts = load_rlvr_prompts(plan, tok, SEED)
+    truth = {tuple(ids): row.ground_truth for ps in (prompts.train, prompts.val)
+             for ids, row in zip(ps.ids, ps.rows)}  # fmt: skip
+
+    def answer(req: GenerationRequest, k: int) -> str:  # sample 0 (and greedy) right, 1 wrong
+        return f"#### {truth[tuple(req.prompt_ids)]}" if k == 0 else "#### 999"
+
+    cluster = FakeCluster(tok, answer)
+    scorer = Scorer(plan.rewards, plan.overlong, plan.response_length, allow_weak_isolation=True)
+    try:
+        generator = GroupGenerator(scorer, tok)
+        batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0,
+                              failures=Counter())  # fmt: skip
+        held_out = held_out_accuracy(cluster, generator, prompts, plan, SEED)
+    finally:
+        scorer.close()
+    right = batch.trajectories[::2]
+    assert all(0.0 < t.episode_reward < 1.0 for t in right)  # penalised ...
+    assert [t.success for t in batch.trajectories] == [True, False] * 4  # ... and still right
+    assert batch.metrics["reward/accuracy"] == 0.5
+    assert batch.metrics["reward/mean"] < 0.5
+    assert held_out["val/greedy/accuracy"] == 1.0
+    assert held_out["val/accuracy"] == 0.5 and held_out["val/pass@k"] == 1.0

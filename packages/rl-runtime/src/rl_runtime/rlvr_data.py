@@ -175,9 +175,21 @@ def load_rlvr_prompts(plan: RlvrPlan, tokenizer: Any, seed: int) -> RlvrPrompts:
 
 @dataclass
 class Scored:
+    """One response's reward record: `reward` (the reward function's score plus the overlong
+    `penalty`, <= 0, when DAPO's penalty is on), whether the call succeeded (`ok`, else its
+    failure `kind`)."""
+
     reward: float
     ok: bool
     kind: str
+    penalty: float = 0.0
+
+    @property
+    def correct(self) -> bool:
+        """Solved: the call succeeded and the reward function scored it 1 or more. Judged
+        before the overlong penalty, which shapes the reward, not the answer's correctness
+        (a right answer near the length limit is still right)."""
+        return self.ok and self.reward - self.penalty >= 1.0
 
 
 class Scorer:
@@ -215,15 +227,15 @@ class Scorer:
             outputs = self.router.score(items)
         scored = []
         for item, out in zip(items, outputs, strict=True):
-            reward = out.reward
+            penalty = 0.0
             if self.overlong.enable:
-                reward += overlong_penalty(
+                penalty = overlong_penalty(
                     item.response_length or 0,
                     max_resp_len=self.response_length,
                     buffer_len=self.overlong.buffer_length,
                     factor=self.overlong.penalty_factor,
                 )
-            scored.append(Scored(reward, out.ok, out.kind))
+            scored.append(Scored(out.reward + penalty, out.ok, out.kind, penalty))
         return scored
 
     def close(self) -> None:

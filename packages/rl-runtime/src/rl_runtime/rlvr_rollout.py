@@ -91,7 +91,7 @@ def group_trajectories(groups: list[Group], step: int, max_len_mask: bool) -> li
             o = len(res.output_ids)
             truncated = res.finish_reason == "length"
             train = not (truncated and max_len_mask)
-            success = score.ok and score.reward >= 1.0
+            success = score.correct
             reason = "max_length" if truncated else ("success" if success else "terminated")
             versions = [res.weight_version] * p + list(res.token_versions)
             out.append(Trajectory(
