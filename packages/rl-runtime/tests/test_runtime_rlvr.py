@@ -4,6 +4,7 @@ rollout with dynamic sampling (rlvr_rollout.rollout_batch) and held-out evaluati
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -332,3 +333,33 @@ def test_overlong_penalty_shapes_the_reward_not_the_accuracy(arith, tok):
     assert batch.metrics["reward/mean"] < 0.5
     assert held_out["val/greedy/accuracy"] == 1.0
     assert held_out["val/accuracy"] == 0.5 and held_out["val/pass@k"] == 1.0
+
+
+def test_dynamic_sampling_refills_each_domain_its_own_share(tok, tmp_path):
+    """`domain_interleave_probs` {a: 0.5, b: 0.5}, 4 prompts a step: 2 of each domain. Domain a's
+    groups vary (`1`, `0`), domain b's never do (`1`, `1`: dropped). The refill asks b for its 2
+    missing groups, not 1 of a and 1 of b (quotas of the total missing count), so the kept batch
+    never holds more than a's share of a: it used to keep 3 groups of a."""
+    rows = [{"prompt": f"{d} {i} =", "ground_truth": "1", "tag": d}
+            for d in ("a", "b") for i in range(6)]  # fmt: skip
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plan = _plan([str(data)], None, rewards={d: {"reward_fn": "verl_default", "tag_included": [d]}
+                                             for d in ("a", "b")})  # fmt: skip
+    plan = dataclasses.replace(
+        plan, data=dataclasses.replace(plan.data, domain_interleave_probs={"a": 0.5, "b": 0.5})
+    )
+    prompts = load_rlvr_prompts(plan, tok, SEED)
+    domain = {tuple(ids): row.domain for ids, row in zip(prompts.train.ids, prompts.train.rows)}
+    cluster = FakeCluster(tok, lambda req, k: "1" if domain[tuple(req.prompt_ids)] == "b" or k == 0
+                          else "0")  # fmt: skip
+    batch = rollout_batch(cluster, GroupGenerator(TextScorer(), tok), prompts, plan, seed=SEED,
+                          index=0, failures=Counter())  # fmt: skip
+
+    asked = [domain[tuple(r.prompt_ids)] for r in cluster.requests]
+    assert asked == ["a", "a", "b", "b", "b", "b"]  # the refill round: b's 2 missing groups
+    kept = [t for t in batch.trajectories[::2]]
+    assert len(kept) == 2 and {prompts.train.rows[t.env_seed].domain for t in kept} == {"a"}
+    assert batch.metrics["dynamic_sampling/kept_groups"] == 2.0
+    assert batch.metrics["dynamic_sampling/dropped_groups"] == 4.0
+    assert batch.metrics["dynamic_sampling/filled"] == 0.0

@@ -20,7 +20,7 @@ from rl_envs.rewards.manager import RewardInput, overlong_penalty
 from rl_envs.rewards.router import RewardRouter, RewardRouterSpec, make_reward_pool
 from rl_envs.tasks.data import RowKeys, TaskRow
 from rl_envs.tasks.dataset import DataError, DataSpec, load_dataset
-from rl_envs.tasks.sampler import PromptSampler
+from rl_envs.tasks.sampler import PromptSampler, domain_quotas
 from rl_runtime.compose.rlvr import DataPlan, OverlongPlan, RlvrPlan
 
 
@@ -115,13 +115,29 @@ def tokenized_prompts(
 
 class RowSampler:
     """Indices into `rows` for each step, through rl_envs' resumable `PromptSampler`
-    (`domain_interleave_probs` mixes reward domains per batch)."""
+    (`domain_interleave_probs` mixes reward domains per batch: `quotas` says how many rows of
+    each domain a batch takes, `draw` takes them; without it there is one quota, key None)."""
 
     def __init__(self, rows: list[TaskRow], seed: int, probs: dict[str, float] | None) -> None:
         self.sampler = PromptSampler(rows, seed, probs)
 
     def next(self, k: int) -> list[int]:
         return [row.index for row in self.sampler.next_batch(k)]
+
+    def quotas(self, k: int) -> dict[str | None, int]:
+        """Rows per domain of a batch of `k` (`{None: k}` without domain mixing)."""
+        if not self.sampler.probs:
+            return {None: k}
+        return dict(domain_quotas(self.sampler.probs, k))
+
+    def key_of(self, row: TaskRow) -> str | None:
+        """The quota `row` counts in: its domain (None without domain mixing)."""
+        return row.domain if self.sampler.probs else None
+
+    def draw(self, wanted: dict[str | None, int]) -> list[int]:
+        """`wanted[d]` more rows of each domain d, in `wanted`'s order (the first batch's
+        `quotas` draw what `next` would)."""
+        return [row.index for d, k in wanted.items() for row in self.sampler.draw(k, d)]
 
     def state(self) -> dict[str, Any]:
         return self.sampler.state_dict()

@@ -17,7 +17,7 @@ from rl_config.records import GenerationRequest, GenerationResult, SamplingParam
 from rl_runtime.async_queue import RolloutBatch
 from rl_runtime.collate import shard_rows
 from rl_runtime.compose.rlvr import RlvrPlan
-from rl_runtime.dynamic_sampling import fill_groups
+from rl_runtime.dynamic_sampling import fill_quotas
 from rl_runtime.rlvr_data import RlvrPrompts, Scored, Scorer
 from rl_runtime.rlvr_metrics import Group, count_failures, group_metrics
 
@@ -170,8 +170,9 @@ def rollout_batch(
     failures: Counter[str],
 ) -> RolloutBatch:
     """Step `index`'s groups as trajectories: `plan.prompts_per_step` prompts drawn from
-    `prompts.sampler`, G samples each, scored, then DAPO's dynamic sampling (`fill_groups`:
-    zero-variance groups dropped, more drawn within the bound). Generation round r samples with
+    `prompts.sampler`, G samples each, scored, then DAPO's dynamic sampling (`fill_quotas`:
+    zero-variance groups dropped, more drawn within the bound; with `domain_interleave_probs`
+    each domain refills its own share). Generation round r samples with
     seed `seed * 100_003 + index * 7 + (groups drawn before r) * 100_000_007`. Metrics:
     dynamic_sampling/*, data/*, reward/* and response/* of every generated group (dropped ones
     included), timing/rollout_generate (engine seconds), reward/failures/<kind> (the run's
@@ -182,8 +183,8 @@ def rollout_batch(
     drawn: list[Group] = []  # every generated group, dropped ones included (metrics)
     generate_s: list[float] = []  # per generation round (the rest: decoding, scoring)
 
-    def draw(k: int) -> list[Group]:
-        rows_index = prompts.sampler.next(k)
+    def draw(wanted: dict[str | None, int]) -> list[Group]:
+        rows_index = prompts.sampler.draw(wanted)
         round_seed = seed * 100_003 + index * 7 + len(drawn) * 100_000_007
         sampling = msgspec.structs.replace(plan.sampling, seed=round_seed)
         rows = [train.rows[i] for i in rows_index]
@@ -193,8 +194,10 @@ def rollout_batch(
         drawn.extend(fresh)
         return fresh
 
-    fill = fill_groups(
-        draw, scored_rewards, plan.prompts_per_step,
+    sampler = prompts.sampler
+    fill = fill_quotas(
+        draw, scored_rewards, sampler.quotas(plan.prompts_per_step),
+        lambda group: sampler.key_of(group.row),
         enable=plan.dynamic_sampling.enable,
         max_extra_rounds=plan.dynamic_sampling.max_extra_rounds,
     )  # fmt: skip
