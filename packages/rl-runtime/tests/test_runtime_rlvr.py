@@ -363,3 +363,22 @@ def test_dynamic_sampling_refills_each_domain_its_own_share(tok, tmp_path):
     assert batch.metrics["dynamic_sampling/kept_groups"] == 2.0
     assert batch.metrics["dynamic_sampling/dropped_groups"] == 4.0
     assert batch.metrics["dynamic_sampling/filled"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("probs", "message"),
+    [
+        ({"verl_default": 0.5}, "domain_interleave_probs: .*must sum to 1, got 0.5"),
+        ({"verl_default": 1.5, "a": -0.5}, "domain_interleave_probs: .*must be >= 0"),
+        ({"math": 1.0}, r"domain_interleave_probs names \['math'\], which are not reward "
+                        r"domains; the domains are \['verl_default'\]"),
+    ],
+)  # fmt: skip
+def test_a_bad_domain_mix_is_refused_by_the_plan_naming_the_key(probs, message):
+    """Probabilities that do not sum to 1, or a domain no reward scores, are a config error of
+    the plan (a dry run says so), not a traceback from the sampler after the model was built."""
+    data = {"template": "native", "file_name": "train.parquet", "domain_interleave_probs": probs}
+    with pytest.raises(ValueError, match=f"actor_train.data_args.{message}"):
+        _plan(["train.parquet"], None, actor_train={"data_args": data})
+    assert _plan(["t.parquet"], None, actor_train={"data_args": {
+        **data, "domain_interleave_probs": {"verl_default": 1.0}}}).data.domain_interleave_probs  # fmt: skip
