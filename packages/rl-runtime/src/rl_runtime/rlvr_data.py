@@ -230,6 +230,7 @@ class Scorer:
             raise
         self.overlong, self.response_length = overlong, response_length
         self._lock = threading.Lock()
+        self._reported: set[tuple[str | None, str]] = set()  # (domain, kind) printed once
 
     def score(
         self, rows: Sequence[TaskRow], texts: Sequence[str], lengths: Sequence[int]
@@ -241,6 +242,7 @@ class Scorer:
         ]
         with self._lock:
             outputs = self.router.score(items)
+            self._report_first_failures(items, outputs)
         scored = []
         for item, out in zip(items, outputs, strict=True):
             penalty = 0.0
@@ -253,6 +255,19 @@ class Scorer:
                 )
             scored.append(Scored(out.reward + penalty, out.ok, out.kind, penalty))
         return scored
+
+    def _report_first_failures(self, items: Sequence[RewardInput], outputs: Sequence[Any]) -> None:
+        """Print the first failed call of each (domain, kind) with its error: the metrics only
+        count them (`reward/failures/<kind>`), and a reward function that raises on every
+        response would otherwise train on with no word of why."""
+        for item, out in zip(items, outputs, strict=True):
+            key = (item.domain, out.kind)
+            if out.ok or key in self._reported:
+                continue
+            self._reported.add(key)
+            print(f"warning: reward call failed ({out.kind}, domain {item.domain}): "
+                  f"{out.error or 'no message'}; further such failures are only counted "
+                  f"(reward/failures/{out.kind})", flush=True)  # fmt: skip
 
     def close(self) -> None:
         self.pool.close()
