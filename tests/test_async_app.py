@@ -45,7 +45,8 @@ def test_the_async_runs_bound_comes_from_the_overrides_and_sync_is_zero():
 def test_partial_rollout_goes_to_the_async_run_only():
     both, only = split_async_only(["max_steps=3", "async.partial_rollout=true"])
     assert both == ["max_steps=3"] and only == ["async.partial_rollout=true"]
-    assert split_async_only(["+async.partial_rollout=true"]) == ([], ["+async.partial_rollout=true"])
+    added = "+async.partial_rollout=true"  # the `+key` form of the same key
+    assert split_async_only([added]) == ([], [added])
 
 
 def test_dry_run_with_partial_rollout_plans_it_for_the_async_run_only(tmp_path):

@@ -128,7 +128,9 @@ class RowSampler:
         """Rows per domain of a batch of `k` (`{None: k}` without domain mixing)."""
         if not self.sampler.probs:
             return {None: k}
-        return dict(domain_quotas(self.sampler.probs, k))
+        quotas: dict[str | None, int] = {}
+        quotas.update(domain_quotas(self.sampler.probs, k))
+        return quotas
 
     def key_of(self, row: TaskRow) -> str | None:
         """The quota `row` counts in: its domain (None without domain mixing)."""

@@ -140,7 +140,6 @@ class PromptSampler:
             for d, g in groups.items()
         }
 
-
     def draw(self, n: int, domain: str | None = None) -> list[TaskRow]:
         """The next ``n`` rows of ``domain`` (None without domain mixing)."""
         key = ALL if domain is None and not self.probs else domain
