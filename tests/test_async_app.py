@@ -167,7 +167,7 @@ def test_rlvr_trajectories_carry_the_engines_per_token_versions():
                                 output_log_probs=[-1.0] * 3, finish_reason="stop",
                                 weight_version=7, token_versions=versions)  # fmt: skip
 
-    row = SimpleNamespace(data_source="d", index=0)
+    row = SimpleNamespace(data_source="d", tag="d", index=0)
     ok = Scored(1.0, True, "ok")
     group = Group(row, [1, 2], [result([5, 6, 7]), result([])], ["a", "b"], [ok, ok], [1.0, 1.0])
     partial, whole = group_trajectories([group], step=0, max_len_mask=False)

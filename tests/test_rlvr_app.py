@@ -464,7 +464,7 @@ def test_failed_reward_calls_are_screened_out_of_training_and_bounded():
                               output_log_probs=[-1.0] * 2, finish_reason="stop",
                               weight_version=0)  # fmt: skip
     ok, bad = Scored(1.0, True, "ok"), Scored(0.0, False, "timeout")
-    row = SimpleNamespace(data_source="d", index=0)
+    row = SimpleNamespace(data_source="d", tag="d", index=0)
     group = Group(row, [1], [result] * 3, ["a", "b", "c"], [ok, bad, ok], [1.0, 0.0, 1.0])
     assert scored_rewards(group) == [1.0, 1.0]  # no variance: the failure is not a 0 reward
     trajectories = group_trajectories([group], step=0, max_len_mask=False)

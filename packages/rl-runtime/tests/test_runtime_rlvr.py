@@ -382,3 +382,25 @@ def test_a_bad_domain_mix_is_refused_by_the_plan_naming_the_key(probs, message):
         _plan(["train.parquet"], None, actor_train={"data_args": data})
     assert _plan(["t.parquet"], None, actor_train={"data_args": {
         **data, "domain_interleave_probs": {"verl_default": 1.0}}}).data.domain_interleave_probs  # fmt: skip
+
+
+def test_trajectories_carry_the_rows_tag_column_for_grouping_by_tags(tok, tmp_path):
+    """ROLL's jsonl rows have a `tag` column and no data_source: the trajectories' tag is the
+    row's tag, so `reward_normalization.grouping: tags` normalises per tag (it grouped by the
+    data_source, `unknown` for every such row: the whole batch) and env/<tag>/* is per tag."""
+    from rl_runtime.advantages import group_keys
+    from rl_runtime.collate import collate_trajectories
+
+    rows = [{"prompt": f"{d} {i} =", "ground_truth": "1", "tag": d}
+            for d in ("a", "b") for i in range(4)]  # fmt: skip
+    data = tmp_path / "tagged.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plan = _plan([str(data)], None, dynamic_sampling={"enable": False})
+    prompts = load_rlvr_prompts(plan, tok, SEED)
+    cluster = FakeCluster(tok, lambda req, k: str(k))
+    batch = rollout_batch(cluster, GroupGenerator(TextScorer(), tok), prompts, plan, seed=SEED,
+                          index=0, failures=Counter())  # fmt: skip
+    tags = [prompts.train.rows[t.env_seed].tag for t in batch.trajectories]
+    assert [t.tag for t in batch.trajectories] == tags and set(tags) == {"a", "b"}
+    collated = collate_trajectories(batch.trajectories, pad_token_id=0)
+    assert len(set(group_keys(collated, "tags").tolist())) == 2

@@ -73,7 +73,9 @@ def score_groups(
 
 
 def group_trajectories(groups: list[Group], step: int, max_len_mask: bool) -> list[Trajectory]:
-    """One single-turn Trajectory per sample of `groups` (group id `<step>-<group>`); with
+    """One single-turn Trajectory per sample of `groups` (group id `<step>-<group>`, tag the
+    row's tag: ROLL's `tag` column, else its data_source, what `reward_normalization.grouping:
+    tags` and the per-tag `env/<tag>/*` metrics group by); with
     `max_len_mask` a truncated response is kept for its group's statistics but not trained on
     (response_mask False). A sample whose reward call failed is marked
     (`info["reward_failed"]`, its kind as `reward_error`): its 0.0 is not data, and
@@ -96,7 +98,7 @@ def group_trajectories(groups: list[Group], step: int, max_len_mask: bool) -> li
             versions = [res.weight_version] * p + list(res.token_versions)
             out.append(Trajectory(
                 traj_id=f"{step}-{g_index}-{k}", group_id=f"{step}-{g_index}",
-                tag=g.row.data_source, env_seed=g.row.index,
+                tag=g.row.tag, env_seed=g.row.index,
                 token_ids=[*g.prompt_ids, *res.output_ids], prompt_length=p,
                 response_mask=[False] * p + [train] * o,
                 rollout_log_probs=[0.0] * p + list(res.output_log_probs),
