@@ -353,7 +353,8 @@ def check_in_process(components: Components, use_ray: bool) -> list[str]:
     """Without Ray (`--no-ray`) every worker runs in this process, and a process holds one rank
     of a training role's process group: a ``ConfigError`` naming each training role mapped to
     more than one rank, before anything starts (its first rank would otherwise wait for the
-    others until rpc_timeout), and ``async.partial_rollout`` (it needs Ray's concurrent calls). Returns warnings for the keys only Ray reads (``node_resources``,
+    others until rpc_timeout), and ``async.partial_rollout`` (it needs Ray's concurrent
+    calls). Returns warnings for the keys only Ray reads (``node_resources``,
     ``weight_sync_host``, ``model_update_buffer_size_mb`` off its default), which such a run
     ignores."""
     if use_ray:
