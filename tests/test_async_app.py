@@ -30,16 +30,23 @@ def test_the_async_runs_bound_comes_from_the_overrides_and_sync_is_zero():
     assert async_staleness(None, 3) == 3 and async_staleness(2, 3) == 2  # the command line wins
     with pytest.raises(ValueError, match="async.max_staleness=0"):
         split_staleness(["async.max_staleness=0"])
+    with pytest.raises(ValueError, match=r"async.max_staleness='1.5': expected a whole number"):
+        split_staleness(["async.max_staleness=1.5"])
+    assert split_staleness(["+async.max_staleness=2"]) == ([], 2)
     sync = run_overrides(rest, "out/x/", "sync", 0)
-    assert sync[-5:] == ["output_dir=out/x/sync", "logging_dir=out/x/sync/logs",
+    assert sync[-6:] == ["output_dir=out/x/sync", "logging_dir=out/x/sync/logs",
                          "tracker_kwargs.log_dir=out/x/sync/logs",  # it overrides logging_dir
                          "checkpoint_config.output_dir=out/x/sync/checkpoints",
+                         "async_generation_ratio=0",  # a config's ratio is the async run's
                          "async.max_staleness=0"]  # fmt: skip
+    assert "async_generation_ratio=0" not in run_overrides(rest, "out/x/", "async", 2)
 
 
 def test_partial_rollout_goes_to_the_async_run_only():
     both, only = split_async_only(["max_steps=3", "async.partial_rollout=true"])
     assert both == ["max_steps=3"] and only == ["async.partial_rollout=true"]
+    added = "+async.partial_rollout=true"  # the `+key` form of the same key
+    assert split_async_only([added]) == ([], [added])
 
 
 def test_dry_run_with_partial_rollout_plans_it_for_the_async_run_only(tmp_path):
@@ -115,6 +122,27 @@ def test_dry_run_takes_max_staleness_from_the_config_file_unless_overridden(tmp_
         assert f"asynchronous: AsyncPlan(max_staleness={expected}," in asyn
 
 
+def test_dry_run_of_a_config_with_async_generation_ratio_plans_both_runs(tmp_path):
+    """ROLL's `async_generation_ratio: 2` in the file is the asynchronous run's bound
+    (max_staleness 2); the synchronous run drops it. It failed: the synchronous run's
+    max_staleness 0 contradicted the ratio (a config error naming `async.max_staleness=0`,
+    an override the user never wrote)."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "apps" / "rlvr" / "configs" / "cpu_default.yaml").read_text())
+    data["num_gpus_per_node"] = 2
+    data["actor_infer"]["device_mapping"] = [1]
+    data["async_generation_ratio"] = 2
+    config = tmp_path / "ratio.yaml"
+    config.write_text(yaml.safe_dump(data))
+    proc = subprocess.run([sys.executable, str(APP), "--dry-run", "--config", str(config)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sync, asyn = proc.stdout.split("=== async run")
+    assert "asynchronous: None" in sync
+    assert "asynchronous: AsyncPlan(max_staleness=2," in asyn
+
+
 def test_dry_run_refuses_more_cpus_than_its_ray_cluster_holds(tmp_path):
     """Two device bundles of 2 CPUs on the 2 CPUs apps/async's Ray cluster has: the run would
     wait rpc_timeout (900 s) for placement groups that can never be placed."""
@@ -154,7 +182,7 @@ def test_rlvr_trajectories_carry_the_engines_per_token_versions():
                                 output_log_probs=[-1.0] * 3, finish_reason="stop",
                                 weight_version=7, token_versions=versions)  # fmt: skip
 
-    row = SimpleNamespace(data_source="d", index=0)
+    row = SimpleNamespace(data_source="d", tag="d", index=0)
     ok = Scored(1.0, True, "ok")
     group = Group(row, [1, 2], [result([5, 6, 7]), result([])], ["a", "b"], [ok, ok], [1.0, 1.0])
     partial, whole = group_trajectories([group], step=0, max_len_mask=False)

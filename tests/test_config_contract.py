@@ -332,7 +332,8 @@ RLVR_VARIANTS: list[dict[str, Any]] = [
     {"overlong_penalty": {"enable": True, "buffer_length": 4}, "max_len_mask": True,
      "reward_clip": 5.0, "dynamic_sampling": {"enable": False}},
     {"actor_train": {"data_args": {"messages": "messages", "file_name": ["a.jsonl", "b.jsonl"],
-                                   "domain_interleave_probs": {"math": 1.0}}}},
+                                   "domain_interleave_probs": {"math": 1.0}}},
+     "rewards": {"math": {"reward_fn": "math_rule"}}},
     {"actor_train": {"data_args": {"prompt": "question", "response": "answer", "tag": "domain"}}},
     _merge(KL, {}),
     ALGO,
@@ -382,7 +383,7 @@ RLVR_CHANGES: dict[str, Any] = {
     "actor_train.data_args.eval_file_name": "other_test.parquet",
     "actor_train.data_args.prompt": "question",
     "actor_train.data_args.messages": "messages",
-    "actor_train.data_args.domain_interleave_probs": {"math": 1.0},
+    "actor_train.data_args.domain_interleave_probs": {"verl_default": 1.0},  # a reward domain
     "overlong_penalty.buffer_length": 4,
     "actor_infer.generating_args.max_new_tokens": 6,
     "response_length": 6,

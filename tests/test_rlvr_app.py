@@ -395,9 +395,11 @@ def test_missing_data_file_is_named_and_the_run_ends_cleanly(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_custom_reward_function_from_the_config_scores_in_the_sandbox(tmp_path):
+def test_custom_reward_function_from_the_config_scores_in_the_sandbox(tmp_path, capsys):
     """`custom_reward_function` (verl's signature) reaches the recipe's scorer through the RLVR
-    plan: its value is the reward, one that raises is a counted failure, never a silent 0."""
+    plan: its value is the reward, one that raises is a counted failure, never a silent 0, and
+    the first failure of its kind is printed with the function's error (only counted before:
+    a reward function that raised on every response trained on with no word of why)."""
     from rl_config.loading import load_app_config
     from rl_runtime.compose.rlvr import build_rlvr
     from rl_runtime.rlvr_data import Scorer
@@ -418,8 +420,12 @@ def test_custom_reward_function_from_the_config_scores_in_the_sandbox(tmp_path):
     scorer = Scorer(plan.rewards, plan.overlong, plan.response_length, allow_weak_isolation=True)
     try:
         scored = scorer.score(rows[:3], ["12", "boom", "1234"], [2, 2, 4])
+        scorer.score(rows[:2], ["boom", "boom"], [2, 2])
     finally:
         scorer.close()
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "reward call" in line]
+    assert len(warnings) == 1 and "bad response" in warnings[0], warnings
+    assert warnings[0].startswith("warning: reward call failed (exception, domain custom): ")
     assert [s.ok for s in scored] == [True, False, True]
     assert scored[0].reward == pytest.approx(0.2) and scored[2].reward == pytest.approx(0.4)
     assert scored[1].reward == 0.0 and scored[1].kind != "ok"
@@ -481,7 +487,7 @@ def test_failed_reward_calls_are_screened_out_of_training_and_bounded():
                               output_log_probs=[-1.0] * 2, finish_reason="stop",
                               weight_version=0)  # fmt: skip
     ok, bad = Scored(1.0, True, "ok"), Scored(0.0, False, "timeout")
-    row = SimpleNamespace(data_source="d", index=0)
+    row = SimpleNamespace(data_source="d", tag="d", index=0)
     group = Group(row, [1], [result] * 3, ["a", "b", "c"], [ok, bad, ok], [1.0, 0.0, 1.0])
     assert scored_rewards(group) == [1.0, 1.0]  # no variance: the failure is not a 0 reward
     trajectories = group_trajectories([group], step=0, max_len_mask=False)

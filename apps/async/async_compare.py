@@ -33,8 +33,14 @@ CPU_DEFAULTS: dict[str, Any] = {
 """Overrides of apps/rlvr's CPU default when apps/async runs without --config."""
 
 STALENESS_KEY = "async.max_staleness"
+RATIO_KEY = "async_generation_ratio"
 #: keys that apply to the asynchronous run only (the synchronous run refuses them)
 ASYNC_ONLY_KEYS = ("async.partial_rollout",)
+
+
+def override_key(key: str) -> str:
+    """The dotted key of an override's left side (`+key` adds a key, the same key here)."""
+    return key.strip().lstrip("+")
 
 
 def split_staleness(overrides: list[str]) -> tuple[list[str], int | None]:
@@ -43,8 +49,13 @@ def split_staleness(overrides: list[str]) -> tuple[list[str], int | None]:
     rest, staleness = [], None
     for item in overrides:
         key, _, value = item.partition("=")
-        if key.strip() == STALENESS_KEY:
-            staleness = int(value)
+        if override_key(key) == STALENESS_KEY:
+            try:
+                staleness = int(value)
+            except ValueError:
+                raise ValueError(
+                    f"{STALENESS_KEY}={value!r}: expected a whole number of weight versions"
+                ) from None
         else:
             rest.append(item)
     if staleness is not None and staleness < 1:
@@ -66,7 +77,7 @@ def split_async_only(overrides: list[str]) -> tuple[list[str], list[str]]:
     e.g. `async.partial_rollout=true`, which rl_config refuses with `max_staleness: 0`)."""
     both, only = [], []
     for item in overrides:
-        key = item.partition("=")[0].strip()
+        key = override_key(item.partition("=")[0])
         (only if key in ASYNC_ONLY_KEYS else both).append(item)
     return both, only
 
@@ -74,11 +85,15 @@ def split_async_only(overrides: list[str]) -> tuple[list[str], list[str]]:
 def run_overrides(base: list[str], output_dir: str, mode: str, staleness: int) -> list[str]:
     """One run's overrides: its own output directories under `output_dir/<mode>`. The log
     directory is set as `tracker_kwargs.log_dir` too, which would otherwise override
-    `logging_dir` for both runs (one metrics.jsonl for both; the lag figures read each run's)."""
+    `logging_dir` for both runs (one metrics.jsonl for both; the lag figures read each run's).
+    The synchronous run (`staleness` 0) also sets ROLL's `async_generation_ratio` to 0: a
+    config's ratio is the asynchronous run's bound (max_staleness = ceil(ratio)), and kept in
+    the synchronous run it contradicts max_staleness 0 (a config error)."""
     out = f"{output_dir.rstrip('/')}/{mode}"
     return [*base, f"output_dir={out}", f"logging_dir={out}/logs",
             f"tracker_kwargs.log_dir={out}/logs",
             f"checkpoint_config.output_dir={out}/checkpoints",
+            *([] if staleness else [f"{RATIO_KEY}=0"]),
             f"{STALENESS_KEY}={staleness}"]  # fmt: skip
 
 

@@ -22,6 +22,25 @@ def test_config_defaults_later_entries_win_and_file_wins_last(write_yaml) -> Non
     assert cfg.exp_name == "mine"  # the file's own key, merged last (implicit _self_)
 
 
+def test_an_apps_section_from_a_defaults_entry_is_kept(write_yaml) -> None:
+    """A config extending an app's config (`defaults: [cpu_default, _self_]`) keeps that app's
+    own section (`rlvr_app:`): it was dropped as a variable (its keys come from a defaults
+    entry), so the run lost its warm-up and data generation without a word. The file's own
+    keys still merge into it; another app's section is still a variable."""
+    from rl_config.loading import load_app_config
+
+    write_yaml("exp/base.yaml", BASE + "rlvr_app: {warmup: {steps: 40}, use_ray: true}\n"
+               "agentic_app: {x: 1}\n")  # fmt: skip
+    path = write_yaml("exp/main.yaml", "defaults: [base, _self_]\nseed: 3\n")
+    cfg, section = load_app_config(path, section="rlvr_app")
+    assert cfg.seed == 3 and section == {"warmup": {"steps": 40}, "use_ray": True}
+    merged = write_yaml("exp/merged.yaml", "defaults: [base, _self_]\nrlvr_app: {use_ray: false}\n")
+    assert load_app_config(merged, section="rlvr_app")[1] == {
+        "warmup": {"steps": 40}, "use_ray": False}  # fmt: skip
+    assert load_app_config(path, ["rlvr_app.warmup.steps=0"], section="rlvr_app")[1] == {
+        "warmup": {"steps": 0}, "use_ray": True}  # fmt: skip
+
+
 def test_config_defaults_self_first_lets_defaults_win(write_yaml) -> None:
     write_yaml("config/a.yaml", "exp_name: from_a\n")
     path = write_yaml(

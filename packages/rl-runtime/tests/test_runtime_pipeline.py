@@ -490,6 +490,21 @@ def test_without_ray_a_training_role_of_several_ranks_is_refused_by_name():
     check_in_process(compose(_two_device_config(actor_train=[0], actor_infer=[0, 1])), False)
 
 
+def test_without_ray_partial_rollout_is_refused_by_name_before_anything_starts():
+    """`async.partial_rollout` with --no-ray was refused only when asynchronous training
+    started, after the warm-up and the pre-RL evaluation, as a traceback."""
+    from rl_runtime.pipeline import check_in_process
+
+    cfg = _two_device_config(actor_train=[0], actor_infer=[1])
+    data = {**cfg.model_dump(exclude_unset=True), "async": {"max_staleness": 1}}
+    partial = compose(ExperimentConfig.model_validate(
+        {**data, "async": {"max_staleness": 1, "partial_rollout": True}}))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"async\.partial_rollout: needs Ray"):
+        check_in_process(partial, use_ray=False)
+    check_in_process(partial, use_ray=True)
+    check_in_process(compose(ExperimentConfig.model_validate(data)), use_ray=False)
+
+
 def test_without_ray_the_keys_only_ray_reads_are_warned_about_by_name():
     from rl_runtime.pipeline import check_in_process
 

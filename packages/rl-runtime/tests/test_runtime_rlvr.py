@@ -4,6 +4,7 @@ rollout with dynamic sampling (rlvr_rollout.rollout_batch) and held-out evaluati
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -300,3 +301,106 @@ def test_remax_group_whose_baseline_reward_call_failed_is_screened_out_and_count
     assert {t.turns[0].info["reward_error"] for t in by_group[1]} == {"baseline_timeout"}
     assert [t.baseline_reward for g in by_group for t in g] == [0.0, 0.0, None, None] + [0.0] * 4
     assert [t.episode_reward for t in by_group[1]] == [0.0, 1.0]  # its own rewards are kept
+
+
+def test_overlong_penalty_shapes_the_reward_not_the_accuracy(arith, tok):
+    """DAPO's overlong penalty lowers the reward of a response in the buffer; the response is
+    still right. With the buffer the whole response budget, every response is penalised (reward
+    < 1), yet the accuracy metrics and the trajectories' success count the right answers (the
+    real sandboxed GSM8K rule scores `#### <answer>`)."""
+    plan = _plan([arith[0]], arith[1], dynamic_sampling={"enable": False},
+                 overlong_penalty={"enable": True, "buffer_length": 8})  # fmt: skip
+    prompts = load_rlvr_prompts(plan, tok, SEED)
+    truth = {tuple(ids): row.ground_truth for ps in (prompts.train, prompts.val)
+             for ids, row in zip(ps.ids, ps.rows)}  # fmt: skip
+
+    def answer(req: GenerationRequest, k: int) -> str:  # sample 0 (and greedy) right, 1 wrong
+        return f"#### {truth[tuple(req.prompt_ids)]}" if k == 0 else "#### 999"
+
+    cluster = FakeCluster(tok, answer)
+    scorer = Scorer(plan.rewards, plan.overlong, plan.response_length, allow_weak_isolation=True)
+    try:
+        generator = GroupGenerator(scorer, tok)
+        batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0,
+                              failures=Counter())  # fmt: skip
+        held_out = held_out_accuracy(cluster, generator, prompts, plan, SEED)
+    finally:
+        scorer.close()
+    right = batch.trajectories[::2]
+    assert all(0.0 < t.episode_reward < 1.0 for t in right)  # penalised ...
+    assert [t.success for t in batch.trajectories] == [True, False] * 4  # ... and still right
+    assert batch.metrics["reward/accuracy"] == 0.5
+    assert batch.metrics["reward/mean"] < 0.5
+    assert held_out["val/greedy/accuracy"] == 1.0
+    assert held_out["val/accuracy"] == 0.5 and held_out["val/pass@k"] == 1.0
+
+
+def test_dynamic_sampling_refills_each_domain_its_own_share(tok, tmp_path):
+    """`domain_interleave_probs` {a: 0.5, b: 0.5}, 4 prompts a step: 2 of each domain. Domain a's
+    groups vary (`1`, `0`), domain b's never do (`1`, `1`: dropped). The refill asks b for its 2
+    missing groups, not 1 of a and 1 of b (quotas of the total missing count), so the kept batch
+    never holds more than a's share of a: it used to keep 3 groups of a."""
+    rows = [{"prompt": f"{d} {i} =", "ground_truth": "1", "tag": d}
+            for d in ("a", "b") for i in range(6)]  # fmt: skip
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plan = _plan([str(data)], None, rewards={d: {"reward_fn": "verl_default", "tag_included": [d]}
+                                             for d in ("a", "b")})  # fmt: skip
+    plan = dataclasses.replace(
+        plan, data=dataclasses.replace(plan.data, domain_interleave_probs={"a": 0.5, "b": 0.5})
+    )
+    prompts = load_rlvr_prompts(plan, tok, SEED)
+    domain = {tuple(ids): row.domain for ids, row in zip(prompts.train.ids, prompts.train.rows)}
+    cluster = FakeCluster(tok, lambda req, k: "1" if domain[tuple(req.prompt_ids)] == "b" or k == 0
+                          else "0")  # fmt: skip
+    batch = rollout_batch(cluster, GroupGenerator(TextScorer(), tok), prompts, plan, seed=SEED,
+                          index=0, failures=Counter())  # fmt: skip
+
+    asked = [domain[tuple(r.prompt_ids)] for r in cluster.requests]
+    assert asked == ["a", "a", "b", "b", "b", "b"]  # the refill round: b's 2 missing groups
+    kept = [t for t in batch.trajectories[::2]]
+    assert len(kept) == 2 and {prompts.train.rows[t.env_seed].domain for t in kept} == {"a"}
+    assert batch.metrics["dynamic_sampling/kept_groups"] == 2.0
+    assert batch.metrics["dynamic_sampling/dropped_groups"] == 4.0
+    assert batch.metrics["dynamic_sampling/filled"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("probs", "message"),
+    [
+        ({"verl_default": 0.5}, "domain_interleave_probs: .*must sum to 1, got 0.5"),
+        ({"verl_default": 1.5, "a": -0.5}, "domain_interleave_probs: .*must be >= 0"),
+        ({"math": 1.0}, r"domain_interleave_probs names \['math'\], which are not reward "
+                        r"domains; the domains are \['verl_default'\]"),
+    ],
+)  # fmt: skip
+def test_a_bad_domain_mix_is_refused_by_the_plan_naming_the_key(probs, message):
+    """Probabilities that do not sum to 1, or a domain no reward scores, are a config error of
+    the plan (a dry run says so), not a traceback from the sampler after the model was built."""
+    data = {"template": "native", "file_name": "train.parquet", "domain_interleave_probs": probs}
+    with pytest.raises(ValueError, match=f"actor_train.data_args.{message}"):
+        _plan(["train.parquet"], None, actor_train={"data_args": data})
+    assert _plan(["t.parquet"], None, actor_train={"data_args": {
+        **data, "domain_interleave_probs": {"verl_default": 1.0}}}).data.domain_interleave_probs  # fmt: skip
+
+
+def test_trajectories_carry_the_rows_tag_column_for_grouping_by_tags(tok, tmp_path):
+    """ROLL's jsonl rows have a `tag` column and no data_source: the trajectories' tag is the
+    row's tag, so `reward_normalization.grouping: tags` normalises per tag (it grouped by the
+    data_source, `unknown` for every such row: the whole batch) and env/<tag>/* is per tag."""
+    from rl_runtime.advantages import group_keys
+    from rl_runtime.collate import collate_trajectories
+
+    rows = [{"prompt": f"{d} {i} =", "ground_truth": "1", "tag": d}
+            for d in ("a", "b") for i in range(4)]  # fmt: skip
+    data = tmp_path / "tagged.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plan = _plan([str(data)], None, dynamic_sampling={"enable": False})
+    prompts = load_rlvr_prompts(plan, tok, SEED)
+    cluster = FakeCluster(tok, lambda req, k: str(k))
+    batch = rollout_batch(cluster, GroupGenerator(TextScorer(), tok), prompts, plan, seed=SEED,
+                          index=0, failures=Counter())  # fmt: skip
+    tags = [prompts.train.rows[t.env_seed].tag for t in batch.trajectories]
+    assert [t.tag for t in batch.trajectories] == tags and set(tags) == {"a", "b"}
+    collated = collate_trajectories(batch.trajectories, pad_token_id=0)
+    assert len(set(group_keys(collated, "tags").tolist())) == 2

@@ -10,7 +10,8 @@ Top-level keys that are not schema fields are *variables*: they exist to be inte
 (``${max_actions_per_traj}``, ``${custom_env.SimpleSokoban}``, ``${deepspeed_zero3}``). A key is
 a variable if it comes from a defaults entry (not from the file itself or an override) or if
 some ``${...}`` refers to it. Variables are dropped after interpolation; any other unknown key
-is left in and rejected by the schema with a suggestion.
+is left in and rejected by the schema with a suggestion. An app's own section (``rlvr_app:``,
+``load_app_config``'s ``section``) is no variable, wherever it comes from.
 """
 
 from __future__ import annotations
@@ -235,9 +236,15 @@ def _directory_message(path: str | Path, folder: Path) -> str:
 
 
 def compose_config(
-    path: str | Path, overrides: Iterable[str] = (), *, keep_variables: bool = False
+    path: str | Path,
+    overrides: Iterable[str] = (),
+    *,
+    keep_variables: bool = False,
+    app_section: str | None = None,
 ) -> ComposedConfig:
-    """Compose ``path`` with its defaults, apply ``overrides``, interpolate, split off variables."""
+    """Compose ``path`` with its defaults, apply ``overrides``, interpolate, split off variables.
+    ``app_section`` (an app's own options, e.g. ``rlvr_app``) is never a variable: a config
+    whose defaults list holds an app's config keeps that app's options."""
     file = Path(path).expanduser().resolve()
     if file.is_dir():
         raise ConfigError(ConfigIssue("", _directory_message(path, file)))
@@ -265,7 +272,7 @@ def compose_config(
     schema = _schema_keys()
     variables: dict[str, Any] = {}
     for key in list(data):
-        if key in schema:
+        if key in schema or key == app_section:
             continue
         from_defaults = key not in own and key not in touched
         if from_defaults or key in referenced:
@@ -314,7 +321,7 @@ def load_app_config(path: str | Path, overrides: Iterable[str] = (), *, section:
     from rl_config.schema import ExperimentConfig
 
     overrides = list(overrides)
-    composed = compose_config(path, overrides)
+    composed = compose_config(path, overrides, app_section=section)
     source = composed.source or str(path)
     data = dict(composed.data)
     app_options = data.pop(section, None) if section else None

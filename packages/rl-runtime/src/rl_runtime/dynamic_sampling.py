@@ -3,16 +3,20 @@
 A group is the G responses to one prompt. A group whose rewards are all equal has zero advantage
 under group-normalised estimators (GRPO, RLOO ...): it adds no policy gradient, only noise in the
 batch size. `fill_groups` keeps drawing groups until `target` informative ones are collected or
-the extra-round bound is reached; the caller trains on what it returns.
+the extra-round bound is reached; the caller trains on what it returns. `fill_quotas` does the
+same with a quota per key (per reward domain, ROLL's `domain_interleave_probs`): each refill
+asks every key for its own missing groups.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 G = TypeVar("G")
+K = TypeVar("K")
 
 
 @dataclass
@@ -56,20 +60,47 @@ def fill_groups(
     groups without reward variance, and stop when full or after `max_extra_rounds` extra rounds
     (None: no bound). A batch that is still short is returned as it is (possibly empty).
     """
+    return fill_quotas(lambda wanted: draw(wanted[None]), rewards_of, {None: target},
+                       lambda _: None, enable=enable,
+                       max_extra_rounds=max_extra_rounds)  # fmt: skip
+
+
+def fill_quotas(
+    draw: Callable[[dict[K, int]], list[G]],
+    rewards_of: Callable[[G], Sequence[float]],
+    quotas: Mapping[K, int],
+    key_of: Callable[[G], K],
+    *,
+    enable: bool,
+    max_extra_rounds: int | None,
+) -> FillResult[G]:
+    """`fill_groups` with a quota per key (a reward domain of `domain_interleave_probs`):
+    `draw({key: k})` generates and scores k new groups of each key in one round; a refill asks
+    each key for its own missing count, so the kept batch keeps every key's share (a refill
+    by the total would hand the dropped groups of one key to the others). `target` is the sum
+    of the quotas; `filled` means every key reached its quota."""
+    target = sum(quotas.values())
     if target < 1:
         raise ValueError(f"target must be >= 1, got {target}")
     if max_extra_rounds is not None and max_extra_rounds < 0:
         raise ValueError(f"max_extra_rounds must be >= 0 or None, got {max_extra_rounds}")
+    wanted = {key: n for key, n in quotas.items() if n > 0}
     if not enable:
-        groups = draw(target)
+        groups = draw(wanted)
         return FillResult(groups, 1, 0, len(groups), len(groups) >= target)
     kept: list[G] = []
+    have: Counter[K] = Counter()
     rounds = dropped = generated = 0
-    while len(kept) < target and (max_extra_rounds is None or rounds <= max_extra_rounds):
-        fresh = draw(target - len(kept))
+    while wanted and (max_extra_rounds is None or rounds <= max_extra_rounds):
+        fresh = draw(wanted)
         rounds += 1
         generated += len(fresh)
-        good = [g for g in fresh if has_signal(rewards_of(g))]
-        dropped += len(fresh) - len(good)
-        kept += good
-    return FillResult(kept[:target], rounds, dropped, generated, len(kept) >= target)
+        for group in fresh:
+            key = key_of(group)
+            if not has_signal(rewards_of(group)):
+                dropped += 1
+            elif have[key] < quotas.get(key, 0):
+                have[key] += 1
+                kept.append(group)
+        wanted = {key: n - have[key] for key, n in quotas.items() if n > have[key]}
+    return FillResult(kept, rounds, dropped, generated, not wanted)

@@ -355,7 +355,8 @@ def check_in_process(components: Components, use_ray: bool) -> list[str]:
     """Without Ray (`--no-ray`) every worker runs in this process, and a process holds one rank
     of a training role's process group: a ``ConfigError`` naming each training role mapped to
     more than one rank, before anything starts (its first rank would otherwise wait for the
-    others until rpc_timeout). Returns warnings for the keys only Ray reads (``node_resources``,
+    others until rpc_timeout), and ``async.partial_rollout`` (it needs Ray's concurrent
+    calls). Returns warnings for the keys only Ray reads (``node_resources``,
     ``weight_sync_host``, ``model_update_buffer_size_mb`` off its default), which such a run
     ignores."""
     if use_ray:
@@ -374,6 +375,15 @@ def check_in_process(components: Components, use_ray: bool) -> list[str]:
                     f"the role to {r.devices_per_worker} device(s)",
                 )
             )
+    asynchronous = components.asynchronous
+    if asynchronous is not None and asynchronous.partial_rollout:
+        issues.append(
+            ConfigIssue(
+                "async.partial_rollout",
+                "needs Ray: without it (--no-ray) a rollout worker runs one call at a time, so "
+                "a weight update could never reach a generation in flight",
+            )
+        )
     if issues:
         raise ConfigError(issues)
     from rl_config.schema import ExperimentConfig
@@ -630,11 +640,6 @@ class Runner:
         plan = self.components.asynchronous
         if plan is None:
             return
-        if plan.partial_rollout and not self.options.use_ray:
-            raise ValueError(
-                "async.partial_rollout needs Ray: without it (--no-ray) a rollout worker runs one "
-                "call at a time, so a weight update could never reach a generation in flight"
-            )
         from rl_runtime.async_training import STATE_KEY, AsyncTraining
 
         self.asynchronous = AsyncTraining(

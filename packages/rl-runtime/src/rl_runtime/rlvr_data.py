@@ -20,7 +20,7 @@ from rl_envs.rewards.manager import RewardInput, overlong_penalty
 from rl_envs.rewards.router import RewardRouter, RewardRouterSpec, make_reward_pool
 from rl_envs.tasks.data import RowKeys, TaskRow
 from rl_envs.tasks.dataset import DataError, DataSpec, load_dataset
-from rl_envs.tasks.sampler import PromptSampler
+from rl_envs.tasks.sampler import PromptSampler, domain_quotas
 from rl_runtime.compose.rlvr import DataPlan, OverlongPlan, RlvrPlan
 
 
@@ -137,13 +137,31 @@ def tokenized_prompts(
 
 class RowSampler:
     """Indices into `rows` for each step, through rl_envs' resumable `PromptSampler`
-    (`domain_interleave_probs` mixes reward domains per batch)."""
+    (`domain_interleave_probs` mixes reward domains per batch: `quotas` says how many rows of
+    each domain a batch takes, `draw` takes them; without it there is one quota, key None)."""
 
     def __init__(self, rows: list[TaskRow], seed: int, probs: dict[str, float] | None) -> None:
         self.sampler = PromptSampler(rows, seed, probs)
 
     def next(self, k: int) -> list[int]:
         return [row.index for row in self.sampler.next_batch(k)]
+
+    def quotas(self, k: int) -> dict[str | None, int]:
+        """Rows per domain of a batch of `k` (`{None: k}` without domain mixing)."""
+        if not self.sampler.probs:
+            return {None: k}
+        quotas: dict[str | None, int] = {}
+        quotas.update(domain_quotas(self.sampler.probs, k))
+        return quotas
+
+    def key_of(self, row: TaskRow) -> str | None:
+        """The quota `row` counts in: its domain (None without domain mixing)."""
+        return row.domain if self.sampler.probs else None
+
+    def draw(self, wanted: dict[str | None, int]) -> list[int]:
+        """`wanted[d]` more rows of each domain d, in `wanted`'s order (the first batch's
+        `quotas` draw what `next` would)."""
+        return [row.index for d, k in wanted.items() for row in self.sampler.draw(k, d)]
 
     def state(self) -> dict[str, Any]:
         return self.sampler.state_dict()
@@ -197,9 +215,21 @@ def load_rlvr_prompts(plan: RlvrPlan, tokenizer: Any, seed: int) -> RlvrPrompts:
 
 @dataclass
 class Scored:
+    """One response's reward record: `reward` (the reward function's score plus the overlong
+    `penalty`, <= 0, when DAPO's penalty is on), whether the call succeeded (`ok`, else its
+    failure `kind`)."""
+
     reward: float
     ok: bool
     kind: str
+    penalty: float = 0.0
+
+    @property
+    def correct(self) -> bool:
+        """Solved: the call succeeded and the reward function scored it 1 or more. Judged
+        before the overlong penalty, which shapes the reward, not the answer's correctness
+        (a right answer near the length limit is still right)."""
+        return self.ok and self.reward - self.penalty >= 1.0
 
 
 class Scorer:
@@ -224,6 +254,7 @@ class Scorer:
             raise
         self.overlong, self.response_length = overlong, response_length
         self._lock = threading.Lock()
+        self._reported: set[tuple[str | None, str]] = set()  # (domain, kind) printed once
 
     def score(
         self, rows: Sequence[TaskRow], texts: Sequence[str], lengths: Sequence[int]
@@ -235,18 +266,32 @@ class Scorer:
         ]
         with self._lock:
             outputs = self.router.score(items)
+            self._report_first_failures(items, outputs)
         scored = []
         for item, out in zip(items, outputs, strict=True):
-            reward = out.reward
+            penalty = 0.0
             if self.overlong.enable:
-                reward += overlong_penalty(
+                penalty = overlong_penalty(
                     item.response_length or 0,
                     max_resp_len=self.response_length,
                     buffer_len=self.overlong.buffer_length,
                     factor=self.overlong.penalty_factor,
                 )
-            scored.append(Scored(reward, out.ok, out.kind))
+            scored.append(Scored(out.reward + penalty, out.ok, out.kind, penalty))
         return scored
+
+    def _report_first_failures(self, items: Sequence[RewardInput], outputs: Sequence[Any]) -> None:
+        """Print the first failed call of each (domain, kind) with its error: the metrics only
+        count them (`reward/failures/<kind>`), and a reward function that raises on every
+        response would otherwise train on with no word of why."""
+        for item, out in zip(items, outputs, strict=True):
+            key = (item.domain, out.kind)
+            if out.ok or key in self._reported:
+                continue
+            self._reported.add(key)
+            print(f"warning: reward call failed ({out.kind}, domain {item.domain}): "
+                  f"{out.error or 'no message'}; further such failures are only counted "
+                  f"(reward/failures/{out.kind})", flush=True)  # fmt: skip
 
     def close(self) -> None:
         self.pool.close()

@@ -51,7 +51,7 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
                for r, s, res in zip(g.rewards, g.scores, g.results)]  # fmt: skip
     out = {
         "reward/mean": mean(r for _, r, _, _ in samples),
-        "reward/accuracy": mean(float(s.ok and s.reward >= 1.0) for _, _, s, _ in samples),
+        "reward/accuracy": mean(float(s.correct) for _, _, s, _ in samples),
         "reward/failed": float(sum(not s.ok for _, _, s, _ in samples)),
         "response/length_mean": mean(len(res.output_ids) for *_, res in samples),
         "response/length_max": float(max(len(res.output_ids) for *_, res in samples)),
@@ -76,7 +76,7 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
 
 def accuracy_metrics(groups: list[Group], prefix: str) -> dict[str, float]:
     """`<prefix>/accuracy` (mean over samples), its standard error over prompts, `pass@k`."""
-    per_prompt = [mean(float(s.ok and s.reward >= 1.0) for s in g.scores) for g in groups]
+    per_prompt = [mean(float(s.correct) for s in g.scores) for g in groups]
     n = len(per_prompt)
     acc = mean(per_prompt)
     sd = math.sqrt(sum((p - acc) ** 2 for p in per_prompt) / max(1, n - 1))

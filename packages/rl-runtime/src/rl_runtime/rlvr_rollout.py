@@ -17,7 +17,7 @@ from rl_config.records import GenerationRequest, GenerationResult, SamplingParam
 from rl_runtime.async_queue import RolloutBatch
 from rl_runtime.collate import shard_rows
 from rl_runtime.compose.rlvr import RlvrPlan
-from rl_runtime.dynamic_sampling import fill_groups
+from rl_runtime.dynamic_sampling import fill_quotas
 from rl_runtime.rlvr_data import RlvrPrompts, Scored, Scorer
 from rl_runtime.rlvr_metrics import Group, count_failures, group_metrics
 
@@ -73,7 +73,9 @@ def score_groups(
 
 
 def group_trajectories(groups: list[Group], step: int, max_len_mask: bool) -> list[Trajectory]:
-    """One single-turn Trajectory per sample of `groups` (group id `<step>-<group>`); with
+    """One single-turn Trajectory per sample of `groups` (group id `<step>-<group>`, tag the
+    row's tag: ROLL's `tag` column, else its data_source, what `reward_normalization.grouping:
+    tags` and the per-tag `env/<tag>/*` metrics group by); with
     `max_len_mask` a truncated response is kept for its group's statistics but not trained on
     (response_mask False). A sample whose reward call failed is marked
     (`info["reward_failed"]`, its kind as `reward_error`): its 0.0 is not data, and
@@ -91,12 +93,12 @@ def group_trajectories(groups: list[Group], step: int, max_len_mask: bool) -> li
             o = len(res.output_ids)
             truncated = res.finish_reason == "length"
             train = not (truncated and max_len_mask)
-            success = score.ok and score.reward >= 1.0
+            success = score.correct
             reason = "max_length" if truncated else ("success" if success else "terminated")
             versions = [res.weight_version] * p + list(res.token_versions)
             out.append(Trajectory(
                 traj_id=f"{step}-{g_index}-{k}", group_id=f"{step}-{g_index}",
-                tag=g.row.data_source, env_seed=g.row.index,
+                tag=g.row.tag, env_seed=g.row.index,
                 token_ids=[*g.prompt_ids, *res.output_ids], prompt_length=p,
                 response_mask=[False] * p + [train] * o,
                 rollout_log_probs=[0.0] * p + list(res.output_log_probs),
@@ -170,8 +172,9 @@ def rollout_batch(
     failures: Counter[str],
 ) -> RolloutBatch:
     """Step `index`'s groups as trajectories: `plan.prompts_per_step` prompts drawn from
-    `prompts.sampler`, G samples each, scored, then DAPO's dynamic sampling (`fill_groups`:
-    zero-variance groups dropped, more drawn within the bound). Generation round r samples with
+    `prompts.sampler`, G samples each, scored, then DAPO's dynamic sampling (`fill_quotas`:
+    zero-variance groups dropped, more drawn within the bound; with `domain_interleave_probs`
+    each domain refills its own share). Generation round r samples with
     seed `seed * 100_003 + index * 7 + (groups drawn before r) * 100_000_007`. Metrics:
     dynamic_sampling/*, data/*, reward/* and response/* of every generated group (dropped ones
     included), timing/rollout_generate (engine seconds), reward/failures/<kind> (the run's
@@ -182,8 +185,8 @@ def rollout_batch(
     drawn: list[Group] = []  # every generated group, dropped ones included (metrics)
     generate_s: list[float] = []  # per generation round (the rest: decoding, scoring)
 
-    def draw(k: int) -> list[Group]:
-        rows_index = prompts.sampler.next(k)
+    def draw(wanted: dict[str | None, int]) -> list[Group]:
+        rows_index = prompts.sampler.draw(wanted)
         round_seed = seed * 100_003 + index * 7 + len(drawn) * 100_000_007
         sampling = msgspec.structs.replace(plan.sampling, seed=round_seed)
         rows = [train.rows[i] for i in rows_index]
@@ -193,8 +196,10 @@ def rollout_batch(
         drawn.extend(fresh)
         return fresh
 
-    fill = fill_groups(
-        draw, scored_rewards, plan.prompts_per_step,
+    sampler = prompts.sampler
+    fill = fill_quotas(
+        draw, scored_rewards, sampler.quotas(plan.prompts_per_step),
+        lambda group: sampler.key_of(group.row),
         enable=plan.dynamic_sampling.enable,
         max_extra_rounds=plan.dynamic_sampling.max_extra_rounds,
     )  # fmt: skip

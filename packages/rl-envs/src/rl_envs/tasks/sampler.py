@@ -6,6 +6,7 @@ Offers:
   ``(seed, epoch)``), ``take(n)`` continues across epochs; ``state_dict()`` /
   ``load_state_dict()`` hold ``epoch`` and ``position``, so a resumed run continues with the next
   unseen rows of the interrupted epoch.
+* ``check_domain_probs(probs)``: ``ValueError`` unless the probabilities are >= 0 and sum to 1.
 * ``PromptSampler(rows, seed, domain_interleave_probs=None)``: ``next_batch(n)`` -> rows. With
   ``domain_interleave_probs`` (ROLL ``data_args``) each batch holds ``int(p * n)`` rows of each
   domain in the table's order, the last domain the remainder (ROLL's ``domain_batch_size``);
@@ -93,6 +94,16 @@ def domain_quotas(probs: Mapping[str, float], n: int) -> dict[str, int]:
     return quotas
 
 
+def check_domain_probs(probs: Mapping[str, Any]) -> None:
+    """``ValueError`` unless every probability is a number >= 0 and they sum to 1."""
+    bad = {d: p for d, p in probs.items() if not (isinstance(p, int | float) and p >= 0)}
+    if bad:
+        raise ValueError(f"domain_interleave_probs must be >= 0: {bad}")
+    total = sum(probs.values())
+    if abs(total - 1.0) > 1e-6:
+        raise ValueError(f"domain_interleave_probs must sum to 1, got {total}")
+
+
 class PromptSampler:
     """Batches of rows, mixed by domain when ``domain_interleave_probs`` is given."""
 
@@ -108,7 +119,7 @@ class PromptSampler:
             raise ValueError("no rows to sample")
         self.probs = dict(domain_interleave_probs or {})
         if self.probs:
-            self._check_probs()
+            check_domain_probs(self.probs)
             groups = {d: [r for r in rows if r.domain == d] for d in self.probs}
             empty = [d for d, g in groups.items() if not g]
             if empty:
@@ -128,14 +139,6 @@ class PromptSampler:
             d: EpochSampler(len(g), _domain_seed(seed, d), shuffle=shuffle)
             for d, g in groups.items()
         }
-
-    def _check_probs(self) -> None:
-        bad = {d: p for d, p in self.probs.items() if not (isinstance(p, int | float) and p >= 0)}
-        if bad:
-            raise ValueError(f"domain_interleave_probs must be >= 0: {bad}")
-        total = sum(self.probs.values())
-        if abs(total - 1.0) > 1e-6:
-            raise ValueError(f"domain_interleave_probs must sum to 1, got {total}")
 
     def draw(self, n: int, domain: str | None = None) -> list[TaskRow]:
         """The next ``n`` rows of ``domain`` (None without domain mixing)."""

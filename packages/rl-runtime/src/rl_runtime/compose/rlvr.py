@@ -129,6 +129,26 @@ def build_rewards(cfg: Any) -> RewardRouterSpec:
     return reward_router_spec(rewards or None, custom, allow_unsupported=True)
 
 
+def check_domain_mix(probs: dict[str, float], rewards: RewardRouterSpec) -> None:
+    """`actor_train.data_args.domain_interleave_probs`: probabilities >= 0 summing to 1, over
+    reward domains (rows get their domain from the `rewards` section; without one, the only
+    domain is `verl_default`, or `custom` with a custom_reward_function). ValueError naming the
+    key; checked here so that a dry run says so, not the run after the model is built."""
+    from rl_envs.tasks.sampler import check_domain_probs
+
+    key = "actor_train.data_args.domain_interleave_probs"
+    try:
+        check_domain_probs(probs)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
+    unknown = sorted(set(probs) - set(rewards.domains) - set(rewards.unsupported))
+    if unknown:
+        raise ValueError(
+            f"{key} names {unknown}, which are not reward domains; the domains are "
+            f"{sorted([*rewards.domains, *rewards.unsupported])}"
+        )
+
+
 @dataclass(frozen=True)
 class _HeldOut:
     files: tuple[str, ...]
@@ -229,6 +249,9 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
             f"{response_length}"
         )
     rewards = build_rewards(cfg)
+    probs = dict(data.domain_interleave_probs or {}) or None
+    if probs is not None:
+        check_domain_mix(probs, rewards)
     if cfg.val_n_sample < 1:
         raise ValueError(f"val_n_sample must be >= 1, got {cfg.val_n_sample}")
     held_out = build_held_out(cfg, response_length)
@@ -241,7 +264,7 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
             messages_key=data.messages,
             response_key=data.response,
             tag_key=data.tag,
-            domain_interleave_probs=dict(data.domain_interleave_probs or {}) or None,
+            domain_interleave_probs=probs,
             template=data.template,
             val_template=held_out.template,
         ),
