@@ -330,7 +330,7 @@ RLVR = ROOT / "apps/rlvr/configs/cpu_default.yaml"
 RLVR_VARIANTS: list[dict[str, Any]] = [
     {},
     {"overlong_penalty": {"enable": True, "buffer_length": 4}, "max_len_mask": True,
-     "reward_clip": 5.0, "dynamic_sampling": {"enable": False}},
+     "reward_clip": 5.0, "dynamic_sampling": {"enable": False}, "difficulty_mask": True},
     {"actor_train": {"data_args": {"messages": "messages", "file_name": ["a.jsonl", "b.jsonl"],
                                    "domain_interleave_probs": {"math": 1.0}}},
      "rewards": {"math": {"reward_fn": "math_rule"}}},
@@ -393,6 +393,8 @@ RLVR_CHANGES: dict[str, Any] = {
     "validation.data_args.template": "qwen2_5",
     "validation.generating_args.top_k": 5,
     "validation.generating_args.stop_strings": ["</answer>"],
+    "difficulty_low_threshold": 0.1,
+    "difficulty_high_threshold": 0.95,
 }
 # keys that only check: a wrong value is refused with the key's name
 RLVR_REFUSED: dict[str, Any] = {
@@ -407,6 +409,8 @@ RLVR_CONTEXT: dict[str, dict[str, Any]] = {
     "sequence_length": {"prompt_length": None},
     "adv_estimator": {"reward_normalization": {"method": "identity"}},  # remax's raw rewards
     "overlong_penalty.enable": {"overlong_penalty": {"buffer_length": 4}},
+    "difficulty_low_threshold": {"difficulty_mask": True},
+    "difficulty_high_threshold": {"difficulty_mask": True},
     **{key: VALIDATION for key in PIPELINE_CONSUMED["rlvr"] if key.startswith("validation.")},
     "eval_steps": VALIDATION,
 }  # fmt: skip

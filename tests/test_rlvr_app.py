@@ -502,6 +502,43 @@ def test_failed_reward_calls_are_screened_out_of_training_and_bounded():
         screen_failures(trajectories, max_failed_fraction=0.2)
 
 
+def test_difficulty_mask_trains_only_groups_strictly_inside_its_thresholds():
+    """ROLL's `difficulty_mask` (validated, then only warned about as ignored) now masks out of
+    the loss the samples of a group whose mean score is not strictly between the thresholds
+    (ROLL's `(mean > low) * (mean < high)`), judged before the overlong penalty; the groups
+    stay in the batch statistics. Hand values with thresholds (0.1, 0.95) and G = 4."""
+    from types import SimpleNamespace
+
+    from rl_config.records import GenerationResult
+    from rl_runtime.rlvr_data import Scored
+    from rl_runtime.rlvr_metrics import Group
+    from rl_runtime.rlvr_rollout import group_trajectories, within_difficulty
+
+    result = GenerationResult(request_id="0", prompt_ids=[1], output_ids=[3, 4],
+                              output_log_probs=[-1.0] * 2, finish_reason="stop",
+                              weight_version=0)  # fmt: skip
+    row = SimpleNamespace(data_source="d", tag="d", index=0)
+
+    def group(scores: list[Scored]) -> Group:
+        return Group(row, [1], [result] * 4, ["a"] * 4, scores, [s.reward for s in scores])
+
+    right, wrong = Scored(1.0, True, "ok"), Scored(0.0, True, "ok")
+    penalised = Scored(0.7, True, "ok", penalty=-0.3)  # a right answer near the length limit
+    groups = [
+        group([right] * 4),  # mean 1.0 >= 0.95: too easy
+        group([wrong] * 4),  # mean 0.0 <= 0.1: too hard
+        group([right, wrong, wrong, wrong]),  # mean 0.25: trained
+        group([penalised, right, right, right]),  # mean 1.0 before the penalty: too easy
+    ]
+    thresholds = (0.1, 0.95)
+    assert [within_difficulty(g, thresholds) for g in groups] == [False, False, True, False]
+    assert within_difficulty(groups[1], (-0.1, 0.95))  # strict: a mean of 0.0 is above -0.1
+    assert not within_difficulty(group([right, wrong, wrong, wrong]), (0.25, 1.0))
+    trained = [any(t.response_mask) for t in group_trajectories(groups, 0, False, thresholds)]
+    assert trained == [False] * 8 + [True] * 4 + [False] * 4
+    assert all(any(t.response_mask) for t in group_trajectories(groups, 0, False, None))
+
+
 @pytest.mark.slow
 def test_rlvr_code_domain_scores_row_tests_in_the_sandbox_and_counts_failures(tmp_path):
     """Two steps over code rows whose rewards are their own unit tests (`code_sandbox`, ROLL's

@@ -66,7 +66,7 @@ def test_roll_accepted_keys_are_named_in_warnings() -> None:
     cfg = ExperimentConfig.model_validate(
         {
             "pretrain": "m",
-            "difficulty_mask": True,
+            "global_template": "qwen2_5",
             "error_max_len_clip": False,  # unset: off either way, no warning
             "reward_model": {"worker_cls": "x"},
             "actor_train": {"model_args": {"flash_attn": "fa2", "lora_rank": 8}},
@@ -75,7 +75,7 @@ def test_roll_accepted_keys_are_named_in_warnings() -> None:
         }
     )
     warnings = cfg.config_warnings()
-    assert any(w.startswith("difficulty_mask: not supported, value ignored") for w in warnings)
+    assert any(w.startswith("global_template: not supported, value ignored") for w in warnings)
     assert any(w.startswith("reward_model: not supported") for w in warnings)
     assert any(
         w.startswith("actor_train.model_args.flash_attn: ignored, as ROLL ignores it")

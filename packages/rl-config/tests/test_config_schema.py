@@ -375,6 +375,20 @@ def test_config_warns_about_loss_keys_their_switch_turns_off() -> None:
     assert warnings(pg_clip=0.3, dual_clip_loss=True, dual_clip_c=5.0) == []
     assert warnings(pg_clip_low=0.2, pg_clip_high=0.2, dual_clip_c=3.0) == []
     assert warnings(use_pg_clip_range=True, pg_clip=0.2) == []
+    assert warnings(difficulty_low_threshold=0.1) == [
+        "difficulty_low_threshold=0.1 has no effect: difficulty_mask is false"
+    ]
+    assert warnings(difficulty_mask=True, difficulty_low_threshold=0.1) == []
+
+
+def test_difficulty_thresholds_that_leave_no_group_are_refused_by_name() -> None:
+    with pytest.raises(ConfigError) as info:
+        validate(difficulty_mask=True, difficulty_low_threshold=0.9, difficulty_high_threshold=0.5)
+    (issue,) = info.value.issues
+    assert issue.path == "difficulty_low_threshold" and "below difficulty_high_threshold" in (
+        issue.message
+    )
+    validate(difficulty_low_threshold=0.9, difficulty_high_threshold=0.5)  # off: only warned
 
 
 def test_config_dpo_warns_about_rlvr_validation_and_reward_keys() -> None:

@@ -72,6 +72,10 @@ UNSUPPORTED: dict[str, str] = {
     "difficulty_loss_weight": "difficulty loss weighting is not implemented",
     "length_loss_weight": "length loss weighting is not implemented",
     "max_len_mask": "masking truncated responses is not implemented",
+    "difficulty_mask": "ROLL's difficulty filter of prompt groups is implemented in the RLVR "
+    "pipeline only",
+    "difficulty_*_threshold": "ROLL's difficulty filter of prompt groups is implemented in the "
+    "RLVR pipeline only",
     "dynamic_sampling.*": "DAPO dynamic sampling is not implemented in the agentic pipeline",
     "overlong_penalty.*": "the DAPO overlong penalty is not implemented in the agentic pipeline",
     "async.max_inflight_samples": "rollout generates one step's batch at a time, so the samples "
@@ -321,6 +325,9 @@ PIPELINE_CONSUMED: dict[str, tuple[str, ...]] = {
         "dynamic_sampling.*",
         "overlong_penalty.*",
         "max_len_mask",
+        "difficulty_mask",
+        "difficulty_low_threshold",
+        "difficulty_high_threshold",
         "val_batch_size",
         "val_n_sample",
         "val_greedy",

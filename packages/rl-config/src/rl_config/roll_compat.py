@@ -45,7 +45,6 @@ ROLL_IGNORED: dict[str, str] = {
 
 _VL = "multimodal (image/video/audio) inputs are not implemented"
 _ENV = "ROLL env-manager option; this stack's env manager does not implement it"
-_DIFFICULTY = "ROLL's difficulty filter of prompt groups is not implemented (see dynamic_sampling)"
 
 ROLL_NOT_SUPPORTED: dict[str, str] = {
     # RLVR pipeline sections and knobs
@@ -56,9 +55,6 @@ ROLL_NOT_SUPPORTED: dict[str, str] = {
     "reward_system_config": "ROLL's remote reward system; rewards are scored in the local "
     "rl-envs sandbox",
     "global_template": "ROLL's prompt template override; set ROLE.data_args.template",
-    "difficulty_mask": _DIFFICULTY,
-    "difficulty_low_threshold": _DIFFICULTY,
-    "difficulty_high_threshold": _DIFFICULTY,
     "error_max_len_clip": "ROLL's clipping of failed long responses is not implemented",
     "use_topr_neg_loss_coef": "ROLL's TOPR negative-sample coefficient; use "
     "actor_train.topr_negative_weight",

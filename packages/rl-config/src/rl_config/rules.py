@@ -576,6 +576,14 @@ def check_algorithm(cfg: ExperimentConfig) -> Issues:
                     "log-probs of the sampled tokens only: use k1, k2, k3 or abs",
                 )
             )
+    if cfg.difficulty_mask and cfg.difficulty_low_threshold >= cfg.difficulty_high_threshold:
+        issues.append(
+            ConfigIssue(
+                "difficulty_low_threshold",
+                f"{cfg.difficulty_low_threshold} must be below difficulty_high_threshold "
+                f"{cfg.difficulty_high_threshold}: no group's mean score would be trained on",
+            )
+        )
     if cfg.adaptive_kl_ctrl and cfg.target_kl is None:
         issues.append(
             ConfigIssue("target_kl", "must be set when adaptive_kl_ctrl is true (e.g. 0.1)")
@@ -733,7 +741,8 @@ def check_rules(cfg: ExperimentConfig) -> Issues:
 
 def _switched_off(cfg: ExperimentConfig) -> list[str]:
     """Loss keys set (off their default) whose switch selects the other key: pg_clip_low /
-    pg_clip_high without use_pg_clip_range, pg_clip with it, dual_clip_c without dual_clip_loss."""
+    pg_clip_high without use_pg_clip_range, pg_clip with it, dual_clip_c without dual_clip_loss,
+    the difficulty thresholds without difficulty_mask."""
     fields = type(cfg).model_fields
     range_keys = ("pg_clip_low", "pg_clip_high")
     unread = [
@@ -742,6 +751,9 @@ def _switched_off(cfg: ExperimentConfig) -> list[str]:
     ]
     if not cfg.dual_clip_loss:
         unread.append(("dual_clip_c", "dual_clip_loss", False))
+    if not cfg.difficulty_mask:
+        unread += [(key, "difficulty_mask", False)
+                   for key in ("difficulty_low_threshold", "difficulty_high_threshold")]  # fmt: skip
     return [
         f"{key}={getattr(cfg, key)!r} has no effect: {switch} is {str(on).lower()}"
         + (" (the clip range is pg_clip_low/pg_clip_high)" if key == "pg_clip" else "")

@@ -72,12 +72,29 @@ def score_groups(
     return groups
 
 
-def group_trajectories(groups: list[Group], step: int, max_len_mask: bool) -> list[Trajectory]:
+def within_difficulty(group: Group, difficulty: tuple[float, float] | None) -> bool:
+    """ROLL's difficulty filter: the mean of the group's scores (before DAPO's overlong
+    penalty, which shapes rewards, not how hard the prompt is) lies strictly between `low` and
+    `high` of `difficulty` (always True when it is None)."""
+    if difficulty is None:
+        return True
+    low, high = difficulty
+    mean = sum(s.reward - s.penalty for s in group.scores) / len(group.scores)
+    return low < mean < high
+
+
+def group_trajectories(
+    groups: list[Group],
+    step: int,
+    max_len_mask: bool,
+    difficulty: tuple[float, float] | None = None,
+) -> list[Trajectory]:
     """One single-turn Trajectory per sample of `groups` (group id `<step>-<group>`, tag the
     row's tag: ROLL's `tag` column, else its data_source, what `reward_normalization.grouping:
     tags` and the per-tag `env/<tag>/*` metrics group by); with
     `max_len_mask` a truncated response is kept for its group's statistics but not trained on
-    (response_mask False). A sample whose reward call failed is marked
+    (response_mask False), and so are the samples of a group outside `difficulty`
+    (`within_difficulty`: ROLL's difficulty_mask). A sample whose reward call failed is marked
     (`info["reward_failed"]`, its kind as `reward_error`): its 0.0 is not data, and
     rl_runtime.failures screens it out of training; so is every sample of a group whose greedy
     baseline's reward call failed (no baseline, nothing to compare with). `baseline_reward`: the
@@ -88,11 +105,12 @@ def group_trajectories(groups: list[Group], step: int, max_len_mask: bool) -> li
     for g_index, g in enumerate(groups):
         p = len(g.prompt_ids)
         baseline = g.baseline
+        in_range = within_difficulty(g, difficulty)
         for k, (res, reward, own) in enumerate(zip(g.results, g.rewards, g.scores)):
             score = own if baseline is None or baseline.ok else _baseline_failure(baseline)
             o = len(res.output_ids)
             truncated = res.finish_reason == "length"
-            train = not (truncated and max_len_mask)
+            train = in_range and not (truncated and max_len_mask)
             success = score.correct
             reason = "max_length" if truncated else ("success" if success else "terminated")
             versions = [res.weight_version] * p + list(res.token_versions)
@@ -207,5 +225,8 @@ def rollout_batch(
     metrics["timing/rollout_generate"] = sum(generate_s)
     totals = count_failures(drawn, failures)
     metrics.update({f"reward/failures/{k}": v for k, v in totals.items()})
-    trajectories = group_trajectories(fill.groups, index, plan.max_len_mask)
+    trajectories = group_trajectories(fill.groups, index, plan.max_len_mask, plan.difficulty)
+    if plan.difficulty is not None and fill.groups:  # ROLL's actor/difficulty_mask_ratio
+        kept = sum(within_difficulty(g, plan.difficulty) for g in fill.groups)
+        metrics["train/difficulty_mask_ratio"] = kept / len(fill.groups)
     return RolloutBatch(index, trajectories, metrics)

@@ -298,6 +298,18 @@ class AlgorithmFields(StrictModel):
         default=False,
         description="Mask truncated responses (finish_reason=length) out of the loss.",
     )
+    difficulty_mask: bool = Field(
+        default=False,
+        description="ROLL's difficulty filter: train only on prompt groups whose mean score lies "
+        "strictly between difficulty_low_threshold and difficulty_high_threshold (the others "
+        "stay in the batch statistics, masked out of the loss).",
+    )
+    difficulty_low_threshold: float = Field(
+        default=0.0, description="difficulty_mask: a group's mean score must be above this."
+    )
+    difficulty_high_threshold: float = Field(
+        default=1.0, description="difficulty_mask: a group's mean score must be below this."
+    )
     dynamic_sampling: DynamicSampling = Field(
         default_factory=DynamicSampling, description="DAPO dynamic sampling."
     )

@@ -84,6 +84,9 @@ class RlvrPlan:
     held_out_sampling: SamplingParams
     rewards: RewardRouterSpec  # reward per domain (rewards, custom_reward_function sections)
     baseline_rollout: bool = False
+    #: ROLL's difficulty filter (difficulty_mask): `(low, high)`, groups whose mean score is not
+    #: strictly between are masked out of the loss; None: off
+    difficulty: tuple[float, float] | None = None
     #: what a dry run should say about the plan (e.g. a multimodal template rendering text only)
     notes: tuple[str, ...] = ()
 
@@ -286,6 +289,9 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
         held_out_sampling=held_out.sampling,
         rewards=rewards,
         baseline_rollout="baseline_scores" in estimator_needs(cfg.adv_estimator),
+        difficulty=(cfg.difficulty_low_threshold, cfg.difficulty_high_threshold)
+        if cfg.difficulty_mask
+        else None,
         notes=tuple(
             f"{key}={name!r} renders text only: rows with image/video inputs are refused when "
             "the data loads (multimodal inputs are not implemented)"
