@@ -14,7 +14,13 @@ from rl_config.records import Trajectory, Turn, decode, encode
 
 
 def make_batch(n: int, tokens: int, seed: int = 0) -> list[Trajectory]:
+    """``n`` trajectories of ``tokens`` tokens (a 64-token prompt), 5 turns of up to 100 tokens."""
+    if tokens < 69:
+        raise ValueError(
+            f"--tokens must be at least 69 (a 64-token prompt and 5 turns), got {tokens}"
+        )
     rng = random.Random(seed)
+    width = min(100, (tokens - 64) // 5)
     batch = []
     for i in range(n):
         mask = [False] * 64 + [rng.random() < 0.8 for _ in range(tokens - 64)]
@@ -28,7 +34,10 @@ def make_batch(n: int, tokens: int, seed: int = 0) -> list[Trajectory]:
                 prompt_length=64,
                 response_mask=mask,
                 rollout_log_probs=[-rng.random() if m else 0.0 for m in mask],
-                turns=[Turn(turn_idx=k, start=64 + 100 * k, end=164 + 100 * k) for k in range(5)],
+                turns=[
+                    Turn(turn_idx=k, start=64 + width * k, end=64 + width * (k + 1))
+                    for k in range(5)
+                ],
                 episode_reward=1.0,
                 weight_version=3,
             )
