@@ -66,81 +66,82 @@ def main() -> None:
     if len(prompts) < need:
         raise SystemExit(f"--prompts has {len(prompts)} prompts; {need} needed")
     batch = args.prompts_per_step * args.group
-    out_dir = tempfile.mkdtemp(prefix="grpo-step-trl-")
-    config = GRPOConfig(
-        output_dir=out_dir,
-        per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
-        num_generations=args.group,
-        num_iterations=1,
-        max_completion_length=args.new_tokens,
-        generation_kwargs={"min_new_tokens": args.new_tokens},
-        temperature=1.0,
-        beta=0.0,
-        learning_rate=args.learning_rate,
-        max_steps=args.steps,
-        bf16=False,
-        fp16=False,
-        use_cpu=True,
-        gradient_checkpointing=False,
-        shuffle_dataset=False,
-        dataloader_num_workers=0,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=args.seed,
-        log_completions=False,
-    )
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    tokenizer.padding_side = "left"
-    dataset = Dataset.from_dict({"prompt": prompts[:need]})
-    phases: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="grpo-step-trl-") as out_dir:
+        config = GRPOConfig(
+            output_dir=out_dir,
+            per_device_train_batch_size=batch,
+            gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            num_generations=args.group,
+            num_iterations=1,
+            max_completion_length=args.new_tokens,
+            generation_kwargs={"min_new_tokens": args.new_tokens},
+            temperature=1.0,
+            beta=0.0,
+            learning_rate=args.learning_rate,
+            max_steps=args.steps,
+            bf16=False,
+            fp16=False,
+            use_cpu=True,
+            gradient_checkpointing=False,
+            shuffle_dataset=False,
+            dataloader_num_workers=0,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            seed=args.seed,
+            log_completions=False,
+        )
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        tokenizer.padding_side = "left"
+        dataset = Dataset.from_dict({"prompt": prompts[:need]})
+        phases: dict[str, float] = {}
 
-    class TimedGRPOTrainer(GRPOTrainer):
-        def _generate_single_turn(self, *a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return super()._generate_single_turn(*a, **kw)
-            finally:
-                phases["generation"] = phases.get("generation", 0.0) + time.perf_counter() - t0
+        class TimedGRPOTrainer(GRPOTrainer):
+            def _generate_single_turn(self, *a, **kw):
+                t0 = time.perf_counter()
+                try:
+                    return super()._generate_single_turn(*a, **kw)
+                finally:
+                    phases["generation"] = phases.get("generation", 0.0) + time.perf_counter() - t0
 
-        def _generate_and_score_completions(self, *a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return super()._generate_and_score_completions(*a, **kw)
-            finally:
-                phases["rollout"] = phases.get("rollout", 0.0) + time.perf_counter() - t0
+            def _generate_and_score_completions(self, *a, **kw):
+                t0 = time.perf_counter()
+                try:
+                    return super()._generate_and_score_completions(*a, **kw)
+                finally:
+                    phases["rollout"] = phases.get("rollout", 0.0) + time.perf_counter() - t0
 
-    times: list[float] = []
+        times: list[float] = []
 
-    class StepTimer(TrainerCallback):
-        def on_step_begin(self, _args, state, control, **kwargs):
-            if args.lockstep and not sys.stdin.readline():
-                raise SystemExit("grpo_step_trl: driver closed stdin")
-            phases.clear()
-            self.t0 = time.perf_counter()
+        class StepTimer(TrainerCallback):
+            def on_step_begin(self, _args, state, control, **kwargs):
+                if args.lockstep and not sys.stdin.readline():
+                    raise SystemExit("grpo_step_trl: driver closed stdin")
+                phases.clear()
+                self.t0 = time.perf_counter()
 
-        def on_step_end(self, _args, state, control, **kwargs):
-            seconds = time.perf_counter() - self.t0
-            times.append(seconds)
-            record = {"step": len(times) - 1, "seconds": seconds, **phases}
-            print(json.dumps(record), flush=True)
+            def on_step_end(self, _args, state, control, **kwargs):
+                seconds = time.perf_counter() - self.t0
+                times.append(seconds)
+                record = {"step": len(times) - 1, "seconds": seconds, **phases}
+                print(json.dumps(record), flush=True)
 
-    trainer = TimedGRPOTrainer(
-        model=model,
-        reward_funcs=digit_reward,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        callbacks=[StepTimer()],
-    )
-    print(
-        json.dumps({"ready": True, "trl": trl.__version__, "torch": torch.__version__}), flush=True
-    )
-    trainer.train()
+        trainer = TimedGRPOTrainer(
+            model=model,
+            reward_funcs=digit_reward,
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[StepTimer()],
+        )
+        print(
+            json.dumps({"ready": True, "trl": trl.__version__, "torch": torch.__version__}),
+            flush=True,
+        )
+        trainer.train()
     if not args.lockstep:
         print(f"median_s_per_step={statistics.median(times[1:] or times):.4f}")
 

@@ -404,10 +404,16 @@ CUDA_CONFIGS: list[dict[str, Any]] = [
 
 
 def bench_cuda(args: argparse.Namespace) -> list[dict]:
+    """Every chosen CUDA config's row; the ~1 GB model and the results live in a temp dir that
+    is removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="bench_train_cuda_") as work:
+        return _bench_cuda_configs(args, Path(work))
+
+
+def _bench_cuda_configs(args: argparse.Namespace, tmp: Path) -> list[dict]:
     from rl_train.dist import spawn
 
     peak, device_name = _peak_flops(args.peak_tflops)
-    tmp = Path(tempfile.mkdtemp(prefix="bench_train_cuda_"))
     model = str(build_qwen05b_shaped(tmp / "qwen2.5-0.5b-shape"))
     only = set(args.only.split(",")) if args.only else None
     rows = []
@@ -496,13 +502,14 @@ def main() -> None:
         return
     from rl_rollout.tiny_model import build_tiny_model
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench_train_"))
-    model = str(build_tiny_model(tmp / "tiny"))
-    if not args.skip_backends:
-        print("\n## Backends (tiny Qwen2, 16 samples x 64 tokens per step, CPU)\n")
-        print(_table(bench_backends(model, tmp)))
-    print("\n## Dynamic batching and packing (32 samples, lengths 8..256 long-tailed, CPU)\n")
-    print(_table(bench_batching(model)))
+    with tempfile.TemporaryDirectory(prefix="bench_train_") as work:
+        tmp = Path(work)
+        model = str(build_tiny_model(tmp / "tiny"))
+        if not args.skip_backends:
+            print("\n## Backends (tiny Qwen2, 16 samples x 64 tokens per step, CPU)\n")
+            print(_table(bench_backends(model, tmp)))
+        print("\n## Dynamic batching and packing (32 samples, lengths 8..256 long-tailed, CPU)\n")
+        print(_table(bench_batching(model)))
     sys.stdout.flush()
 
 
