@@ -182,7 +182,8 @@ def test_train_batching_section_and_no_leftover_temp_dir(tmp_path: Path):
     out = run_bench("train.py", "--skip-backends", tmp=tmp_path)
     assert "## Dynamic batching and packing" in out
     assert "| dynamic, 1024-token budget + packing | 3 | 0 |" in out
-    assert list(tmp_path.iterdir()) == []  # its model and work dir are removed
+    # its model and work dir are removed (torch may leave its own torchinductor_<user> cache)
+    assert list(tmp_path.glob("bench_train_*")) == []
 
 
 @pytest.mark.slow
