@@ -459,32 +459,48 @@ def test_custom_reward_extras_are_logged_per_step_and_held_out_bounded_and_count
     assert len(warned) == 4 and all("domain custom" in line for line in warned), warned
 
 
-def _group(source: str, domain: str | None, rewards: list[float], acc: list[bool]) -> Any:
+def _group(source: str, domain: str | None, rewards: list[float], acc: list[bool] = ()) -> Any:
+    """A group of `rewards` for a row of `source` and `domain`; its samples return the extra
+    `acc` when given."""
     from types import SimpleNamespace
 
     from rl_runtime.rlvr_metrics import Group
 
     results = [GenerationResult(request_id="0", prompt_ids=[1], output_ids=[2], finish_reason="stop",
                                 output_log_probs=[0.0], weight_version=0) for _ in rewards]  # fmt: skip
-    scores = [Scored(r, True, "ok", extras={"acc": float(a)}) for r, a in zip(rewards, acc)]
+    scores = [Scored(r, True, "ok") for r in rewards]
+    if acc:
+        scores = [dataclasses.replace(s, extras={"acc": float(a)}) for s, a in zip(scores, acc)]
     row = SimpleNamespace(data_source=source, domain=domain)
     return Group(row, [1], results, ["x"] * len(rewards), scores, rewards)
 
 
 def test_per_source_and_per_domain_rewards_only_where_they_say_more_than_the_totals():
     """One unnamed data source (`unknown`) or the one implicit domain: no per-key metric (it
-    only repeated reward/mean). Several sources or domains, or a name the user gave (a row's
-    data_source, a `rewards` domain): every one, with the domain's extras (hand-computed)."""
+    only repeated reward/mean: `reward/unknown/mean` for every jsonl run without a data_source).
+    Several sources or domains, or a name the user gave (a row's data_source, a `rewards`
+    domain): every one (hand-computed means)."""
     from rl_runtime.rlvr_metrics import group_metrics
 
-    one = [_group("unknown", "custom", [1.0, 0.0], [True, False])]
-    assert not [k for k in group_metrics(one) if k.count("/") > 1 and "extra" not in k]
-    named = group_metrics([_group("gsm8k", "math", [1.0, 0.0], [True, False])], ["math"])
+    one = group_metrics([_group("unknown", "custom", [1.0, 0.0])])
+    assert not [k for k in one if k.startswith(("reward/unknown/", "reward/domain/"))], one
+    named = group_metrics([_group("gsm8k", "math", [1.0, 0.0])], ["math"])
     assert named["reward/gsm8k/mean"] == 0.5 and named["reward/domain/math/mean"] == 0.5
-    assert named["reward/domain/math/extra/acc"] == 0.5
-    mixed = group_metrics([_group("unknown", "a", [1.0, 1.0], [True, True]),
-                           _group("gsm8k", "b", [0.0, 0.5], [False, False])])  # fmt: skip
+    mixed = group_metrics([_group("unknown", "a", [1.0, 1.0]), _group("gsm8k", "b", [0.0, 0.5])])
     assert (mixed["reward/unknown/mean"], mixed["reward/gsm8k/mean"]) == (1.0, 0.25)
     assert (mixed["reward/domain/a/mean"], mixed["reward/domain/b/mean"]) == (1.0, 0.25)
+    assert mixed["reward/domain/a/failed"] == 0.0
+
+
+def test_a_domain_with_metrics_of_its_own_gets_its_extras():
+    """`reward/domain/<domain>/extra/<name>` beside the batch's `reward/extra/<name>` (means of
+    the samples that returned it, hand-computed)."""
+    from rl_runtime.rlvr_metrics import group_metrics
+
+    mixed = group_metrics([_group("s", "a", [1.0, 1.0], [True, True]),
+                           _group("s", "b", [0.0, 0.5], [False, False]),
+                           _group("s", "b", [0.0, 0.0])])  # fmt: skip
     assert (mixed["reward/domain/a/extra/acc"], mixed["reward/domain/b/extra/acc"]) == (1.0, 0.0)
-    assert mixed["reward/extra/acc"] == 0.5 and mixed["reward/domain/a/failed"] == 0.0
+    assert mixed["reward/extra/acc"] == 0.5
+    one = group_metrics([_group("s", "custom", [1.0, 0.0], [True, False])])
+    assert one["reward/extra/acc"] == 0.5 and not [k for k in one if "domain" in k]
