@@ -459,7 +459,7 @@ def test_custom_reward_extras_are_logged_per_step_and_held_out_bounded_and_count
     assert len(warned) == 4 and all("domain custom" in line for line in warned), warned
 
 
-def _group(source: str, domain: str | None, rewards: list[float], acc: list[bool] = ()) -> Any:
+def _group(source: str, domain: str | None, rewards: list[float], acc: Sequence[bool] = ()) -> Any:
     """A group of `rewards` for a row of `source` and `domain`; its samples return the extra
     `acc` when given."""
     from types import SimpleNamespace
