@@ -298,9 +298,11 @@ class Scorer:
 
     def _report_skipped_extras(self, domain: str | None, skipped: dict[str, int]) -> None:
         """Print the first skip of each (domain, reason): a reward's extra that never shows
-        up as a metric would otherwise be a mystery."""
+        up as a metric would otherwise be a mystery. Not for text and other non-numbers
+        (`not_number`, only counted): returning them is normal (verl's graders return the
+        predicted answer as `pred`), not a mistake to report on every run."""
         for reason in skipped:
-            if (domain, reason) in self._reported_extras:
+            if reason == "not_number" or (domain, reason) in self._reported_extras:
                 continue
             self._reported_extras.add((domain, reason))
             print(f"warning: reward extras skipped ({reason}, domain {domain}): "
