@@ -303,6 +303,19 @@ def test_remax_group_whose_baseline_reward_call_failed_is_screened_out_and_count
     assert [t.episode_reward for t in by_group[1]] == [0.0, 1.0]  # its own rewards are kept
 
 
+def _sandboxed_step_and_eval(plan: RlvrPlan, prompts: Any, cluster: FakeCluster, tok) -> tuple:
+    """Step 0's rollout and the held-out evaluation, scored by the plan's rewards in the real
+    sandbox: `(RolloutBatch, held-out metrics)`."""
+    scorer = Scorer(plan.rewards, plan.overlong, plan.response_length, allow_weak_isolation=True)
+    try:
+        generator = GroupGenerator(scorer, tok)
+        batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0,
+                              failures=Counter())  # fmt: skip
+        return batch, held_out_accuracy(cluster, generator, prompts, plan, SEED)
+    finally:
+        scorer.close()
+
+
 def test_overlong_penalty_shapes_the_reward_not_the_accuracy(arith, tok):
     """DAPO's overlong penalty lowers the reward of a response in the buffer; the response is
     still right. With the buffer the whole response budget, every response is penalised (reward
@@ -318,14 +331,7 @@ def test_overlong_penalty_shapes_the_reward_not_the_accuracy(arith, tok):
         return f"#### {truth[tuple(req.prompt_ids)]}" if k == 0 else "#### 999"
 
     cluster = FakeCluster(tok, answer)
-    scorer = Scorer(plan.rewards, plan.overlong, plan.response_length, allow_weak_isolation=True)
-    try:
-        generator = GroupGenerator(scorer, tok)
-        batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0,
-                              failures=Counter())  # fmt: skip
-        held_out = held_out_accuracy(cluster, generator, prompts, plan, SEED)
-    finally:
-        scorer.close()
+    batch, held_out = _sandboxed_step_and_eval(plan, prompts, cluster, tok)
     right = batch.trajectories[::2]
     assert all(0.0 < t.episode_reward < 1.0 for t in right)  # penalised ...
     assert [t.success for t in batch.trajectories] == [True, False] * 4  # ... and still right
@@ -435,14 +441,7 @@ def test_custom_reward_extras_are_logged_per_step_and_held_out_bounded_and_count
                  custom_reward_function={"path": str(fn), "name": "score"})  # fmt: skip
     prompts = load_rlvr_prompts(plan, tok, SEED)
     cluster = FakeCluster(tok, lambda req, k: "1" if k == 0 else "0")
-    scorer = Scorer(plan.rewards, plan.overlong, plan.response_length, allow_weak_isolation=True)
-    try:
-        generator = GroupGenerator(scorer, tok)
-        batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0,
-                              failures=Counter())  # fmt: skip
-        held_out = held_out_accuracy(cluster, generator, prompts, plan, SEED)
-    finally:
-        scorer.close()
+    batch, held_out = _sandboxed_step_and_eval(plan, prompts, cluster, tok)
     m = batch.metrics
     assert m["reward/mean"] == 0.5 and m["reward/failed"] == 0.0  # every score kept
     extras = {k: v for k, v in m.items() if "extra" in k}
