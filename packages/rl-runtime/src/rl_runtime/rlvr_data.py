@@ -293,13 +293,14 @@ class Scorer:
                                  extras.values if extras else {},
                                  extras.skipped if extras else {}))  # fmt: skip
             if extras and extras.skipped:
-                self._report_skipped_extras(item.domain, extras.skipped)
+                with self._lock:  # the reported set is shared with other scoring threads
+                    self._report_skipped_extras(item.domain, extras.skipped)
         return scored
 
     def _report_skipped_extras(self, domain: str | None, skipped: dict[str, int]) -> None:
         """Print the first skip of each (domain, reason): a reward's extra that never shows
         up as a metric would otherwise be a mystery. Not for text and other non-numbers
-        (`not_number`, only counted): returning them is normal (verl's graders return the
+        (`not_number`, only counted): returning them is normal (verl's DAPO rule returns the
         predicted answer as `pred`), not a mistake to report on every run."""
         for reason in skipped:
             if reason == "not_number" or (domain, reason) in self._reported_extras:
