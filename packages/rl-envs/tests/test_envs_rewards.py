@@ -166,3 +166,18 @@ def test_reward_registry_rejects_duplicates():
         register_reward("default", "x:y")
     with pytest.raises(ValueError, match="module:function"):
         register_reward("new_one", "no_colon")
+
+
+def test_numeric_extras_keep_finite_numbers_and_count_the_rest_by_reason():
+    """A reward's extras come from untrusted code: finite numbers and bools under metric names
+    are kept (as floats); everything else is skipped and counted, never raised on."""
+    from rl_envs.rewards.extras import MAX_EXTRAS, MAX_NAME_CHARS, numeric_extras
+
+    got = numeric_extras({"acc": True, "n": 3, "ratio": 0.25, "pred": "3", "none": None,
+                          "nan": float("nan"), "huge": 10**400, "a/b": 1.0, "": 1.0,
+                          "x" * (MAX_NAME_CHARS + 1): 1.0, 7: 1.0, "x" * MAX_NAME_CHARS: 2})  # fmt: skip
+    assert got.values == {"acc": 1.0, "n": 3.0, "ratio": 0.25, "x" * MAX_NAME_CHARS: 2.0}
+    assert got.skipped == {"not_number": 2, "not_finite": 2, "bad_name": 4}
+    assert numeric_extras({f"k{i}": 1 for i in range(MAX_EXTRAS + 1)}).skipped == {"too_many": 1}
+    assert numeric_extras(["acc", 1.0]).skipped == {"malformed": 1}
+    assert len(numeric_extras({f"k{i}": 1 for i in range(MAX_EXTRAS)}).values) == MAX_EXTRAS

@@ -44,6 +44,17 @@ def test_episodes_the_token_budget_ended_are_counted():
         _traj("c", []),
         msgspec.structs.replace(_traj("d", []), termination_reason="success"),
     ]
-    metrics = rollout_metrics(trajs, collate_trajectories(trajs, pad_token_id=0))
+    metrics = rollout_metrics(trajs, collate_trajectories(trajs, pad_token_id=0, max_length=64))
     assert metrics["env/length_truncated"] == 0.5 and metrics["rollout/truncated"] == 0.0
     assert val_metrics(cut)["val/length_truncated"] == 1.0
+
+
+def test_rollout_truncated_counts_collation_cuts_only_where_collation_can_cut():
+    """`rollout/truncated` means sequences the collation cut at its max_length (agentic's
+    sequence_length). RLVR collates without one: it logged 0 every step whatever its responses'
+    truncation (`response/truncated_rate`, `env/length_truncated`); now it is absent there."""
+    trajs = [_traj("a", []), _traj("b", [1, 1, 1, 1, 1, 1])]  # 5 and 8 tokens
+    cut = rollout_metrics(trajs, collate_trajectories(trajs, pad_token_id=0, max_length=6))
+    assert cut["rollout/truncated"] == 1.0
+    uncut = rollout_metrics(trajs, collate_trajectories(trajs, pad_token_id=0))
+    assert "rollout/truncated" not in uncut

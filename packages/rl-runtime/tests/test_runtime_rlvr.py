@@ -303,6 +303,19 @@ def test_remax_group_whose_baseline_reward_call_failed_is_screened_out_and_count
     assert [t.episode_reward for t in by_group[1]] == [0.0, 1.0]  # its own rewards are kept
 
 
+def _sandboxed_step_and_eval(plan: RlvrPlan, prompts: Any, cluster: FakeCluster, tok) -> tuple:
+    """Step 0's rollout and the held-out evaluation, scored by the plan's rewards in the real
+    sandbox: `(RolloutBatch, held-out metrics)`."""
+    scorer = Scorer(plan.rewards, plan.overlong, plan.response_length, allow_weak_isolation=True)
+    try:
+        generator = GroupGenerator(scorer, tok)
+        batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0,
+                              failures=Counter())  # fmt: skip
+        return batch, held_out_accuracy(cluster, generator, prompts, plan, SEED)
+    finally:
+        scorer.close()
+
+
 def test_overlong_penalty_shapes_the_reward_not_the_accuracy(arith, tok):
     """DAPO's overlong penalty lowers the reward of a response in the buffer; the response is
     still right. With the buffer the whole response budget, every response is penalised (reward
@@ -318,14 +331,7 @@ def test_overlong_penalty_shapes_the_reward_not_the_accuracy(arith, tok):
         return f"#### {truth[tuple(req.prompt_ids)]}" if k == 0 else "#### 999"
 
     cluster = FakeCluster(tok, answer)
-    scorer = Scorer(plan.rewards, plan.overlong, plan.response_length, allow_weak_isolation=True)
-    try:
-        generator = GroupGenerator(scorer, tok)
-        batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0,
-                              failures=Counter())  # fmt: skip
-        held_out = held_out_accuracy(cluster, generator, prompts, plan, SEED)
-    finally:
-        scorer.close()
+    batch, held_out = _sandboxed_step_and_eval(plan, prompts, cluster, tok)
     right = batch.trajectories[::2]
     assert all(0.0 < t.episode_reward < 1.0 for t in right)  # penalised ...
     assert [t.success for t in batch.trajectories] == [True, False] * 4  # ... and still right
@@ -404,3 +410,97 @@ def test_trajectories_carry_the_rows_tag_column_for_grouping_by_tags(tok, tmp_pa
     assert [t.tag for t in batch.trajectories] == tags and set(tags) == {"a", "b"}
     collated = collate_trajectories(batch.trajectories, pad_token_id=0)
     assert len(set(group_keys(collated, "tags").tolist())) == 2
+
+
+EXTRAS_REWARD = """
+def score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == ground_truth:
+        return {"score": 1.0, "acc": True, "format_ok": 0.5, "pred": solution_str,
+                "a/b": 2.0, "inf": float("inf")}
+    return {"score": 0.0, **{f"k{i}": 1 for i in range(40)}}
+"""
+
+
+def test_custom_reward_extras_are_logged_per_step_and_held_out_bounded_and_counted(
+    tok, tmp_path, capsys
+):
+    """verl's reward_extra_info: the numeric entries a custom reward returns besides `score`
+    reach the driver from the real sandbox and are logged as `reward/extra/<name>` (mean over
+    the samples that returned it; held out `val/reward/extra/<name>`); they were dropped. The
+    right answer (sample 0) returns acc/format_ok plus a text, a name with `/` and an inf
+    (each skipped and counted by reason); the wrong one a dict of 40 extras (too many: all
+    dropped, counted once, its score 0.0 kept). jsonl rows without a data_source and no
+    `rewards` section: no `reward/unknown/mean` nor `reward/domain/custom/*` (they repeated
+    `reward/mean`, `reward/failed`)."""
+    fn = tmp_path / "extras_reward.py"
+    fn.write_text(EXTRAS_REWARD)
+    rows = [{"prompt": f"{i} =", "ground_truth": "1", "tag": "t"} for i in range(6)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plan = _plan([str(data)], str(data), dynamic_sampling={"enable": False},
+                 custom_reward_function={"path": str(fn), "name": "score"})  # fmt: skip
+    prompts = load_rlvr_prompts(plan, tok, SEED)
+    cluster = FakeCluster(tok, lambda req, k: "1" if k == 0 else "0")
+    batch, held_out = _sandboxed_step_and_eval(plan, prompts, cluster, tok)
+    m = batch.metrics
+    assert m["reward/mean"] == 0.5 and m["reward/failed"] == 0.0  # every score kept
+    extras = {k: v for k, v in m.items() if "extra" in k}
+    assert extras == {"reward/extra/acc": 1.0, "reward/extra/format_ok": 0.5,
+                      "reward/extra_skipped/bad_name": 4.0, "reward/extra_skipped/not_finite": 4.0,
+                      "reward/extra_skipped/not_number": 4.0,
+                      "reward/extra_skipped/too_many": 4.0}  # fmt: skip
+    assert not [k for k in m if k.startswith(("reward/unknown/", "reward/domain/"))], m
+    assert (
+        held_out["val/reward/extra/acc"] == 1.0 and held_out["val/greedy/reward/extra/acc"] == 1.0
+    )
+    assert held_out["val/reward/extra_skipped/too_many"] == 5.0  # one wrong sample per prompt
+    warned = [line for line in capsys.readouterr().out.splitlines() if "extras skipped" in line]
+    assert len(warned) == 3 and all("domain custom" in line for line in warned), warned
+    assert not [line for line in warned if "not_number" in line]  # text extras: only counted
+
+
+def _group(source: str, domain: str | None, rewards: list[float], acc: Sequence[bool] = ()) -> Any:
+    """A group of `rewards` for a row of `source` and `domain`; its samples return the extra
+    `acc` when given."""
+    from types import SimpleNamespace
+
+    from rl_runtime.rlvr_metrics import Group
+
+    results = [GenerationResult(request_id="0", prompt_ids=[1], output_ids=[2], finish_reason="stop",
+                                output_log_probs=[0.0], weight_version=0) for _ in rewards]  # fmt: skip
+    scores = [Scored(r, True, "ok") for r in rewards]
+    if acc:
+        scores = [dataclasses.replace(s, extras={"acc": float(a)}) for s, a in zip(scores, acc)]
+    row = SimpleNamespace(data_source=source, domain=domain)
+    return Group(row, [1], results, ["x"] * len(rewards), scores, rewards)
+
+
+def test_per_source_and_per_domain_rewards_only_where_they_say_more_than_the_totals():
+    """One unnamed data source (`unknown`) or the one implicit domain: no per-key metric (it
+    only repeated reward/mean: `reward/unknown/mean` for every jsonl run without a data_source).
+    Several sources or domains, or a name the user gave (a row's data_source, a `rewards`
+    domain): every one (hand-computed means)."""
+    from rl_runtime.rlvr_metrics import group_metrics
+
+    one = group_metrics([_group("unknown", "custom", [1.0, 0.0])])
+    assert not [k for k in one if k.startswith(("reward/unknown/", "reward/domain/"))], one
+    named = group_metrics([_group("gsm8k", "math", [1.0, 0.0])], ["math"])
+    assert named["reward/gsm8k/mean"] == 0.5 and named["reward/domain/math/mean"] == 0.5
+    mixed = group_metrics([_group("unknown", "a", [1.0, 1.0]), _group("gsm8k", "b", [0.0, 0.5])])
+    assert (mixed["reward/unknown/mean"], mixed["reward/gsm8k/mean"]) == (1.0, 0.25)
+    assert (mixed["reward/domain/a/mean"], mixed["reward/domain/b/mean"]) == (1.0, 0.25)
+    assert mixed["reward/domain/a/failed"] == 0.0
+
+
+def test_a_domain_with_metrics_of_its_own_gets_its_extras():
+    """`reward/domain/<domain>/extra/<name>` beside the batch's `reward/extra/<name>` (means of
+    the samples that returned it, hand-computed)."""
+    from rl_runtime.rlvr_metrics import group_metrics
+
+    mixed = group_metrics([_group("s", "a", [1.0, 1.0], [True, True]),
+                           _group("s", "b", [0.0, 0.5], [False, False]),
+                           _group("s", "b", [0.0, 0.0])])  # fmt: skip
+    assert (mixed["reward/domain/a/extra/acc"], mixed["reward/domain/b/extra/acc"]) == (1.0, 0.0)
+    assert mixed["reward/extra/acc"] == 0.5
+    one = group_metrics([_group("s", "custom", [1.0, 0.0], [True, False])])
+    assert one["reward/extra/acc"] == 0.5 and not [k for k in one if "domain" in k]

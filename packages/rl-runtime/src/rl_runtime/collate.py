@@ -36,6 +36,7 @@ class CollatedBatch:
     tags: list[str]
     traj_ids: list[str]
     num_truncated: int = 0
+    max_length: int | None = None  # the cut collation applied (None: none, nothing was cut)
     turn_spans: list[list[tuple[int, int]]] = field(default_factory=list)
 
     @property
@@ -124,6 +125,7 @@ def collate_trajectories(
         tags=[t.tag for t in trajectories],
         traj_ids=[t.traj_id for t in trajectories],
         num_truncated=num_truncated,
+        max_length=max_length,
         turn_spans=turn_spans,
     )
 

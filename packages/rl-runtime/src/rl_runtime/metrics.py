@@ -39,7 +39,9 @@ def _outcomes(trajectories: Sequence[Any], prefix: str) -> dict[str, float]:
 def rollout_metrics(trajectories: Sequence[Any], batch: CollatedBatch) -> dict[str, float]:
     """`env/*` episode outcomes (`env/length_truncated`: the share of episodes the token budget
     ended) and `rollout/*` token counts of a training rollout (`rollout/truncated`: sequences
-    the collation cut);
+    the collation cut at its `max_length`, agentic's `sequence_length`; not logged when the batch
+    was collated without one, as RLVR's is: nothing can be cut there, and its responses the
+    length budget ended are `env/length_truncated` and `response/truncated_rate`);
     `rollout/resumed_samples`: samples whose tokens span several weight versions (partial
     rollout swapped weights in mid-generation)."""
     out = _outcomes(trajectories, "env")
@@ -48,7 +50,8 @@ def rollout_metrics(trajectories: Sequence[Any], batch: CollatedBatch) -> dict[s
     out["rollout/response_tokens"] = float(mask.sum(-1).float().mean())
     out["rollout/sequence_length"] = float(lengths.mean())
     out["rollout/sequence_length_max"] = float(lengths.max())
-    out["rollout/truncated"] = float(batch.num_truncated)
+    if batch.max_length is not None:
+        out["rollout/truncated"] = float(batch.num_truncated)
     out["rollout/num_trajectories"] = float(batch.batch_size)
     versions = batch.tensors["weight_version"]
     out["rollout/weight_version"] = float(versions.float().mean())

@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rl_envs.rewards.extras import EXTRA_SKIP_REASONS, numeric_extras
 from rl_envs.rewards.manager import RewardInput, overlong_penalty
 from rl_envs.rewards.router import RewardRouter, RewardRouterSpec, make_reward_pool
 from rl_envs.tasks.data import RowKeys, TaskRow
 from rl_envs.tasks.dataset import DataError, DataSpec, load_dataset
 from rl_envs.tasks.sampler import PromptSampler, domain_quotas
 from rl_runtime.compose.rlvr import DataPlan, OverlongPlan, RlvrPlan
+
+UNNAMED_DATA_SOURCE = "unknown"
+"""The data_source of a row that names none (ROLL-style jsonl rows often do not)."""
 
 
 @dataclass
@@ -87,6 +91,7 @@ def load_prompts(
         keys=keys,
         tag_to_domain=rewards.tag_to_domain(),
         default_domain=rewards.default_domain,
+        default_data_source=UNNAMED_DATA_SOURCE,
         on_bad_row="skip",
     )
     data = load_dataset(spec)
@@ -217,12 +222,16 @@ def load_rlvr_prompts(plan: RlvrPlan, tokenizer: Any, seed: int) -> RlvrPrompts:
 class Scored:
     """One response's reward record: `reward` (the reward function's score plus the overlong
     `penalty`, <= 0, when DAPO's penalty is on), whether the call succeeded (`ok`, else its
-    failure `kind`)."""
+    failure `kind`); `extras`: the numeric entries a succeeded call returned besides its score
+    (verl's reward_extra_info, rl_envs.rewards.extras), `extras_skipped`: its entries left out,
+    by reason."""
 
     reward: float
     ok: bool
     kind: str
     penalty: float = 0.0
+    extras: dict[str, float] = field(default_factory=dict)
+    extras_skipped: dict[str, int] = field(default_factory=dict)
 
     @property
     def correct(self) -> bool:
@@ -255,11 +264,13 @@ class Scorer:
         self.overlong, self.response_length = overlong, response_length
         self._lock = threading.Lock()
         self._reported: set[tuple[str | None, str]] = set()  # (domain, kind) printed once
+        self._reported_extras: set[tuple[str | None, str]] = set()  # (domain, skip reason)
 
     def score(
         self, rows: Sequence[TaskRow], texts: Sequence[str], lengths: Sequence[int]
     ) -> list[Scored]:
-        """One `Scored` per response, in order."""
+        """One `Scored` per response, in order; a succeeded call's extras checked
+        (`numeric_extras`: a malformed extras dict loses its extras, never its score)."""
         items = [
             RewardInput.from_row(r, t, response_length=n)
             for r, t, n in zip(rows, texts, lengths, strict=True)
@@ -277,8 +288,27 @@ class Scorer:
                     buffer_len=self.overlong.buffer_length,
                     factor=self.overlong.penalty_factor,
                 )
-            scored.append(Scored(out.reward + penalty, out.ok, out.kind, penalty))
+            extras = numeric_extras(out.extra) if out.ok else None
+            scored.append(Scored(out.reward + penalty, out.ok, out.kind, penalty,
+                                 extras.values if extras else {},
+                                 extras.skipped if extras else {}))  # fmt: skip
+            if extras and extras.skipped:
+                with self._lock:  # the reported set is shared with other scoring threads
+                    self._report_skipped_extras(item.domain, extras.skipped)
         return scored
+
+    def _report_skipped_extras(self, domain: str | None, skipped: dict[str, int]) -> None:
+        """Print the first skip of each (domain, reason): a reward's extra that never shows
+        up as a metric would otherwise be a mystery. Not for text and other non-numbers
+        (`not_number`, only counted): returning them is normal (verl's DAPO rule returns the
+        predicted answer as `pred`), not a mistake to report on every run."""
+        for reason in skipped:
+            if reason == "not_number" or (domain, reason) in self._reported_extras:
+                continue
+            self._reported_extras.add((domain, reason))
+            print(f"warning: reward extras skipped ({reason}, domain {domain}): "
+                  f"{EXTRA_SKIP_REASONS[reason]}; further such skips are only counted "
+                  f"(reward/extra_skipped/{reason})", flush=True)  # fmt: skip
 
     def _report_first_failures(self, items: Sequence[RewardInput], outputs: Sequence[Any]) -> None:
         """Print the first failed call of each (domain, kind) with its error: the metrics only

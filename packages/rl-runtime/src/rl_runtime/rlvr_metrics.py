@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from statistics import mean
 from typing import Any
 
 from rl_config.records import GenerationResult
-from rl_runtime.rlvr_data import Scored
+from rl_runtime.rlvr_data import UNNAMED_DATA_SOURCE, Scored
 
 
 @dataclass
@@ -41,10 +42,17 @@ def _quantile(ordered: list[int], q: float) -> float:
     return float(ordered[max(0, math.ceil(q * len(ordered)) - 1)])
 
 
-def group_metrics(groups: list[Group]) -> dict[str, float]:
-    """reward/* (mean, accuracy, per data_source, and per reward domain of the `rewards` section:
-    `reward/domain/<domain>/{mean,failed}`), response/* (length mean, median, 90th percentile,
-    max, truncation) of `groups`."""
+def group_metrics(groups: list[Group], named_domains: Collection[str] = ()) -> dict[str, float]:
+    """reward/* (mean, accuracy, per data_source `reward/<data_source>/mean`, per reward domain
+    `reward/domain/<domain>/{mean,failed}`, and `reward/extra/<name>`: the mean of each numeric
+    extra a reward returned over the scored samples that returned it, with
+    `reward/extra_skipped/<reason>` counting the extras left out), response/* (length mean,
+    median, 90th percentile, max, truncation) of `groups`.
+
+    Per data_source and per domain metrics are logged only where they say more than the totals
+    (`_split_keys`): for several sources (domains) in the batch, or for one the user named (a
+    row's own data_source; a domain of the `rewards` section, `named_domains`). A logged domain
+    also gets its extras, `reward/domain/<domain>/extra/<name>`."""
     if not groups:
         return {}
     samples = [(g.row.data_source, r, s, res) for g in groups
@@ -60,22 +68,50 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
         "response/truncated_rate": mean(
             float(res.finish_reason == "length") for *_, res in samples
         ),
+        **extra_metrics([s for _, _, s, _ in samples], "reward"),
     }
     baselines = [g.baseline.reward for g in groups if g.baseline is not None and g.baseline.ok]
     if baselines:  # the greedy responses' reward (remax's baseline)
         out["reward/baseline_mean"] = mean(baselines)
-    for source in sorted({d for d, *_ in samples}):
+    sources = {d for d, *_ in samples}
+    for source in _split_keys(sources, sources - {UNNAMED_DATA_SOURCE}):
         out[f"reward/{source}/mean"] = mean(r for d, r, _, _ in samples if d == source)
-    for domain in sorted({g.row.domain or "unknown" for g in groups}):
+    domains = {g.row.domain or "unknown" for g in groups}
+    for domain in _split_keys(domains, named_domains):
         scores = [(r, s) for g in groups if (g.row.domain or "unknown") == domain
                   for r, s in zip(g.rewards, g.scores)]  # fmt: skip
         out[f"reward/domain/{domain}/mean"] = mean(r for r, _ in scores)
         out[f"reward/domain/{domain}/failed"] = float(sum(not s.ok for _, s in scores))
+        extras = extra_metrics([s for _, s in scores], f"reward/domain/{domain}")
+        out.update({k: v for k, v in extras.items() if "/extra/" in k})
+    return out
+
+
+def _split_keys(keys: set[str], named: Collection[str]) -> list[str]:
+    """The keys (data sources, domains) worth a metric of their own: every one when there are
+    several; else the one if the user named it (one unnamed key's metric would only repeat the
+    batch's total: `reward/unknown/mean` was `reward/mean` for every jsonl run without a
+    data_source)."""
+    return sorted(keys) if len(keys) > 1 else [k for k in keys if k in named]
+
+
+def extra_metrics(scores: Sequence[Scored], prefix: str) -> dict[str, float]:
+    """`<prefix>/extra/<name>`: the mean of each extra over the `scores` that returned it;
+    `<prefix>/extra_skipped/<reason>`: the extras left out (rl_envs.rewards.extras), when any."""
+    values: dict[str, list[float]] = {}
+    skipped: Counter[str] = Counter()
+    for score in scores:
+        for name, value in score.extras.items():
+            values.setdefault(name, []).append(value)
+        skipped.update(score.extras_skipped)
+    out = {f"{prefix}/extra/{name}": mean(v) for name, v in sorted(values.items())}
+    out.update({f"{prefix}/extra_skipped/{k}": float(n) for k, n in sorted(skipped.items())})
     return out
 
 
 def accuracy_metrics(groups: list[Group], prefix: str) -> dict[str, float]:
-    """`<prefix>/accuracy` (mean over samples), its standard error over prompts, `pass@k`."""
+    """`<prefix>/accuracy` (mean over samples), its standard error over prompts, `pass@k`, the
+    responses' lengths and the rewards' extras (`<prefix>/reward/extra/<name>`)."""
     per_prompt = [mean(float(s.correct) for s in g.scores) for g in groups]
     n = len(per_prompt)
     acc = mean(per_prompt)
@@ -91,6 +127,7 @@ def accuracy_metrics(groups: list[Group], prefix: str) -> dict[str, float]:
             for k, v in group_metrics(groups).items()
             if k.startswith("response/")
         },
+        **extra_metrics([s for g in groups for s in g.scores], f"{prefix}/reward"),
     }
 
 

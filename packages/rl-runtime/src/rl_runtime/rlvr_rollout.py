@@ -221,7 +221,8 @@ def rollout_batch(
         enable=plan.dynamic_sampling.enable,
         max_extra_rounds=plan.dynamic_sampling.max_extra_rounds,
     )  # fmt: skip
-    metrics = {**fill.metrics(), **prompts.metrics, **group_metrics(drawn)}
+    named = tuple(plan.rewards.domains) if plan.rewards.named else ()  # by a rewards section
+    metrics = {**fill.metrics(), **prompts.metrics, **group_metrics(drawn, named)}
     metrics["timing/rollout_generate"] = sum(generate_s)
     totals = count_failures(drawn, failures)
     metrics.update({f"reward/failures/{k}": v for k, v in totals.items()})

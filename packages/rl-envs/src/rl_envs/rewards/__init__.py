@@ -7,6 +7,7 @@ Per-domain RLVR rewards (ROLL ``rewards:``, verl ``custom_reward_function``):
 from rl_envs.rewards.code_tests import parse_test_cases
 from rl_envs.rewards.custom import CustomReward, load_custom_reward
 from rl_envs.rewards.extraction import extract_boxed, extract_hash_answer, normalize_answer
+from rl_envs.rewards.extras import EXTRA_SKIP_REASONS, RewardExtras, numeric_extras
 from rl_envs.rewards.manager import (
     DAPORewardManager,
     RewardInput,
@@ -43,6 +44,7 @@ MATH_WARMUP = ("rl_envs.rewards.graders:warmup",)
 
 __all__ = [
     "DOMAIN_REWARDS",
+    "EXTRA_SKIP_REASONS",
     "MATH_PRELOAD",
     "MATH_WARMUP",
     "CodeRewardManager",
@@ -50,6 +52,7 @@ __all__ = [
     "CustomRewardSpec",
     "DAPORewardManager",
     "DomainRewardSpec",
+    "RewardExtras",
     "RewardInput",
     "RewardManager",
     "RewardOutput",
@@ -66,6 +69,7 @@ __all__ = [
     "load_custom_reward",
     "make_reward_pool",
     "normalize_answer",
+    "numeric_extras",
     "overlong_penalty",
     "parse_test_cases",
     "register_reward",

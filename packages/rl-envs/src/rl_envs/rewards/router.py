@@ -31,7 +31,6 @@ field, else the domain whose ``tag_included`` holds its tag or data source, else
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from typing import Any
 
 from rl_envs.rewards.code_tests import parse_test_cases
 from rl_envs.rewards.custom import load_custom_reward
+from rl_envs.rewards.extras import numeric_extras
 from rl_envs.rewards.manager import RewardInput, RewardManager, RewardOutput
 from rl_envs.sandbox.limits import SandboxLimits
 from rl_envs.sandbox.pool import SandboxPool
@@ -84,13 +84,16 @@ class DomainRewardSpec:
 
 @dataclass(frozen=True)
 class RewardRouterSpec:
-    """Validated routing: domains by name, the custom function, the fallback domain, and the
-    domains that cannot be scored here (only with ``allow_unsupported``; ``build`` refuses)."""
+    """Validated routing: domains by name, the custom function, the fallback domain, the
+    domains that cannot be scored here (only with ``allow_unsupported``; ``build`` refuses), and
+    whether the domains were ``named`` by a ``rewards`` section (False: the one implicit domain,
+    ``custom`` or ``verl_default``)."""
 
     domains: dict[str, DomainRewardSpec]
     custom: CustomRewardSpec | None = None
     default_domain: str | None = None
     unsupported: dict[str, str] = field(default_factory=dict)
+    named: bool = True
 
     def tag_to_domain(self) -> dict[str, str]:
         """ROLL's ``tag_2_domain``: each tag of a ``tag_included`` list to its domain."""
@@ -167,7 +170,7 @@ def reward_router_spec(
     custom = _custom_spec(custom_reward_function)
     if not rewards:
         name = "custom" if custom is not None else "verl_default"
-        return RewardRouterSpec({name: DomainRewardSpec(name, name)}, custom, name)
+        return RewardRouterSpec({name: DomainRewardSpec(name, name)}, custom, name, named=False)
     domains: dict[str, DomainRewardSpec] = {}
     unsupported: dict[str, str] = {}
     owner: dict[str, str] = {}
@@ -338,12 +341,6 @@ def build_reward_router(
     )
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool | int | float) and math.isfinite(float(value)):
-        return float(value)
-    return None
-
-
 def reward_metrics(
     items: list[RewardInput],
     outputs: list[RewardOutput],
@@ -352,7 +349,7 @@ def reward_metrics(
     """Metrics of one scored batch: ``reward/mean``, ``reward/<domain>/{mean,count,failures}``,
     ``reward/failures`` and ``reward/failures/<kind>`` (counts), and
     ``reward/<domain>/<extra>`` (mean of each numeric entry a reward returned besides
-    ``score``). ``domains``: per item (default: ``item.domain`` or ``unknown``)."""
+    ``score``, ``rl_envs.rewards.extras.numeric_extras``). ``domains``: per item (default: ``item.domain`` or ``unknown``)."""
     names = domains or [i.domain for i in items]
     metrics: dict[str, float] = {}
     sums: dict[str, list[float]] = defaultdict(list)
@@ -365,10 +362,8 @@ def reward_metrics(
         if not out.ok:
             failures[out.kind] += 1
             domain_failures[domain] += 1
-        for key, value in out.extra.items():
-            number = _number(value)
-            if number is not None:
-                extras[f"reward/{domain}/{key}"].append(number)
+        for key, number in numeric_extras(out.extra).values.items():
+            extras[f"reward/{domain}/{key}"].append(number)
     rewards = [r for values in sums.values() for r in values]
     metrics["reward/mean"] = sum(rewards) / len(rewards) if rewards else 0.0
     for domain, values in sums.items():
