@@ -159,6 +159,7 @@ CHANGES: dict[str, Any] = {
     "num_nodes": 2,
     "node_resources": ["trainer_node"],
     "weight_sync_host": "10.0.0.1",
+    "weight_sync_transport": "broadcast",
     "max_tokens_per_step": 6,
     "actor_infer.generating_args.max_new_tokens": 6,
     "actor_infer.generating_args.stop_strings": ["</answer>"],

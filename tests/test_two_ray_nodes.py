@@ -122,6 +122,7 @@ def test_training_and_rollout_pinned_to_two_ray_nodes(two_nodes, tmp_path):
         metrics = sync.sync(version=1)
         assert sync.host == TRAINER_IP and sync.cross_node  # the trainer node's address
         assert metrics["sync/cross_node"] == 1.0 and metrics["sync/bytes"] > 0
+        assert metrics["sync/shared_memory"] == 0.0  # across nodes: broadcast
         trainer = cluster["actor_train"].call_rank0("state_dict_for_check")
         engine = cluster["actor_infer"].call_rank0("state_dict_for_check")
         assert trainer.keys() <= engine.keys()

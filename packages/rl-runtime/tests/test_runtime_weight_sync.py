@@ -1,4 +1,5 @@
-"""WeightSync's address: the sync group meets on the trainer's node.
+"""WeightSync's address: the sync group meets on the trainer's node (and the transport follows
+the layout: rl_runtime.sync_transport).
 
 The decision is tested here with workers that report a given node and record the rendezvous they
 are asked to join (local workers run one call at a time, so a real group cannot form between
@@ -47,6 +48,13 @@ class _Recorder:
     def joined_groups(self) -> list:
         return self.joined
 
+    def sync_info(self, measure: bool, bucket_bytes: int) -> dict:
+        self.measured = measure
+        return {"device": "cpu", **({"weight_bytes": 1, "shm_free_bytes": 2} if measure else {})}
+
+    def was_measured(self) -> bool:
+        return self.measured
+
 
 @pytest.mark.parametrize(
     ("trainer_node", "rollout_nodes", "configured", "host", "cross_node"),
@@ -80,6 +88,10 @@ def test_sync_group_meets_on_the_trainer_node(
         sync = WeightSync(train, infer, mode="broadcast", timeout_s=30, host=configured)
         sync.setup()
         assert sync.host == host and sync.cross_node is cross_node
+        # the weights and /dev/shm are measured only where shared memory is possible
+        assert train.call_all("was_measured") == [not cross_node]
+        assert sync.transport is not None
+        assert sync.transport.transport == ("broadcast" if cross_node else "shared_memory")
         joined = [
             g
             for group in (train, infer)

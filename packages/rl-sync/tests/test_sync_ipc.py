@@ -178,3 +178,44 @@ def test_adopt_refuses_a_handle_into_the_buffer_in_use():
         sender.close()
     with pytest.raises(ValueError, match="num_buffers"):
         IpcSender("cpu", num_buffers=3)
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_killed_senders_buffer_is_removed_when_a_sender_starts(tmp_path, monkeypatch):
+    """A sender killed before `close` leaves its buffer (as large as the weights) in RAM-backed
+    /dev/shm; the next sender removes it: only `rl_sync_<dead pid>_<id>.buf` regular files of
+    this user, never a live sender's buffer, a link (nor its target) or another name."""
+    import uuid
+
+    import rl_sync.ipc as ipc
+
+    monkeypatch.setattr(ipc, "shm_dir", lambda: str(tmp_path))
+    dead, alive = _dead_pid(), os.getpid()
+
+    def name(pid: int) -> str:
+        return f"rl_sync_{pid}_{uuid.uuid4().hex}.buf"
+
+    orphan, live = tmp_path / name(dead), tmp_path / name(alive)
+    other, target, link = tmp_path / f"x_{dead}.buf", tmp_path / "target", tmp_path / name(dead)
+    for path in (orphan, live, other, target):
+        path.write_bytes(b"w" * 64)
+    link.symlink_to(target)
+    sender = IpcSender("cpu")  # sweeps at start
+    try:
+        assert not orphan.exists()
+        assert live.exists() and other.exists() and link.is_symlink() and target.exists()
+        handle = sender.export(make_named_tensors(0), 1)
+        assert os.path.dirname(handle.location["path"]) == str(tmp_path)
+        assert ipc.remove_orphaned_buffers() == []  # its own buffer: its process lives
+        assert os.path.exists(handle.location["path"])
+    finally:
+        sender.close()

@@ -253,6 +253,7 @@ DPO_IGNORED: dict[str, str] = {
     "prompt_length": "prompt + response must fit sequence_length (truncation_mode)",
     "response_length": "prompt + response must fit sequence_length (truncation_mode)",
     "model_update_buffer_size_mb": "no weight sync (no rollout engines)",
+    "weight_sync_transport": "no weight sync (no rollout engines)",
     "adv_estimator": "no advantages in DPO",
     "reward_normalization.*": "no rewards in DPO",
     "whiten_advantages": "no advantages in DPO",

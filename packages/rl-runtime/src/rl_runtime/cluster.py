@@ -24,6 +24,7 @@ from rl_runtime.ray_setup import (
     worker_env_vars,
     worker_threads,
 )
+from rl_runtime.sync_transport import TransportChoice
 from rl_runtime.worker_group import PlacementGroups, WorkerGroup
 
 TRAIN_ROLES = ("actor_train", "critic", "reference")
@@ -268,13 +269,17 @@ class WeightSyncError(RuntimeError):
 class WeightSync:
     """Trainer -> rollout weight transfer.
 
-    `mode="broadcast"`: an rl_sync group (trainer rank 0 + every rollout worker) carries versioned,
-    checksummed buckets (Ray mode). Its store listens on the trainer's node at `host` if given,
-    else at the address `rl_runtime.sync_address.choose_sync_host` picks from the workers' nodes
-    (loopback when all share the trainer's node, else the trainer node's IP); the port is picked
-    free on that node. `mode="direct"`: the trainer's tensors are handed to the engines through
-    the driver (in-process `--no-ray` runs). Either way, every engine's `weight_version` is
-    checked against the version sent.
+    `mode="broadcast"` (Ray mode): an rl_sync group (trainer rank 0 + every rollout worker)
+    carries the weights, versioned and checksummed, as broadcast buckets or, through shared
+    memory, as a handle to the trainer's /dev/shm buffer: `transport` (`weight_sync_transport`)
+    is decided at setup (rl_runtime.sync_transport: ``auto`` takes shared memory when every
+    engine shares the CPU trainer's node and /dev/shm has room). The group's store listens on
+    the trainer's node at `host` if given, else at the address
+    `rl_runtime.sync_address.choose_sync_host` picks from the workers' nodes (loopback when all
+    share the trainer's node, else the trainer node's IP); the port is picked free on that node.
+    `mode="direct"`: the trainer's tensors are handed to the engines through the driver
+    (in-process `--no-ray` runs). Either way, every engine's `weight_version` is checked against
+    the version sent.
     """
 
     def __init__(
@@ -286,6 +291,7 @@ class WeightSync:
         timeout_s: float = 600.0,
         bucket_bytes: int = 1 << 26,
         host: str | None = None,
+        transport: str = "auto",
     ) -> None:
         self.train = train
         self.infer = infer
@@ -293,10 +299,13 @@ class WeightSync:
         self.timeout_s = timeout_s
         self.bucket_bytes = bucket_bytes
         self.configured_host = host
+        self.configured_transport = transport
         #: where the sync group met (set by setup): the trainer node's address and whether some
         #: rollout worker sits on another node
         self.host: str | None = None
         self.cross_node = False
+        #: how the weights travel (set by setup; rl_runtime.sync_transport)
+        self.transport: TransportChoice | None = None
         self._ready = False
 
     def setup(self) -> None:
@@ -308,6 +317,7 @@ class WeightSync:
         rollout = [NodeAddress(*a) for a in self.infer.call_all("node_address")]
         self.host = choose_sync_host(trainer, rollout, self.configured_host)
         self.cross_node = any(r.node_id != trainer.node_id for r in rollout)
+        self.transport = self._choose_transport()
         port = self.train.call_rank0("open_sync_listener", self.host)
         world = 1 + len(self.infer.workers)
         refs = self.train.submit("init_sync_group", self.host, port, world, self.timeout_s)
@@ -315,14 +325,35 @@ class WeightSync:
         self.train.wait(refs, "init_sync_group", self.timeout_s)
         self._ready = True
 
+    def _choose_transport(self) -> TransportChoice:
+        """Ask the trainer what the choice needs (measuring the weights and /dev/shm only where
+        shared memory is possible) and choose (rl_runtime.sync_transport)."""
+        from rl_runtime.sync_transport import choose_sync_transport
+
+        measure = not self.cross_node and self.configured_transport != "broadcast"
+        info = self.train.call_all("sync_info", measure, self.bucket_bytes)[0]
+        return choose_sync_transport(
+            self.configured_transport,
+            cross_node=self.cross_node,
+            trainer_device=str(info["device"]),
+            weight_bytes=info.get("weight_bytes"),
+            shm_free_bytes=info.get("shm_free_bytes"),
+        )
+
     def sync(self, version: int) -> dict[str, float]:
         """Push the trainer's weights as `version`; returns `sync/*` metrics."""
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
         if self.mode == "broadcast":
             self.setup()
-            refs = self.train.submit("send_weights", version, self.bucket_bytes)
-            refs += self.infer.submit("receive_weights", version)
+            shared = self.transport is not None and self.transport.transport == "shared_memory"
+            send, receive = (
+                ("send_weights_shared", "receive_weights_shared")
+                if shared
+                else ("send_weights", "receive_weights")
+            )
+            refs = self.train.submit(send, version, self.bucket_bytes)
+            refs += self.infer.submit(receive, version)
             results = self.train.wait(refs, "send_weights/receive_weights", self.timeout_s)
             sent = results[0]
             metrics = {
@@ -347,6 +378,7 @@ class WeightSync:
         metrics["sync/weight_version"] = float(version)
         if self.mode == "broadcast":
             metrics["sync/cross_node"] = float(self.cross_node)
+            metrics["sync/shared_memory"] = float(shared)
         return metrics
 
 

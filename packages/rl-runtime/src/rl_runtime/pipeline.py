@@ -357,8 +357,8 @@ def check_in_process(components: Components, use_ray: bool) -> list[str]:
     more than one rank, before anything starts (its first rank would otherwise wait for the
     others until rpc_timeout), and ``async.partial_rollout`` (it needs Ray's concurrent
     calls). Returns warnings for the keys only Ray reads (``node_resources``,
-    ``weight_sync_host``, ``model_update_buffer_size_mb`` off its default), which such a run
-    ignores."""
+    ``weight_sync_host``, ``weight_sync_transport`` and ``model_update_buffer_size_mb`` off
+    their defaults), which such a run ignores."""
     if use_ray:
         return []
     from rl_config.errors import ConfigError, ConfigIssue
@@ -393,6 +393,9 @@ def check_in_process(components: Components, use_ray: bool) -> list[str]:
     buffer_mb = cluster.sync_bucket_bytes // 1024**2  # 0: no weight sync (DPO)
     ignored = [("node_resources", cluster.node_resources, "there are no Ray nodes to pin to"),
                ("weight_sync_host", cluster.sync_host,
+                "the weights reach the engines in this process"),
+               ("weight_sync_transport", cluster.sync_transport
+                if cluster.sync_transport != "auto" else None,
                 "the weights reach the engines in this process"),
                ("model_update_buffer_size_mb", buffer_mb if buffer_mb not in (0, default_mb)
                 else None, "the weights reach the engines in this process as whole tensors, "
@@ -538,6 +541,7 @@ class Runner:
                 timeout_s=c.cluster.rpc_timeout,
                 bucket_bytes=c.cluster.sync_bucket_bytes,
                 host=c.cluster.sync_host,
+                transport=c.cluster.sync_transport,
             )
         if hasattr(self.recipe, "setup"):
             self.recipe.setup(self.ctx)

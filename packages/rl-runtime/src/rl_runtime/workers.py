@@ -78,6 +78,8 @@ class TrainWorker:
         self.backend = self._build_backend(model_path)
         #: the weight-sync store's socket between `open_sync_listener` and `init_sync_group`
         self._sync_listener: socket.socket | None = None
+        #: rank 0's shared-memory buffer of the weights (`send_weights_shared`)
+        self._ipc_sender: Any = None
         #: the schedule's (base rates, multipliers) while `hold_learning_rate` holds the rate
         self._held_schedule: tuple[list[float], list[Any]] | None = None
 
@@ -244,6 +246,39 @@ class TrainWorker:
         sender = WeightSender(self._sync_group, bucket_bytes=bucket_bytes)
         return _sync_metrics(send_from_backend(sender, self.backend, version))
 
+    def sync_info(self, measure: bool, bucket_bytes: int = 1 << 26) -> dict[str, Any]:
+        """What choosing the weight-sync transport needs (rl_runtime.sync_transport): the device
+        kind the weights live on and, with `measure`, the bytes of the full weights and the free
+        shared memory of this node. Collective with `measure` (the full tensors are gathered
+        once): every rank of the role calls it."""
+        info: dict[str, Any] = {"device": str(self.backend.device_kind)}
+        if measure:
+            from rl_runtime.sync_transport import shm_free_bytes
+
+            info["weight_bytes"] = sum(
+                t.numel() * t.element_size()
+                for bucket in self.backend.iter_full_tensor_buckets(bucket_bytes)
+                for _name, t in bucket
+            )
+            info["shm_free_bytes"] = shm_free_bytes()
+        return info
+
+    def send_weights_shared(self, version: int, bucket_bytes: int = 1 << 26) -> dict[str, float]:
+        """`send_weights` through shared memory (rl_sync.ipc): rank 0 packs the full weights into
+        its /dev/shm buffer (kept across versions, removed at shutdown) and sends the handle;
+        the other ranks take part in gathering the full tensors."""
+        buckets = self.backend.iter_full_tensor_buckets(bucket_bytes)
+        if self.rank != 0:
+            for _bucket in buckets:
+                pass
+            return {}
+        from rl_sync.ipc import IpcSender
+
+        if self._ipc_sender is None:
+            self._ipc_sender = IpcSender("cpu")
+        named = (item for bucket in buckets for item in bucket)
+        return _sync_metrics(self._ipc_sender.send_over(self._sync_group, named, version))
+
     def save_checkpoint(
         self, root: str, step: int, extra: dict | None = None, key_file: str | None = None
     ) -> str:
@@ -268,6 +303,9 @@ class TrainWorker:
         if self._adopted_dir is not None:
             shutil.rmtree(self._adopted_dir, ignore_errors=True)
             self._adopted_dir = None
+        if self._ipc_sender is not None:
+            self._ipc_sender.close()
+            self._ipc_sender = None
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -328,6 +366,8 @@ class RolloutWorker:
         from rl_runtime.failures import SandboxCounters
 
         self.sandbox = SandboxCounters()
+        #: the trainer's shared-memory buffer, mapped (`receive_weights_shared`)
+        self._ipc_receiver: Any = None
 
     def ready(self) -> bool:
         return True
@@ -413,6 +453,22 @@ class RolloutWorker:
 
         metrics = receive_into_engine(
             self._receiver, self.engine, expected_version=expected_version
+        )
+        return _sync_metrics(metrics)
+
+    def receive_weights_shared(self, expected_version: int) -> dict[str, float]:
+        """`receive_weights` through shared memory: map the trainer's buffer (once), verify it
+        and commit it into the engine (version checked)."""
+        from rl_sync.ipc import IpcReceiver
+        from rl_sync.transfer import engine_apply
+
+        if self._ipc_receiver is None:
+            self._ipc_receiver = IpcReceiver("cpu", last_version=self.engine.weight_version)
+        receiver = self._ipc_receiver
+        metrics = receiver.receive_over(
+            self._sync_group,
+            engine_apply(self.engine, receiver),
+            expected_version=expected_version,
         )
         return _sync_metrics(metrics)
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import stat
 import tempfile
 import time
 import uuid
@@ -124,6 +126,39 @@ class IpcHandle:
 # ------------------------------------------------------------------------------------------------
 # Buffers per transport
 # ------------------------------------------------------------------------------------------------
+_BUFFER_NAME = re.compile(r"rl_sync_(\d+)_[0-9a-f]{32}\.buf")
+
+
+def remove_orphaned_buffers(directory: str | None = None) -> list[str]:
+    """Remove the shared-memory buffers (``rl_sync_<pid>_<id>.buf``, this user's regular files
+    only, never a link) whose sending process is gone: a sender killed before ``close`` (e.g.
+    SIGKILL) leaves its buffer, as large as the weights, in RAM-backed ``/dev/shm``. Called when
+    an `IpcSender` starts; returns the paths removed."""
+    directory = directory or shm_dir()
+    removed: list[str] = []
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            match = _BUFFER_NAME.fullmatch(entry.name)
+            if match is None or _process_alive(int(match.group(1))):
+                continue
+            with contextlib.suppress(OSError):
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
+                    os.unlink(entry.path)
+                    removed.append(entry.path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _create_shm_buffer(nbytes: int) -> tuple[torch.Tensor, dict[str, Any]]:
     path = os.path.join(shm_dir(), f"rl_sync_{os.getpid()}_{uuid.uuid4().hex}.buf")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -221,6 +256,8 @@ class IpcSender:
             raise ValueError(f"num_buffers must be 1 or 2, got {num_buffers!r}")
         self.device = torch_device(detect_device_kind()) if device is None else torch.device(device)
         self.transport: Transport = ipc_transport(kind_of(self.device))
+        if self.transport == "shm_file":
+            remove_orphaned_buffers()
         self.num_buffers = num_buffers
         self._buffers: list[torch.Tensor | None] = [None] * num_buffers
         self._locations: list[dict[str, Any]] = [{} for _ in range(num_buffers)]
@@ -463,4 +500,12 @@ def _still_exported(key: str) -> bool:
     return path is None or os.path.exists(str(path))
 
 
-__all__ = ["IpcHandle", "IpcReceiver", "IpcSender", "Transport", "ipc_transport", "shm_dir"]
+__all__ = [
+    "IpcHandle",
+    "IpcReceiver",
+    "IpcSender",
+    "Transport",
+    "ipc_transport",
+    "remove_orphaned_buffers",
+    "shm_dir",
+]

@@ -17,7 +17,7 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -380,8 +380,15 @@ class WeightReceiver:
         )
 
 
-def engine_apply(engine: Any, receiver: WeightReceiver) -> ApplyFn:
-    """An ``apply`` callback committing into an rl_rollout engine.
+class _Committing(Protocol):
+    """A receiver (`WeightReceiver`, `rl_sync.ipc.IpcReceiver`) while it commits a sync."""
+
+    incoming_version: int | None
+
+
+def engine_apply(engine: Any, receiver: _Committing) -> ApplyFn:
+    """An ``apply`` callback committing into an rl_rollout engine, for a `WeightReceiver` or an
+    `rl_sync.ipc.IpcReceiver`.
 
     Calls ``engine.update_weights(named_tensors, version)`` with the version of the sync being
     committed; the receiver's ``last_version`` only advances if the engine accepted it.

@@ -169,6 +169,15 @@ class PipelineFields(StrictModel):
         "sync (its TCP store and collective). Unset: 127.0.0.1 when the trainer and every "
         "rollout worker share a node, else the trainer node's Ray IP.",
     )
+    weight_sync_transport: Literal["auto", "broadcast", "shared_memory"] = Field(
+        default="auto",
+        description="How the trainer's weights reach the rollout engines (Ray runs). "
+        "broadcast: buckets of model_update_buffer_size_mb over the sync group (any layout). "
+        "shared_memory: the CPU trainer writes the weights once into a /dev/shm buffer and the "
+        "engines on its node copy them from there (refused where a rollout worker is on another "
+        "node, the trainer is on an accelerator or /dev/shm lacks room). auto: shared_memory "
+        "where it can work, else broadcast.",
+    )
     system_envs: dict[str, str] = Field(
         default_factory=dict,
         description="Environment variables set in every worker process (secrets redacted in "
@@ -196,7 +205,8 @@ class PipelineFields(StrictModel):
     model_update_buffer_size_mb: int = Field(
         default=1024,
         ge=1,
-        description="Bucket size of the trainer -> engine weight transfer, in MiB.",
+        description="Bucket size of the trainer -> engine weight transfer, in MiB (the "
+        "broadcast transport; shared memory moves the weights in one buffer).",
     )
     is_offload_states: bool = Field(
         default=False,

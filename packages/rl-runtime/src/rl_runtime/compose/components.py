@@ -99,6 +99,8 @@ class ClusterSettings:
     node_resources: tuple[str, ...] | None = None
     #: address of the weight-sync store on the trainer's node; None: chosen from the nodes
     sync_host: str | None = None
+    #: `weight_sync_transport`: auto | broadcast | shared_memory (rl_runtime.sync_transport)
+    sync_transport: str = "auto"
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ def build_tracker(cfg: Any, warnings: list[str]) -> TrackerSettings:
 
 
 def build_cluster(cfg: Any, *, sync_bucket_bytes: int) -> ClusterSettings:
-    """Devices (and the nodes they pin to), RPC bound, worker env and the weight-sync address;
+    """Devices (and the nodes they pin to), RPC bound, worker env and the weight sync's address
+    and transport;
     `sync_bucket_bytes` 0 where no weights are synced."""
     return ClusterSettings(
         num_devices=cfg.num_nodes * cfg.num_gpus_per_node,
@@ -56,4 +57,5 @@ def build_cluster(cfg: Any, *, sync_bucket_bytes: int) -> ClusterSettings:
         devices_per_node=cfg.num_gpus_per_node,
         node_resources=tuple(cfg.node_resources) if cfg.node_resources is not None else None,
         sync_host=cfg.weight_sync_host,
+        sync_transport=cfg.weight_sync_transport,
     )
