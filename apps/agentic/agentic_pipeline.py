@@ -94,7 +94,7 @@ class AgenticRecipe:
         )
         metrics = update_policy(ctx, batch, self.kl_ctl)
         if self.app.check_sync_weights:
-            metrics["sync/max_abs_diff"] = engine_weight_diff(ctx.cluster)
+            metrics["sync/max_abs_diff"] = engine_weight_diff(ctx)
         metrics.update(rollout_metrics(trajectories, batch))
         metrics.update(screened.metrics)
         metrics.update(rollout_batch.metrics)

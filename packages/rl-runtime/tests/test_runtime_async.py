@@ -362,3 +362,15 @@ def test_a_checkpoint_whose_async_bookkeeping_disagrees_is_refused():
     assert loaded == [{"sampler": 1}]
     with pytest.raises(RuntimeError, match="disagrees with its run state"):
         restore_rollout_state(Recipe(), {**good, "trainer_version": 0}, step=4, weight_version=5)
+
+
+def test_trainer_progress_never_goes_back():
+    """Deferred weight syncs report their ends from watcher threads, possibly out of order: a
+    late report of an earlier step must not close the gate again."""
+    producer = RolloutProducer(
+        lambda index: RolloutBatch(index, []), SampleQueue(10), max_staleness=0,
+        samples_per_batch=1, start_index=0, stop_index=5, timeout_s=5.0,
+    )  # fmt: skip
+    producer.trainer_finished(3)
+    producer.trainer_finished(2)
+    assert producer._gate_open(3) and not producer._gate_open(4)

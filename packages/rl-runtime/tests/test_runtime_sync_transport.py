@@ -94,8 +94,8 @@ def _buffers_of(pids: set[int]) -> list[str]:
     [("auto", "hf_infer", 1), ("broadcast", "hf_infer", 1), ("auto", "fsdp2_train", 2)],
 )
 def test_a_ray_sync_carries_the_trainers_exact_weights(requested, strategy, ranks, tmp_path):
-    """Two syncs (the second after a training step, into the same shared buffer): the engine
-    holds the trainer's weights bit for bit each time; `sync/shared_memory` says which transport
+    """Three syncs (each after a training step but the first, into the same shared buffer; the
+    third deferred, then settled): the engine holds the trainer's weights bit for bit each time; `sync/shared_memory` says which transport
     carried them; the shared buffer is gone after shutdown. With two FSDP2 ranks the full
     tensors are gathered collectively (measuring them at setup too) and rank 0 shares them."""
     import ray
@@ -134,14 +134,19 @@ def test_a_ray_sync_carries_the_trainers_exact_weights(requested, strategy, rank
         sync = WeightSync(train, infer, mode="broadcast", timeout_s=120, transport=requested)
         shared = requested == "auto"
         before = infer.call_rank0("state_dict_for_check")
-        for version in (1, 2):
-            if version == 2:
+        for version in (1, 2, 3):
+            if version > 1:
                 batch = make_batch(4, 12, vocab=1000)
                 shards = shard_rows(batch, ranks)
                 train.wait(train.submit_each("train_step", [(b, "sft") for b in shards]), "step")
-            metrics = sync.sync(version)
+            if version < 3:
+                metrics = sync.sync(version)
+                assert metrics["sync/bytes"] > 0
+            else:  # deferred (asynchronous training with partial rollout): exact once settled
+                metrics = sync.sync(version, settle=False)
+                assert metrics["sync/deferred"] == 1.0 and sync.settle()["sync/bytes"] > 0
             assert metrics["sync/shared_memory"] == float(shared)
-            assert metrics["sync/weight_version"] == version and metrics["sync/bytes"] > 0
+            assert metrics["sync/weight_version"] == version
             trainer = train.call_all("state_dict_for_check")[0]  # collective
             engine = infer.call_rank0("state_dict_for_check")
             assert trainer.keys() <= engine.keys()

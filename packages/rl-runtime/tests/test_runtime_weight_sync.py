@@ -170,3 +170,82 @@ def test_in_process_sync_hands_the_trainers_own_tensors_and_the_engine_keeps_cop
     finally:
         train.shutdown()
         infer.shutdown()
+
+
+class _Transfer(_Recorder):
+    """A sync peer whose transfer calls report a version (the engine's: `reported`, default
+    the one sent), recording the versions asked for."""
+
+    def __init__(self, *, rank, world_size, dist_env, nodes, reported=None) -> None:
+        super().__init__(rank=rank, world_size=world_size, dist_env=dist_env, nodes=nodes)
+        self.reported, self.asked = reported, []
+
+    def send_weights_shared(self, version, bucket_bytes) -> dict:
+        self.asked.append(version)
+        return {"bytes": 8.0, "version": float(version)}
+
+    def receive_weights_shared(self, version) -> dict:
+        self.asked.append(version)
+        return {"version": float(version if self.reported is None else self.reported)}
+
+    def versions_asked(self) -> list:
+        return self.asked
+
+
+def _transfer_groups(reported=None):
+    plan = plan_placement({"actor_train": [0], "actor_infer": [1]}, num_devices=2)
+    node = ("a", "127.0.0.3")
+    groups = [
+        WorkerGroup.create(
+            role,
+            _Transfer,
+            plan.roles[role],
+            mode="local",
+            rpc_timeout=30,
+            init_kwargs={"nodes": [node], **extra},
+        )
+        for role, extra in (("actor_train", {}), ("actor_infer", {"reported": reported}))
+    ]
+    return groups[0], groups[1]
+
+
+def test_a_deferred_sync_is_checked_when_it_settles():
+    """`sync(settle=False)` returns without the engines' verdict; a wrong committed version is
+    an error at `settle` (or at the next sync, which settles the one before it first)."""
+    from rl_runtime.cluster import WeightSyncError
+
+    train, infer = _transfer_groups(reported=0)  # the engine reports it kept version 0
+    try:
+        sync = WeightSync(train, infer, mode="broadcast", timeout_s=30)
+        metrics = sync.sync(1, settle=False)
+        assert metrics["sync/deferred"] == 1.0 and metrics["sync/weight_version"] == 1.0
+        with pytest.raises(WeightSyncError, match="after syncing version 1 .* versions \\[0\\]"):
+            sync.settle()
+        assert sync.settle() == {}  # nothing left in flight
+        sync.sync(2, settle=False)
+        with pytest.raises(WeightSyncError, match="version 2"):
+            sync.sync(3)  # settles version 2 before sending 3
+    finally:
+        train.shutdown()
+        infer.shutdown()
+
+
+def test_a_deferred_sync_settles_before_the_next_and_reports_when_committed():
+    import threading
+
+    train, infer = _transfer_groups()
+    try:
+        sync = WeightSync(train, infer, mode="broadcast", timeout_s=30)
+        committed = threading.Event()
+        sync.when_committed(committed.set)  # nothing in flight: at once
+        assert committed.is_set()
+        sync.sync(1, settle=False)
+        committed.clear()
+        sync.when_committed(committed.set)
+        assert committed.wait(10)
+        second = sync.sync(2)
+        assert "sync/deferred" not in second and second["sync/bytes"] == 8.0
+        assert infer.call_rank0("versions_asked") == [1, 2]
+    finally:
+        train.shutdown()
+        infer.shutdown()

@@ -82,8 +82,8 @@ class RolloutProducer:
 
     def trainer_finished(self, steps: int) -> None:
         """The trainer has finished `steps` steps (trained and synced): opens the gate."""
-        with self._lock:
-            self._trainer_done = steps
+        with self._lock:  # monotonic: deferred syncs may report their ends out of order
+            self._trainer_done = max(self._trainer_done, steps)
             self._lock.notify_all()
 
     def take_idle_seconds(self) -> tuple[float, float]:

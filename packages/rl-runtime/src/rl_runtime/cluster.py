@@ -8,7 +8,9 @@ before training. `WeightSync` moves the trainer's weights into the engines with 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -306,6 +308,8 @@ class WeightSync:
         self.cross_node = False
         #: how the weights travel (set by setup; rl_runtime.sync_transport)
         self.transport: TransportChoice | None = None
+        #: a sync not yet settled: its version and its transfer calls (`sync(settle=False)`)
+        self._pending: tuple[int, list[Any]] | None = None
         self._ready = False
 
     def setup(self) -> None:
@@ -340,46 +344,89 @@ class WeightSync:
             shm_free_bytes=info.get("shm_free_bytes"),
         )
 
-    def sync(self, version: int) -> dict[str, float]:
-        """Push the trainer's weights as `version`; returns `sync/*` metrics."""
+    def sync(self, version: int, *, settle: bool = True) -> dict[str, float]:
+        """Push the trainer's weights as `version`; returns `sync/*` metrics. A sync deferred
+        before is settled first (its engines must hold its version before the next one is
+        sent). `settle=False` (Ray mode; asynchronous training with partial rollout): return
+        once the transfer calls are submitted and check what the engines committed at the next
+        `settle` (the next sync, an evaluation, a checkpoint, the end), so the trainer's next
+        step is not held up by the engines' swap at their next decode step; the trainer's
+        actor runs its calls in order, so that step starts after its weights were sent.
+        Transfer metrics (`sync/bytes`, ...) are then those of the sync settled last."""
         t0 = time.perf_counter()
-        metrics: dict[str, float] = {}
+        metrics = self.settle()
         if self.mode == "broadcast":
             self.setup()
-            shared = self.transport is not None and self.transport.transport == "shared_memory"
             send, receive = (
                 ("send_weights_shared", "receive_weights_shared")
-                if shared
+                if self.shared_memory
                 else ("send_weights", "receive_weights")
             )
             refs = self.train.submit(send, version, self.bucket_bytes)
             refs += self.infer.submit(receive, version)
-            results = self.train.wait(refs, "send_weights/receive_weights", self.timeout_s)
-            sent = results[0]
-            metrics = {
-                "sync/bytes": sent.get("bytes", 0.0),
-                "sync/buckets": sent.get("num_buckets", 0.0),
-                "sync/gbps": sent.get("gbps", 0.0),
-            }
-            received = results[len(self.train.workers) :]
-            versions = [int(r.get("version", -1)) for r in received]
+            self._pending = (version, refs)
+            if settle:
+                metrics = self.settle()
+            else:
+                metrics["sync/deferred"] = 1.0
+            metrics["sync/cross_node"] = float(self.cross_node)
+            metrics["sync/shared_memory"] = float(self.shared_memory)
         else:
             # in-process: the engines copy the trainer's own tensors (device to device)
             named = self.train.call_rank0("named_tensors", self.bucket_bytes, False)
             versions = self.infer.call_all("update_weights", named, version)
+            _check_committed(version, versions)
             metrics = {"sync/bytes": float(sum(t.numel() * t.element_size() for _n, t in named))}
-        # the versions the engines committed, as their transfer calls reported them (no further
-        # call: with asynchronous rollout it would queue behind the next generation)
-        if any(v != version for v in versions):
-            raise WeightSyncError(
-                f"after syncing version {version} the rollout engines report versions {versions}"
-            )
         metrics["sync/seconds"] = time.perf_counter() - t0
         metrics["sync/weight_version"] = float(version)
-        if self.mode == "broadcast":
-            metrics["sync/cross_node"] = float(self.cross_node)
-            metrics["sync/shared_memory"] = float(shared)
         return metrics
+
+    @property
+    def shared_memory(self) -> bool:
+        return self.transport is not None and self.transport.transport == "shared_memory"
+
+    def when_committed(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the sync in flight has ended (at once when none is): from a
+        watcher thread, without waiting here. The asynchronous pipeline opens the rollout's
+        staleness gate with it, so a batch never starts on weights older than the gate allows;
+        `settle` checks the outcome."""
+        if self._pending is None:
+            callback()
+            return
+        refs = self._pending[1]
+
+        def watch() -> None:
+            with contextlib.suppress(Exception):  # `settle` reports a failed transfer
+                self.train.wait(refs, "send_weights/receive_weights", self.timeout_s)
+            callback()
+
+        threading.Thread(target=watch, name="weight-sync-watch", daemon=True).start()
+
+    def settle(self) -> dict[str, float]:
+        """Wait for the transfer calls of the sync in flight (if any) and check the version
+        every engine committed; its transfer metrics ({} when none was in flight)."""
+        if self._pending is None:
+            return {}
+        version, refs = self._pending
+        self._pending = None
+        results = self.train.wait(refs, "send_weights/receive_weights", self.timeout_s)
+        # the versions the engines committed, as their transfer calls reported them (no further
+        # call: with asynchronous rollout it would queue behind the next generation)
+        received = results[len(self.train.workers) :]
+        _check_committed(version, [int(r.get("version", -1)) for r in received])
+        sent = results[0]
+        return {
+            "sync/bytes": sent.get("bytes", 0.0),
+            "sync/buckets": sent.get("num_buckets", 0.0),
+            "sync/gbps": sent.get("gbps", 0.0),
+        }
+
+
+def _check_committed(version: int, versions: Sequence[int]) -> None:
+    if any(v != version for v in versions):
+        raise WeightSyncError(
+            f"after syncing version {version} the rollout engines report versions {list(versions)}"
+        )
 
 
 def role_specs_summary(specs: Mapping[str, RoleSpec]) -> str:

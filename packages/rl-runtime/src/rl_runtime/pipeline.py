@@ -151,6 +151,10 @@ class Context:
     #: a context every weight sync runs in (asynchronous training without partial rollout:
     #: the rollout producer's `between_batches`)
     sync_gate: Callable[[], AbstractContextManager[Any]] | None = None
+    #: a weight sync returns once sent; the engines' versions are checked at the next sync,
+    #: evaluation, checkpoint or the end of the loop (`settle_weights`; asynchronous training
+    #: with partial rollout, where generation never waits for a sync: WeightSync.sync)
+    defer_sync: bool = False
     #: RL starts from a supervised warm-up's policy, not `pretrain`
     #: (`adopt_policy_as_reference`); checkpoints then carry the reference role's weights
     warmed_up: bool = False
@@ -173,8 +177,14 @@ class Context:
             self.weight_version += 1
         with self.sync_gate() if self.sync_gate is not None else nullcontext():
             return self.cluster.enter_phase(
-                "rollout", handoff=lambda: self.sync.sync(self.weight_version)
+                "rollout",
+                handoff=lambda: self.sync.sync(self.weight_version, settle=not self.defer_sync),
             )
+
+    def settle_weights(self) -> None:
+        """Until every engine holds the last synced version (a deferred sync confirmed)."""
+        if self.sync is not None:
+            self.sync.settle()
 
     def forward(self, role: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """`forward` on every rank of `role`, rows sharded over the ranks and merged back."""
@@ -214,10 +224,13 @@ class RunResult:
     throughput: dict[str, Any] = field(default_factory=dict)
 
 
-def engine_weight_diff(cluster: Any) -> float:
+def engine_weight_diff(ctx: Context) -> float:
     """Largest |trainer - engine| over the parameters the engines expose (0.0 after an exact
-    sync). vLLM on the CPU cannot read back oneDNN-packed weights, so only the common names are
-    compared; an engine name the trainer lacks is an error."""
+    sync), once the last sync has settled (`Context.settle_weights`). vLLM on the CPU cannot read
+    back oneDNN-packed weights, so only the common names are compared; an engine name the
+    trainer lacks is an error."""
+    ctx.settle_weights()
+    cluster = ctx.cluster
     trainer = cluster["actor_train"].call_rank0("state_dict_for_check")
     diffs = []
     for engine in cluster["actor_infer"].call_all("state_dict_for_check"):
@@ -656,7 +669,9 @@ class Runner:
         )
         if state is not None and state.extra.get(STATE_KEY):
             self.asynchronous.lags.load_state(state.extra[STATE_KEY].get("lags") or {})
-        if not plan.partial_rollout:
+        if plan.partial_rollout:
+            ctx.defer_sync = True
+        else:
             producer = self.asynchronous.producer
             ctx.sync_gate = lambda: producer.between_batches(plan.wait_timeout_s)
         self.asynchronous.start()
@@ -672,18 +687,22 @@ class Runner:
                 metrics = step(ctx)
                 ctx.step += 1
                 if self.asynchronous is not None:  # trained and synced: rollout may go on
-                    self.asynchronous.trainer_finished(ctx.step)
+                    self._open_rollout_gate(ctx)
+                last = ctx.step == cad.max_steps
+                evaluate = bool(cad.eval_steps) and (last or ctx.step % cad.eval_steps == 0)
+                save = self.ckpt is not None and (last or ctx.step % cad.save_steps == 0)
+                if evaluate or save or last:  # the engines hold the trained weights
+                    ctx.settle_weights()
                 self.loop_seconds += time.perf_counter() - t0
                 self.samples_trained += metrics.get("rollout/num_trajectories", 0.0)
                 if self.samples_trained:  # pipelines that count trained samples (rollout/*)
                     metrics["throughput/samples_per_s"] = self.samples_per_s()
-                last = ctx.step == cad.max_steps
-                if cad.eval_steps and (last or ctx.step % cad.eval_steps == 0):
+                if evaluate:
                     last_eval = self.recipe.evaluate(ctx)
                     metrics.update(last_eval)
                 if last or ctx.step % cad.logging_steps == 0:
                     ctx.log(metrics)
-                if self.ckpt is not None and (last or ctx.step % cad.save_steps == 0):
+                if save:
                     self.save()
                 shown = [k for k in self.options.progress_keys if k in metrics]
                 progress.advance(
@@ -691,6 +710,16 @@ class Runner:
                     " ".join(f"{k}={metrics[k]:.3f}" for k in shown),
                 )
         return last_eval
+
+    def _open_rollout_gate(self, ctx: Context) -> None:
+        """Tell rollout the trainer has finished `ctx.step` steps once their weights are in the
+        engines: at once, or when a deferred sync ends (`Context.defer_sync`)."""
+        asynchronous, steps = self.asynchronous, ctx.step
+        assert asynchronous is not None
+        if ctx.defer_sync and ctx.sync is not None:
+            ctx.sync.when_committed(lambda: asynchronous.trainer_finished(steps))
+        else:
+            asynchronous.trainer_finished(steps)
 
     def samples_per_s(self) -> float:
         """Trained samples per second of the run's training loop so far (evaluation and
