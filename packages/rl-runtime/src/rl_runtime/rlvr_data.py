@@ -234,11 +234,16 @@ class Scored:
     extras_skipped: dict[str, int] = field(default_factory=dict)
 
     @property
+    def score(self) -> float:
+        """The reward function's own score: `reward` before the overlong penalty, which shapes
+        the reward, not the answer's correctness nor how hard the prompt is."""
+        return self.reward - self.penalty
+
+    @property
     def correct(self) -> bool:
-        """Solved: the call succeeded and the reward function scored it 1 or more. Judged
-        before the overlong penalty, which shapes the reward, not the answer's correctness
-        (a right answer near the length limit is still right)."""
-        return self.ok and self.reward - self.penalty >= 1.0
+        """Solved: the call succeeded and the reward function scored it 1 or more (`score`: a
+        right answer near the length limit is still right)."""
+        return self.ok and self.score >= 1.0
 
 
 class Scorer:

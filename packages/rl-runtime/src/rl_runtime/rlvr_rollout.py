@@ -79,7 +79,7 @@ def within_difficulty(group: Group, difficulty: tuple[float, float] | None) -> b
     if difficulty is None:
         return True
     low, high = difficulty
-    mean = sum(s.reward - s.penalty for s in group.scores) / len(group.scores)
+    mean = sum(s.score for s in group.scores) / len(group.scores)
     return low < mean < high
 
 
