@@ -47,8 +47,7 @@ def build_tracker(cfg: Any, warnings: list[str]) -> TrackerSettings:
 
 def build_cluster(cfg: Any, *, sync_bucket_bytes: int) -> ClusterSettings:
     """Devices (and the nodes they pin to), RPC bound, worker env and the weight sync's address
-    and transport;
-    `sync_bucket_bytes` 0 where no weights are synced."""
+    and transport; `sync_bucket_bytes` 0 where no weights are synced."""
     return ClusterSettings(
         num_devices=cfg.num_nodes * cfg.num_gpus_per_node,
         rpc_timeout=float(cfg.rpc_timeout),
