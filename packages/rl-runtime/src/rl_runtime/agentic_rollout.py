@@ -44,7 +44,10 @@ def play(ctx: Any, jobs: list[Assignment], sampling: Any, split: str, render: in
         render_dir = str(Path(ctx.components.render_dir) / f"step_{ctx.step:05d}")
     infer = ctx.cluster["actor_infer"]
     chunks = shard_rows(jobs, len(infer.workers))
-    args = [(chunk, sampling, render_dir if i == 0 else None, render, split) for i, chunk in enumerate(chunks)]  # fmt: skip
+    args = [
+        (chunk, sampling, render_dir if i == 0 else None, render, split)
+        for i, chunk in enumerate(chunks)
+    ]
     return [t for part in infer.wait(infer.submit_each("rollout", args), "rollout") for t in part]
 
 
