@@ -136,8 +136,9 @@ def test_partial_rollout_trains_within_the_bound(tmp_path):
 
 def test_agentic_pipeline_trains_one_step_off_by_config(tmp_path):
     """apps/agentic with `async.max_staleness: 1` (rollout on its own CPU bundle): episodes are
-    played ahead of the trainer within the bound, and after every sync the engines hold exactly
-    the trainer's weights."""
+    played ahead of the trainer within the bound, after every sync the engines hold exactly
+    the trainer's weights, and a checkpoint mid-run (step 2, rollout already ahead) is written.
+    Before, that checkpoint failed the run: "no rollout state recorded for batch 2"."""
     import subprocess
 
     from test_agentic_e2e import APP as AGENTIC
@@ -145,8 +146,8 @@ def test_agentic_pipeline_trains_one_step_off_by_config(tmp_path):
     from test_agentic_e2e import _overrides as agentic
 
     out = tmp_path / "agentic_async"
-    extra = {"async.max_staleness": 1, "max_steps": 3, "eval_steps": 3, "agentic_app.export_hf":
-             "false", **LAYOUT, "agentic_app.num_cpus": 2}  # fmt: skip
+    extra = {"async.max_staleness": 1, "max_steps": 3, "eval_steps": 3, "save_steps": 2,
+             "agentic_app.export_hf": "false", **LAYOUT, "agentic_app.num_cpus": 2}  # fmt: skip
     cmd = [sys.executable, str(AGENTIC), "--config", str(AGENTIC_CONFIG), *agentic(out, **extra)]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -158,6 +159,7 @@ def test_agentic_pipeline_trains_one_step_off_by_config(tmp_path):
         assert r["async/dropped_stale_samples"] == 0 and r["rollout/num_trajectories"] == 8
         assert r["sync/max_abs_diff"] == 0.0 and r["failures/episodes"] == 0.0
     assert "val/success_rate" in steps[-1]
+    assert sorted(p.name for p in (out / "ckpt").iterdir()) == ["step-000002", "step-000003"]
 
 
 def test_a_resumed_one_step_off_run_continues_the_run_totals_exactly(tmp_path):

@@ -17,10 +17,10 @@ from typing import Any
 from agentic_options import AppOptions
 
 from rl_runtime.advantages import restore_kl_controller
-from rl_runtime.agentic_rollout import assignments, env_configs, play, play_split
+from rl_runtime.agentic_rollout import assignments, env_configs, play, play_split, sandbox_stats
 from rl_runtime.async_queue import RolloutBatch
 from rl_runtime.collate import collate_trajectories
-from rl_runtime.failures import merge_counts, screen_failures
+from rl_runtime.failures import screen_failures
 from rl_runtime.gain import success_gains
 from rl_runtime.metrics import rollout_metrics, val_metrics
 from rl_runtime.pipeline import Context, engine_weight_diff
@@ -81,8 +81,7 @@ class AgenticRecipe:
             jobs, sampling = assignments(c, "train", index), c.sampling("train", index, True)
             for t, g in zip(trajectories, play(ctx, jobs, sampling, "train"), strict=True):
                 t.baseline_reward = float(g.episode_reward)
-        stats = merge_counts(ctx.cluster["actor_infer"].call_all("take_sandbox_stats"))
-        return RolloutBatch(index, trajectories, stats)
+        return RolloutBatch(index, trajectories, sandbox_stats(ctx, "train"))
 
     def learn(self, ctx: Context, rollout_batch: RolloutBatch) -> dict[str, float]:
         """Train on the batch's episodes (failed ones screened out) and sync the weights."""
@@ -111,6 +110,7 @@ class AgenticRecipe:
         out["val/num_episodes"] = float(len(played))
         if self.app.eval_greedy:
             out.update(val_metrics(play_split(ctx, "val", 0, greedy=True), prefix="val/greedy"))
+        out.update({f"val/{k}": v for k, v in sandbox_stats(ctx, "val").items()})
         out["timing/eval"] = time.perf_counter() - t0
         return out
 

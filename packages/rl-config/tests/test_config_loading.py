@@ -206,3 +206,13 @@ def test_an_error_about_a_command_line_override_says_so(tmp_path):
     assert "(from the command line: overlong_penalty.buffer_len=4)" in text
     (ppo,) = [line for line in text.splitlines() if "ppo_epochs" in line]
     assert "command line" not in ppo
+
+
+def test_of_several_overrides_of_a_key_the_error_quotes_the_last(tmp_path):
+    """A later override wins (a wrapper script's default, then the user's value): the error
+    quotes the one that set the bad value. Before, it quoted the first, a valid one."""
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text("pretrain: tiny\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg, ["async.max_staleness=1", "async.max_staleness=-1"])
+    assert "(from the command line: async.max_staleness=-1)" in str(info.value)

@@ -200,6 +200,25 @@ def test_resume_state_is_the_rollout_state_before_the_first_unconsumed_batch():
     producer.stop(5.0)
 
 
+def test_a_producer_without_rollout_state_checkpoints_while_running_ahead():
+    """A recipe whose batches are a function of their index (no `rollout_state`, the agentic
+    recipe's) has nothing to record: a checkpoint while rollout runs ahead holds None. Before,
+    it raised "no rollout state recorded for batch 1", so every mid-run checkpoint of an
+    asynchronous agentic run failed."""
+    rec = Recorder()
+    q = SampleQueue(10)
+    producer = RolloutProducer(rec.produce, q, max_staleness=3, samples_per_batch=1,
+                               start_index=0, stop_index=5, timeout_s=5.0)  # fmt: skip
+    producer.start()
+    deadline = time.monotonic() + 5
+    while len(rec.seen) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    q.take(1.0)
+    producer.trainer_finished(1)
+    assert producer.resume_state(1) is None
+    producer.stop(5.0)
+
+
 # --------------------------------------------------------------------------------- compose
 def test_between_batches_waits_for_the_batch_in_flight_and_holds_the_next():
     """Asynchronous training without partial rollout: a weight update waits for the batch being

@@ -123,15 +123,15 @@ def test_sandbox_timeouts_become_metrics():
     with SandboxPool(1) as pool:
         assert pool.run_python("print(1)").ok  # before the rollout: not counted
         env = _ToolEnv(pool)
-        counters.start([env, env])  # one pool, reached twice
+        snapshot = counters.start([env, env])  # one pool, reached twice
         result = pool.run_python("while True: pass", timeout_s=0.5)
         assert result.kind == "timeout"
         assert pool.run_python("print(2)").ok
-        counters.stop()
-    metrics = counters.take()
+        counters.stop(snapshot, "train")
+    metrics = counters.take("train")
     assert metrics["sandbox/kind.timeout"] == 1.0 and metrics["sandbox/failures"] == 1.0
     assert metrics["sandbox/calls"] == 2.0 and metrics["sandbox/kind.ok"] == 1.0
-    assert counters.take() == {}
+    assert counters.take("train") == {}
     assert merge_counts([metrics, {"sandbox/calls": 3.0}])["sandbox/calls"] == 5.0
 
 
@@ -145,3 +145,45 @@ def test_failure_and_sandbox_metrics_are_trackable(tmp_path):
     finally:
         tracker.close()
     assert tracker.history[-1]["failures/episodes"] == 1.0
+
+
+def test_evaluation_sandbox_calls_are_not_counted_as_the_next_training_steps(tmp_path):
+    """A real rollout worker (in-process, a tiny model, countdown graded in the real sandbox):
+    an evaluation's sandbox calls are kept apart from training's, so a training step's
+    `sandbox/*` are its own rollout's. Before, every rollout call added to one total that the
+    next training rollout took: with evaluation every step, `sandbox/calls` doubled."""
+    from types import SimpleNamespace
+
+    from rl_config.records import SamplingParams
+    from rl_rollout.tiny_model import build_tiny_model
+    from rl_runtime.agentic_rollout import play, sandbox_stats
+    from rl_runtime.placement import plan_placement
+    from rl_runtime.worker_group import WorkerGroup
+    from rl_runtime.workers import RolloutWorker
+
+    model = str(build_tiny_model(tmp_path / "tiny", seed=0))
+    infer = WorkerGroup.create(
+        "actor_infer",
+        RolloutWorker,
+        plan_placement({"actor_infer": [0]}, num_devices=1).roles["actor_infer"],
+        mode="local",
+        rpc_timeout=120,
+        init_kwargs={
+            "model_path": model,
+            "strategy_name": "hf_infer",
+            "env_configs": {"X": {"env_type": "countdown", "config": {}}},
+            "agent_kwargs": {"max_tokens_per_step": 4, "max_sequence_length": 256},
+        },
+    )
+    ctx = SimpleNamespace(
+        cluster={"actor_infer": infer}, components=SimpleNamespace(render_dir=None), step=0
+    )
+    sampling = SamplingParams(max_new_tokens=4, seed=0)
+    try:
+        play(ctx, [(f"v{i}", "X", 100 + i) for i in range(3)], sampling, "val")
+        play(ctx, [(f"t{i}", "X", i) for i in range(2)], sampling, "train")
+        assert sandbox_stats(ctx, "train")["sandbox/calls"] == 2.0  # one grading per episode
+        assert sandbox_stats(ctx, "val")["sandbox/calls"] == 3.0
+        assert sandbox_stats(ctx, "train") == {}  # taken
+    finally:
+        infer.shutdown()

@@ -58,3 +58,18 @@ def test_rollout_truncated_counts_collation_cuts_only_where_collation_can_cut():
     assert cut["rollout/truncated"] == 1.0
     uncut = rollout_metrics(trajs, collate_trajectories(trajs, pad_token_id=0))
     assert "rollout/truncated" not in uncut
+
+
+def test_an_episode_whose_grader_failed_counts_as_failed():
+    """A validation episode whose reward could not be computed (the grader timed out:
+    `info["reward_failed"]`) is failed, as training's screening counts it. Before, `val/failed`
+    counted only episodes the env or engine failed: with every grading timed out, validation
+    reported success 0 and failed 0, a broken grader looking like a bad policy."""
+    from rl_config.records import Turn
+
+    ok = _traj("ok", [])
+    turn = Turn(turn_idx=0, start=2, end=5, reward=0.0, info={"reward_failed": True})
+    graded_badly = msgspec.structs.replace(_traj("timeout", []), turns=[turn])
+    env_failed = msgspec.structs.replace(_traj("raised", []), failed=True)
+    metrics = val_metrics([ok, graded_badly, env_failed, _traj("ok2", [])])
+    assert metrics["val/failed"] == 0.5

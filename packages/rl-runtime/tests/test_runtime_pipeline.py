@@ -303,6 +303,21 @@ def test_a_resumed_summary_keeps_the_checkpointed_evaluation_before_training(tmp
     assert summary["eval_after"] == resumed.eval_after == full.eval_after
 
 
+def test_resuming_a_finished_run_keeps_its_result(tmp_path):
+    """Resumed from its last checkpoint (the same command again, or with max_steps unchanged), a
+    finished run trains nothing and reports the final policy's evaluation again, logging no row
+    twice. Before, summary.json's eval_after was overwritten with {} and the after-RL row and
+    the recipe's summary (gains) were gone."""
+    _, full = _run(tmp_path, FakeRecipe(), max_steps=4)
+    recipe = FakeRecipe()
+    _, again = _run(tmp_path, recipe, max_steps=4, resume_from_checkpoint=True)
+    assert not [c for c in recipe.calls if c[0] == "step"]
+    assert again.eval_after == full.eval_after == {"val/success_rate": 0.4}
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["eval_after"] == {"val/success_rate": 0.4}
+    assert _logged_steps(tmp_path) == [2, 4]
+
+
 class CountingRecipe(FakeRecipe):
     """Trains 4 samples a step (`rollout/num_trajectories`, what the runner's throughput counts)."""
 

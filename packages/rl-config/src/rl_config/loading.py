@@ -299,8 +299,9 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()):  # -> Experime
 
 def _from_command_line(issues: list[ConfigIssue], overrides: list[str]) -> list[ConfigIssue]:
     """`issues`, each about a key a command-line override set (the key, a key under it, or the
-    section holding it) saying so, so that an error is not looked for in the file."""
-    keys = [(parse_override(text).key, text.strip()) for text in overrides]
+    section holding it) saying so, so that an error is not looked for in the file. Of several
+    overrides of the key, the last one names it: it set the value."""
+    keys = [(parse_override(text).key, text.strip()) for text in reversed(overrides)]
     out = []
     for issue in issues:
         path = issue.path

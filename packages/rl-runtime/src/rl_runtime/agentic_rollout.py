@@ -36,15 +36,27 @@ def assignments(components: Any, split: str, epoch: int) -> list[Assignment]:
 
 
 def play(ctx: Any, jobs: list[Assignment], sampling: Any, split: str, render: int = 0) -> list:
-    """The trajectories of `jobs`, sharded over every actor_infer engine; validation renders the
-    first `render` episodes of the first engine under render_dir/step_<step>."""
+    """The trajectories of `jobs`, sharded over every actor_infer engine (their sandbox counts
+    kept under `split`: `sandbox_stats`); validation renders the first `render` episodes of the
+    first engine under render_dir/step_<step>."""
     render_dir = None
     if split == "val" and ctx.components.render_dir:
         render_dir = str(Path(ctx.components.render_dir) / f"step_{ctx.step:05d}")
     infer = ctx.cluster["actor_infer"]
     chunks = shard_rows(jobs, len(infer.workers))
-    args = [(chunk, sampling, render_dir if i == 0 else None, render) for i, chunk in enumerate(chunks)]  # fmt: skip
+    args = [
+        (chunk, sampling, render_dir if i == 0 else None, render, split)
+        for i, chunk in enumerate(chunks)
+    ]
     return [t for part in infer.wait(infer.submit_each("rollout", args), "rollout") for t in part]
+
+
+def sandbox_stats(ctx: Any, split: str) -> dict[str, float]:
+    """The `sandbox/*` counts of every actor_infer engine's `split` rollouts since the last take
+    of `split` (training's are never an evaluation's)."""
+    from rl_runtime.failures import merge_counts
+
+    return merge_counts(ctx.cluster["actor_infer"].call_all("take_sandbox_stats", split))
 
 
 def play_split(ctx: Any, split: str, epoch: int, greedy: bool = False, render: int = 0) -> list:

@@ -96,7 +96,11 @@ class RolloutProducer:
 
     def resume_state(self, next_index: int) -> Any:
         """The recipe's rollout state before batch `next_index` (the first one the trainer has
-        not consumed): its snapshot, or the current state when rollout has not begun it."""
+        not consumed): its snapshot, or the current state when rollout has not begun it; None
+        for a recipe without rollout state (its batches are a function of their index, e.g. the
+        agentic recipe's env seeds: nothing to record, wherever rollout is)."""
+        if self.rollout_state is None:
+            return None
         with self._lock:
             for old in [i for i in self._snapshots if i < next_index]:
                 del self._snapshots[old]
@@ -107,7 +111,7 @@ class RolloutProducer:
                     f"no rollout state recorded for batch {next_index} (rollout is at "
                     f"{self.next_index})"
                 )
-            return self.rollout_state() if self.rollout_state is not None else None
+            return self.rollout_state()
 
     def stop(self, timeout_s: float | None = None) -> None:
         """Stop after the batch in progress (waits at most `timeout_s` for it)."""

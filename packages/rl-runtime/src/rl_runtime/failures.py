@@ -8,7 +8,8 @@ is not data). `screen_failures` drops those episodes from the training batch, re
 `max_failed_fraction`, when more than that fraction of the batch failed.
 
 `SandboxCounters` turns the cumulative `stats()` of the sandbox pools the envs use (calls,
-failures, timeouts, worker restarts ...) into per-rollout `sandbox/*` deltas.
+failures, timeouts, worker restarts ...) into per-rollout `sandbox/*` deltas, per split (a
+training step's counts are its rollout's, never an evaluation's).
 """
 
 from __future__ import annotations
@@ -87,35 +88,39 @@ def _reason(trajectory: Any) -> str:
 
 
 class SandboxCounters:
-    """Per-rollout deltas of the sandbox pools' cumulative `stats()` (see module docstring).
+    """Per-rollout deltas of the sandbox pools' cumulative `stats()`, kept apart per split (see
+    module docstring).
 
-    `start(envs)` snapshots the pools reachable as `env.pool`; `stop()` adds what changed since to
-    the running totals; `take()` returns the totals as `sandbox/<stat>` metrics and resets them.
+    `start(envs)` snapshots the pools reachable as `env.pool` and returns the snapshot;
+    `stop(snapshot, split)` adds what changed since to that split's running totals; `take(split)`
+    returns them as `sandbox/<stat>` metrics and resets them. A snapshot per call, so two
+    rollouts at once (a Ray actor with `max_concurrency` 2: evaluation while asynchronous rollout
+    generates) do not overwrite each other's; a pool both use in the same seconds counts the
+    other's calls too (its stats are per pool, not per caller).
     """
 
     def __init__(self) -> None:
-        self._pools: dict[int, tuple[Any, dict[str, int]]] = {}
-        self._totals: Counter[str] = Counter()
+        self._totals: dict[str, Counter[str]] = {}
 
-    def start(self, envs: Iterable[Any]) -> None:
-        self._pools = {}
+    def start(self, envs: Iterable[Any]) -> dict[int, tuple[Any, dict[str, int]]]:
+        pools: dict[int, tuple[Any, dict[str, int]]] = {}
         for env in envs:
             pool = getattr(env, "pool", None)
             stats = getattr(pool, "stats", None)
-            if callable(stats) and id(pool) not in self._pools:
-                self._pools[id(pool)] = (pool, dict(stats()))
+            if callable(stats) and id(pool) not in pools:
+                pools[id(pool)] = (pool, dict(stats()))
+        return pools
 
-    def stop(self) -> None:
-        for pool, before in self._pools.values():
+    def stop(self, snapshot: dict[int, tuple[Any, dict[str, int]]], split: str) -> None:
+        totals = self._totals.setdefault(split, Counter())
+        for pool, before in snapshot.values():
             for key, value in pool.stats().items():
                 if isinstance(value, int | float):  # counts; descriptive entries (mode) are not
-                    self._totals[key] += int(value) - int(before.get(key, 0))
-        self._pools = {}
+                    totals[key] += int(value) - int(before.get(key, 0))
 
-    def take(self) -> dict[str, float]:
-        out = {f"sandbox/{key}": float(value) for key, value in sorted(self._totals.items())}
-        self._totals = Counter()
-        return out
+    def take(self, split: str) -> dict[str, float]:
+        totals = self._totals.pop(split, Counter())
+        return {f"sandbox/{key}": float(value) for key, value in sorted(totals.items())}
 
 
 def merge_counts(parts: Iterable[dict[str, float]]) -> dict[str, float]:

@@ -7,6 +7,7 @@ from statistics import mean
 from typing import Any
 
 from rl_runtime.collate import CollatedBatch
+from rl_runtime.failures import failure_kind
 
 
 def _outcomes(trajectories: Sequence[Any], prefix: str) -> dict[str, float]:
@@ -16,7 +17,9 @@ def _outcomes(trajectories: Sequence[Any], prefix: str) -> dict[str, float]:
         f"{prefix}/success_rate": mean(float(t.success) for t in trajectories),
         f"{prefix}/episode_reward": mean(float(t.episode_reward) for t in trajectories),
         f"{prefix}/num_turns": mean(float(len(t.turns)) for t in trajectories),
-        f"{prefix}/failed": mean(float(t.failed) for t in trajectories),
+        # any kind (rl_runtime.failures): the env/engine raised, an env step timed out, or a
+        # turn's grader failed (its reward 0 is not data: a broken grader is not a bad policy)
+        f"{prefix}/failed": mean(float(failure_kind(t) is not None) for t in trajectories),
         # ended by the token budget (agentic: sequence_length; RLVR: the response budget), not
         # by the env: a budget too small for the game shows here, not as a silent 0 success
         f"{prefix}/length_truncated": mean(
@@ -67,5 +70,6 @@ def _spans_versions(trajectory: Any) -> bool:
 
 
 def val_metrics(trajectories: Sequence[Any], prefix: str = "val") -> dict[str, float]:
-    """`<prefix>/success_rate`, `<prefix>/episode_reward` overall and per tag."""
+    """`<prefix>/success_rate`, `<prefix>/episode_reward` overall and per tag, `<prefix>/failed`
+    (the share of failed episodes, of any kind)."""
     return _outcomes(trajectories, prefix)

@@ -680,6 +680,10 @@ class Runner:
         cad = self.components.cadence
         last_eval: dict[str, float] = {}
         step = self.recipe.step if self.asynchronous is None else self.asynchronous.step
+        if ctx.step >= cad.max_steps and cad.eval_steps and self.resumed_step is not None:
+            # a finished run resumed: nothing to train, and its result (summary.json, the table)
+            # is the final policy's evaluation, taken again (its logged row stays the only one)
+            return self.recipe.evaluate(ctx)
         with StepProgress(cad.max_steps, ctx.step) as progress:
             while ctx.step < cad.max_steps:
                 ctx.timer.reset()

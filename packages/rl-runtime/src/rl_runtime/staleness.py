@@ -59,7 +59,11 @@ def filter_stale(trajectories: Sequence[Any], trainer_version: int, max_stalenes
 
 
 class LagStats:
-    """Policy lag of the samples trained on, per step and over the run (`async/*` metrics)."""
+    """Policy lag of the samples the staleness bound kept, per step and over the run (`async/*`
+    metrics). They are what the recipe's `learn` gets, which may still screen some out (failed
+    episodes, `failures/*`; RLVR's filters): `async/lag_hist/*` of a step adds up to the
+    samples kept, `async/trained_samples_total` to their run total, not to
+    `rollout/num_trajectories`."""
 
     def __init__(self, max_staleness: int) -> None:
         self.max_staleness = max_staleness

@@ -378,8 +378,10 @@ class RolloutWorker:
         sampling: Any,
         render_save_dir: str | None = None,
         render_count: int | None = None,
+        split: str = "train",
     ) -> list:
-        """Run one episode per `(group_id, tag, seed)`; returns `Trajectory` records in order."""
+        """Run one episode per `(group_id, tag, seed)`; returns `Trajectory` records in order.
+        The sandbox counts of its envs go to `split`'s totals (`take_sandbox_stats(split)`)."""
         from rl_config.records import SamplingParams
         from rl_rollout.agent_loop import AgentLoop
         from rl_runtime.envs import make_envs, restore_env_seeds
@@ -398,12 +400,12 @@ class RolloutWorker:
             else SamplingParams(**sampling),
             **self.agent_kwargs,
         )
-        self.sandbox.start(item[0] for item in envs)
+        snapshot = self.sandbox.start(item[0] for item in envs)
         try:
             trajectories = asyncio.run(loop.run_episodes(envs))
             return restore_env_seeds(trajectories, assignments)
         finally:
-            self.sandbox.stop()
+            self.sandbox.stop(snapshot, split)
             for item in envs:
                 env = item[-1] if isinstance(item, tuple) else item
                 close = getattr(env, "close", None)
@@ -415,10 +417,11 @@ class RolloutWorker:
         `sampling.n` `GenerationResult`s, in request order."""
         return asyncio.run(self.engine.generate(list(requests)))
 
-    def take_sandbox_stats(self) -> dict[str, float]:
+    def take_sandbox_stats(self, split: str = "train") -> dict[str, float]:
         """`sandbox/*` counts (calls, failures, timeouts, worker restarts ...) of the sandbox pools
-        this worker's envs used since the last take (see rl_runtime.failures.SandboxCounters)."""
-        return self.sandbox.take()
+        this worker's `split` rollouts used since the last take of `split` (see
+        rl_runtime.failures.SandboxCounters)."""
+        return self.sandbox.take(split)
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
         self.engine.update_weights(named_tensors, version)
