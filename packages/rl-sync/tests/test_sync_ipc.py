@@ -178,3 +178,49 @@ def test_adopt_refuses_a_handle_into_the_buffer_in_use():
         sender.close()
     with pytest.raises(ValueError, match="num_buffers"):
         IpcSender("cpu", num_buffers=3)
+
+
+@pytest.mark.parametrize(
+    ("row", "why"),
+    [
+        (["w", "float32", [3], 0, 4], r"shape \[3\] for 4 elements"),
+        (["w", "float32", [2, 2], 0], "expected 5"),
+        (["w", "float99", [4], 0, 4], "unknown dtype 'float99'"),
+        (["w", "float32", [4], "x", 4], "invalid literal"),
+    ],
+)
+def test_malformed_tensor_row_is_a_sync_error(row, why):
+    """The tensor table of a handle is not covered by the checksum: each row is checked."""
+    sender, receiver = IpcSender("cpu"), IpcReceiver()
+    try:
+        good = sender.export([("w", torch.ones(4))], 1)
+        handle = IpcHandle(1, "shm_file", good.location, good.nbytes, good.checksum, [row])
+        with pytest.raises(SyncError, match=why):
+            receiver.open(handle)
+    finally:
+        sender.close()
+
+
+def test_malformed_handle_over_a_group_is_rejected_not_left_hanging(tmp_path):
+    """A receiver that meets a bad row answers with a rejection the sender hears at once
+    (before: a RuntimeError ended the receiver and the sender's group broke under it)."""
+    from rl_sync.transfer import PROTOCOL, _exchange_verdict, _send_header
+
+    ctx = mp_context()
+    port_queue, results = ctx.Queue(), ctx.Queue()
+    receiver = spawn(ipc_receiver_main, port_queue, results, out_dir=str(tmp_path), syncs=1)
+    sender = IpcSender("cpu")
+    try:
+        group = init_group("127.0.0.1", 0, 0, 2, timeout_s=30.0, on_port=port_queue.put)
+        handle = sender.export([("w", torch.ones(2, 2))], 1).to_json()
+        handle["tensors"][0][2] = [3]  # 4 elements under a 3-element shape
+        _send_header(group, 0, {**handle, "protocol": PROTOCOL}, 20.0)
+        assert _exchange_verdict(group, False, 20.0) is True
+        kind, name, message = results.get(timeout=60)
+        assert (kind, name) == ("error", "SyncError") and "'w' has shape [3]" in message
+        group.close()
+    finally:
+        sender.close()
+        receiver.join(timeout=30)
+        if receiver.is_alive():
+            receiver.kill()
