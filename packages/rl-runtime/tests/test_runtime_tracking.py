@@ -111,3 +111,12 @@ def test_phase_timer_accumulates():
     m = timer.metrics()
     assert set(m) == {"timing/rollout", "timing/train", "timing/step"}
     assert m["timing/step"] == pytest.approx(m["timing/rollout"] + m["timing/train"])
+
+
+@pytest.mark.parametrize("row", ["[1, 2]", '{"step": "3"}', '{"loss": 1}', "7"])
+def test_a_row_that_is_no_metrics_object_is_an_error_naming_its_line(tmp_path, row):
+    """Rows the resume compares by `step`: one that is not an object with a numeric step was
+    an AttributeError/TypeError traceback in `rewind_metrics`."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n' + row + '\n{"step": 2}\n')
+    with pytest.raises(ValueError, match="metrics.jsonl:2: not a metrics row"):
+        rewind_metrics(tmp_path, 1)

@@ -272,7 +272,7 @@ def rewind_metrics(
 def read_metrics(log_dir: str | os.PathLike[str]) -> list[dict[str, float]]:
     """Rows of `<log_dir>/metrics.jsonl` (what `JsonlBackend` wrote). A last line without its
     newline that is not JSON (a write cut short by a kill) is left out; any other line that is
-    not JSON is an error naming the file and line."""
+    not a JSON object with a numeric `step` is a ValueError naming the file and line."""
     return _parse_metrics(Path(log_dir) / "metrics.jsonl")[0]
 
 
@@ -284,9 +284,15 @@ def _parse_metrics(path: Path) -> tuple[list[dict[str, float]], bool]:
     for lineno, line in enumerate(lines, start=1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
+                row = json.loads(line)
+            except (json.JSONDecodeError, RecursionError) as exc:
                 if lineno == len(lines) and not text.endswith("\n"):
                     return rows, True
                 raise ValueError(f"{path}:{lineno}: not JSON: {exc}") from exc
+            step = row.get("step") if isinstance(row, dict) else None
+            if not isinstance(step, int | float) or isinstance(step, bool):
+                raise ValueError(
+                    f"{path}:{lineno}: not a metrics row (a JSON object with a numeric 'step')"
+                )
+            rows.append(row)
     return rows, False
