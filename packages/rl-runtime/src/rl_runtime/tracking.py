@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TextIO
+
+from rl_config.atomic_write import write_text_atomically
 
 METRIC_PREFIXES = (
     "rollout/",
@@ -256,10 +259,8 @@ def rewind_metrics(
         return kept, None
     target = aside_dir(path.parent, datetime.now(UTC))
     target.mkdir(parents=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in kept), encoding="utf-8")
-    os.replace(path, target / path.name)
-    os.replace(tmp, path)
+    shutil.copy2(path, target / path.name, follow_symlinks=False)  # kept until replaced below
+    write_text_atomically(path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in kept))
     dropped = [f"{len(rows) - len(kept)} row(s) the interrupted run logged after step {step} "
                "(trained again and logged anew)"] if len(kept) < len(rows) else []  # fmt: skip
     dropped += ["its last line, cut short by the interruption"] if torn else []
