@@ -216,3 +216,50 @@ def test_of_several_overrides_of_a_key_the_error_quotes_the_last(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(cfg, ["async.max_staleness=1", "async.max_staleness=-1"])
     assert "(from the command line: async.max_staleness=-1)" in str(info.value)
+
+
+def _alias_bomb(levels: int) -> str:
+    """YAML whose last key stands for 10**levels strings (each level repeats the one before)."""
+    lines = ['l0: &l0 ["x","x","x","x","x","x","x","x","x","x"]']
+    for i in range(1, levels):
+        lines.append(f"l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 10) + "]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("files", "why"),
+    [
+        # ten million strings in 400 bytes: OmegaConf copied each one (minutes, gigabytes)
+        ({"c.yaml": BASE + _alias_bomb(7)}, "c.yaml: its aliases .* more than 200000 values"),
+        # the same brought in by a defaults entry, which Hydra loads itself
+        (
+            {
+                "c.yaml": "defaults:\n  - frag/big\n  - _self_\n" + BASE,
+                "frag/big.yaml": _alias_bomb(7),
+            },
+            "big.yaml: its aliases .* more than 200000 values",
+        ),
+        # an alias inside its own anchor: OmegaConf recursed until RecursionError
+        ({"c.yaml": BASE + "loop: &loop [1, *loop]\n"}, "refers to a node that contains it"),
+        # a defaults list that leads back to its own file: RecursionError inside Hydra
+        (
+            {
+                "c.yaml": "defaults:\n  - other\n  - _self_\n" + BASE,
+                "other.yaml": "defaults:\n  - c\nseed: 2\n",
+            },
+            "defaults: the defaults lists form a cycle",
+        ),
+    ],
+)
+def test_a_config_that_expands_without_end_is_refused_by_name(write_yaml, files, why) -> None:
+    paths = [write_yaml(name, text) for name, text in files.items()]
+    with pytest.raises(ConfigError, match=why):
+        load_config(paths[0])
+
+
+def test_a_config_within_the_bounds_may_share_nodes_by_alias(write_yaml) -> None:
+    """Aliases that stay small (ROLL shares DeepSpeed fragments this way) load as before."""
+    text = BASE + "shared: &s {a: 1, b: [1, 2]}\nagain: *s\n"
+    data = load_yaml_dict(write_yaml("c.yaml", text))
+    assert data["again"] == data["shared"] == {"a": 1, "b": [1, 2]}

@@ -98,6 +98,20 @@ def test_malformed_inputs_are_errors_naming_the_file(tmp_path):
     assert not (tmp_path / "o.parquet").exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "why"),
+    [  # each ended in a RecursionError traceback from the JSON parser
+        ("deep.json", "[" * 100_000 + "]" * 100_000, r"deep.json: invalid JSON: nested too deeply"),
+        ("deep.jsonl", '{"question": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
+         r"deep.jsonl: line 1: invalid JSON: nested too deeply"),
+    ],
+)  # fmt: skip
+def test_json_nested_past_the_parsers_depth_is_a_convert_error(tmp_path, name, text, why):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ConvertError, match=why):
+        convert_file(str(tmp_path / name), str(tmp_path / "o.parquet"))
+
+
 def test_the_output_must_be_a_parquet_file(tmp_path):
     src = tmp_path / "gsm8k.jsonl"
     src.write_text(json.dumps(GSM8K[0]))

@@ -181,3 +181,17 @@ def test_numeric_extras_keep_finite_numbers_and_count_the_rest_by_reason():
     assert numeric_extras({f"k{i}": 1 for i in range(MAX_EXTRAS + 1)}).skipped == {"too_many": 1}
     assert numeric_extras(["acc", 1.0]).skipped == {"malformed": 1}
     assert len(numeric_extras({f"k{i}": 1 for i in range(MAX_EXTRAS)}).values) == MAX_EXTRAS
+
+
+def test_extra_names_keep_the_first_distinct_names_and_count_new_ones():
+    """A reward can make up new extra names on every call: a consumer logs its first
+    `limit` distinct names (known ones for ever after) and counts the rest as `new_name`."""
+    from rl_envs.rewards.extras import MAX_EXTRA_NAMES, ExtraNames, RewardExtras
+
+    names = ExtraNames(limit=3)
+    first = names.admit(RewardExtras({"a": 1.0, "b": 2.0}, {"bad_name": 1}))
+    assert first == RewardExtras({"a": 1.0, "b": 2.0}, {"bad_name": 1})
+    second = names.admit(RewardExtras({"c": 3.0, "d": 4.0, "a": 5.0, "e": 6.0}))
+    assert second == RewardExtras({"c": 3.0, "a": 5.0}, {"new_name": 2})
+    assert names.admit(RewardExtras({"b": 7.0})).values == {"b": 7.0}
+    assert ExtraNames().limit == MAX_EXTRA_NAMES

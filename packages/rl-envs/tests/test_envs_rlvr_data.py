@@ -161,6 +161,21 @@ def test_rows_of_no_domain_and_missing_files_are_errors(tmp_path):
         data_spec({"file_name": None})
 
 
+@pytest.mark.parametrize(
+    ("name", "data", "why"),
+    [  # pyarrow's ArrowInvalid and a bare ValueError escaped the apps' data-error handling
+        ("d.parquet", b"PAR1 not parquet", "d.parquet: not a readable parquet file"),
+        ("d.json", b'{"rows": []}', "d.json: expected a JSON list of rows"),
+        ("d.csv", b"prompt\n1 + 1\n", "d.csv: unsupported dataset format"),
+    ],
+)
+def test_a_file_that_is_no_table_is_a_data_error_naming_it(tmp_path, name, data, why):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=why):
+        load_dataset(data_spec({"file_name": str(path)}))
+
+
 def _row(i: int, domain: str | None = None, words: int = 1) -> TaskRow:
     content = " ".join(["w"] * words)
     return TaskRow(i, [{"role": "user", "content": content}], str(i), "src", domain=domain)

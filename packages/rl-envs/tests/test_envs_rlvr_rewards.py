@@ -74,7 +74,7 @@ def test_each_domain_through_the_sandbox(math_pool):
     assert metrics["reward/code_sandbox/count"] == 5.0
     assert metrics["reward/code_sandbox/mean"] == pytest.approx(2.5 / 5)
     assert metrics["reward/math_rule/mean"] == pytest.approx(3 / 4)
-    assert metrics["reward/code_sandbox/test_timeouts"] == pytest.approx(2 / 5)
+    assert metrics["reward/code_sandbox/extra/test_timeouts"] == pytest.approx(2 / 5)
     assert metrics["reward/failures"] == 0.0
 
 
@@ -256,3 +256,27 @@ def test_code_rewards_never_share_a_call(math_pool):
     after = math_pool.stats()
     assert after.get("batches", 0) == before.get("batches", 0)
     assert after["calls"] - before["calls"] == 3
+
+
+SPOOFING = """
+def score(data_source, solution_str, ground_truth, extra_info):
+    if solution_str == "0":
+        raise RuntimeError("a failure to hide")
+    return {"score": 0.0, "mean": 1.0, "count": 99, "failures": 0, "acc": 0.5}
+"""
+
+
+def test_a_rewards_extras_cannot_overwrite_the_domains_own_metrics(math_pool, tmp_path):
+    """Extras are named by untrusted code: one named `mean`, `count` or `failures` had replaced
+    the domain's own metric (a failed call hidden, a 0 score logged as 1)."""
+    router = build_reward_router(
+        None, {"path": _write(tmp_path, "spoof.py", SPOOFING), "name": "score"}, pool=math_pool
+    )
+    items = [RewardInput.from_row(_row(0, "q?"), "0"), RewardInput.from_row(_row(1, "r?"), "1")]
+    metrics = router.metrics(items, router.score(items))
+    assert metrics["reward/custom/mean"] == 0.0
+    assert metrics["reward/custom/count"] == 2.0
+    assert metrics["reward/custom/failures"] == 1.0 and metrics["reward/failures"] == 1.0
+    extras = {k: v for k, v in metrics.items() if "/extra/" in k}
+    assert extras == {"reward/custom/extra/mean": 1.0, "reward/custom/extra/count": 99.0,
+                      "reward/custom/extra/failures": 0.0, "reward/custom/extra/acc": 0.5}  # fmt: skip

@@ -135,3 +135,43 @@ def test_parquet_rows(tmp_path, tok):
     pq.write_table(table, tmp_path / "p.parquet")
     data = load_preferences([str(tmp_path / "p.parquet")], tok, _plan(), paired=True)
     assert len(data.examples) == 1
+
+
+@pytest.mark.parametrize(
+    ("row", "why"),
+    [  # each was a traceback from the chat template, the tokenizer or `_text` (TypeError,
+        # jinja2's UndefinedError, AttributeError) instead of a refused row
+        ({"prompt": 123}, "row 0: prompt 'prompt': wrong type int"),
+        ({"prompt": {"role": "user"}}, "row 0: prompt 'prompt': wrong type dict"),
+        ({"prompt": ["a", "b"]}, r"row 0: prompt 'prompt\[0\]': wrong type str, expected dict"),
+        ({"prompt": [{"role": "user"}]}, r"row 0: prompt 'prompt\[0\].content': missing"),
+    ],
+)
+def test_a_prompt_that_is_neither_text_nor_messages_is_a_refused_row(tmp_path, tok, row, why):
+    path = _write(tmp_path / "p.jsonl", [{**row, "chosen": "1", "rejected": "2"}])
+    with pytest.raises(PreferenceDataError, match=why):
+        load_preferences([path], tok, _plan(), paired=True)
+
+
+def test_messages_with_stray_entries_keep_the_assistant_text(tmp_path, tok):
+    """A response list may hold entries that are not messages: they are passed over (one made
+    `_text` raise AttributeError)."""
+    chosen = [{"role": "assistant", "content": "yes"}, 5, "text"]
+    path = _write(tmp_path / "p.jsonl", [{"prompt": "q", "chosen": chosen, "rejected": "no"}])
+    (example,) = load_preferences([path], tok, _plan(), paired=True).examples
+    assert tok.decode(example.chosen[:-1]) == "yes"
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "why"),
+    [  # a JSONDecodeError, a UnicodeDecodeError and pyarrow's ArrowInvalid escaped before
+        ("p.json", b"{not json", r"p.json: 1 malformed row\(s\): row 0: line 1 is not JSON"),
+        ("p.jsonl", b'{"prompt": "\xff"}\n', "row 0: line 1 is not JSON: byte 0xff"),
+        ("p.parquet", b"not parquet", "p.parquet: not a readable parquet file"),
+    ],
+)
+def test_a_file_that_does_not_decode_is_a_preference_data_error(tmp_path, tok, name, data, why):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(PreferenceDataError, match=why):
+        load_preferences([str(path)], tok, _plan(), paired=True)

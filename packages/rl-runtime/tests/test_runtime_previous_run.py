@@ -62,3 +62,13 @@ def test_a_runs_outputs_and_the_apps_files_are_found_and_moved_once(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "previous-20261124T140509Z"]
     assert (tmp_path / "previous-20261124T140509Z" / "comparison.json").is_file()
     assert earlier_run_outputs(out, extra) == []
+
+
+def test_a_dangling_symlink_under_the_aside_name_is_passed_over(tmp_path):
+    """`previous-<time>` taken by a dangling symlink: the name looked free (`exists()` follows
+    the link) and the mkdir raised FileExistsError; the next name is used and the link left."""
+    (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "previous-20261124T140509Z").symlink_to(tmp_path / "nowhere")
+    line = set_aside_previous_run([tmp_path / "summary.json"], WHEN)
+    assert (tmp_path / "previous-20261124T140509Z-1" / "summary.json").read_text() == "{}"
+    assert line is not None and (tmp_path / "previous-20261124T140509Z").is_symlink()

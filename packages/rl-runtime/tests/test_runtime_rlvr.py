@@ -20,7 +20,7 @@ from rl_rollout.templates import get_template
 from rl_runtime.compose.rlvr import RlvrPlan, build_rlvr
 from rl_runtime.rlvr_data import RowSampler, Scored, Scorer, load_rlvr_prompts
 from rl_runtime.rlvr_eval import held_out_accuracy
-from rl_runtime.rlvr_metrics import most_common_answer_accuracy
+from rl_runtime.rlvr_metrics import extra_metrics, most_common_answer_accuracy
 from rl_runtime.rlvr_rollout import GroupGenerator, rollout_batch
 
 SEED = 42
@@ -457,6 +457,43 @@ def test_custom_reward_extras_are_logged_per_step_and_held_out_bounded_and_count
     warned = [line for line in capsys.readouterr().out.splitlines() if "extras skipped" in line]
     assert len(warned) == 3 and all("domain custom" in line for line in warned), warned
     assert not [line for line in warned if "not_number" in line]  # text extras: only counted
+
+
+INVENTIVE_REWARD = """
+import uuid
+def score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": 0.0, "acc": 1, **{uuid.uuid4().hex: 1.0 for _ in range(31)}}
+"""
+
+
+def test_a_reward_that_makes_up_extra_names_cannot_grow_the_metrics_without_end(tok, tmp_path):
+    """Each call of this reward returns 31 new names (within the 32 allowed per call): the
+    run's scorer logged every one of them, so each step's metrics row (and the tracker's
+    history) grew by 31 keys per sample. Now the run keeps its first `MAX_EXTRA_NAMES` names
+    (`acc` among them, for every sample) and counts the rest, per sample, as `new_name`."""
+    from rl_envs.rewards.extras import MAX_EXTRA_NAMES
+
+    fn = tmp_path / "inventive.py"
+    fn.write_text(INVENTIVE_REWARD)
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"prompt": "1 =", "ground_truth": "1"}) + "\n")
+    plan = _plan([str(data)], None, custom_reward_function={"path": str(fn), "name": "score"})
+    row = load_rlvr_prompts(plan, tok, SEED).train.rows[0]
+    scorer = Scorer(plan.rewards, plan.overlong, plan.response_length, allow_weak_isolation=True)
+    try:
+        scored = [s for _ in range(3) for s in scorer.score([row] * 2, ["1", "2"], [1, 1])]
+    finally:
+        scorer.close()
+    names = {name for s in scored for name in s.extras}
+    assert len(names) == MAX_EXTRA_NAMES and all(s.extras.get("acc") == 1.0 for s in scored)
+    assert (
+        sum(s.extras_skipped.get("new_name", 0) for s in scored) == 6 * 31 + 1 - MAX_EXTRA_NAMES
+    )  # acc + 186 made-up names
+    metrics = extra_metrics(scored, "reward")
+    assert len([k for k in metrics if k.startswith("reward/extra/")]) == MAX_EXTRA_NAMES
+    assert (
+        metrics["reward/extra_skipped/new_name"] == 6 * 31 + 1 - MAX_EXTRA_NAMES
+    )  # acc + 186 made-up names
 
 
 def _group(source: str, domain: str | None, rewards: list[float], acc: Sequence[bool] = ()) -> Any:

@@ -111,3 +111,32 @@ def test_phase_timer_accumulates():
     m = timer.metrics()
     assert set(m) == {"timing/rollout", "timing/train", "timing/step"}
     assert m["timing/step"] == pytest.approx(m["timing/rollout"] + m["timing/train"])
+
+
+@pytest.mark.parametrize("row", ["[1, 2]", '{"step": "3"}', '{"loss": 1}', "7"])
+def test_a_row_that_is_no_metrics_object_is_an_error_naming_its_line(tmp_path, row):
+    """Rows the resume compares by `step`: one that is not an object with a numeric step was
+    an AttributeError/TypeError traceback in `rewind_metrics`."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n' + row + '\n{"step": 2}\n')
+    with pytest.raises(ValueError, match="metrics.jsonl:2: not a metrics row"):
+        rewind_metrics(tmp_path, 1)
+
+
+def test_outputs_are_not_written_through_a_symlink_planted_as_their_temporary_file(tmp_path):
+    """summary.json and a rewound metrics.jsonl were written to `<name>.tmp`, a fixed name:
+    a symlink planted under it (by anything that could write the output directory) had the
+    run overwrite the file it points to."""
+    from rl_runtime.summary_json import write_summary
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (tmp_path / "summary.json.tmp").symlink_to(victim)
+    (tmp_path / "metrics.jsonl.tmp").symlink_to(victim)
+    write_summary(tmp_path / "summary.json", {"final": 1.0})
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    rows, line = rewind_metrics(tmp_path, 1)
+    assert victim.read_text() == "keep me"
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"final": 1.0}
+    assert rows == [{"step": 1}] and (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    (kept,) = tmp_path.glob("previous-*/metrics.jsonl")
+    assert kept.read_text() == '{"step": 1}\n{"step": 2}\n' and line is not None

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rl_sync.buckets import BucketPacker, checksum, unpack
+from rl_sync.buckets import BucketPacker, BucketSpec, TensorSlot, checksum, unpack
 from rl_sync.testing import bitwise_equal, make_named_tensors
 
 
@@ -129,3 +129,19 @@ def test_double_buffered_packer_keeps_the_previous_bucket_intact(num_staging):
     assert all(intact) if num_staging == 2 else not any(intact)
     with pytest.raises(ValueError, match="num_staging"):
         BucketPacker(32, num_staging=0)
+
+
+@pytest.mark.parametrize(
+    ("shape", "numel", "why"),
+    [
+        ((3,), 4, r"shape \[3\] for 4 elements"),  # view() raised a RuntimeError
+        ((-1,), 4, r"shape \[-1\] for 4 elements"),  # view() took -1 as a wildcard
+        ((8,), 8, "hold 32 bytes, the payload 16"),  # more elements than the payload holds
+    ],
+)
+def test_unpack_refuses_a_header_whose_shapes_do_not_fit(shape, numel, why):
+    """A header's shapes and counts come from another process: a mismatch is the ValueError
+    the receiver turns into a rejection, never a RuntimeError (or a view of another shape)."""
+    spec = BucketSpec(0, "float32", 16, 0, (TensorSlot("layer.w", shape, 0, numel),))
+    with pytest.raises(ValueError, match=why):
+        unpack(spec, torch.zeros(16, dtype=torch.uint8))

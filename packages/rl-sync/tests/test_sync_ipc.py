@@ -1,5 +1,6 @@
 """Colocated (IPC) weight updates: shared memory on CPU; device transports by decision logic."""
 
+import contextlib
 import os
 
 import pytest
@@ -78,14 +79,28 @@ def test_handle_pointing_outside_shared_memory_is_refused(tmp_path):
         IpcReceiver().open(handle)
 
 
-@pytest.mark.xdist_group("dist")
-def test_colocated_update_between_processes_over_a_group(tmp_path):
+@contextlib.contextmanager
+def _receiver_over_a_group(tmp_path, syncs: int):
+    """`(group, sender, results)`: rank 0 of a gloo group whose rank 1 is a process running
+    `ipc_receiver_main` for `syncs` updates (its reports on `results`)."""
     ctx = mp_context()
     port_queue, results = ctx.Queue(), ctx.Queue()
-    receiver = spawn(ipc_receiver_main, port_queue, results, out_dir=str(tmp_path), syncs=2)
+    receiver = spawn(ipc_receiver_main, port_queue, results, out_dir=str(tmp_path), syncs=syncs)
     sender = IpcSender("cpu")
     try:
         group = init_group("127.0.0.1", 0, 0, 2, timeout_s=30.0, on_port=port_queue.put)
+        yield group, sender, results
+        group.close()
+    finally:
+        sender.close()
+        receiver.join(timeout=30)
+        if receiver.is_alive():
+            receiver.kill()
+
+
+@pytest.mark.xdist_group("dist")
+def test_colocated_update_between_processes_over_a_group(tmp_path):
+    with _receiver_over_a_group(tmp_path, syncs=2) as (group, sender, results):
         states = {1: make_named_tensors(10), 2: make_named_tensors(11)}
         for version, named in states.items():
             metrics = sender.send_over(group, named, version)
@@ -94,12 +109,6 @@ def test_colocated_update_between_processes_over_a_group(tmp_path):
             assert reply == ("ok", version), reply
             got = torch.load(tmp_path / f"v{version}.pt", weights_only=True)
             assert all(bitwise_equal(got[name], t) for name, t in named)
-        group.close()
-    finally:
-        sender.close()
-        receiver.join(timeout=30)
-        if receiver.is_alive():
-            receiver.kill()
 
 
 def _adopt(into):
@@ -219,3 +228,39 @@ def test_a_killed_senders_buffer_is_removed_when_a_sender_starts(tmp_path, monke
         assert os.path.exists(handle.location["path"])
     finally:
         sender.close()
+
+
+@pytest.mark.parametrize(
+    ("row", "why"),
+    [
+        (["w", "float32", [3], 0, 4], r"shape \[3\] for 4 elements"),
+        (["w", "float32", [2, 2], 0], "expected 5"),
+        (["w", "float99", [4], 0, 4], "unknown dtype 'float99'"),
+        (["w", "float32", [4], "x", 4], "invalid literal"),
+    ],
+)
+def test_malformed_tensor_row_is_a_sync_error(row, why):
+    """The tensor table of a handle is not covered by the checksum: each row is checked."""
+    sender, receiver = IpcSender("cpu"), IpcReceiver()
+    try:
+        good = sender.export([("w", torch.ones(4))], 1)
+        handle = IpcHandle(1, "shm_file", good.location, good.nbytes, good.checksum, [row])
+        with pytest.raises(SyncError, match=why):
+            receiver.open(handle)
+    finally:
+        sender.close()
+
+
+@pytest.mark.xdist_group("dist")
+def test_malformed_handle_over_a_group_is_rejected_not_left_hanging(tmp_path):
+    """A receiver that meets a bad row answers with a rejection the sender hears at once
+    (before: a RuntimeError ended the receiver and the sender's group broke under it)."""
+    from rl_sync.transfer import PROTOCOL, _exchange_verdict, _send_header
+
+    with _receiver_over_a_group(tmp_path, syncs=1) as (group, sender, results):
+        handle = sender.export([("w", torch.ones(2, 2))], 1).to_json()
+        handle["tensors"][0][2] = [3]  # 4 elements under a 3-element shape
+        _send_header(group, 0, {**handle, "protocol": PROTOCOL}, 20.0)
+        assert _exchange_verdict(group, False, 20.0) is True
+        kind, name, message = results.get(timeout=60)
+        assert (kind, name) == ("error", "SyncError") and "'w' has shape [3]" in message

@@ -60,18 +60,46 @@ def library_search_path() -> list[Path]:
 
 @contextmanager
 def _hydra_for(config_dir: Path) -> Iterator[None]:
+    """Hydra initialised at ``config_dir``, reading ``file://`` configs through
+    ``_bounded_file_source`` (every file the defaults list brings in is checked, not only the
+    one named on the command line)."""
     from hydra import initialize_config_dir
+    from hydra._internal.sources_registry import SourcesRegistry
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.plugins import Plugins
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
 
     with _HYDRA_LOCK:
         outer = get_gh_backup()
         GlobalHydra.instance().clear()
+        Plugins.instance()  # registers Hydra's own sources first (it refuses a second "file")
+        sources = SourcesRegistry.instance().types
+        plain = sources.get("file")
+        sources["file"] = _bounded_file_source()
         try:
             with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
                 yield
         finally:
+            if plain is not None:
+                sources["file"] = plain
             restore_gh_from_backup(outer)
+
+
+def _bounded_file_source() -> type:
+    """Hydra's file config source, checking each file with ``check_yaml_file`` before loading
+    it (rl_config.yaml_bounds: size, alias expansion)."""
+    from hydra._internal.core_plugins.file_config_source import FileConfigSource
+
+    from rl_config.yaml_bounds import check_yaml_file
+
+    class BoundedFileConfigSource(FileConfigSource):
+        def load_config(self, config_path: str) -> Any:
+            file = Path(self.path) / self._normalize_file_name(config_path)
+            if file.is_file():
+                check_yaml_file(file.resolve())
+            return super().load_config(config_path)
+
+    return BoundedFileConfigSource
 
 
 def _compose(path: Path) -> DictConfig:
@@ -97,6 +125,15 @@ def _compose(path: Path) -> DictConfig:
             ) from None
         except (HydraException, OmegaConfBaseException) as exc:
             raise ConfigError(ConfigIssue("", _first_line(exc)), source=str(path)) from None
+        except RecursionError:  # Hydra follows a defaults list that leads back to itself
+            raise ConfigError(
+                ConfigIssue(
+                    "defaults",
+                    "the defaults lists form a cycle (a file that includes itself, directly or "
+                    "through other files): remove the entry that leads back",
+                ),
+                source=str(path),
+            ) from None
     return cfg
 
 
@@ -111,7 +148,9 @@ def _own_keys(path: Path) -> set[str]:
     from omegaconf import DictConfig, OmegaConf
 
     from rl_config.verl_keys import is_verl_file, verl_file_issue
+    from rl_config.yaml_bounds import check_yaml_file
 
+    check_yaml_file(path)
     try:
         raw = OmegaConf.load(path)
     except Exception as exc:  # yaml and omegaconf errors

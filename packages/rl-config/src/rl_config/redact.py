@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from rl_config.atomic_write import write_text_atomically
 
 REDACTED = "***REDACTED***"
 DUMP_NAME = "resolved_config.yaml"
@@ -89,17 +89,4 @@ def dump_resolved(cfg: Any, out_dir: str | Path, filename: str = DUMP_NAME) -> P
     """
     data = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
     text = "# resolved by rl-config; secrets redacted\n" + to_yaml(redact(data))
-    directory = Path(out_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / filename
-    fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return write_text_atomically(Path(out_dir) / filename, text)

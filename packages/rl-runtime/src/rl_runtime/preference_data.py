@@ -6,8 +6,10 @@ assistant contents are the response) or, for KTO, an unpaired row (`completion_k
 `label_key`). The chat template is applied once to the prompt (`add_generation_prompt`); the
 response ends with the tokenizer's EOS. Prompt tokens are masked out of the loss.
 
-Malformed rows (no prompt, missing chosen, empty rejected, identical pair, non-boolean label) are
-refused together in one `PreferenceDataError` naming the file and the 0-based row numbers.
+Malformed rows (no prompt, a prompt that is neither text nor `{role, content}` messages, missing
+chosen, empty rejected, identical pair, non-boolean label, a line that is not JSON) are refused
+together in one `PreferenceDataError` naming the file and the 0-based row numbers; so is a file
+that is no table (a corrupt parquet file, a .json that holds no list).
 Too long rows (prompt + response > `sequence_length`): `keep_start` cuts the response's end and
 drops a row whose prompt leaves no response token (or whose two cut responses become identical);
 `drop` drops every too-long row. `PreferenceSet.counts` has `rows`, `truncated`, `dropped_too_long`.
@@ -15,12 +17,14 @@ drops a row whose prompt leaves no response token (or whose two cut responses be
 
 from __future__ import annotations
 
-import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from rl_envs.tasks.data import RowInvalid, bad_json, chat_messages
 
 
 class PreferenceDataError(ValueError):
@@ -44,33 +48,31 @@ class PreferenceSet:
     counts: dict[str, int]
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a .jsonl, .json (a list) or .parquet file."""
-    p = Path(path)
-    if p.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:  # pragma: no cover - pyarrow comes with rl-runtime[data]
-            raise PreferenceDataError(
-                f"{p}: reading parquet needs pyarrow (pip install rl-runtime[data])"
-            ) from exc
-        return pq.read_table(p).to_pylist()
-    text = p.read_text(encoding="utf-8")
-    if p.suffix == ".json":
-        rows = json.loads(text)
-        if not isinstance(rows, list):
-            raise PreferenceDataError(f"{p}: a .json file must hold a list of rows")
-        return rows
-    if p.suffix == ".jsonl":
-        out = []
-        for i, line in enumerate(text.splitlines()):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise PreferenceDataError(f"{p}: line {i + 1} is not JSON ({exc})") from None
-        return out
-    raise PreferenceDataError(f"{p}: unknown file type {p.suffix!r} (use .jsonl, .json, .parquet)")
+def read_rows(path: str | Path) -> list[Any]:
+    """Rows of a .jsonl, .json (a list) or .parquet file (rl_envs.tasks.data.read_records): a
+    line that is not UTF-8 or JSON is a row `_row_problem` refuses with its line; a file that is
+    no table at all (a corrupt parquet file, a .json that is not a list) a PreferenceDataError."""
+    from rl_envs.tasks.data import DataFileError, read_records
+
+    try:
+        records, lines = read_records(str(path))
+    except DataFileError as exc:
+        raise PreferenceDataError(str(exc)) from None
+    except ImportError as exc:  # pragma: no cover - pyarrow comes with rl-runtime[data]
+        raise PreferenceDataError(
+            f"{path}: reading parquet needs pyarrow (pip install rl-runtime[data])"
+        ) from exc
+    if lines is None:
+        return records
+    return [_NotJson(bad, line) if (bad := bad_json(r)) else r for r, line in zip(records, lines)]
+
+
+@dataclass(frozen=True)
+class _NotJson:
+    """A JSON-lines row that could not be decoded: its parser's error and its line."""
+
+    error: str
+    line: int
 
 
 def _text(value: Any) -> str | None:
@@ -80,11 +82,10 @@ def _text(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        parts = [m.get("content", "") for m in value if isinstance(m, dict)]
-        roles = [m.get("role") for m in value if isinstance(m, dict)]
-        if "assistant" in roles:
-            parts = [m.get("content", "") for m in value if m.get("role") == "assistant"]
-        return "".join(str(p) for p in parts)
+        messages = [m for m in value if isinstance(m, dict)]
+        if "assistant" in [m.get("role") for m in messages]:
+            messages = [m for m in messages if m.get("role") == "assistant"]
+        return "".join(str(m.get("content", "")) for m in messages)
     return None
 
 
@@ -159,12 +160,18 @@ def load_preferences(
 
 
 def _row_problem(row: Any, d: Any) -> str | None:
+    if isinstance(row, _NotJson):
+        return f"line {row.line} is not JSON: {row.error}"
     if not isinstance(row, dict):
         return "not a mapping"
     prompt = row.get(d.messages_key) if d.messages_key else row.get(d.prompt_key)
     if not prompt:
         which = "messages_key" if d.messages_key else "prompt_key"
         return f"missing or empty prompt ({d.messages_key or d.prompt_key!r}, {which})"
+    try:  # the chat template and the tokenizer take text or {role, content} messages only
+        chat_messages(prompt, sys.maxsize, d.messages_key or d.prompt_key)
+    except RowInvalid as exc:
+        return f"prompt {exc.field_name!r}: {exc.reason}"
     if d.label_key in row and d.completion_key in row:
         if not isinstance(row[d.label_key], bool):
             return f"{d.label_key!r} must be true or false, got {row[d.label_key]!r}"

@@ -43,7 +43,7 @@ def aside_dir(directory: Path, when: datetime) -> Path:
     """`directory/previous-<YYYYmmddTHHMMSSZ>` (UTC), with `-1`, `-2` ... if that exists."""
     stamp = when.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
     candidate, n = directory / f"{PREFIX}{stamp}", 0
-    while candidate.exists():
+    while os.path.lexists(candidate):  # a dangling symlink under the name counts too
         n += 1
         candidate = directory / f"{PREFIX}{stamp}-{n}"
     return candidate

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rl_envs.rewards.extras import EXTRA_SKIP_REASONS, numeric_extras
+from rl_envs.rewards.extras import EXTRA_SKIP_REASONS, ExtraNames, numeric_extras
 from rl_envs.rewards.manager import RewardInput, overlong_penalty
 from rl_envs.rewards.router import RewardRouter, RewardRouterSpec, make_reward_pool
 from rl_envs.tasks.data import RowKeys, TaskRow
@@ -270,12 +270,15 @@ class Scorer:
         self._lock = threading.Lock()
         self._reported: set[tuple[str | None, str]] = set()  # (domain, kind) printed once
         self._reported_extras: set[tuple[str | None, str]] = set()  # (domain, skip reason)
+        self._extra_names = ExtraNames()  # the run's extra names, bounded
 
     def score(
         self, rows: Sequence[TaskRow], texts: Sequence[str], lengths: Sequence[int]
     ) -> list[Scored]:
         """One `Scored` per response, in order; a succeeded call's extras checked
-        (`numeric_extras`: a malformed extras dict loses its extras, never its score)."""
+        (`numeric_extras`: a malformed extras dict loses its extras, never its score) and
+        their names bounded over the run (`ExtraNames`: a reward that makes up new names
+        cannot add metrics to every step's row)."""
         items = [
             RewardInput.from_row(r, t, response_length=n)
             for r, t, n in zip(rows, texts, lengths, strict=True)
@@ -293,13 +296,14 @@ class Scorer:
                     buffer_len=self.overlong.buffer_length,
                     factor=self.overlong.penalty_factor,
                 )
-            extras = numeric_extras(out.extra) if out.ok else None
+            extras = None
+            if out.ok:
+                with self._lock:  # the names and the reported set are shared between threads
+                    extras = self._extra_names.admit(numeric_extras(out.extra))
+                    self._report_skipped_extras(item.domain, extras.skipped)
             scored.append(Scored(out.reward + penalty, out.ok, out.kind, penalty,
                                  extras.values if extras else {},
                                  extras.skipped if extras else {}))  # fmt: skip
-            if extras and extras.skipped:
-                with self._lock:  # the reported set is shared with other scoring threads
-                    self._report_skipped_extras(item.domain, extras.skipped)
         return scored
 
     def _report_skipped_extras(self, domain: str | None, skipped: dict[str, int]) -> None:

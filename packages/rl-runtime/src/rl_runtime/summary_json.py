@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from pathlib import Path
 from typing import Any
+
+from rl_config.atomic_write import write_text_atomically
 
 
 def finite_or_null(value: Any) -> Any:
@@ -27,10 +28,7 @@ def finite_or_null(value: Any) -> Any:
 
 def write_summary(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     """Write `data` to `path` as indented standard JSON (non-finite floats as null; other
-    values JSON does not know as their str), atomically (a temporary file, then a rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    values JSON does not know as their str), atomically (rl_config.atomic_write: a fresh
+    temporary file, then a rename; nothing planted in the directory is written through)."""
     text = json.dumps(finite_or_null(data), indent=2, default=str, allow_nan=False)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomically(path, text)

@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TextIO
+
+from rl_config.atomic_write import write_text_atomically
 
 METRIC_PREFIXES = (
     "rollout/",
@@ -256,10 +259,8 @@ def rewind_metrics(
         return kept, None
     target = aside_dir(path.parent, datetime.now(UTC))
     target.mkdir(parents=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in kept), encoding="utf-8")
-    os.replace(path, target / path.name)
-    os.replace(tmp, path)
+    shutil.copy2(path, target / path.name, follow_symlinks=False)  # kept until replaced below
+    write_text_atomically(path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in kept))
     dropped = [f"{len(rows) - len(kept)} row(s) the interrupted run logged after step {step} "
                "(trained again and logged anew)"] if len(kept) < len(rows) else []  # fmt: skip
     dropped += ["its last line, cut short by the interruption"] if torn else []
@@ -272,7 +273,7 @@ def rewind_metrics(
 def read_metrics(log_dir: str | os.PathLike[str]) -> list[dict[str, float]]:
     """Rows of `<log_dir>/metrics.jsonl` (what `JsonlBackend` wrote). A last line without its
     newline that is not JSON (a write cut short by a kill) is left out; any other line that is
-    not JSON is an error naming the file and line."""
+    not a JSON object with a numeric `step` is a ValueError naming the file and line."""
     return _parse_metrics(Path(log_dir) / "metrics.jsonl")[0]
 
 
@@ -284,9 +285,15 @@ def _parse_metrics(path: Path) -> tuple[list[dict[str, float]], bool]:
     for lineno, line in enumerate(lines, start=1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
+                row = json.loads(line)
+            except (json.JSONDecodeError, RecursionError) as exc:
                 if lineno == len(lines) and not text.endswith("\n"):
                     return rows, True
                 raise ValueError(f"{path}:{lineno}: not JSON: {exc}") from exc
+            step = row.get("step") if isinstance(row, dict) else None
+            if not isinstance(step, int | float) or isinstance(step, bool):
+                raise ValueError(
+                    f"{path}:{lineno}: not a metrics row (a JSON object with a numeric 'step')"
+                )
+            rows.append(row)
     return rows, False

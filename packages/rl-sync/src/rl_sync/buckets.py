@@ -8,6 +8,7 @@ bucket size travels alone and, when contiguous, without being copied.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -142,7 +143,14 @@ def unpack(spec: BucketSpec, payload: torch.Tensor) -> list[tuple[str, torch.Ten
         )
     dtype = dtype_from_name(spec.dtype)
     itemsize = torch.empty((), dtype=dtype).element_size()
+    for slot in spec.tensors:
+        check_shape(slot.name, slot.shape, slot.numel, where=spec.describe())
     used = sum(slot.numel for slot in spec.tensors)
+    if used * itemsize > min(spec.nbytes, payload.numel()):
+        raise ValueError(
+            f"{spec.describe()}: its tensors hold {used * itemsize} bytes, the payload "
+            f"{spec.nbytes}"
+        )
     typed = payload[: used * itemsize].view(dtype)
     out = []
     for slot in spec.tensors:
@@ -150,6 +158,15 @@ def unpack(spec: BucketSpec, payload: torch.Tensor) -> list[tuple[str, torch.Ten
             raise ValueError(f"{spec.describe()}: tensor {slot.name!r} lies outside the payload")
         out.append((slot.name, typed[slot.offset : slot.offset + slot.numel].view(slot.shape)))
     return out
+
+
+def check_shape(name: str, shape: tuple[int, ...], numel: int, *, where: str) -> None:
+    """Raise ValueError (naming ``where`` and the tensor) unless ``shape`` has no negative
+    dimension and holds exactly ``numel`` elements: a shape and element count sent by another
+    process (a sync header, an IPC handle) are checked before a view is taken (``view`` would
+    raise a RuntimeError, or accept a ``-1`` wildcard, instead)."""
+    if numel < 0 or any(d < 0 for d in shape) or math.prod(shape) != numel:
+        raise ValueError(f"{where}: tensor {name!r} has shape {list(shape)} for {numel} elements")
 
 
 @dataclass

@@ -44,7 +44,14 @@ from typing import Any, Literal
 
 import torch
 
-from rl_sync.buckets import as_bytes, checksum, dtype_from_name, dtype_name, padded
+from rl_sync.buckets import (
+    as_bytes,
+    check_shape,
+    checksum,
+    dtype_from_name,
+    dtype_name,
+    padded,
+)
 from rl_sync.device import DeviceKind, detect_device_kind, kind_of, torch_device
 from rl_sync.group import CommGroup
 from rl_sync.transfer import (
@@ -353,6 +360,27 @@ def _zero_gaps(payload: torch.Tensor, rows: list[list[Any]], items: NamedTensors
             payload[end : min(gap_end, payload.numel())].zero_()
 
 
+def _tensor_view(
+    payload: torch.Tensor, row: list[Any], handle: IpcHandle
+) -> tuple[str, torch.Tensor]:
+    """The view of one ``[name, dtype, shape, byte_offset, numel]`` row of ``handle`` into its
+    verified ``payload``; a row that is malformed or lies outside the buffer is a SyncError (the
+    handle came from another process: ``receive_over`` answers a SyncError with a rejection the
+    sender hears, anything else would leave it waiting for a verdict)."""
+    try:
+        name, dtype, shape, start, numel = row
+        name, start, numel = str(name), int(start), int(numel)
+        shape = tuple(int(d) for d in shape)
+        torch_dtype = dtype_from_name(str(dtype))
+        check_shape(name, shape, numel, where=f"IPC handle of version {handle.version}")
+    except (TypeError, ValueError) as exc:
+        raise SyncError(f"malformed IPC tensor row {row!r:.200}: {exc}") from exc
+    size = numel * torch.empty((), dtype=torch_dtype).element_size()
+    if start < 0 or start + size > handle.nbytes or start % torch_dtype.itemsize:
+        raise SyncError(f"IPC tensor {name!r} lies outside the buffer")
+    return name, payload[start : start + size].view(torch_dtype).view(shape)
+
+
 _MAX_MAPPED = 2  # a double-buffered sender alternates between two buffers
 
 
@@ -436,15 +464,7 @@ class IpcReceiver:
                 f"checksum mismatch in IPC buffer of version {handle.version} (tensors: {names}): "
                 f"computed {actual:#018x}, sender sent {handle.checksum:#018x}"
             )
-        out: NamedTensors = []
-        for name, dtype, shape, start, numel in handle.tensors:
-            torch_dtype = dtype_from_name(dtype)
-            size = int(numel) * torch.empty((), dtype=torch_dtype).element_size()
-            if start < 0 or start + size > handle.nbytes:
-                raise SyncError(f"IPC tensor {name!r} lies outside the buffer")
-            view = payload[start : start + size].view(torch_dtype).view(tuple(shape))
-            out.append((str(name), view))
-        return out
+        return [_tensor_view(payload, row, handle) for row in handle.tensors]
 
     def _commit(self, handle: IpcHandle, tensors: NamedTensors, apply: ApplyFn) -> None:
         self.incoming_version = handle.version

@@ -7,7 +7,12 @@ Per-domain RLVR rewards (ROLL ``rewards:``, verl ``custom_reward_function``):
 from rl_envs.rewards.code_tests import parse_test_cases
 from rl_envs.rewards.custom import CustomReward, load_custom_reward
 from rl_envs.rewards.extraction import extract_boxed, extract_hash_answer, normalize_answer
-from rl_envs.rewards.extras import EXTRA_SKIP_REASONS, RewardExtras, numeric_extras
+from rl_envs.rewards.extras import (
+    EXTRA_SKIP_REASONS,
+    ExtraNames,
+    RewardExtras,
+    numeric_extras,
+)
 from rl_envs.rewards.manager import (
     DAPORewardManager,
     RewardInput,
@@ -52,6 +57,7 @@ __all__ = [
     "CustomRewardSpec",
     "DAPORewardManager",
     "DomainRewardSpec",
+    "ExtraNames",
     "RewardExtras",
     "RewardInput",
     "RewardManager",

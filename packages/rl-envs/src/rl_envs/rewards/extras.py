@@ -2,7 +2,8 @@
 
 Offers: ``numeric_extras(extra) -> RewardExtras``, ``EXTRA_SKIP_REASONS`` (reason: what it
 means): the entries of a reward dict other than
-``score`` that can be logged as metrics, and why the others were not. The dict comes from
+``score`` that can be logged as metrics, and why the others were not; ``ExtraNames``: the
+names one consumer (a run's scorer) logs, at most ``MAX_EXTRA_NAMES`` distinct ones. The dict comes from
 untrusted code (it crossed the sandbox as JSON, bounded by the sandbox's output limit), so the
 check is strict and never raises:
 
@@ -13,7 +14,11 @@ check is strict and never raises:
   rewritten, so two names never collide: ``NAME_PATTERN``, at most ``MAX_NAME_CHARS`` characters,
   letters, digits, ``_ . -``, no ``/``);
 * a dict with more than ``MAX_EXTRAS`` entries, or one that is not a dict of named entries, is
-  dropped whole: ``too_many`` / ``malformed`` (the call's score is kept either way).
+  dropped whole: ``too_many`` / ``malformed`` (the call's score is kept either way);
+* ``ExtraNames.admit``: a name past the first ``MAX_EXTRA_NAMES`` distinct names its consumer
+  met is skipped: ``new_name`` (each call may return up to ``MAX_EXTRAS`` names, and a reward
+  that makes up new ones on every call would otherwise add metrics to every step's row for
+  ever).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_EXTRAS = 32
+MAX_EXTRA_NAMES = 2 * MAX_EXTRAS
 MAX_NAME_CHARS = 64
 NAME_PATTERN = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,{MAX_NAME_CHARS - 1}}}")
 EXTRA_SKIP_REASONS = {
@@ -33,6 +39,7 @@ EXTRA_SKIP_REASONS = {
     "'_', '.', '-' (no '/')",
     "too_many": f"a dict of more than {MAX_EXTRAS} extras (all of its extras dropped)",
     "malformed": "extras that are not a dict of named entries (all dropped)",
+    "new_name": f"a name past the first {MAX_EXTRA_NAMES} distinct names of the run",
 }
 
 
@@ -61,6 +68,29 @@ def numeric_extras(extra: Any) -> RewardExtras:
         else:
             values[name] = float(value)
     return RewardExtras(values, skipped)
+
+
+class ExtraNames:
+    """The extra names one consumer logs: the first ``limit`` distinct names it admits; later new
+    names are skipped as ``new_name``. Not thread-safe (the caller holds its lock)."""
+
+    def __init__(self, limit: int = MAX_EXTRA_NAMES) -> None:
+        self.limit = limit
+        self.names: set[str] = set()
+
+    def admit(self, extras: RewardExtras) -> RewardExtras:
+        """``extras`` without the names past the limit, which are counted as ``new_name``."""
+        values: dict[str, float] = {}
+        refused = 0
+        for name, value in extras.values.items():
+            if name not in self.names and len(self.names) >= self.limit:
+                refused += 1
+                continue
+            self.names.add(name)
+            values[name] = value
+        if not refused:
+            return extras
+        return RewardExtras(values, {**extras.skipped, "new_name": refused})
 
 
 def _refusal(name: Any, value: Any) -> str:

@@ -12,7 +12,8 @@ Offers:
 * ``make_reward_pool(num_workers=2, *, timeout_s=10.0, allow_weak_isolation=False)
   -> SandboxPool``: a sandbox pool with the graders (math-verify) preloaded, for the router.
 * ``reward_metrics(items, outputs) -> dict[str, float]``: per-batch metrics, per domain mean
-  and count, failures per reason, and the mean of every numeric extra a reward returned.
+  and count, failures per reason, and the mean of every numeric extra a reward returned
+  (``reward/<domain>/extra/<name>``).
 
 Arguments are plain mappings (``model_dump()`` of the config sections, or ``None``):
 ``rewards``: ``{domain: {reward_fn, worker_cls, tag_included, format_pattern, timeout_s, ...}}``
@@ -348,8 +349,9 @@ def reward_metrics(
 ) -> dict[str, float]:
     """Metrics of one scored batch: ``reward/mean``, ``reward/<domain>/{mean,count,failures}``,
     ``reward/failures`` and ``reward/failures/<kind>`` (counts), and
-    ``reward/<domain>/<extra>`` (mean of each numeric entry a reward returned besides
-    ``score``, ``rl_envs.rewards.extras.numeric_extras``). ``domains``: per item (default: ``item.domain`` or ``unknown``)."""
+    ``reward/<domain>/extra/<extra>`` (mean of each numeric entry a reward returned besides
+    ``score``, ``rl_envs.rewards.extras.numeric_extras``; under ``extra/``, so that an extra
+    named ``mean`` or ``failures`` cannot replace the domain's own metric). ``domains``: per item (default: ``item.domain`` or ``unknown``)."""
     names = domains or [i.domain for i in items]
     metrics: dict[str, float] = {}
     sums: dict[str, list[float]] = defaultdict(list)
@@ -363,7 +365,7 @@ def reward_metrics(
             failures[out.kind] += 1
             domain_failures[domain] += 1
         for key, number in numeric_extras(out.extra).values.items():
-            extras[f"reward/{domain}/{key}"].append(number)
+            extras[f"reward/{domain}/extra/{key}"].append(number)
     rewards = [r for values in sums.values() for r in values]
     metrics["reward/mean"] = sum(rewards) / len(rewards) if rewards else 0.0
     for domain, values in sums.items():

@@ -7,11 +7,16 @@ RLVR data: ``load_dataset``/``data_spec`` (files, ROLL column names, domains),
 
 from rl_envs.tasks.countdown import CountdownEnv, generate_countdown
 from rl_envs.tasks.data import (
+    DataFileError,
     LoadReport,
     RowError,
+    RowInvalid,
     RowKeys,
     TaskRow,
+    bad_json,
+    chat_messages,
     load_rows,
+    read_records,
     require_files,
     validate_records,
 )
@@ -32,6 +37,7 @@ from rl_envs.tasks.tool_env import ToolEnv, generate_arithmetic_task
 __all__ = [
     "CountdownEnv",
     "DataError",
+    "DataFileError",
     "DataSpec",
     "Dataset",
     "EpochSampler",
@@ -39,10 +45,13 @@ __all__ = [
     "OverlongReport",
     "PromptSampler",
     "RowError",
+    "RowInvalid",
     "RowKeys",
     "SingleTurnEnv",
     "TaskRow",
     "ToolEnv",
+    "bad_json",
+    "chat_messages",
     "chat_token_counter",
     "data_spec",
     "domain_quotas",
@@ -51,6 +60,7 @@ __all__ = [
     "generate_countdown",
     "load_dataset",
     "load_rows",
+    "read_records",
     "require_files",
     "validate_records",
 ]

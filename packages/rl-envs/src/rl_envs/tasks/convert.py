@@ -84,6 +84,8 @@ def read_records(path: str) -> list[Any]:
                     data = json.load(handle)
                 except json.JSONDecodeError as exc:
                     raise ConvertError(f"{path}: invalid JSON: {exc}") from None
+                except RecursionError:
+                    raise ConvertError(f"{path}: invalid JSON: nested too deeply") from None
                 if not isinstance(data, list):
                     raise ConvertError(f"{path}: expected a JSON list of records")
                 return data
@@ -94,6 +96,10 @@ def read_records(path: str) -> list[Any]:
                         records.append(json.loads(line))
                     except json.JSONDecodeError as exc:
                         raise ConvertError(f"{path}: line {number}: invalid JSON: {exc}") from None
+                    except RecursionError:
+                        raise ConvertError(
+                            f"{path}: line {number}: invalid JSON: nested too deeply"
+                        ) from None
             return records
     except UnicodeDecodeError as exc:
         raise ConvertError(

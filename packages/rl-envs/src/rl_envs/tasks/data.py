@@ -2,7 +2,10 @@
 
 Offers: ``TaskRow`` (one validated prompt row), ``RowKeys`` (column names, ROLL's ``data_args``
 names), ``validate_records``/``load_rows`` (one file -> ``LoadReport`` of rows and ``RowError``s
-naming file, row and field). Multi-file loading with domains: ``rl_envs.tasks.dataset``.
+naming file, row and field), ``read_records`` (one file's raw records, ``DataFileError`` for a
+file that is no table; ``bad_json`` for an undecodable line) and ``chat_messages`` (a prompt
+checked as chat messages) for loaders of other row kinds (preference pairs). Multi-file
+loading with domains: ``rl_envs.tasks.dataset``.
 
 Schemas: verl's (``prompt`` = chat messages, ``data_source``, ``ability``,
 ``reward_model.{style,ground_truth}``, ``extra_info``), ROLL's (``messages`` = chat messages or
@@ -170,6 +173,13 @@ def _ground_truth(value: Any, name: str, max_chars: int) -> Any:
             raise RowInvalid(name, f"overlong: more than {max_chars} characters")
         return value
     raise RowInvalid(name, f"wrong type {type(value).__name__}")
+
+
+def chat_messages(value: Any, max_chars: int, name: str = "prompt") -> list[dict[str, str]]:
+    """A prompt as chat messages: a text (one user message) or a non-empty list of
+    ``{"role": str, "content": str}`` of at most ``max_chars`` characters in all; anything else
+    raises ``RowInvalid`` (a ValueError) naming the field (``name[i].content``)."""
+    return _messages(value, max_chars, name)
 
 
 def _messages(value: Any, max_chars: int, name: str = "prompt") -> list[dict[str, str]]:
@@ -390,6 +400,21 @@ def require_files(key: str, paths: Sequence[str]) -> None:
 def load_rows(path: str, **options: Any) -> LoadReport:
     """Load and validate a ``.parquet``, ``.jsonl`` or ``.json`` file (a list, or JSON lines
     as ROLL's ``dataset_type: json`` files often are)."""
+    records, lines = read_records(path)
+    return validate_records(records, source=path, lines=lines, **options)
+
+
+class DataFileError(ValueError):
+    """A data file that cannot be read as rows at all (not parquet, not a JSON list, an
+    unknown suffix); the message names the file."""
+
+
+def read_records(path: str) -> tuple[list[Any], list[int] | None]:
+    """``(records, lines)`` of a ``.parquet``, ``.jsonl`` or ``.json`` file, unvalidated:
+    ``lines`` is each record's line (1-based) in a JSON-lines file, else None. A line that is
+    not UTF-8 or JSON is a ``bad_json(record)`` record (its error in ``bad_json``), not an
+    exception; a file that is no such table raises ``DataFileError`` naming it (a corrupt
+    parquet file included: pyarrow's own error otherwise)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"dataset file not found: {path}")
     if path.endswith(".parquet"):
@@ -397,7 +422,12 @@ def load_rows(path: str, **options: Any) -> LoadReport:
             import pyarrow.parquet as pq
         except ImportError as exc:
             raise ImportError("parquet files need pyarrow: pip install 'rl-envs[data]'") from exc
-        records: list[Any] = pq.read_table(path).to_pylist()
+        from pyarrow import ArrowException
+
+        try:
+            records: list[Any] = pq.read_table(path).to_pylist()
+        except (ArrowException, OSError) as exc:
+            raise DataFileError(f"{path}: not a readable parquet file: {exc}") from None
         lines = None
     elif path.endswith(".jsonl"):
         records, lines = _read_jsonl(path)
@@ -409,7 +439,12 @@ def load_rows(path: str, **options: Any) -> LoadReport:
         except (ValueError, RecursionError):  # JSON lines named .json, as HF's json loader reads
             records, lines = _read_jsonl(path)
         if not isinstance(records, list):
-            raise ValueError(f"{path}: expected a JSON list of rows or JSON lines")
+            raise DataFileError(f"{path}: expected a JSON list of rows or JSON lines")
     else:
-        raise ValueError(f"{path}: unsupported dataset format (use .parquet, .jsonl or .json)")
-    return validate_records(records, source=path, lines=lines, **options)
+        raise DataFileError(f"{path}: unsupported dataset format (use .parquet, .jsonl or .json)")
+    return records, lines
+
+
+def bad_json(record: Any) -> str | None:
+    """The error of a record ``read_records`` could not decode (None for a decoded one)."""
+    return record.error if isinstance(record, _BadJson) else None

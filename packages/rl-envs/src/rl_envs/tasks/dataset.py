@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from rl_envs.tasks.data import RowError, RowKeys, TaskRow, load_rows
+from rl_envs.tasks.data import DataFileError, RowError, RowKeys, TaskRow, load_rows
 
 logger = logging.getLogger(__name__)
 MAX_LISTED_ERRORS = 20
@@ -128,13 +128,16 @@ def load_dataset(spec: DataSpec) -> Dataset:
     rejected: list[RowError] = []
     per_file: dict[str, int] = {}
     for path in spec.files:
-        report = load_rows(
-            path,
-            keys=spec.keys,
-            max_prompt_chars=spec.max_prompt_chars,
-            max_answer_chars=spec.max_answer_chars,
-            default_data_source=spec.default_data_source,
-        )
+        try:
+            report = load_rows(
+                path,
+                keys=spec.keys,
+                max_prompt_chars=spec.max_prompt_chars,
+                max_answer_chars=spec.max_answer_chars,
+                default_data_source=spec.default_data_source,
+            )
+        except DataFileError as exc:
+            raise DataError(str(exc)) from None
         rejected += report.rejected
         per_file[path] = len(report.rows)
         for row in report.rows:
