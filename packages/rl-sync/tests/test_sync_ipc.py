@@ -79,6 +79,29 @@ def test_handle_pointing_outside_shared_memory_is_refused(tmp_path):
         IpcReceiver().open(handle)
 
 
+def test_a_handle_maps_only_an_rl_sync_buffer_file_never_a_link_or_another_file(
+    tmp_path, monkeypatch
+):
+    """Inside the shared-memory directory a handle may still name a file no sender made (a
+    secret of this user) or a link planted under a buffer's name: neither is mapped."""
+    import uuid
+
+    import rl_sync.ipc as ipc
+
+    monkeypatch.setattr(ipc, "shm_dir", lambda: str(tmp_path))
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"s" * 64)
+    link = tmp_path / f"rl_sync_{os.getpid()}_{uuid.uuid4().hex}.buf"
+    link.symlink_to(secret)
+    for path, why in ((secret, "not an rl_sync buffer name"), (link, "not a regular file")):
+        handle = IpcHandle(1, "shm_file", {"path": str(path), "size": 8}, 8, 0, [])
+        with pytest.raises(SyncError, match=why):
+            IpcReceiver().open(handle)
+    missing = tmp_path / f"rl_sync_{os.getpid()}_{uuid.uuid4().hex}.buf"
+    with pytest.raises(SyncError, match="missing"):
+        IpcReceiver().open(IpcHandle(1, "shm_file", {"path": str(missing), "size": 8}, 8, 0, []))
+
+
 @contextlib.contextmanager
 def _receiver_over_a_group(tmp_path, syncs: int):
     """`(group, sender, results)`: rank 0 of a gloo group whose rank 1 is a process running

@@ -178,11 +178,21 @@ def _create_shm_buffer(nbytes: int) -> tuple[torch.Tensor, dict[str, Any]]:
 
 
 def _open_shm_buffer(location: dict[str, Any]) -> torch.Tensor:
+    """Map a sender's buffer: only a file an `IpcSender` of this user made (its name, directly in
+    `shm_dir()`, a regular file, not a link, owned by this user), at least `size` bytes."""
     path, size = str(location["path"]), int(location["size"])
     if os.path.dirname(os.path.abspath(path)) != os.path.abspath(shm_dir()):
         raise SyncError(f"IPC buffer path {path!r} is outside {shm_dir()}")
-    if not os.path.exists(path) or os.path.getsize(path) < size:
-        raise SyncError(f"IPC buffer {path!r} is missing or shorter than {size} bytes")
+    if _BUFFER_NAME.fullmatch(os.path.basename(path)) is None:
+        raise SyncError(f"IPC buffer path {path!r} is not an rl_sync buffer name")
+    try:
+        info = os.lstat(path)
+    except OSError:
+        raise SyncError(f"IPC buffer {path!r} is missing") from None
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+        raise SyncError(f"IPC buffer {path!r} is not a regular file of this user (a link?)")
+    if info.st_size < size:
+        raise SyncError(f"IPC buffer {path!r} is shorter than {size} bytes")
     return torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
 
 
