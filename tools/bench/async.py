@@ -94,7 +94,43 @@ Where the cores go (`cores_busy` per run: CPU seconds of each role's processes o
 (`response_tokens_per_s`: the trainer's cost grows with the response tokens, and a lagging policy
 shortens its responses more slowly, so samples/s alone hides work per sample).
 
-Where it stands (the latest measurement, "On the held-out split by problem" below, 2026-11-24
+Where it stands (2026-11-25, the two tables right below): over 96-step runs the best setting,
+staleness_2_partial, trains **1.59x** as many samples per second as `sync` over the whole run
+(1.591 +- 0.034 with this session's weight sync, 1.589 +- 0.067 without it; 1.554 +- 0.048 in a
+morning run of the old code), about 1.8-2.0x over the second half: the 1.6x target is met in
+steady state, not over the whole run, where the first batches, drawn ahead by the warm-up policy,
+hold responses twice as long. Over 32 steps (below, 2026-11-24 17:32) the whole-run ratio was
+1.39x +- 0.04.
+
+96 steps, 2026-11-25 09:18-09:26 (quiet, load 1.7-2.1, before this session's changes), `--steps
+96 --repeats 3 --runs sync staleness_1 staleness_2_partial`: staleness_2_partial 1.554 +- 0.048
+over the whole run (1.48-1.64), 1.80 +- 0.08 over the second half; staleness_1 1.43 +- 0.01 /
+1.53 +- 0.02. Per step (round 1): the async step settles at 0.16 s (median of steps 6-96; sync
+0.28 s), trainer-bound (it never waited for the queue after step 1); steps 1-5 cost 2.85 s
+against sync's 2.89 s.
+
+Weight sync through shared memory and deferred under partial rollout (rl-runtime's
+`weight_sync_transport`, `WeightSync.sync(settle=False)`), against the code before (d50fcd9, a
+worktree), taking turns (base, new, new, base, base, new; 10:17-10:30, quiet, load 1.5-1.9),
+`--steps 96 --runs sync staleness_2_partial` each:
+
+| code | ratio per round | mean +- SE | second half | sync per step: sync / async (ms) | async median step (ms) | async trainer idle (s) |
+|---|---|---|---|---|---|---|
+| before | 1.497, 1.720, 1.550 | 1.589 +- 0.067 | 1.74, 1.89, 1.84 | 8.2-8.8 / 12.3-13.9 | 156-167 | 0.3-0.4 |
+| after | 1.578, 1.656, 1.539 | 1.591 +- 0.034 | 2.07, 2.13, 1.88 | 5.7-6.7 / 0.8-1.0 | 141-149 | 1.9-2.5 |
+
+The trainer no longer waits for the engine's swap (its sync 13 -> 1 ms) and its steady step is
+8% shorter, but the whole-run ratio does not move: the asynchronous run turned rollout-bound
+(queue empty from step ~20, the trainer idle 2 s in all), because with training shorter than a
+rollout batch (0.145 against 0.17 s) most syncs now land in a generation, and each costs the HF
+engine a KV recompute of the running rows (rollout batches of 0.16-0.26 s against 0.14-0.19 s):
+the case "What partial rollout changes" above describes. Held-out accuracy per sample consumed:
+sync 0.615 sampled / 0.650 greedy in every run; staleness_2_partial 0.65 / 0.65 in three runs and
+0.53 / 0.53 in the other three (both codes): at 96 steps the final policy sits on one of two
+plateaus (the training accuracy of all runs tracks within 0.01 until step ~80), so one run's
+end point is not evidence for or against staleness.
+
+Where it stood before (the measurement "On the held-out split by problem" below, 2026-11-24
 17:32, 3 rounds of 32 steps): the best setting, staleness_2_partial, trains 1.39x +- 0.04 as many
 samples per second as `sync` over the whole run (rounds 1.35-1.46), 1.91 +- 0.12 over the second
 half, and 1.47 +- 0.03 against `sync_colocated`, with the same held-out accuracy; the 1.6x target
