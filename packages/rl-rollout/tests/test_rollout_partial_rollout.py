@@ -111,3 +111,57 @@ def test_update_between_generations_gives_one_version(engine) -> None:
     result = asyncio.run(engine.generate(REQUESTS[1:]))[0]
     assert result.weight_version == version
     assert result.token_versions == [version] * len(result.output_ids)
+
+
+def _stale_kv_continuation(old_model, new_model, prompt: list[int], output: list[int], k: int):
+    """log p of output[k:] when the KV of prompt + output[:k-1] comes from `old_model` and
+    `new_model` feeds output[k-1:] on top of it (a swap after k sampled tokens that keeps the
+    cache). Returns [len(output) - k]."""
+    with torch.no_grad():
+        past = old_model(torch.tensor([prompt + output[: k - 1]]), use_cache=True).past_key_values
+        logits = new_model(torch.tensor([output[k - 1 :]]), past_key_values=past).logits[0]
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    return log_probs[torch.arange(len(output) - k), torch.tensor(output[k:])]
+
+
+def test_hf_swap_can_keep_the_kv_cache(tiny_model_dir, hf_reference_model) -> None:
+    """`recompute_kv_on_weight_update: false`: no prefill at the swap; the tokens after it are
+    sampled by the new weights over the old weights' keys and values of the earlier tokens, and
+    their recorded log-probs are exactly that (the behaviour policy), not the new policy's."""
+    import copy
+
+    from rl_rollout.hf_engine import HFEngine
+
+    original = {k: v.detach().clone() for k, v in hf_reference_model.state_dict().items()}
+    perturbed = {
+        k: v + 0.05 * torch.randn_like(v, generator=torch.Generator().manual_seed(3))
+        for k, v in original.items()
+    }
+    new_model = copy.deepcopy(hf_reference_model)
+    new_model.load_state_dict(perturbed)
+    engine = HFEngine(
+        tiny_model_dir,
+        {"max_num_seqs": 16, "recompute_kv_on_weight_update": False},
+        device="cpu",
+        seed=0,
+    )
+    try:
+        new = engine.weight_version + 1
+        results = asyncio.run(
+            _generate_with_update_midway(engine, list(perturbed.items()), new, after_tokens=15)
+        )
+        assert engine.stats["weight_swaps"] == 1 and engine.stats["recomputed_tokens"] == 0
+        for got in results:
+            k = got.token_versions.count(new - 1)
+            assert got.token_versions == [new - 1] * k + [new] * (40 - k) and 1 <= k < 40
+            lps = torch.tensor(got.output_log_probs)
+            stale = _stale_kv_continuation(
+                hf_reference_model, new_model, got.prompt_ids, got.output_ids, k
+            )
+            fresh = _teacher_forced(new_model, got.prompt_ids, got.output_ids)[k:]
+            assert (lps[k:] - stale).abs().max().item() < 1e-3
+            assert (lps[k:] - fresh).abs().max().item() > 1e-3  # not the new policy's
+            before = _teacher_forced(hf_reference_model, got.prompt_ids, got.output_ids)[:k]
+            assert (lps[:k] - before).abs().max().item() < 1e-3
+    finally:
+        engine.shutdown()

@@ -16,7 +16,12 @@ KV cache of every running row was computed under the old weights, so right after
 recomputed (one batched prefill of ``prompt + output[:-1]`` under the new weights, no sampling) and
 the next decode step feeds the last sampled token as usual. Every later token is therefore sampled
 from, and its log-prob taken under, exactly the new policy; each token records the version that
-sampled it (``GenerationResult.token_versions``).
+sampled it (``GenerationResult.token_versions``). With ``recompute_kv_on_weight_update: false``
+the running rows keep their KV cache across the swap (PipelineRL's in-flight update): no prefill,
+and the tokens after it are sampled by the new weights attending to keys and values the old ones
+computed for the earlier tokens. Their log-probs are recorded as sampled (the behaviour policy a
+train-inference IS correction needs), but that policy is neither version's; a sample's lag is
+its oldest token's version either way.
 """
 
 from __future__ import annotations
@@ -125,7 +130,9 @@ class HFEngine:
     (only False: the ``trust_remote_code`` argument alone allows remote code),
     ``enable_prefix_caching`` (default True: the KV of a finished sequence is kept, and a later
     prompt that extends it, i.e. the next turn of the same conversation, prefills only its new
-    tokens; dropped on weight updates), ``prefix_cache_max_tokens`` (default 65536, LRU bound).
+    tokens; dropped on weight updates), ``prefix_cache_max_tokens`` (default 65536, LRU bound),
+    ``recompute_kv_on_weight_update`` (default True: a weight swap during generation recomputes
+    the running rows' KV cache under the new weights; False keeps it, see module docstring).
     """
 
     def __init__(
@@ -149,6 +156,7 @@ class HFEngine:
             "max_model_len",
             "attn_implementation",
             "trust_remote_code",
+            "recompute_kv_on_weight_update",
         }
         unknown = sorted(set(cfg) - known)
         if unknown:
@@ -176,6 +184,7 @@ class HFEngine:
         )
         self.enable_prefix_caching = bool(cfg.get("enable_prefix_caching", True))
         self.prefix_cache_max_tokens = int(cfg.get("prefix_cache_max_tokens", 65536))
+        self.recompute_kv_on_weight_update = bool(cfg.get("recompute_kv_on_weight_update", True))
         self._prefixes: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = (
             OrderedDict()
         )
@@ -318,7 +327,8 @@ class HFEngine:
 
     def _swap_staged_weights(self) -> bool:
         """Copy the staged weights into the live model (caller holds the model lock); recompute
-        the running rows' KV cache under them. Returns whether anything was swapped."""
+        the running rows' KV cache under them (unless `recompute_kv_on_weight_update` is off).
+        Returns whether anything was swapped."""
         with self._cond:
             staged, self._staged = self._staged, None
         if staged is None:
@@ -331,7 +341,7 @@ class HFEngine:
         self._weights_discarded = False
         self._clear_prefixes()  # cached KV came from the old weights
         self.stats["weight_swaps"] += 1
-        if self._running:
+        if self._running and self.recompute_kv_on_weight_update:
             with torch.inference_mode():
                 self._recompute_running_kv()
         with self._cond:
