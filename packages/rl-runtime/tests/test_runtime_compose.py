@@ -586,3 +586,19 @@ def test_env_prompts_and_types_compose_cannot_honour_are_refused_by_name(env, ke
     (issue,) = info.value.issues
     assert issue.path == key
     assert re.search(match, issue.message), issue.message
+
+
+def test_an_unknown_hf_engine_option_is_a_config_error_at_its_key():
+    """The HF engine would refuse it in a rollout worker after Ray and the trainers started."""
+
+    def infer(options: dict) -> dict:
+        return {"actor_infer": {"strategy_args": {"strategy_name": "hf_infer",
+                                                  "strategy_config": options}}}  # fmt: skip
+
+    with pytest.raises(ConfigError) as err:
+        _components(infer({"max_num_seq": 8, "recompute_kv_on_weight_update": False}))
+    (issue,) = err.value.issues
+    assert issue.path == "actor_infer.strategy_args.strategy_config.max_num_seq"
+    assert "did you mean 'max_num_seqs'?" in issue.message
+    plan = _components(infer({"recompute_kv_on_weight_update": False})).role("actor_infer")
+    assert plan.strategy_config == {"recompute_kv_on_weight_update": False}

@@ -120,6 +120,19 @@ class _StagedWeights:
     ticket: int
 
 
+#: the strategy_config keys HFEngine reads (see HFEngine); any other is an error naming it
+STRATEGY_CONFIG_KEYS = frozenset({
+    "enable_prefix_caching",
+    "prefix_cache_max_tokens",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "attn_implementation",
+    "trust_remote_code",
+    "recompute_kv_on_weight_update",
+})  # fmt: skip
+
+
 class HFEngine:
     """Generation with a transformers causal LM (see module docstring).
 
@@ -148,20 +161,11 @@ class HFEngine:
         from transformers import AutoModelForCausalLM
 
         cfg = dict(strategy_config or {})
-        known = {
-            "enable_prefix_caching",
-            "prefix_cache_max_tokens",
-            "max_num_seqs",
-            "max_num_batched_tokens",
-            "max_model_len",
-            "attn_implementation",
-            "trust_remote_code",
-            "recompute_kv_on_weight_update",
-        }
-        unknown = sorted(set(cfg) - known)
+        unknown = sorted(set(cfg) - STRATEGY_CONFIG_KEYS)
         if unknown:
             raise ValueError(
-                f"HFEngine strategy_config: unknown key(s) {unknown}; known: {sorted(known)}"
+                f"HFEngine strategy_config: unknown key(s) {unknown}; "
+                f"known: {sorted(STRATEGY_CONFIG_KEYS)}"
             )
         remote_code = remote_code_flag(cfg, trust_remote_code)
         if device is None:

@@ -148,6 +148,8 @@ def build_role(
         dtype=DTYPE_NAMES[w.model_args.dtype],
     )
     if role == "actor_infer":
+        if sa.strategy_name == "hf_infer":
+            check_hf_engine_options(common["strategy_config"])
         mode = common["strategy_config"].get("logprobs_mode")
         warnings.extend(rollout_log_prob_warnings(cfg, mode))
         return RolePlan(**common)  # type: ignore[arg-type]
@@ -279,3 +281,27 @@ def role_specs(components: Components, model_path: str, agent_mode: str = "locks
 def resolve_local(path: str) -> str:
     """An existing local path made absolute (Ray workers may run elsewhere); a hub id unchanged."""
     return str(Path(path).resolve()) if Path(path).exists() else path
+
+
+def check_hf_engine_options(strategy_config: dict[str, Any]) -> None:
+    """The HF engine refuses an unknown strategy_config key when it starts, in a rollout worker
+    after Ray and the trainers; here it is a config error naming the key, before anything
+    starts."""
+    import difflib
+
+    from rl_config.errors import ConfigError, ConfigIssue
+    from rl_rollout.hf_engine import STRATEGY_CONFIG_KEYS
+
+    known = sorted(STRATEGY_CONFIG_KEYS)
+    issues = []
+    for key in sorted(set(strategy_config) - STRATEGY_CONFIG_KEYS):
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        issues.append(
+            ConfigIssue(
+                f"actor_infer.strategy_args.strategy_config.{key}",
+                f"hf_infer takes no option {key!r}{hint} (its options: {', '.join(known)})",
+            )
+        )
+    if issues:
+        raise ConfigError(issues)
