@@ -459,10 +459,12 @@ def test_custom_reward_extras_are_logged_per_step_and_held_out_bounded_and_count
     assert not [line for line in warned if "not_number" in line]  # text extras: only counted
 
 
+# os.urandom, not uuid: the sandbox process may not be able to import a stdlib module its parent
+# had not imported (the package-alone CI step ran it without uuid)
 INVENTIVE_REWARD = """
-import uuid
+import os
 def score(data_source, solution_str, ground_truth, extra_info=None):
-    return {"score": 0.0, "acc": 1, **{uuid.uuid4().hex: 1.0 for _ in range(31)}}
+    return {"score": 0.0, "acc": 1, **{os.urandom(16).hex(): 1.0 for _ in range(31)}}
 """
 
 
