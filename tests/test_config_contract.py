@@ -192,6 +192,8 @@ CHANGES: dict[str, Any] = {
         for r in ("actor_train", "critic", "reference")
     },
     **{f"{r}.strategy_args.strategy_config": {"keep_last": 1} for r in ROLES},
+    # the HF engine's own option (compose refuses keys the engine does not read)
+    "actor_infer.strategy_args.strategy_config": {"max_num_seqs": 8},
     **{f"{r}.device_mapping": [1] for r in ROLES},
     "lambd": 0.5,
     "gamma": 0.5,
