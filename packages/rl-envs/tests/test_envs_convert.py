@@ -83,11 +83,12 @@ def test_malformed_inputs_are_errors_naming_the_file(tmp_path):
         convert_file(str(tmp_path / "folder"), out)
     (tmp_path / "latin1.jsonl").write_bytes(b'{"question": "caf\xe9", "answer": "#### 1"}\n')
     with pytest.raises(
-        ConvertError, match=r"latin1.jsonl: not UTF-8 text \(invalid continuation byte\)"
+        ConvertError,
+        match=r"latin1.jsonl: line 1: invalid JSON: byte 0xe9 at offset 17 is not UTF-8",
     ):
         convert_file(str(tmp_path / "latin1.jsonl"), out)
     (tmp_path / "cut.json").write_text('[{"question": "q",')
-    with pytest.raises(ConvertError, match=r"cut.json: invalid JSON"):
+    with pytest.raises(ConvertError, match=r"cut.json: line 1: invalid JSON: Expecting"):
         convert_file(str(tmp_path / "cut.json"), out)
     (tmp_path / "rows.csv").write_text("question,answer\n")
     with pytest.raises(ConvertError, match=r"rows.csv: use a .jsonl or .json file"):
@@ -101,7 +102,7 @@ def test_malformed_inputs_are_errors_naming_the_file(tmp_path):
 @pytest.mark.parametrize(
     ("name", "text", "why"),
     [  # each ended in a RecursionError traceback from the JSON parser
-        ("deep.json", "[" * 100_000 + "]" * 100_000, r"deep.json: invalid JSON: nested too deeply"),
+        ("deep.json", "[" * 100_000 + "]" * 100_000, r"deep.json: line 1: invalid JSON: nested too deeply"),
         ("deep.jsonl", '{"question": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
          r"deep.jsonl: line 1: invalid JSON: nested too deeply"),
     ],
@@ -131,4 +132,7 @@ def test_the_cli_reports_a_bad_input_in_one_line(tmp_path):
     )  # fmt: skip
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
-    assert result.stderr.startswith("error: ") and "latin1.jsonl: not UTF-8" in result.stderr
+    assert (
+        result.stderr.startswith("error: ")
+        and "latin1.jsonl: line 1: invalid JSON: byte 0xe9" in result.stderr
+    )

@@ -10,7 +10,7 @@ import pytest
 
 from rl_envs import make_env
 from rl_envs.tasks import CountdownEnv, SingleTurnEnv, ToolEnv, generate_countdown, load_rows
-from rl_envs.tasks.data import RowKeys
+from rl_envs.tasks.data import RowKeys, write_parquet_rows
 
 pytestmark = pytest.mark.xdist_group("dist")  # starts sandbox worker processes
 
@@ -120,6 +120,33 @@ def test_jsonl_decode_failures_are_rows_naming_their_line(tmp_path):
     assert [(e.row, e.line, e.field) for e in load_rows(str(as_json)).rejected] == [
         (0, 1, "<json>")
     ]
+
+
+def test_parquet_writes_are_atomic_and_leave_nothing_on_failure(tmp_path, monkeypatch):
+    """A write cut short (the disk fills: pyarrow has written part of the file, then fails)
+    keeps the file that was there and leaves no temporary file beside it; so does a write
+    whose rename fails (a directory where the file goes)."""
+    path = tmp_path / "rows.parquet"
+    write_parquet_rows(path, [{"prompt": "1+1", "answer": "2"}])
+
+    def disk_full(table, where):
+        with open(where, "wb") as handle:
+            handle.write(b"PAR1 half a file")
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pq, "write_table", disk_full)
+        with pytest.raises(OSError, match="No space left"):
+            write_parquet_rows(path, [{"prompt": "2+2", "answer": "4"}])
+    assert pq.read_table(path).to_pylist() == [{"prompt": "1+1", "answer": "2"}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.parquet"]
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("")
+    with pytest.raises(OSError):
+        write_parquet_rows(tmp_path / "taken", [{"prompt": "2+2", "answer": "4"}])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.parquet", "taken"]
+    write_parquet_rows(path, [{"prompt": "2+2", "answer": "4"}] * 3)
+    assert pq.read_table(path).column("answer").to_pylist() == ["4", "4", "4"]
 
 
 def test_single_turn_env_grades_in_sandbox(tmp_path, math_pool):

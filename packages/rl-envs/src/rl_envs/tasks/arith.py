@@ -72,18 +72,12 @@ def write_arith_parquet(out_dir: str, *, kind: str, val_fraction: float, seed: i
     """Writes train.parquet and test.parquet under `out_dir`, each atomically (a run starting
     beside one that is writing reads the old file or the new one, never half of one); returns
     their paths."""
-    import os
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from rl_envs.tasks.data import write_parquet_rows
 
     train, val = split(problems(kind, **sizes), val_fraction, seed)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     paths = []
     for path, name, items in zip(arith_parquet_paths(out_dir), ("train", "test"), (train, val)):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        table = pa.Table.from_pylist([row(p, a, name, i) for i, (p, a, _key) in enumerate(items)])
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
+        write_parquet_rows(path, [row(p, a, name, i) for i, (p, a, _key) in enumerate(items)])
         paths.append(str(path))
     return paths[0], paths[1]

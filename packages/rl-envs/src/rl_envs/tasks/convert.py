@@ -10,12 +10,12 @@ verl's ``examples/data_preprocess/{gsm8k,math_dataset}.py`` instructions.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from rl_envs.rewards.extraction import extract_boxed, extract_hash_answer
+from rl_envs.tasks import data
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
@@ -70,7 +70,9 @@ CONVERTERS = {"gsm8k": gsm8k_row, "math": math_row}
 
 
 def read_records(path: str) -> list[Any]:
-    """Records of a ``.jsonl`` file (one per non-empty line) or a ``.json`` list."""
+    """Records of a ``.jsonl`` file (one per non-empty line) or a ``.json`` list, read by
+    ``rl_envs.tasks.data.read_records``; the first undecodable line is a ``ConvertError``
+    naming the file and the line (a converter writes all rows or none)."""
     if os.path.isdir(path):
         raise ConvertError(f"{path}: is a directory; give a .jsonl or .json file")
     if not os.path.isfile(path):
@@ -78,33 +80,15 @@ def read_records(path: str) -> list[Any]:
     if not path.endswith((".json", ".jsonl")):
         raise ConvertError(f"{path}: use a .jsonl or .json file")
     try:
-        with open(path, encoding="utf-8") as handle:
-            if path.endswith(".json"):
-                try:
-                    data = json.load(handle)
-                except json.JSONDecodeError as exc:
-                    raise ConvertError(f"{path}: invalid JSON: {exc}") from None
-                except RecursionError:
-                    raise ConvertError(f"{path}: invalid JSON: nested too deeply") from None
-                if not isinstance(data, list):
-                    raise ConvertError(f"{path}: expected a JSON list of records")
-                return data
-            records = []
-            for number, line in enumerate(handle, start=1):
-                if line.strip():
-                    try:
-                        records.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise ConvertError(f"{path}: line {number}: invalid JSON: {exc}") from None
-                    except RecursionError:
-                        raise ConvertError(
-                            f"{path}: line {number}: invalid JSON: nested too deeply"
-                        ) from None
-            return records
-    except UnicodeDecodeError as exc:
-        raise ConvertError(
-            f"{path}: not UTF-8 text ({exc.reason}); save it as UTF-8 JSON"
-        ) from None
+        records, lines = data.read_records(path)
+    except data.DataFileError as exc:
+        raise ConvertError(str(exc)) from None
+    for index, record in enumerate(records):
+        error = data.bad_json(record)
+        if error is not None:
+            line = lines[index] if lines is not None else index + 1
+            raise ConvertError(f"{path}: line {line}: invalid JSON: {error}")
+    return records
 
 
 def detect_kind(record: Any) -> str:
@@ -128,11 +112,8 @@ class ConvertReport:
 
 
 def convert_file(path: str, out: str, kind: str = "auto", split: str = "train") -> ConvertReport:
-    """Convert every record of ``path`` and write ``out`` (parquet); any bad record is an
-    error naming its row (0-based)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    """Convert every record of ``path`` and write ``out`` (parquet, atomically); any bad record
+    is an error naming its row (0-based), and nothing is written."""
     if not out.endswith(".parquet") or os.path.isdir(out):
         raise ConvertError(f"{out}: the output must be a .parquet file (-o NAME.parquet)")
     records = read_records(path)
@@ -152,5 +133,5 @@ def convert_file(path: str, out: str, kind: str = "auto", split: str = "train") 
         except ValueError as exc:
             raise ConvertError(f"{path}: row {index}: {exc}") from None
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), out)
+    data.write_parquet_rows(out, rows)
     return ConvertReport(out, kind, len(rows))

@@ -445,6 +445,23 @@ def read_records(path: str) -> tuple[list[Any], list[int] | None]:
     return records, lines
 
 
+def write_parquet_rows(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]]) -> None:
+    """Write ``rows`` to the parquet file ``path`` atomically: a temporary file beside it, then
+    a rename (a reader sees the old file or the new one, never half of one; a failed write
+    leaves no temporary file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = os.fspath(path)
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        pq.write_table(pa.Table.from_pylist(list(rows)), tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def bad_json(record: Any) -> str | None:
     """The error of a record ``read_records`` could not decode (None for a decoded one)."""
     return record.error if isinstance(record, _BadJson) else None
