@@ -76,14 +76,18 @@ def test_zero_staleness_through_the_async_machinery_equals_synchronous(tmp_path)
 
     _, sync = run_rlvr(tmp_path / "sync")
     zero = AsyncPlan(max_staleness=0, queue_samples=16, wait_timeout_s=600.0, source="test")
-    result, asyn = run_rlvr(tmp_path / "async0", asynchronous=zero)
-    assert [r["step"] for r in sync] == [r["step"] for r in asyn] == [1, 2, 3]
-    for s, a in zip(sync, asyn, strict=True):
-        for key in COMPARED:
-            assert a[key] == pytest.approx(s[key], rel=1e-6, abs=1e-7), (s["step"], key)
-        assert a["async/lag_max"] == 0 and a["async/dropped_stale_samples"] == 0
-        assert a["async/lag_hist/0"] == 16
-    assert result.throughput["samples_trained"] == 48
+    for transport, staged in (("auto", 1.0), ("broadcast", None)):
+        # shared memory on one node: the trainer stages its weights and rollout delivers them
+        # between batches (Context.sync_producer); broadcast: the sync waits for the batch
+        out = tmp_path / f"async0-{transport}"
+        result, asyn = run_rlvr(out, asynchronous=zero, weight_sync_transport=transport)
+        assert [r["step"] for r in sync] == [r["step"] for r in asyn] == [1, 2, 3]
+        for s, a in zip(sync, asyn, strict=True):
+            for key in COMPARED:
+                assert a[key] == pytest.approx(s[key], rel=1e-6, abs=1e-7), (s["step"], key)
+            assert a["async/lag_max"] == 0 and a["async/dropped_stale_samples"] == 0
+            assert a["async/lag_hist/0"] == 16 and a.get("sync/staged") == staged, transport
+        assert result.throughput["samples_trained"] == 48
 
 
 def test_one_step_off_runs_ahead_within_its_bound_and_resumes_within_it(tmp_path):
@@ -115,6 +119,7 @@ def test_one_step_off_runs_ahead_within_its_bound_and_resumes_within_it(tmp_path
     assert max(lags) == 1 and all(r["async/dropped_stale_samples"] == 0 for r in rows)
     assert rows[0]["async/lag_max"] == 0  # batch 0: generated with the warm-up's weights
     for r in rows:
+        assert r["sync/staged"] == 1.0  # delivered between batches: the trainer did not wait
         assert r["async/lag_hist/0"] + r["async/lag_hist/1"] == r["rollout/num_trajectories"]
         assert r["async/queue_depth"] <= 16 and r["async/trainer_idle_s"] >= 0
     resumed = rows[2:]
@@ -158,6 +163,7 @@ def test_agentic_pipeline_trains_one_step_off_by_config(tmp_path):
     for r in steps:
         assert r["async/dropped_stale_samples"] == 0 and r["rollout/num_trajectories"] == 8
         assert r["sync/max_abs_diff"] == 0.0 and r["failures/episodes"] == 0.0
+        assert r["sync/staged"] == 1.0  # staged, delivered between batches, then compared
     assert "val/success_rate" in steps[-1]
     assert sorted(p.name for p in (out / "ckpt").iterdir()) == ["step-000002", "step-000003"]
 

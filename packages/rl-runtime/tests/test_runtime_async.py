@@ -219,6 +219,120 @@ def test_a_producer_without_rollout_state_checkpoints_while_running_ahead():
     producer.stop(5.0)
 
 
+# ----------------------------------------------------------------- weight updates posted
+class Engine:
+    """What the posted deliveries change: the engine's weight version, and whether a batch was
+    being generated when one landed."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.generating = False
+        self.events: list[str] = []
+
+    def deliverer(self, version: int):
+        def deliver() -> None:
+            assert not self.generating, f"version {version} delivered during a batch"
+            self.version = version
+            self.events.append(f"deliver {version}")
+
+        return deliver
+
+    def produce(self, index: int, hold: threading.Event | None = None) -> RolloutBatch:
+        self.generating = True
+        self.events.append(f"start {index} on {self.version}")
+        if hold is not None:
+            assert hold.wait(5.0)
+        time.sleep(0.01)
+        self.events.append(f"end {index}")
+        self.generating = False
+        return RolloutBatch(index, [traj(f"g{index}", self.version)])
+
+
+def test_a_posted_update_returns_at_once_and_lands_between_batches():
+    """Without partial rollout, the trainer posts its staged weights while a batch is generated
+    and goes on (it does not wait for the batch); the update reaches the engine after that
+    batch and before the next, and opens the gate of the batch that needs it."""
+    engine, hold = Engine(), threading.Event()
+    q = SampleQueue(4)
+    producer = RolloutProducer(
+        lambda i: engine.produce(i, hold if i == 1 else None), q, max_staleness=1,
+        samples_per_batch=1, start_index=0, stop_index=3, timeout_s=5.0,
+    )  # fmt: skip
+    producer.start()
+    assert q.take(5.0).index == 0
+    deadline = time.monotonic() + 5
+    while "start 1 on 0" not in engine.events and time.monotonic() < deadline:
+        time.sleep(0.005)
+    t0 = time.perf_counter()
+    producer.post_weights(engine.deliverer(1))  # batch 1 is being generated
+    producer.when_delivered(lambda: producer.trainer_finished(1))
+    assert time.perf_counter() - t0 < 0.5 and engine.version == 0
+    hold.set()
+    assert q.take(5.0).index == 1
+    assert q.take(5.0).index == 2
+    producer.stop(5.0)
+    assert engine.events == [
+        "start 0 on 0", "end 0", "start 1 on 0", "end 1", "deliver 1", "start 2 on 1", "end 2",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_posted_updates_keep_every_batch_within_the_staleness_bound(staleness):
+    """A trainer that posts each step's weights (delivered by rollout, which then opens the
+    gate): batch `index` always starts on weights at least `index - staleness` versions new,
+    and with staleness 0 exactly on the previous step's (synchronous)."""
+    engine = Engine()
+    q = SampleQueue(10)
+    producer = RolloutProducer(engine.produce, q, max_staleness=staleness, samples_per_batch=1,
+                               start_index=0, stop_index=8, timeout_s=5.0)  # fmt: skip
+    producer.start()
+    try:
+        for step in range(8):
+            assert q.take(5.0).index == step
+            time.sleep(0.02)  # training
+            producer.deliver_posted()  # the last update first (its buffer is reused)
+            producer.post_weights(engine.deliverer(step + 1))
+            producer.when_delivered(lambda s=step: producer.trainer_finished(s + 1))
+        producer.deliver_posted()  # the end of training: the engines hold the last weights
+    finally:
+        producer.stop(5.0)
+    assert engine.version == 8
+    starts = [e.split() for e in engine.events if e.startswith("start")]
+    assert [int(e[1]) for e in starts] == list(range(8))
+    for _, index, _, version in starts:
+        assert int(index) - int(version) <= staleness
+    if staleness == 0:
+        assert all(int(index) == int(version) for _, index, _, version in starts)
+    else:
+        assert any(int(index) - int(version) == staleness for _, index, _, version in starts)
+
+
+def test_a_failed_delivery_reaches_the_trainer_and_one_post_at_a_time():
+    def fail() -> None:
+        raise RuntimeError("receive_weights_handle failed remotely")
+
+    engine = Engine()
+    q = SampleQueue(4)
+    producer = RolloutProducer(engine.produce, q, max_staleness=0, samples_per_batch=1,
+                               start_index=0, stop_index=3, timeout_s=5.0)  # fmt: skip
+    producer.start()
+    q.take(5.0)
+    producer.post_weights(fail)  # rollout waits at the gate of batch 1: it delivers at once
+    with pytest.raises(QueueClosed, match="failed remotely"):
+        q.take(5.0)
+    producer.stop(5.0)
+    idle = RolloutProducer(engine.produce, SampleQueue(4), max_staleness=0, samples_per_batch=1,
+                           start_index=0, stop_index=0, timeout_s=5.0)  # fmt: skip
+    idle.post_weights(engine.deliverer(1))
+    with pytest.raises(RuntimeError, match="before the last one was delivered"):
+        idle.post_weights(engine.deliverer(2))
+    idle.deliver_posted()  # no thread runs: the trainer delivers it itself
+    assert engine.version == 1
+    idle.post_weights(fail)
+    with pytest.raises(RuntimeError, match="failed remotely"):
+        idle.deliver_posted()
+
+
 # --------------------------------------------------------------------------------- compose
 def test_between_batches_waits_for_the_batch_in_flight_and_holds_the_next():
     """Asynchronous training without partial rollout: a weight update waits for the batch being

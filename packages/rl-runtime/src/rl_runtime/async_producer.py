@@ -10,8 +10,14 @@ recipe's rollout state (`rollout_state()`, e.g. a prompt sampler) before each ba
 checkpoint can hold the state of the first batch the trainer has not consumed (what rollout
 drew ahead is drawn again after a resume, never skipped).
 
-The producer never changes weights and never sleeps or offloads an engine (asynchronous training
-refuses colocation: that is the async + sleep deadlock of ROLL #253). Its waits on the trainer
+Weight updates without partial rollout: the trainer stages its weights (a shared-memory snapshot)
+and posts their delivery (`post_weights`); the producer delivers it between two batches, before
+its next one or at once while it waits at the gate, and the delivery opens the gate
+(`when_delivered`), so the trainer goes on training while a batch is generated. Where the weights
+cannot be staged (the broadcast transport), the trainer's sync waits for the batch in flight
+instead (`between_batches`). The producer chooses no weights of its own and never sleeps or
+offloads an engine (asynchronous training refuses colocation: that is the async + sleep deadlock
+of ROLL #253). Its waits on the trainer
 poll a stop event; its remote calls are bounded by rpc_timeout inside `produce`. An exception in
 `produce` closes the queue with it, so the trainer's `take` fails with that error at once.
 """
@@ -58,6 +64,9 @@ class RolloutProducer:
         self._lock = threading.Condition()
         #: held while a batch is generated (see `between_batches`)
         self.generating = threading.Lock()
+        #: a weight update posted by the trainer, not yet delivered, and what waits for it
+        self._posted: Callable[[], Any] | None = None
+        self._on_delivered: list[Callable[[], None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
 
@@ -76,6 +85,45 @@ class RolloutProducer:
             yield
         finally:
             self.generating.release()
+
+    def post_weights(self, deliver: Callable[[], Any]) -> None:
+        """Hand rollout a weight update to apply between two batches (`deliver()`, e.g. from
+        rl_runtime.cluster.WeightSync.stage): this thread runs it before its next batch, or at
+        once while it waits for the trainer, so the trainer never waits for the batch in flight
+        (asynchronous training without partial rollout, when the weights can be staged). One
+        at a time: `deliver_posted` first."""
+        with self._lock:
+            if self._posted is not None:
+                raise RuntimeError("a weight update was posted before the last one was delivered")
+            self._posted = deliver
+            self._lock.notify_all()
+
+    def when_delivered(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the posted weight update is delivered (at once when none is
+        waiting), from the thread that delivers it: the staleness gate opens with it."""
+        with self._lock:
+            if self._posted is not None:
+                self._on_delivered.append(callback)
+                return
+        callback()
+
+    def deliver_posted(self, timeout_s: float | None = None) -> None:
+        """Deliver the posted weight update (if any) from the trainer's thread: after the batch
+        in flight (at most `timeout_s`, default the producer's), e.g. before the next post, an
+        evaluation, a checkpoint or the end of training (this thread may have stopped)."""
+        with self.between_batches(self.timeout_s if timeout_s is None else timeout_s):
+            self._deliver()
+
+    def _deliver(self) -> None:
+        """Run the posted update and its callbacks (the caller holds `generating`)."""
+        with self._lock:
+            deliver, self._posted = self._posted, None
+            callbacks, self._on_delivered = self._on_delivered, []
+        if deliver is None:
+            return
+        deliver()
+        for callback in callbacks:
+            callback()
 
     def start(self) -> None:
         self._thread.start()
@@ -132,10 +180,17 @@ class RolloutProducer:
 
     def _wait_for_gate(self, index: int) -> None:
         """Wait (polling the stop event; no deadline of its own: the trainer's calls are bounded
-        and a failed trainer stops the producer) until batch `index` may start."""
-        with self._lock:
-            while not self._gate_open(index) and not self._stop.is_set():
-                self._lock.wait(_POLL_S)
+        and a failed trainer stops the producer) until batch `index` may start, delivering the
+        weight updates the trainer posts meanwhile (the one that opens the gate among them)."""
+        while True:
+            with self._lock:
+                if self._gate_open(index) or self._stop.is_set():
+                    return
+                if self._posted is None:
+                    self._lock.wait(_POLL_S)
+                    continue
+            with self.generating:
+                self._deliver()
 
     def _run(self) -> None:
         reserved = 0
@@ -156,6 +211,7 @@ class RolloutProducer:
                     break
                 t1 = time.perf_counter()
                 with self.generating:
+                    self._deliver()  # an update posted since the gate opened
                     batch = self.produce(index)
                 batch.seconds = time.perf_counter() - t1
                 if batch.index != index:

@@ -382,6 +382,49 @@ class WeightSync:
         return metrics
 
     @property
+    def can_stage(self) -> bool:
+        """Whether `stage` works here: Ray mode with the shared-memory transport (set up)."""
+        self.setup()
+        return self.mode == "broadcast" and self.shared_memory
+
+    def stage(self, version: int) -> tuple[Callable[[], dict[str, float]], dict[str, float]]:
+        """Snapshot the trainer's weights as `version` into its shared-memory buffer now and
+        return `(deliver, metrics)`: `deliver()` hands the buffer to every engine and checks the
+        version they committed. Asynchronous training without partial rollout delivers between
+        two rollout batches (rl_runtime.async_producer.RolloutProducer.post_weights), so the
+        trainer goes on training instead of waiting for the batch in flight; the trainer's actor
+        packs before it runs its next call, so the snapshot is of the weights just trained.
+        The buffer is reused: deliver a staged version before staging the next. Needs
+        `can_stage`."""
+        if not self.can_stage:
+            raise RuntimeError(
+                "WeightSync.stage needs the shared-memory transport (weight_sync_transport); "
+                f"this sync is {self.mode} / "
+                f"{self.transport.transport if self.transport else 'not set up'}"
+            )
+        t0 = time.perf_counter()
+        self.settle()
+        exported = self.train.call_all("export_weights_shared", version, self.bucket_bytes)[0]
+        handle = exported["handle"]
+
+        def deliver() -> dict[str, float]:
+            refs = self.infer.submit("receive_weights_handle", handle, version)
+            received = self.infer.wait(refs, "receive_weights_handle", self.timeout_s)
+            _check_committed(version, [int(r.get("version", -1)) for r in received])
+            return {"sync/delivered_version": float(version)}
+
+        metrics = {
+            "sync/staged": 1.0,
+            "sync/bytes": float(exported["bytes"]),
+            "sync/pack_seconds": float(exported["seconds"]),
+            "sync/shared_memory": 1.0,
+            "sync/cross_node": 0.0,
+            "sync/seconds": time.perf_counter() - t0,
+            "sync/weight_version": float(version),
+        }
+        return deliver, metrics
+
+    @property
     def shared_memory(self) -> bool:
         return self.transport is not None and self.transport.transport == "shared_memory"
 

@@ -155,6 +155,12 @@ class Context:
     #: evaluation, checkpoint or the end of the loop (`settle_weights`; asynchronous training
     #: with partial rollout, where generation never waits for a sync: WeightSync.sync)
     defer_sync: bool = False
+    #: a weight sync is staged (`WeightSync.stage`: the trainer snapshots its weights into shared
+    #: memory) and posted to this rollout producer, which delivers it between two batches
+    #: (`RolloutProducer.post_weights`; asynchronous training without partial rollout, where a
+    #: weight update must not reach a generation half-way): the trainer never waits for the
+    #: batch in flight, only, at its next sync, for the last one to be delivered
+    sync_producer: Any = None
     #: RL starts from a supervised warm-up's policy, not `pretrain`
     #: (`adopt_policy_as_reference`); checkpoints then carry the reference role's weights
     warmed_up: bool = False
@@ -176,13 +182,21 @@ class Context:
         if new_version:
             self.weight_version += 1
         with self.sync_gate() if self.sync_gate is not None else nullcontext():
-            return self.cluster.enter_phase(
-                "rollout",
-                handoff=lambda: self.sync.sync(self.weight_version, settle=not self.defer_sync),
-            )
+            return self.cluster.enter_phase("rollout", handoff=self._push_weights)
+
+    def _push_weights(self) -> dict[str, float]:
+        if self.sync_producer is None:
+            return self.sync.sync(self.weight_version, settle=not self.defer_sync)
+        self.sync_producer.deliver_posted()  # the shared buffer is reused: the last one first
+        deliver, metrics = self.sync.stage(self.weight_version)
+        self.sync_producer.post_weights(deliver)
+        return metrics
 
     def settle_weights(self) -> None:
-        """Until every engine holds the last synced version (a deferred sync confirmed)."""
+        """Until every engine holds the last synced version (a deferred sync confirmed, a
+        posted one delivered)."""
+        if self.sync_producer is not None:
+            self.sync_producer.deliver_posted()
         if self.sync is not None:
             self.sync.settle()
 
@@ -669,10 +683,12 @@ class Runner:
         )
         if state is not None and state.extra.get(STATE_KEY):
             self.asynchronous.lags.load_state(state.extra[STATE_KEY].get("lags") or {})
+        producer = self.asynchronous.producer
         if plan.partial_rollout:
             ctx.defer_sync = True
-        else:
-            producer = self.asynchronous.producer
+        elif ctx.sync is not None and ctx.sync.can_stage:
+            ctx.sync_producer = producer
+        else:  # the trainer's sync waits for the batch in flight to end
             ctx.sync_gate = lambda: producer.between_batches(plan.wait_timeout_s)
         self.asynchronous.start()
 
@@ -717,10 +733,13 @@ class Runner:
 
     def _open_rollout_gate(self, ctx: Context) -> None:
         """Tell rollout the trainer has finished `ctx.step` steps once their weights are in the
-        engines: at once, or when a deferred sync ends (`Context.defer_sync`)."""
+        engines: at once, when a deferred sync ends (`Context.defer_sync`) or when rollout has
+        delivered a posted one (`Context.sync_producer`)."""
         asynchronous, steps = self.asynchronous, ctx.step
         assert asynchronous is not None
-        if ctx.defer_sync and ctx.sync is not None:
+        if ctx.sync_producer is not None:
+            ctx.sync_producer.when_delivered(lambda: asynchronous.trainer_finished(steps))
+        elif ctx.defer_sync and ctx.sync is not None:
             ctx.sync.when_committed(lambda: asynchronous.trainer_finished(steps))
         else:
             asynchronous.trainer_finished(steps)

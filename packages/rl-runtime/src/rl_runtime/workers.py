@@ -13,7 +13,8 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -234,17 +235,26 @@ class TrainWorker:
         )
         return True
 
-    def send_weights(self, version: int, bucket_bytes: int = 1 << 26) -> dict[str, float]:
-        """Rank 0 broadcasts the weights to the rollout ranks; other ranks only take part in
-        gathering the full tensors (`iter_full_tensor_buckets` is collective)."""
+    def _full_tensors(self, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]] | None:
+        """The full (gathered) tensors, lazily, on rank 0; None on the other ranks, which only
+        take part in the gathering (`iter_full_tensor_buckets` is collective: every rank of the
+        role runs the same call)."""
+        buckets = self.backend.iter_full_tensor_buckets(bucket_bytes)
         if self.rank != 0:
-            for _bucket in self.backend.iter_full_tensor_buckets(bucket_bytes):
+            for _bucket in buckets:
                 pass
+            return None
+        return (item for bucket in buckets for item in bucket)
+
+    def send_weights(self, version: int, bucket_bytes: int = 1 << 26) -> dict[str, float]:
+        """Rank 0 broadcasts the weights to the rollout ranks (buckets over the sync group)."""
+        named = self._full_tensors(bucket_bytes)
+        if named is None:
             return {}
-        from rl_sync.transfer import WeightSender, send_from_backend
+        from rl_sync.transfer import WeightSender
 
         sender = WeightSender(self._sync_group, bucket_bytes=bucket_bytes)
-        return _sync_metrics(send_from_backend(sender, self.backend, version))
+        return _sync_metrics(sender.send(named, version))
 
     def sync_info(self, measure: bool, bucket_bytes: int = 1 << 26) -> dict[str, Any]:
         """What choosing the weight-sync transport needs (rl_runtime.sync_transport): the device
@@ -263,21 +273,36 @@ class TrainWorker:
             info["shm_free_bytes"] = shm_free_bytes()
         return info
 
-    def send_weights_shared(self, version: int, bucket_bytes: int = 1 << 26) -> dict[str, float]:
-        """`send_weights` through shared memory (rl_sync.ipc): rank 0 packs the full weights into
-        its /dev/shm buffer (kept across versions, removed at shutdown) and sends the handle;
-        the other ranks take part in gathering the full tensors."""
-        buckets = self.backend.iter_full_tensor_buckets(bucket_bytes)
-        if self.rank != 0:
-            for _bucket in buckets:
-                pass
-            return {}
+    def _shared_sender(self) -> Any:
         from rl_sync.ipc import IpcSender
 
         if self._ipc_sender is None:
             self._ipc_sender = IpcSender("cpu")
-        named = (item for bucket in buckets for item in bucket)
-        return _sync_metrics(self._ipc_sender.send_over(self._sync_group, named, version))
+        return self._ipc_sender
+
+    def send_weights_shared(self, version: int, bucket_bytes: int = 1 << 26) -> dict[str, float]:
+        """`send_weights` through shared memory (rl_sync.ipc): rank 0 packs the full weights into
+        its /dev/shm buffer (kept across versions, removed at shutdown) and sends the handle
+        over the sync group."""
+        named = self._full_tensors(bucket_bytes)
+        if named is None:
+            return {}
+        return _sync_metrics(self._shared_sender().send_over(self._sync_group, named, version))
+
+    def export_weights_shared(self, version: int, bucket_bytes: int = 1 << 26) -> dict[str, Any]:
+        """Rank 0 packs the full weights as `version` into its /dev/shm buffer and returns the
+        handle (`handle`: rl_sync.ipc.IpcHandle.to_json, for `RolloutWorker.
+        receive_weights_handle`) and the pack's metrics, without waiting for any receiver: the
+        buffer is a snapshot the next training step does not change, delivered later (between
+        two rollout batches: rl_runtime.cluster.WeightSync.stage). The next export reuses the
+        buffer, so it is delivered first."""
+        named = self._full_tensors(bucket_bytes)
+        if named is None:
+            return {}
+        t0 = time.perf_counter()
+        handle = self._shared_sender().export(named, version)
+        seconds = time.perf_counter() - t0
+        return {"handle": handle.to_json(), "bytes": float(handle.nbytes), "seconds": seconds}
 
     def save_checkpoint(
         self, root: str, step: int, extra: dict | None = None, key_file: str | None = None
@@ -459,17 +484,37 @@ class RolloutWorker:
         )
         return _sync_metrics(metrics)
 
-    def receive_weights_shared(self, expected_version: int) -> dict[str, float]:
-        """`receive_weights` through shared memory: map the trainer's buffer (once), verify it
-        and commit it into the engine (version checked)."""
+    def _shared_receiver(self) -> Any:
         from rl_sync.ipc import IpcReceiver
-        from rl_sync.transfer import engine_apply
 
         if self._ipc_receiver is None:
             self._ipc_receiver = IpcReceiver("cpu", last_version=self.engine.weight_version)
-        receiver = self._ipc_receiver
+        return self._ipc_receiver
+
+    def receive_weights_shared(self, expected_version: int) -> dict[str, float]:
+        """`receive_weights` through shared memory: receive the handle over the sync group, map
+        the trainer's buffer (once), verify it and commit it into the engine (version checked)."""
+        from rl_sync.transfer import engine_apply
+
+        receiver = self._shared_receiver()
         metrics = receiver.receive_over(
             self._sync_group,
+            engine_apply(self.engine, receiver),
+            expected_version=expected_version,
+        )
+        return _sync_metrics(metrics)
+
+    def receive_weights_handle(
+        self, handle: dict[str, Any], expected_version: int
+    ) -> dict[str, float]:
+        """Commit the weights behind a handle `TrainWorker.export_weights_shared` returned:
+        map, verify (version, checksum) and apply, as `receive_weights_shared` does."""
+        from rl_sync.ipc import IpcHandle
+        from rl_sync.transfer import engine_apply
+
+        receiver = self._shared_receiver()
+        metrics = receiver.receive(
+            IpcHandle.from_json(handle),
             engine_apply(self.engine, receiver),
             expected_version=expected_version,
         )
