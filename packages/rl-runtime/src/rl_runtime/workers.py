@@ -234,12 +234,20 @@ class TrainWorker:
         )
         return True
 
+    def _only_gathered(self, bucket_bytes: int) -> bool:
+        """On a rank other than 0: take part in gathering the full tensors
+        (`iter_full_tensor_buckets` is collective) and return True; rank 0, which sends them,
+        returns False and gathers nothing here."""
+        if self.rank == 0:
+            return False
+        for _bucket in self.backend.iter_full_tensor_buckets(bucket_bytes):
+            pass
+        return True
+
     def send_weights(self, version: int, bucket_bytes: int = 1 << 26) -> dict[str, float]:
         """Rank 0 broadcasts the weights to the rollout ranks; other ranks only take part in
         gathering the full tensors (`iter_full_tensor_buckets` is collective)."""
-        if self.rank != 0:
-            for _bucket in self.backend.iter_full_tensor_buckets(bucket_bytes):
-                pass
+        if self._only_gathered(bucket_bytes):
             return {}
         from rl_sync.transfer import WeightSender, send_from_backend
 
@@ -267,15 +275,13 @@ class TrainWorker:
         """`send_weights` through shared memory (rl_sync.ipc): rank 0 packs the full weights into
         its /dev/shm buffer (kept across versions, removed at shutdown) and sends the handle;
         the other ranks take part in gathering the full tensors."""
-        buckets = self.backend.iter_full_tensor_buckets(bucket_bytes)
-        if self.rank != 0:
-            for _bucket in buckets:
-                pass
+        if self._only_gathered(bucket_bytes):
             return {}
         from rl_sync.ipc import IpcSender
 
         if self._ipc_sender is None:
             self._ipc_sender = IpcSender("cpu")
+        buckets = self.backend.iter_full_tensor_buckets(bucket_bytes)
         named = (item for bucket in buckets for item in bucket)
         return _sync_metrics(self._ipc_sender.send_over(self._sync_group, named, version))
 
