@@ -145,3 +145,19 @@ def test_unpack_refuses_a_header_whose_shapes_do_not_fit(shape, numel, why):
     spec = BucketSpec(0, "float32", 16, 0, (TensorSlot("layer.w", shape, 0, numel),))
     with pytest.raises(ValueError, match=why):
         unpack(spec, torch.zeros(16, dtype=torch.uint8))
+
+
+def test_header_digest_is_sha256_of_the_canonical_json_without_the_digest():
+    import hashlib
+
+    from rl_sync.buckets import digest_problem, header_digest, sealed
+
+    header = {"version": 3, "tensors": [["w", [2, 3], 0, 6]], "digest": "ignored"}
+    reference = hashlib.sha256(b'{"tensors":[["w",[2,3],0,6]],"version":3}').hexdigest()
+    assert header_digest(header) == reference
+    assert header_digest(dict(reversed(list(header.items())))) == reference  # key order is free
+    good = sealed({"version": 3, "tensors": [["w", [2, 3], 0, 6]]})
+    assert good["digest"] == reference and digest_problem(good, "header 0") is None
+    bad = {**good, "tensors": [["w", [3, 2], 0, 6]]}
+    assert "header 0 does not match its digest" in str(digest_problem(bad, "header 0"))
+    assert "carries no 'digest'" in str(digest_problem({"version": 3}, "header 0"))

@@ -1,6 +1,7 @@
 """Colocated (IPC) weight updates: shared memory on CPU; device transports by decision logic."""
 
 import contextlib
+import dataclasses
 import os
 
 import pytest
@@ -74,7 +75,8 @@ def test_tampered_buffer_and_stale_version_apply_nothing():
 
 
 def test_handle_pointing_outside_shared_memory_is_refused(tmp_path):
-    handle = IpcHandle(1, "shm_file", {"path": str(tmp_path / "x.buf"), "size": 8}, 8, 0, [])
+    location = {"path": str(tmp_path / "x.buf"), "size": 8}
+    handle = IpcHandle(1, "shm_file", location, 8, 0, []).seal()
     with pytest.raises(SyncError, match="outside"):
         IpcReceiver().open(handle)
 
@@ -94,12 +96,13 @@ def test_a_handle_maps_only_an_rl_sync_buffer_file_never_a_link_or_another_file(
     link = tmp_path / f"rl_sync_{os.getpid()}_{uuid.uuid4().hex}.buf"
     link.symlink_to(secret)
     for path, why in ((secret, "not an rl_sync buffer name"), (link, "not a regular file")):
-        handle = IpcHandle(1, "shm_file", {"path": str(path), "size": 8}, 8, 0, [])
+        handle = IpcHandle(1, "shm_file", {"path": str(path), "size": 8}, 8, 0, []).seal()
         with pytest.raises(SyncError, match=why):
             IpcReceiver().open(handle)
     missing = tmp_path / f"rl_sync_{os.getpid()}_{uuid.uuid4().hex}.buf"
     with pytest.raises(SyncError, match="missing"):
-        IpcReceiver().open(IpcHandle(1, "shm_file", {"path": str(missing), "size": 8}, 8, 0, []))
+        location = {"path": str(missing), "size": 8}
+        IpcReceiver().open(IpcHandle(1, "shm_file", location, 8, 0, []).seal())
 
 
 @contextlib.contextmanager
@@ -263,11 +266,12 @@ def test_a_killed_senders_buffer_is_removed_when_a_sender_starts(tmp_path, monke
     ],
 )
 def test_malformed_tensor_row_is_a_sync_error(row, why):
-    """The tensor table of a handle is not covered by the checksum: each row is checked."""
+    """Each row of a handle's tensor table is checked, also under a matching digest (a sender
+    that built a bad table sealed it as it was)."""
     sender, receiver = IpcSender("cpu"), IpcReceiver()
     try:
         good = sender.export([("w", torch.ones(4))], 1)
-        handle = IpcHandle(1, "shm_file", good.location, good.nbytes, good.checksum, [row])
+        handle = IpcHandle(1, "shm_file", good.location, good.nbytes, good.checksum, [row]).seal()
         with pytest.raises(SyncError, match=why):
             receiver.open(handle)
     finally:
@@ -281,9 +285,95 @@ def test_malformed_handle_over_a_group_is_rejected_not_left_hanging(tmp_path):
     from rl_sync.transfer import PROTOCOL, _exchange_verdict, _send_header
 
     with _receiver_over_a_group(tmp_path, syncs=1) as (group, sender, results):
-        handle = sender.export([("w", torch.ones(2, 2))], 1).to_json()
-        handle["tensors"][0][2] = [3]  # 4 elements under a 3-element shape
+        good = sender.export([("w", torch.ones(2, 2))], 1)
+        bad_row = [["w", "float32", [3], 0, 4]]  # 4 elements under a 3-element shape
+        handle = dataclasses.replace(good, tensors=bad_row).seal().to_json()
         _send_header(group, 0, {**handle, "protocol": PROTOCOL}, 20.0)
         assert _exchange_verdict(group, False, 20.0) is True
         kind, name, message = results.get(timeout=60)
         assert (kind, name) == ("error", "SyncError") and "'w' has shape [3]" in message
+
+
+def _swap_names(rows, a, b):
+    return [[{a: b, b: a}.get(row[0], row[0]), *row[1:]] for row in rows]
+
+
+def _offset_of(rows, name):
+    return next(row[3] for row in rows if row[0] == name)
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        # two tensors of the same dtype and shape trade names: the bytes land under the wrong one
+        lambda h: {
+            **h,
+            "tensors": _swap_names(h["tensors"], "model.embed_tokens.weight", "lm_head.weight"),
+        },
+        # a [64, 32] tensor read as [32, 64]: same element count, so every row check passes
+        lambda h: {
+            **h,
+            "tensors": [
+                [*row[:2], row[2][::-1], *row[3:]] if row[0] == "lm_head.weight" else row
+                for row in h["tensors"]
+            ],
+        },
+        # one tensor pointed at another's bytes (same size), inside the buffer
+        lambda h: {
+            **h,
+            "tensors": [
+                [*row[:3], _offset_of(h["tensors"], "lm_head.weight"), row[4]]
+                if row[0] == "model.embed_tokens.weight"
+                else row
+                for row in h["tensors"]
+            ],
+        },
+    ],
+    ids=["names_swapped", "shape_transposed", "offset_moved"],
+)
+def test_a_tampered_tensor_table_is_refused_before_it_is_used(tamper):
+    """The buffer's checksum cannot see a changed tensor table; the handle's digest does."""
+    sender, receiver = IpcSender("cpu"), IpcReceiver(last_version=0)
+    try:
+        handle = sender.export(make_named_tensors(0), 1).to_json()
+        calls = []
+        with pytest.raises(
+            ChecksumError, match="IPC handle of version 1 does not match its digest"
+        ):
+            receiver.receive(IpcHandle.from_json(tamper(handle)), calls.append)
+        assert calls == [] and receiver.last_version == 0
+        receiver.receive(IpcHandle.from_json(handle), calls.append)  # the untouched one is fine
+        assert receiver.last_version == 1
+    finally:
+        sender.close()
+
+
+def test_a_handle_of_the_previous_wire_version_gets_a_clear_error():
+    sender = IpcSender("cpu")
+    try:
+        old = {**sender.export([("w", torch.ones(4))], 1).to_json(), "protocol": "rl_sync.ipc/1"}
+        old.pop("digest", None)  # an older sender sent none
+        with pytest.raises(
+            SyncError, match="speaks 'rl_sync.ipc/1', this receiver 'rl_sync.ipc/2'"
+        ):
+            IpcHandle.from_json(old)
+    finally:
+        sender.close()
+
+
+@pytest.mark.xdist_group("dist")
+def test_a_tampered_handle_over_a_group_is_rejected_and_the_sender_hears_it(tmp_path):
+    from rl_sync.transfer import PROTOCOL, _exchange_verdict, _send_header
+
+    with _receiver_over_a_group(tmp_path, syncs=2) as (group, sender, results):
+        handle = sender.export(make_named_tensors(0), 1).to_json()
+        handle["tensors"] = _swap_names(
+            handle["tensors"], "model.embed_tokens.weight", "lm_head.weight"
+        )
+        _send_header(group, 0, {**handle, "protocol": PROTOCOL}, 20.0)
+        assert _exchange_verdict(group, False, 20.0) is True  # the receiver rejected it
+        kind, name, message = results.get(timeout=60)
+        assert (kind, name) == ("error", "ChecksumError") and "does not match its digest" in message
+        assert not (tmp_path / "v1.pt").exists()  # nothing applied
+        sender.send_over(group, make_named_tensors(1), 2)  # the group is still in step
+        assert results.get(timeout=60) == ("ok", 2)

@@ -10,11 +10,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 
-from rl_sync.group import free_port
+from rl_sync.group import CommGroup, free_port, init_group
 from rl_sync.store import new_rendezvous_token, node_local_store_path
 from rl_sync.testing import (
     bitwise_equal,
@@ -164,7 +166,7 @@ def test_receiver_dying_mid_transfer_fails_the_sender_within_timeout(tmp_path, h
 
 
 def test_rendezvous_without_peers_times_out_with_clear_error():
-    from rl_sync.group import CommError, init_group
+    from rl_sync.group import CommError
 
     start = time.monotonic()
     with pytest.raises(CommError, match="could not"):
@@ -220,47 +222,180 @@ def _listening_ipv4() -> set[str]:
 def test_each_rank_listens_on_its_local_addr():
     """A group spanning nodes: every rank's gloo pairs listen on its own node's address
     (`local_addr`), which is what peers on other nodes connect to."""
-    import queue
-    import threading
-
-    import torch
-
-    from rl_sync.group import init_group
-
-    ports: queue.Queue = queue.Queue()
-    groups: dict[int, object] = {}
-    errors: list[BaseException] = []
-
-    def rank(r: int, addr: str) -> None:
-        try:
-            if r == 0:
-                groups[r] = init_group(
-                    "127.0.0.1", 0, 0, 2, timeout_s=30, on_port=ports.put, local_addr=addr
-                )
-            else:
-                groups[r] = init_group(
-                    "127.0.0.1", ports.get(timeout=30), 1, 2, timeout_s=30, local_addr=addr
-                )
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [
-        threading.Thread(target=rank, args=(r, a)) for r, a in ((0, "127.0.0.2"), (1, "127.0.0.3"))
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
+    groups = _group_pair(30.0, local_addrs=("127.0.0.2", "127.0.0.3"))
     try:
         assert {"127.0.0.2", "127.0.0.3"} <= _listening_ipv4()
         tensors = [torch.arange(4.0), torch.zeros(4)]
-        works = [threading.Thread(target=groups[r].broadcast, args=(tensors[r], 0)) for r in (0, 1)]
-        for w in works:
-            w.start()
-        for w in works:
-            w.join(timeout=60)
+        _both(
+            lambda: groups[0].broadcast(tensors[0], 0), lambda: groups[1].broadcast(tensors[1], 0)
+        )
         assert torch.equal(tensors[1], torch.arange(4.0))
     finally:
-        for g in groups.values():
+        for g in groups:
             g.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Wire limits and header digests, over a real gloo group between two threads of this process
+# ------------------------------------------------------------------------------------------------
+def _group_pair(
+    timeout_s: float = 20.0, *, local_addrs: tuple[str | None, str | None] = (None, None)
+) -> tuple[CommGroup, CommGroup]:
+    """Rank 0 and rank 1 of a real two-rank gloo group, each made in its own thread (listening
+    on its `local_addrs` entry)."""
+    import queue
+
+    ports: queue.Queue = queue.Queue()
+
+    def join(rank: int) -> CommGroup:
+        port = 0 if rank == 0 else ports.get(timeout=30)
+        return init_group(
+            "127.0.0.1",
+            port,
+            rank,
+            2,
+            timeout_s=timeout_s,
+            on_port=ports.put if rank == 0 else None,
+            local_addr=local_addrs[rank],
+        )
+
+    first, second = _both(lambda: join(0), lambda: join(1))
+    assert isinstance(first, CommGroup) and isinstance(second, CommGroup), (first, second)
+    return first, second
+
+
+def _both(on_sender: Callable[[], Any], on_receiver: Callable[[], Any]) -> list[Any]:
+    """Run the two sides at once (threads); each side's return value or raised exception."""
+    import threading
+
+    out: list[Any] = [None, None]
+
+    def run(index, fn):
+        try:
+            out[index] = fn()
+        except Exception as exc:  # returned to the test, which asserts on it
+            out[index] = exc
+
+    threads = [
+        threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate((on_sender, on_receiver))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads), "a side is still waiting"
+    return out
+
+
+def _good_sync_still_works(sender_group, receiver_group, version):
+    """A normal sync over the same group afterwards arrives bit for bit (the group is in step)."""
+    from rl_sync.transfer import WeightReceiver, WeightSender
+
+    named = make_named_tensors(version)
+    got: dict[str, torch.Tensor] = {}
+    receiver = WeightReceiver(receiver_group, timeout_s=20.0)
+    sent, received = _both(
+        lambda: WeightSender(sender_group, 512, timeout_s=20.0).send(named, version),
+        lambda: receiver.receive(lambda ts: got.update((n, t.clone()) for n, t in ts)),
+    )
+    assert not isinstance(sent, Exception) and not isinstance(received, Exception), (sent, received)
+    assert all(bitwise_equal(got[name], tensor) for name, tensor in named)
+
+
+def test_a_header_longer_than_the_limit_is_refused_before_it_is_allocated():
+    """A peer announcing a 1 GiB header (old limit: 2 GiB) is refused on its length alone, with
+    the size and the limit; nothing else was sent, so the group stays usable."""
+    from rl_sync import transfer
+
+    sender_group, receiver_group = _group_pair()
+    try:
+        announced = 1 << 30
+        length = torch.tensor([announced], dtype=torch.int64)
+        _sent, got = _both(
+            lambda: sender_group.broadcast(length, 0, 20.0),
+            lambda: transfer._recv_header(receiver_group, 0, 20.0),
+        )
+        assert isinstance(got, transfer.SyncError), got
+        assert f"{announced} bytes" in str(got)
+        assert f"limit of {transfer.MAX_HEADER_BYTES} bytes" in str(got)
+        assert "refused before allocating" in str(got)
+        _good_sync_still_works(sender_group, receiver_group, version=1)
+    finally:
+        sender_group.close()
+        receiver_group.close()
+
+
+def test_a_sender_refuses_a_header_over_the_limit_and_so_does_every_receiver():
+    """Names long enough to make a bucket's header exceed the limit: the sender names the size
+    and the limit and sends only the length, which the receiver refuses; both leave the sync at
+    the same point, and the next sync goes through."""
+    from rl_sync import transfer
+
+    sender_group, receiver_group = _group_pair()
+    try:
+        long_name = "x" * ((64 << 20) // 150)  # 160 rows of ~447 kB: a header over 64 MiB
+        named = [(f"w{i}.{long_name}", torch.full((2,), float(i))) for i in range(160)]
+        applied: list = []
+        sent, received = _both(
+            lambda: transfer.WeightSender(sender_group, 1 << 20, timeout_s=20.0).send(named, 1),
+            lambda: transfer.WeightReceiver(receiver_group, timeout_s=20.0).receive(applied.extend),
+        )
+        assert isinstance(sent, transfer.SyncError) and "not sent" in str(sent), sent
+        assert f"exceeds the limit of {transfer.MAX_HEADER_BYTES} bytes" in str(sent)
+        assert isinstance(received, transfer.SyncError), received
+        assert "refused before allocating" in str(received)
+        assert applied == []
+        _good_sync_still_works(sender_group, receiver_group, version=2)
+    finally:
+        sender_group.close()
+        receiver_group.close()
+
+
+def test_a_corrupted_tensor_table_is_rejected_and_nothing_is_applied(monkeypatch):
+    """Two same-shape tensors swap names on the wire after the sender sealed its headers: the
+    payload checksums still match (the bytes are intact), the header digests do not. The
+    receiver rejects the sync, the sender hears it, and the next sync goes through."""
+    from rl_sync import transfer
+
+    real_encode = transfer._encode_header
+
+    def swap_names(header):
+        data = real_encode(header)
+        a, b = b'"model.embed_tokens.weight"', b'"lm_head.weight"'
+        return data.replace(a, b"\0").replace(b, a).replace(b"\0", b)
+
+    sender_group, receiver_group = _group_pair()
+    try:
+        named = make_named_tensors(0)
+        applied: list = []
+        monkeypatch.setattr(transfer, "_encode_header", swap_names)
+        sent, received = _both(
+            lambda: transfer.WeightSender(sender_group, 512, timeout_s=20.0).send(named, 1),
+            lambda: transfer.WeightReceiver(receiver_group, timeout_s=20.0).receive(applied.extend),
+        )
+        monkeypatch.undo()
+        assert isinstance(received, transfer.ChecksumError), received
+        assert "does not match its digest" in str(received) and "nothing applied" in str(received)
+        assert applied == []
+        assert isinstance(sent, transfer.SyncError) and "rejected by a receiver" in str(sent)
+        _good_sync_still_works(sender_group, receiver_group, version=2)
+    finally:
+        sender_group.close()
+        receiver_group.close()
+
+
+def test_a_sender_of_the_previous_wire_version_gets_a_clear_error():
+    from rl_sync import transfer
+
+    sender_group, receiver_group = _group_pair()
+    try:
+        old = {"protocol": "rl_sync/1", "version": 1, "final": True}
+        _sent, got = _both(
+            lambda: transfer._send_header(sender_group, 0, old, 20.0),
+            lambda: transfer._recv_header(receiver_group, 0, 20.0),
+        )
+        assert isinstance(got, transfer.SyncError), got
+        assert "speaks 'rl_sync/1', this receiver 'rl_sync/2'" in str(got)
+    finally:
+        sender_group.close()
+        receiver_group.close()

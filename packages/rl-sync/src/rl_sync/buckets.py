@@ -1,16 +1,24 @@
-"""Packing named tensors into flat, dtype-homogeneous buckets, and the checksum they carry.
+"""Packing named tensors into flat, dtype-homogeneous buckets, and the checksums they carry.
 
 A bucket is one flat ``uint8`` payload holding the bytes of several tensors of ONE dtype, back to
 back, padded to a multiple of 8 bytes. Its :class:`BucketSpec` says where each tensor starts
 (``offset`` in elements), its shape, and the payload's checksum. A tensor at least as large as the
 bucket size travels alone and, when contiguous, without being copied.
+
+Two checks travel with every sync: :func:`checksum` covers a payload's bytes (fast, on the
+device); :func:`header_digest` covers the header that describes them (the tensor table: names,
+dtypes, shapes, offsets; sizes; the payload checksum), so a corrupted table cannot land intact
+bytes under the wrong name or shape.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -101,6 +109,37 @@ def checksum(payload: torch.Tensor) -> int:
         positions = torch.arange(1, tail.numel() + 1, dtype=torch.int64, device=tail.device)
         total += 0xC4CEB9FE1A85EC53 * int((tail * positions).sum())
     return total & _MASK64
+
+
+DIGEST_FIELD = "digest"
+
+
+def header_digest(fields: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of a header's JSON fields other than ``digest``, encoded canonically (sorted
+    keys, no spaces), so sender and receiver agree on a header that went through JSON. A digest
+    detects corruption, not a peer that rewrites the header and its digest together."""
+    body = {key: value for key, value in fields.items() if key != DIGEST_FIELD}
+    encoded = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(encoded).hexdigest()
+
+
+def sealed(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``fields`` with their :func:`header_digest` added under ``digest``."""
+    return {**fields, DIGEST_FIELD: header_digest(fields)}
+
+
+def digest_problem(fields: Mapping[str, Any], what: str) -> str | None:
+    """Why ``fields`` (a received header) fail their digest, naming ``what``; None if they match."""
+    sent = fields.get(DIGEST_FIELD)
+    if not isinstance(sent, str) or not sent:
+        return f"{what} carries no {DIGEST_FIELD!r} field (a sender of an older protocol?)"
+    computed = header_digest(fields)
+    if computed != sent:
+        return (
+            f"{what} does not match its digest (its tensor table or sizes changed on the way): "
+            f"computed {computed[:16]}..., sender sent {sent[:16]}..."
+        )
+    return None
 
 
 @dataclass(frozen=True)

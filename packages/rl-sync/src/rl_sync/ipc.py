@@ -7,8 +7,9 @@ of dtypes) and exports a small JSON-serialisable :class:`IpcHandle` to it:
 - cuda: a CUDA IPC memory handle of the buffer's storage (``UntypedStorage._share_cuda_``);
 - npu: the same through torch_npu's storage sharing (untestable here; the choice is tested).
 
-The receiver maps the buffer once (cached across versions), verifies version and checksum, and
-hands views of it to ``apply`` (which copies into the engine's parameters). The handle travels
+The receiver checks the handle's digest (it covers the tensor table and every other field) before
+it uses any field, maps the buffer once (cached across versions), verifies version and checksum,
+and hands views of it to ``apply`` (which copies into the engine's parameters). The handle travels
 over any channel: a :class:`~rl_sync.group.CommGroup` (``send_over`` / ``receive_over``), a Ray
 object, a queue. Handles are JSON, never pickle. Views are valid until the sender's next export.
 
@@ -39,7 +40,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -48,8 +49,10 @@ from rl_sync.buckets import (
     as_bytes,
     check_shape,
     checksum,
+    digest_problem,
     dtype_from_name,
     dtype_name,
+    header_digest,
     padded,
 )
 from rl_sync.device import DeviceKind, detect_device_kind, kind_of, torch_device
@@ -69,7 +72,7 @@ from rl_sync.transfer import (
 
 Transport = Literal["shm_file", "cuda_ipc", "npu_ipc"]
 _ALIGN = 64
-_HANDLE_PROTOCOL = "rl_sync.ipc/1"
+_HANDLE_PROTOCOL = "rl_sync.ipc/2"  # 2: a handle carries the digest of its fields
 
 
 def ipc_transport(kind: DeviceKind) -> Transport:
@@ -93,7 +96,9 @@ def shm_dir() -> str:
 class IpcHandle:
     """A versioned pointer to a packed buffer another local process can map. JSON-serialisable.
 
-    ``tensors`` rows are ``[name, dtype, shape, byte_offset, numel]``.
+    ``tensors`` rows are ``[name, dtype, shape, byte_offset, numel]``. ``checksum`` covers the
+    buffer's bytes, ``digest`` (`rl_sync.buckets.header_digest`) every other field of the handle:
+    `IpcSender.export` seals it, `IpcReceiver.open` checks it before it uses any field.
     """
 
     version: int
@@ -102,14 +107,22 @@ class IpcHandle:
     nbytes: int
     checksum: int
     tensors: list[list[Any]] = field(default_factory=list)
+    digest: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"protocol": _HANDLE_PROTOCOL, **asdict(self)}
 
+    def seal(self) -> IpcHandle:
+        """This handle with the digest of its fields."""
+        return replace(self, digest=header_digest(self.to_json()))
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> IpcHandle:
         if data.get("protocol") != _HANDLE_PROTOCOL:
-            raise SyncError(f"IPC handle does not speak {_HANDLE_PROTOCOL}: {data!r:.200}")
+            raise SyncError(
+                f"IPC handle speaks {data.get('protocol')!r}, this receiver {_HANDLE_PROTOCOL!r} "
+                f"(sender and receiver need the same rl-sync wire version): {data!r:.200}"
+            )
         try:
             return cls(
                 version=int(data["version"]),
@@ -118,6 +131,7 @@ class IpcHandle:
                 nbytes=int(data["nbytes"]),
                 checksum=int(data["checksum"]),
                 tensors=[list(row) for row in data["tensors"]],
+                digest=str(data["digest"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SyncError(f"malformed IPC handle ({exc}): {data!r:.300}") from exc
@@ -321,7 +335,7 @@ class IpcSender:
         self._next_slot = (slot + 1) % self.num_buffers
         return IpcHandle(
             version, self.transport, dict(self._locations[slot]), nbytes, checksum(payload), rows
-        )
+        ).seal()
 
     def _drop(self, slot: int) -> None:
         path = self._locations[slot].get("path")
@@ -447,6 +461,9 @@ class IpcReceiver:
 
     def open(self, handle: IpcHandle, *, expected_version: int | None = None) -> NamedTensors:
         """Verified views of the tensors behind ``handle`` (raises, applying nothing, on mismatch)."""
+        corrupted = digest_problem(handle.to_json(), f"IPC handle of version {handle.version}")
+        if corrupted:  # before any field is used: its location, sizes and tensor table
+            raise ChecksumError(corrupted + "; nothing applied")
         if expected_version is not None and handle.version != expected_version:
             raise VersionError(
                 f"IPC version {handle.version} received but {expected_version} was expected"

@@ -2,13 +2,15 @@
 
 Wire protocol over a :class:`~rl_sync.group.CommGroup` (``src`` = the sending rank, every other rank
 receives). Per bucket: an int64 header length, the JSON header (version, bucket index, dtype, byte
-count, checksum, tensor names/shapes/offsets), then the payload. After the last bucket a final
-header carries the totals, and every rank joins a MAX all-reduce of its verdict (0 = accepted), so
-the sender learns of a receiver's rejection and all receivers commit or none does.
+count, payload checksum, tensor names/shapes/offsets, and the digest of all of these), then the
+payload. After the last bucket a final header carries the totals, and every rank joins a MAX
+all-reduce of its verdict (0 = accepted), so the sender learns of a receiver's rejection and all
+receivers commit or none does.
 
-Receivers stage every bucket, verify version and checksums, and only then hand the tensors to the
-engine's ``apply`` callback: a corrupted or stale sync applies nothing. Headers are JSON (never
-pickle), dtypes are looked up by name.
+Receivers stage every bucket, verify version, header digests and payload checksums, and only then
+hand the tensors to the engine's ``apply`` callback: a corrupted or stale sync applies nothing.
+Headers are JSON (never pickle) of at most ``MAX_HEADER_BYTES`` (refused before it is allocated),
+dtypes are looked up by name.
 """
 
 from __future__ import annotations
@@ -21,11 +23,29 @@ from typing import Any, Protocol
 
 import torch
 
-from rl_sync.buckets import BucketPacker, BucketSpec, TensorSlot, checksum, unpack
+from rl_sync.buckets import (
+    BucketPacker,
+    BucketSpec,
+    TensorSlot,
+    checksum,
+    digest_problem,
+    sealed,
+    unpack,
+)
 from rl_sync.group import CommGroup, PendingOp
 
 DEFAULT_BUCKET_BYTES = 256 << 20
-PROTOCOL = "rl_sync/1"
+PROTOCOL = "rl_sync/2"  # 2: every header carries the digest of its fields (`buckets.header_digest`)
+
+MAX_HEADER_TENSORS = 1 << 17
+"""Tensors one header may list: an IPC handle lists all of a model's (~1e5 for the largest MoE
+checkpoints with per-expert weights and scales)."""
+MAX_HEADER_ROW_BYTES = 512
+"""JSON bytes of one row of a header's tensor table: a name of a few hundred characters, its
+dtype, shape, offset and element count."""
+MAX_HEADER_BYTES = MAX_HEADER_TENSORS * MAX_HEADER_ROW_BYTES
+"""The largest header a receiver accepts (64 MiB); it refuses a longer announced length before
+allocating it, and a sender refuses to send one."""
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 ApplyFn = Callable[[NamedTensors], None]
@@ -36,7 +56,8 @@ class SyncError(RuntimeError):
 
 
 class ChecksumError(SyncError):
-    """A bucket's bytes do not match the checksum its sender computed."""
+    """A bucket's bytes, or a header's fields (its tensor table), do not match the checksum or
+    digest its sender computed."""
 
 
 class VersionError(SyncError):
@@ -89,16 +110,18 @@ def _tensor_bytes(body: torch.Tensor) -> bytes:
 
 
 def _bucket_header(version: int, spec: BucketSpec) -> dict[str, Any]:
-    return {
-        "protocol": PROTOCOL,
-        "version": version,
-        "final": False,
-        "index": spec.index,
-        "dtype": spec.dtype,
-        "nbytes": spec.nbytes,
-        "checksum": spec.checksum,
-        "tensors": [[s.name, list(s.shape), s.offset, s.numel] for s in spec.tensors],
-    }
+    return sealed(
+        {
+            "protocol": PROTOCOL,
+            "version": version,
+            "final": False,
+            "index": spec.index,
+            "dtype": spec.dtype,
+            "nbytes": spec.nbytes,
+            "checksum": spec.checksum,
+            "tensors": [[s.name, list(s.shape), s.offset, s.numel] for s in spec.tensors],
+        }
+    )
 
 
 def _spec_from_header(header: dict[str, Any]) -> BucketSpec:
@@ -132,6 +155,13 @@ def _send_header_async(
 ) -> list[PendingOp]:
     data = _encode_header(header)
     length = torch.tensor([len(data)], dtype=torch.int64, device=group.device)
+    if len(data) > MAX_HEADER_BYTES:
+        group.broadcast(length, src, timeout_s)  # the receivers refuse it too: all stay in step
+        raise SyncError(
+            f"sync header of {len(data)} bytes exceeds the limit of {MAX_HEADER_BYTES} bytes "
+            f"({MAX_HEADER_TENSORS} tensors of {MAX_HEADER_ROW_BYTES} bytes); not sent (a "
+            f"bucket of fewer tensors, or shorter names, fits)"
+        )
     body = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(group.device)
     return [
         group.broadcast_async(length, src, timeout_s),
@@ -143,16 +173,28 @@ def _recv_header(group: CommGroup, src: int, timeout_s: float | None) -> dict[st
     length = torch.zeros(1, dtype=torch.int64, device=group.device)
     group.broadcast(length, src, timeout_s)
     size = int(length.item())
-    if not 0 < size < (1 << 31):
+    if size <= 0:
         raise SyncError(f"sync header length {size} from rank {src} is not plausible")
+    if size > MAX_HEADER_BYTES:
+        raise SyncError(
+            f"sync header of {size} bytes announced by rank {src} exceeds the limit of "
+            f"{MAX_HEADER_BYTES} bytes ({MAX_HEADER_TENSORS} tensors of {MAX_HEADER_ROW_BYTES} "
+            "bytes); refused before allocating it"
+        )
     body = torch.empty(size, dtype=torch.uint8, device=group.device)
     group.broadcast(body, src, timeout_s)
     try:
         header = json.loads(_tensor_bytes(body).decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SyncError(f"sync header from rank {src} is not valid JSON: {exc}") from exc
-    if not isinstance(header, dict) or header.get("protocol") != PROTOCOL:
-        raise SyncError(f"sync header from rank {src} does not speak {PROTOCOL}: {header!r:.200}")
+    if not isinstance(header, dict):
+        raise SyncError(f"sync header from rank {src} is not a JSON object: {header!r:.200}")
+    if header.get("protocol") != PROTOCOL:
+        raise SyncError(
+            f"sync header from rank {src} speaks {header.get('protocol')!r}, this receiver "
+            f"{PROTOCOL!r} (sender and receiver need the same rl-sync wire version): "
+            f"{header!r:.200}"
+        )
     return header
 
 
@@ -212,23 +254,27 @@ class WeightSender:
         # Resuming the packer packs (and checksums) the next bucket into the other staging buffer
         # while the previous bucket's broadcast is still in flight.
         for bucket in self.packer.pack(named_tensors):
-            ops = self._transmit(version, bucket.spec, bucket.payload)
-            for op in in_flight:
-                op.wait()
+            try:
+                ops = self._transmit(version, bucket.spec, bucket.payload)
+            finally:  # also when this bucket's header was refused: the previous one is delivered
+                for op in in_flight:
+                    op.wait()
             in_flight = ops
             total_bytes += bucket.spec.nbytes
             num_buckets += 1
             num_tensors += len(bucket.spec.tensors)
         for op in in_flight:
             op.wait()
-        final = {
-            "protocol": PROTOCOL,
-            "version": version,
-            "final": True,
-            "num_buckets": num_buckets,
-            "num_tensors": num_tensors,
-            "bytes": total_bytes,
-        }
+        final = sealed(
+            {
+                "protocol": PROTOCOL,
+                "version": version,
+                "final": True,
+                "num_buckets": num_buckets,
+                "num_tensors": num_tensors,
+                "bytes": total_bytes,
+            }
+        )
         _send_header(self.group, self.src, final, self.timeout_s)
         if _exchange_verdict(self.group, False, self.timeout_s):
             raise SyncError(
@@ -285,8 +331,9 @@ class WeightReceiver:
     def receive(self, apply: ApplyFn, *, expected_version: int | None = None) -> SyncMetrics:
         """Receive one sync; ``apply(named_tensors)`` is called once, only if all of it verified.
 
-        Raises :class:`ChecksumError` / :class:`VersionError` / :class:`SyncError` (after draining
-        the rest of the sync so the group stays usable); nothing is applied in that case.
+        Raises :class:`ChecksumError` (a payload or a header's digest does not match) /
+        :class:`VersionError` / :class:`SyncError` (after draining the rest of the sync so the
+        group stays usable); nothing is applied in that case.
         Pipelined: bucket ``i`` is verified and unpacked while bucket ``i + 1`` arrives.
         """
         start = time.perf_counter()
@@ -299,29 +346,43 @@ class WeightReceiver:
         expected_index = 0
         arrived: tuple[BucketSpec, torch.Tensor] | None = None  # received, not yet verified
 
+        def reject(problem: str, kind: type[SyncError] = SyncError) -> None:
+            """Record a problem; the first one decides the error type raised."""
+            nonlocal error_type
+            if not problems:
+                error_type = kind
+            problems.append(problem)
+
         def verify_and_stage(spec: BucketSpec, payload: torch.Tensor) -> None:
-            nonlocal expected_index, error_type
+            nonlocal expected_index
             if problems:
                 return  # drain the rest of a rejected sync without staging it
             if spec.index != expected_index:
-                problems.append(f"{spec.describe()} arrived where bucket {expected_index} was due")
+                reject(f"{spec.describe()} arrived where bucket {expected_index} was due")
                 return
             expected_index += 1
             actual = checksum(payload)
             if actual != spec.checksum:
-                problems.append(
+                reject(
                     f"checksum mismatch in {spec.describe(limit=20)} of version {version}: "
-                    f"computed {actual:#018x}, sender sent {spec.checksum:#018x}"
+                    f"computed {actual:#018x}, sender sent {spec.checksum:#018x}",
+                    ChecksumError,
                 )
-                error_type = ChecksumError
                 return
             try:
                 staged.extend(unpack(spec, payload))
             except ValueError as exc:
-                problems.append(str(exc))
+                reject(str(exc))
 
         while True:
             header = _recv_header(self.group, self.src, self.timeout_s)
+            # checked before any field is used; a header that fails it is still drained (its
+            # payload size is all that is read from it), so the sender hears the rejection
+            corrupted = digest_problem(
+                header, "the final header" if header.get("final") else f"header {num_buckets}"
+            )
+            if corrupted:
+                reject(corrupted, ChecksumError)
             header_version = header.get("version")
             if not isinstance(header_version, int):
                 raise SyncError(f"sync header without an integer version: {header!r:.200}")
@@ -329,13 +390,13 @@ class WeightReceiver:
                 version = header_version
                 problem = self._version_problem(version, expected_version)
                 if problem:
-                    problems.append(problem)
-                    error_type = VersionError
+                    reject(problem, VersionError)
             elif header_version != version:
-                problems.append(
-                    f"bucket header carries version {header_version} within sync of version {version}"
+                reject(
+                    f"bucket header carries version {header_version} within sync of version "
+                    f"{version}",
+                    VersionError,
                 )
-                error_type = VersionError
             if header.get("final"):
                 if arrived is not None:
                     verify_and_stage(*arrived)
@@ -344,7 +405,7 @@ class WeightReceiver:
                     num_buckets,
                     total_bytes,
                 ):
-                    problems.append(
+                    reject(
                         f"sync ended after {num_buckets} buckets / {total_bytes} bytes, sender says "
                         f"{header.get('num_buckets')} / {header.get('bytes')}"
                     )
@@ -419,6 +480,7 @@ def send_from_backend(sender: WeightSender, backend: Any, version: int) -> SyncM
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
+    "MAX_HEADER_BYTES",
     "ChecksumError",
     "SyncError",
     "SyncMetrics",
