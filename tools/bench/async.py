@@ -57,14 +57,16 @@ while a short one trains. What the formula leaves out (the measured ratio falls 
 these): on 2 cores the two sides also contend for memory bandwidth, for the unpinned scorer and
 for the driver's Python thread (GIL).
 
-What partial rollout changes in it. Without it (`staleness_1`, `staleness_2`) the weight sync of
-step k waits for the rollout batch in flight (RolloutProducer.between_batches), and the next batch
-starts only after the sync: a step costs max(t_roll, t_train) + t_transfer (the weight transfer
-itself, ~0.02-0.04 s here), and the trainer's sync phase absorbs the wait (`t_sync_s`). With it,
-the sync lands in the batch in flight and the rollout side never stops for it: max(t_roll,
+What partial rollout changes in it. Without it (`staleness_1`, `staleness_2`) no generation sees
+a weight change half-way. Here (one node, shared-memory sync) the trainer stages its weights (a
+/dev/shm snapshot, ~1 ms) and goes on; rollout delivers them between two batches
+(`WeightSync.stage`, `RolloutProducer.post_weights`; before 2026-11-25 13:00 the trainer's sync
+waited for the batch in flight instead, as it still does with the broadcast transport, and the
+trainer's sync phase `t_sync_s` absorbed that wait). A step then costs max(t_roll + t_deliver,
+t_train + t_stage). With partial rollout the sync lands in the batch in flight: max(t_roll,
 t_train + t_transfer), plus a KV recompute per swap on the rollout side (a prefill of the running
 rows under the new weights). So the formula is unchanged to first order, and partial rollout can
-only pay off by t_transfer, small on the CPU. It also changes which tokens are fresh, not the
+only pay off by the delivery, small on the CPU, while its KV recompute costs rollout time. It also changes which tokens are fresh, not the
 staleness bound: a sample's lag is its oldest token's, so lags and drops are the same as without
 it. When it triggers: in steady state every weight sync lands t_train after a rollout batch began
 (rollout-bound: the trainer takes batch k as batch k+1 starts; training-bound: batch k+1 starts
