@@ -187,10 +187,12 @@ class Context:
     def _push_weights(self) -> dict[str, float]:
         if self.sync_producer is None:
             return self.sync.sync(self.weight_version, settle=not self.defer_sync)
+        t0 = time.perf_counter()
         self.sync_producer.deliver_posted()  # the shared buffer is reused: the last one first
+        waited = time.perf_counter() - t0
         deliver, metrics = self.sync.stage(self.weight_version)
         self.sync_producer.post_weights(deliver)
-        return metrics
+        return {**metrics, "sync/delivery_wait_s": waited}
 
     def settle_weights(self) -> None:
         """Until every engine holds the last synced version (a deferred sync confirmed, a
