@@ -44,6 +44,18 @@ class ArithDataOptions:
     val_fraction: float = 0.2
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        """Refused when read (a dry run too), not when the run writes the files."""
+        where = "rlvr_app.arith_data"
+        if self.kind not in ("max", "add"):
+            raise ValueError(f"{where}.kind={self.kind!r}: use 'max' or 'add'")
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"{where}.val_fraction={self.val_fraction}: must be in (0, 1)")
+        for name in ("num_digits", "max_a", "max_b"):
+            least = 1 if name == "num_digits" else 0
+            if getattr(self, name) < least:
+                raise ValueError(f"{where}.{name}={getattr(self, name)}: must be >= {least}")
+
     def unread_by(self, data: DataPlan) -> str | None:
         """With `generate`, why the run would not read what it writes (no data key names either
         generated file: it would train on other files, perhaps an earlier generation's, while
