@@ -201,8 +201,8 @@ class RlvrPrompts:
 
 def load_rlvr_prompts(plan: RlvrPlan, tokenizer: Any, seed: int) -> RlvrPrompts:
     """The training and held-out prompts of `plan.data`, each rendered by its template and
-    tokenized (`tokenized_prompts`); prints the first 20 rejected training rows and the count of
-    overlong training prompts. The sampler is seeded with the run's `seed`."""
+    tokenized (`tokenized_prompts`); prints the first 20 rejected training rows and the counts of
+    overlong training and held-out prompts (held-out counts also in `data/val_*`). The sampler is seeded with the run's `seed`."""
     from rl_envs.tasks import require_files
     from rl_rollout.templates import get_template
 
@@ -222,10 +222,15 @@ def load_rlvr_prompts(plan: RlvrPlan, tokenizer: Any, seed: int) -> RlvrPrompts:
     metrics = {"data/train_prompts": float(len(train.rows)),
                "data/rejected_rows": float(len(train.rejected)),
                "data/filtered_overlong_prompts": float(train.overlong)}  # fmt: skip
+    if data.val_files:  # an evaluation of the short held-out prompts only says so
+        metrics.update({"data/val_rejected_rows": float(len(val.rejected)),
+                        "data/val_filtered_overlong_prompts": float(val.overlong)})  # fmt: skip
     for line in train.rejected[:20]:
         print(f"warning: rejected {line}", flush=True)
-    if train.overlong:
-        print(f"filtered {train.overlong} prompts longer than prompt_length={plan.prompt_length}")
+    for overlong, which in ((train.overlong, ""), (val.overlong, "held-out ")):
+        if overlong:
+            print(f"filtered {overlong} {which}prompts longer than "
+                  f"prompt_length={plan.prompt_length}")  # fmt: skip
     sampler = RowSampler(train.rows, seed, data.domain_interleave_probs)
     return RlvrPrompts(train, val, sampler, metrics)
 
