@@ -143,3 +143,18 @@ def test_generated_pairs_need_one_file_to_write_even_in_a_dry_run():
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout
     assert "config error: dpo_app.generate_arithmetic needs one data_args.file_name" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "error"),
+    [  # -1 answered every held-out prompt but the last (a slice [:-1]); "abc" failed mid-run
+        ("dpo_app.greedy_eval_prompts=-1", "dpo_app.greedy_eval_prompts=-1: must be >= 0"),
+        ("dpo_app.greedy_eval_prompts=abc", "dpo_app.greedy_eval_prompts: expected an integer"),
+        ("dpo_app.arithmetic.train_rows=0", "dpo_app.arithmetic.train_rows=0: must be >= 1"),
+    ],
+)
+def test_bad_app_options_are_config_errors_in_a_dry_run(override, error, capsys):
+    from tests.app_loading import app_main
+
+    assert app_main("dpo")(["--dry-run", override]) == 1
+    assert capsys.readouterr().err.startswith(f"config error: {error}")

@@ -685,3 +685,20 @@ def test_turning_on_kl_when_resuming_a_warmed_up_run_without_its_reference_is_re
     assert "config error" in proc.stderr and "step-000001" in proc.stderr
     assert "untrained pretrain model" in proc.stderr and "Traceback" not in proc.stderr
     _run_app(out, "--no-ray", **{**common, "max_steps": 2, "resume_from_checkpoint": "true"})
+
+
+@pytest.mark.parametrize(
+    ("override", "error"),
+    [  # a dry run accepted each: kind/val_fraction failed in a traceback once the run wrote the
+        # data, -3 warm-up steps silently skipped the warm-up, a noise of 2 was always-wrong
+        ("rlvr_app.arith_data.kind=mul", "rlvr_app.arith_data.kind='mul': use 'max' or 'add'"),
+        ("rlvr_app.arith_data.val_fraction=1.5", "rlvr_app.arith_data.val_fraction=1.5: must"),
+        ("rlvr_app.arith_data.num_digits=0", "rlvr_app.arith_data.num_digits=0: must be >= 1"),
+        ("rlvr_app.warmup.steps=-3", "rlvr_app.warmup.steps=-3: must be >= 0"),
+        ("rlvr_app.warmup.batch_size=0", "rlvr_app.warmup.batch_size=0: must be >= 1"),
+        ("rlvr_app.warmup.answer_noise=2", "rlvr_app.warmup.answer_noise=2: a probability"),
+    ],
+)
+def test_bad_app_options_are_config_errors_in_a_dry_run(override, error, capsys):
+    assert app_main("rlvr")(["--dry-run", override]) == 1
+    assert capsys.readouterr().err.startswith(f"config error: {error}")

@@ -16,6 +16,11 @@ class ArithmeticOptions:
     eval_rows: int = 200
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        for name in ("train_rows", "eval_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"dpo_app.arithmetic.{name}={getattr(self, name)}: must be >= 1")
+
 
 @dataclass
 class AppOptions(AppRunOptions):
@@ -26,3 +31,9 @@ class AppOptions(AppRunOptions):
     arithmetic: ArithmeticOptions = field(default_factory=ArithmeticOptions)
     #: held-out prompts answered greedily at each evaluation (rows need an `answer`); 0 = off
     greedy_eval_prompts: int = 0
+
+    def __post_init__(self) -> None:
+        if self.greedy_eval_prompts < 0:  # a slice [:-1] would answer all prompts but the last
+            raise ValueError(
+                f"dpo_app.greedy_eval_prompts={self.greedy_eval_prompts}: must be >= 0 (0 = off)"
+            )

@@ -69,6 +69,16 @@ def test_config_all_field_errors_reported_together() -> None:
     assert "actor_train.training_args.learning_rate" in found["learning_rate"]
 
 
+def test_config_an_infinite_float_is_refused_by_name() -> None:
+    """`beta=inf` validated (beta > 0) and every DPO loss and reward became NaN."""
+    inf = float("inf")
+    found = issues_of(
+        beta=inf, init_kl_coef=-inf, actor_train={"training_args": {"learning_rate": inf}}
+    )
+    for key in ("beta", "init_kl_coef", "actor_train.training_args.learning_rate"):
+        assert found[key].startswith("must be a finite number"), key
+
+
 def test_config_unknown_key_inside_dict_of_models() -> None:
     found = issues_of(**agentic(custom_envs={"Sok": {"env_type": "sokoban", "max_step": 3}}))
     assert found["custom_envs.Sok.max_step"] == "unknown key; did you mean 'max_steps'?"

@@ -119,6 +119,10 @@ def dict_nan(data_source, solution_str, ground_truth, extra_info):
     return {"score": float("nan"), "acc": 1}
 def short(prompts, completions, **kw):
     return [1.0]
+def huge(data_source, solution_str, ground_truth, extra_info):
+    return 10 ** 400  # a Python int no float holds: float() raised OverflowError in the trainer
+def huge_batch(prompts, completions, **kw):
+    return [{"score": -(10 ** 400)} for _ in completions]
 """
 
 
@@ -163,7 +167,8 @@ def test_custom_reward_that_raises_hangs_or_returns_nan_is_counted(math_pool, tm
     path = _write(tmp_path, "hostile.py", HOSTILE)
     items = [RewardInput.from_row(_row(0, "q?"), "0"), RewardInput.from_row(_row(1, "r?"), "1")]
     expected = {"raises": "exception", "hangs": "timeout", "nan": "not_finite",
-                "dict_nan": "not_finite", "short": "bad_result"}  # fmt: skip
+                "dict_nan": "not_finite", "short": "bad_result", "huge": "not_finite",
+                "huge_batch": "not_finite"}  # fmt: skip
     for name, kind in expected.items():
         router = build_reward_router(
             None, {"path": path, "name": name}, pool=math_pool, timeout_s=1.0

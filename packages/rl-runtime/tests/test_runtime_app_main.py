@@ -81,12 +81,16 @@ def test_bad_keys_are_one_config_error_line(tmp_path, capsys, argv, error):
 
 def test_errors_of_a_run_name_their_kind(tmp_path, capsys):
     from rl_config.errors import ConfigError, ConfigIssue
+    from rl_train.signing import CheckpointError
 
     assert app_main(_spec(tmp_path, fail=_DataError("rows.jsonl: row 3: no prompt")), []) == 1
     assert capsys.readouterr().err == "data error: rows.jsonl: row 3: no prompt\n"
     missing = ConfigError([ConfigIssue("track_with", "wandb is not installed")])
     assert app_main(_spec(tmp_path, fail=missing), []) == 1
     assert "config error:" in capsys.readouterr().err
+    unverified = CheckpointError("resume_from_checkpoint: no valid checkpoint under /etc/passwd")
+    assert app_main(_spec(tmp_path, fail=unverified), []) == 1  # was a traceback
+    assert capsys.readouterr().err == f"checkpoint error: {unverified}\n"
     with pytest.raises(RuntimeError):  # anything else is a bug: not turned into a line
         app_main(_spec(tmp_path, fail=RuntimeError("boom")), [])
 

@@ -46,3 +46,35 @@ def test_an_app_section_extends_the_shared_run_options():
     assert app.model_path("/abs/model") == "/abs/model"  # no tiny model asked for: unchanged
     with pytest.raises(ValueError, match=r"y_app: unknown key\(s\) \['use_rey'\]"):
         _Section.from_mapping({"use_rey": False})
+
+
+@dataclass
+class _Typed:
+    steps: int = 1
+    rate: float | None = None
+    use_ray: bool = True
+    name: str = "x"
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [  # each was accepted: "abc" reached a slice mid-run, "maybe" was a true use_ray
+        ({"steps": "abc"}, "x_app.steps: expected an integer, got 'abc' (str)"),
+        ({"steps": True}, "x_app.steps: expected an integer, got True (bool)"),
+        ({"steps": 1.5}, "x_app.steps: expected an integer, got 1.5 (float)"),
+        ({"use_ray": "maybe"}, "x_app.use_ray: expected true or false, got 'maybe' (str)"),
+        ({"rate": "fast"}, "x_app.rate: expected a finite number or null, got 'fast' (str)"),
+        ({"rate": float("inf")}, "x_app.rate: expected a finite number or null, got inf"),
+        ({"name": 3}, "x_app.name: expected a string, got 3 (int)"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_an_error_naming_its_key(raw, error):
+    with pytest.raises(ValueError) as err:
+        strict_options(_Typed, raw, "x_app")
+    assert str(err.value).startswith(error)
+
+
+def test_values_of_their_fields_types_pass():
+    app = strict_options(_Typed, {"steps": 3, "rate": 2, "use_ray": False, "name": "n"}, "x_app")
+    assert app == _Typed(steps=3, rate=2, use_ray=False, name="n")
+    assert strict_options(_Typed, {"rate": None}, "x_app").rate is None

@@ -68,6 +68,10 @@ def test_resolve(tmp_path):
     assert mgr.resolve(str(tmp_path / "ck")) == saved
     with pytest.raises(CheckpointError, match="no valid checkpoint under .*elsewhere"):
         mgr.resolve(str(tmp_path / "elsewhere"))
+    for path in (saved / "run_state.json", tmp_path / "ck" / "step-000009"):
+        path.touch()  # a file where a directory is expected (was "none there" / a verify error)
+        with pytest.raises(CheckpointError, match=f"{path} is a file; give a checkpoint dir"):
+            mgr.resolve(str(path))
 
 
 def test_rng_roundtrip_through_checkpoint(tmp_path):

@@ -175,3 +175,24 @@ def test_a_file_that_does_not_decode_is_a_preference_data_error(tmp_path, tok, n
     path.write_bytes(data)
     with pytest.raises(PreferenceDataError, match=why):
         load_preferences([str(path)], tok, _plan(), paired=True)
+
+
+@pytest.mark.parametrize(
+    ("chosen", "why"),
+    [  # the first two trained on the text "None" and "{'x': 1}"; the last two were reported as
+        # "missing 'chosen'", though the row has one
+        ([{"role": "assistant", "content": None}], r"row 0: 'chosen\[0\].content': missing"),
+        ([{"role": "assistant", "content": {"x": 1}}], r"'chosen\[0\].content': wrong type dict"),
+        (5, "row 0: 'chosen': wrong type int, expected str or messages"),
+        ({"role": "assistant", "content": "x"}, "row 0: 'chosen': wrong type dict"),
+    ],
+)
+def test_a_response_that_is_neither_text_nor_text_messages_is_a_refused_row(
+    tmp_path, tok, chosen, why
+):
+    path = _write(tmp_path / "p.jsonl", [{"prompt": "q", "chosen": chosen, "rejected": "no"}])
+    with pytest.raises(PreferenceDataError, match=why):
+        load_preferences([path], tok, _plan(), paired=True)
+    kto = [{"prompt": "q", "completion": chosen, "label": True}]
+    with pytest.raises(PreferenceDataError, match=why.replace("chosen", "completion")):
+        load_preferences([_write(tmp_path / "k.jsonl", kto)], tok, _plan(), paired=False)

@@ -70,7 +70,9 @@ def test_prompts_are_tokenized_held_out_cut_and_the_sampler_seeded(arith, tok, c
     assert [r.index for r in prompts.train.rows] == list(range(81))
     assert [len(i) for i in prompts.train.ids] == _lengths(tok, prompts.train.rows)
     assert prompts.metrics == {"data/train_prompts": 81.0, "data/rejected_rows": 0.0,
-                               "data/filtered_overlong_prompts": 0.0}  # fmt: skip
+                               "data/filtered_overlong_prompts": 0.0,
+                               "data/val_rejected_rows": 0.0,
+                               "data/val_filtered_overlong_prompts": 0.0}  # fmt: skip
     expected = RowSampler(prompts.train.rows, SEED, None)
     assert [prompts.sampler.next(4) for _ in range(3)] == [expected.next(4) for _ in range(3)]
     assert capsys.readouterr().out == ""
@@ -91,6 +93,27 @@ def test_rejected_rows_and_overlong_prompts_are_counted_and_printed(arith, tok, 
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and out[0].startswith("warning: rejected ") and "row 1" in out[0]
     assert out[1] == f"filtered 1 prompts longer than prompt_length={limit}"
+
+
+def test_overlong_held_out_prompts_are_counted_and_printed(arith, tok, tmp_path, capsys):
+    """Held-out prompts longer than prompt_length were dropped without a word: the evaluation
+    measured the short prompts only. Two of three held-out prompts here are too long."""
+
+    def row(text: str) -> str:
+        return json.dumps({"prompt": [{"role": "user", "content": text}],
+                           "reward_model": {"ground_truth": "2"}})  # fmt: skip
+
+    val = tmp_path / "val.jsonl"
+    val.write_text("\n".join([row("1+1="), row("1+1= " * 30), row("2+2= " * 40)]) + "\n")
+    limit = max(_lengths(tok, load_rlvr_prompts(_plan([arith[0]], None), tok, SEED).train.rows))
+    capsys.readouterr()
+    prompts = load_rlvr_prompts(_plan([arith[0]], str(val), prompt_length=limit), tok, SEED)
+    assert len(prompts.val.rows) == 1
+    assert prompts.metrics["data/val_filtered_overlong_prompts"] == 2.0
+    assert prompts.metrics["data/val_rejected_rows"] == 0.0
+    assert capsys.readouterr().out == (
+        f"filtered 2 held-out prompts longer than prompt_length={limit}\n"
+    )
 
 
 class TextScorer(Scorer):

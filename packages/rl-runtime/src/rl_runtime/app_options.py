@@ -4,8 +4,10 @@ app has (`AppRunOptions`, which an app's options class extends)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, ClassVar, TypeVar
+from types import UnionType
+from typing import Any, ClassVar, TypeVar, get_args, get_type_hints
 
 T = TypeVar("T")
 
@@ -23,19 +25,47 @@ class TinyModelOptions:
 
 
 def strict_options(cls: type[T], raw: dict[str, Any] | None, path: str) -> T:
-    """The dataclass `cls` from the mapping `raw`; an unknown key is an error naming `path` and
-    the known keys. A field whose default is a dataclass (`field(default_factory=Sub)`) is built
+    """The dataclass `cls` from the mapping `raw`; an unknown key, or a value that is not of its
+    field's type (`bool`, `int`, `float`, `str`, each optionally `| None`), is an error naming
+    `path.key`. A field whose default is a dataclass (`field(default_factory=Sub)`) is built
     from its sub-mapping the same way, as `path.field`."""
     raw = dict(raw or {})
     known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {unknown}; known: {sorted(known)}")
+    hints = get_type_hints(cls)
     for name, value in raw.items():
         sub = known[name].default_factory
         if isinstance(sub, type) and is_dataclass(sub) and not is_dataclass(value):
             raw[name] = strict_options(sub, value, f"{path}.{name}")
+        else:
+            _check_type(value, hints[name], f"{path}.{name}")
     return cls(**raw)
+
+
+_SCALARS = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
+
+
+def _check_type(value: Any, hint: Any, where: str) -> None:
+    """Raise ValueError naming `where` unless `value` is of the scalar type `hint` (a bool is no
+    int; an int is a float); other hints are not checked."""
+    allowed = get_args(hint) if isinstance(hint, UnionType) else (hint,)
+    if value is None and type(None) in allowed:
+        return
+    scalars = [t for t in allowed if t in _SCALARS]
+    if not scalars or len(scalars) + (type(None) in allowed) < len(allowed):
+        return
+    for t in scalars:
+        if t is float and isinstance(value, int | float) and not isinstance(value, bool):
+            if math.isfinite(value):
+                return
+        elif isinstance(value, t) and not (t is int and isinstance(value, bool)):
+            return
+    expected = " or ".join(_SCALARS[t] for t in scalars) + (
+        " or null" if type(None) in allowed else ""
+    )
+    raise ValueError(f"{where}: expected {expected}, got {value!r} ({type(value).__name__})")
 
 
 @dataclass

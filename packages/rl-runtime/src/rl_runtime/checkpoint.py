@@ -211,6 +211,11 @@ class CheckpointManager:
         if resume_from_checkpoint is True or resume_from_checkpoint in ("true", "True", "latest"):
             return self._latest_or_raise(self, allow_empty=True)
         path = Path(str(resume_from_checkpoint))
+        if path.exists() and not path.is_dir():
+            raise CheckpointError(
+                f"resume_from_checkpoint: {path} is a file; give a checkpoint directory "
+                f"({_PREFIX}<N>) or the directory that holds them"
+            )
         if path.name.startswith(_PREFIX) or (path / COMMIT_MARKER).exists():
             self.verify(path)
             return path

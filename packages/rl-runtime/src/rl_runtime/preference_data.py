@@ -7,7 +7,8 @@ assistant contents are the response) or, for KTO, an unpaired row (`completion_k
 response ends with the tokenizer's EOS. Prompt tokens are masked out of the loss.
 
 Malformed rows (no prompt, a prompt that is neither text nor `{role, content}` messages, missing
-chosen, empty rejected, identical pair, non-boolean label, a line that is not JSON) are refused
+chosen, a response that is neither text nor messages with text contents, empty rejected,
+identical pair, non-boolean label, a line that is not JSON) are refused
 together in one `PreferenceDataError` naming the file and the 0-based row numbers; so is a file
 that is no table (a corrupt parquet file, a .json that holds no list).
 Too long rows (prompt + response > `sequence_length`): `keep_start` cuts the response's end and
@@ -75,18 +76,25 @@ class _NotJson:
     line: int
 
 
-def _text(value: Any) -> str | None:
-    """A response as text: a string, or the assistant contents of a message list."""
-    if value is None:
-        return None
+def _response(value: Any, name: str) -> str:
+    """A present response as text: a string, or the contents of a message list (its assistant
+    messages when it has any; entries that are not messages are passed over). Anything else, and
+    a kept message whose content is not text, raises RowInvalid naming the field."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list):
-        messages = [m for m in value if isinstance(m, dict)]
-        if "assistant" in [m.get("role") for m in messages]:
-            messages = [m for m in messages if m.get("role") == "assistant"]
-        return "".join(str(m.get("content", "")) for m in messages)
-    return None
+    if not isinstance(value, list):
+        raise RowInvalid(name, f"wrong type {type(value).__name__}, expected str or messages")
+    messages = [(i, m) for i, m in enumerate(value) if isinstance(m, dict)]
+    if any(m.get("role") == "assistant" for _, m in messages):
+        messages = [(i, m) for i, m in messages if m.get("role") == "assistant"]
+    parts = []
+    for i, message in messages:
+        content = message.get("content")
+        if not isinstance(content, str):
+            why = "missing" if content is None else f"wrong type {type(content).__name__}"
+            raise RowInvalid(f"{name}[{i}].content", f"{why}, expected str")
+        parts.append(content)
+    return "".join(parts)
 
 
 class Tokenizer:
@@ -175,21 +183,24 @@ def _row_problem(row: Any, d: Any) -> str | None:
     if d.label_key in row and d.completion_key in row:
         if not isinstance(row[d.label_key], bool):
             return f"{d.label_key!r} must be true or false, got {row[d.label_key]!r}"
-        if not (_text(row[d.completion_key]) or "").strip():
-            return f"empty {d.completion_key!r}"
-        return None
-    chosen, rejected = _text(row.get(d.chosen_key)), _text(row.get(d.rejected_key))
-    if chosen is None:
-        return f"missing {d.chosen_key!r} (chosen_key)"
-    if rejected is None:
-        return f"missing {d.rejected_key!r} (rejected_key)"
-    if not chosen.strip():
-        return f"empty {d.chosen_key!r}"
-    if not rejected.strip():
-        return f"empty {d.rejected_key!r}"
-    if chosen == rejected:
+        return _response_problem(row, d.completion_key, "completion_key")
+    for key, which in ((d.chosen_key, "chosen_key"), (d.rejected_key, "rejected_key")):
+        if problem := _response_problem(row, key, which):
+            return problem
+    if _response(row[d.chosen_key], "") == _response(row[d.rejected_key], ""):
         return f"identical {d.chosen_key!r} and {d.rejected_key!r}"
     return None
+
+
+def _response_problem(row: dict, key: str, which: str) -> str | None:
+    """Why `row[key]` is no usable response (missing, not text or messages, empty), or None."""
+    if row.get(key) is None:
+        return f"missing {key!r} ({which})"
+    try:
+        text = _response(row[key], key)
+    except RowInvalid as exc:
+        return f"{exc.field_name!r}: {exc.reason}"
+    return None if text.strip() else f"empty {key!r}"
 
 
 def _examples(row: dict, tok: Tokenizer, d: Any, paired: bool) -> list[Example]:
@@ -200,10 +211,10 @@ def _examples(row: dict, tok: Tokenizer, d: Any, paired: bool) -> list[Example]:
             raise PreferenceDataError(
                 f"an unpaired row ({d.label_key!r}, {d.completion_key!r}) needs loss_type kto"
             )
-        resp = tuple(tok.response(_text(row[d.completion_key]) or ""))
+        resp = tuple(tok.response(_response(row[d.completion_key], d.completion_key)))
         return [Example(prompt, resp, desirable=bool(row[d.label_key]), meta=meta)]
-    chosen = tuple(tok.response(_text(row[d.chosen_key]) or ""))
-    rejected = tuple(tok.response(_text(row[d.rejected_key]) or ""))
+    chosen = tuple(tok.response(_response(row[d.chosen_key], d.chosen_key)))
+    rejected = tuple(tok.response(_response(row[d.rejected_key], d.rejected_key)))
     if paired:
         return [Example(prompt, chosen, rejected, meta=meta)]
     return [

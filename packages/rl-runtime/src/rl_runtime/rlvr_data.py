@@ -44,6 +44,18 @@ class ArithDataOptions:
     val_fraction: float = 0.2
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        """Refused when read (a dry run too), not when the run writes the files."""
+        where = "rlvr_app.arith_data"
+        if self.kind not in ("max", "add"):
+            raise ValueError(f"{where}.kind={self.kind!r}: use 'max' or 'add'")
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"{where}.val_fraction={self.val_fraction}: must be in (0, 1)")
+        for name in ("num_digits", "max_a", "max_b"):
+            least = 1 if name == "num_digits" else 0
+            if getattr(self, name) < least:
+                raise ValueError(f"{where}.{name}={getattr(self, name)}: must be >= {least}")
+
     def unread_by(self, data: DataPlan) -> str | None:
         """With `generate`, why the run would not read what it writes (no data key names either
         generated file: it would train on other files, perhaps an earlier generation's, while
@@ -189,8 +201,8 @@ class RlvrPrompts:
 
 def load_rlvr_prompts(plan: RlvrPlan, tokenizer: Any, seed: int) -> RlvrPrompts:
     """The training and held-out prompts of `plan.data`, each rendered by its template and
-    tokenized (`tokenized_prompts`); prints the first 20 rejected training rows and the count of
-    overlong training prompts. The sampler is seeded with the run's `seed`."""
+    tokenized (`tokenized_prompts`); prints the first 20 rejected training rows and the counts of
+    overlong training and held-out prompts (held-out counts also in `data/val_*`). The sampler is seeded with the run's `seed`."""
     from rl_envs.tasks import require_files
     from rl_rollout.templates import get_template
 
@@ -210,10 +222,15 @@ def load_rlvr_prompts(plan: RlvrPlan, tokenizer: Any, seed: int) -> RlvrPrompts:
     metrics = {"data/train_prompts": float(len(train.rows)),
                "data/rejected_rows": float(len(train.rejected)),
                "data/filtered_overlong_prompts": float(train.overlong)}  # fmt: skip
+    if data.val_files:  # an evaluation of the short held-out prompts only says so
+        metrics.update({"data/val_rejected_rows": float(len(val.rejected)),
+                        "data/val_filtered_overlong_prompts": float(val.overlong)})  # fmt: skip
     for line in train.rejected[:20]:
         print(f"warning: rejected {line}", flush=True)
-    if train.overlong:
-        print(f"filtered {train.overlong} prompts longer than prompt_length={plan.prompt_length}")
+    for overlong, which in ((train.overlong, ""), (val.overlong, "held-out ")):
+        if overlong:
+            print(f"filtered {overlong} {which}prompts longer than "
+                  f"prompt_length={plan.prompt_length}")  # fmt: skip
     sampler = RowSampler(train.rows, seed, data.domain_interleave_probs)
     return RlvrPrompts(train, val, sampler, metrics)
 

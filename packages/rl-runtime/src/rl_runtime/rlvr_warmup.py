@@ -37,6 +37,18 @@ class WarmupOptions:
     reasoning_word: str = " then"  # one token of the tiny model's tokenizer
 
     def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "demos"):
+            least = 0 if name == "steps" else 1
+            if getattr(self, name) < least:
+                raise ValueError(
+                    f"rlvr_app.warmup.{name}={getattr(self, name)}: must be >= {least}"
+                )
+        if not 0 <= self.answer_noise <= 1:
+            raise ValueError(
+                f"rlvr_app.warmup.answer_noise={self.answer_noise}: a probability in [0, 1]"
+            )
+        if self.learning_rate is not None and self.learning_rate <= 0:
+            raise ValueError(f"rlvr_app.warmup.learning_rate={self.learning_rate}: must be > 0")
         if self.reasoning_max_words < 0:
             raise ValueError(
                 f"rlvr_app.warmup.reasoning_max_words={self.reasoning_max_words}: must be >= 0"

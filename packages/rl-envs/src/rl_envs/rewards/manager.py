@@ -74,8 +74,8 @@ class RewardOutput:
 
 def coerce_reward_kind(value: Any) -> tuple[float | None, dict[str, Any], str, str]:
     """``(reward, extra, kind, error)``: numbers and bools pass if finite (kind ``ok``); dicts
-    need a finite ``score`` (their other entries are ``extra``); NaN/inf is ``not_finite``, None
-    ``none``, anything else ``bad_result``."""
+    need a finite ``score`` (their other entries are ``extra``); NaN/inf (or an int no float
+    holds) is ``not_finite``, None ``none``, anything else ``bad_result``."""
     extra: dict[str, Any] = {}
     if isinstance(value, dict):
         extra = {k: v for k, v in value.items() if k != "score"}
@@ -85,7 +85,11 @@ def coerce_reward_kind(value: Any) -> tuple[float | None, dict[str, Any], str, s
     if isinstance(value, bool):
         return float(value), extra, "ok", ""
     if isinstance(value, int | float):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float's range (10**400), finite only as an int
+            error = "reward is not finite: an integer beyond a float's range"
+            return None, extra, "not_finite", error
         if math.isfinite(number):
             return number, extra, "ok", ""
         return None, extra, "not_finite", f"reward is not finite: {number}"
