@@ -87,6 +87,11 @@ def test_errors_of_a_run_name_their_kind(tmp_path, capsys):
     missing = ConfigError([ConfigIssue("track_with", "wandb is not installed")])
     assert app_main(_spec(tmp_path, fail=missing), []) == 1
     assert "config error:" in capsys.readouterr().err
+    from rl_runtime.run_lock import RunDirectoryInUseError
+
+    in_use = RunDirectoryInUseError("output directory /x is in use by another run (pid 7)")
+    assert app_main(_spec(tmp_path, fail=in_use), []) == 1
+    assert capsys.readouterr().err == f"error: {in_use}\n"
     with pytest.raises(RuntimeError):  # anything else is a bug: not turned into a line
         app_main(_spec(tmp_path, fail=RuntimeError("boom")), [])
 

@@ -83,6 +83,7 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
     from rl_runtime.pipeline import check_embedded_cpus, check_in_process, plan_text, print_result
+    from rl_runtime.run_lock import RunDirectoryInUseError
 
     try:
         args = parse_app_args(
@@ -123,6 +124,8 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
         return _error("config error", exc)
     except spec.data_errors as exc:
         return _error("data error", exc)
+    except RunDirectoryInUseError as exc:  # another run writes to this output_dir
+        return _error("error", exc)
     print_result(result, spec.title, spec.summary_row, spec.before_label, spec.after_label)
     return 0
 
