@@ -60,6 +60,7 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
+from rl_runtime.metrics import TRAINED_SAMPLES_KEY
 from rl_runtime.previous_run import (
     CURVES_NAME,
     HF_MODEL_NAME,
@@ -721,7 +722,7 @@ class Runner:
                 if evaluate or save or last:  # the engines hold the trained weights
                     ctx.settle_weights()
                 self.loop_seconds += time.perf_counter() - t0
-                self.samples_trained += metrics.get("rollout/num_trajectories", 0.0)
+                self.samples_trained += metrics.get(TRAINED_SAMPLES_KEY, 0.0)
                 if self.samples_trained:  # pipelines that count trained samples (rollout/*)
                     metrics["throughput/samples_per_s"] = self.samples_per_s()
                 if evaluate:
