@@ -217,3 +217,6 @@ def test_a_resumed_one_step_off_run_continues_the_run_totals_exactly(tmp_path):
             assert totals(r, prefix) == totals(f, prefix), (f["step"], prefix)
     assert resumed_result.throughput["samples_trained"] == 64 - 16  # failed samples not trained
     assert full_result.throughput["samples_trained"] == 64 - 16
+    # the lag totals agree: before, async/trained_samples_total counted the failed samples (64)
+    assert full[-1]["async/trained_samples_total"] == 64 - 16
+    assert resumed[-1]["async/trained_samples_total"] == 64 - 16

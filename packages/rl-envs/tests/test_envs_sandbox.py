@@ -281,3 +281,51 @@ def test_calls_cannot_read_the_users_credentials(monkeypatch):
         assert "SSH-SECRET" not in result.stdout and "KEY-SECRET" not in result.stdout
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_counting_pool_counts_the_calls_made_through_it_only():
+    """Two callers share one pool from two threads at once (an evaluation grading while
+    training rollout grades): each `CountingPool` handle's `stats()` counts its own calls, their
+    outcomes, the batch and the worker restart its call caused; the pool counts them all. A
+    caller's before/after difference of the pool's stats counted the other's calls too."""
+    import signal
+
+    from rl_envs.sandbox import CountingPool
+    from rl_envs.sandbox.counting import Tally, counting_into
+
+    with SandboxPool(1, limits=SandboxLimits(timeout_s=5.0, allow_weak_isolation=True)) as pool:
+        evaluation, training = CountingPool(pool), CountingPool(pool)
+        target = "rl_envs.rewards.rules:format_score"
+        go = threading.Barrier(2)
+
+        def evaluate() -> None:
+            go.wait()
+            for i in range(3):
+                evaluation.call("math:sqrt", i * i)
+            evaluation.call_source("def f():\n    raise ValueError('no')\n", "f")
+
+        def train() -> None:
+            go.wait()
+            training.call_each(target, [(["s", t, None, {}], {"pattern": "a+"}) for t in "ab"])
+            training.run_python("while True:\n    pass\n", timeout_s=0.5)
+
+        threads = [threading.Thread(target=evaluate), threading.Thread(target=train)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        os.kill(pool.worker_info["pid"], signal.SIGKILL)  # the next call finds it dead
+        time.sleep(0.1)
+        outer = Tally()
+        with counting_into(outer):  # nested: the handle's call counts in both
+            assert training.call("math:sqrt", 4).value == 2.0
+        own = ("calls", "failures", "timeouts", "kind.ok", "kind.exception", "batches",
+               "worker_restarts")  # fmt: skip
+        ev, tr, total = evaluation.stats(), training.stats(), pool.stats()
+        assert {k: ev.get(k, 0) for k in own} == {"calls": 4, "failures": 1, "timeouts": 0,
+            "kind.ok": 3, "kind.exception": 1, "batches": 0, "worker_restarts": 0}  # fmt: skip
+        assert {k: tr.get(k, 0) for k in own} == {"calls": 4, "failures": 1, "timeouts": 1,
+            "kind.ok": 3, "kind.exception": 0, "batches": 1, "worker_restarts": 1}  # fmt: skip
+        assert {k: total.get(k, 0) for k in own} == {k: ev.get(k, 0) + tr.get(k, 0) for k in own}
+        assert outer.counts() == {"calls": 1, "kind.ok": 1, "worker_restarts": 1}
+        assert ev["isolation"] == total["isolation"] == pool.isolation["mode"]

@@ -91,6 +91,11 @@ def test_errors_of_a_run_name_their_kind(tmp_path, capsys):
     unverified = CheckpointError("resume_from_checkpoint: no valid checkpoint under /etc/passwd")
     assert app_main(_spec(tmp_path, fail=unverified), []) == 1  # was a traceback
     assert capsys.readouterr().err == f"checkpoint error: {unverified}\n"
+    from rl_runtime.run_lock import RunDirectoryInUseError
+
+    in_use = RunDirectoryInUseError("output directory /x is in use by another run (pid 7)")
+    assert app_main(_spec(tmp_path, fail=in_use), []) == 1
+    assert capsys.readouterr().err == f"error: {in_use}\n"
     with pytest.raises(RuntimeError):  # anything else is a bug: not turned into a line
         app_main(_spec(tmp_path, fail=RuntimeError("boom")), [])
 

@@ -102,12 +102,18 @@ def test_a_sample_newer_than_the_trainer_is_an_error():
 
 def test_lag_statistics():
     stats = LagStats(2)
-    m = stats.metrics(filter_stale([traj("a", 5), traj("b", 4), traj("c", 4), traj("d", 1)], 5, 2))
+    kept = filter_stale([traj("a", 5), traj("b", 4), traj("c", 4), traj("d", 1)], 5, 2)
+    m = stats.metrics(kept, trained=2)  # learn screened one of the 3 kept out
     assert m["async/lag_mean"] == pytest.approx(2 / 3) and m["async/lag_max"] == 1
     assert [m[f"async/lag_hist/{k}"] for k in range(3)] == [1, 2, 0]
     assert m["async/dropped_stale_samples"] == 1 and m["async/dropped_stale_total"] == 1
-    stats.metrics(filter_stale([traj("e", 0)], 5, 2))
-    assert stats.state() == {"total_kept": 3, "total_dropped": 2}
+    assert m["async/trained_samples_total"] == 2
+    stats.metrics(filter_stale([traj("e", 0)], 5, 2), trained=0)
+    assert stats.state() == {"total_trained": 2, "total_dropped": 2}
+    with pytest.raises(ValueError, match="trained=4 samples, but the staleness bound kept 3"):
+        stats.metrics(kept, trained=4)
+    stats.load_state({"total_kept": 7, "total_dropped": 1})  # a checkpoint of before
+    assert stats.state() == {"total_trained": 7, "total_dropped": 1}
 
 
 # -------------------------------------------------------------------------------- producer
@@ -462,15 +468,18 @@ class SplitRecipe:
         return {}
 
 
-def _training(recipe, colocated=()):
+def _training(recipe, colocated=(), samples_per_batch=2):
     from types import SimpleNamespace
 
     from rl_runtime.async_training import AsyncTraining
     from rl_runtime.compose import AsyncPlan
 
-    plan = AsyncPlan(max_staleness=1, queue_samples=4, wait_timeout_s=5.0, source="test")
+    plan = AsyncPlan(max_staleness=1, queue_samples=2 * samples_per_batch, wait_timeout_s=5.0,
+                     source="test")  # fmt: skip
     ctx = SimpleNamespace(cluster=FakeCluster(list(colocated)))
-    return AsyncTraining(plan, recipe, ctx, samples_per_batch=2, start_index=0, stop_index=2)
+    return AsyncTraining(
+        plan, recipe, ctx, samples_per_batch=samples_per_batch, start_index=0, stop_index=2
+    )
 
 
 def test_async_training_refuses_colocated_engines_and_unsplit_recipes():
@@ -507,3 +516,68 @@ def test_trainer_progress_never_goes_back():
     producer.trainer_finished(3)
     producer.trainer_finished(2)
     assert producer._gate_open(3) and not producer._gate_open(4)
+
+
+class ScreeningRecipe:
+    """Batches of 4 samples of one group, the sample `k == 1` of each one whose reward call
+    failed; `learn` is the recipes' own path up to train_step: failed episodes screened out
+    (rl_runtime.failures), the rest collated, `rollout_metrics` of what is trained."""
+
+    def rollout(self, ctx, index):
+        from rl_config.records import Turn
+
+        samples = [traj(f"g{index}", version=index, k=k) for k in range(4)]
+        for t in samples:
+            failed = t.traj_id.endswith("-1")
+            t.turns = [Turn(turn_idx=0, start=1, end=3, info={"reward_failed": failed})]
+        return RolloutBatch(index, samples)
+
+    def learn(self, ctx, batch):
+        from rl_runtime.collate import collate_trajectories
+        from rl_runtime.failures import screen_failures
+        from rl_runtime.metrics import rollout_metrics
+
+        screened = screen_failures(batch.trajectories, max_failed_fraction=0.5)
+        collated = collate_trajectories(screened.kept, pad_token_id=0)
+        self.trained = getattr(self, "trained", 0) + collated.batch_size  # train_step's rows
+        return {**screened.metrics, **rollout_metrics(screened.kept, collated)}
+
+
+def test_trained_samples_total_counts_what_reached_train_step_not_failed_samples():
+    """`async/trained_samples_total` adds up the samples train_step got: a batch's failed
+    episodes, which learn screens out, are not trained on. Before, it counted every sample the
+    staleness bound kept (8 after two steps here, not 6)."""
+    from types import SimpleNamespace
+
+    recipe = ScreeningRecipe()
+    training = _training(recipe, samples_per_batch=4)
+    ctx = SimpleNamespace(cluster=FakeCluster([]), step=0, weight_version=0)
+    training.start()
+    try:
+        rows = []
+        for step in range(2):
+            ctx.step = ctx.weight_version = step
+            rows.append(training.step(ctx))
+            training.trainer_finished(step + 1)
+    finally:
+        training.stop()
+    assert [r["failures/reward_failures"] for r in rows] == [1.0, 1.0]
+    assert [r["rollout/num_trajectories"] for r in rows] == [3.0, 3.0]
+    assert [r["async/trained_samples_total"] for r in rows] == [3.0, 6.0] and recipe.trained == 6
+    assert [r["async/lag_hist/0"] for r in rows] == [4.0, 4.0]  # lags: all the bound kept
+
+
+def test_a_learn_that_does_not_say_what_it_trained_on_is_an_error():
+    from types import SimpleNamespace
+
+    class Silent(ScreeningRecipe):
+        def learn(self, ctx, batch):
+            return {"train/loss": 0.0}
+
+    training = _training(Silent(), samples_per_batch=4)
+    training.start()
+    try:
+        with pytest.raises(RuntimeError, match="Silent.learn reported neither rollout/num_traj"):
+            training.step(SimpleNamespace(step=0, weight_version=0))
+    finally:
+        training.stop()

@@ -135,6 +135,33 @@ def test_sandbox_timeouts_become_metrics():
     assert merge_counts([metrics, {"sandbox/calls": 3.0}])["sandbox/calls"] == 5.0
 
 
+def test_an_evaluations_sandbox_counts_are_its_own_while_training_grades_at_once():
+    """Evaluation and training rollout running at once on one worker (a Ray actor with
+    max_concurrency 2 under asynchronous training), their envs grading in the same sandbox
+    pool: each split's `sandbox/*` counts exactly its own envs' calls. Before, both splits took
+    deltas of the shared pool's totals, so each counted the other's gradings as well (5 and 5
+    here, for 3 and 2)."""
+    from rl_envs.rewards import make_reward_pool
+    from rl_envs.tasks import CountdownEnv
+
+    counters = SandboxCounters()
+    with make_reward_pool(1, allow_weak_isolation=True) as pool:
+        val_envs = [CountdownEnv(pool=pool) for _ in range(3)]
+        train_envs = [CountdownEnv(pool=pool) for _ in range(2)]
+        for i, env in enumerate(val_envs + train_envs):
+            env.reset(seed=i)
+        val = counters.start(val_envs)  # evaluation starts while training rollout runs ...
+        train = counters.start(train_envs)
+        for env in (val_envs[0], train_envs[0], val_envs[1], train_envs[1], val_envs[2]):
+            env.step("<answer>1 + 2</answer>")  # ... and their gradings interleave
+        counters.stop(train, "train")
+        counters.stop(val, "val")
+        assert pool.stats()["calls"] == 5
+    val_counts, train_counts = counters.take("val"), counters.take("train")
+    assert val_counts["sandbox/calls"] == 3.0 and train_counts["sandbox/calls"] == 2.0
+    assert val_counts["sandbox/kind.ok"] == 3.0 and train_counts["sandbox/failures"] == 0.0
+
+
 def test_failure_and_sandbox_metrics_are_trackable(tmp_path):
     from rl_runtime.tracking import Tracker
 

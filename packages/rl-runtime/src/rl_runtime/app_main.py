@@ -83,6 +83,7 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
     from rl_runtime.pipeline import check_embedded_cpus, check_in_process, plan_text, print_result
+    from rl_runtime.run_lock import RunDirectoryInUseError
     from rl_train.signing import CheckpointError
 
     try:
@@ -126,6 +127,8 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
         return _error("data error", exc)
     except CheckpointError as exc:  # resume_from_checkpoint names no checkpoint that verifies
         return _error("checkpoint error", exc)
+    except RunDirectoryInUseError as exc:  # another run writes to this output_dir
+        return _error("error", exc)
     print_result(result, spec.title, spec.summary_row, spec.before_label, spec.after_label)
     return 0
 

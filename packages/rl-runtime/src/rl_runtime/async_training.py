@@ -5,7 +5,9 @@ The recipe splits its step in two (`rollout(ctx, index) -> RolloutBatch`, run by
 trains and syncs the weights); synchronous training is `learn(ctx, rollout(ctx, step))`.
 `AsyncTraining.step(ctx)` takes the next batch from the `SampleQueue`, drops the groups older than
 `max_staleness` versions (`rl_runtime.staleness`), learns on the rest and opens the producer's
-gate for the batch `max_staleness` steps ahead. A checkpoint holds the trainer version and the
+gate for the batch `max_staleness` steps ahead. `learn` reports the samples it trained on
+(`rollout/num_trajectories`: failed episodes screened out), which `async/trained_samples_total`
+adds up. A checkpoint holds the trainer version and the
 queue's version bookkeeping (`state()`): the index of the first batch not consumed, the rollout
 state before it, the lag totals. Queued samples are not saved: after a resume rollout draws them
 again under the restored weights, so staleness stays within its bound (AReaL #1388).
@@ -20,6 +22,7 @@ from typing import Any
 from rl_runtime.async_producer import RolloutProducer
 from rl_runtime.async_queue import SampleQueue
 from rl_runtime.compose.async_plan import AsyncPlan
+from rl_runtime.metrics import TRAINED_SAMPLES_KEY
 from rl_runtime.staleness import LagStats, filter_stale
 
 STATE_KEY = "async"
@@ -79,15 +82,22 @@ class AsyncTraining:
             raise RuntimeError(f"the trainer at step {ctx.step} got rollout batch {batch.index}")
         kept = filter_stale(batch.trajectories, ctx.weight_version, self.plan.max_staleness)
         metrics: dict[str, float] = {}
+        trained = 0  # what reached train_step: learn screens failed samples out of `kept`
         if kept.kept:
             metrics.update(
                 self.recipe.learn(ctx, dataclasses.replace(batch, trajectories=kept.kept))
             )
+            if TRAINED_SAMPLES_KEY not in metrics and not metrics.get("train/skipped"):
+                raise RuntimeError(
+                    f"{type(self.recipe).__name__}.learn reported neither {TRAINED_SAMPLES_KEY} "
+                    "(the samples it trained on) nor train/skipped"
+                )
+            trained = int(metrics.get(TRAINED_SAMPLES_KEY, 0))
         else:  # every group too old: nothing to learn from (counted)
             metrics.update(batch.metrics)
             metrics["train/skipped"] = 1.0
         idle, busy = self.producer.take_idle_seconds()
-        metrics.update(self.lags.metrics(kept))
+        metrics.update(self.lags.metrics(kept, trained))
         metrics.update({
             "async/queue_depth": float(self.queue.depth),
             "async/trainer_idle_s": waited,

@@ -7,9 +7,12 @@ is not data). `screen_failures` drops those episodes from the training batch, re
 `failures/*` metrics and raises `TooManyFailuresError`, naming the config key
 `max_failed_fraction`, when more than that fraction of the batch failed.
 
-`SandboxCounters` turns the cumulative `stats()` of the sandbox pools the envs use (calls,
-failures, timeouts, worker restarts ...) into per-rollout `sandbox/*` deltas, per split (a
-training step's counts are its rollout's, never an evaluation's).
+`SandboxCounters` turns the cumulative `stats()` of the envs' sandbox pools (calls, failures,
+timeouts, worker restarts ...) into per-rollout `sandbox/*` deltas, per split (a training step's
+counts are its rollout's, never an evaluation's). rl-envs' envs reach their pool through a
+handle of their own (`env.pool`, rl_envs.sandbox.CountingPool) whose stats count that env's
+calls only, so a rollout's deltas are its own envs' calls even while another rollout (the other
+split) uses the same pool.
 """
 
 from __future__ import annotations
@@ -95,8 +98,9 @@ class SandboxCounters:
     `stop(snapshot, split)` adds what changed since to that split's running totals; `take(split)`
     returns them as `sandbox/<stat>` metrics and resets them. A snapshot per call, so two
     rollouts at once (a Ray actor with `max_concurrency` 2: evaluation while asynchronous rollout
-    generates) do not overwrite each other's; a pool both use in the same seconds counts the
-    other's calls too (its stats are per pool, not per caller).
+    generates) do not overwrite each other's; each env's pool handle counts that env's calls
+    only, so neither counts the other's (an env exposing a bare shared `SandboxPool` as `pool`
+    would: its stats are every caller's).
     """
 
     def __init__(self) -> None:

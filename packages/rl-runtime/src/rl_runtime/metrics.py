@@ -39,6 +39,12 @@ def _outcomes(trajectories: Sequence[Any], prefix: str) -> dict[str, float]:
     return out
 
 
+TRAINED_SAMPLES_KEY = "rollout/num_trajectories"
+"""The step metric counting the samples train_step got (the rows of the collated batch, failed
+episodes already screened out): the source of the run's `throughput` and of
+`async/trained_samples_total`."""
+
+
 def rollout_metrics(trajectories: Sequence[Any], batch: CollatedBatch) -> dict[str, float]:
     """`env/*` episode outcomes (`env/length_truncated`: the share of episodes the token budget
     ended) and `rollout/*` token counts of a training rollout (`rollout/truncated`: sequences
@@ -55,7 +61,7 @@ def rollout_metrics(trajectories: Sequence[Any], batch: CollatedBatch) -> dict[s
     out["rollout/sequence_length_max"] = float(lengths.max())
     if batch.max_length is not None:
         out["rollout/truncated"] = float(batch.num_truncated)
-    out["rollout/num_trajectories"] = float(batch.batch_size)
+    out[TRAINED_SAMPLES_KEY] = float(batch.batch_size)
     versions = batch.tensors["weight_version"]
     out["rollout/weight_version"] = float(versions.float().mean())
     out["rollout/resumed_samples"] = float(sum(map(_spans_versions, trajectories)))

@@ -23,6 +23,8 @@ bumps it), the phase timer, `log`, and sharded `forward`/`train` calls on a role
 rollout engines (no `actor_infer` role, e.g. offline preference training) has no weight sync. The last step always logs, evaluates and saves.
 At start the runner prints the config warnings and writes the resolved config (secrets redacted)
 to output_dir; at the end it writes output_dir/summary.json (standard JSON: rl_runtime.summary_json).
+One run at a time per output_dir: the run holds the directory's lock (rl_runtime.run_lock) for its
+life, and a second run on it fails at once naming the directory and the first run's pid.
 A checkpoint records the config,
 the app's own section (`RunOptions.app_record`) and the values it derives for its data
 (`RunOptions.derived`), which rl_runtime.resume_guard compares on resume for the pipeline kind run
@@ -58,6 +60,7 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
+from rl_runtime.metrics import TRAINED_SAMPLES_KEY
 from rl_runtime.previous_run import (
     CURVES_NAME,
     HF_MODEL_NAME,
@@ -66,6 +69,7 @@ from rl_runtime.previous_run import (
     set_aside_previous_run,
 )
 from rl_runtime.resume_guard import app_record, check_resume, config_record
+from rl_runtime.run_lock import run_directory_lock
 from rl_runtime.summary_json import write_summary
 from rl_runtime.timing import PhaseTimer, StepProgress
 from rl_runtime.tracking import Tracker, earlier_run_logs, rewind_metrics, tracker_log_dir
@@ -643,29 +647,33 @@ class Runner:
 
     # -------------------------------------------------------------------------------- run
     def run(self) -> RunResult:
+        """The whole run, holding its output directory's lock (rl_runtime.run_lock) from before
+        anything in it is read or moved until teardown: a second run on the same directory
+        fails at once, naming it and this run's pid."""
         t0 = time.perf_counter()
-        resume, state = self._announce()
-        after: dict[str, float] = {}
-        try:
-            ctx = self._setup()
-            if hasattr(self.recipe, "baselines"):
-                self.baselines = self.recipe.baselines(ctx)
-            if resume is not None and state is not None:
-                self.restore(resume, state)
-            else:
-                if hasattr(self.recipe, "before_training"):
-                    warm = self.recipe.before_training(ctx) or {}
-                    if warm:
-                        ctx.log(warm, step=0)
-                if self.options.eval_before_training and self.components.cadence.eval_steps:
-                    self.eval_before = self.recipe.evaluate(ctx)
-                    if self.eval_before:
-                        ctx.log(self.eval_before)
-            self._start_async(ctx, state if resume is not None else None)
-            after = self._loop(ctx)
-            return self._finish(ctx, t0, self.eval_before, after, resume)
-        finally:
-            self.teardown()
+        with run_directory_lock(self.components.output_dir):
+            resume, state = self._announce()
+            after: dict[str, float] = {}
+            try:
+                ctx = self._setup()
+                if hasattr(self.recipe, "baselines"):
+                    self.baselines = self.recipe.baselines(ctx)
+                if resume is not None and state is not None:
+                    self.restore(resume, state)
+                else:
+                    if hasattr(self.recipe, "before_training"):
+                        warm = self.recipe.before_training(ctx) or {}
+                        if warm:
+                            ctx.log(warm, step=0)
+                    if self.options.eval_before_training and self.components.cadence.eval_steps:
+                        self.eval_before = self.recipe.evaluate(ctx)
+                        if self.eval_before:
+                            ctx.log(self.eval_before)
+                self._start_async(ctx, state if resume is not None else None)
+                after = self._loop(ctx)
+                return self._finish(ctx, t0, self.eval_before, after, resume)
+            finally:
+                self.teardown()
 
     def _start_async(self, ctx: Context, state: RunState | None) -> None:
         """With `components.asynchronous`: start rollout ahead of the trainer, from the step the
@@ -716,7 +724,7 @@ class Runner:
                 if evaluate or save or last:  # the engines hold the trained weights
                     ctx.settle_weights()
                 self.loop_seconds += time.perf_counter() - t0
-                self.samples_trained += metrics.get("rollout/num_trajectories", 0.0)
+                self.samples_trained += metrics.get(TRAINED_SAMPLES_KEY, 0.0)
                 if self.samples_trained:  # pipelines that count trained samples (rollout/*)
                     metrics["throughput/samples_per_s"] = self.samples_per_s()
                 if evaluate:

@@ -6,7 +6,8 @@ whose lag is at most `max_staleness` and drops the rest, a whole group at a time
 advantages are relative to its members, so a group is trained on whole or not at all; its lag is
 its oldest member's). A negative lag (a sample from weights newer than the trainer's) means the
 version bookkeeping is broken, e.g. a resume that restored the trainer but not the engines: an
-error, never trained on. `LagStats` turns lags into `async/*` metrics. Pure (no torch, no Ray).
+error, never trained on. `LagStats` turns lags and trained samples into `async/*` metrics. Pure
+(no torch, no Ray).
 """
 
 from __future__ import annotations
@@ -59,21 +60,27 @@ def filter_stale(trajectories: Sequence[Any], trainer_version: int, max_stalenes
 
 
 class LagStats:
-    """Policy lag of the samples the staleness bound kept, per step and over the run (`async/*`
-    metrics). They are what the recipe's `learn` gets, which may still screen some out (failed
-    episodes, `failures/*`; RLVR's filters): `async/lag_hist/*` of a step adds up to the
-    samples kept, `async/trained_samples_total` to their run total, not to
-    `rollout/num_trajectories`."""
+    """Policy lag of the samples the staleness bound kept, per step, and the run's totals
+    (`async/*` metrics). The lags are those of what the recipe's `learn` gets, which may still
+    screen some out (failed episodes, `failures/*`; RLVR's filters): `async/lag_hist/*` of a
+    step adds up to the samples kept. `async/trained_samples_total` counts the samples trained
+    on, what reached train_step after that screening (`trained` of each step: the step's
+    `rollout/num_trajectories`), so over the run it adds up to `rollout/num_trajectories`."""
 
     def __init__(self, max_staleness: int) -> None:
         self.max_staleness = max_staleness
-        self.total_kept = 0
+        self.total_trained = 0
         self.total_dropped = 0
 
-    def metrics(self, filtered: Filtered) -> dict[str, float]:
+    def metrics(self, filtered: Filtered, trained: int) -> dict[str, float]:
         """`async/lag_mean`, `async/lag_max`, `async/lag_hist/<k>` (samples at lag k, k = 0 ..
-        max_staleness), `async/dropped_stale_samples` (this step) and the run's totals."""
-        self.total_kept += len(filtered.kept)
+        max_staleness), `async/dropped_stale_samples` (this step) and the run's totals, with
+        `trained` the samples of `filtered.kept` that this step trained on."""
+        if not 0 <= trained <= len(filtered.kept):
+            raise ValueError(
+                f"trained={trained} samples, but the staleness bound kept {len(filtered.kept)}"
+            )
+        self.total_trained += trained
         self.total_dropped += filtered.dropped
         lags = filtered.lags
         out = {
@@ -81,15 +88,17 @@ class LagStats:
             "async/lag_max": float(max(lags, default=0)),
             "async/dropped_stale_samples": float(filtered.dropped),
             "async/dropped_stale_total": float(self.total_dropped),
-            "async/trained_samples_total": float(self.total_kept),
+            "async/trained_samples_total": float(self.total_trained),
         }
         for k in range(self.max_staleness + 1):
             out[f"async/lag_hist/{k}"] = float(sum(lag == k for lag in lags))
         return out
 
     def state(self) -> dict[str, int]:
-        return {"total_kept": self.total_kept, "total_dropped": self.total_dropped}
+        return {"total_trained": self.total_trained, "total_dropped": self.total_dropped}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.total_kept = int(state.get("total_kept", 0))
+        # "total_kept": a checkpoint written before failed samples were told apart (it counted
+        # every sample the staleness bound kept; the best total such a checkpoint holds)
+        self.total_trained = int(state.get("total_trained", state.get("total_kept", 0)))
         self.total_dropped = int(state.get("total_dropped", 0))

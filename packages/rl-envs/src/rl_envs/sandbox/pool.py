@@ -5,7 +5,8 @@ session), one per call slot. Each call forks a fresh call process inside a worke
 limits (see ``SandboxLimits``); results come back as JSON. A worker that stops answering is
 killed with its whole process group, reaped and replaced in the same slot. Safe to use from any
 thread. ``isolation`` says what the workers could set up; ``stats()`` counts calls, failures by
-kind, timeouts and worker restarts for the caller's metrics.
+kind, timeouts and worker restarts for the caller's metrics (all callers'; one caller's own:
+``rl_envs.sandbox.counting.CountingPool``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from rl_envs.sandbox.cgroups import SlotCgroup
+from rl_envs.sandbox.counting import Tally, active_tallies, stats_report
 from rl_envs.sandbox.credentials import secret_paths
 from rl_envs.sandbox.limits import SandboxLimits
 from rl_envs.sandbox.protocol import FrameTimeout, read_frame, write_frame
@@ -150,7 +151,7 @@ class SandboxPool:
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._all: set[_Worker] = set()
         self._lock = threading.Lock()
-        self._stats: Counter[str] = Counter()
+        self._totals = Tally()  # every call's counts (and each caller's: rl_envs.sandbox.counting)
         self._closed = False
         self._isolation: dict[str, Any] = {}
         starting = [self._spawn(slot) for slot in range(num_workers)]
@@ -225,19 +226,21 @@ class SandboxPool:
             self._all.discard(worker)
 
     def _replace_async(self, slot: int) -> None:
+        callers = active_tallies()  # the restart's caller counts its failure to start too
+
         def _start() -> None:
             try:
                 worker = self._spawn(slot)
                 self._await_ready(worker)
             except Exception:
-                self._stats["worker_start_failures"] += 1
+                self._add("worker_start_failures", tallies=callers)
                 return
             if self._closed:
                 self._kill(worker)
             else:
                 self._idle.put(worker)
 
-        self._stats["worker_restarts"] += 1
+        self._add("worker_restarts")
         threading.Thread(target=_start, name="sandbox-replace", daemon=True).start()
 
     @property
@@ -355,11 +358,17 @@ class SandboxPool:
             traceback=str(payload.get("traceback", "")),
         )
 
+    def _add(self, key: str, n: int = 1, *, tallies: tuple[Tally, ...] | None = None) -> None:
+        """Count `key` in the pool's totals and in the calling context's tallies (`tallies`:
+        those captured where the count's cause ran)."""
+        for tally in (self._totals, *(active_tallies() if tallies is None else tallies)):
+            tally.add(key, n)
+
     def _count(self, result: SandboxResult) -> SandboxResult:
-        self._stats["calls"] += 1
-        self._stats[f"kind.{result.kind}"] += 1
+        self._add("calls")
+        self._add(f"kind.{result.kind}")
         if not result.ok:
-            self._stats["failures"] += 1
+            self._add("failures")
         return result
 
     def call(
@@ -392,11 +401,11 @@ class SandboxPool:
             return [self.call(target, *a, timeout_s=timeout_s, **kw) for a, kw in calls]
         task = {"kind": "call_each", "target": target,
                 "calls": _to_jsonable([[list(a), dict(kw)] for a, kw in calls])}  # fmt: skip
-        self._stats["batches"] += 1
+        self._add("batches")
         results = _split_batch(self._run(task, timeout_s), len(calls))
         if results is not None:
             return [self._count(result) for result in results]
-        self._stats["batch_fallbacks"] += 1
+        self._add("batch_fallbacks")
         return [self.call(target, *a, timeout_s=timeout_s, **kw) for a, kw in calls]
 
     def call_source(
@@ -422,16 +431,9 @@ class SandboxPool:
     def stats(self) -> dict[str, Any]:
         """Counters for the caller's metrics: ``calls``, ``failures``, ``timeouts``,
         ``worker_restarts``, ``worker_start_failures``, ``kind.<kind>`` per outcome, and
-        ``isolation`` (the ``mode``, "strong" or "weak") plus ``isolation.<aspect>`` strings."""
-        counters = Counter({"calls": 0, "failures": 0, "worker_restarts": 0,
-                            "worker_start_failures": 0})  # fmt: skip
-        counters.update(self._stats)
-        out: dict[str, Any] = dict(counters)
-        out["timeouts"] = counters["kind.timeout"]
-        isolation = self.isolation
-        out["isolation"] = isolation.pop("mode")
-        out.update({f"isolation.{k}": str(v) for k, v in isolation.items()})
-        return out
+        ``isolation`` (the ``mode``, "strong" or "weak") plus ``isolation.<aspect>`` strings.
+        Every caller's calls: one caller's own are its ``CountingPool``'s ``stats()``."""
+        return stats_report(self._totals.counts(), self.isolation)
 
     # ----- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from rl_envs.rewards.extraction import extract_boxed, extract_hash_answer
 from rl_envs.rewards.manager import coerce_reward
 from rl_envs.rewards.registry import get_reward
+from rl_envs.sandbox.counting import CountingPool
 from rl_envs.sandbox.pool import SandboxPool
 from rl_envs.tasks.data import TaskRow, load_rows
 
@@ -57,6 +58,7 @@ class SingleTurnEnv:
         self.format_penalty = float(format_penalty)
         self._target = get_reward(reward)
         self._pool = pool
+        self._handle: CountingPool | None = None
         self.timeout_s = timeout_s
         self.success_reward = success_reward
         self._system_prompt = system_prompt
@@ -64,12 +66,12 @@ class SingleTurnEnv:
         self.done = True
 
     @property
-    def pool(self) -> SandboxPool:
-        if self._pool is None:
-            from rl_envs.sandbox.shared import shared_pool
-
-            self._pool = shared_pool()
-        return self._pool
+    def pool(self) -> CountingPool:
+        """This env's handle on its sandbox pool (the given one, else the process-wide grading
+        pool): its ``stats()`` count this env's calls only (rl_envs.sandbox.counting)."""
+        if self._handle is None:
+            self._handle = CountingPool.of(self._pool)
+        return self._handle
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         index = (seed if seed is not None else random.randrange(len(self.rows))) % len(self.rows)

@@ -21,6 +21,7 @@ import numpy as np
 from rl_envs import arith
 from rl_envs.base import random_seed
 from rl_envs.rewards.registry import grader_target
+from rl_envs.sandbox.counting import CountingPool
 from rl_envs.sandbox.pool import SandboxPool
 from rl_envs.tasks.data import TaskRow
 
@@ -64,6 +65,7 @@ class ToolEnv:
             raise ValueError(f"unknown tools {unknown}; available: calculator, python")
         self.rows = rows
         self._pool = pool
+        self._handle: CountingPool | None = None
         self.max_steps = max_steps
         self.tool_timeout_s = tool_timeout_s
         self.grade_timeout_s = grade_timeout_s
@@ -76,12 +78,12 @@ class ToolEnv:
         self.tool_stats = {"calls": 0, "errors": 0, "timeouts": 0}
 
     @property
-    def pool(self) -> SandboxPool:
-        if self._pool is None:
-            from rl_envs.sandbox.shared import shared_pool
-
-            self._pool = shared_pool()
-        return self._pool
+    def pool(self) -> CountingPool:
+        """This env's handle on its sandbox pool (the given one, else the process-wide grading
+        pool): its ``stats()`` count this env's calls only (rl_envs.sandbox.counting)."""
+        if self._handle is None:
+            self._handle = CountingPool.of(self._pool)
+        return self._handle
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         seed = int(seed) if seed is not None else random_seed()
