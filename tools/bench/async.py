@@ -96,13 +96,29 @@ Where the cores go (`cores_busy` per run: CPU seconds of each role's processes o
 (`response_tokens_per_s`: the trainer's cost grows with the response tokens, and a lagging policy
 shortens its responses more slowly, so samples/s alone hides work per sample).
 
-Where it stands (2026-11-25, the two tables right below): over 96-step runs the best setting,
-staleness_2_partial, trains **1.59x** as many samples per second as `sync` over the whole run
-(1.591 +- 0.034 with this session's weight sync, 1.589 +- 0.067 without it; 1.554 +- 0.048 in a
-morning run of the old code), about 1.8-2.0x over the second half: the 1.6x target is met in
-steady state, not over the whole run, where the first batches, drawn ahead by the warm-up policy,
-hold responses twice as long. Over 32 steps (below, 2026-11-24 17:32) the whole-run ratio was
-1.39x +- 0.04.
+Where it stands (2026-11-25 13:35-14:02, quiet, load 1.6-2.3, after the non-partial modes stopped
+holding the trainer for the batch in flight): over 96-step runs, 6 rounds (`--steps 96 --repeats 3
+--runs sync staleness_1 staleness_2 staleness_2_partial`, then `--repeats 3 --runs
+staleness_2_partial staleness_2 sync`, the order reversed every other round), the best setting,
+now `staleness_2` (staged weights delivered between batches, no KV recompute), trains **1.62 +-
+0.06** times as many samples per second as `sync` over the whole run (rounds 1.43, 1.66, 1.80,
+1.79, 1.50, 1.52; pooled samples/s 640.2 against 397.8), 1.94-1.98 over the second half;
+`staleness_2_partial` 1.58 +- 0.06 (1.42-1.75; second half 2.1-2.2); `staleness_1` 1.56 +- 0.03
+over 3 rounds (1.50-1.62), against 1.43 +- 0.01 in the morning's run of the code before (not
+the same run: the morning's machine and baseline differ). The 1.6x target is reached on the
+mean, not beyond its standard error. Most of the spread is the baseline's: `sync` ran 361-441
+samples/s across rounds. The trainer's sync in the non-partial runs is 0.01-0.03 s per step
+(the wait for the last delivery included). Held-out accuracy after the same 12288 trained samples:
+`sync` 0.615 sampled / 0.650 greedy in all 6 rounds; every asynchronous run 0.53 / 0.53 except one
+`staleness_2_partial` run at 0.65 / 0.65: the two end plateaus described below (all runs'
+training accuracy tracks within 0.01 until step ~80), so one run's end point is not evidence for
+or against staleness, but this batch of rounds landed the asynchronous runs on the lower one.
+Over 32 steps (below, 2026-11-24 17:32) the whole-run ratio was 1.39x +- 0.04: the first
+batches, drawn ahead by the warm-up policy, hold responses twice as long.
+
+Earlier the same day: the best setting, staleness_2_partial, at 1.59x over 96 steps (1.591 +-
+0.034 with the shared-memory sync, 1.589 +- 0.067 without it; 1.554 +- 0.048 in a morning run of
+the old code), about 1.8-2.0x over the second half.
 
 96 steps, 2026-11-25 09:18-09:26 (quiet, load 1.7-2.1, before this session's changes), `--steps
 96 --repeats 3 --runs sync staleness_1 staleness_2_partial`: staleness_2_partial 1.554 +- 0.048
