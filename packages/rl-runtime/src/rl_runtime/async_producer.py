@@ -65,7 +65,7 @@ class RolloutProducer:
         #: held while a batch is generated (see `between_batches`)
         self.generating = threading.Lock()
         #: a weight update posted by the trainer, not yet delivered, and what waits for it
-        self._posted: Callable[[], Any] | None = None
+        self._posted: Callable[[], None] | None = None
         self._on_delivered: list[Callable[[], None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
@@ -86,7 +86,7 @@ class RolloutProducer:
         finally:
             self.generating.release()
 
-    def post_weights(self, deliver: Callable[[], Any]) -> None:
+    def post_weights(self, deliver: Callable[[], None]) -> None:
         """Hand rollout a weight update to apply between two batches (`deliver()`, e.g. from
         rl_runtime.cluster.WeightSync.stage): this thread runs it before its next batch, or at
         once while it waits for the trainer, so the trainer never waits for the batch in flight

@@ -381,13 +381,13 @@ class WeightSync:
         metrics["sync/weight_version"] = float(version)
         return metrics
 
-    @property
     def can_stage(self) -> bool:
-        """Whether `stage` works here: Ray mode with the shared-memory transport (set up)."""
+        """Whether `stage` works here: Ray mode with the shared-memory transport (sets the
+        sync up to know)."""
         self.setup()
         return self.mode == "broadcast" and self.shared_memory
 
-    def stage(self, version: int) -> tuple[Callable[[], dict[str, float]], dict[str, float]]:
+    def stage(self, version: int) -> tuple[Callable[[], None], dict[str, float]]:
         """Snapshot the trainer's weights as `version` into its shared-memory buffer now and
         return `(deliver, metrics)`: `deliver()` hands the buffer to every engine and checks the
         version they committed. Asynchronous training without partial rollout delivers between
@@ -396,7 +396,7 @@ class WeightSync:
         packs before it runs its next call, so the snapshot is of the weights just trained.
         The buffer is reused: deliver a staged version before staging the next. Needs
         `can_stage`."""
-        if not self.can_stage:
+        if not self.can_stage():
             raise RuntimeError(
                 "WeightSync.stage needs the shared-memory transport (weight_sync_transport); "
                 f"this sync is {self.mode} / "
@@ -407,11 +407,10 @@ class WeightSync:
         exported = self.train.call_all("export_weights_shared", version, self.bucket_bytes)[0]
         handle = exported["handle"]
 
-        def deliver() -> dict[str, float]:
+        def deliver() -> None:
             refs = self.infer.submit("receive_weights_handle", handle, version)
             received = self.infer.wait(refs, "receive_weights_handle", self.timeout_s)
             _check_committed(version, [int(r.get("version", -1)) for r in received])
-            return {"sync/delivered_version": float(version)}
 
         metrics = {
             "sync/staged": 1.0,

@@ -696,7 +696,7 @@ class Runner:
         producer = self.asynchronous.producer
         if plan.partial_rollout:
             ctx.defer_sync = True
-        elif ctx.sync is not None and ctx.sync.can_stage:
+        elif ctx.sync is not None and ctx.sync.can_stage():
             ctx.sync_producer = producer
         else:  # the trainer's sync waits for the batch in flight to end
             ctx.sync_gate = lambda: producer.between_batches(plan.wait_timeout_s)

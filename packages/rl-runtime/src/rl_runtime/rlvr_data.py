@@ -47,8 +47,12 @@ class ArithDataOptions:
     def __post_init__(self) -> None:
         """Refused when read (a dry run too), not when the run writes the files."""
         where = "rlvr_app.arith_data"
-        if self.kind not in ("max", "add"):
-            raise ValueError(f"{where}.kind={self.kind!r}: use 'max' or 'add'")
+        from rl_envs.tasks.arith import ARITH_KINDS
+
+        if self.kind not in ARITH_KINDS:
+            raise ValueError(
+                f"{where}.kind={self.kind!r}: use {' or '.join(map(repr, ARITH_KINDS))}"
+            )
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"{where}.val_fraction={self.val_fraction}: must be in (0, 1)")
         for name in ("num_digits", "max_a", "max_b"):

@@ -21,6 +21,10 @@ import numpy as np
 Problem = tuple[str, str, tuple[int, ...]]
 
 
+ARITH_KINDS = ("max", "add")
+"""The problem kinds `problems` generates."""
+
+
 def problems(kind: str, *, num_digits: int = 4, max_a: int = 99, max_b: int = 9) -> list[Problem]:
     """Every prompt of a task as (prompt, answer, key); the key names the problem up to how it
     is written: the sorted digits for `max`, the unordered pair of addends for `add`."""
@@ -30,7 +34,9 @@ def problems(kind: str, *, num_digits: int = 4, max_a: int = 99, max_b: int = 9)
     if kind == "add":
         return [(f"{a}+{b}=", str(a + b), (min(a, b), max(a, b)))
                 for a in range(max_a + 1) for b in range(max_b + 1)]  # fmt: skip
-    raise ValueError(f"rlvr_app.arith_data.kind={kind!r}: use 'max' or 'add'")
+    raise ValueError(
+        f"rlvr_app.arith_data.kind={kind!r}: use {' or '.join(map(repr, ARITH_KINDS))}"
+    )
 
 
 def split(items: list[Problem], val_fraction: float, seed: int) -> tuple[list, list]:
