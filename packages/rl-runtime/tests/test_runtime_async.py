@@ -243,12 +243,14 @@ class Engine:
 
         return deliver
 
-    def produce(self, index: int, hold: threading.Event | None = None) -> RolloutBatch:
+    def produce(
+        self, index: int, hold: threading.Event | None = None, pause_s: float = 0.01
+    ) -> RolloutBatch:
         self.generating = True
         self.events.append(f"start {index} on {self.version}")
         if hold is not None:
             assert hold.wait(5.0)
-        time.sleep(0.01)
+        time.sleep(pause_s)
         self.events.append(f"end {index}")
         self.generating = False
         return RolloutBatch(index, [traj(f"g{index}", self.version)])
@@ -282,38 +284,76 @@ def test_a_posted_update_returns_at_once_and_lands_between_batches():
     ]  # fmt: skip
 
 
+def train_posting_each_step(
+    engine: Engine, staleness: int, steps: int, train_s: float, generate_s: float
+) -> list[bool]:
+    """A trainer that posts each step's weights as the runner does (rl_runtime.pipeline
+    `Context._push_weights`: wait for a running delivery, stage, post; the delivery opens the
+    gate); returns whether each post superseded one still waiting."""
+    q = SampleQueue(10)
+    producer = RolloutProducer(
+        lambda i: engine.produce(i, pause_s=generate_s), q, max_staleness=staleness,
+        samples_per_batch=1, start_index=0, stop_index=steps, timeout_s=5.0,
+    )  # fmt: skip
+    producer.start()
+    superseded = []
+    try:
+        for step in range(steps):
+            assert q.take(5.0).index == step
+            time.sleep(train_s)  # training
+            producer.wait_for_delivery()
+            superseded.append(producer.post_weights(engine.deliverer(step + 1)))
+            producer.when_delivered(lambda s=step: producer.trainer_finished(s + 1))
+        producer.deliver_posted()  # the end of training: the engines hold the last weights
+    finally:
+        producer.stop(5.0)
+    return superseded
+
+
+def batch_starts(engine: Engine) -> list[tuple[int, int]]:
+    """(batch index, weight version it started on) of every batch, in order."""
+    starts = [e.split() for e in engine.events if e.startswith("start")]
+    return [(int(index), int(version)) for _, index, _, version in starts]
+
+
 @pytest.mark.parametrize("staleness", [0, 1, 2])
 def test_posted_updates_keep_every_batch_within_the_staleness_bound(staleness):
     """A trainer that posts each step's weights (delivered by rollout, which then opens the
     gate): batch `index` always starts on weights at least `index - staleness` versions new,
     and with staleness 0 exactly on the previous step's (synchronous)."""
     engine = Engine()
-    q = SampleQueue(10)
-    producer = RolloutProducer(engine.produce, q, max_staleness=staleness, samples_per_batch=1,
-                               start_index=0, stop_index=8, timeout_s=5.0)  # fmt: skip
-    producer.start()
-    try:
-        for step in range(8):
-            assert q.take(5.0).index == step
-            time.sleep(0.02)  # training
-            producer.deliver_posted()  # the last update first (its buffer is reused)
-            producer.post_weights(engine.deliverer(step + 1))
-            producer.when_delivered(lambda s=step: producer.trainer_finished(s + 1))
-        producer.deliver_posted()  # the end of training: the engines hold the last weights
-    finally:
-        producer.stop(5.0)
+    train_posting_each_step(engine, staleness, steps=8, train_s=0.02, generate_s=0.01)
     assert engine.version == 8
-    starts = [e.split() for e in engine.events if e.startswith("start")]
-    assert [int(e[1]) for e in starts] == list(range(8))
-    for _, index, _, version in starts:
-        assert int(index) - int(version) <= staleness
+    starts = batch_starts(engine)
+    assert [index for index, _ in starts] == list(range(8))
+    for index, version in starts:
+        assert index - version <= staleness
     if staleness == 0:
-        assert all(int(index) == int(version) for _, index, _, version in starts)
+        assert all(index == version for index, version in starts)
     else:
-        assert any(int(index) - int(version) == staleness for _, index, _, version in starts)
+        assert any(index - version == staleness for index, version in starts)
 
 
-def test_a_failed_delivery_reaches_the_trainer_and_one_post_at_a_time():
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_a_trainer_faster_than_rollout_supersedes_waiting_updates_within_the_bound(staleness):
+    """When the trainer posts again before rollout ended its batch, the waiting update is
+    superseded: never applied (the engines go straight to the newer weights), the gate still
+    opens for its step, and every batch starts within the bound. Before 2026-11-25 the trainer
+    waited for the batch in flight to deliver the last update itself."""
+    engine = Engine()
+    superseded = train_posting_each_step(
+        engine, staleness, steps=10, train_s=0.002, generate_s=0.05
+    )
+    assert engine.version == 10 and any(superseded)
+    delivered = [int(e.split()[1]) for e in engine.events if e.startswith("deliver")]
+    assert delivered == sorted(delivered) and delivered[-1] == 10
+    skipped = set(range(1, 11)) - set(delivered)
+    assert len(skipped) == sum(superseded)  # each superseded version is one never applied
+    for index, version in batch_starts(engine):
+        assert index - version <= staleness
+
+
+def test_a_failed_delivery_reaches_the_trainer_and_a_waiting_post_is_superseded():
     def fail() -> None:
         raise RuntimeError("receive_weights_handle failed remotely")
 
@@ -329,14 +369,61 @@ def test_a_failed_delivery_reaches_the_trainer_and_one_post_at_a_time():
     producer.stop(5.0)
     idle = RolloutProducer(engine.produce, SampleQueue(4), max_staleness=0, samples_per_batch=1,
                            start_index=0, stop_index=0, timeout_s=5.0)  # fmt: skip
-    idle.post_weights(engine.deliverer(1))
-    with pytest.raises(RuntimeError, match="before the last one was delivered"):
-        idle.post_weights(engine.deliverer(2))
+    opened: list[int] = []
+    assert not idle.post_weights(engine.deliverer(1))
+    idle.when_delivered(lambda: opened.append(1))
+    assert idle.post_weights(engine.deliverer(2))  # 1 still waits: superseded
+    idle.when_delivered(lambda: opened.append(2))
+    assert opened == []
     idle.deliver_posted()  # no thread runs: the trainer delivers it itself
-    assert engine.version == 1
+    assert engine.version == 2 and engine.events[-1:] == ["deliver 2"] and opened == [1, 2]
+    assert "deliver 1" not in engine.events
     idle.post_weights(fail)
     with pytest.raises(RuntimeError, match="failed remotely"):
         idle.deliver_posted()
+
+
+def test_the_trainer_waits_for_a_running_delivery_not_for_the_batch_in_flight():
+    """`wait_for_delivery` returns at once while a batch is generated (the trainer's next
+    snapshot may go on), blocks while a delivery runs (its buffer may be the next one's), and
+    times out with a clear error when a delivery hangs."""
+    engine, hold, in_delivery, release = (
+        Engine(),
+        threading.Event(),
+        threading.Event(),
+        threading.Event(),
+    )
+    q = SampleQueue(4)
+    producer = RolloutProducer(
+        lambda i: engine.produce(i, hold if i == 1 else None), q, max_staleness=1,
+        samples_per_batch=1, start_index=0, stop_index=3, timeout_s=5.0,
+    )  # fmt: skip
+    producer.start()
+    assert q.take(5.0).index == 0
+    deadline = time.monotonic() + 5
+    while "start 1 on 0" not in engine.events and time.monotonic() < deadline:
+        time.sleep(0.005)
+    t0 = time.perf_counter()
+    producer.wait_for_delivery()  # batch 1 is being generated: no wait
+    assert time.perf_counter() - t0 < 0.5
+
+    def slow_delivery() -> None:
+        in_delivery.set()
+        assert release.wait(5.0)
+        engine.deliverer(1)()
+
+    producer.post_weights(slow_delivery)
+    producer.when_delivered(lambda: producer.trainer_finished(1))
+    hold.set()  # batch 1 ends: rollout delivers
+    assert in_delivery.wait(5.0)
+    with pytest.raises(TimeoutError, match="weight delivery to rollout ran over"):
+        producer.wait_for_delivery(0.1)
+    threading.Timer(0.2, release.set).start()
+    t0 = time.perf_counter()
+    producer.wait_for_delivery()
+    assert time.perf_counter() - t0 >= 0.15 and engine.version == 1
+    assert [q.take(5.0).index for _ in range(2)] == [1, 2]
+    producer.stop(5.0)
 
 
 # --------------------------------------------------------------------------------- compose

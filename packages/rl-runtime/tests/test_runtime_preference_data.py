@@ -103,12 +103,12 @@ def test_truncation_rule_is_counted(tmp_path, tok):
     ]
     path = _write(tmp_path / "p.jsonl", rows)
     keep = load_preferences([path], tok, _plan(sequence_length=64), paired=True)
-    assert keep.counts == {"rows": 3, "truncated": 1, "dropped_too_long": 1}
+    assert keep.counts == {"rows": 3, "examples": 3, "truncated": 1, "dropped_too_long": 1}
     assert all(len(e.prompt) + len(e.chosen) <= 64 for e in keep.examples)
     drop = load_preferences(
         [path], tok, _plan(sequence_length=64, truncation_mode="drop"), paired=True
     )
-    assert drop.counts == {"rows": 3, "truncated": 0, "dropped_too_long": 2}
+    assert drop.counts == {"rows": 3, "examples": 3, "truncated": 0, "dropped_too_long": 2}
 
 
 def test_kto_rows_unpaired_and_from_pairs(tmp_path, tok):
@@ -123,6 +123,14 @@ def test_kto_rows_unpaired_and_from_pairs(tmp_path, tok):
     path = _write(tmp_path / "q.jsonl", rows[:2])
     data = load_preferences([path], tok, _plan(), paired=False)
     assert [e.desirable for e in data.examples] == [True, True, False]
+    assert data.counts == {"rows": 2, "examples": 3, "truncated": 0, "dropped_too_long": 0}
+    # a KTO pair row whose chosen side is too long: one of its two examples dropped, counted
+    # in examples (the unit of truncated / dropped_too_long), not in rows
+    long = _write(tmp_path / "l.jsonl", [{"prompt": "b", "chosen": "word " * 200, "rejected": "2"}])
+    cut = load_preferences([long], tok, _plan(sequence_length=64, truncation_mode="drop"),
+                           paired=False)  # fmt: skip
+    assert cut.counts == {"rows": 1, "examples": 2, "truncated": 0, "dropped_too_long": 1}
+    assert [e.desirable for e in cut.examples] == [False]
     with pytest.raises(PreferenceDataError, match="needs loss_type kto"):
         load_preferences([path], tok, _plan(), paired=True)
 

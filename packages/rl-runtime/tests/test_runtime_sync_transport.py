@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from rl_config.errors import ConfigError
-from rl_runtime.sync_transport import SHM_HEADROOM, choose_sync_transport
+from rl_runtime.sync_transport import SHM_HEADROOM, choose_sync_transport, staging_room
 
 MB = 2**20
 
@@ -50,6 +50,14 @@ def test_auto_falls_back_to_broadcast_and_shared_memory_is_refused_by_name(case,
         _choose("shared_memory", **case)
     assert err.value.issues[0].path == "weight_sync_transport"
     assert why in err.value.issues[0].message
+
+
+def test_staging_needs_room_for_two_more_buffers():
+    """Staged delivery (asynchronous training without partial rollout) keeps two buffers beside
+    the transport's own: /dev/shm must hold the weights SHM_HEADROOM + 2 times."""
+    need = int(16 * MB * (SHM_HEADROOM + 2))
+    assert staging_room(16 * MB, need) and not staging_room(16 * MB, need - 1)
+    assert not staging_room(None, need) and not staging_room(16 * MB, None)
 
 
 def test_broadcast_when_asked_even_where_shared_memory_would_work():
@@ -157,6 +165,21 @@ def test_a_ray_sync_carries_the_trainers_exact_weights(requested, strategy, rank
         )
         # the trainer's shared buffer, while it runs (broadcast makes none)
         assert len(_buffers_of({trainer_pid})) == int(shared)
+        if shared:  # staged: two alternating buffers, a handle valid while the next is packed
+            assert sync.can_stage()
+            delivers = []
+            for version in (4, 5):
+                batch = make_batch(4, 12, vocab=1000)
+                shards = shard_rows(batch, ranks)
+                train.wait(train.submit_each("train_step", [(b, "sft") for b in shards]), "step")
+                delivers.append(sync.stage(version)[0])
+            assert len(_buffers_of({trainer_pid})) == 3
+            delivers[0]()  # version 4's buffer was not touched by version 5's export
+            assert infer.call_rank0("weight_version") == 4
+            delivers[1]()
+            trainer = train.call_all("state_dict_for_check")[0]
+            engine = infer.call_rank0("state_dict_for_check")
+            assert all(torch.equal(trainer[k], engine[k]) for k in trainer)
     finally:
         cluster.shutdown()
     assert _buffers_of({trainer_pid}) == []  # removed at shutdown

@@ -13,7 +13,11 @@ drew ahead is drawn again after a resume, never skipped).
 Weight updates without partial rollout: the trainer stages its weights (a shared-memory snapshot)
 and posts their delivery (`post_weights`); the producer delivers it between two batches, before
 its next one or at once while it waits at the gate, and the delivery opens the gate
-(`when_delivered`), so the trainer goes on training while a batch is generated. Where the weights
+(`when_delivered`), so the trainer goes on training while a batch is generated. A post that finds
+the last one still waiting replaces it (superseded: the engines go straight to the newer weights,
+and what waited for the older delivery is called with the newer one), so the trainer never waits
+for the batch in flight; it waits only for a delivery in progress (`wait_for_delivery`), whose
+buffer its next snapshot may reuse. Where the weights
 cannot be staged (the broadcast transport), the trainer's sync waits for the batch in flight
 instead (`between_batches`). The producer chooses no weights of its own and never sleeps or
 offloads an engine (asynchronous training refuses colocation: that is the async + sleep deadlock
@@ -67,6 +71,8 @@ class RolloutProducer:
         #: a weight update posted by the trainer, not yet delivered, and what waits for it
         self._posted: Callable[[], None] | None = None
         self._on_delivered: list[Callable[[], None]] = []
+        #: a delivery is running (its buffer must not be overwritten: `wait_for_delivery`)
+        self._delivering = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
 
@@ -86,17 +92,29 @@ class RolloutProducer:
         finally:
             self.generating.release()
 
-    def post_weights(self, deliver: Callable[[], None]) -> None:
+    def post_weights(self, deliver: Callable[[], None]) -> bool:
         """Hand rollout a weight update to apply between two batches (`deliver()`, e.g. from
         rl_runtime.cluster.WeightSync.stage): this thread runs it before its next batch, or at
         once while it waits for the trainer, so the trainer never waits for the batch in flight
-        (asynchronous training without partial rollout, when the weights can be staged). One
-        at a time: `deliver_posted` first."""
+        (asynchronous training without partial rollout, when the weights can be staged). An
+        update posted earlier and not delivered yet is superseded: it is never applied, and its
+        `when_delivered` callbacks run with this one's delivery (newer weights: every bound
+        they open still holds). Returns whether one was superseded."""
         with self._lock:
-            if self._posted is not None:
-                raise RuntimeError("a weight update was posted before the last one was delivered")
+            superseded = self._posted is not None
             self._posted = deliver
             self._lock.notify_all()
+        return superseded
+
+    def wait_for_delivery(self, timeout_s: float | None = None) -> None:
+        """Until no delivery is running (at most `timeout_s`, default the producer's): what the
+        trainer waits for before it stages weights into a buffer a running delivery may read.
+        Not for the batch in flight, and not for a posted update (the next post supersedes
+        it)."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        with self._lock:
+            if not self._lock.wait_for(lambda: not self._delivering, timeout):
+                raise TimeoutError(f"a weight delivery to rollout ran over {timeout:.0f}s")
 
     def when_delivered(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the posted weight update is delivered (at once when none is
@@ -119,9 +137,15 @@ class RolloutProducer:
         with self._lock:
             deliver, self._posted = self._posted, None
             callbacks, self._on_delivered = self._on_delivered, []
-        if deliver is None:
-            return
-        deliver()
+            if deliver is None:
+                return
+            self._delivering = True
+        try:
+            deliver()
+        finally:
+            with self._lock:
+                self._delivering = False
+                self._lock.notify_all()
         for callback in callbacks:
             callback()
 

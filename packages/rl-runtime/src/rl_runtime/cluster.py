@@ -311,6 +311,8 @@ class WeightSync:
         #: a sync not yet settled: its version and its transfer calls (`sync(settle=False)`)
         self._pending: tuple[int, list[Any]] | None = None
         self._ready = False
+        #: /dev/shm holds `stage`'s buffers too (set by setup)
+        self._staging_room = False
 
     def setup(self) -> None:
         if self.mode != "broadcast" or self._ready:
@@ -332,10 +334,11 @@ class WeightSync:
     def _choose_transport(self) -> TransportChoice:
         """Ask the trainer what the choice needs (measuring the weights and /dev/shm only where
         shared memory is possible) and choose (rl_runtime.sync_transport)."""
-        from rl_runtime.sync_transport import choose_sync_transport
+        from rl_runtime.sync_transport import choose_sync_transport, staging_room
 
         measure = not self.cross_node and self.configured_transport != "broadcast"
         info = self.train.call_all("sync_info", measure, self.bucket_bytes)[0]
+        self._staging_room = staging_room(info.get("weight_bytes"), info.get("shm_free_bytes"))
         return choose_sync_transport(
             self.configured_transport,
             cross_node=self.cross_node,
@@ -382,10 +385,11 @@ class WeightSync:
         return metrics
 
     def can_stage(self) -> bool:
-        """Whether `stage` works here: Ray mode with the shared-memory transport (sets the
-        sync up to know)."""
+        """Whether `stage` works here: Ray mode with the shared-memory transport and room in
+        /dev/shm for its two buffers (rl_runtime.sync_transport.staging_room; sets the sync up
+        to know)."""
         self.setup()
-        return self.mode == "broadcast" and self.shared_memory
+        return self.mode == "broadcast" and self.shared_memory and self._staging_room
 
     def stage(self, version: int) -> tuple[Callable[[], None], dict[str, float]]:
         """Snapshot the trainer's weights as `version` into its shared-memory buffer now and
@@ -394,13 +398,16 @@ class WeightSync:
         two rollout batches (rl_runtime.async_producer.RolloutProducer.post_weights), so the
         trainer goes on training instead of waiting for the batch in flight; the trainer's actor
         packs before it runs its next call, so the snapshot is of the weights just trained.
-        The buffer is reused: deliver a staged version before staging the next. Needs
-        `can_stage`."""
+        Two buffers alternate (TrainWorker.export_weights_shared): a staged version may still
+        wait for its delivery while the next is staged (rollout then delivers only the newer
+        one), but no delivery may be running when the one after is staged
+        (RolloutProducer.wait_for_delivery). Needs `can_stage`."""
         if not self.can_stage():
             raise RuntimeError(
-                "WeightSync.stage needs the shared-memory transport (weight_sync_transport); "
-                f"this sync is {self.mode} / "
-                f"{self.transport.transport if self.transport else 'not set up'}"
+                "WeightSync.stage needs the shared-memory transport (weight_sync_transport) "
+                f"and room for its buffers; this sync is {self.mode} / "
+                f"{self.transport.transport if self.transport else 'not set up'}, staging room: "
+                f"{self._staging_room}"
             )
         t0 = time.perf_counter()
         self.settle()

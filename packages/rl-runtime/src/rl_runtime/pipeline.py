@@ -163,7 +163,8 @@ class Context:
     #: memory) and posted to this rollout producer, which delivers it between two batches
     #: (`RolloutProducer.post_weights`; asynchronous training without partial rollout, where a
     #: weight update must not reach a generation half-way): the trainer never waits for the
-    #: batch in flight, only, at its next sync, for the last one to be delivered
+    #: batch in flight, only, at its next sync, for a delivery running then (the staging buffers
+    #: alternate; a staged version still waiting is superseded, `sync/superseded`)
     sync_producer: Any = None
     #: RL starts from a supervised warm-up's policy, not `pretrain`
     #: (`adopt_policy_as_reference`); checkpoints then carry the reference role's weights
@@ -192,11 +193,11 @@ class Context:
         if self.sync_producer is None:
             return self.sync.sync(self.weight_version, settle=not self.defer_sync)
         t0 = time.perf_counter()
-        self.sync_producer.deliver_posted()  # the shared buffer is reused: the last one first
+        self.sync_producer.wait_for_delivery()  # its buffer may be the one this stage reuses
         waited = time.perf_counter() - t0
         deliver, metrics = self.sync.stage(self.weight_version)
-        self.sync_producer.post_weights(deliver)
-        return {**metrics, "sync/delivery_wait_s": waited}
+        superseded = self.sync_producer.post_weights(deliver)
+        return {**metrics, "sync/delivery_wait_s": waited, "sync/superseded": float(superseded)}
 
     def settle_weights(self) -> None:
         """Until every engine holds the last synced version (a deferred sync confirmed, a

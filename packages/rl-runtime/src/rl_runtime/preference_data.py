@@ -13,7 +13,9 @@ together in one `PreferenceDataError` naming the file and the 0-based row number
 that is no table (a corrupt parquet file, a .json that holds no list).
 Too long rows (prompt + response > `sequence_length`): `keep_start` cuts the response's end and
 drops a row whose prompt leaves no response token (or whose two cut responses become identical);
-`drop` drops every too-long row. `PreferenceSet.counts` has `rows`, `truncated`, `dropped_too_long`.
+`drop` drops every too-long row. `PreferenceSet.counts` has `rows` (read), `examples` (made from
+them: one per pair, two per pair for KTO, one per unpaired row), and `truncated`,
+`dropped_too_long`, counted in examples (a KTO pair row's two may fare differently).
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def load_preferences(
     `paired=False` (KTO) turns each pair into a desirable and an undesirable example."""
     tok = Tokenizer(tokenizer, use_template=data.template == "native")
     examples: list[Example] = []
-    counts = {"rows": 0, "truncated": 0, "dropped_too_long": 0}
+    counts = {"rows": 0, "examples": 0, "truncated": 0, "dropped_too_long": 0}
     for path in files:
         rows = read_rows(path)
         problems: list[str] = []
@@ -142,6 +144,7 @@ def load_preferences(
                 problems.append(f"row {i}: {problem}")
                 continue
             made = _examples(row, tok, data, paired)
+            counts["examples"] += len(made)
             for ex in made:
                 fitted = _fit(ex, data.sequence_length, data.truncation_mode)
                 if fitted is None:

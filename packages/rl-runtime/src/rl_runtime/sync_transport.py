@@ -82,6 +82,15 @@ def _shared_memory_missing(
     return None
 
 
+def staging_room(weight_bytes: int | None, shm_free_bytes: int | None) -> bool:
+    """Whether /dev/shm (`shm_free_bytes`, measured before any buffer was made) also holds the
+    two alternating staging buffers of asynchronous training without partial rollout
+    (rl_runtime.cluster.WeightSync.stage) beside the transport's own buffer and its headroom."""
+    if weight_bytes is None or shm_free_bytes is None:
+        return False
+    return shm_free_bytes >= int(weight_bytes * (SHM_HEADROOM + 2))
+
+
 def shm_free_bytes() -> int:
     """Free bytes in rl_sync's shared-memory directory (``/dev/shm``) for this user."""
     import os
@@ -98,4 +107,5 @@ __all__ = [
     "TransportChoice",
     "choose_sync_transport",
     "shm_free_bytes",
+    "staging_room",
 ]

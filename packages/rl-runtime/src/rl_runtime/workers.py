@@ -79,8 +79,10 @@ class TrainWorker:
         self.backend = self._build_backend(model_path)
         #: the weight-sync store's socket between `open_sync_listener` and `init_sync_group`
         self._sync_listener: socket.socket | None = None
-        #: rank 0's shared-memory buffer of the weights (`send_weights_shared`)
+        #: rank 0's shared-memory buffers of the weights: one for `send_weights_shared`, two
+        #: alternating ones for `export_weights_shared`
         self._ipc_sender: Any = None
+        self._staging_sender: Any = None
         #: the schedule's (base rates, multipliers) while `hold_learning_rate` holds the rate
         self._held_schedule: tuple[list[float], list[Any]] | None = None
 
@@ -294,13 +296,18 @@ class TrainWorker:
         handle (`handle`: rl_sync.ipc.IpcHandle.to_json, for `RolloutWorker.
         receive_weights_handle`) and the pack's metrics, without waiting for any receiver: the
         buffer is a snapshot the next training step does not change, delivered later (between
-        two rollout batches: rl_runtime.cluster.WeightSync.stage). The next export reuses the
-        buffer, so it is delivered first."""
+        two rollout batches: rl_runtime.cluster.WeightSync.stage). Exports alternate between
+        two buffers (kept across versions, removed at shutdown), so a handle stays valid while
+        the next export is packed; the one after reuses its buffer."""
         named = self._full_tensors(bucket_bytes)
         if named is None:
             return {}
         t0 = time.perf_counter()
-        handle = self._shared_sender().export(named, version)
+        if self._staging_sender is None:
+            from rl_sync.ipc import IpcSender
+
+            self._staging_sender = IpcSender("cpu", num_buffers=2)
+        handle = self._staging_sender.export(named, version)
         seconds = time.perf_counter() - t0
         return {"handle": handle.to_json(), "bytes": float(handle.nbytes), "seconds": seconds}
 
@@ -328,9 +335,10 @@ class TrainWorker:
         if self._adopted_dir is not None:
             shutil.rmtree(self._adopted_dir, ignore_errors=True)
             self._adopted_dir = None
-        if self._ipc_sender is not None:
-            self._ipc_sender.close()
-            self._ipc_sender = None
+        for sender in (self._ipc_sender, self._staging_sender):
+            if sender is not None:
+                sender.close()
+        self._ipc_sender = self._staging_sender = None
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
