@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
 from rl_config.records import Trajectory
@@ -67,53 +69,63 @@ def collate_trajectories(
     if pad_to_multiple_of > 1:
         width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
     b = len(trajectories)
-    input_ids = torch.full((b, width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((b, width), dtype=torch.long)
-    response_mask = torch.zeros((b, width), dtype=torch.bool)
-    rollout_log_probs = torch.zeros((b, width), dtype=torch.float32)
-    rewards = torch.zeros((b, width), dtype=torch.float32)
-    turn_index = torch.full((b, width), -1, dtype=torch.long)
+    # rows as Python lists, one tensor per field (a few torch calls per row cost ~18 ms at 128)
+    ids_rows: list[list[int]] = []
+    mask_rows: list[list[bool]] = []
+    log_prob_rows: list[list[float]] = []
+    turn_rows: list[list[int]] = []
+    reward_rows: list[list[float]] = []
     group_dense: dict[str, int] = {}
-    group_index = torch.empty(b, dtype=torch.long)
+    group_index: list[int] = []
     turn_spans: list[list[tuple[int, int]]] = []
-    num_truncated = 0
-    for i, traj in enumerate(trajectories):
-        n = kept[i]
-        if n < lengths[i]:
-            num_truncated += 1
-        input_ids[i, :n] = torch.tensor(traj.token_ids[:n], dtype=torch.long)
-        attention_mask[i, :n] = 1
-        if not traj.failed:  # a failed episode is not data: nothing of it is trained on
-            response_mask[i, :n] = torch.tensor(traj.response_mask[:n], dtype=torch.bool)
-        rollout_log_probs[i, :n] = torch.tensor(traj.rollout_log_probs[:n], dtype=torch.float32)
-        rollout_log_probs[i] = rollout_log_probs[i] * response_mask[i]
+    for traj, n in zip(trajectories, kept):
+        pad = width - n
+        ids_rows.append([*traj.token_ids[:n], *([pad_token_id] * pad)])
+        # a failed episode is not data: nothing of it is trained on
+        mask = [False] * n if traj.failed else [bool(m) for m in traj.response_mask[:n]]
+        mask_rows.append(mask + [False] * pad)
+        log_prob_rows.append([*traj.rollout_log_probs[:n], *([0.0] * pad)])
+        last_model = max((t for t in range(n) if mask[t]), default=None)
+        turn_row = [-1] * width
+        rewards: dict[int, np.float32] = {}  # float32 sums, as a float32 tensor adds them
         spans = []
-        model_positions = response_mask[i].nonzero().flatten()
-        last_model = int(model_positions[-1]) if model_positions.numel() else None
         for turn in traj.turns:
             start, end = turn.start, min(turn.end, n)
             if end > start:
-                turn_index[i, start:end] = torch.where(
-                    response_mask[i, start:end], turn.turn_idx, -1
-                )
+                for t in range(start, end):
+                    turn_row[t] = turn.turn_idx if mask[t] else -1
                 spans.append((start, end))
-                rewards[i, end - 1] += float(turn.reward)
-            elif last_model is not None:  # the turn was cut off: keep its reward
-                rewards[i, last_model] += float(turn.reward)
+                at: int | None = end - 1
+            else:  # the turn was cut off: keep its reward on the last model token
+                at = last_model
+            if at is not None:
+                rewards[at] = rewards.get(at, np.float32(0.0)) + np.float32(turn.reward)
+        reward_row = [0.0] * width
+        for t, value in rewards.items():
+            reward_row[t] = float(value)
+        turn_rows.append(turn_row)
+        reward_rows.append(reward_row)
         turn_spans.append(spans)
-        group_index[i] = group_dense.setdefault(traj.group_id, len(group_dense))
+        group_index.append(group_dense.setdefault(traj.group_id, len(group_dense)))
+    num_truncated = sum(n < full for n, full in zip(kept, lengths))
+    input_ids = _stack(ids_rows, np.int64, b, width)
+    attention_mask = (torch.arange(width) < torch.tensor(kept)[:, None]).long()
+    response_mask = _stack(mask_rows, np.bool_, b, width)
+    rollout_log_probs = _stack(log_prob_rows, np.float32, b, width) * response_mask
+    rewards_tensor = _stack(reward_rows, np.float32, b, width)
+    turn_index = _stack(turn_rows, np.int64, b, width)
     tensors = {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "response_mask": response_mask,
         "rollout_log_probs": rollout_log_probs,
-        "rewards": rewards,
+        "rewards": rewards_tensor,
         "turn_index": turn_index,
         "episode_rewards": torch.tensor(
             [t.episode_reward for t in trajectories], dtype=torch.float32
         ),
         "success": torch.tensor([float(t.success) for t in trajectories], dtype=torch.float32),
-        "group_index": group_index,
+        "group_index": torch.tensor(group_index, dtype=torch.long),
         "weight_version": torch.tensor([t.weight_version for t in trajectories], dtype=torch.long),
     }
     baselines = _baseline_rewards(trajectories)
@@ -128,6 +140,12 @@ def collate_trajectories(
         max_length=max_length,
         turn_spans=turn_spans,
     )
+
+
+def _stack(rows: list[list[Any]], dtype: Any, b: int, width: int) -> torch.Tensor:
+    """`[b, width]` tensor of equal-length Python rows (through numpy: ~3x torch.tensor's speed
+    on nested lists)."""
+    return torch.from_numpy(np.array(rows, dtype=dtype).reshape(b, width))
 
 
 def _baseline_rewards(trajectories: Sequence[Trajectory]) -> torch.Tensor | None:
