@@ -65,6 +65,26 @@ def test_repeat_summary_reports_mean_standard_error_and_range():
     assert one["standard_error"] is None and one["mean"] == 1.2
 
 
+def test_repeat_summary_sets_held_out_accuracy_against_sync_round_by_round():
+    """With --vary-seed, `sync` itself varies between rounds: each asynchronous run's accuracy
+    is compared with the same round's `sync` (paired), beside every run's own spread."""
+
+    def runs(sync: float, async_: float) -> dict[str, dict[str, float]]:
+        return {name: {"heldout_accuracy": acc, "heldout_greedy_accuracy": acc + 0.1}
+                for name, acc in (("sync", sync), ("staleness_2", async_))}  # fmt: skip
+
+    rounds = [{"runs": runs(0.6, 0.55)}, {"runs": runs(0.5, 0.52)}, {"runs": runs(0.7, 0.66)}]
+    out = bench_async.repeat_summary(rounds)
+    assert out["heldout_accuracy"]["sync"]["mean"] == 0.6  # 0.5 .. 0.7: the seeds' spread
+    assert out["heldout_accuracy"]["sync"]["standard_error"] == 0.058  # 0.1 / sqrt(3)
+    diff = out["heldout_accuracy_minus_sync"]["staleness_2"]
+    # differences -0.05, +0.02, -0.04: mean -0.0233, sd 0.0379, se 0.0219
+    assert diff == {"mean": -0.023, "standard_error": 0.022, "min": -0.05, "max": 0.02,
+                    "rounds": 3}  # fmt: skip
+    assert out["heldout_greedy_accuracy_minus_sync"]["staleness_2"]["mean"] == -0.023
+    assert "sync" not in out["heldout_accuracy_minus_sync"]
+
+
 def test_compare_sets_the_asynchronous_runs_against_the_colocated_synchronous_run_too():
     def run(rate: float) -> dict[str, float]:
         return {"samples_per_s": rate, "t_roll_s": 0.2, "t_train_s": 0.3,

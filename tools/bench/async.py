@@ -88,7 +88,11 @@ the synchronous run's timings, and the formula's denominator with each async run
 `--repeats N` runs the chosen runs N times, in reverse order every other round (so drift on the
 machine falls on both sides), each round under `<out>/round<i>`; `async_bench.json` then holds
 every round (`rounds`: its runs and ratios) and, per asynchronous run, the ratio's mean, standard
-error and range over the rounds (`repeats`). One round's ratio is one draw from a spread of about
+error and range over the rounds (`repeats`), and the same for held-out accuracy, each run's and
+its difference from the same round's `sync` (`heldout_accuracy_minus_sync`, paired).
+`--vary-seed` gives round i the seed `seed + i` (every run of a round the same one): without it
+every round repeats one seed, and `sync`, deterministic, reaches the same accuracy each time,
+which says nothing about the noise an asynchronous run's accuracy should be read against. One round's ratio is one draw from a spread of about
 +-0.15 on 2 cores (below), so a claim about a ratio quotes the repeats.
 
 Where the cores go (`cores_busy` per run: CPU seconds of each role's processes over steps
@@ -644,20 +648,40 @@ def repeat_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("measured_speedup", "measured_speedup_second_half",
                 "measured_speedup_vs_sync_colocated"):  # fmt: skip
         names = sorted({name for r in rounds for name in r.get(key, {})})
-        per_run = {}
-        for name in names:
-            values = [r[key][name] for r in rounds if name in r.get(key, {})]
-            n = len(values)
-            se = stdev(values) / n**0.5 if n > 1 else None
-            per_run[name] = {
-                "mean": round(mean(values), 3),
-                "standard_error": None if se is None else round(se, 3),
-                "min": min(values),
-                "max": max(values),
-                "rounds": n,
-            }
-        out[key] = per_run
+        out[key] = {
+            name: _spread([r[key][name] for r in rounds if name in r.get(key, {})])
+            for name in names
+        }
+    # held-out accuracy per run over the rounds, and each run's difference from `sync` in the
+    # same round (paired): with --vary-seed the rounds differ by seed, so the spread of `sync`
+    # itself is the noise an asynchronous run's accuracy is read against
+    for key in ("heldout_accuracy", "heldout_greedy_accuracy"):
+        per_round = [r.get("runs", {}) for r in rounds]
+        names = sorted({name for runs in per_round for name in runs})
+        out[key] = {
+            name: _spread([runs[name][key] for runs in per_round if name in runs]) for name in names
+        }
+        paired = {
+            name: [runs[name][key] - runs["sync"][key] for runs in per_round
+                   if name in runs and "sync" in runs]
+            for name in names
+            if name != "sync"
+        }  # fmt: skip
+        out[f"{key}_minus_sync"] = {name: _spread(d) for name, d in paired.items() if d}
     return out
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    """Mean, standard error (sample standard deviation / sqrt(n); None for one value), range."""
+    n = len(values)
+    se = stdev(values) / n**0.5 if n > 1 else None
+    return {
+        "mean": round(mean(values), 3),
+        "standard_error": None if se is None else round(se, 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+        "rounds": n,
+    }
 
 
 def run_once(name: str, overrides: list[str], out_dir: str, steps: int) -> dict[str, Any]:
@@ -703,6 +727,18 @@ def run_once(name: str, overrides: list[str], out_dir: str, steps: int) -> dict[
     return figures
 
 
+def _config_seed(overrides: list[str]) -> int:
+    """The `seed` the runs use: the last `seed=` override, else apps/rlvr's default config's."""
+    for item in reversed(overrides):
+        if item.startswith("seed="):
+            return int(item.split("=", 1)[1])
+    from rlvr_app import DEFAULT_CONFIG
+
+    from rl_config.loading import load_yaml_dict
+
+    return int(load_yaml_dict(DEFAULT_CONFIG).get("seed", 42))
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -721,6 +757,11 @@ def main(argv: list[str] | None = None) -> int:
         help="rounds of the runs (the order reversed every other round); the ratios' mean, "
         "standard error and range over the rounds in `repeats`",
     )  # fmt: skip
+    parser.add_argument(
+        "--vary-seed", action="store_true",
+        help="round i runs with seed = the config's seed + i (every run of a round the same): "
+        "the rounds then sample the noise of held-out accuracy too (`repeats`)",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="key=value, applied to every run")
     args = parser.parse_args(argv)
     if args.repeats < 1:
@@ -733,12 +774,16 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [f"{k}={v}" for k, v in base.items()] + list(args.overrides)
     report: dict[str, Any] = {"steps": steps, "config": base, "extra_overrides": args.overrides,
                               "threads": thread_counts()}  # fmt: skip
+    base_seed = _config_seed(overrides)
+    if args.vary_seed:
+        report["seeds"] = [base_seed + i for i in range(args.repeats)]
     t0 = time.perf_counter()
     rounds: list[dict[str, Any]] = []
     for index in range(args.repeats):
         order = args.runs if index % 2 == 0 else args.runs[::-1]
         out_dir = args.out if args.repeats == 1 else f"{args.out.rstrip('/')}/round{index + 1}"
-        runs = {name: run_once(name, overrides, out_dir, steps) for name in order}
+        seeded = [*overrides, f"seed={base_seed + index}"] if args.vary_seed else overrides
+        runs = {name: run_once(name, seeded, out_dir, steps) for name in order}
         runs = {name: runs[name] for name in args.runs}
         rounds.append({"order": order, "runs": runs, **compare(runs)})
     if args.repeats == 1:  # the one round's runs and ratios, at the top level as before
