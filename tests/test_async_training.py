@@ -172,7 +172,8 @@ def test_a_resumed_one_step_off_run_continues_the_run_totals_exactly(tmp_path):
     """max_staleness 1 with reward failures in training and in every evaluation (code rows
     without tests). The uninterrupted run saves at step 2 mid-run; resumed from that checkpoint,
     steps 3 and 4 report the uninterrupted run's totals: the training rollouts' failures
-    (`reward/failures/*`, restored with rollout's snapshot before batch 2), the evaluations'
+    (`reward/failures/*`, the trainer's state, added up as it learns on each batch: rollout
+    scores batch k while batch k + 1 generates, after the sampler's snapshot), the evaluations'
     (`val/reward_failures/*`: evaluation runs on the trainer while rollout draws ahead, so its
     totals are the trainer's state at the checkpoint, not rollout's at its snapshot), and the
     run's trained samples (`RunResult.throughput`). Before, the evaluations' failures were

@@ -19,12 +19,13 @@ from typing import Any
 from rlvr_options import AppOptions
 
 from rl_runtime.advantages import restore_kl_controller
-from rl_runtime.async_queue import RolloutBatch
+from rl_runtime.async_queue import PendingBatch, RolloutBatch, finished
 from rl_runtime.compose.rlvr import RlvrPlan
 from rl_runtime.pipeline import Context
 from rl_runtime.policy_update import learn_on_groups
 from rl_runtime.rlvr_data import RlvrPrompts, Scorer, load_rlvr_prompts
 from rl_runtime.rlvr_eval import held_out_accuracy
+from rl_runtime.rlvr_metrics import add_batch_failures
 from rl_runtime.rlvr_rollout import GroupGenerator, rollout_batch
 
 STDOUT_KEYS = ("reward/mean", "reward/accuracy", "val/greedy/accuracy", "val/pass@k",
@@ -39,8 +40,8 @@ class RlvrRecipe:
         self.app, self.plan, self.model_path = app, plan, model_path
         self.kl_ctl: Any = None
         self.scorer: Scorer | None = None  # owns sandbox processes: made in setup, closed in close
-        #: the run's failed reward calls by kind: of the training rollouts (rollout state) and
-        #: of the evaluations (the trainer's state: evaluation runs on the trainer's side)
+        #: the run's failed reward calls by kind, the trainer's state: of the training rollouts
+        #: (added up as `learn` takes each batch) and of the evaluations
         self.reward_failures: Counter[str] = Counter()
         self.eval_reward_failures: Counter[str] = Counter()
 
@@ -61,24 +62,23 @@ class RlvrRecipe:
 
     def state(self) -> dict[str, Any]:
         return {"kl_controller": self.kl_ctl.state_dict(),
+                "reward_failures": dict(self.reward_failures),
                 "eval_reward_failures": dict(self.eval_reward_failures),
                 **self.rollout_state()}  # fmt: skip
 
     def rollout_state(self) -> dict[str, Any]:
-        """The rollout side's state: the prompt sampler's position and the training rollouts'
-        reward-failure totals by kind (`reward/failures/*`); asynchronous rollout draws ahead of
-        the trainer."""
-        return {"sampler": self.prompts.sampler.state(),
-                "reward_failures": dict(self.reward_failures)}  # fmt: skip
+        """The rollout side's state: the prompt sampler's position (asynchronous rollout draws
+        ahead of the trainer)."""
+        return {"sampler": self.prompts.sampler.state()}
 
     def load_rollout_state(self, state: dict[str, Any]) -> None:
         self.prompts.sampler.load_state(state["sampler"])
-        # a checkpoint from before the totals were saved: from 0
-        self.reward_failures = Counter(state.get("reward_failures") or {})
 
     def load_state(self, state: dict[str, Any]) -> None:
         if "kl_controller" in state:
             restore_kl_controller(self.kl_ctl, state["kl_controller"])
+        # a checkpoint from before the totals were saved: from 0
+        self.reward_failures = Counter(state.get("reward_failures") or {})
         self.eval_reward_failures = Counter(state.get("eval_reward_failures") or {})
         if "sampler" in state:
             self.load_rollout_state(state)
@@ -93,20 +93,23 @@ class RlvrRecipe:
         """Synchronous step: rollout of batch `ctx.step`, then learn on it."""
         with ctx.timer.phase("rollout"):
             ctx.cluster.enter_phase("rollout")
-            batch = self.rollout(ctx, ctx.step)
+            batch = finished(self.rollout(ctx, ctx.step))
         return self.learn(ctx, batch)
 
-    def rollout(self, ctx: Context, index: int) -> RolloutBatch:
+    def rollout(self, ctx: Context, index: int) -> RolloutBatch | PendingBatch:
         """Step `index`'s scored groups after dynamic sampling, as trajectories, and the rollout
         metrics (rl_runtime.rlvr_rollout.rollout_batch; asynchronous training runs this on the
-        producer thread)."""
+        producer thread, which scores a batch while the next one generates)."""
         return rollout_batch(ctx.cluster, self.generator, self.prompts, self.plan,
                              seed=ctx.components.seed, index=index,
-                             failures=self.reward_failures)  # fmt: skip
+                             defer_scoring=True)  # fmt: skip
 
     def learn(self, ctx: Context, batch: RolloutBatch) -> dict[str, float]:
-        """Train on `batch` and sync the weights (rl_runtime.policy_update.learn_on_groups)."""
-        return learn_on_groups(ctx, batch, self.kl_ctl, pad_token_id=self.pad_token_id)
+        """Train on `batch` and sync the weights (rl_runtime.policy_update.learn_on_groups);
+        its failed reward calls join the run's totals (`reward/failures/<kind>`)."""
+        metrics = learn_on_groups(ctx, batch, self.kl_ctl, pad_token_id=self.pad_token_id)
+        metrics.update(add_batch_failures(batch.metrics, self.reward_failures))
+        return metrics
 
     # --------------------------------------------------------------------- evaluation
     def evaluate(self, ctx: Context) -> dict[str, float]:

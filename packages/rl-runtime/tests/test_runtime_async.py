@@ -10,7 +10,13 @@ import pytest
 
 from rl_config.records import Trajectory
 from rl_runtime.async_producer import RolloutProducer
-from rl_runtime.async_queue import AsyncTimeoutError, QueueClosed, RolloutBatch, SampleQueue
+from rl_runtime.async_queue import (
+    AsyncTimeoutError,
+    PendingBatch,
+    QueueClosed,
+    RolloutBatch,
+    SampleQueue,
+)
 from rl_runtime.staleness import LagStats, StalenessError, filter_stale
 
 
@@ -223,6 +229,63 @@ def test_a_producer_without_rollout_state_checkpoints_while_running_ahead():
     producer.trainer_finished(1)
     assert producer.resume_state(1) is None
     producer.stop(5.0)
+
+
+# ------------------------------------------------------------------ pending (scored later)
+def test_a_pending_batch_is_finished_while_the_next_one_generates_and_queued_in_order():
+    """`produce` returns batch i pending (generated, not scored); the producer finishes it on
+    its finisher thread while batch i + 1 generates: finishing 0 waits for batch 1 to have
+    started (it would time out if the two ran one after the other), batch 1 finishes first
+    (0 is slow), and the queue still holds them in order."""
+    events: list[str] = []
+    started = {i: threading.Event() for i in range(3)}
+
+    def produce(index: int) -> PendingBatch:
+        started[index].set()
+        events.append(f"generate {index}")
+
+        def finish() -> RolloutBatch:
+            if index == 0:
+                assert started[1].wait(5.0), "batch 1 did not generate while 0 was scored"
+            events.append(f"finish {index}")
+            return RolloutBatch(index, [traj(f"g{index}", 0)])
+
+        return PendingBatch(index, finish)
+
+    q = SampleQueue(10)
+    producer = RolloutProducer(produce, q, max_staleness=2, samples_per_batch=1, start_index=0,
+                               stop_index=3, timeout_s=5.0)  # fmt: skip
+    producer.start()
+    assert [q.take(5.0).index for _ in range(3)] == [0, 1, 2]
+    producer.stop(5.0)
+    assert not producer.alive and producer.error is None
+    assert events.index("generate 1") < events.index("finish 0")
+    assert q.depth == 0
+
+
+def test_an_error_while_finishing_reaches_the_trainer_and_stops_rollout():
+    generated: list[int] = []
+
+    def produce(index: int) -> PendingBatch:
+        generated.append(index)
+
+        def finish() -> RolloutBatch:
+            if index == 1:
+                raise RuntimeError("sandbox scorer died")
+            return RolloutBatch(index, [traj(f"g{index}", 0)])
+
+        return PendingBatch(index, finish)
+
+    q = SampleQueue(10)
+    producer = RolloutProducer(produce, q, max_staleness=5, samples_per_batch=1, start_index=0,
+                               stop_index=50, timeout_s=5.0)  # fmt: skip
+    producer.start()
+    assert q.take(5.0).index == 0
+    with pytest.raises(QueueClosed) as err:
+        q.take(5.0)
+    assert "sandbox scorer died" in repr(err.value.__cause__)
+    producer.stop(5.0)
+    assert not producer.alive and len(generated) < 50  # rollout stopped with it
 
 
 # ----------------------------------------------------------------- weight updates posted

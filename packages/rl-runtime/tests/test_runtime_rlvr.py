@@ -17,10 +17,11 @@ from rl_config.schema import ExperimentConfig
 from rl_envs.tasks.arith import write_arith_parquet
 from rl_envs.tasks.data import TaskRow
 from rl_rollout.templates import get_template
+from rl_runtime.async_queue import PendingBatch, RolloutBatch, finished
 from rl_runtime.compose.rlvr import RlvrPlan, build_rlvr
 from rl_runtime.rlvr_data import RowSampler, Scored, Scorer, load_rlvr_prompts
 from rl_runtime.rlvr_eval import held_out_accuracy
-from rl_runtime.rlvr_metrics import extra_metrics, most_common_answer_accuracy
+from rl_runtime.rlvr_metrics import add_batch_failures, extra_metrics, most_common_answer_accuracy
 from rl_runtime.rlvr_rollout import GroupGenerator, rollout_batch
 
 SEED = 42
@@ -168,8 +169,7 @@ def test_rollout_refills_dropped_groups_with_the_round_seed(arith, tok):
     prompts = load_rlvr_prompts(plan, tok, SEED)
     cluster = FakeCluster(tok, lambda req, k: "1" if int(req.request_id) % 2 == 0 == k else "0")
     generator = GroupGenerator(TextScorer(), tok)
-    totals = Counter({"timeout": 3})  # the run's so far: none of this batch's calls failed
-    batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=5, failures=totals)
+    batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=5)
 
     expected = RowSampler(prompts.train.rows, SEED, None)
     drawn = expected.next(4) + expected.next(2)
@@ -188,9 +188,51 @@ def test_rollout_refills_dropped_groups_with_the_round_seed(arith, tok):
         "dynamic_sampling/generated_groups": 6.0, "dynamic_sampling/kept_groups": 3.0,
         "dynamic_sampling/filled": 0.0}  # fmt: skip
     assert m["reward/mean"] == pytest.approx(3 / 12)  # every generated group, dropped ones too
-    assert m["data/train_prompts"] == 81.0 and m["reward/failures/timeout"] == 3.0
+    assert m["data/train_prompts"] == 81.0
+    assert not [k for k in m if k.startswith("reward/failures")]  # none of its calls failed
     assert m["timing/rollout_generate"] >= 0.0
     assert cluster.phases == []  # the caller hands the devices to rollout
+
+
+def test_deferred_scoring_generates_now_and_scores_when_finished(arith, tok):
+    """Asynchronous rollout (`defer_scoring`), dynamic sampling off: the engines are called at
+    once, the sandboxed scorer only when the pending batch is finished (the producer's finisher
+    thread, while the next batch generates), and the finished batch equals the one scored at
+    once. With dynamic sampling on, a refill needs the scores: the batch comes back finished."""
+
+    class CountingScorer(TextScorer):
+        calls = 0
+
+        def score(self, rows, texts, lengths) -> list[Scored]:
+            CountingScorer.calls += 1
+            return super().score(rows, texts, lengths)
+
+    plan = _plan([arith[0]], arith[1], dynamic_sampling={"enable": False})
+    answer = lambda req, k: "1" if int(req.request_id) % 2 == 0 == k else "0"  # noqa: E731
+    batches = []
+    for defer in (True, False):
+        prompts = load_rlvr_prompts(plan, tok, SEED)
+        cluster = FakeCluster(tok, answer)
+        generator = GroupGenerator(CountingScorer(), tok)
+        CountingScorer.calls = 0
+        out = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=3,
+                            defer_scoring=defer)  # fmt: skip
+        assert len(cluster.requests) == 4  # generated either way
+        if defer:
+            assert isinstance(out, PendingBatch) and out.index == 3 and CountingScorer.calls == 0
+            out = out.finish()
+        assert isinstance(out, RolloutBatch) and CountingScorer.calls == 1
+        batches.append(out)
+    deferred, direct = batches
+    assert deferred.trajectories == direct.trajectories
+    drop = "timing/rollout_generate"
+    assert {k: v for k, v in deferred.metrics.items() if k != drop} == {
+        k: v for k, v in direct.metrics.items() if k != drop}  # fmt: skip
+    dynamic = _plan([arith[0]], arith[1])  # dynamic sampling on (the default)
+    prompts = load_rlvr_prompts(dynamic, tok, SEED)
+    out = rollout_batch(FakeCluster(tok, answer), GroupGenerator(TextScorer(), tok), prompts,
+                        dynamic, seed=SEED, index=3, defer_scoring=True)  # fmt: skip
+    assert isinstance(out, RolloutBatch)
 
 
 def test_held_out_accuracy_greedy_sampled_and_baseline(arith, tok):
@@ -233,19 +275,21 @@ class TimeoutScorer(TextScorer):
 
 
 def test_failed_reward_calls_count_into_the_callers_totals_rollout_and_evaluation_apart(arith, tok):
-    """The run totals by kind are the caller's: a training rollout adds its failed calls to
-    the rollout's totals (`reward/failures/*`, rollout state), an evaluation to the
-    evaluation's (`val/reward_failures/*`, the trainer's state), never one into the other (an
-    asynchronous run evaluates on the trainer while rollout draws ahead)."""
+    """A training rollout batch counts its own failed calls (`reward/failures_in_batch/*`),
+    which the recipe adds to the run's totals when it learns on the batch (`reward/failures/*`,
+    the trainer's state); an evaluation adds to the evaluation's totals
+    (`val/reward_failures/*`), never one into the other (an asynchronous run evaluates on the
+    trainer while rollout draws ahead)."""
     plan = _plan([arith[0]], arith[1], dynamic_sampling={"enable": False})
     prompts = load_rlvr_prompts(plan, tok, SEED)
     cluster = FakeCluster(tok, lambda req, k: "x" if k == 0 else "1")  # sample 0 of each fails
     generator = GroupGenerator(TimeoutScorer(), tok)
     rollout_totals, eval_totals = Counter({"error": 1}), Counter()
-    batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0,
-                          failures=rollout_totals)  # fmt: skip
-    assert rollout_totals == {"error": 1, "timeout": 4}  # 4 prompts, one failed sample each
-    failures = {k: v for k, v in batch.metrics.items() if k.startswith("reward/failures/")}
+    batch = finished(rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0))
+    in_batch = {k: v for k, v in batch.metrics.items() if k.startswith("reward/failures")}
+    assert in_batch == {"reward/failures_in_batch/timeout": 4.0}  # 4 prompts, one failed each
+    failures = add_batch_failures(batch.metrics, rollout_totals)
+    assert rollout_totals == {"error": 1, "timeout": 4}
     assert failures == {"reward/failures/error": 1.0, "reward/failures/timeout": 4.0}
     for _ in range(2):
         out = held_out_accuracy(cluster, generator, prompts, plan, SEED, failures=eval_totals)
@@ -282,8 +326,7 @@ def test_remax_rollout_scores_one_greedy_baseline_per_prompt_and_keeps_groups_it
     cluster = FakeCluster(tok, lambda req, k: "1" if req.sampling.temperature == 0
                           and int(req.request_id) % 2 == 0 else "0")  # fmt: skip
     generator = GroupGenerator(TextScorer(), tok)
-    batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0,
-                          failures=Counter())  # fmt: skip
+    batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0)  # fmt: skip
 
     expected = RowSampler(prompts.train.rows, SEED, None)
     drawn = [expected.next(4), expected.next(2)]  # 2 groups kept, 2 more drawn, 1 kept
@@ -314,10 +357,9 @@ def test_remax_group_whose_baseline_reward_call_failed_is_screened_out_and_count
     prompts = load_rlvr_prompts(plan, tok, SEED)
     cluster = FakeCluster(tok, lambda req, k: ("x" if int(req.request_id) == 1 else "0")
                           if req.sampling.temperature == 0 else str(k))  # fmt: skip
-    totals: Counter[str] = Counter()
     batch = rollout_batch(cluster, GroupGenerator(TimeoutScorer(), tok), prompts, plan,
-                          seed=SEED, index=0, failures=totals)  # fmt: skip
-    assert totals == {"timeout": 1} and batch.metrics["reward/failures/timeout"] == 1.0
+                          seed=SEED, index=0)  # fmt: skip
+    assert batch.metrics["reward/failures_in_batch/timeout"] == 1.0
     by_group = [batch.trajectories[i : i + 2] for i in range(0, 8, 2)]
     assert [[failure_kind(t) for t in g] for g in by_group] == [
         [None, None], ["reward", "reward"], [None, None], [None, None]]  # fmt: skip
@@ -332,8 +374,7 @@ def _sandboxed_step_and_eval(plan: RlvrPlan, prompts: Any, cluster: FakeCluster,
     scorer = Scorer(plan.rewards, plan.overlong, plan.response_length, allow_weak_isolation=True)
     try:
         generator = GroupGenerator(scorer, tok)
-        batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0,
-                              failures=Counter())  # fmt: skip
+        batch = rollout_batch(cluster, generator, prompts, plan, seed=SEED, index=0)  # fmt: skip
         return batch, held_out_accuracy(cluster, generator, prompts, plan, SEED)
     finally:
         scorer.close()
@@ -383,7 +424,7 @@ def test_dynamic_sampling_refills_each_domain_its_own_share(tok, tmp_path):
     cluster = FakeCluster(tok, lambda req, k: "1" if domain[tuple(req.prompt_ids)] == "b" or k == 0
                           else "0")  # fmt: skip
     batch = rollout_batch(cluster, GroupGenerator(TextScorer(), tok), prompts, plan, seed=SEED,
-                          index=0, failures=Counter())  # fmt: skip
+                          index=0)  # fmt: skip
 
     asked = [domain[tuple(r.prompt_ids)] for r in cluster.requests]
     assert asked == ["a", "a", "b", "b", "b", "b"]  # the refill round: b's 2 missing groups
@@ -428,7 +469,7 @@ def test_trajectories_carry_the_rows_tag_column_for_grouping_by_tags(tok, tmp_pa
     prompts = load_rlvr_prompts(plan, tok, SEED)
     cluster = FakeCluster(tok, lambda req, k: str(k))
     batch = rollout_batch(cluster, GroupGenerator(TextScorer(), tok), prompts, plan, seed=SEED,
-                          index=0, failures=Counter())  # fmt: skip
+                          index=0)  # fmt: skip
     tags = [prompts.train.rows[t.env_seed].tag for t in batch.trajectories]
     assert [t.tag for t in batch.trajectories] == tags and set(tags) == {"a", "b"}
     collated = collate_trajectories(batch.trajectories, pad_token_id=0)

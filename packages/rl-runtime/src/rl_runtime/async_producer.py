@@ -1,7 +1,10 @@
 """The rollout side of asynchronous training: a driver thread that generates ahead of the trainer.
 
 `RolloutProducer(produce, queue, ...)` runs `produce(index) -> RolloutBatch` for index = start,
-start + 1, ... < stop_index, in order, on its own thread. Before each batch it waits for two
+start + 1, ... < stop_index, in order, on its own thread; a second thread puts the batches into
+the queue, in order, finishing first the ones `produce` returned pending (`PendingBatch`: e.g.
+generated, not yet scored), so a batch's reward scoring overlaps the next one's generation.
+Before each batch it waits for two
 things: the staleness gate, that the trainer has finished (trained and synced) at least
 `index - max_staleness` steps, so batch `index` is generated with weights at most
 `max_staleness` versions behind the trainer that consumes it (0: only after the previous step's
@@ -32,9 +35,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from queue import Empty, Full, Queue
 from typing import Any
 
-from rl_runtime.async_queue import QueueClosed, RolloutBatch, SampleQueue
+from rl_runtime.async_queue import PendingBatch, QueueClosed, RolloutBatch, SampleQueue, finished
 
 _POLL_S = 0.05
 
@@ -42,7 +46,7 @@ _POLL_S = 0.05
 class RolloutProducer:
     def __init__(
         self,
-        produce: Callable[[int], RolloutBatch],
+        produce: Callable[[int], RolloutBatch | PendingBatch],
         queue: SampleQueue,
         *,
         max_staleness: int,
@@ -75,6 +79,12 @@ class RolloutProducer:
         self._delivering = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
+        #: generated batches on their way to the queue, in order, with their reservation and
+        #: start time (one waits while the finisher works on the one before; None: the last)
+        self._handoff: Queue[tuple[RolloutBatch | PendingBatch, int, float] | None] = Queue(1)
+        self._finisher = threading.Thread(
+            target=self._finish_batches, name="rollout-finisher", daemon=True
+        )
 
     # ---------------------------------------------------------------------------- trainer
     @contextmanager
@@ -150,6 +160,7 @@ class RolloutProducer:
             callback()
 
     def start(self) -> None:
+        self._finisher.start()
         self._thread.start()
 
     def trainer_finished(self, steps: int) -> None:
@@ -191,12 +202,14 @@ class RolloutProducer:
         with self._lock:
             self._lock.notify_all()
         self.queue.close()
-        if self._thread.is_alive():
-            self._thread.join(self.timeout_s if timeout_s is None else timeout_s)
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        for thread in (self._thread, self._finisher):
+            if thread.is_alive():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() or self._finisher.is_alive()
 
     # --------------------------------------------------------------------------- producer
     def _gate_open(self, index: int) -> bool:
@@ -237,19 +250,67 @@ class RolloutProducer:
                 with self.generating:
                     self._deliver()  # an update posted since the gate opened
                     batch = self.produce(index)
-                batch.seconds = time.perf_counter() - t1
+                generated = time.perf_counter() - t1
                 if batch.index != index:
                     raise RuntimeError(f"produce({index}) returned batch {batch.index}")
-                self.queue.put(batch, reserved)
+                if not self._hand_off((batch, reserved, t1)):
+                    break
                 reserved = 0
                 with self._lock:
-                    self._busy_s += batch.seconds
+                    self._busy_s += generated
                     self.next_index = index + 1
         except QueueClosed:
             pass  # the run is ending
         except BaseException as exc:  # handed to the trainer through the queue
-            self.error = exc
-            self.queue.close(exc)
+            self._fail(exc)
         finally:
             if reserved:
                 self.queue.release(reserved)
+            self._hand_off(None)  # the finisher ends after the batches before it
+
+    def _hand_off(self, item: tuple[RolloutBatch | PendingBatch, int, float] | None) -> bool:
+        """Pass `item` to the finisher (waits while one is already waiting); False when the
+        run stopped first."""
+        while not self._stop.is_set() or item is None:
+            try:
+                self._handoff.put(item, timeout=_POLL_S)
+                return True
+            except Full:
+                if item is None and self._stop.is_set():
+                    return False  # stopping: the finisher ends on the stop event
+        return False
+
+    def _finish_batches(self) -> None:
+        """The finisher thread: finish each handed-off batch (`PendingBatch.finish`, off the
+        generation lock) and queue it, in order; its error ends the run like `produce`'s."""
+        while True:
+            try:
+                item = self._handoff.get(timeout=_POLL_S)
+            except Empty:
+                if self._stop.is_set():
+                    return
+                continue
+            if item is None:
+                return
+            pending, reserved, t1 = item
+            try:
+                batch = finished(pending)
+                if batch.index != pending.index:
+                    raise RuntimeError(
+                        f"finishing rollout batch {pending.index} gave batch {batch.index}"
+                    )
+                batch.seconds = time.perf_counter() - t1
+                self.queue.put(batch, reserved)
+            except QueueClosed:
+                self.queue.release(reserved)
+                return  # the run is ending
+            except BaseException as exc:
+                self.queue.release(reserved)
+                self._fail(exc)
+                return
+
+    def _fail(self, exc: BaseException) -> None:
+        """Hand `exc` to the trainer (its `take` raises it) and stop rollout."""
+        self.error = exc
+        self.queue.close(exc)
+        self._stop.set()

@@ -41,6 +41,23 @@ class RolloutBatch:
         return len(self.trajectories)
 
 
+@dataclass
+class PendingBatch:
+    """A rollout batch generated but not finished (decoded, scored, made into trajectories):
+    `finish()` completes it. The rollout producer finishes it off its generation, on a thread
+    of its own, while the next batch is generated (reward scoring overlaps generation);
+    `finish` must not touch what the recipe's `rollout_state` records, since the next batch
+    may have begun by then."""
+
+    index: int
+    finish: Callable[[], RolloutBatch]
+
+
+def finished(batch: RolloutBatch | PendingBatch) -> RolloutBatch:
+    """`batch`, finished now when it is pending (synchronous training)."""
+    return batch.finish() if isinstance(batch, PendingBatch) else batch
+
+
 class SampleQueue:
     """FIFO of `RolloutBatch`es holding at most `capacity` samples (queued plus reserved)."""
 

@@ -28,12 +28,33 @@ class Group:
     baseline: Scored | None = None
 
 
+#: a rollout batch's failed reward calls by kind, `<prefix><kind>` (rl_runtime.rlvr_rollout);
+#: the recipe adds them to the run's totals, `reward/failures/<kind>`, when it learns on the batch
+FAILURES_IN_BATCH = "reward/failures_in_batch/"
+
+
+def failure_counts(groups: list[Group]) -> Counter[str]:
+    """The failed reward calls of `groups` (their samples' and baselines') by kind."""
+    scores = [s for g in groups for s in (*g.scores, *([g.baseline] if g.baseline else []))]
+    return Counter(s.kind for s in scores if not s.ok)
+
+
 def count_failures(groups: list[Group], totals: Counter[str]) -> dict[str, float]:
     """Add the failed reward calls of `groups` to the run's `totals` by kind (updated in place);
     the totals as metrics `<kind>: count`."""
-    scores = [s for g in groups for s in (*g.scores, *([g.baseline] if g.baseline else []))]
-    totals.update(s.kind for s in scores if not s.ok)
+    totals.update(failure_counts(groups))
     return {kind: float(n) for kind, n in sorted(totals.items())}
+
+
+def add_batch_failures(metrics: dict[str, float], totals: Counter[str]) -> dict[str, float]:
+    """Add a batch's `FAILURES_IN_BATCH` counts (in its `metrics`) to the run's `totals` (in
+    place); the totals as metrics `reward/failures/<kind>`."""
+    totals.update({
+        key.removeprefix(FAILURES_IN_BATCH): int(v)
+        for key, v in metrics.items()
+        if key.startswith(FAILURES_IN_BATCH)
+    })  # fmt: skip
+    return {f"reward/failures/{kind}": float(n) for kind, n in sorted(totals.items())}
 
 
 def _quantile(ordered: list[int], q: float) -> float:

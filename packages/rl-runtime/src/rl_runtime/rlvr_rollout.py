@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams, Trajectory, Turn
-from rl_runtime.async_queue import RolloutBatch
+from rl_runtime.async_queue import PendingBatch, RolloutBatch
 from rl_runtime.collate import shard_rows
 from rl_runtime.compose.rlvr import RlvrPlan
-from rl_runtime.dynamic_sampling import fill_quotas
+from rl_runtime.dynamic_sampling import FillResult, fill_quotas
 from rl_runtime.rlvr_data import RlvrPrompts, Scored, Scorer
-from rl_runtime.rlvr_metrics import Group, count_failures, group_metrics
+from rl_runtime.rlvr_metrics import FAILURES_IN_BATCH, Group, failure_counts, group_metrics
 
 
 def generate(cluster: Any, prompts: list[list[int]], sampling: SamplingParams) -> list:
@@ -142,12 +142,46 @@ def _reward_info(score: Scored) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Generated:
+    """One generation round's output, not yet scored (`GroupGenerator.generate`)."""
+
+    rows: list
+    prompt_ids: list[list[int]]
+    results: list[list[GenerationResult]]
+    greedy: list[GenerationResult] | None
+
+
+@dataclass(frozen=True)
 class GroupGenerator:
     """Prompts to scored groups: `generate` on every engine, then `score_groups` (the tokenizer
     decodes, the sandboxed `scorer` rewards). The caller owns the scorer."""
 
     scorer: Scorer
     tokenizer: Any
+
+    def generate(
+        self,
+        cluster: Any,
+        rows: list,
+        prompt_ids: list[list[int]],
+        sampling: SamplingParams,
+        generate_s: list[float] | None = None,
+        baseline: SamplingParams | None = None,
+    ) -> Generated:
+        """The engines' samples of each prompt, and its `baseline` response (one greedy sample
+        per prompt) when given; the seconds spent in the engines' generate calls are appended
+        to `generate_s` when given."""
+        t0 = time.perf_counter()
+        results = generate(cluster, prompt_ids, sampling)
+        greedy = [res[0] for res in generate(cluster, prompt_ids, baseline)] if baseline else None
+        if generate_s is not None:
+            generate_s.append(time.perf_counter() - t0)
+        return Generated(rows, prompt_ids, results, greedy)
+
+    def score(self, generated: Generated) -> list[Group]:
+        """One scored `Group` per prompt of `generated`."""
+        g = generated
+        return score_groups(self.scorer, self.tokenizer, g.rows, g.prompt_ids, g.results, g.greedy)
 
     def groups(
         self,
@@ -158,15 +192,8 @@ class GroupGenerator:
         generate_s: list[float] | None = None,
         baseline: SamplingParams | None = None,
     ) -> list[Group]:
-        """One `Group` per prompt, with its `baseline` response (one greedy sample per prompt)
-        when given; the seconds spent in the engines' generate calls are appended to
-        `generate_s` when given."""
-        t0 = time.perf_counter()
-        results = generate(cluster, prompt_ids, sampling)
-        greedy = [res[0] for res in generate(cluster, prompt_ids, baseline)] if baseline else None
-        if generate_s is not None:
-            generate_s.append(time.perf_counter() - t0)
-        return score_groups(self.scorer, self.tokenizer, rows, prompt_ids, results, greedy)
+        """`generate`, then `score`."""
+        return self.score(self.generate(cluster, rows, prompt_ids, sampling, generate_s, baseline))
 
 
 def scored_rewards(group: Group) -> list[float]:
@@ -187,45 +214,72 @@ def rollout_batch(
     *,
     seed: int,
     index: int,
-    failures: Counter[str],
-) -> RolloutBatch:
+    defer_scoring: bool = False,
+) -> RolloutBatch | PendingBatch:
     """Step `index`'s groups as trajectories: `plan.prompts_per_step` prompts drawn from
     `prompts.sampler`, G samples each, scored, then DAPO's dynamic sampling (`fill_quotas`:
     zero-variance groups dropped, more drawn within the bound; with `domain_interleave_probs`
     each domain refills its own share). Generation round r samples with
     seed `seed * 100_003 + index * 7 + (groups drawn before r) * 100_000_007`. Metrics:
     dynamic_sampling/*, data/*, reward/* and response/* of every generated group (dropped ones
-    included), timing/rollout_generate (engine seconds), reward/failures/<kind> (the run's
-    totals of the training rollouts' failed reward calls, `failures`, updated with this
-    batch's: rollout state, so a resume continues them exactly). Only actor_infer is called
-    (asynchronous training runs this on the producer thread)."""
+    included), timing/rollout_generate (engine seconds), `reward/failures_in_batch/<kind>` (the
+    batch's failed reward calls, dropped groups' included; the recipe adds them up). Only
+    actor_infer is called (asynchronous training runs this on the producer thread).
+
+    `defer_scoring` (asynchronous training): with dynamic sampling off, the one generation round
+    runs now and the rest (decoding, sandboxed scoring, trajectories) is returned pending
+    (`PendingBatch`), for the producer to finish while the next batch generates; with dynamic
+    sampling on, a refill depends on the scores, so the batch is finished here."""
     train = prompts.train
     drawn: list[Group] = []  # every generated group, dropped ones included (metrics)
     generate_s: list[float] = []  # per generation round (the rest: decoding, scoring)
 
-    def draw(wanted: dict[str | None, int]) -> list[Group]:
+    def generate_round(wanted: dict[str | None, int]) -> Generated:
         rows_index = prompts.sampler.draw(wanted)
         round_seed = seed * 100_003 + index * 7 + len(drawn) * 100_000_007
         sampling = msgspec.structs.replace(plan.sampling, seed=round_seed)
         rows = [train.rows[i] for i in rows_index]
         ids = [train.ids[i] for i in rows_index]
         baseline = plan.baseline_sampling(round_seed)
-        fresh = generator.groups(cluster, rows, ids, sampling, generate_s, baseline)
+        return generator.generate(cluster, rows, ids, sampling, generate_s, baseline)
+
+    def scored(generated: Generated) -> list[Group]:
+        fresh = generator.score(generated)
         drawn.extend(fresh)
         return fresh
 
-    sampler = prompts.sampler
-    fill = fill_quotas(
-        draw, scored_rewards, sampler.quotas(plan.prompts_per_step),
-        lambda group: sampler.key_of(group.row),
-        enable=plan.dynamic_sampling.enable,
-        max_extra_rounds=plan.dynamic_sampling.max_extra_rounds,
-    )  # fmt: skip
+    sampler, dynamic = prompts.sampler, plan.dynamic_sampling
+    quotas = sampler.quotas(plan.prompts_per_step)
+
+    def fill(draw: Callable[[dict[str | None, int]], list[Group]]) -> RolloutBatch:
+        result = fill_quotas(
+            draw, scored_rewards, quotas, lambda group: sampler.key_of(group.row),
+            enable=dynamic.enable, max_extra_rounds=dynamic.max_extra_rounds,
+        )  # fmt: skip
+        return _batch(result, drawn, generate_s, prompts, plan, index)
+
+    if not defer_scoring or dynamic.enable:
+        return fill(lambda wanted: scored(generate_round(wanted)))
+    # one round, as fill_quotas draws it without dynamic sampling: generated now, scored later
+    generated = generate_round({key: n for key, n in quotas.items() if n > 0})
+    return PendingBatch(index, lambda: fill(lambda _wanted: scored(generated)))
+
+
+def _batch(
+    fill: FillResult[Group],
+    drawn: list[Group],
+    generate_s: list[float],
+    prompts: RlvrPrompts,
+    plan: RlvrPlan,
+    index: int,
+) -> RolloutBatch:
+    """The step's RolloutBatch from dynamic sampling's result `fill` and every group generated
+    for it (`drawn`)."""
     named = tuple(plan.rewards.domains) if plan.rewards.named else ()  # by a rewards section
     metrics = {**fill.metrics(), **prompts.metrics, **group_metrics(drawn, named)}
     metrics["timing/rollout_generate"] = sum(generate_s)
-    totals = count_failures(drawn, failures)
-    metrics.update({f"reward/failures/{k}": v for k, v in totals.items()})
+    counts = failure_counts(drawn)
+    metrics.update({f"{FAILURES_IN_BATCH}{k}": float(v) for k, v in sorted(counts.items())})
     trajectories = group_trajectories(fill.groups, index, plan.max_len_mask, plan.difficulty)
     if plan.difficulty is not None and fill.groups:  # ROLL's actor/difficulty_mask_ratio
         kept = sum(within_difficulty(g, plan.difficulty) for g in fill.groups)
