@@ -153,6 +153,24 @@ def test_config_override_kinds(write_yaml) -> None:
     assert cfg.system_envs == {"A": "1"}
 
 
+def test_a_bool_for_a_number_is_refused_from_the_file_and_from_the_command_line(
+    write_yaml,
+) -> None:
+    """`max_steps: true` in YAML and `max_steps=true` on the command line both gave max_steps 1."""
+    path = write_yaml("main.yaml", BASE + "max_steps: true\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    (issue,) = info.value.issues
+    assert str(issue) == "max_steps: expected an integer, got True (bool)"
+    assert str(path) in str(info.value)
+    plain = write_yaml("plain.yaml", BASE)
+    with pytest.raises(ConfigError) as info:
+        load_config(plain, ["actor_train.training_args.learning_rate=false"])
+    (issue,) = info.value.issues
+    assert issue.path == "actor_train.training_args.learning_rate"
+    assert issue.origin == "command line: actor_train.training_args.learning_rate=false"
+
+
 @pytest.mark.parametrize(
     ("override", "fragment"),
     [

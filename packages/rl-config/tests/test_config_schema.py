@@ -79,6 +79,31 @@ def test_config_an_infinite_float_is_refused_by_name() -> None:
         assert found[key].startswith("must be a finite number"), key
 
 
+def test_config_a_bool_is_refused_where_a_number_is_expected() -> None:
+    """Pydantic's lax mode read `max_steps: true` as 1 and `beta: false` as 0.0; every int and
+    float key (nested, in a list or a mapping) now refuses a bool by name, one rule for all."""
+    found = issues_of(
+        max_steps=True,
+        beta=False,
+        actor_train={
+            "training_args": {"learning_rate": True, "per_device_train_batch_size": True},
+            "data_args": {"domain_interleave_probs": {"math": True}},
+        },
+        custom_envs={"FL": {"env_type": "frozen_lake", "max_steps": True}},
+    )
+    assert found["max_steps"] == "expected an integer, got True (bool)"
+    assert found["beta"] == "expected a number, got False (bool)"
+    assert found["actor_train.training_args.learning_rate"] == "expected a number, got True (bool)"
+    assert found["actor_train.training_args.per_device_train_batch_size"].endswith("True (bool)")
+    assert found["actor_train.data_args.domain_interleave_probs"].endswith("(dict)")
+    assert found["custom_envs.FL.max_steps"].endswith("True (bool)")
+
+
+def test_config_a_bool_key_still_takes_a_bool() -> None:
+    cfg = validate(use_kl_loss=True, max_steps=7)
+    assert cfg.use_kl_loss is True and cfg.max_steps == 7
+
+
 def test_config_unknown_key_inside_dict_of_models() -> None:
     found = issues_of(**agentic(custom_envs={"Sok": {"env_type": "sokoban", "max_step": 3}}))
     assert found["custom_envs.Sok.max_step"] == "unknown key; did you mean 'max_steps'?"
@@ -228,6 +253,16 @@ def test_config_dpo_is_not_refused_for_the_generation_defaults_it_ignores() -> N
     )
     found = issues_of(sequence_length=100)  # RLVR generates: still refused
     assert "no room for the prompt" in found["actor_infer.generating_args.max_new_tokens"]
+
+
+def test_config_preference_columns_must_differ() -> None:
+    """`chosen_key=rejected` (rejected_key's default) passed validation; the run failed at data
+    load, or trained on pairs of identical responses. Refused by name, both keys in the message."""
+    found = issues_of(beta=0.1, chosen_key="rejected")
+    assert found["rejected_key"].startswith("is 'rejected', the same column as chosen_key=")
+    found = issues_of(loss_type="kto", label_key="completion")
+    assert "the same column as completion_key" in found["label_key"]
+    assert validate(beta=0.1, chosen_key="better", rejected_key="worse").chosen_key == "better"
 
 
 def test_config_agentic_rules() -> None:
