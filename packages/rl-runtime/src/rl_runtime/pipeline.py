@@ -370,6 +370,30 @@ def print_result(
     )
 
 
+def check_resume_step(step: int, max_steps: int, checkpoint: Path) -> str:
+    """A resume whose checkpoint is past `max_steps`: a ``ConfigError`` naming both (nothing
+    can be trained, and the checkpoint's policy is not the one `max_steps` asks for). At
+    `max_steps` exactly (a finished run resumed, e.g. the same command again, which keeps its
+    result: the final policy is evaluated again): the line that says so; else ''."""
+    from rl_config.errors import ConfigError, ConfigIssue
+
+    if step > max_steps:
+        raise ConfigError(
+            ConfigIssue(
+                "max_steps",
+                f"is {max_steps}, but checkpoint {checkpoint} is at step {step}: nothing is "
+                f"left to train; raise max_steps above {step} to train on from it (or resume "
+                "from an earlier checkpoint, or start fresh)",
+            )
+        )
+    if step == max_steps:
+        return (
+            f"checkpoint {checkpoint} is at max_steps={max_steps}: the run is finished and "
+            f"nothing is trained (raise max_steps above {step} to train on)"
+        )
+    return ""
+
+
 def check_optional_packages(cfg: Any) -> list[str]:
     """Before anything starts: a ``ConfigError`` naming each optional package the config needs
     that is not installed (key, reason and the install command); returns the descriptions of
@@ -508,6 +532,9 @@ class Runner:
                     pipeline=self.pipeline(), saved_derived=state.extra.get("derived"),
                     derived=self.options.derived,
                 )  # fmt: skip
+                finished = check_resume_step(state.step, c.cadence.max_steps, resume)
+                if finished:
+                    print(finished, flush=True)
         if resume is None:
             earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
             moved = set_aside_previous_run(
