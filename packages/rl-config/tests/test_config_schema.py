@@ -171,6 +171,24 @@ def test_config_unset_num_nodes_is_derived_from_device_ids_as_roll_does() -> Non
     assert "derived as 3 from device id 11 and num_gpus_per_node 4" in note
 
 
+def test_config_unset_gpus_per_node_with_device_ids_is_rolls_8() -> None:
+    """ROLL's examples list devices 0..7 and leave num_gpus_per_node to ROLL (8, the machine's
+    device count there); read as 1 here, they spanned 8 one-device nodes and a TP-2 engine's
+    devices 'span nodes'. Unset with device ids: 8, with a warning; without ids (CPU): 1."""
+    cfg = validate(actor_train={"device_mapping": "list(range(0,8))"})
+    assert (cfg.num_gpus_per_node, cfg.num_nodes, cfg.total_devices) == (8, 1, 8)
+    (note,) = [w for w in cfg.config_warnings() if w.startswith("num_gpus_per_node:")]
+    assert "not set; taken as 8, ROLL's default" in note
+    two = validate(actor_train={"device_mapping": "list(range(0,16))"}, rollout_batch_size=16)
+    assert (two.num_gpus_per_node, two.num_nodes) == (8, 2)
+    cpu = validate()
+    assert (cpu.num_gpus_per_node, cpu.num_nodes) == (1, 1)
+    assert not [w for w in cpu.config_warnings() if w.startswith("num_gpus_per_node")]
+    mine = validate(num_gpus_per_node=1, actor_train={"device_mapping": [0]})
+    assert mine.num_gpus_per_node == 1
+    assert not [w for w in mine.config_warnings() if w.startswith("num_gpus_per_node")]
+
+
 def test_config_vllm_devices_per_worker_follow_tensor_parallel() -> None:
     cfg = validate(
         num_gpus_per_node=8,
