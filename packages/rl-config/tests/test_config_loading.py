@@ -96,7 +96,9 @@ def test_a_defaults_entry_outside_the_configs_tree_is_refused(write_yaml, tmp_pa
         with pytest.raises(ConfigError) as info:
             load_config(path)
         (issue,) = info.value.issues
-        assert issue.path == "defaults" and f"entry {entry!r} resolves to {leaked}," in issue.message
+        assert (
+            issue.path == "defaults" and f"entry {entry!r} resolves to {leaked}," in issue.message
+        )
         assert info.value.source == str(path)
     roll = write_yaml("runs/exp/roll.yaml", "defaults: [../config/frag@_here_, _self_]\n" + BASE)
     assert load_config(roll).exp_name == "roll_fragment"
