@@ -194,7 +194,7 @@ def test_a_bool_for_a_number_is_refused_from_the_file_and_from_the_command_line(
     with pytest.raises(ConfigError) as info:
         load_config(path)
     (issue,) = info.value.issues
-    assert str(issue) == "max_steps: expected an integer, got True (bool)"
+    assert str(issue) == "max_steps: expected an integer, not a bool (got True (bool))"
     assert str(path) in str(info.value)
     plain = write_yaml("plain.yaml", BASE)
     with pytest.raises(ConfigError) as info:

@@ -91,12 +91,17 @@ def test_config_a_bool_is_refused_where_a_number_is_expected() -> None:
         },
         custom_envs={"FL": {"env_type": "frozen_lake", "max_steps": True}},
     )
-    assert found["max_steps"] == "expected an integer, got True (bool)"
-    assert found["beta"] == "expected a number, got False (bool)"
-    assert found["actor_train.training_args.learning_rate"] == "expected a number, got True (bool)"
-    assert found["actor_train.training_args.per_device_train_batch_size"].endswith("True (bool)")
-    assert found["actor_train.data_args.domain_interleave_probs"].endswith("(dict)")
-    assert found["custom_envs.FL.max_steps"].endswith("True (bool)")
+    assert found["max_steps"] == "expected an integer, not a bool (got True (bool))"
+    assert found["beta"] == "expected a number, not a bool (got False (bool))"
+    assert (
+        found["actor_train.training_args.learning_rate"]
+        == "expected a number, not a bool (got True (bool))"
+    )
+    assert found["actor_train.training_args.per_device_train_batch_size"].endswith("True (bool))")
+    assert found["actor_train.data_args.domain_interleave_probs"].endswith(
+        "not a bool (got {'math': True} (dict))"
+    )
+    assert found["custom_envs.FL.max_steps"].endswith("True (bool))")
 
 
 def test_config_a_bool_key_still_takes_a_bool() -> None:

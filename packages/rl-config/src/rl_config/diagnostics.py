@@ -27,7 +27,6 @@ _TYPE_ERRORS = {
     "tuple_type",
     "union_tag_invalid",
     "is_instance_of",
-    "number_from_bool",  # rl_config.schema.base: `max_steps: true` is no 1
 }
 
 

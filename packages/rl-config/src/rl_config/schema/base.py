@@ -6,7 +6,6 @@ import types
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
-from pydantic_core import PydanticCustomError
 
 _NUMBERS = (int, float)
 
@@ -57,7 +56,7 @@ class StrictModel(BaseModel):
         would read ``max_steps=true`` as 1 and ``beta: false`` as 0.0."""
         field = cls.model_fields.get(info.field_name or "")
         if field is not None and _bool_for_number(field.annotation, value):
-            raise PydanticCustomError(
-                "number_from_bool", "a bool is not a number here; write the number"
-            )
+            from rl_config.schema_walk import describe_type
+
+            raise ValueError(f"expected {describe_type(field.annotation)}, not a bool")
         return value
