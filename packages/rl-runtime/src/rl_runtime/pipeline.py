@@ -68,7 +68,7 @@ from rl_runtime.previous_run import (
     earlier_run_outputs,
     set_aside_previous_run,
 )
-from rl_runtime.resume_guard import app_record, check_resume, config_record
+from rl_runtime.resume_guard import app_record, check_resume, check_resume_step, config_record
 from rl_runtime.run_lock import run_directory_lock
 from rl_runtime.summary_json import write_summary
 from rl_runtime.timing import PhaseTimer, StepProgress
@@ -368,30 +368,6 @@ def print_result(
         f"steps={result.step} weight_version={result.weight_version} "
         f"wall={result.wall_seconds:.0f}s curves={result.curves} hf_model={result.hf_model}"
     )
-
-
-def check_resume_step(step: int, max_steps: int, checkpoint: Path) -> str:
-    """A resume whose checkpoint is past `max_steps`: a ``ConfigError`` naming both (nothing
-    can be trained, and the checkpoint's policy is not the one `max_steps` asks for). At
-    `max_steps` exactly (a finished run resumed, e.g. the same command again, which keeps its
-    result: the final policy is evaluated again): the line that says so; else ''."""
-    from rl_config.errors import ConfigError, ConfigIssue
-
-    if step > max_steps:
-        raise ConfigError(
-            ConfigIssue(
-                "max_steps",
-                f"is {max_steps}, but checkpoint {checkpoint} is at step {step}: nothing is "
-                f"left to train; raise max_steps above {step} to train on from it (or resume "
-                "from an earlier checkpoint, or start fresh)",
-            )
-        )
-    if step == max_steps:
-        return (
-            f"checkpoint {checkpoint} is at max_steps={max_steps}: the run is finished and "
-            f"nothing is trained (raise max_steps above {step} to train on)"
-        )
-    return ""
 
 
 def check_optional_packages(cfg: Any) -> list[str]:
