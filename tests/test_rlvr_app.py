@@ -208,6 +208,31 @@ def test_roll_rlvr_examples_without_megatron_dry_run_through_the_app(name, capsy
         assert "warning: actor_train.data_args.template='qwen2-vl' renders text only" in out
 
 
+@pytest.mark.parametrize(
+    ("name", "warning"),
+    [
+        # devices 0..7 without num_gpus_per_node, a TP-2 vLLM engine: "span nodes" before
+        ("head/examples/qwen3-vl-32B-rlvr_megatron/rlvr_megatron_80GB.yaml",
+         "warning: num_gpus_per_node: not set; taken as 8, ROLL's default"),
+        # domain_interleave_probs 0.4, 0.3, 0.1, 0.1 (llm_judge commented out): "must sum to 1"
+        ("v0.2.1/examples/qwen3-235BA22B-rlvr_megatron/rlvr_config.yaml",
+         "warning: actor_train.data_args.domain_interleave_probs sums to 0.9, not 1: the last "
+         "domain 'ifeval' takes the remainder of each batch (0.2 of it, not 0.1), as ROLL does"),
+    ],
+)  # fmt: skip
+def test_converted_roll_rlvr_examples_dry_run_as_roll_reads_them(name, warning, tmp_path, capsys):
+    """ROLL's Megatron RLVR examples converted to FSDP2 (`rl-config convert`) dry-run through
+    apps/rlvr as ROLL runs them, saying what it assumed; 22 of them failed before."""
+    from rl_config.convert import convert_file, dump
+
+    out = tmp_path / "converted.yaml"
+    out.write_text(dump(convert_file(ROLL / name, "fsdp2"), str(ROLL / name), "fsdp2"))
+    code = app_main("rlvr")(["--config", str(out), "--dry-run"])
+    stdout, err = capsys.readouterr()
+    assert code == 0, err
+    assert warning in stdout and "actor_train  workers=" in stdout
+
+
 def test_all_twelve_roll_rlvr_examples_are_swept():
     names = _roll_rlvr()
     assert len(names) == 12 and set(names) >= MIXED_COLOCATION

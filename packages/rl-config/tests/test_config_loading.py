@@ -82,6 +82,39 @@ def test_config_missing_default_names_entry_and_search_path(write_yaml) -> None:
     assert "nope" in str(info.value) and "library" in str(info.value)
 
 
+def test_a_defaults_entry_outside_the_configs_tree_is_refused(write_yaml, tmp_path) -> None:
+    """`../` climbed anywhere: `../../outside@_here_` merged a YAML file from outside the
+    config's directory into it (and `rl-config check` printed it). Now only the config's own
+    tree, ROLL's fragment folder beside it (`../config/`) and the library may be read."""
+    write_yaml("outside.yaml", "exp_name: leaked\n")
+    write_yaml("runs/other/frag.yaml", "exp_name: leaked\n")
+    write_yaml("runs/config/frag.yaml", "exp_name: roll_fragment\n")
+    write_yaml("runs/exp/sub/frag.yaml", "exp_name: own_tree\n")
+    for entry, leaked in [("../../outside", tmp_path / "outside.yaml"),
+                          ("../other/frag", tmp_path / "runs/other/frag.yaml")]:  # fmt: skip
+        path = write_yaml("runs/exp/main.yaml", f"defaults: [{entry}@_here_, _self_]\n" + BASE)
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+        (issue,) = info.value.issues
+        assert (
+            issue.path == "defaults" and f"entry {entry!r} resolves to {leaked}," in issue.message
+        )
+        assert info.value.source == str(path)
+    roll = write_yaml("runs/exp/roll.yaml", "defaults: [../config/frag@_here_, _self_]\n" + BASE)
+    assert load_config(roll).exp_name == "roll_fragment"
+    own = write_yaml("runs/exp/own.yaml", "defaults: [sub/frag@_here_, _self_]\n" + BASE)
+    assert load_config(own).exp_name == "own_tree"
+
+
+def test_a_defaults_entry_symlinked_out_of_the_tree_is_refused(write_yaml, tmp_path) -> None:
+    """A link inside the config's directory to a file outside it is judged by its target."""
+    secret = write_yaml("secret/frag.yaml", "exp_name: leaked\n")
+    path = write_yaml("exp/main.yaml", "defaults: [frag@_here_, _self_]\n" + BASE)
+    (tmp_path / "exp" / "frag.yaml").symlink_to(secret)
+    with pytest.raises(ConfigError, match=f"entry 'frag' resolves to {secret}, outside"):
+        load_config(path)
+
+
 def test_config_interpolation_and_user_variables(write_yaml) -> None:
     path = write_yaml(
         "main.yaml",
@@ -151,6 +184,24 @@ def test_config_override_kinds(write_yaml) -> None:
     assert cfg.actor_train.training_args.learning_rate == pytest.approx(2e-5)
     assert cfg.actor_train.device_mapping == [0]
     assert cfg.system_envs == {"A": "1"}
+
+
+def test_a_bool_for_a_number_is_refused_from_the_file_and_from_the_command_line(
+    write_yaml,
+) -> None:
+    """`max_steps: true` in YAML and `max_steps=true` on the command line both gave max_steps 1."""
+    path = write_yaml("main.yaml", BASE + "max_steps: true\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    (issue,) = info.value.issues
+    assert str(issue) == "max_steps: expected an integer, not a bool (got True (bool))"
+    assert str(path) in str(info.value)
+    plain = write_yaml("plain.yaml", BASE)
+    with pytest.raises(ConfigError) as info:
+        load_config(plain, ["actor_train.training_args.learning_rate=false"])
+    (issue,) = info.value.issues
+    assert issue.path == "actor_train.training_args.learning_rate"
+    assert issue.origin == "command line: actor_train.training_args.learning_rate=false"
 
 
 @pytest.mark.parametrize(

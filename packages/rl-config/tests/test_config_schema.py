@@ -79,6 +79,36 @@ def test_config_an_infinite_float_is_refused_by_name() -> None:
         assert found[key].startswith("must be a finite number"), key
 
 
+def test_config_a_bool_is_refused_where_a_number_is_expected() -> None:
+    """Pydantic's lax mode read `max_steps: true` as 1 and `beta: false` as 0.0; every int and
+    float key (nested, in a list or a mapping) now refuses a bool by name, one rule for all."""
+    found = issues_of(
+        max_steps=True,
+        beta=False,
+        actor_train={
+            "training_args": {"learning_rate": True, "per_device_train_batch_size": True},
+            "data_args": {"domain_interleave_probs": {"math": True}},
+        },
+        custom_envs={"FL": {"env_type": "frozen_lake", "max_steps": True}},
+    )
+    assert found["max_steps"] == "expected an integer, not a bool (got True (bool))"
+    assert found["beta"] == "expected a number, not a bool (got False (bool))"
+    assert (
+        found["actor_train.training_args.learning_rate"]
+        == "expected a number, not a bool (got True (bool))"
+    )
+    assert found["actor_train.training_args.per_device_train_batch_size"].endswith("True (bool))")
+    assert found["actor_train.data_args.domain_interleave_probs"].endswith(
+        "not a bool (got {'math': True} (dict))"
+    )
+    assert found["custom_envs.FL.max_steps"].endswith("True (bool))")
+
+
+def test_config_a_bool_key_still_takes_a_bool() -> None:
+    cfg = validate(use_kl_loss=True, max_steps=7)
+    assert cfg.use_kl_loss is True and cfg.max_steps == 7
+
+
 def test_config_unknown_key_inside_dict_of_models() -> None:
     found = issues_of(**agentic(custom_envs={"Sok": {"env_type": "sokoban", "max_step": 3}}))
     assert found["custom_envs.Sok.max_step"] == "unknown key; did you mean 'max_steps'?"
@@ -144,6 +174,24 @@ def test_config_unset_num_nodes_is_derived_from_device_ids_as_roll_does() -> Non
     assert cfg.num_nodes == 3
     (note,) = [w for w in cfg.config_warnings() if w.startswith("num_nodes:")]
     assert "derived as 3 from device id 11 and num_gpus_per_node 4" in note
+
+
+def test_config_unset_gpus_per_node_with_device_ids_is_rolls_8() -> None:
+    """ROLL's examples list devices 0..7 and leave num_gpus_per_node to ROLL (8, the machine's
+    device count there); read as 1 here, they spanned 8 one-device nodes and a TP-2 engine's
+    devices 'span nodes'. Unset with device ids: 8, with a warning; without ids (CPU): 1."""
+    cfg = validate(actor_train={"device_mapping": "list(range(0,8))"})
+    assert (cfg.num_gpus_per_node, cfg.num_nodes, cfg.total_devices) == (8, 1, 8)
+    (note,) = [w for w in cfg.config_warnings() if w.startswith("num_gpus_per_node:")]
+    assert "not set; taken as 8, ROLL's default" in note
+    two = validate(actor_train={"device_mapping": "list(range(0,16))"}, rollout_batch_size=16)
+    assert (two.num_gpus_per_node, two.num_nodes) == (8, 2)
+    cpu = validate()
+    assert (cpu.num_gpus_per_node, cpu.num_nodes) == (1, 1)
+    assert not [w for w in cpu.config_warnings() if w.startswith("num_gpus_per_node")]
+    mine = validate(num_gpus_per_node=1, actor_train={"device_mapping": [0]})
+    assert mine.num_gpus_per_node == 1
+    assert not [w for w in mine.config_warnings() if w.startswith("num_gpus_per_node")]
 
 
 def test_config_vllm_devices_per_worker_follow_tensor_parallel() -> None:
@@ -228,6 +276,16 @@ def test_config_dpo_is_not_refused_for_the_generation_defaults_it_ignores() -> N
     )
     found = issues_of(sequence_length=100)  # RLVR generates: still refused
     assert "no room for the prompt" in found["actor_infer.generating_args.max_new_tokens"]
+
+
+def test_config_preference_columns_must_differ() -> None:
+    """`chosen_key=rejected` (rejected_key's default) passed validation; the run failed at data
+    load, or trained on pairs of identical responses. Refused by name, both keys in the message."""
+    found = issues_of(beta=0.1, chosen_key="rejected")
+    assert found["rejected_key"].startswith("is 'rejected', the same column as chosen_key=")
+    found = issues_of(loss_type="kto", label_key="completion")
+    assert "the same column as completion_key" in found["label_key"]
+    assert validate(beta=0.1, chosen_key="better", rejected_key="worse").chosen_key == "better"
 
 
 def test_config_agentic_rules() -> None:

@@ -231,6 +231,30 @@ def test_sampler_resumes_mid_epoch_with_the_next_unseen_prompts():
         PromptSampler(rows[:9], seed=7).load_state_dict(state)
 
 
+def test_domain_probs_below_1_leave_the_remainder_to_the_last_domain(caplog):
+    """ROLL gives the last domain the rest of a batch, so probabilities summing to 0.9 run there;
+    they were refused here. Now they run as in ROLL, with a warning; nonsense is still refused."""
+    from rl_envs.tasks.sampler import check_domain_probs, remainder_note
+
+    rows = [_row(i, "a") for i in range(10)] + [_row(10 + i, "b") for i in range(10)]
+    probs = {"a": 0.5, "b": 0.4}
+    assert check_domain_probs(probs) == pytest.approx(0.9)
+    assert remainder_note(probs) == (
+        "domain_interleave_probs sums to 0.9, not 1: the last domain 'b' takes the remainder of "
+        "each batch (0.5 of it, not 0.4), as ROLL does"
+    )
+    with caplog.at_level("WARNING"):
+        sampler = PromptSampler(rows, seed=1, domain_interleave_probs=probs)
+    assert "sums to 0.9" in caplog.text
+    assert [r.domain for r in sampler.next_batch(10)] == ["a"] * 5 + ["b"] * 5
+    assert remainder_note({"a": 0.5, "b": 0.5}) == ""
+    for bad, message in [({"a": 0.6, "b": 0.6}, "at most 1, got 1.2"), ({"a": 0, "b": 0}, "all be 0"),
+                         ({"a": -0.1, "b": 1.0}, ">= 0"), ({"a": float("nan")}, ">= 0"),
+                         ({"a": True}, ">= 0")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            check_domain_probs(bad)
+
+
 def test_domain_mixing_follows_roll_quotas_and_is_deterministic():
     rows = [_row(i, "math_rule") for i in range(20)] + [_row(20 + i, "code") for i in range(5)]
     rows += [_row(40, "ifeval")]
@@ -253,8 +277,8 @@ def test_domain_mixing_follows_roll_quotas_and_is_deterministic():
     assert sampler.samplers["code"].epoch == 1 and sampler.samplers["math_rule"].epoch == 0
     refill = sampler.draw(2, "code")
     assert all(r.domain == "code" for r in refill)
-    with pytest.raises(ValueError, match="sum to 1"):
-        PromptSampler(rows, 1, {"math_rule": 0.7, "code": 0.2})
+    with pytest.raises(ValueError, match="sum to at most 1"):
+        PromptSampler(rows, 1, {"math_rule": 0.7, "code": 0.4})
     with pytest.raises(ValueError, match="no rows"):
         PromptSampler(rows, 1, {"math_rule": 0.5, "llm_judge": 0.5})
 

@@ -324,6 +324,31 @@ def test_resuming_a_finished_run_keeps_its_result(tmp_path):
     assert _logged_steps(tmp_path) == [2, 4]
 
 
+def test_resuming_past_max_steps_is_refused_naming_the_step_and_max_steps(tmp_path, capsys):
+    """A checkpoint at step 4 resumed with max_steps 3 (lowered): before, a warning that
+    max_steps changed, then nothing trained and a summary as if the run had ended at 3; now a
+    ConfigError naming max_steps, the checkpoint and its step, before anything starts."""
+    _run(tmp_path, FakeRecipe(), max_steps=4)
+    recipe = FakeRecipe()
+    runner = _runner(tmp_path, recipe, max_steps=3, resume_from_checkpoint=True)
+    with pytest.raises(ConfigError) as info:
+        runner.run()
+    (issue,) = info.value.issues
+    assert issue.path == "max_steps"
+    assert "is 3, but checkpoint" in issue.message and "step-000004 is at step 4" in issue.message
+    assert "raise max_steps above 4" in issue.message
+    assert recipe.calls == [] and runner.ctx is None  # no cluster, no evaluation
+
+
+def test_resuming_a_finished_run_says_it_trains_nothing(tmp_path, capsys):
+    _run(tmp_path, FakeRecipe(), max_steps=4)
+    capsys.readouterr()
+    _run(tmp_path, FakeRecipe(), max_steps=4, resume_from_checkpoint=True)
+    out = capsys.readouterr().out
+    assert "is at max_steps=4: the run is finished and nothing is trained" in out
+    assert "raise max_steps above 4" in out
+
+
 class CountingRecipe(FakeRecipe):
     """Trains 4 samples a step (`rollout/num_trajectories`, what the runner's throughput counts)."""
 

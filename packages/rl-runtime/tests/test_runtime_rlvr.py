@@ -438,8 +438,9 @@ def test_dynamic_sampling_refills_each_domain_its_own_share(tok, tmp_path):
 @pytest.mark.parametrize(
     ("probs", "message"),
     [
-        ({"verl_default": 0.5}, "domain_interleave_probs: .*must sum to 1, got 0.5"),
-        ({"verl_default": 1.5, "a": -0.5}, "domain_interleave_probs: .*must be >= 0"),
+        ({"verl_default": 1.5}, "domain_interleave_probs: .*must sum to at most 1, got 1.5"),
+        ({"verl_default": 0.0}, "domain_interleave_probs: .*must not all be 0"),
+        ({"verl_default": 1.5, "a": -0.5}, "domain_interleave_probs: .*must be finite numbers >= 0"),
         ({"math": 1.0}, r"domain_interleave_probs names \['math'\], which are not reward "
                         r"domains; the domains are \['verl_default'\]"),
     ],
@@ -452,6 +453,23 @@ def test_a_bad_domain_mix_is_refused_by_the_plan_naming_the_key(probs, message):
         _plan(["train.parquet"], None, actor_train={"data_args": data})
     assert _plan(["t.parquet"], None, actor_train={"data_args": {
         **data, "domain_interleave_probs": {"verl_default": 1.0}}}).data.domain_interleave_probs  # fmt: skip
+
+
+def test_a_domain_mix_below_1_gives_the_last_domain_the_remainder_with_a_warning():
+    """ROLL's qwen3-235BA22B examples sum to 0.9 (math 0.5, code 0.3, llm_judge 0.1): ROLL gives
+    the last domain the rest of each batch. It was refused here; now it plans as ROLL runs it,
+    and the plan's notes (a dry run's warnings) name the key, the sum and the last domain's share."""
+    rewards = {"rewards": {d: {"worker_cls": "roll.pipeline.rlvr.rewards.math_rule_reward_worker."
+                               "MathRuleRewardWorker", "tag_included": [d]}
+                           for d in ("a", "b")}}  # fmt: skip
+    data = {"template": "native", "file_name": "t.parquet",
+            "domain_interleave_probs": {"a": 0.6, "b": 0.3}}  # fmt: skip
+    plan = _plan(["t.parquet"], None, actor_train={"data_args": data}, **rewards)
+    assert plan.data.domain_interleave_probs == {"a": 0.6, "b": 0.3}
+    note = [n for n in plan.notes if "domain_interleave_probs" in n]
+    assert note == ["actor_train.data_args.domain_interleave_probs sums to 0.9, not 1: the last "
+                    "domain 'b' takes the remainder of each batch (0.4 of it, not 0.3), as ROLL "
+                    "does"]  # fmt: skip
 
 
 def test_trajectories_carry_the_rows_tag_column_for_grouping_by_tags(tok, tmp_path):

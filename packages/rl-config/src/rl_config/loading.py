@@ -4,7 +4,9 @@ Composition uses Hydra's compose API, so defaults lists behave as in Hydra 1.3 (
 entries are merged in order (later ones win), the file's own keys are merged at ``_self_``
 (last when ``_self_`` is not listed), ``@_here_`` merges at the top, relative paths such as
 ``../config/traj_envs`` are looked up next to the file first, then in the config library
-bundled with rl-config (``rl_config/library``). The ``hydra:`` section is ignored.
+bundled with rl-config (``rl_config/library``); an entry may not reach outside the config's
+tree, ROLL's ``../config/`` beside it and the library (rl_config.defaults_scope). The
+``hydra:`` section is ignored.
 
 Top-level keys that are not schema fields are *variables*: they exist to be interpolated
 (``${max_actions_per_traj}``, ``${custom_env.SimpleSokoban}``, ``${deepspeed_zero3}``). A key is
@@ -59,10 +61,10 @@ def library_search_path() -> list[Path]:
 
 
 @contextmanager
-def _hydra_for(config_dir: Path) -> Iterator[None]:
-    """Hydra initialised at ``config_dir``, reading ``file://`` configs through
+def _hydra_for(config_file: Path) -> Iterator[None]:
+    """Hydra initialised at ``config_file``'s directory, reading ``file://`` configs through
     ``_bounded_file_source`` (every file the defaults list brings in is checked, not only the
-    one named on the command line)."""
+    one named on the command line: its place, rl_config.defaults_scope, and its size)."""
     from hydra import initialize_config_dir
     from hydra._internal.sources_registry import SourcesRegistry
     from hydra.core.global_hydra import GlobalHydra
@@ -75,9 +77,9 @@ def _hydra_for(config_dir: Path) -> Iterator[None]:
         Plugins.instance()  # registers Hydra's own sources first (it refuses a second "file")
         sources = SourcesRegistry.instance().types
         plain = sources.get("file")
-        sources["file"] = _bounded_file_source()
+        sources["file"] = _bounded_file_source(config_file)
         try:
-            with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            with initialize_config_dir(config_dir=str(config_file.parent), version_base="1.3"):
                 yield
         finally:
             if plain is not None:
@@ -85,17 +87,22 @@ def _hydra_for(config_dir: Path) -> Iterator[None]:
             restore_gh_from_backup(outer)
 
 
-def _bounded_file_source() -> type:
-    """Hydra's file config source, checking each file with ``check_yaml_file`` before loading
-    it (rl_config.yaml_bounds: size, alias expansion)."""
+def _bounded_file_source(config_file: Path) -> type:
+    """Hydra's file config source for ``config_file``'s composition, checking each file before
+    loading it: inside the directories its defaults list may reach
+    (rl_config.defaults_scope), and within rl_config.yaml_bounds (size, alias expansion)."""
     from hydra._internal.core_plugins.file_config_source import FileConfigSource
 
+    from rl_config.defaults_scope import check_defaults_file, defaults_roots
     from rl_config.yaml_bounds import check_yaml_file
+
+    roots = defaults_roots(config_file, LIBRARY_DIR)
 
     class BoundedFileConfigSource(FileConfigSource):
         def load_config(self, config_path: str) -> Any:
             file = Path(self.path) / self._normalize_file_name(config_path)
             if file.is_file():
+                check_defaults_file(file, config_path, roots, str(config_file))
                 check_yaml_file(file.resolve())
             return super().load_config(config_path)
 
@@ -108,7 +115,7 @@ def _compose(path: Path) -> DictConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     search = ",".join(f"file://{p}" for p in library_search_path())
-    with _hydra_for(path.parent), warnings.catch_warnings():
+    with _hydra_for(path), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*_self_.*")
         warnings.filterwarnings("ignore", category=UserWarning, module="hydra")
         try:

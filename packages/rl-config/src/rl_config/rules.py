@@ -715,6 +715,33 @@ def check_async(cfg: ExperimentConfig) -> Issues:
     return issues
 
 
+def check_preference_columns(cfg: ExperimentConfig) -> Issues:
+    """The preference row's columns are distinct: one column cannot hold both the chosen and
+    the rejected response (the pairs would be identical), nor a KTO label and a response."""
+    issues: Issues = []
+    if cfg.chosen_key == cfg.rejected_key:
+        issues.append(
+            ConfigIssue(
+                "rejected_key",
+                f"is {cfg.rejected_key!r}, the same column as chosen_key={cfg.chosen_key!r}: "
+                "each preference pair needs its chosen and its rejected response in two "
+                "different columns",
+            )
+        )
+    responses = {"chosen_key": cfg.chosen_key, "rejected_key": cfg.rejected_key,
+                 "completion_key": cfg.completion_key}  # fmt: skip
+    for key, column in responses.items():
+        if cfg.label_key == column:
+            issues.append(
+                ConfigIssue(
+                    "label_key",
+                    f"is {column!r}, the same column as {key}: the KTO label (true/false) and "
+                    "a response need different columns",
+                )
+            )
+    return issues
+
+
 RULES: tuple[Callable[[ExperimentConfig], Issues], ...] = (
     check_strategies,
     check_fsdp2_options,
@@ -728,6 +755,7 @@ RULES: tuple[Callable[[ExperimentConfig], Issues], ...] = (
     check_algorithm,
     check_lr_schedules,
     check_async,
+    check_preference_columns,
 )
 
 

@@ -68,7 +68,7 @@ from rl_runtime.previous_run import (
     earlier_run_outputs,
     set_aside_previous_run,
 )
-from rl_runtime.resume_guard import app_record, check_resume, config_record
+from rl_runtime.resume_guard import app_record, check_resume, check_resume_step, config_record
 from rl_runtime.run_lock import run_directory_lock
 from rl_runtime.summary_json import write_summary
 from rl_runtime.timing import PhaseTimer, StepProgress
@@ -509,6 +509,9 @@ class Runner:
                     pipeline=self.pipeline(), saved_derived=state.extra.get("derived"),
                     derived=self.options.derived,
                 )  # fmt: skip
+                finished = check_resume_step(state.step, c.cadence.max_steps, resume)
+                if finished:
+                    print(finished, flush=True)
         if resume is None:
             earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
             moved = set_aside_previous_run(

@@ -36,6 +36,10 @@ Keys are dotted paths as in the YAML (an app key under its section: `rlvr_app.ar
 patterns are `fnmatch` patterns (`*` spans dots). A section that appears or disappears (a critic
 added) is one key, the section's name. A checkpoint that records no config, or no app section
 (written before they were recorded), resumes with one warning each.
+
+`check_resume_step(step, max_steps, checkpoint)`: a checkpoint past `max_steps` is refused (a
+`ConfigError` naming max_steps and the checkpoint's step: raise max_steps); one at `max_steps`
+(a finished run resumed) gives the line saying nothing is trained.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import Any
 
 from rl_config.errors import ConfigError, ConfigIssue
@@ -320,3 +325,25 @@ def check_resume(
     if refused:
         raise ConfigError(refused)
     return warnings
+
+
+def check_resume_step(step: int, max_steps: int, checkpoint: Path) -> str:
+    """A resume whose checkpoint is past `max_steps`: a ``ConfigError`` naming both (nothing
+    can be trained, and the checkpoint's policy is not the one `max_steps` asks for). At
+    `max_steps` exactly (a finished run resumed, e.g. the same command again, which keeps its
+    result: the final policy is evaluated again): the line that says so; else ''."""
+    if step > max_steps:
+        raise ConfigError(
+            ConfigIssue(
+                "max_steps",
+                f"is {max_steps}, but checkpoint {checkpoint} is at step {step}: nothing is "
+                f"left to train; raise max_steps above {step} to train on from it (or resume "
+                "from an earlier checkpoint, or start fresh)",
+            )
+        )
+    if step == max_steps:
+        return (
+            f"checkpoint {checkpoint} is at max_steps={max_steps}: the run is finished and "
+            f"nothing is trained (raise max_steps above {step} to train on)"
+        )
+    return ""

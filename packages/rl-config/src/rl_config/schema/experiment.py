@@ -24,6 +24,9 @@ from rl_config.schema.worker import GeneratingArgs, StrategyArgs, WorkerConfig
 
 WorkerRole = Literal["actor_train", "actor_infer", "reference", "critic"]
 DEFAULT_SEQUENCE_LENGTH = 1024
+ROLL_GPUS_PER_NODE = 8
+"""``num_gpus_per_node`` of a config that lists device ids and leaves it unset (ROLL's default;
+ROLL itself reads the machine's device count, 8 on the nodes its examples are written for)."""
 DEFAULT_STRATEGY: dict[str, str] = {
     "actor_train": "fsdp2_train",
     "critic": "fsdp2_train",
@@ -189,10 +192,21 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
             self.async_.queue_size = self.samples_per_step * self.async_.max_staleness
 
     def _derive_num_nodes(self) -> None:
-        """Unset num_nodes: as many nodes as the highest device id needs (ROLL does the same)."""
+        """Unset num_gpus_per_node with device ids given: ROLL's 8 (see the field). Unset
+        num_nodes: as many nodes as the highest device id needs (ROLL does the same)."""
         from rl_config.errors import ConfigIssue
 
         ids = [d for w in self.workers().values() for d in (w.device_mapping or [])]
+        if ids and "num_gpus_per_node" not in self.model_fields_set:
+            self.num_gpus_per_node = ROLL_GPUS_PER_NODE
+            self._roll_notes.append(
+                ConfigIssue(
+                    "num_gpus_per_node",
+                    f"not set; taken as {ROLL_GPUS_PER_NODE}, ROLL's default, since roles list "
+                    "device ids (ROLL reads the machine's device count); set it to the devices "
+                    "of one node to confirm",
+                )
+            )
         if "num_nodes" in self.model_fields_set or not ids or max(ids) < self.total_devices:
             return  # an explicit num_nodes that is too small is an error (check_devices)
         self.num_nodes = math.ceil((max(ids) + 1) / self.num_gpus_per_node)

@@ -152,7 +152,10 @@ class PipelineFields(StrictModel):
     )
     num_nodes: int = Field(default=1, ge=1, description="Machines in the cluster.")
     num_gpus_per_node: int = Field(
-        default=1, ge=1, description="Accelerators (GPUs or NPUs) per machine."
+        default=1,
+        ge=1,
+        description="Accelerators (GPUs or NPUs) per machine. Unset: 8 (ROLL's default, with a "
+        "warning) when a role lists device_mapping ids, else 1 (every role on the CPU).",
     )
     node_resources: list[str] | None = Field(
         default=None,

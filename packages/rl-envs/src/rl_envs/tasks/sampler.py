@@ -6,7 +6,9 @@ Offers:
   ``(seed, epoch)``), ``take(n)`` continues across epochs; ``state_dict()`` /
   ``load_state_dict()`` hold ``epoch`` and ``position``, so a resumed run continues with the next
   unseen rows of the interrupted epoch.
-* ``check_domain_probs(probs)``: ``ValueError`` unless the probabilities are >= 0 and sum to 1.
+* ``check_domain_probs(probs)``: ``ValueError`` unless the probabilities are finite, >= 0, and
+  sum to more than 0 and at most 1 (below 1: the last domain takes the remainder, as in ROLL);
+  ``remainder_note(probs)`` says so ('' when they sum to 1).
 * ``PromptSampler(rows, seed, domain_interleave_probs=None)``: ``next_batch(n)`` -> rows. With
   ``domain_interleave_probs`` (ROLL ``data_args``) each batch holds ``int(p * n)`` rows of each
   domain in the table's order, the last domain the remainder (ROLL's ``domain_batch_size``);
@@ -29,6 +31,7 @@ from rl_envs.tasks.data import TaskRow
 
 logger = logging.getLogger(__name__)
 ALL = "__all__"
+_SUM_TOLERANCE = 1e-6
 
 
 class EpochSampler:
@@ -94,14 +97,35 @@ def domain_quotas(probs: Mapping[str, float], n: int) -> dict[str, int]:
     return quotas
 
 
-def check_domain_probs(probs: Mapping[str, Any]) -> None:
-    """``ValueError`` unless every probability is a number >= 0 and they sum to 1."""
-    bad = {d: p for d, p in probs.items() if not (isinstance(p, int | float) and p >= 0)}
+def check_domain_probs(probs: Mapping[str, Any]) -> float:
+    """``ValueError`` unless every probability is a finite number >= 0 and their sum is above 0
+    and at most 1; returns the sum. Below 1 the last domain takes the remainder of each batch
+    (``domain_quotas``, as ROLL's ``domain_batch_size`` does): ``remainder_note`` says so."""
+    bad = {d: p for d, p in probs.items()
+           if isinstance(p, bool) or not (isinstance(p, int | float) and 0 <= p < float("inf"))}  # fmt: skip
     if bad:
-        raise ValueError(f"domain_interleave_probs must be >= 0: {bad}")
-    total = sum(probs.values())
-    if abs(total - 1.0) > 1e-6:
-        raise ValueError(f"domain_interleave_probs must sum to 1, got {total}")
+        raise ValueError(f"domain_interleave_probs must be finite numbers >= 0: {bad}")
+    total = float(sum(probs.values()))
+    if total <= 0:
+        raise ValueError(f"domain_interleave_probs must not all be 0: {dict(probs)}")
+    if total > 1.0 + _SUM_TOLERANCE:
+        raise ValueError(f"domain_interleave_probs must sum to at most 1, got {total:g}")
+    return total
+
+
+def remainder_note(probs: Mapping[str, float]) -> str:
+    """What a batch holds when ``probs`` (checked by ``check_domain_probs``) sum to less than 1:
+    the last domain takes the remainder, not its own probability (ROLL does the same, silently);
+    '' when they sum to 1."""
+    total = float(sum(probs.values()))
+    if total >= 1.0 - _SUM_TOLERANCE:
+        return ""
+    *_, last = probs
+    share = 1.0 - (total - probs[last])
+    return (
+        f"domain_interleave_probs sums to {total:g}, not 1: the last domain {last!r} takes the "
+        f"remainder of each batch ({share:g} of it, not {probs[last]:g}), as ROLL does"
+    )
 
 
 class PromptSampler:
@@ -120,6 +144,8 @@ class PromptSampler:
         self.probs = dict(domain_interleave_probs or {})
         if self.probs:
             check_domain_probs(self.probs)
+            if note := remainder_note(self.probs):
+                logger.warning(note)
             groups = {d: [r for r in rows if r.domain == d] for d in self.probs}
             empty = [d for d, g in groups.items() if not g]
             if empty:

@@ -132,12 +132,14 @@ def build_rewards(cfg: Any) -> RewardRouterSpec:
     return reward_router_spec(rewards or None, custom, allow_unsupported=True)
 
 
-def check_domain_mix(probs: dict[str, float], rewards: RewardRouterSpec) -> None:
-    """`actor_train.data_args.domain_interleave_probs`: probabilities >= 0 summing to 1, over
-    reward domains (rows get their domain from the `rewards` section; without one, the only
-    domain is `verl_default`, or `custom` with a custom_reward_function). ValueError naming the
-    key; checked here so that a dry run says so, not the run after the model is built."""
-    from rl_envs.tasks.sampler import check_domain_probs
+def check_domain_mix(probs: dict[str, float], rewards: RewardRouterSpec) -> str:
+    """`actor_train.data_args.domain_interleave_probs`: finite probabilities >= 0 summing to
+    more than 0 and at most 1, over reward domains (rows get their domain from the `rewards`
+    section; without one, the only domain is `verl_default`, or `custom` with a
+    custom_reward_function). ValueError naming the key; checked here so that a dry run says so,
+    not the run after the model is built. Returns the warning for a sum below 1 (the last
+    domain takes the remainder, as in ROLL), else ''."""
+    from rl_envs.tasks.sampler import check_domain_probs, remainder_note
 
     key = "actor_train.data_args.domain_interleave_probs"
     try:
@@ -150,6 +152,8 @@ def check_domain_mix(probs: dict[str, float], rewards: RewardRouterSpec) -> None
             f"{key} names {unknown}, which are not reward domains; the domains are "
             f"{sorted([*rewards.domains, *rewards.unsupported])}"
         )
+    note = remainder_note(probs)
+    return f"actor_train.data_args.{note}" if note else ""
 
 
 @dataclass(frozen=True)
@@ -253,8 +257,7 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
         )
     rewards = build_rewards(cfg)
     probs = dict(data.domain_interleave_probs or {}) or None
-    if probs is not None:
-        check_domain_mix(probs, rewards)
+    mix_note = check_domain_mix(probs, rewards) if probs is not None else ""
     if cfg.val_n_sample < 1:
         raise ValueError(f"val_n_sample must be >= 1, got {cfg.val_n_sample}")
     held_out = build_held_out(cfg, response_length)
@@ -300,7 +303,8 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
                 ("validation.data_args.template", held_out.template),
             )
             if name in TEXT_ONLY_TEMPLATES and (key.startswith("actor") or name != data.template)
-        ),
+        )
+        + ((mix_note,) if mix_note else ()),
     )
 
 
