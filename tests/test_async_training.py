@@ -127,6 +127,19 @@ def test_one_step_off_runs_ahead_within_its_bound_and_resumes_within_it(tmp_path
     assert resumed[0]["async/trained_samples_total"] == 48  # 2 x 16 before, 16 now
 
 
+def test_staleness_two_scores_ahead_within_its_bound(tmp_path):
+    """max_staleness 2 without partial rollout: rollout scores batch k on its finisher thread
+    while batch k + 1 generates (RLVR, dynamic sampling off: `PendingBatch`), weights staged in
+    two alternating buffers; the run keeps the bound (lag 2 reached, never more, nothing
+    dropped), trains every sample and reports each sync as staged."""
+    result, rows = run_rlvr(tmp_path / "two", **{"async.max_staleness": 2, "max_steps": 5})
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert max(r["async/lag_max"] for r in rows) == 2
+    assert all(r["async/lag_max"] <= 2 and r["async/dropped_stale_samples"] == 0 for r in rows)
+    assert all(r["sync/staged"] == 1.0 and r["sync/superseded"] in (0.0, 1.0) for r in rows)
+    assert result.throughput["samples_trained"] == 5 * 16
+
+
 def test_partial_rollout_trains_within_the_bound(tmp_path):
     """async.partial_rollout: the weight sync of step t reaches the engine while it generates
     batch t + 1 (the engine swaps at a decode-step boundary; tokens keep their versions). The
