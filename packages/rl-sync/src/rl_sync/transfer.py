@@ -456,7 +456,7 @@ class WeightReceiver:
             header = _recv_header(
                 self.group, self.src, self.timeout_s, partial(_bucket_header_problem, num_buckets)
             )
-            header_version = header["version"]
+            header_version: int = header["version"]  # an int: checked by the header verdict
             if version is None:
                 version = header_version
                 problem = self._version_problem(version, expected_version)
