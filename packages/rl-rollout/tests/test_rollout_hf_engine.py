@@ -157,7 +157,7 @@ def test_warp_logits_matches_plain_reference(temperature, top_p, top_k) -> None:
 
 
 def test_config_errors_and_registry(tiny_model_dir) -> None:
-    with pytest.raises(ValueError, match="unknown key"):
+    with pytest.raises(ValueError, match="gpu_memory_utilisation is not an hf_infer option"):
         HFEngine(tiny_model_dir, {"gpu_memory_utilisation": 0.5}, device="cpu")
     with pytest.raises(ValueError, match="dtype"):
         HFEngine(tiny_model_dir, dtype="float8", device="cpu")

@@ -5,6 +5,7 @@ it, and every token keeps its exact version and log-prob."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import torch
 
@@ -33,13 +34,55 @@ def _teacher_forced(model, prompt: list[int], output: list[int]) -> torch.Tensor
     return log_probs[positions, torch.tensor(output)]
 
 
+class _DecodeGate:
+    """Holds an HFEngine's scheduler thread after the decode step that brings
+    ``stats["generated_tokens"]`` to ``tokens``, until released (each wait bounded: a hang fails
+    the test instead of stalling the session's engine).
+
+    Without it the test's thread had to notice the count and stage the weights while the
+    scheduler decoded on: under load the scheduler could finish all 40 tokens of every sample
+    first, and the update landed after the generation (k == 40)."""
+
+    def __init__(self, engine, tokens: int, timeout_s: float = 300.0) -> None:
+        self.engine, self.tokens, self.timeout_s = engine, tokens, timeout_s
+        self.paused, self.released = threading.Event(), threading.Event()
+        decode = engine._decode_step
+
+        def decode_then_hold() -> None:
+            decode()
+            if engine.stats["generated_tokens"] >= tokens and not self.released.is_set():
+                self.paused.set()
+                self.released.wait(timeout_s)
+
+        engine._decode_step = decode_then_hold
+
+    def wait_paused(self) -> None:
+        assert self.paused.wait(self.timeout_s), f"the engine never reached {self.tokens} tokens"
+
+    def close(self) -> None:
+        self.released.set()
+        del self.engine._decode_step  # the class's method again
+
+
 async def _generate_with_update_midway(engine, named, version: int, after_tokens: int):
-    """Start REQUESTS, stage `named` as `version` once `after_tokens` more tokens came out."""
+    """Start REQUESTS, stage `named` as `version` once `after_tokens` more tokens came out: the
+    HF engine is held at that step boundary until the weights are staged; vLLM's engine runs in
+    its own processes, so the count is polled."""
+    from rl_rollout.hf_engine import HFEngine
+
     start = engine.stats["generated_tokens"]
-    task = asyncio.create_task(engine.generate(REQUESTS))
-    while engine.stats["generated_tokens"] < start + after_tokens and not task.done():
-        await asyncio.sleep(0.001)
-    engine.stage_weights(named, version)
+    gate = _DecodeGate(engine, start + after_tokens) if isinstance(engine, HFEngine) else None
+    try:
+        task = asyncio.create_task(engine.generate(REQUESTS))
+        if gate is not None:
+            await asyncio.to_thread(gate.wait_paused)
+        else:
+            while engine.stats["generated_tokens"] < start + after_tokens and not task.done():
+                await asyncio.sleep(0.001)
+        engine.stage_weights(named, version)
+    finally:
+        if gate is not None:
+            gate.close()
     return await asyncio.wait_for(task, timeout=300)
 
 

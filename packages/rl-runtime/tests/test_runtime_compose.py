@@ -588,6 +588,29 @@ def test_env_prompts_and_types_compose_cannot_honour_are_refused_by_name(env, ke
     assert re.search(match, issue.message), issue.message
 
 
+def test_vllm_engine_options_are_checked_at_compose_without_vllm():
+    """A typo'd or mistyped vllm key failed only when the engine started (vLLM is installed only
+    in CI's vLLM step); now compose names each key, with the closest known one for a typo."""
+
+    def infer(options: dict) -> dict:
+        return {"actor_infer": {"strategy_args": {"strategy_name": "vllm",
+                                                  "strategy_config": options}}}  # fmt: skip
+
+    bad = {"gpu_memory_utilisation": 0.1, "enforce_eager": "yes", "block_size": 16}
+    with pytest.raises(ConfigError) as err:
+        _components(infer(bad))
+    issues = {issue.path.rpartition(".")[2]: issue.message for issue in err.value.issues}
+    assert sorted(issues) == ["enforce_eager", "gpu_memory_utilisation"]
+    assert "did you mean 'gpu_memory_utilization'?" in issues["gpu_memory_utilisation"]
+    assert issues["enforce_eager"] == "is 'yes'; use true or false"
+    assert {issue.path for issue in err.value.issues} == {
+        "actor_infer.strategy_args.strategy_config.gpu_memory_utilisation",
+        "actor_infer.strategy_args.strategy_config.enforce_eager",
+    }
+    good = {"gpu_memory_utilization": 0.1, "enforce_eager": True, "block_size": 32}
+    assert _components(infer(good)).role("actor_infer").strategy_config == good
+
+
 def test_an_unknown_hf_engine_option_is_a_config_error_at_its_key():
     """The HF engine would refuse it in a rollout worker after Ray and the trainers started."""
 

@@ -597,14 +597,18 @@ class Holding(FakeRecipe):
                 time.sleep(0.05)
         return super().step(ctx)
 
-_runner(Path({root!r}), Holding()).run()
+_runner(Path({root!r}), Holding(), **{extra!r}).run()
 """
 
 
-def _start_holding_run(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+def _start_holding_run(tmp_path: Path, **extra: object) -> tuple[subprocess.Popen[bytes], Path]:
     started, release = tmp_path / "started", tmp_path / "release"
     script = HOLDING_RUN.format(
-        tests=str(TESTS), started=str(started), release=str(release), root=str(tmp_path)
+        tests=str(TESTS),
+        started=str(started),
+        release=str(release),
+        root=str(tmp_path),
+        extra=extra,
     )
     child = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
@@ -635,6 +639,40 @@ def test_a_second_run_on_a_live_runs_output_dir_fails_naming_it_and_the_pid(tmp_
         child.wait()
     assert (out / "summary.json").exists()  # the first run finished undisturbed
     _runner(tmp_path, FakeRecipe()).run()  # its lock went with it: the directory is free
+
+
+def test_a_second_run_sharing_only_the_checkpoint_dir_fails_naming_it(tmp_path):
+    """Different output dirs, one checkpoint_config.output_dir outside both: the second run is
+    refused on the checkpoint directory before it writes a checkpoint there, and the first
+    run's checkpoints are its own."""
+    shared = {"checkpoint_config": {"output_dir": str(tmp_path / "shared_checkpoints")}}
+    child, release = _start_holding_run(tmp_path, **shared)
+    second = tmp_path / "second"
+    try:
+        with pytest.raises(RunDirectoryInUseError) as caught:
+            _runner(second, FakeRecipe(), **shared).run()
+        message = str(caught.value)
+        assert str((tmp_path / "shared_checkpoints").resolve()) in message
+        assert f"pid {child.pid}" in message
+        assert not (second / "out" / "resolved_config.yaml").exists()  # refused before writing
+        release.touch()
+        assert child.wait(timeout=120) == 0
+    finally:
+        child.kill()
+        child.wait()
+    _runner(second, FakeRecipe(), **shared).run()  # both locks went with the first run
+    assert (second / "out" / "summary.json").exists()
+
+
+def test_a_checkpoint_dir_inside_the_output_dir_takes_one_lock(tmp_path):
+    from rl_runtime.run_lock import directories_to_lock
+
+    out = tmp_path / "out"
+    assert directories_to_lock(out, out / "checkpoints") == [out.resolve()]
+    assert directories_to_lock(out, tmp_path / "ckpt") == [
+        out.resolve(),
+        (tmp_path / "ckpt").resolve(),
+    ]
 
 
 def test_a_killed_runs_lock_is_released_by_the_os(tmp_path):

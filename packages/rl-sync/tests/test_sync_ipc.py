@@ -294,6 +294,29 @@ def test_malformed_handle_over_a_group_is_rejected_not_left_hanging(tmp_path):
         assert (kind, name) == ("error", "SyncError") and "'w' has shape [3]" in message
 
 
+@pytest.mark.xdist_group("dist")
+def test_a_handle_that_is_not_json_fails_the_sender_at_once(tmp_path, monkeypatch):
+    """The receiver cannot decode the handle: before, it raised before the verdict and
+    `send_over` waited out its timeout; now both sides fail at the header, and the next update
+    goes through the same group."""
+    import time
+
+    from rl_sync import transfer
+
+    real_encode = transfer._encode_header
+    with _receiver_over_a_group(tmp_path, syncs=2) as (group, sender, results):
+        monkeypatch.setattr(transfer, "_encode_header", lambda h: b"#" + real_encode(h)[1:])
+        start = time.monotonic()
+        with pytest.raises(SyncError, match="rejected by a receiver"):
+            sender.send_over(group, make_named_tensors(0), 1, timeout_s=60.0)
+        assert time.monotonic() - start < 15.0  # at the header, not at the 60 s timeout
+        monkeypatch.undo()
+        kind, name, message = results.get(timeout=60)
+        assert (kind, name) == ("error", "SyncError") and "is not valid JSON" in message
+        sender.send_over(group, make_named_tensors(1), 2)
+        assert results.get(timeout=60) == ("ok", 2)
+
+
 def _swap_names(rows, a, b):
     return [[{a: b, b: a}.get(row[0], row[0]), *row[1:]] for row in rows]
 

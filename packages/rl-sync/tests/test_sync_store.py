@@ -4,8 +4,10 @@ and a node-local FileStore that needs no port at all. Real sockets, real gloo pr
 import contextlib
 import errno
 import os
+import queue
 import socket
 import stat
+import time
 
 import pytest
 
@@ -76,12 +78,35 @@ def test_node_local_store_forms_a_two_rank_gloo_group_in_a_private_file_and_leav
     ]
     for p in ranks:
         p.start()
-    got = sorted(results.get(timeout=60) for _ in ranks)
-    for p in ranks:
-        p.join(timeout=60)
+    got = sorted(_reports(results, ranks))
+    for p in ranks:  # the last rank removes the file when its store goes, as it exits
+        p.join(timeout=HANG_S)
+    assert [p.exitcode for p in ranks] == [0, 0]
     # the ranks ran under umask 022; FileStore alone would have made the file 0644
     assert got == [("ok", 0, 3.0, 0o600), ("ok", 1, 3.0, 0o600)], got
     assert not node_local_store_path(token).exists()  # the last rank's store removed it
+
+
+HANG_S = 300.0
+"""Bounds only a hang: two fresh interpreters importing torch and forming a gloo group take
+10-20 s of CPU each, over a minute on 2 loaded cores."""
+
+
+def _reports(results, ranks) -> list:
+    """One report per rank from ``results``, waiting while a rank that has not reported lives:
+    a rank that died without reporting fails at once, a hang after `HANG_S`."""
+    got: list = []
+    deadline = time.monotonic() + HANG_S
+    while len(got) < len(ranks):
+        waiting = sum(p.is_alive() for p in ranks) >= len(ranks) - len(got)
+        try:  # a rank that exited may have left its report in the pipe: look once more
+            got.append(results.get(timeout=1.0 if waiting else 10.0))
+            continue
+        except queue.Empty:
+            pass
+        assert waiting, f"a rank exited without reporting: {got}"
+        assert time.monotonic() < deadline, f"no report within {HANG_S:g} s: {got}"
+    return got
 
 
 def test_a_single_rank_store_is_in_memory_and_makes_no_file():

@@ -192,6 +192,8 @@ class Wire:
         self.sent = [torch.tensor([len(data)]), torch.frombuffer(bytearray(data), dtype=torch.uint8)]
     def broadcast(self, tensor, src, timeout_s):
         tensor.copy_(self.sent.pop(0))
+    def all_reduce(self, tensor, op, timeout_s):
+        pass  # the sender's verdicts: accepted
 
 assert transfer._recv_header(Wire(), 0, 5.0) == header
 print("OK")
@@ -311,10 +313,14 @@ def test_a_header_longer_than_the_limit_is_refused_before_it_is_allocated():
     try:
         announced = 1 << 30
         length = torch.tensor([announced], dtype=torch.int64)
-        _sent, got = _both(
-            lambda: sender_group.broadcast(length, 0, 20.0),
+        sender_heard, got = _both(
+            lambda: (
+                sender_group.broadcast(length, 0, 20.0),
+                transfer._exchange_verdict(sender_group, False, 20.0),
+            )[1],
             lambda: transfer._recv_header(receiver_group, 0, 20.0),
         )
+        assert sender_heard is True  # the receiver's verdict on the length
         assert isinstance(got, transfer.SyncError), got
         assert f"{announced} bytes" in str(got)
         assert f"limit of {transfer.MAX_HEADER_BYTES} bytes" in str(got)
@@ -345,6 +351,76 @@ def test_a_sender_refuses_a_header_over_the_limit_and_so_does_every_receiver():
         assert isinstance(received, transfer.SyncError), received
         assert "refused before allocating" in str(received)
         assert applied == []
+        _good_sync_still_works(sender_group, receiver_group, version=2)
+    finally:
+        sender_group.close()
+        receiver_group.close()
+
+
+def _break_header_json(header_bytes: bytes) -> bytes:
+    return b"#" + header_bytes[1:]  # no longer JSON
+
+
+def _quote_the_version(header_bytes: bytes) -> bytes:
+    return header_bytes.replace(b'"version":1', b'"version":"1"', 1)  # JSON, fails its digest
+
+
+def _smaller_receiver_limit(monkeypatch, transfer) -> None:
+    """The receiver refuses lengths over 100 bytes (a peer built with a smaller limit); the
+    sender's own limit is unchanged, so it announces the length and only the receiver refuses."""
+    real = transfer._length_problem
+    monkeypatch.setattr(transfer, "_length_problem", lambda size, src: real(size, src, 100))
+
+
+@pytest.mark.parametrize(
+    ("refusal", "why"),
+    [
+        ("length", "exceeds the limit of 100 bytes"),
+        ("not_json", "is not valid JSON"),
+        ("digest", "does not match its digest"),
+    ],
+)
+def test_a_header_refused_by_the_receiver_fails_both_sides_at_once(monkeypatch, refusal, why):
+    """The receiver refuses the second bucket's header (its length, or a body that does not
+    decode or fails its digest). Before, it raised without a verdict and the sender waited out its
+    timeout; now the sender hears it at that header, nothing is applied, and the next sync over
+    the same group goes through."""
+    from rl_sync import transfer
+
+    real_encode = transfer._encode_header
+    if refusal == "length":
+        _smaller_receiver_limit(monkeypatch, transfer)
+    else:
+        corrupt = _break_header_json if refusal == "not_json" else _quote_the_version
+
+        def encode(header):  # sender side only: the receiver never encodes
+            data = real_encode(header)
+            return corrupt(data) if header.get("index") == 1 else data
+
+        monkeypatch.setattr(transfer, "_encode_header", encode)
+    timeout_s = 60.0
+    sender_group, receiver_group = _group_pair(timeout_s)
+    try:
+        named = make_named_tensors(0)
+        applied: list = []
+        sender_took: list[float] = []
+
+        def send():
+            start = time.monotonic()
+            try:
+                return transfer.WeightSender(sender_group, 512, timeout_s=timeout_s).send(named, 1)
+            finally:
+                sender_took.append(time.monotonic() - start)
+
+        receiver = transfer.WeightReceiver(receiver_group, timeout_s=timeout_s)
+        sent, received = _both(send, lambda: receiver.receive(applied.extend))
+        monkeypatch.undo()
+        assert isinstance(sent, transfer.SyncError), sent
+        assert sender_took[0] < timeout_s / 4, (sender_took, sent)  # at that header, not timed out
+        assert "rejected by a receiver" in str(sent) and "nothing of it was applied" in str(sent)
+        assert isinstance(received, transfer.SyncError), received
+        assert why in str(received) and "nothing applied" in str(received), received
+        assert applied == [] and receiver.last_version is None
         _good_sync_still_works(sender_group, receiver_group, version=2)
     finally:
         sender_group.close()
@@ -390,12 +466,14 @@ def test_a_sender_of_the_previous_wire_version_gets_a_clear_error():
     sender_group, receiver_group = _group_pair()
     try:
         old = {"protocol": "rl_sync/1", "version": 1, "final": True}
-        _sent, got = _both(
+        sent, got = _both(
             lambda: transfer._send_header(sender_group, 0, old, 20.0),
             lambda: transfer._recv_header(receiver_group, 0, 20.0),
         )
         assert isinstance(got, transfer.SyncError), got
         assert "speaks 'rl_sync/1', this receiver 'rl_sync/2'" in str(got)
+        assert isinstance(sent, transfer.SyncError) and "rejected by a receiver" in str(sent)
+        _good_sync_still_works(sender_group, receiver_group, version=1)
     finally:
         sender_group.close()
         receiver_group.close()

@@ -102,6 +102,17 @@ ROLL_NOT_SUPPORTED: dict[str, str] = {
     "ROLE.strategy_args.strategy_config.tiled_num_shards": "ROLL's tiled MLP",
     "ROLE.strategy_args.strategy_config.moe_use_grouped_mm": "ROLL's MoE kernel",
     "ROLE.strategy_args.strategy_config.use_batched_model_update": "ROLL's weight-sync batching",
+    # ROLL's vllm options that vLLM 0.32's EngineArgs (rl_rollout.vllm_options) does not have, or
+    # that the vllm engine sets itself
+    "ROLE.strategy_args.strategy_config.sleep_level": "ROLL's vLLM sleep level; the vllm engine "
+    "uses vLLM's sleep mode where the platform has it",
+    "ROLE.strategy_args.strategy_config.disable_mm_preprocessor_cache": "an option of older vLLM "
+    "releases (multimodal inputs are not supported)",
+    "ROLE.strategy_args.strategy_config.cuda_graph_sizes": "an option of older vLLM releases; "
+    "use cudagraph_capture_sizes",
+    "ROLE.strategy_args.strategy_config.VLLM_USE_V1": "vLLM 0.32 has only its V1 engine",
+    "ROLE.strategy_args.strategy_config.disable_log_stats": "the vllm engine turns vLLM's stats "
+    "logging off itself",
     # env managers and env definitions
     "*_env_manager.generating_args": "per-manager sampling; sampling comes from "
     "actor_infer.generating_args",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import functools
 import threading
 import time
@@ -133,6 +134,18 @@ STRATEGY_CONFIG_KEYS = frozenset({
 })  # fmt: skip
 
 
+def hf_option_problems(strategy_config: dict[str, Any]) -> dict[str, str]:
+    """``{key: why}`` for each strategy_config key HFEngine does not take (with the closest
+    known one); empty when all are known."""
+    known = sorted(STRATEGY_CONFIG_KEYS)
+    problems = {}
+    for key in sorted(set(strategy_config) - STRATEGY_CONFIG_KEYS):
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        problems[key] = f"is not an hf_infer option{hint} (its options: {', '.join(known)})"
+    return problems
+
+
 class HFEngine:
     """Generation with a transformers causal LM (see module docstring).
 
@@ -161,11 +174,11 @@ class HFEngine:
         from transformers import AutoModelForCausalLM
 
         cfg = dict(strategy_config or {})
-        unknown = sorted(set(cfg) - STRATEGY_CONFIG_KEYS)
-        if unknown:
+        problems = hf_option_problems(cfg)
+        if problems:
             raise ValueError(
-                f"HFEngine strategy_config: unknown key(s) {unknown}; "
-                f"known: {sorted(STRATEGY_CONFIG_KEYS)}"
+                "HFEngine strategy_config: "
+                + "; ".join(f"{key} {why}" for key, why in sorted(problems.items()))
             )
         remote_code = remote_code_flag(cfg, trust_remote_code)
         if device is None:

@@ -15,7 +15,7 @@ import torch
 
 from rl_rollout.engine import Engine
 
-__all__ = ["build_engine", "list_engines", "register_engine"]
+__all__ = ["build_engine", "engine_option_problems", "list_engines", "register_engine"]
 
 EngineFactory = Callable[..., Engine]
 
@@ -26,11 +26,36 @@ _ENGINES: dict[str, str | EngineFactory] = {
 }
 
 
-def register_engine(name: str, factory: EngineFactory | str) -> None:
-    """Register an engine factory ``(model_path, strategy_config, *, dtype, device, seed)``."""
+OptionCheck = Callable[[dict[str, Any]], dict[str, str]]
+"""``strategy_config -> {key: why it is refused}``, without building (or importing) the engine."""
+
+# name -> "module:attr" (lazy) or a check; an engine registered without one is not checked early
+_OPTION_CHECKS: dict[str, str | OptionCheck] = {
+    "hf_infer": "rl_rollout.hf_engine:hf_option_problems",
+    "vllm": "rl_rollout.vllm_options:vllm_option_problems",
+}
+
+
+def register_engine(
+    name: str, factory: EngineFactory | str, option_check: OptionCheck | str | None = None
+) -> None:
+    """Register an engine factory ``(model_path, strategy_config, *, dtype, device, seed)`` and,
+    optionally, the check of its strategy_config (`engine_option_problems`)."""
     if name in _ENGINES:
         raise ValueError(f"engine {name!r} is already registered")
     _ENGINES[name] = factory
+    if option_check is not None:
+        _OPTION_CHECKS[name] = option_check
+
+
+def engine_option_problems(name: str, strategy_config: dict[str, Any]) -> dict[str, str]:
+    """``{key: why}`` for each strategy_config key engine ``name`` would refuse when it starts
+    (empty: all accepted, or the engine registered no check). Imports neither vLLM nor a model."""
+    check = _OPTION_CHECKS.get(name)
+    if isinstance(check, str):
+        module, _, attr = check.partition(":")
+        check = getattr(importlib.import_module(module), attr)
+    return check(strategy_config) if check is not None else {}
 
 
 def list_engines() -> list[str]:

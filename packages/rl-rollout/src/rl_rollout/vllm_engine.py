@@ -56,6 +56,7 @@ from rl_rollout.engine import (
     remote_code_flag,
 )
 from rl_rollout.loop_thread import LoopThread
+from rl_rollout.vllm_options import vllm_option_problems
 
 __all__ = ["VLLMEngine", "to_vllm_sampling_params"]
 
@@ -83,8 +84,6 @@ CPU_KV_CACHE_BYTES = 512 << 20
 
 #: Seconds any one wait on the engine may take (start, a generate call, a weight update ...).
 DEFAULT_CALL_TIMEOUT_S = 1800.0
-LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
-"""vLLM log-prob modes this engine takes: processed (the `Engine` contract) or raw (temperature 1)."""
 
 
 def to_vllm_sampling_params(params: SamplingParams, *, n: int = 1) -> Any:
@@ -167,16 +166,14 @@ class VLLMEngine:
         call_timeout_s = float(cfg.pop("call_timeout_s", DEFAULT_CALL_TIMEOUT_S))
         remote_code = remote_code_flag(cfg, trust_remote_code)
         logprobs_mode = cfg.pop("logprobs_mode", "processed_logprobs")
-        if logprobs_mode not in LOGPROBS_MODES:
+        problems = vllm_option_problems(
+            {**cfg, "logprobs_mode": logprobs_mode},
+            engine_args={f.name for f in dataclasses.fields(AsyncEngineArgs)},
+        )
+        if problems:
             raise ValueError(
-                f"VLLMEngine strategy_config.logprobs_mode={logprobs_mode!r}: use one of "
-                f"{LOGPROBS_MODES} (the trainer compares log-probs, not logits)"
-            )
-        fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-        unknown = sorted(set(cfg) - fields)
-        if unknown:
-            raise ValueError(
-                f"VLLMEngine strategy_config: unknown key(s) {unknown} (not vLLM EngineArgs)"
+                "VLLMEngine strategy_config: "
+                + "; ".join(f"{key} {why}" for key, why in sorted(problems.items()))
             )
         from vllm.platforms import current_platform
 

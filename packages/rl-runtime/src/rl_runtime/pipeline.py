@@ -23,8 +23,9 @@ bumps it), the phase timer, `log`, and sharded `forward`/`train` calls on a role
 rollout engines (no `actor_infer` role, e.g. offline preference training) has no weight sync. The last step always logs, evaluates and saves.
 At start the runner prints the config warnings and writes the resolved config (secrets redacted)
 to output_dir; at the end it writes output_dir/summary.json (standard JSON: rl_runtime.summary_json).
-One run at a time per output_dir: the run holds the directory's lock (rl_runtime.run_lock) for its
-life, and a second run on it fails at once naming the directory and the first run's pid.
+One run at a time per output_dir, and per checkpoint directory where that lies outside it: the run
+holds their locks (rl_runtime.run_lock) for its life, and a second run on either fails at once
+naming the directory and the first run's pid.
 A checkpoint records the config,
 the app's own section (`RunOptions.app_record`) and the values it derives for its data
 (`RunOptions.derived`), which rl_runtime.resume_guard compares on resume for the pipeline kind run
@@ -69,7 +70,7 @@ from rl_runtime.previous_run import (
     set_aside_previous_run,
 )
 from rl_runtime.resume_guard import app_record, check_resume, check_resume_step, config_record
-from rl_runtime.run_lock import run_directory_lock
+from rl_runtime.run_lock import run_directories_lock
 from rl_runtime.summary_json import write_summary
 from rl_runtime.timing import PhaseTimer, StepProgress
 from rl_runtime.tracking import Tracker, earlier_run_logs, rewind_metrics, tracker_log_dir
@@ -651,11 +652,14 @@ class Runner:
 
     # -------------------------------------------------------------------------------- run
     def run(self) -> RunResult:
-        """The whole run, holding its output directory's lock (rl_runtime.run_lock) from before
-        anything in it is read or moved until teardown: a second run on the same directory
-        fails at once, naming it and this run's pid."""
+        """The whole run, holding the locks of its output directory and of its checkpoint
+        directory where that lies elsewhere (rl_runtime.run_lock) from before anything in them
+        is read or moved until teardown: a second run on either directory fails at once, naming
+        it and this run's pid."""
         t0 = time.perf_counter()
-        with run_directory_lock(self.components.output_dir):
+        c = self.components
+        checkpoints = [c.checkpoint.directory] if c.role("actor_train") is not None else []
+        with run_directories_lock(c.output_dir, *checkpoints):
             resume, state = self._announce()
             after: dict[str, float] = {}
             try:

@@ -1,12 +1,15 @@
-"""One run per output directory: an exclusive lock held for the run's life.
+"""One run per output directory (and per checkpoint directory): exclusive locks held for the
+run's life.
 
 Two runs pointed at the same `output_dir` (the same command started twice) would move each
-other's results aside, interleave their checkpoints and append to one metrics.jsonl. The Runner
-holds `run_directory_lock(output_dir)` from before it touches the directory until teardown: an
-`fcntl.flock` on `<output_dir>/.run.lock`, which holds the holder's pid. The OS drops the lock
-when the holding process exits, crashes or is killed, so a stale lock file never blocks a later
-run; a second run fails at once with `RunDirectoryInUseError` naming the directory and the pid.
-"""
+other's results aside, interleave their checkpoints and append to one metrics.jsonl; two runs with
+different output dirs but one `checkpoint_config.output_dir` outside them would still interleave
+their checkpoints. The Runner holds `run_directories_lock(output_dir, checkpoint_dir)` from before
+it touches either directory until teardown: an `fcntl.flock` on `<directory>/.run.lock` (which
+holds the holder's pid) for the output directory, and for the checkpoint directory when it is not
+inside it. The OS drops a lock when the holding process exits, crashes or is killed, so a stale
+lock file never blocks a later run; a second run fails at once with `RunDirectoryInUseError`
+naming the directory and the pid."""
 
 from __future__ import annotations
 
@@ -26,6 +29,33 @@ class RunDirectoryInUseError(RuntimeError):
 
 
 @contextlib.contextmanager
+def run_directories_lock(
+    output_dir: str | os.PathLike[str], *more: str | os.PathLike[str]
+) -> Iterator[list[Path]]:
+    """Hold the locks of `output_dir` and of each directory of `more` that is not inside it
+    (a checkpoint directory configured elsewhere) while the block runs; yields the lock files'
+    paths. Raises `RunDirectoryInUseError` at once when another process holds any of them, and
+    then holds none."""
+    with contextlib.ExitStack() as held:
+        yield [
+            held.enter_context(run_directory_lock(directory))
+            for directory in directories_to_lock(output_dir, *more)
+        ]
+
+
+def directories_to_lock(
+    output_dir: str | os.PathLike[str], *more: str | os.PathLike[str]
+) -> list[Path]:
+    """`output_dir`, then each of `more` (resolved) not inside a directory already listed."""
+    locked: list[Path] = []
+    for directory in (output_dir, *more):
+        path = Path(directory).resolve()
+        if not any(path.is_relative_to(held) for held in locked):
+            locked.append(path)
+    return locked
+
+
+@contextlib.contextmanager
 def run_directory_lock(directory: str | os.PathLike[str]) -> Iterator[Path]:
     """Hold the exclusive lock of run directory `directory` (created if missing) while the
     block runs; yields the lock file's path. Raises `RunDirectoryInUseError` at once when
@@ -42,9 +72,9 @@ def run_directory_lock(directory: str | os.PathLike[str]) -> Iterator[Path]:
             if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise
             raise RunDirectoryInUseError(
-                f"output directory {path.resolve()} is in use by another run "
+                f"run directory {path.resolve()} is in use by another run "
                 f"(pid {_holder(fd)}, lock {lock_file}); wait for it to finish or give this run "
-                "another output_dir"
+                "another output_dir (or checkpoint_config.output_dir)"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

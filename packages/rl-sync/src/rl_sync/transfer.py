@@ -3,9 +3,11 @@
 Wire protocol over a :class:`~rl_sync.group.CommGroup` (``src`` = the sending rank, every other rank
 receives). Per bucket: an int64 header length, the JSON header (version, bucket index, dtype, byte
 count, payload checksum, tensor names/shapes/offsets, and the digest of all of these), then the
-payload. After the last bucket a final header carries the totals, and every rank joins a MAX
-all-reduce of its verdict (0 = accepted), so the sender learns of a receiver's rejection and all
-receivers commit or none does.
+payload. The length and the header are each closed by a MAX all-reduce of every rank's verdict
+(0 = accepted): a header refused anywhere (too long, not JSON, failing its digest) ends the sync on
+every rank at that point, so the sender hears it at once and the group stays in step. After the
+last bucket a final header carries the totals, and every rank joins one more verdict, so the sender
+learns of a receiver's rejection and all receivers commit or none does.
 
 Receivers stage every bucket, verify version, header digests and payload checksums, and only then
 hand the tensors to the engine's ``apply`` callback: a corrupted or stale sync applies nothing.
@@ -19,6 +21,7 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -130,7 +133,7 @@ def _spec_from_header(header: dict[str, Any]) -> BucketSpec:
             TensorSlot(str(name), tuple(int(d) for d in shape), int(offset), int(numel))
             for name, shape, offset, numel in header["tensors"]
         )
-        return BucketSpec(
+        spec = BucketSpec(
             int(header["index"]),
             str(header["dtype"]),
             int(header["nbytes"]),
@@ -141,48 +144,106 @@ def _spec_from_header(header: dict[str, Any]) -> BucketSpec:
         raise SyncError(
             f"malformed bucket header (field missing or wrong type: {exc}): {header!r:.300}"
         ) from exc
+    if spec.nbytes < 0:
+        raise SyncError(f"{spec.describe()}: negative size {spec.nbytes}")
+    return spec
+
+
+def _bucket_header_problem(position: int, header: dict[str, Any]) -> SyncError | None:
+    """Why a received bucket (or final) header cannot be used, checked before any field is: its
+    digest, an integer version, and a bucket's tensor table and sizes."""
+    final = header.get("final") is True
+    corrupted = digest_problem(header, "the final header" if final else f"header {position}")
+    if corrupted:
+        return ChecksumError(corrupted)
+    if not isinstance(header.get("version"), int) or isinstance(header.get("version"), bool):
+        return SyncError(f"sync header without an integer version: {header!r:.200}")
+    if not final:
+        try:
+            _spec_from_header(header)
+        except SyncError as exc:
+            return exc
+    return None
 
 
 def _send_header(
     group: CommGroup, src: int, header: dict[str, Any], timeout_s: float | None
 ) -> None:
-    for op in _send_header_async(group, src, header, timeout_s):
-        op.wait()
+    """Broadcast ``header`` from ``src``; returns once every receiver accepted it.
 
-
-def _send_header_async(
-    group: CommGroup, src: int, header: dict[str, Any], timeout_s: float | None
-) -> list[PendingOp]:
+    Two steps, each closed by every rank's verdict (`_exchange_verdict`): the length (refused
+    above `MAX_HEADER_BYTES`, by the sender before it sends or by a receiver before it allocates),
+    then the JSON body (refused by a receiver that cannot decode or check it). A refusal on any
+    rank raises on every rank at the same point, so the sender hears it at once rather than at
+    its timeout, and the group stays in step for the next sync.
+    """
     data = _encode_header(header)
+    too_long = len(data) > MAX_HEADER_BYTES
     length = torch.tensor([len(data)], dtype=torch.int64, device=group.device)
-    if len(data) > MAX_HEADER_BYTES:
-        group.broadcast(length, src, timeout_s)  # the receivers refuse it too: all stay in step
-        raise SyncError(
-            f"sync header of {len(data)} bytes exceeds the limit of {MAX_HEADER_BYTES} bytes "
-            f"({MAX_HEADER_TENSORS} tensors of {MAX_HEADER_ROW_BYTES} bytes); not sent (a "
-            f"bucket of fewer tensors, or shorter names, fits)"
-        )
+    group.broadcast(length, src, timeout_s)
+    if _exchange_verdict(group, too_long, timeout_s):
+        if too_long:
+            raise SyncError(
+                f"sync header of {len(data)} bytes exceeds the limit of {MAX_HEADER_BYTES} bytes "
+                f"({MAX_HEADER_TENSORS} tensors of {MAX_HEADER_ROW_BYTES} bytes); not sent (a "
+                f"bucket of fewer tensors, or shorter names, fits)"
+            )
+        raise SyncError(_refused_by_receiver(group, f"the length of a {len(data)}-byte header"))
     body = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(group.device)
-    return [
-        group.broadcast_async(length, src, timeout_s),
-        group.broadcast_async(body, src, timeout_s),
-    ]
+    group.broadcast(body, src, timeout_s)
+    if _exchange_verdict(group, False, timeout_s):
+        raise SyncError(_refused_by_receiver(group, f"a {len(data)}-byte header"))
 
 
-def _recv_header(group: CommGroup, src: int, timeout_s: float | None) -> dict[str, Any]:
+def _refused_by_receiver(group: CommGroup, what: str) -> str:
+    return (
+        f"sync rejected by a receiver of group {group.name!r}, which refused {what}; the sync "
+        "stopped there and nothing of it was applied (the receiver's error says why)"
+    )
+
+
+HeaderCheck = Callable[[dict[str, Any]], SyncError | None]
+"""A receiver's own check of a decoded header: the problem (not raised), or None."""
+
+
+def _recv_header(
+    group: CommGroup, src: int, timeout_s: float | None, check: HeaderCheck | None = None
+) -> dict[str, Any]:
+    """Receive one header sent by `_send_header`, joining its two verdicts.
+
+    Refuses an implausible length, a body that is not a JSON object of this wire protocol, or
+    one that fails ``check``; every rank then raises (this one its reason), nothing is applied.
+    """
     length = torch.zeros(1, dtype=torch.int64, device=group.device)
     group.broadcast(length, src, timeout_s)
     size = int(length.item())
-    if size <= 0:
-        raise SyncError(f"sync header length {size} from rank {src} is not plausible")
-    if size > MAX_HEADER_BYTES:
-        raise SyncError(
-            f"sync header of {size} bytes announced by rank {src} exceeds the limit of "
-            f"{MAX_HEADER_BYTES} bytes ({MAX_HEADER_TENSORS} tensors of {MAX_HEADER_ROW_BYTES} "
-            "bytes); refused before allocating it"
-        )
+    _settle_header(group, src, _length_problem(size, src), timeout_s)
     body = torch.empty(size, dtype=torch.uint8, device=group.device)
     group.broadcast(body, src, timeout_s)
+    header: dict[str, Any] = {}
+    try:
+        header = _decode_header(body, src)
+        problem = check(header) if check is not None else None
+    except SyncError as exc:
+        problem = exc
+    _settle_header(group, src, problem, timeout_s)
+    return header
+
+
+def _length_problem(size: int, src: int, limit: int = MAX_HEADER_BYTES) -> SyncError | None:
+    if size <= 0:
+        return SyncError(f"sync header length {size} from rank {src} is not plausible")
+    if size > limit:
+        return SyncError(
+            f"sync header of {size} bytes announced by rank {src} exceeds the limit of "
+            f"{limit} bytes ({MAX_HEADER_TENSORS} tensors of {MAX_HEADER_ROW_BYTES} "
+            "bytes); refused before allocating it"
+        )
+    return None
+
+
+def _decode_header(body: torch.Tensor, src: int) -> dict[str, Any]:
+    """The JSON object in ``body`` ([N] uint8), of this wire protocol; SyncError otherwise."""
     try:
         header = json.loads(_tensor_bytes(body).decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -196,6 +257,23 @@ def _recv_header(group: CommGroup, src: int, timeout_s: float | None) -> dict[st
             f"{header!r:.200}"
         )
     return header
+
+
+def _settle_header(
+    group: CommGroup, src: int, problem: SyncError | None, timeout_s: float | None
+) -> None:
+    """Exchange this rank's verdict on a header; raise if any rank refused it."""
+    refused_elsewhere = _exchange_verdict(group, problem is not None, timeout_s)
+    if problem is not None:
+        raise type(problem)(
+            f"sync header from rank {src} refused by rank {group.rank} of group "
+            f"{group.name!r}; nothing applied: {problem}"
+        ) from problem
+    if refused_elsewhere:
+        raise SyncError(
+            f"a sync header from rank {src} was refused by another rank of group "
+            f"{group.name!r}; nothing applied here either"
+        )
 
 
 def _exchange_verdict(group: CommGroup, rejected: bool, timeout_s: float | None) -> bool:
@@ -235,12 +313,10 @@ class WeightSender:
         self.packer = BucketPacker(bucket_bytes, group.device, num_staging=2)
 
     def _transmit(self, version: int, spec: BucketSpec, payload: torch.Tensor) -> list[PendingOp]:
-        """Start sending one bucket (header, then payload); the caller waits on the ops."""
-        ops = _send_header_async(
-            self.group, self.src, _bucket_header(version, spec), self.timeout_s
-        )
-        ops.append(self.group.broadcast_async(payload, self.src, self.timeout_s))
-        return ops
+        """Send one bucket's header (every receiver accepted it when this returns), then start
+        sending its payload; the caller waits on the returned op."""
+        _send_header(self.group, self.src, _bucket_header(version, spec), self.timeout_s)
+        return [self.group.broadcast_async(payload, self.src, self.timeout_s)]
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncMetrics:
         """Send one versioned sync; raises :class:`SyncError` if any receiver rejected it."""
@@ -375,17 +451,12 @@ class WeightReceiver:
                 reject(str(exc))
 
         while True:
-            header = _recv_header(self.group, self.src, self.timeout_s)
-            # checked before any field is used; a header that fails it is still drained (its
-            # payload size is all that is read from it), so the sender hears the rejection
-            corrupted = digest_problem(
-                header, "the final header" if header.get("final") else f"header {num_buckets}"
+            # a header failing its digest or its fields is refused on the spot, on every rank
+            # (`_recv_header`): its sizes cannot be trusted to drain the rest of the sync
+            header = _recv_header(
+                self.group, self.src, self.timeout_s, partial(_bucket_header_problem, num_buckets)
             )
-            if corrupted:
-                reject(corrupted, ChecksumError)
-            header_version = header.get("version")
-            if not isinstance(header_version, int):
-                raise SyncError(f"sync header without an integer version: {header!r:.200}")
+            header_version: int = header["version"]  # an int: checked by the header verdict
             if version is None:
                 version = header_version
                 problem = self._version_problem(version, expected_version)
@@ -411,8 +482,6 @@ class WeightReceiver:
                     )
                 break
             spec = _spec_from_header(header)
-            if spec.nbytes < 0:
-                raise SyncError(f"{spec.describe()}: negative size {spec.nbytes}")
             payload = torch.empty(spec.nbytes, dtype=torch.uint8, device=self.group.device)
             receiving = self.group.broadcast_async(payload, self.src, self.timeout_s)
             if arrived is not None:  # verify the previous bucket while this one arrives

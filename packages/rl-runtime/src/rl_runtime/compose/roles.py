@@ -148,8 +148,7 @@ def build_role(
         dtype=DTYPE_NAMES[w.model_args.dtype],
     )
     if role == "actor_infer":
-        if sa.strategy_name == "hf_infer":
-            check_hf_engine_options(common["strategy_config"])
+        check_engine_options(sa.strategy_name, common["strategy_config"])
         mode = common["strategy_config"].get("logprobs_mode")
         warnings.extend(rollout_log_prob_warnings(cfg, mode))
         return RolePlan(**common)  # type: ignore[arg-type]
@@ -283,25 +282,19 @@ def resolve_local(path: str) -> str:
     return str(Path(path).resolve()) if Path(path).exists() else path
 
 
-def check_hf_engine_options(strategy_config: dict[str, Any]) -> None:
-    """The HF engine refuses an unknown strategy_config key when it starts, in a rollout worker
-    after Ray and the trainers; here it is a config error naming the key, before anything
-    starts."""
-    import difflib
-
+def check_engine_options(strategy_name: str, strategy_config: dict[str, Any]) -> None:
+    """The rollout engine refuses a strategy_config key it does not take (or, for vllm, a value
+    of the wrong type) when it starts, in a rollout worker after Ray and the trainers; here it is
+    a config error naming the key, before anything starts (the engine's own check, through
+    `rl_rollout.registry.engine_option_problems`: vLLM need not be installed)."""
     from rl_config.errors import ConfigError, ConfigIssue
-    from rl_rollout.hf_engine import STRATEGY_CONFIG_KEYS
+    from rl_rollout.registry import engine_option_problems
 
-    known = sorted(STRATEGY_CONFIG_KEYS)
-    issues = []
-    for key in sorted(set(strategy_config) - STRATEGY_CONFIG_KEYS):
-        close = difflib.get_close_matches(key, known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        issues.append(
-            ConfigIssue(
-                f"actor_infer.strategy_args.strategy_config.{key}",
-                f"hf_infer takes no option {key!r}{hint} (its options: {', '.join(known)})",
-            )
+    problems = engine_option_problems(strategy_name, strategy_config)
+    if problems:
+        raise ConfigError(
+            [
+                ConfigIssue(f"actor_infer.strategy_args.strategy_config.{key}", why)
+                for key, why in sorted(problems.items())
+            ]
         )
-    if issues:
-        raise ConfigError(issues)
