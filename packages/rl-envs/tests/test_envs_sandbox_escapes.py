@@ -295,6 +295,47 @@ def test_other_processes_command_lines_are_hidden(hostile_pool, bystander):
     assert "FileNotFoundError" in result.stdout
 
 
+@pytest.fixture
+def session_key():
+    """A secret in this process's session keyring, as a login (pam_keyinit) or the trainer
+    puts one there before it starts a pool; its id and text, and keyctl's syscall number."""
+    import ctypes
+    import platform
+
+    numbers = {"x86_64": (248, 250), "aarch64": (217, 219)}.get(platform.machine())
+    if numbers is None:
+        pytest.skip(f"keyctl numbers not known for {platform.machine()}")
+    add_key, keyctl = numbers
+    libc = ctypes.CDLL(None, use_errno=True)
+    secret = f"SECRET-{uuid.uuid4().hex}".encode()
+    key = libc.syscall(add_key, b"user", b"rl_envs_test_key", secret, len(secret),
+                       ctypes.c_int(-3))  # fmt: skip
+    if key < 0:
+        pytest.skip(f"this host refuses add_key (errno {ctypes.get_errno()})")
+    yield key, secret.decode(), keyctl
+    libc.syscall(keyctl, 3, ctypes.c_long(key))  # KEYCTL_REVOKE
+
+
+def test_trainer_session_keyring_is_left_behind(session_key):
+    """The session keyring survives fork, setsid and the uid drop: a call must not find or
+    read the trainer's keys in it (by search, or by the key's id)."""
+    key, secret, keyctl = session_key
+    code = textwrap.dedent(f"""
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        found = libc.syscall({keyctl}, 10, ctypes.c_int(-3), b"user", b"rl_envs_test_key", 0)
+        buf = ctypes.create_string_buffer(256)
+        for key in {{found, {key}}}:
+            n = libc.syscall({keyctl}, 11, ctypes.c_long(key), buf, 256)
+            print(key, n, buf.raw[: max(n, 0)])
+    """)
+    with SandboxPool(1, limits=SandboxLimits(allow_weak_isolation=True)) as pool:
+        result = pool.run_python(code)
+    assert result.ok, result
+    assert secret not in result.stdout
+
+
 def test_call_dies_with_its_worker():
     """A worker killed mid-call takes its call along (the uid drop clears the parent-death
     signal, so the call re-arms it; the pool also empties the dead worker's control group)."""

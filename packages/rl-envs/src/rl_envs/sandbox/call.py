@@ -159,6 +159,8 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
         elif os.geteuid() == 0:  # uid 0 of a user namespace: keep the uid, lose every capability
             isolation.drop_bounding_capabilities()
             isolation.drop_capabilities()
+        # the trainer's session keyring came with the fork
+        isolation.leave_callers_keyrings(own_uid=call["uid"] is not None)
         os.chdir(workdir)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
