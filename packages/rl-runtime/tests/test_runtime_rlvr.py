@@ -566,3 +566,27 @@ def test_a_domain_with_metrics_of_its_own_gets_its_extras():
     assert mixed["reward/extra/acc"] == 0.5
     one = group_metrics([_group("s", "custom", [1.0, 0.0], [True, False])])
     assert one["reward/extra/acc"] == 0.5 and not [k for k in one if "domain" in k]
+
+
+def test_a_custom_reward_file_that_cannot_be_used_is_refused_when_composed(tmp_path):
+    """A missing file, a function the file does not define, or a syntax error: one error naming
+    `custom_reward_function` when the plan is composed (a dry run says so); the run built the
+    model and warmed it up, then ended in a traceback from the reward router."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"prompt": "1 =", "ground_truth": "1"}) + "\n")
+    fn = tmp_path / "reward.py"
+    fn.write_text("def score(data_source, solution_str, ground_truth, extra_info):\n  return 1\n")
+    broken = tmp_path / "broken.py"
+    broken.write_text("def score(:\n")
+    cases = [
+        ({"path": str(tmp_path / "nope.py")}, r"custom_reward_function\.path: .*not found"),
+        ({"path": str(fn), "name": "compute"}, r"custom_reward_function .*no top-level .*compute"),
+        (
+            {"path": str(broken), "name": "score"},
+            r"custom_reward_function .*syntax error at line 1",
+        ),
+    ]
+    for custom, message in cases:
+        with pytest.raises(ValueError, match=message):
+            _plan([str(data)], None, custom_reward_function=custom)
+    assert _plan([str(data)], None, custom_reward_function={"path": str(fn), "name": "score"})

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from rl_config.records import SamplingParams
+from rl_envs.rewards.custom import load_custom_reward
 from rl_envs.rewards.router import RewardRouterSpec, reward_router_spec
 from rl_runtime.advantages import estimator_needs
 
@@ -129,7 +130,24 @@ def build_rewards(cfg: Any) -> RewardRouterSpec:
         for domain, section in (cfg.rewards or {}).items()
     }
     custom = {k: getattr(cfg.custom_reward_function, k) for k in CUSTOM_REWARD_KEYS}
-    return reward_router_spec(rewards or None, custom, allow_unsupported=True)
+    spec = reward_router_spec(rewards or None, custom, allow_unsupported=True)
+    if spec.custom is not None:
+        check_custom_reward_file(spec.custom.path, spec.custom.name, spec.custom.style)
+    return spec
+
+
+def check_custom_reward_file(path: str, name: str, style: str) -> None:
+    """The custom reward file exists and defines `name` with verl's or TRL's signature (read
+    with `ast`, nothing runs): checked here so that a dry run says so, not a traceback after the
+    model is built and warmed up. ValueError naming the key."""
+    try:
+        load_custom_reward(path, name, style)
+    except OSError as exc:
+        raise ValueError(f"custom_reward_function.path: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(
+            f"custom_reward_function (path={path}, name={name}, style={style}): {exc}"
+        ) from None
 
 
 def check_domain_mix(probs: dict[str, float], rewards: RewardRouterSpec) -> None:
