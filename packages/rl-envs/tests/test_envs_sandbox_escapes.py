@@ -336,6 +336,21 @@ def test_trainer_session_keyring_is_left_behind(session_key):
     assert secret not in result.stdout
 
 
+def test_an_import_the_slot_uid_cannot_read_says_why(hostile_pool):
+    """Python installed under a private home (pyenv in /root, mode 0700): a call as the slot's
+    uid imports only what its worker preloaded. The error said only "No module named 'uuid'";
+    it now names the unreadable stdlib directory and `preload`."""
+    _need(hostile_pool, "uid", "per-slot")
+    stdlib = os.path.dirname(os.__file__)
+    if _usable_by_others(stdlib):
+        pytest.skip(f"{stdlib} is readable by other users here")
+    source = "import rl_envs_no_such_module\ndef f():\n    return 1\n"
+    result = hostile_pool.call_source(source, "f")
+    assert result.kind == "exception", result
+    assert "No module named 'rl_envs_no_such_module'" in result.error
+    assert f"cannot read {stdlib} (on sys.path)" in result.error and "preload" in result.error
+
+
 def test_call_dies_with_its_worker():
     """A worker killed mid-call takes its call along (the uid drop clears the parent-death
     signal, so the call re-arms it; the pool also empties the dead worker's control group)."""
