@@ -351,6 +351,35 @@ def test_an_import_the_slot_uid_cannot_read_says_why(hostile_pool):
     assert f"cannot read {stdlib} (on sys.path)" in result.error and "preload" in result.error
 
 
+FORGED_RESULT = """
+import json, os
+def forge():
+    output = os.readlink("/proc/self/fd/1")
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("pipe:") and target != output:  # the result pipe
+            error = "\\x1b]0;PWNED\\x07\\x1b[2J" + "x" * 100_000
+            os.write(int(fd), json.dumps({"ok": 1, "kind": "made_up_" + os.urandom(4).hex(),
+                                          "error": error, "traceback": error}).encode())
+            os._exit(0)
+"""
+
+
+def test_a_forged_result_names_no_new_kind_and_prints_no_escape_sequences(hostile_pool):
+    """The call writes its own result pipe: a made-up `kind` per call became a new counter per
+    call (`kind.<name>`, the reward's `failure.<name>`, a `reward/failures/<name>` metric), and
+    its error, printed by the trainer, carried terminal escape sequences and any length. Now
+    the kind is `bad_result`, the text is capped and its control characters escaped."""
+    result = hostile_pool.call_source(FORGED_RESULT, "forge")
+    assert not result.ok and result.kind == "bad_result", result.kind
+    for text in (result.error, result.traceback):
+        assert "\x1b" not in text and "\x07" not in text and "\\x1b]0;PWNED" in text
+    assert len(result.error) <= 2000 and len(result.traceback) <= 4000
+
+
 def test_call_dies_with_its_worker():
     """A worker killed mid-call takes its call along (the uid drop clears the parent-death
     signal, so the call re-arms it; the pool also empties the dead worker's control group)."""
