@@ -49,9 +49,11 @@ def strict_options(cls: type[T], raw: dict[str, Any] | None, path: str) -> T:
             raw[name] = strict_options(sub, value, f"{path}.{name}")
         else:
             _check_type(value, hints[name], f"{path}.{name}")
-    try:  # a dataclass's own checks (`__post_init__`) name the section
+    try:
         return cls(**raw)
-    except ValueError as exc:
+    except ValueError as exc:  # a dataclass's own check (`__post_init__`) that names no key
+        if str(exc).startswith(path):
+            raise
         raise ValueError(f"{path}: {exc}") from None
 
 

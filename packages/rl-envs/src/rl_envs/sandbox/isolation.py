@@ -195,7 +195,6 @@ def drop_bounding_capabilities() -> None:
         _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last capability
 
 
-KEYCTL_GET_KEYRING_ID = 0
 KEYCTL_JOIN_SESSION_KEYRING = 1
 KEYCTL_CLEAR = 7
 KEY_SPEC_USER_KEYRING = -4
@@ -224,7 +223,7 @@ def leave_callers_keyrings(own_uid: bool) -> None:
         return
     cleared = keyctl(ctypes.c_long(_SYS_KEYCTL), ctypes.c_long(KEYCTL_CLEAR),
                      ctypes.c_long(KEY_SPEC_USER_KEYRING))  # fmt: skip
-    _check(0 if cleared == 0 else -1, "keyctl(clear user keyring)")
+    _check(cleared, "keyctl(clear user keyring)")
 
 
 def drop_capabilities() -> None:
