@@ -727,3 +727,22 @@ def test_turning_on_kl_when_resuming_a_warmed_up_run_without_its_reference_is_re
 def test_bad_app_options_are_config_errors_in_a_dry_run(override, error, capsys):
     assert app_main("rlvr")(["--dry-run", override]) == 1
     assert capsys.readouterr().err.startswith(f"config error: {error}")
+
+
+def test_a_custom_reward_file_that_cannot_be_used_stops_the_run_before_it_builds(tmp_path, capsys):
+    """`custom_reward_function.name` naming no function of the file: a dry run warns, a run is
+    one config error before it writes anything (it built the model, warmed it up, then ended in
+    the reward router's `[rank0]` traceback)."""
+    fn = tmp_path / "my_reward.py"
+    fn.write_text("def score(data_source, solution_str, ground_truth, extra_info):\n  return 1\n")
+    out = tmp_path / "out"
+    args = [f"custom_reward_function.path={fn}", "custom_reward_function.name=compute_score",
+            f"output_dir={out}"]  # fmt: skip
+    assert app_main("rlvr")(["--dry-run", *args]) == 0
+    assert "warning: custom_reward_function (path=" in capsys.readouterr().out
+    assert app_main("rlvr")(args) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("config error: custom_reward_function (path=") and "'compute_score'" in err
+    )
+    assert not out.exists()

@@ -97,6 +97,7 @@ def test_malformed_rows_are_rejected_naming_file_row_and_field(tmp_path):
         {**_roll(8, "code"), "test_cases": json.dumps(["assert 1"]), "case_type": "text"},
         {**_roll(9, "math"), "ground_truth": float("inf")},  # 9 not finite
         {**_roll(10, "math"), "extra_info": "oops"},  # 10 extra_info not a dict
+        {**_roll(11, "math"), "messages": "[]"},  # 11 no messages (said "wrong type list")
     ]
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows).replace("Infinity", "1e999") + "\n")
@@ -104,7 +105,7 @@ def test_malformed_rows_are_rejected_naming_file_row_and_field(tmp_path):
     with pytest.raises(DataError) as err:
         load_dataset(spec)
     text = str(err.value)
-    assert text.startswith("10 malformed rows")
+    assert text.startswith("11 malformed rows")
     expected = {
         1: ("question", "missing"),
         2: ("ground_truth", "wrong type list"),
@@ -116,6 +117,7 @@ def test_malformed_rows_are_rejected_naming_file_row_and_field(tmp_path):
         8: ("test_cases", "case_type 'text' is not supported"),
         9: ("ground_truth", "is inf"),
         10: ("extra_info", "wrong type str"),
+        11: ("messages", "empty: a list of no messages"),
     }
     for row, (field, reason) in expected.items():
         line = next(t for t in text.splitlines() if f"row {row}:" in t)
@@ -123,7 +125,7 @@ def test_malformed_rows_are_rejected_naming_file_row_and_field(tmp_path):
         assert reason in line, line
     skipped = load_dataset(data_spec({"file_name": str(path), "messages": "messages"},
                                      on_bad_row="skip"))  # fmt: skip
-    assert [r.index for r in skipped.rows] == [0] and len(skipped.rejected) == 10
+    assert [r.index for r in skipped.rows] == [0] and len(skipped.rejected) == 11
     assert skipped.rejected[0].source == str(path)
 
 

@@ -295,6 +295,91 @@ def test_other_processes_command_lines_are_hidden(hostile_pool, bystander):
     assert "FileNotFoundError" in result.stdout
 
 
+@pytest.fixture
+def session_key():
+    """A secret in this process's session keyring, as a login (pam_keyinit) or the trainer
+    puts one there before it starts a pool; its id and text, and keyctl's syscall number."""
+    import ctypes
+    import platform
+
+    numbers = {"x86_64": (248, 250), "aarch64": (217, 219)}.get(platform.machine())
+    if numbers is None:
+        pytest.skip(f"keyctl numbers not known for {platform.machine()}")
+    add_key, keyctl = numbers
+    libc = ctypes.CDLL(None, use_errno=True)
+    secret = f"SECRET-{uuid.uuid4().hex}".encode()
+    key = libc.syscall(add_key, b"user", b"rl_envs_test_key", secret, len(secret),
+                       ctypes.c_int(-3))  # fmt: skip
+    if key < 0:
+        pytest.skip(f"this host refuses add_key (errno {ctypes.get_errno()})")
+    yield key, secret.decode(), keyctl
+    libc.syscall(keyctl, 3, ctypes.c_long(key))  # KEYCTL_REVOKE
+
+
+def test_trainer_session_keyring_is_left_behind(session_key):
+    """The session keyring survives fork, setsid and the uid drop: a call must not find or
+    read the trainer's keys in it (by search, or by the key's id)."""
+    key, secret, keyctl = session_key
+    code = textwrap.dedent(f"""
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        found = libc.syscall({keyctl}, 10, ctypes.c_int(-3), b"user", b"rl_envs_test_key", 0)
+        buf = ctypes.create_string_buffer(256)
+        for key in {{found, {key}}}:
+            n = libc.syscall({keyctl}, 11, ctypes.c_long(key), buf, 256)
+            print(key, n, buf.raw[: max(n, 0)])
+    """)
+    with SandboxPool(1, limits=SandboxLimits(allow_weak_isolation=True)) as pool:
+        result = pool.run_python(code)
+    assert result.ok, result
+    assert secret not in result.stdout
+
+
+def test_an_import_the_slot_uid_cannot_read_says_why(hostile_pool):
+    """Python installed under a private home (pyenv in /root, mode 0700): a call as the slot's
+    uid imports only what its worker preloaded. The error said only "No module named 'uuid'";
+    it now names the unreadable stdlib directory and `preload`."""
+    _need(hostile_pool, "uid", "per-slot")
+    stdlib = os.path.dirname(os.__file__)
+    if _usable_by_others(stdlib):
+        pytest.skip(f"{stdlib} is readable by other users here")
+    source = "import rl_envs_no_such_module\ndef f():\n    return 1\n"
+    result = hostile_pool.call_source(source, "f")
+    assert result.kind == "exception", result
+    assert "No module named 'rl_envs_no_such_module'" in result.error
+    assert f"cannot read {stdlib} (on sys.path)" in result.error and "preload" in result.error
+
+
+FORGED_RESULT = """
+import json, os
+def forge():
+    output = os.readlink("/proc/self/fd/1")
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("pipe:") and target != output:  # the result pipe
+            error = "\\x1b]0;PWNED\\x07\\x1b[2J" + "x" * 100_000
+            os.write(int(fd), json.dumps({"ok": 1, "kind": "made_up_" + os.urandom(4).hex(),
+                                          "error": error, "traceback": error}).encode())
+            os._exit(0)
+"""
+
+
+def test_a_forged_result_names_no_new_kind_and_prints_no_escape_sequences(hostile_pool):
+    """The call writes its own result pipe: a made-up `kind` per call became a new counter per
+    call (`kind.<name>`, the reward's `failure.<name>`, a `reward/failures/<name>` metric), and
+    its error, printed by the trainer, carried terminal escape sequences and any length. Now
+    the kind is `bad_result`, the text is capped and its control characters escaped."""
+    result = hostile_pool.call_source(FORGED_RESULT, "forge")
+    assert not result.ok and result.kind == "bad_result", result.kind
+    for text in (result.error, result.traceback):
+        assert "\x1b" not in text and "\x07" not in text and "\\x1b]0;PWNED" in text
+    assert len(result.error) <= 2000 and len(result.traceback) <= 4000
+
+
 def test_call_dies_with_its_worker():
     """A worker killed mid-call takes its call along (the uid drop clears the parent-death
     signal, so the call re-arms it; the pool also empties the dead worker's control group)."""

@@ -22,14 +22,31 @@ class _App:
 
 
 def test_nested_sections_are_built_and_checked():
-    app = strict_options(_App, {"warmup": {"steps": 3}, "tiny_model": {"hidden_size": 64}}, "x_app")
+    app = strict_options(
+        _App, {"warmup": {"steps": 3}, "tiny_model": {"hidden_size": 256}}, "x_app"
+    )
     assert app.warmup == _Warmup(steps=3)
-    assert app.tiny_model.hidden_size == 64 and app.tiny_model.num_layers == 2
+    assert app.tiny_model.hidden_size == 256 and app.tiny_model.num_layers == 2
     assert strict_options(_App, None, "x_app") == _App()
     with pytest.raises(ValueError, match=r"x_app: unknown key\(s\) \['use_rey'\]"):
         strict_options(_App, {"use_rey": False}, "x_app")
     with pytest.raises(ValueError, match=r"x_app\.warmup: unknown key\(s\) \['step'\]"):
         strict_options(_App, {"warmup": {"step": 3}}, "x_app")
+
+
+@pytest.mark.parametrize(
+    ("shape", "error"),
+    [
+        ({"hidden_size": 64}, r"x_app\.tiny_model: head_dim = hidden_size // num_heads = 32 < 64"),
+        ({"num_heads": 0}, r"x_app\.tiny_model: num_heads must be >= 1, got 0"),
+        ({"num_heads": 2, "num_kv_heads": 3}, r"x_app\.tiny_model: .*multiple of num_kv_heads=3"),
+    ],
+)
+def test_a_tiny_model_it_cannot_build_is_refused_naming_the_section(shape, error):
+    """A shape `build_tiny_model` refuses was accepted with the options (and by `--dry-run`);
+    the run ended in a traceback (ZeroDivisionError for 0 heads) when it built the model."""
+    with pytest.raises(ValueError, match=error):
+        strict_options(_App, {"tiny_model": shape}, "x_app")
 
 
 def test_an_app_section_extends_the_shared_run_options():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -625,3 +626,32 @@ def test_a_domain_with_metrics_of_its_own_gets_its_extras():
     assert mixed["reward/extra/acc"] == 0.5
     one = group_metrics([_group("s", "custom", [1.0, 0.0], [True, False])])
     assert one["reward/extra/acc"] == 0.5 and not [k for k in one if "domain" in k]
+
+
+def test_a_custom_reward_file_that_cannot_be_used_is_named_by_its_key(tmp_path):
+    """A missing file, a function the file does not define, or a syntax error: one line naming
+    `custom_reward_function` (compose_rlvr's refusal: a dry run lists it, a run stops before it
+    builds anything); the run built the model and warmed it up, then ended in a traceback from
+    the reward router."""
+    from rl_runtime.compose.rlvr import custom_reward_problem
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"prompt": "1 =", "ground_truth": "1"}) + "\n")
+    fn = tmp_path / "reward.py"
+    fn.write_text("def score(data_source, solution_str, ground_truth, extra_info):\n  return 1\n")
+    broken = tmp_path / "broken.py"
+    broken.write_text("def score(:\n")
+    cases = [
+        ({"path": str(tmp_path / "nope.py")}, r"custom_reward_function\.path: .*not found"),
+        ({"path": str(fn), "name": "compute"}, r"custom_reward_function .*no top-level .*compute"),
+        (
+            {"path": str(broken), "name": "score"},
+            r"custom_reward_function .*syntax error at line 1",
+        ),
+    ]
+    for custom, message in cases:
+        plan = _plan([str(data)], None, custom_reward_function=custom)
+        assert re.search(message, custom_reward_problem(plan.rewards) or ""), custom
+    plan = _plan([str(data)], None, custom_reward_function={"path": str(fn), "name": "score"})
+    assert custom_reward_problem(plan.rewards) is None
+    assert custom_reward_problem(_plan([str(data)], None).rewards) is None

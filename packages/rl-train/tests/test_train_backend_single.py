@@ -520,3 +520,29 @@ def test_fsdp2_wraps_only_when_it_changes_the_training(
         fsdp2_changes_training(world, cfg, DTYPES[compute], DTYPES[weights], trained=trained)
         is wrapped
     )
+
+
+@pytest.mark.parametrize(
+    ("saved_shape", "error"),
+    [
+        ({"num_layers": 3}, r"holds another model .*: 12 parameters this model lacks \(first "),
+        ({"num_layers": 1}, r"holds another model .*: 12 of this model's parameters missing"),
+        ({"intermediate_size": 512}, r"6 of another shape \(first .*mlp.*: \[512, 128\] saved"),
+    ],
+)
+def test_a_checkpoint_of_another_model_is_refused_before_anything_loads(
+    tiny_model_path, tmp_path, saved_shape, error
+):
+    """DCP loads only the keys the model asks for: a deeper model's checkpoint loaded silently
+    into this model's layers, and a shallower one or another width ended in DCP's bare "Missing
+    key" / size error. Each is one CheckpointError naming the first differing parameter, and
+    the model keeps its weights."""
+    from rl_rollout.tiny_model import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other_model", **saved_shape)
+    _backend(str(other)).save_checkpoint(tmp_path / "ckpt", 1)
+    here = _backend(tiny_model_path)
+    before = _params(here)
+    with pytest.raises(rl_train.CheckpointError, match=error):
+        here.load_checkpoint(tmp_path / "ckpt")
+    assert _max_diff(before, _params(here)) == 0.0

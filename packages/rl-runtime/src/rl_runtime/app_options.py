@@ -23,6 +23,14 @@ class TinyModelOptions:
     intermediate_size: int = 256
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        from rl_rollout.tiny_model import check_tiny_model_shape
+
+        check_tiny_model_shape(
+            hidden_size=self.hidden_size, num_layers=self.num_layers, num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads, intermediate_size=self.intermediate_size,
+        )  # fmt: skip
+
 
 def strict_options(cls: type[T], raw: dict[str, Any] | None, path: str) -> T:
     """The dataclass `cls` from the mapping `raw`; an unknown key, or a value that is not of its
@@ -41,7 +49,12 @@ def strict_options(cls: type[T], raw: dict[str, Any] | None, path: str) -> T:
             raw[name] = strict_options(sub, value, f"{path}.{name}")
         else:
             _check_type(value, hints[name], f"{path}.{name}")
-    return cls(**raw)
+    try:
+        return cls(**raw)
+    except ValueError as exc:  # a dataclass's own check (`__post_init__`) that names no key
+        if str(exc).startswith(path):
+            raise
+        raise ValueError(f"{path}: {exc}") from None
 
 
 _SCALARS = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}

@@ -100,6 +100,34 @@ def _awaited(value: Any) -> Any:
     return loop.run_until_complete(value)
 
 
+def _error_text(exc: BaseException) -> str:
+    """``Type: message`` of a call's exception; an import that failed where this uid cannot
+    read part of ``sys.path`` (a slot uid, Python installed under a private home) says so:
+    only what the worker preloaded imports there."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ImportError):
+        stdlib = os.path.dirname(os.__file__)
+        hidden = [p for p in (stdlib, *sys.path) if p and os.path.isabs(p) and _unreadable(p)]
+        if hidden:
+            text += (
+                f" (uid {os.getuid()}, which runs the call, cannot read {hidden[0]} "
+                "(on sys.path): only the modules the worker preloaded import from there; add them "
+                "to SandboxPool(preload=...), or install Python where other users can read it)"
+            )
+    return text[:2000]
+
+
+def _unreadable(path: str) -> bool:
+    """``path`` exists (for the worker) but this process may not search it."""
+    try:
+        os.stat(path)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return not os.access(path, os.R_OK | os.X_OK)
+
+
 def _call_one(target: Any, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """One call of a ``call_each`` batch: its value, or its exception as a failed outcome (the
     batch goes on). Anything that is not an ``Exception`` ends the batch."""
@@ -107,7 +135,7 @@ def _call_one(target: Any, args: list[Any], kwargs: dict[str, Any]) -> dict[str,
         return {"ok": True, "value": _awaited(target(*args, **kwargs))}
     except Exception as exc:
         kind_name = "memory" if isinstance(exc, MemoryError) else "exception"
-        return {"ok": False, "kind": kind_name, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        return {"ok": False, "kind": kind_name, "error": _error_text(exc)}
 
 
 def _execute(task: dict[str, Any], target: Any, workdir: str) -> Any:
@@ -159,6 +187,8 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
         elif os.geteuid() == 0:  # uid 0 of a user namespace: keep the uid, lose every capability
             isolation.drop_bounding_capabilities()
             isolation.drop_capabilities()
+        # the trainer's session keyring came with the fork
+        isolation.leave_callers_keyrings(own_uid=call["uid"] is not None)
         os.chdir(workdir)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -176,7 +206,7 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
         kind_name = "memory" if isinstance(exc, MemoryError) else "exception"
         tb = traceback.format_exc(limit=8)
         payload = {"ok": False, "value": None, "kind": kind_name,
-                   "error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": tb[-4000:]}  # fmt: skip
+                   "error": _error_text(exc), "traceback": tb[-4000:]}  # fmt: skip
     if os.getpid() != me:  # a process the call forked fell through to here
         os._exit(0)
     try:

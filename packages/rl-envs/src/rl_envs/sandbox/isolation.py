@@ -5,7 +5,8 @@ call straight into new mount, pid and SysV IPC namespaces (``fork_into_call_name
 clone(2), so a large worker is copied once), and the call, pid 1 there, runs ``private_mounts``:
 the whole file tree read-only with the user's credentials hidden (``credentials``), a fresh
 size-capped tmpfs on ``/tmp``, an empty read-only ``/dev/shm`` and a ``/proc`` that shows only
-the call's own processes. When pid 1 exits the
+the call's own processes. Every call leaves the trainer's kernel keyrings
+(``leave_callers_keyrings``). When pid 1 exits the
 kernel kills the rest of the namespace, and everything mounted there, and every shared-memory
 segment, semaphore and message queue the call created, disappears.
 """
@@ -194,6 +195,37 @@ def drop_bounding_capabilities() -> None:
         _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last capability
 
 
+KEYCTL_JOIN_SESSION_KEYRING = 1
+KEYCTL_CLEAR = 7
+KEY_SPEC_USER_KEYRING = -4
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(platform.machine())
+
+
+def leave_callers_keyrings(own_uid: bool) -> None:
+    """Join a new, empty session keyring. The session keyring is inherited through fork,
+    setsid and a change of uid, and whoever holds it may read every key the trainer (or its
+    login) put there (tokens, Kerberos tickets). ``own_uid``: the call runs as its slot's uid,
+    whose user keyring is emptied too (what an earlier call of the slot left there); never
+    with the caller's uid, whose user keyring is the user's. Where keyctl is refused (Docker's
+    default seccomp profile, a kernel without keys) the call is refused it too, and there is
+    nothing to leave. Run it after the drop to the call's uid."""
+    if _SYS_KEYCTL is None:
+        raise OSError(38, f"keyctl is not wired for {platform.machine()}")
+    keyctl = _libc.syscall
+    joined = keyctl(ctypes.c_long(_SYS_KEYCTL), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING),
+                    ctypes.c_char_p(None))  # fmt: skip
+    if joined < 0:
+        errno = ctypes.get_errno()
+        if errno in (1, 38):  # EPERM, ENOSYS: keyctl refused to the call as well
+            return
+        raise OSError(errno, f"keyctl(join session keyring): {os.strerror(errno)}")
+    if not own_uid:
+        return
+    cleared = keyctl(ctypes.c_long(_SYS_KEYCTL), ctypes.c_long(KEYCTL_CLEAR),
+                     ctypes.c_long(KEY_SPEC_USER_KEYRING))  # fmt: skip
+    _check(cleared, "keyctl(clear user keyring)")
+
+
 def drop_capabilities() -> None:
     """Clear the effective, permitted and inheritable sets and forbid new privileges. Matters
     inside a user namespace, where the call keeps uid 0 and would otherwise hold
@@ -209,6 +241,7 @@ __all__ = [
     "drop_capabilities",
     "fork_into_call_namespaces",
     "isolate_network",
+    "leave_callers_keyrings",
     "private_mounts",
     "unshare",
 ]

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +36,12 @@ logger = logging.getLogger(__name__)
 GRACE_S = 3.0
 MAX_RESULT_DEPTH = 64  # of a call's JSON result: deeper is a bad_result
 _ENV_KEEP = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "VIRTUAL_ENV", "TZ")
+#: the outcomes a call's own result may name (``rl_envs.sandbox.call``); the call writes that
+#: result, so any other name it sends is a ``bad_result`` (else each call could add a counter)
+CALL_KINDS = frozenset({"ok", "exception", "memory", "exit", "bad_result"})
+MAX_ERROR_CHARS = 2000
+MAX_TRACEBACK_CHARS = 4000
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 @dataclass
@@ -87,6 +94,21 @@ def _default(value: Any) -> Any:
     return repr(value)
 
 
+def _call_kind(value: Any, ok: bool) -> str:
+    """The outcome a call's result names, if it is one a call may report."""
+    if ok:
+        return "ok"
+    return value if value in CALL_KINDS and value != "ok" else "bad_result"
+
+
+def _message(value: Any, limit: int = MAX_ERROR_CHARS) -> str:
+    """A call's error or traceback text, for people: at most ``limit`` characters, control
+    characters (terminal escape sequences: a model's code chooses its exception's message)
+    written as ``\\xNN``; newlines and tabs kept."""
+    escaped = _CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value)[:limit])
+    return escaped[:limit]
+
+
 def _deeper_than(value: Any, limit: int) -> bool:
     """Whether JSON ``value`` nests lists/objects more than ``limit`` deep (iterative: a result
     nested as deep as the parser allows must not make its reader recurse)."""
@@ -114,8 +136,8 @@ def _split_batch(batch: SandboxResult, n: int) -> list[SandboxResult] | None:
         if one.get("ok")
         else SandboxResult(
             False,
-            kind=str(one.get("kind", "exception")),
-            error=str(one.get("error", "")),
+            kind=_call_kind(one.get("kind", "exception"), False),
+            error=_message(one.get("error", "")),
             duration_s=share,
         )
         for one in batch.value
@@ -348,14 +370,14 @@ class SandboxPool:
             return SandboxResult(
                 False, kind="bad_result", error="result is not an object", stdout=stdout
             )
-        ok = bool(payload.get("ok"))
+        ok = payload.get("ok") is True
         return SandboxResult(
             ok,
             value=payload.get("value") if ok else None,
-            kind=str(payload.get("kind", "ok" if ok else "exception")),
-            error=str(payload.get("error", "")),
+            kind=_call_kind(payload.get("kind", "exception"), ok),
+            error=_message(payload.get("error", "")),
             stdout=stdout,
-            traceback=str(payload.get("traceback", "")),
+            traceback=_message(payload.get("traceback", ""), MAX_TRACEBACK_CHARS),
         )
 
     def _add(self, key: str, n: int = 1, *, tallies: tuple[Tally, ...] | None = None) -> None:

@@ -185,7 +185,9 @@ def chat_messages(value: Any, max_chars: int, name: str = "prompt") -> list[dict
 def _messages(value: Any, max_chars: int, name: str = "prompt") -> list[dict[str, str]]:
     if isinstance(value, str) or value is None or (isinstance(value, float) and math.isnan(value)):
         return [{"role": "user", "content": _text(value, name, max_chars)}]
-    if not isinstance(value, list | tuple) or not value:
+    if isinstance(value, list | tuple) and not value:
+        raise RowInvalid(name, "empty: a list of no messages")
+    if not isinstance(value, list | tuple):
         raise RowInvalid(name, f"wrong type {type(value).__name__}, expected str or messages")
     messages = []
     total = 0

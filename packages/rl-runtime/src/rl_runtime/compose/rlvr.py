@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from rl_config.records import SamplingParams
+from rl_envs.rewards.custom import load_custom_reward
 from rl_envs.rewards.router import RewardRouterSpec, reward_router_spec
 from rl_runtime.advantages import estimator_needs
 
@@ -130,6 +131,26 @@ def build_rewards(cfg: Any) -> RewardRouterSpec:
     }
     custom = {k: getattr(cfg.custom_reward_function, k) for k in CUSTOM_REWARD_KEYS}
     return reward_router_spec(rewards or None, custom, allow_unsupported=True)
+
+
+def custom_reward_problem(rewards: RewardRouterSpec) -> str | None:
+    """Why the custom reward file cannot be used (missing, no function `name`, a syntax error,
+    a signature neither verl's nor TRL's: read with `ast`, nothing runs), naming the key; None
+    when it can, or there is none. A refusal of `compose_rlvr`: a dry run lists it, a run stops
+    before it builds anything (it ended in the reward router's traceback after the warm-up)."""
+    custom = rewards.custom
+    if custom is None:
+        return None
+    try:
+        load_custom_reward(custom.path, custom.name, custom.style)
+    except OSError as exc:
+        return f"custom_reward_function.path: {exc}"
+    except ValueError as exc:
+        return (
+            f"custom_reward_function (path={custom.path}, name={custom.name}, "
+            f"style={custom.style}): {exc}"
+        )
+    return None
 
 
 def check_domain_mix(probs: dict[str, float], rewards: RewardRouterSpec) -> str:
@@ -310,7 +331,8 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
 
 def compose_rlvr(cfg: Any) -> Any:  # -> rl_runtime.app_main.Composed
     """What apps/rlvr runs: the shared components (pipeline "rlvr") and the RLVR plan; reward
-    domains no scorer can score are refusals (a dry run lists them, a run stops)."""
+    domains no scorer can score, and a custom reward file that cannot be used, are refusals (a
+    dry run lists them, a run stops)."""
     import pprint
 
     from rl_runtime.app_main import Composed
@@ -318,6 +340,9 @@ def compose_rlvr(cfg: Any) -> Any:  # -> rl_runtime.app_main.Composed
 
     components, plan = compose_here(cfg, pipeline="rlvr"), build_rlvr(cfg)
     unscorable = [f"{why} (rewards.{d})" for d, why in plan.rewards.unsupported.items()]
+    unusable = custom_reward_problem(plan.rewards)
+    if unusable is not None:
+        unscorable.append(unusable)
     details = "rlvr: " + pprint.pformat(plan, width=98, sort_dicts=False).replace("\n", "\n  ")
     return Composed(components, plan, notes=tuple(plan.notes), details=details,
                     refusals=tuple(unscorable))  # fmt: skip

@@ -67,6 +67,36 @@ def _saved_optimizer_state(reader: FileSystemReader) -> bool:
     return any(key.startswith("optim.state.") for key in keys)
 
 
+def check_same_model(ckpt_dir: Path, reader: FileSystemReader, model_sd: dict[str, Any]) -> None:
+    """Refuse a checkpoint of another model before anything loads: DCP loads only the keys the
+    model asks for (a checkpoint of a deeper model loaded silently into its first layers), and
+    raised a bare "Missing key" or size error from its planner for the rest. A CheckpointError
+    naming how many parameters are missing, extra or of another shape, and the first of each."""
+    saved = {key.removeprefix("model."): tuple(getattr(meta, "size", ()))
+             for key, meta in reader.read_metadata().state_dict_metadata.items()
+             if key.startswith("model.")}  # fmt: skip
+    wanted = {key: tuple(tensor.shape) for key, tensor in model_sd.items()}
+    missing = [k for k in wanted if k not in saved]
+    extra = [k for k in saved if k not in wanted]
+    reshaped = [k for k in wanted if k in saved and saved[k] != wanted[k]]
+    if not (missing or extra or reshaped):
+        return
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} of this model's parameters missing (first {missing[0]})")
+    if extra:
+        parts.append(f"{len(extra)} parameters this model lacks (first {extra[0]})")
+    if reshaped:
+        k = reshaped[0]
+        parts.append(
+            f"{len(reshaped)} of another shape (first {k}: {list(saved[k])} saved, "
+            f"{list(wanted[k])} here)"
+        )
+    raise ckpt.CheckpointError(
+        f"checkpoint {ckpt_dir} holds another model than this run's: {'; '.join(parts)}"
+    )
+
+
 def trainer_state(backend: Any, step: int, extra: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "step": step,
@@ -113,6 +143,7 @@ def load(backend: Any, root: str | Path, key_file: KeyFile) -> tuple[int, dict[s
         reader.fs = _VerifiedFileSystem(path, report.files)
         # without saved optimizer state, the optimizer stays as built (no state, like the saved one)
         sd = _state(backend, optimizer=_saved_optimizer_state(reader))
+        check_same_model(path, reader, sd["model"])
         dcp.load(sd, storage_reader=reader)
         if "optim" not in sd:
             from torch.distributed.checkpoint.state_dict import set_model_state_dict
