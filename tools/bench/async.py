@@ -100,7 +100,24 @@ Where the cores go (`cores_busy` per run: CPU seconds of each role's processes o
 (`response_tokens_per_s`: the trainer's cost grows with the response tokens, and a lagging policy
 shortens its responses more slowly, so samples/s alone hides work per sample).
 
-Where it stands (2026-11-25 13:35-14:02, quiet, load 1.6-2.3, after the non-partial modes stopped
+Where it stands (2026-11-25 16:46-17:06, quiet, load 1.9-2.5; after the staged weights got two
+alternating buffers, so the trainer no longer waits for a delivery after the batch in flight, and
+RLVR rollout scores batch k while batch k + 1 generates): 8 rounds over seeds 42-49
+(`--steps 96 --repeats 4 --vary-seed --runs sync staleness_2 staleness_2_partial`, then
+`--repeats 4 --vary-seed --runs sync staleness_2 seed=46`), `staleness_2` trains **1.646 +-
+0.028** times as many samples per second as `sync` over the whole run (rounds 1.581, 1.544,
+1.725, 1.701, 1.613, 1.719, 1.558, 1.724; pooled samples/s 1.644x; `sync` 389-434 samples/s),
+1.858 +- 0.043 over the second half; `staleness_2_partial` 1.533 +- 0.044 over the first 4
+rounds (second half 1.84). The cores are nearly full now: `cores_busy` total 1.78-1.85 of 2
+(sync 1.07; before, the asynchronous runs used 1.69-1.77), the trainer worker 0.76-0.82, the
+rollout worker 0.66-0.77, the sandbox 0.12-0.14, the driver 0.13-0.15; the trainer's
+`sync/delivery_wait_s` is 0 in steady state (it was 0.009-0.026 s per step). Held-out accuracy
+after the same 12288 trained samples, with the seed varied: `sync` 0.636 +- 0.004 sampled,
+`staleness_2` 0.626 +- 0.014; paired by round the difference is -0.011 +- 0.011 sampled and
+-0.015 +- 0.015 greedy, within noise: 7 of 8 rounds within 0.005 of `sync`, one (seed 42, the
+seed every earlier round used) on the lower plateau described below (0.53).
+
+Before that (2026-11-25 13:35-14:02, quiet, load 1.6-2.3, after the non-partial modes stopped
 holding the trainer for the batch in flight): over 96-step runs, 6 rounds (`--steps 96 --repeats 3
 --runs sync staleness_1 staleness_2 staleness_2_partial`, then `--repeats 3 --runs
 staleness_2_partial staleness_2 sync`, the order reversed every other round), the best setting,
