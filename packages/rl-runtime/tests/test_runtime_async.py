@@ -319,11 +319,11 @@ class Engine:
         return RolloutBatch(index, [traj(f"g{index}", self.version)])
 
 
-def test_a_posted_update_returns_at_once_and_lands_between_batches():
-    """Without partial rollout, the trainer posts its staged weights while a batch is generated
-    and goes on (it does not wait for the batch); the update reaches the engine after that
-    batch and before the next, and opens the gate of the batch that needs it."""
-    engine, hold = Engine(), threading.Event()
+def producer_in_batch_one(
+    engine: Engine, hold: threading.Event
+) -> tuple[RolloutProducer, SampleQueue]:
+    """A one-step-off producer of 3 batches whose batch 0 the trainer has taken and whose
+    batch 1 is being generated on version 0, held there until `hold` is set."""
     q = SampleQueue(4)
     producer = RolloutProducer(
         lambda i: engine.produce(i, hold if i == 1 else None), q, max_staleness=1,
@@ -334,6 +334,15 @@ def test_a_posted_update_returns_at_once_and_lands_between_batches():
     deadline = time.monotonic() + 5
     while "start 1 on 0" not in engine.events and time.monotonic() < deadline:
         time.sleep(0.005)
+    return producer, q
+
+
+def test_a_posted_update_returns_at_once_and_lands_between_batches():
+    """Without partial rollout, the trainer posts its staged weights while a batch is generated
+    and goes on (it does not wait for the batch); the update reaches the engine after that
+    batch and before the next, and opens the gate of the batch that needs it."""
+    engine, hold = Engine(), threading.Event()
+    producer, q = producer_in_batch_one(engine, hold)
     t0 = time.perf_counter()
     producer.post_weights(engine.deliverer(1))  # batch 1 is being generated
     producer.when_delivered(lambda: producer.trainer_finished(1))
@@ -450,22 +459,9 @@ def test_the_trainer_waits_for_a_running_delivery_not_for_the_batch_in_flight():
     """`wait_for_delivery` returns at once while a batch is generated (the trainer's next
     snapshot may go on), blocks while a delivery runs (its buffer may be the next one's), and
     times out with a clear error when a delivery hangs."""
-    engine, hold, in_delivery, release = (
-        Engine(),
-        threading.Event(),
-        threading.Event(),
-        threading.Event(),
-    )
-    q = SampleQueue(4)
-    producer = RolloutProducer(
-        lambda i: engine.produce(i, hold if i == 1 else None), q, max_staleness=1,
-        samples_per_batch=1, start_index=0, stop_index=3, timeout_s=5.0,
-    )  # fmt: skip
-    producer.start()
-    assert q.take(5.0).index == 0
-    deadline = time.monotonic() + 5
-    while "start 1 on 0" not in engine.events and time.monotonic() < deadline:
-        time.sleep(0.005)
+    engine, hold = Engine(), threading.Event()
+    in_delivery, release = threading.Event(), threading.Event()
+    producer, q = producer_in_batch_one(engine, hold)
     t0 = time.perf_counter()
     producer.wait_for_delivery()  # batch 1 is being generated: no wait
     assert time.perf_counter() - t0 < 0.5
