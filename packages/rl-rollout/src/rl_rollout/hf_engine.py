@@ -32,6 +32,7 @@ import difflib
 import functools
 import threading
 import time
+import warnings
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from rl_rollout.engine import (
     remote_code_flag,
 )
 from rl_rollout.gqa_attention import engine_attn_implementation
+from rl_rollout.lean_decode import LeanDecoder, lean_decode_problem
 from rl_rollout.sampling import (
     apply_repetition_penalty,
     draw_tokens,
@@ -131,6 +133,7 @@ STRATEGY_CONFIG_KEYS = frozenset({
     "attn_implementation",
     "trust_remote_code",
     "recompute_kv_on_weight_update",
+    "lean_decode",
 })  # fmt: skip
 
 
@@ -139,6 +142,8 @@ def hf_option_problems(strategy_config: dict[str, Any]) -> dict[str, str]:
     known one); empty when all are known."""
     known = sorted(STRATEGY_CONFIG_KEYS)
     problems = {}
+    if "lean_decode" in strategy_config and not isinstance(strategy_config["lean_decode"], bool):
+        problems["lean_decode"] = f"must be true or false, not {strategy_config['lean_decode']!r}"
     for key in sorted(set(strategy_config) - STRATEGY_CONFIG_KEYS):
         close = difflib.get_close_matches(key, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -158,7 +163,10 @@ class HFEngine:
     prompt that extends it, i.e. the next turn of the same conversation, prefills only its new
     tokens; dropped on weight updates), ``prefix_cache_max_tokens`` (default 65536, LRU bound),
     ``recompute_kv_on_weight_update`` (default True: a weight swap during generation recomputes
-    the running rows' KV cache under the new weights; False keeps it, see module docstring).
+    the running rows' KV cache under the new weights; False keeps it, see module docstring),
+    ``lean_decode`` (default True: decode steps of Qwen2/Llama/Mistral models run through
+    `rl_rollout.lean_decode`, fused projections without transformers' module calls; other models,
+    and False, use transformers' forward; ``lean_decode_problem`` says why a model is not covered).
     """
 
     def __init__(
@@ -202,6 +210,16 @@ class HFEngine:
         self.enable_prefix_caching = bool(cfg.get("enable_prefix_caching", True))
         self.prefix_cache_max_tokens = int(cfg.get("prefix_cache_max_tokens", 65536))
         self.recompute_kv_on_weight_update = bool(cfg.get("recompute_kv_on_weight_update", True))
+        self.lean_decode_problem = (
+            lean_decode_problem(self.model) if cfg.get("lean_decode", True) else "turned off"
+        )
+        self._lean = LeanDecoder(self.model) if self.lean_decode_problem is None else None
+        if cfg.get("lean_decode") is True and self._lean is None:
+            warnings.warn(
+                f"hf_infer lean_decode: true has no effect on this model "
+                f"({self.lean_decode_problem}); decode steps use transformers' forward",
+                stacklevel=2,
+            )
         self._prefixes: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = (
             OrderedDict()
         )
@@ -234,6 +252,7 @@ class HFEngine:
             "generated_tokens": 0,
             "weight_swaps": 0,
             "recomputed_tokens": 0,
+            "lean_decode_steps": 0,
         }
 
     # ------------------------------------------------------------------ protocol
@@ -636,18 +655,23 @@ class HFEngine:
             [self._mask, torch.ones((len(rows), 1), dtype=self._mask.dtype, device=self.device)],
             dim=1,
         )
-        # The one new query of each row may attend to every real column: the padding mask as
-        # sdpa's boolean [B, 1, 1, L] mask (transformers passes a 4D mask through unchanged),
-        # instead of transformers rebuilding a causal mask from the 2D one at every step.
-        out = self.model(
-            input_ids=last.unsqueeze(1),
-            attention_mask=mask.bool()[:, None, None, :],
-            position_ids=positions,
-            past_key_values=self._cache,
-            use_cache=True,
-        )
+        if self._lean is not None:
+            logits = self._lean.step(last, positions.view(-1), mask.bool(), self._cache)
+            self.stats["lean_decode_steps"] += 1
+        else:
+            # The one new query of each row may attend to every real column: the padding mask
+            # as sdpa's boolean [B, 1, 1, L] mask (transformers passes a 4D mask through
+            # unchanged), instead of transformers rebuilding a causal mask from the 2D one.
+            out = self.model(
+                input_ids=last.unsqueeze(1),
+                attention_mask=mask.bool()[:, None, None, :],
+                position_ids=positions,
+                past_key_values=self._cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1, :]
         self._mask = mask
-        self._append_tokens(rows, out.logits[:, -1, :])
+        self._append_tokens(rows, logits)
         self.stats["decode_steps"] += 1
 
     def _append_tokens(self, rows: list[_Seq], logits: torch.Tensor) -> None:
