@@ -63,6 +63,22 @@ of sdpa with `enable_gqa` measured the same (11.69 against 11.53 ms). Side by si
 (04:55, quiet, `--steps 5 --trl --trl-python /tmp/trl-env/bin/python`): ours 3.70 s/step
 (generation 1.76, update 1.92) against TRL's 4.07, paired median ratio **0.881** (0.744-0.997);
 floor 1.44 s at 196 GFLOP/s, ours at 2.56x it, TRL at 2.82x, the target 0.5 x TRL at 1.41x.
+
+2026-11-28, after the HF engine's decode step went through rl_rollout.lean_decode (one matrix
+product for q/k/v and one for gate/up, no transformers module calls), on a slower 2-core AMD EPYC
+(KVM; the GEMM rate here is 100-108 GFLOP/s, about half the earlier machines'): `--trl
+--trl-python /tmp/rl-bench-trl-env/bin/python --steps 5` gave ours 7.92 s/step (generation 3.79,
+update 3.71) against TRL's 10.02 (generation 5.33), paired median ratio **0.789** (0.751-0.848);
+the same command before the change, on the same machine an hour earlier: 0.830 (0.792-0.906),
+ours 8.14 (generation 3.75, update 4.37), TRL 9.55. tools/bench/hf_decode.py puts the lean
+decode at 0.89x transformers' forward (paired, one process). Floor 2.62 s at 108 GFLOP/s: ours
+at 3.02x it, TRL at 3.82x, the target (5.01 s) at 1.91x. Why the target stays out of reach on
+this CPU: the update's matrix products alone took 2.46 s of its 3.9 s self CPU (torch.profiler:
+mm + addmm, at the large-GEMM rate), and the decode step's products run at ~50 GFLOP/s at 64 rows
+whichever library computes them (MKL 47, oneDNN 51, MKL's packed GEMM 50 GFLOP/s measured on
+the step's 17 products; 2 threads barely beat 1 at that size), 1.3-1.8 s of generation; with
+attention (0.4 s in the update, 0.6-0.75 s in generation) that is 4.9-5.4 s before any norm,
+rotary, activation, sampling or optimizer kernel, against the target's 5.0 s.
 """
 
 from __future__ import annotations

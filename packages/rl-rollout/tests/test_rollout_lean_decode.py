@@ -32,6 +32,7 @@ def _config(kind: str, **overrides):
     )
     classes = {"qwen2": Qwen2Config, "llama": LlamaConfig, "mistral": MistralConfig}
     classes["qwen3"] = Qwen3Config
+    classes["device"] = Qwen2Config  # moved off the CPU by the test
     if kind == "mistral":
         common["sliding_window"] = None
     return classes[kind](**{**common, **overrides})
@@ -185,10 +186,13 @@ def test_fused_weights_follow_writes_and_replacements() -> None:
             "sliding-window",
         ),
         ("mistral", {"sliding_window": 16}, "sliding-window"),
+        ("device", {}, "device meta"),
     ],
 )
 def test_models_it_does_not_cover_are_named(kind, overrides, why) -> None:
     model = _model(_config(kind, **overrides))
+    if kind == "device":
+        model = _model(_config("qwen2")).to("meta")
     problem = lean_decode_problem(model)
     assert problem is not None and why in problem
     with pytest.raises(ValueError, match="LeanDecoder cannot run this model"):
