@@ -55,6 +55,33 @@ def test_cpu_before_the_first_mark_is_not_counted():
             child.stdout.close()
 
 
+def test_a_process_that_takes_its_role_after_it_started_gets_it():
+    """A Ray worker retitles itself when it becomes an actor; here a child execs into a
+    sandbox-looking command line after it was first sampled as "other"."""
+    becomes = "import time; t = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time; time.sleep(0.4); "
+            # the title is assembled in the child: its first command line must not hold it
+            f"os.execv(sys.executable, [sys.executable, '-c', {becomes!r}, 'rl_envs.' + 'sandbox'])",
+        ]
+    )
+    try:
+        with ProcessCpu(interval=0.05) as cpu:
+            cpu.mark("start")
+            time.sleep(0.2)
+            assert cpu.cpu[child.pid].role == "other"
+            child.wait()
+            cpu.mark("end")
+    finally:
+        child.kill()
+        child.wait()
+    cores = cpu.cores("start", "end")
+    assert cores.get("reward_sandbox", 0.0) > 0.0  # the burn after the exec, under its new role
+
+
 @pytest.mark.parametrize(
     ("command", "role"),
     [

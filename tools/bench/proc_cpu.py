@@ -27,6 +27,9 @@ ROLES = (  # (substring of the command line, role), first match wins
     ("gcs_server", "ray_daemons"),
     ("ray/", "ray_daemons"),
 )
+#: roles a process keeps once it has one (a Ray worker starts as `.../ray/.../default_worker.py`,
+#: a "ray_daemons" title, and retitles itself `ray::TrainWorker...` when it becomes an actor)
+FINAL_ROLES = frozenset({"train_worker", "rollout_worker", "reward_sandbox", "driver"})
 
 
 def role_of(command: str) -> str:
@@ -102,8 +105,8 @@ class ProcessCpu:
 
     def _sample(self) -> None:
         """One reading of the tree: /proc/<pid>/stat of every process (for the parent links),
-        the command line only of a tree member not seen before (its role is kept per pid and
-        start time). Cheap on purpose: this thread shares the cores it measures (reading every
+        the command line of a tree member only until it has one of the `FINAL_ROLES` (kept per
+        pid and start time). Cheap on purpose: this thread shares the cores it measures (reading every
         command line every 0.25 s cost the driver ~0.1 core with Ray's ~100 processes)."""
         procs = {}
         for entry in os.listdir("/proc"):
@@ -127,7 +130,8 @@ class ProcessCpu:
                 role = self._roles.get((pid, started))
                 if role is None:
                     role = "driver" if pid == self.root else role_of(_command(pid, name))
-                    self._roles[(pid, started)] = role
+                    if role in FINAL_ROLES:  # others may still retitle (a Ray worker) or exec
+                        self._roles[(pid, started)] = role
                 self.cpu[pid] = Reading(role, parent, own, reaped, False)
 
     def mark(self, name: str) -> None:
@@ -148,7 +152,7 @@ class ProcessCpu:
             if now.gone and not (then and then.gone) and parent is not None:
                 # reaped in the window: the parent's `reaped` holds all of it, which counted
                 # the sampled part twice
-                busy[parent.role] -= now.own + now.reaped
+                busy[parent.role] = busy.get(parent.role, 0.0) - (now.own + now.reaped)
         wall = max(t1 - t0, 1e-9)
         out = {role: round(s / wall, 2) for role, s in sorted(busy.items()) if s > 0.005 * wall}
         out["total"] = round(sum(busy.values()) / wall, 2)
