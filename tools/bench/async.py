@@ -100,7 +100,28 @@ Where the cores go (`cores_busy` per run: CPU seconds of each role's processes o
 (`response_tokens_per_s`: the trainer's cost grows with the response tokens, and a lagging policy
 shortens its responses more slowly, so samples/s alone hides work per sample).
 
-Where it stands (2026-11-25 16:46-17:06, quiet, load 1.9-2.5; after the staged weights got two
+Where it stands (2026-11-28 03:50-04:26, a slower 2-core AMD EPYC under KVM, `sync` at 187-213
+samples/s, half the earlier machine's; load 1.3-2.2). First a measurement artefact, fixed: the
+bench's own /proc sampler (proc_cpu.ProcessCpu) read the stat and command line of every process
+on the machine every 0.25 s (7 ms a sample with 65 processes, more with Ray's), a thread of the
+driver competing with the two workers: ~0.1 core, taken from an asynchronous run that keeps both
+cores busy and mostly from idle time in `sync`. Same seeds 42-45 before and after the fix (`--steps
+96 --repeats 4 --vary-seed --runs sync staleness_2`): `staleness_2` 1.540 +- 0.084 (1.508, 1.435,
+1.787, 1.429) before, 1.648 +- 0.102 (1.725, 1.392, 1.873, 1.603) after; the driver's share went
+from 0.19 to 0.15 core in the asynchronous runs. Then seeds 46-49 with the final sampler (the
+same command with `seed=46`): 1.670 +- 0.018 (1.663, 1.674, 1.629, 1.715). Over the 8 rounds
+with the cheaper sampler, seeds 42-49: **1.659 +- 0.048**, pooled samples/s 1.656x, second half
+1.895 +- 0.039; the ideal from the synchronous timings is 1.91-1.97 (t_roll and t_train each
+0.29-0.35 s in `sync`, 0.32-0.39 s when overlapped: the two sides slow each other by ~15%).
+`cores_busy` (seeds 46-49): total 1.79-1.84, the trainer worker 0.81-0.82, the rollout worker
+0.67-0.73, the sandbox 0.10-0.11, the driver 0.14-0.15. Held-out accuracy after the same 12288
+trained samples: `sync` 0.637 +- 0.005 sampled (0.61-0.65, greedy 0.65 in every round),
+`staleness_2` 0.612 +- 0.019; paired by round -0.025 +- 0.016 sampled, -0.030 +- 0.020 greedy:
+6 of 8 rounds within 0.005 of `sync`, two (seeds 42 and 46) on the lower plateau described below
+(0.52-0.53), where no `sync` round landed. These runs had the HF engine's lean decode step
+(rl_rollout.lean_decode), which the 2026-11-25 runs below did not.
+
+Before (2026-11-25 16:46-17:06, quiet, load 1.9-2.5; after the staged weights got two
 alternating buffers, so the trainer no longer waits for a delivery after the batch in flight, and
 RLVR rollout scores batch k while batch k + 1 generates): 8 rounds over seeds 42-49
 (`--steps 96 --repeats 4 --vary-seed --runs sync staleness_2 staleness_2_partial`, then
