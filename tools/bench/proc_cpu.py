@@ -106,8 +106,8 @@ class ProcessCpu:
     def _sample(self) -> None:
         """One reading of the tree: /proc/<pid>/stat of every process (for the parent links),
         the command line of a tree member only until it has one of the `FINAL_ROLES` (kept per
-        pid and start time). Cheap on purpose: this thread shares the cores it measures (reading every
-        command line every 0.25 s cost the driver ~0.1 core with Ray's ~100 processes)."""
+        pid and start time). Cheap on purpose: this thread shares the cores it measures
+        (reading every command line every 0.25 s cost the driver ~0.1 core under Ray)."""
         procs = {}
         for entry in os.listdir("/proc"):
             if entry.isdigit() and (info := _stat(int(entry))) is not None:
