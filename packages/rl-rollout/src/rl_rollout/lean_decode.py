@@ -133,37 +133,32 @@ class LeanDecoder:
     def _fuse(self) -> None:
         """Re-point each layer's q/k/v and gate/up parameters to row slices of one buffer
         holding their current values."""
-        self.layers = []
+        self.layers, self._watch = [], []
         for layer in self.decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv_weight = _share_one_buffer([attn.q_proj, attn.k_proj, attn.v_proj], "weight")
-            gate_up_weight = _share_one_buffer([mlp.gate_proj, mlp.up_proj], "weight")
+            qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+            gate_up = [mlp.gate_proj, mlp.up_proj]
+            qkv_weight = _share_one_buffer(qkv, "weight")
+            gate_up_weight = _share_one_buffer(gate_up, "weight")
             assert qkv_weight is not None and gate_up_weight is not None
             self.layers.append(
                 _Fused(
                     module=layer,
                     qkv_weight=qkv_weight,
-                    qkv_bias=_share_one_buffer([attn.q_proj, attn.k_proj, attn.v_proj], "bias"),
+                    qkv_bias=_share_one_buffer(qkv, "bias"),
                     gate_up_weight=gate_up_weight,
-                    gate_up_bias=_share_one_buffer([mlp.gate_proj, mlp.up_proj], "bias"),
+                    gate_up_bias=_share_one_buffer(gate_up, "bias"),
                     input_eps=_eps(layer.input_layernorm),
                     post_eps=_eps(layer.post_attention_layernorm),
                     scaling=float(getattr(attn, "scaling", self.head_dim**-0.5)),
                 )
             )
-        self._watch = [
-            (linear, attr, param, param.data_ptr())
-            for layer in self.decoder.layers
-            for linear in (
-                layer.self_attn.q_proj,
-                layer.self_attn.k_proj,
-                layer.self_attn.v_proj,
-                layer.mlp.gate_proj,
-                layer.mlp.up_proj,
-            )
-            for attr in ("weight", "bias")
-            if (param := linear._parameters.get(attr)) is not None
-        ]
+            self._watch += [
+                (linear, attr, param, param.data_ptr())
+                for linear in qkv + gate_up
+                for attr in ("weight", "bias")
+                if (param := linear._parameters.get(attr)) is not None
+            ]
         self.fusions += 1
 
     def _intact(self) -> bool:
