@@ -289,10 +289,6 @@ def test_gigpo_weights_and_gamma_come_from_the_config():
 @pytest.mark.parametrize(
     ("extra", "key"),
     [
-        (
-            {"actor_train": {"model_args": {"adapter_name_or_path": "lora/"}}},
-            "adapter_name_or_path",
-        ),
         ({"dynamic_sampling": {"enable": True}}, "dynamic_sampling.enable"),
         ({"overlong_penalty": {"enable": True}}, "overlong_penalty.enable"),
         ({"async": {"max_staleness": 1, "max_inflight_samples": 8}}, "async.max_inflight_samples"),
