@@ -20,13 +20,14 @@ import os
 import select
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_envs.sandbox import isolation, sysv
+from rl_envs.sandbox import isolation, seccomp, sysv
 from rl_envs.sandbox.call import _resolve, start_call
 from rl_envs.sandbox.cgroups import SlotCgroup, open_slot_cgroup
 from rl_envs.sandbox.protocol import read_frame, write_frame
@@ -215,7 +216,8 @@ def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
         cgroup.set_limits(int(limits["memory_mb"]) << 20, int(limits["max_processes"]) + 1)
         oom_before = cgroup.oom_kills()
     call = {"workdir": workdir, "uid": uid, "namespaces": namespaces, "hidden": state["hidden"],
-            "baseline_vm": state["baseline_vm"], "block_sockets": state["block_sockets"]}  # fmt: skip
+            "baseline_vm": state["baseline_vm"], "block_sockets": state["block_sockets"],
+            "seccomp": state["seccomp"]}  # fmt: skip
     result_r, result_w = os.pipe()
     output_r, output_w = os.pipe()
     start = time.monotonic()
@@ -303,6 +305,57 @@ def _probe_call_namespaces(hidden: list[str]) -> bool:
     return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
+def _probe_seccomp() -> str:
+    """ "" if a call can install the socket filter here (a throwaway fork installs it and
+    tries a socket), else why not."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(read_fd)
+            seccomp.install()
+            try:
+                socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
+                os.write(write_fd, b"the filter let a socket through")
+            except PermissionError:
+                status = 0
+        except BaseException as exc:
+            with contextlib.suppress(BaseException):
+                os.write(write_fd, str(exc).encode()[:500])
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as handle:
+        why = handle.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        return ""
+    return why or f"probe ended with status {status}"
+
+
+def _groups_after_drop(uid: int | None) -> str:
+    """ "dropped" when a call has no supplementary groups (a slot uid: always; the caller's
+    uid: where ``setgroups`` is allowed), else "kept" (inside an unprivileged user namespace
+    the kernel forbids dropping them)."""
+    if uid is not None:
+        return "dropped"
+    try:
+        os.setgroups([])
+    except PermissionError:
+        return "dropped" if not _real_groups() else "kept"
+    return "dropped"
+
+
+def _real_groups() -> list[int]:
+    """The supplementary groups this process holds (as the host sees them)."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("Groups:"):
+                return [int(g) for g in line.split()[1:]]
+    return []
+
+
 def _setup(config: dict[str, Any]) -> dict[str, Any]:
     """Isolate the worker; returns the per-call state and the isolation report."""
     limits = config["limits"]
@@ -318,6 +371,7 @@ def _setup(config: dict[str, Any]) -> dict[str, Any]:
     network = "allowed" if config.get("network") else isolation.isolate_network(root)
     hidden = [str(p) for p in config.get("hidden", [])]
     namespaces = network != "none" and _probe_call_namespaces(hidden)
+    no_filter = _probe_seccomp()
     report = {
         "network": network,
         "uid": "per-slot" if uid is not None else "shared-with-caller",
@@ -328,9 +382,15 @@ def _setup(config: dict[str, Any]) -> dict[str, Any]:
         "ipc": "ipcns" if namespaces else ("removed-per-call" if uid is not None else "shared"),
         # the user's credentials (rl_envs.sandbox.credentials); a slot uid cannot open 0600 ones
         "credentials": "hidden" if namespaces else ("slot-uid" if uid is not None else "readable"),
+        # every socket family refused by a seccomp filter (rl_envs.sandbox.seccomp)
+        "sockets": "open" if no_filter else "seccomp",
+        "groups": _groups_after_drop(uid),
     }
+    if no_filter:
+        report["sockets_error"] = no_filter
     state = {"uid": uid, "uid_lock": uid_lock, "cgroup": cgroup, "namespaces": namespaces,
-             "block_sockets": network == "none", "hidden": hidden}  # fmt: skip
+             "block_sockets": network == "none", "hidden": hidden,
+             "seccomp": not no_filter}  # fmt: skip
     return {"state": state, "isolation": report}
 
 

@@ -24,7 +24,7 @@ import sys
 import traceback
 from typing import Any
 
-from rl_envs.sandbox import isolation
+from rl_envs.sandbox import isolation, seccomp
 from rl_envs.sandbox.cgroups import SlotCgroup
 
 PR_SET_PDEATHSIG = 1
@@ -187,6 +187,9 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
         elif os.geteuid() == 0:  # uid 0 of a user namespace: keep the uid, lose every capability
             isolation.drop_bounding_capabilities()
             isolation.drop_capabilities()
+        else:  # the caller's uid: its supplementary groups go where the kernel lets them
+            with contextlib.suppress(PermissionError):
+                os.setgroups([])
         # the trainer's session keyring came with the fork
         isolation.leave_callers_keyrings(own_uid=call["uid"] is not None)
         os.chdir(workdir)
@@ -197,6 +200,9 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
         os.close(output_fd)
         if call["block_sockets"]:
             _block_python_sockets()
+        if call["seccomp"]:  # last: no socket of any family from here on (fails closed)
+            seccomp.install()
+            seccomp.explain_python_sockets()
         payload = {"ok": True, "value": _execute(task, target, workdir)}
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
