@@ -66,6 +66,23 @@ print(json.dumps(out))
 """
 
 
+SCAN_MEMORY = r"""
+import ctypes, re
+found = set()
+for line in open("/proc/self/maps").read().splitlines():
+    fields = line.split()
+    if not fields[1].startswith("r") or fields[-1] in ("[vvar]", "[vsyscall]", "[vvar_vclock]"):
+        continue
+    start, end = (int(x, 16) for x in fields[0].split("-"))
+    try:
+        data = ctypes.string_at(start, end - start)
+    except Exception:
+        continue
+    found.update(m.decode() for m in re.findall(rb"TRUTH-[0-9a-f]{32}", data))
+print(sorted(found))
+"""
+
+
 def _shm_key(secret: str) -> int:
     return int(secret[-7:], 16)
 
@@ -99,6 +116,10 @@ def main(workdir: str, secret: str) -> None:
         report["stats"] = pool.stats()
         code = ATTACK.format(checkpoint=checkpoint, trainer=os.getpid(), secret=secret,
                              shm_key=_shm_key(secret), sock=sock)  # fmt: skip
+        truth = f"TRUTH-{secret[-32:]}"
+        report["grader_ok"] = pool.call("json:dumps", {"ground_truth": truth}).ok
+        scan = pool.run_python(SCAN_MEMORY)  # an earlier call's argument, in a later call
+        report["truth_seen_later"] = truth in scan.stdout or not scan.ok
         result = pool.run_python(code)
         report["call_ok"] = result.ok
         report["call_error"] = result.error

@@ -1,8 +1,10 @@
 """Sandbox worker process: ``python -m rl_envs.sandbox._worker`` (started by ``SandboxPool``).
 
 The worker is trusted code; it serves one call slot of the pool (its own uid when root, its
-own control group). For each task it forks the call (``rl_envs.sandbox.call``) with two pipes
-opened BEFORE the fork, one for stdout/stderr and one for the JSON result: nothing the call
+own control group). For each task its zygote (``rl_envs.sandbox.zygote``, forked before any
+task was read) forks the call (``rl_envs.sandbox.call``) as the worker's child, with pipes opened
+BEFORE the fork, one for stdout/stderr, one for the JSON result and one that carries the task
+after the fork: nothing the call
 leaves in a directory is ever opened by path. The worker enforces the wall timeout, kills the
 call's control group, process group and every descendant that escaped them (the worker is a
 child subreaper), and reaps them all.
@@ -28,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_envs.sandbox import isolation, seccomp, sysv
-from rl_envs.sandbox.call import _resolve, start_call
+from rl_envs.sandbox.call import _resolve, call_body
 from rl_envs.sandbox.cgroups import SlotCgroup, open_slot_cgroup
 from rl_envs.sandbox.protocol import read_frame, write_frame
 from rl_envs.sandbox.uids import claim_uid
+from rl_envs.sandbox.zygote import Zygote, ZygoteLost, start_zygote
 
 PR_SET_CHILD_SUBREAPER = 36
 OUTPUT_KEEP_BYTES = 64 * 1024  # of the call's stdout/stderr, returned to the caller
@@ -65,8 +68,9 @@ def _children() -> list[int]:
         return []
 
 
-def _reap_all(call_pid: int) -> None:
-    """Kill the call's process group and every other descendant, then reap them."""
+def _reap_all(call_pid: int, keep: int) -> None:
+    """Kill the call's process group and every other descendant but ``keep`` (the zygote),
+    then reap them."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(call_pid, signal.SIGKILL)
     for _ in range(2000):
@@ -77,7 +81,7 @@ def _reap_all(call_pid: int) -> None:
                 pid = 0
             if pid == 0:
                 break
-        kids = _children()
+        kids = [kid for kid in _children() if kid != keep]
         if not kids:
             return
         for kid in kids:
@@ -194,16 +198,12 @@ def _supervise(pid: int, deadline: float, result_fd: int, output_fd: int, cap: i
 
 def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     limits = task["limits"]
+    zygote: Zygote = state["zygote"]
     if task["kind"] in ("call", "call_each"):
-        # trusted module: import it once in the worker so calls do not pay for it after the fork
-        try:
-            importlib.import_module(task["target"].partition(":")[0])
-        except Exception as exc:
-            return {
-                "ok": False,
-                "kind": "exception",
-                "error": f"cannot import target: {exc!r}"[:2000],
-            }
+        # trusted module: import it once in the zygote so calls do not pay for it after the fork
+        error = zygote.import_module(task["target"].partition(":")[0])
+        if error:
+            return {"ok": False, "kind": "exception", "error": f"cannot import target: {error}"}
     cap = int(limits["max_output_bytes"])
     uid = state["uid"]
     namespaces = state["namespaces"]
@@ -215,24 +215,26 @@ def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     if cgroup is not None:
         cgroup.set_limits(int(limits["memory_mb"]) << 20, int(limits["max_processes"]) + 1)
         oom_before = cgroup.oom_kills()
-    call = {"workdir": workdir, "uid": uid, "namespaces": namespaces, "hidden": state["hidden"],
-            "baseline_vm": state["baseline_vm"], "block_sockets": state["block_sockets"],
-            "seccomp": state["seccomp"]}  # fmt: skip
     result_r, result_w = os.pipe()
     output_r, output_w = os.pipe()
+    task_r, task_w = os.pipe()
     start = time.monotonic()
-    close = [state["proto_in"], state["proto_out"], result_r, output_r]
-    if state["uid_lock"] is not None:  # a call could unlock it and hand its uid to another slot
-        close.append(state["uid_lock"])
-    pid = start_call(task, call, cgroup, result_w, output_w, close)
-    os.close(result_w)
-    os.close(output_w)
+    try:
+        pid = zygote.fork_call([result_w, output_w, task_r])
+    finally:
+        for fd in (result_w, output_w, task_r):
+            os.close(fd)
+    try:  # the call reads its task first thing; one that died before gets EPIPE here
+        with contextlib.suppress(BrokenPipeError):
+            write_frame(task_w, {"task": task, "workdir": workdir})
+    finally:
+        os.close(task_w)
     try:
         got = _supervise(pid, start + float(limits["timeout_s"]), result_r, output_r, cap)
     finally:
         if cgroup is not None:
             cgroup.kill_all()
-        _reap_all(pid)
+        _reap_all(pid, zygote.pid)
         os.close(result_r)
         os.close(output_r)
     if got.status is None:
@@ -417,10 +419,19 @@ def main() -> None:
             _resolve(target)()
         except Exception as exc:
             errors.append(f"warmup {target}: {type(exc).__name__}: {exc}")
-    state = {**setup["state"], "proto_in": proto_in, "proto_out": proto_out,
-             "baseline_vm": _baseline_vm()}  # fmt: skip
+    state = {**setup["state"], "baseline_vm": _baseline_vm()}
     cgroup = state["cgroup"]
-    write_frame(proto_out, {"ready": True, "pid": os.getpid(), "isolation": setup["isolation"],
+    call = {key: state[key] for key in ("uid", "namespaces", "hidden", "baseline_vm",
+                                        "block_sockets", "seccomp")}  # fmt: skip
+    # a call could unlock the uid claim and hand its uid to another slot
+    lock = [state["uid_lock"]] if state["uid_lock"] is not None else []
+    state["zygote"] = start_zygote(
+        state["namespaces"],
+        [proto_in, proto_out],
+        lambda fds: call_body(fds, call, cgroup, lock),
+    )  # before any task is read: it never holds one
+    write_frame(proto_out, {"ready": True, "pid": os.getpid(), "zygote": state["zygote"].pid,
+                            "isolation": setup["isolation"],
                             "cgroup": [cgroup.version, *cgroup.dirs] if cgroup else [],
                             "preload_errors": errors})  # fmt: skip
     try:
@@ -430,6 +441,8 @@ def main() -> None:
                 return
             try:
                 response = _run_task(task, state)
+            except ZygoteLost:
+                return  # the pool replaces a worker that stops answering
             except Exception as exc:  # a bug here must not kill the worker silently
                 response = {"ok": False, "kind": "worker_error", "error": repr(exc)[:2000]}
             write_frame(proto_out, response)

@@ -1,8 +1,10 @@
-"""The process of one sandboxed call, forked by the worker (``rl_envs.sandbox._worker``).
+"""The process of one sandboxed call, forked for the worker (``rl_envs.sandbox._worker``) by
+its zygote (``rl_envs.sandbox.zygote``), a process that never held a task.
 
-``start_call`` forks it, where permitted straight into new mount and pid namespaces (it is
-pid 1 there: when it exits the kernel kills everything else it started). The child gets its own
-process group, dies with the worker, joins the worker's control group, then ``run_body`` sets up
+The zygote forks it, where permitted straight into new mount and pid namespaces (it is
+pid 1 there: when it exits the kernel kills everything else it started). ``call_body`` gives it
+its own process group, makes it die with the worker, reads its task from its own pipe, joins the
+worker's control group, then ``run_body`` sets up
 the private mounts and rlimits, drops to the slot's uid (root) or drops every capability (user
 namespace), and runs the untrusted code. stdout/stderr go to a pipe the worker opened before the
 fork and the JSON result to another: the worker never opens a path the call could have replaced
@@ -26,6 +28,7 @@ from typing import Any
 
 from rl_envs.sandbox import isolation, seccomp
 from rl_envs.sandbox.cgroups import SlotCgroup
+from rl_envs.sandbox.protocol import read_frame
 
 PR_SET_PDEATHSIG = 1
 
@@ -231,28 +234,25 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
     os._exit(status)
 
 
-def start_call(
-    task: dict[str, Any],
-    call: dict[str, Any],
-    cgroup: SlotCgroup | None,
-    result_fd: int,
-    output_fd: int,
-    close_fds: list[int],
-) -> int:
-    """Fork the call; returns its pid (in the worker's pid namespace)."""
-    pid = isolation.fork_into_call_namespaces() if call["namespaces"] else os.fork()
-    if pid != 0:
-        return pid
+def call_body(fds: list[int], call: dict[str, Any], cgroup: SlotCgroup | None,
+              close_fds: list[int]) -> None:  # fmt: skip
+    """The call process, just forked by the zygote (``rl_envs.sandbox.zygote``): ``fds`` are
+    its result, output and task pipes. Reads its task (and work dir) only now. Never returns."""
+    result_fd, output_fd, task_fd = fds
     try:
         os.setpgid(0, 0)
         _die_with_parent()
         for fd in close_fds:
             os.close(fd)
+        message = read_frame(task_fd)
+        os.close(task_fd)
+        if message is None:
+            os._exit(71)
         if cgroup is not None:
             cgroup.enter()
-        run_body(task, call, result_fd, output_fd)
+        run_body(message["task"], {**call, "workdir": message["workdir"]}, result_fd, output_fd)
     finally:
         os._exit(70)
 
 
-__all__ = ["run_body", "start_call"]
+__all__ = ["call_body", "run_body"]
