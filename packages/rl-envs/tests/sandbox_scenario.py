@@ -83,6 +83,18 @@ print(sorted(found))
 """
 
 
+SELF_GRADE = """
+import sys
+frame = sys._getframe()
+while frame is not None:
+    for value in list(frame.f_locals.values()):
+        if isinstance(value, dict) and "expected_stdout" in value:
+            print(value["expected_stdout"])
+            raise SystemExit(0)
+    frame = frame.f_back
+"""
+
+
 def _shm_key(secret: str) -> int:
     return int(secret[-7:], 16)
 
@@ -120,6 +132,10 @@ def main(workdir: str, secret: str) -> None:
         report["grader_ok"] = pool.call("json:dumps", {"ground_truth": truth}).ok
         scan = pool.run_python(SCAN_MEMORY)  # an earlier call's argument, in a later call
         report["truth_seen_later"] = truth in scan.stdout or not scan.ok
+        graded = pool.call("rl_envs.rewards.code_tests:code_sandbox_score", "code",
+                           f"```python\n{SELF_GRADE}```", None, {}, case_type="stdin",
+                           test_cases=[{"stdin": "", "expected_stdout": "EXPECTED"}])  # fmt: skip
+        report["self_graded_score"] = graded.value["score"] if graded.ok else graded.error
         result = pool.run_python(code)
         report["call_ok"] = result.ok
         report["call_error"] = result.error

@@ -504,6 +504,7 @@ def test_non_root_trainer_keeps_its_files_signals_and_secrets():
     assert isolation["sockets"] == "seccomp"
     assert isolation["groups"] == "kept" and attack["groups"]
     assert report["grader_ok"] and not report["truth_seen_later"]
+    assert report["self_graded_score"] == 0.0
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root+setpriv")
@@ -535,6 +536,7 @@ def test_without_namespaces_strict_pool_refuses_and_weak_mode_says_so():
     assert report["attack"]["unix_socket"] == "PermissionError" and not report["socket_reached"]
     assert report["attack"]["vsock"] == "PermissionError"
     assert report["grader_ok"] and not report["truth_seen_later"]
+    assert report["self_graded_score"] == 0.0
 
 
 def test_code_under_tmp_stays_importable_through_the_private_tmp(tmp_path, monkeypatch):

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_envs.sandbox import isolation, seccomp, sysv
-from rl_envs.sandbox.call import _resolve, call_body
+from rl_envs.sandbox.call import PAYLOAD_KEYS, _resolve, call_body
 from rl_envs.sandbox.cgroups import SlotCgroup, open_slot_cgroup
 from rl_envs.sandbox.protocol import read_frame, write_frame
 from rl_envs.sandbox.uids import claim_uid
@@ -226,7 +226,9 @@ def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
             os.close(fd)
     try:  # the call reads its task first thing; one that died before gets EPIPE here
         with contextlib.suppress(BrokenPipeError):
-            write_frame(task_w, {"task": task, "workdir": workdir})
+            header = {k: v for k, v in task.items() if k not in PAYLOAD_KEYS}
+            write_frame(task_w, {"task": header, "workdir": workdir})
+            write_frame(task_w, {k: v for k, v in task.items() if k in PAYLOAD_KEYS})
     finally:
         os.close(task_w)
     try:

@@ -26,11 +26,14 @@ import sys
 import traceback
 from typing import Any
 
-from rl_envs.sandbox import isolation, seccomp
+from rl_envs.sandbox import isolation, seccomp, spawner
 from rl_envs.sandbox.cgroups import SlotCgroup
 from rl_envs.sandbox.protocol import read_frame
 
 PR_SET_PDEATHSIG = 1
+#: the task's parts that carry data (arguments, sources), sent after the call is set up
+PAYLOAD_KEYS = ("args", "kwargs", "calls", "source")
+MAX_PAYLOAD_BYTES = 256 << 20
 
 
 def _resolve(target: str) -> Any:
@@ -169,8 +172,12 @@ def _execute(task: dict[str, Any], target: Any, workdir: str) -> Any:
     raise ValueError(f"unknown task kind {kind!r}")
 
 
-def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_fd: int) -> None:
-    """The untrusted call itself (pid 1 of its namespaces where they exist). Never returns."""
+def run_body(
+    task: dict[str, Any], call: dict[str, Any], result_fd: int, output_fd: int, payload_fd: int
+) -> None:
+    """The untrusted call itself (pid 1 of its namespaces where they exist): ``task`` is its
+    header (kind, target, limits); its arguments and source come from ``payload_fd`` once the
+    sandbox is set up (and a grader's candidate spawner forked). Never returns."""
     me = os.getpid()
     status = 0
     try:
@@ -206,7 +213,14 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
         if call["seccomp"]:  # last: no socket of any family from here on (fails closed)
             seccomp.install()
             seccomp.explain_python_sockets()
-        payload = {"ok": True, "value": _execute(task, target, workdir)}
+        entry = getattr(target, spawner.ENTRY_ATTRIBUTE, None)
+        if entry is not None:  # before the arguments arrive: candidates never see them
+            spawner.start(entry)
+        arguments = read_frame(payload_fd, None, MAX_PAYLOAD_BYTES)
+        os.close(payload_fd)
+        if not isinstance(arguments, dict):
+            raise RuntimeError("the call's arguments never arrived")
+        payload = {"ok": True, "value": _execute({**task, **arguments}, target, workdir)}
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         payload = {"ok": code == 0, "value": None, "kind": "ok" if code == 0 else "exit",
@@ -237,7 +251,8 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
 def call_body(fds: list[int], call: dict[str, Any], cgroup: SlotCgroup | None,
               close_fds: list[int]) -> None:  # fmt: skip
     """The call process, just forked by the zygote (``rl_envs.sandbox.zygote``): ``fds`` are
-    its result, output and task pipes. Reads its task (and work dir) only now. Never returns."""
+    its result, output and task pipes. Reads its task's header (and work dir) only now, its
+    arguments later (``run_body``). Never returns."""
     result_fd, output_fd, task_fd = fds
     try:
         os.setpgid(0, 0)
@@ -245,14 +260,14 @@ def call_body(fds: list[int], call: dict[str, Any], cgroup: SlotCgroup | None,
         for fd in close_fds:
             os.close(fd)
         message = read_frame(task_fd)
-        os.close(task_fd)
         if message is None:
             os._exit(71)
         if cgroup is not None:
             cgroup.enter()
-        run_body(message["task"], {**call, "workdir": message["workdir"]}, result_fd, output_fd)
+        header = {**call, "workdir": message["workdir"]}
+        run_body(message["task"], header, result_fd, output_fd, task_fd)
     finally:
         os._exit(70)
 
 
-__all__ = ["call_body", "run_body"]
+__all__ = ["PAYLOAD_KEYS", "call_body", "run_body"]
