@@ -177,6 +177,12 @@ class Context:
         so that KL terms measure the distance from the policy RL starts from (the warmed-up one),
         not from the `pretrain` model the warm-up moved away from."""
         self.warmed_up = True
+        if self.components.reference_from_actor:
+            raise ValueError(
+                "a supervised warm-up before RL moves the policy away from the reference, which "
+                "is actor_train's base model (its LoRA adapter disabled): give the reference "
+                "its own model (reference.model_args.model_name_or_path) or drop the warm-up"
+            )
         if self.cluster.has("reference"):
             weights = self.cluster["actor_train"].call_all("named_tensors")[0]
             self.cluster["reference"].call_all("adopt_weights", weights)
@@ -209,13 +215,23 @@ class Context:
         if self.sync is not None:
             self.sync.settle()
 
+    def has_reference(self) -> bool:
+        """Whether the run has reference log-probs: a reference role, or actor_train's LoRA
+        with its adapter disabled (`Components.reference_from_actor`)."""
+        return self.cluster.has("reference") or self.components.reference_from_actor
+
     def forward(self, role: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """`forward` on every rank of `role`, rows sharded over the ranks and merged back."""
+        """`forward` on every rank of `role`, rows sharded over the ranks and merged back.
+        `reference` without a reference role (`Components.reference_from_actor`) is
+        actor_train's `forward_base`: its base model, the LoRA adapter disabled."""
         from rl_runtime.collate import merge_rows, shard_rows
 
+        method = "forward"
+        if role == "reference" and self.components.reference_from_actor:
+            role, method = "actor_train", "forward_base"
         group = self.cluster[role]
         shards = shard_rows(tensors, len(group.workers))
-        outs = group.wait(group.submit_each("forward", [(s,) for s in shards]), "forward")
+        outs = group.wait(group.submit_each(method, [(s,) for s in shards]), method)
         return merge_rows(outs)
 
     def train(self, role: str, tensors: dict[str, torch.Tensor], loss: str = "default") -> dict:
