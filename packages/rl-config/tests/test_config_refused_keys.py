@@ -1,5 +1,5 @@
 """rl_config.contract.CHANGES_WHAT_IS_TRAINED: each entry is refused by name at check time (the
-keys whose omission would change what is trained: LoRA, reward domains that cannot be built ...),
+keys whose omission would change what is trained: reward domains that cannot be built ...),
 where they were a warning among many and the run trained something else."""
 
 from __future__ import annotations
@@ -40,18 +40,22 @@ def test_unset_values_pass_and_other_reward_workers_build():
     ExperimentConfig.model_validate(
         {
             "pretrain": "m",
-            "actor_train": {"model_args": {"lora_rank": None, "lora_target": ""}},
+            "reward_model": None,
+            "importance_sampling": "",
             "rewards": {"math": {"worker_cls": "roll.x.MathRuleRewardWorker"}},
         }
     )
 
 
-def test_rl_config_check_fails_on_lora_keys_naming_them(tmp_path, capsys):
-    config = tmp_path / "lora.yaml"
+def test_rl_config_check_fails_on_a_reward_domain_that_cannot_be_built(tmp_path, capsys):
+    """ROLL's LLM-judge domain was one warning among many and the run trained on the other
+    domains' rewards; `rl-config check` now fails naming it."""
+    config = tmp_path / "judge.yaml"
     config.write_text(
-        "pretrain: m\nactor_train:\n  model_args:\n    lora_rank: 32\n    lora_target: all-linear\n"
+        "pretrain: m\nrewards:\n  llm_judge:\n    worker_cls: "
+        "roll.pipeline.rlvr.rewards.llm_judge_reward_worker.LLMJudgeRewardWorker\n"
+        "    tag_included: [RLVR]\n"
     )
     assert main(["check", str(config), "-q"]) == 1
     err = capsys.readouterr().err
-    assert "actor_train.model_args.lora_rank: 32 is refused: LoRA is not implemented" in err
-    assert "actor_train.model_args.lora_target: 'all-linear' is refused" in err
+    assert "rewards.llm_judge.worker_cls: " in err and "is refused: an LLM judge needs" in err

@@ -77,8 +77,8 @@ def test_roll_manifest_counts() -> None:
 
 
 def only_refused_keys(error: ConfigError) -> bool:
-    """Whether every issue is a key ``rl_config.contract.CHANGES_WHAT_IS_TRAINED`` refuses (LoRA,
-    a reward domain that cannot be built ...): the example is otherwise valid."""
+    """Whether every issue is a key ``rl_config.contract.CHANGES_WHAT_IS_TRAINED`` refuses (a reward
+    domain that cannot be built ...): the example is otherwise valid."""
     return all(" is refused: " in issue.message for issue in error.issues)
 
 
@@ -92,13 +92,13 @@ def refused_by_contract(path: Path) -> list[str]:
 
 
 def test_roll_examples_refused_for_what_they_would_train_are_counted() -> None:
-    """The plain examples with LoRA keys or reward domains that cannot be built (the refusals
+    """The plain examples with reward domains that cannot be built (the refusals
     the README reports): each is refused by name instead of trained otherwise."""
     refused = [r for r in PLAIN if refused_by_contract(ROLL / r["version"] / r["path"])]
     assert len(refused) == REFUSED_PLAIN_EXAMPLES
 
 
-REFUSED_PLAIN_EXAMPLES = 7
+REFUSED_PLAIN_EXAMPLES = 6
 
 
 @pytest.mark.parametrize("row", PLAIN, ids=key)
@@ -140,7 +140,7 @@ def test_roll_megatron_example_converted_to_fsdp2_passes_check(
             load_config(out)
         assert REFUSED_AFTER_CONVERT[key(row)] in str(info.value)
         return
-    if refused_by_contract(out):  # LoRA keys, reward domains that cannot be built
+    if refused_by_contract(out):  # reward domains that cannot be built ...
         with pytest.raises(ConfigError) as info:
             load_config(out)
         assert only_refused_keys(info.value), str(info.value)

@@ -36,10 +36,6 @@ _TRAIN_ONLY = (
     "model_args.freeze_module_prefix",
 )
 
-_LORA = (
-    "LoRA is not implemented: this stack would train every weight of the model (full "
-    "fine-tuning) instead of an adapter; remove the key to fine-tune the whole model"
-)
 _REWARD_WORKER = (
     "this reward domain cannot be built here (only rule rewards: math_rule, code_sandbox, "
     "format, custom, verl_default); training without it would optimise another objective. "
@@ -47,13 +43,6 @@ _REWARD_WORKER = (
 )
 
 CHANGES_WHAT_IS_TRAINED: dict[str, str] = {
-    # LoRA: until rl-train trains adapters (delete these entries when it does)
-    "ROLE.model_args.lora_rank": _LORA,
-    "ROLE.model_args.lora_alpha": _LORA,
-    "ROLE.model_args.lora_target": _LORA,
-    "ROLE.model_args.lora_dropout": _LORA,
-    "ROLE.model_args.adapter_name_or_path": "loading a PEFT adapter is not implemented: the "
-    "model would be trained without it; merge the adapter into the model directory first",
     # reward domains whose scorer does not exist (ROLL's reward worker classes)
     "rewards.*.worker_cls=*LLMJudgeRewardWorker": "an LLM judge needs a reward-model worker, "
     "which is not implemented; " + _REWARD_WORKER,
@@ -89,14 +78,14 @@ CHANGES_WHAT_IS_TRAINED: dict[str, str] = {
 }
 """Keys refused by name when set (not null/false/empty), before anything else is checked:
 honouring them is not implemented and leaving them out would change what is trained (the
-model's trained weights or the objective) rather than how fast. A pattern is a dotted key
+model's trained weights, its rewards or the objective) rather than how fast. A pattern is a dotted key
 (``ROLE`` = a worker section, ``*`` = any one segment), optionally ``=VALUE`` with a shell
 pattern the value must match. Lifting a refusal is deleting its entry (and reading the key)."""
 
 
 UNSUPPORTED: dict[str, str] = {
-    "*.model_args.adapter_name_or_path": "PEFT adapters are not loaded by this stack (merge the "
-    "adapter into the model, or leave it unset)",
+    "reference.model_args.adapter_name_or_path": "the reference is a plain model (merge the "
+    "adapter into a model directory and give that as reference.model_args.model_name_or_path)",
     "*.model_args.model_type": "classification/TRL heads are chosen by role (critic = value head)",
     "*.model_args.num_labels": "the critic's value head has one output",
     "*.model_args.model_config_kwargs": "model config overrides are not applied",
@@ -190,6 +179,12 @@ IGNORED: dict[str, str] = {
     "custom_envs.*.use_thread_lock": "ROLL option; accepted for compatibility",
     "custom_envs.*.max_tokens_per_step": "turns use the top-level max_tokens_per_step",
     # parts a role does not use
+    "actor_infer.model_args.lora_*": "the engines generate with the weights actor_train syncs "
+    "(its adapter merged)",
+    "actor_infer.model_args.adapter_name_or_path": "the engines generate with the weights "
+    "actor_train syncs (its adapter merged)",
+    "reference.model_args.lora_*": "the reference is not trained (a LoRA actor's reference is "
+    "its base model: the actor with its adapter disabled)",
     "actor_infer.infer_batch_size": "the engine batches its requests itself",
     "actor_infer.model_args.attn_implementation": "the engines choose their attention kernel",
     "actor_infer.share_prompt_forward": "only actor_train and reference run log-prob forwards",
