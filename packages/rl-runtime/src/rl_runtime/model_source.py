@@ -111,9 +111,11 @@ def _hf_cached(name: str, key: str) -> str:
 
 
 def _modelscope_cached(name: str, key: str) -> str:
-    try:
-        from modelscope import snapshot_download  # type: ignore[import-not-found]
-    except ImportError:
+    import importlib
+
+    try:  # not a dependency: ModelScope users install it (ROLL's USE_MODELSCOPE switch)
+        snapshot_download = importlib.import_module("modelscope").snapshot_download
+    except (ImportError, AttributeError):
         raise ConfigError(
             ConfigIssue(
                 key,
