@@ -18,6 +18,7 @@ import socket
 import sys
 
 from rl_envs.sandbox import SandboxLimits, SandboxPool, WeakIsolationError
+from rl_envs.sandbox.credentials import hide_from_calls
 
 ATTACK = """
 import json, os, signal
@@ -61,6 +62,10 @@ try:
     out["vsock"] = "opened"
 except OSError as exc:
     out["vsock"] = type(exc).__name__
+try:  # the checkpoint key the trainer's config names (not a default location)
+    out["config_key"] = open({key!r}).read()
+except OSError as exc:
+    out["config_key"] = type(exc).__name__
 out["groups"] = [line.split()[1:] for line in open("/proc/self/status") if line.startswith("Groups:")][0]
 print(json.dumps(out))
 """
@@ -112,6 +117,11 @@ def main(workdir: str, secret: str) -> None:
     with open(checkpoint, "w") as handle:
         handle.write("weights")
     report: dict = {"uid": os.getuid()}
+    key = os.path.join(workdir, "run.key")  # named by checkpoint_config.key_file
+    with open(key, "w") as handle:
+        handle.write(f"KEY-{secret}")
+    os.chmod(key, 0o600)
+    hide_from_calls(key)  # what the runtime does with checkpoint_config.key_file
     sock = os.path.join(workdir, "trainer.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sock)
@@ -127,7 +137,7 @@ def main(workdir: str, secret: str) -> None:
         report["isolation"] = pool.isolation
         report["stats"] = pool.stats()
         code = ATTACK.format(checkpoint=checkpoint, trainer=os.getpid(), secret=secret,
-                             shm_key=_shm_key(secret), sock=sock)  # fmt: skip
+                             shm_key=_shm_key(secret), sock=sock, key=key)  # fmt: skip
         truth = f"TRUTH-{secret[-32:]}"
         report["grader_ok"] = pool.call("json:dumps", {"ground_truth": truth}).ok
         scan = pool.run_python(SCAN_MEMORY)  # an earlier call's argument, in a later call

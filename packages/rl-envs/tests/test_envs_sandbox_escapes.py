@@ -505,6 +505,7 @@ def test_non_root_trainer_keeps_its_files_signals_and_secrets():
     assert isolation["groups"] == "kept" and attack["groups"]
     assert report["grader_ok"] and not report["truth_seen_later"]
     assert report["self_graded_score"] == 0.0
+    assert secret not in str(attack["config_key"]) and attack["config_key"] == ""
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root+setpriv")

@@ -48,6 +48,7 @@ With `components.asynchronous`, rollout runs ahead of the trainer (rl_runtime.as
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
@@ -458,6 +459,15 @@ def check_in_process(components: Components, use_ray: bool) -> list[str]:
     ]
 
 
+def sandbox_hidden_env() -> dict[str, str]:
+    """The paths sandboxed calls must see empty (`rl_envs.sandbox.credentials.HIDE_VARIABLE`),
+    for the workers' environment: a pool a worker starts hides them too."""
+    from rl_envs.sandbox.credentials import HIDE_VARIABLE
+
+    value = os.environ.get(HIDE_VARIABLE)
+    return {HIDE_VARIABLE: value} if value else {}
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -497,6 +507,10 @@ class Runner:
         without Ray (`check_in_process`), and a resume whose config changed a key the
         checkpoint depends on (rl_runtime.resume_guard)."""
         c = self.components
+        if c.checkpoint.key_file:  # sandboxed calls see it empty (workers: RL_SANDBOX_HIDE)
+            from rl_envs.sandbox.credentials import hide_from_calls
+
+            hide_from_calls(c.checkpoint.key_file)
         in_process_warnings = check_in_process(c, self.options.use_ray)
         resume, state = None, None
         resume_warnings: list[str] = []
@@ -569,7 +583,7 @@ class Runner:
             ray_options=RayOptions(
                 num_cpus=o.num_cpus,
                 object_store_bytes=o.object_store_mb * 1024**2 if kind == "cpu" else None,
-                env_vars=dict(c.cluster.system_envs),
+                env_vars={**c.cluster.system_envs, **sandbox_hidden_env()},
             ),
             rpc_timeout=c.cluster.rpc_timeout,
             cpu_per_bundle=o.cpu_per_bundle,
