@@ -144,6 +144,7 @@ def _argv(name: str, paths: dict, device: str, *extra: str) -> tuple[str, list[s
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_verl_command_dry_runs_with_the_translation_table(name, gsm8k, monkeypatch, capsys):
     monkeypatch.chdir(gsm8k["root"])
+    monkeypatch.setenv("RL_DEVICE", "cpu")  # the app exports trainer.device: restored after
     app, argv = _argv(name, gsm8k, "cpu", "--dry-run")
     assert app_main(app)(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
@@ -176,6 +177,7 @@ def test_an_npu_command_on_a_host_without_one_stops_naming_the_device(name, gsm8
 def test_verl_command_trains_two_steps_on_the_cpu(name, gsm8k, monkeypatch, capsys, tmp_path):
     """vLLM is not installed here: the scripts' `$@` also picks verl's HF rollout."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RL_DEVICE", "cpu")  # the app exports trainer.device: restored after
     app, argv = _argv(name, gsm8k, "cpu", *SMALL[name].split(), f"{A}.rollout.name=hf")
     assert app_main(app)(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out

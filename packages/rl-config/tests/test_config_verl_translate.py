@@ -293,7 +293,7 @@ def test_fully_async_staleness_partial_rollout_and_its_step(
         (f"{A}.rollout.name=sglang", "SGLang"),
         (f"{A}.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache=True", "vision-language"),
         (f"{A}.rollout.engine_kwargs.trtllm.batch_wait_timeout_iters=2", "TensorRT-LLM"),
-        (f"{A}.model.lora_rank=32", "LoRA"),
+        (f"{A}.model.exclude_modules=[lm_head]", "LoRA"),
         (f"{A}.actor.freeze_vision_tower=True", "vision-language"),
         ("reward_model.enable=True", "reward models"),
         ("algorithm.adv_estimator=optimal_token_baseline", "not implemented"),
@@ -330,6 +330,24 @@ def test_knobs_with_no_effect_on_what_is_trained_get_a_row_saying_so():
     # dual-clip is verl's vanilla loss only
     d = _ok(f"{A}.actor.policy_loss.loss_mode=cispo", f"{A}.actor.clip_ratio_c=10")
     assert d["actor_train"]["pg_variant"] == "cispo" and "dual_clip_loss" not in d
+
+
+def test_lora_of_the_actor_and_the_reference_as_its_base_model():
+    """verl's lora_rank/lora_alpha/target_modules -> actor_train's LoRA keys; the KL's reference
+    is the base model with the adapter disabled (no reference section, as verl's ref_in_actor)."""
+    d = _ok(
+        f"{A}.model.lora_rank=64",
+        f"{A}.model.lora_alpha=32",
+        f"{A}.model.target_modules=all-linear",
+        f"{A}.actor.use_kl_loss=True",
+    )
+    args = d["actor_train"]["model_args"]
+    assert (args["lora_rank"], args["lora_alpha"], args["lora_target"]) == (64, 32.0, "all-linear")
+    assert "reference" not in d
+    d = _ok(f"{A}.model.lora_adapter_path=/adapters/a", f"{A}.model.lora_rank=8")
+    assert d["actor_train"]["model_args"]["adapter_name_or_path"] == "/adapters/a"
+    assert "lora_rank" not in d["actor_train"]["model_args"]
+    assert "lora_rank" not in _ok(f"{A}.model.lora_rank=0")["actor_train"]["model_args"]
 
 
 def test_every_verl_key_is_translated_or_refused_by_a_rule():

@@ -347,6 +347,7 @@ def _trained_role(
         "inverted",
     )
     if role == "actor_train":
+        _lora(out)
         packed = g(f"{A}.model.use_remove_padding") in (True, "True", "true")
         if f"{A}.model.use_remove_padding" in out.given:
             out.set(
@@ -363,6 +364,46 @@ def _trained_role(
                 int(lp),
                 "a memory knob (old log-probs are computed by actor_train)",
             )
+
+
+def _lora(out: Any) -> None:
+    """verl's LoRA of the actor (lora_rank > 0, or an adapter to start from) -> model_args."""
+    g = out.get
+    m = f"{A}.model"
+    rank = out.integer(f"{m}.lora_rank") if g(f"{m}.lora_rank") is not None else 0
+    adapter = g(f"{m}.lora_adapter_path")
+    keys = [f"{m}.lora_rank", f"{m}.lora_alpha", f"{m}.target_modules", f"{m}.lora_adapter_path"]
+    if rank <= 0 and not adapter:
+        for k in keys:
+            if k in out.given:
+                out.noop(k, "LoRA is off (lora_rank 0)")
+        return
+    args = "actor_train.model_args"
+    if adapter:
+        out.set(
+            [f"{m}.lora_adapter_path"],
+            f"{args}.adapter_name_or_path",
+            str(adapter),
+            "the adapter's own rank, alpha and targets apply",
+        )
+        for k in keys[:3]:
+            if k in out.given:
+                out.noop(k, "the adapter's own settings apply")
+        return
+    target = g(f"{m}.target_modules") or "all-linear"
+    out.set([f"{m}.lora_rank"], f"{args}.lora_rank", rank)
+    out.set(
+        [f"{m}.lora_alpha"],
+        f"{args}.lora_alpha",
+        out.number(f"{m}.lora_alpha"),
+        "verl's default 16",
+    )
+    out.set(
+        [f"{m}.target_modules"],
+        f"{args}.lora_target",
+        list(target) if isinstance(target, (list, tuple)) else str(target),
+        "only the adapters train; the reference is the base model (adapter disabled)",
+    )
 
 
 def _optim(out: Any, role: str, prefix: str) -> None:
@@ -681,8 +722,16 @@ def _roles(out: Any, dtype: str, prompts: int, n: int, mini: int, world: int) ->
     g = out.get
     mapping = out.data["actor_train"]["device_mapping"]
     need_ref = out.data.get("use_kl_loss") or out.data.get("add_token_level_kl")
+    lora = out.data["actor_train"].get("model_args", {}).keys() & {
+        "lora_rank",
+        "adapter_name_or_path",
+    }
     ref_key = f"{A}.ref.fsdp_config.param_offload"
-    if need_ref:
+    if need_ref and lora:  # as verl: the actor's base model with its adapter disabled
+        for k in (ref_key, f"{A}.ref.fsdp_config.offload_policy"):
+            if k in out.given:
+                out.noop(k, "with LoRA the reference is the actor's base model (no copy)")
+    elif need_ref:
         src = [f"{ACTOR}.use_kl_loss", "algorithm.use_kl_in_reward"]
         out.set(src, "reference.device_mapping", mapping, "verl builds a reference for a KL")
         out.set(src, "reference.strategy_args.strategy_name", "fsdp2_train")

@@ -73,7 +73,7 @@ ULYSSES = (
     "a memory knob here: Ulysses sequence parallelism is not implemented, each device holds whole "
     "sequences and is a data-parallel rank (the same samples per optimizer step)"
 )
-LORA = "LoRA training is not implemented"
+LORA = "LoRA on the critic is not translated (the RLVR pipeline trains no critic)"
 RM = "reward models are not implemented (rule rewards and custom_reward_function are)"
 PROFILER = "verl's profilers (nsys, npu, torch) are not run here; the run trains the same"
 MULTI_TURN = "verl's multi-turn tool rollout is not translated (apps/agentic runs multi-turn envs)"
@@ -312,11 +312,11 @@ RULES: dict[str, Rule] = {
     f"{_A}.model.enable_gradient_checkpointing": derived("activation checkpointing"),
     f"{_A}.model.enable_activation_offload": only("activation offload is not implemented"),
     f"{_A}.model.use_remove_padding": derived("packed forward"),
-    f"{_A}.model.lora_rank": only(LORA),
-    f"{_A}.model.lora_alpha": noop("read only with lora_rank > 0"),
-    f"{_A}.model.target_modules": noop("read only with lora_rank > 0"),
-    f"{_A}.model.exclude_modules": noop("read only with lora_rank > 0"),
-    f"{_A}.model.lora_adapter_path": only(LORA),
+    f"{_A}.model.lora_rank": derived("LoRA"),
+    f"{_A}.model.lora_alpha": derived("LoRA"),
+    f"{_A}.model.target_modules": derived("LoRA"),
+    f"{_A}.model.exclude_modules": only("excluding modules from LoRA is not implemented"),
+    f"{_A}.model.lora_adapter_path": derived("LoRA"),
     f"{_A}.model.use_liger": noop(SPEED),
     f"{_A}.model.torch_dtype": noop(
         "the model's dtype follows trainer.device (bf16 on accelerators)"
