@@ -96,7 +96,7 @@ def test_a_device_kind_this_host_lacks_is_named_by_the_dry_run(
         monkeypatch.setenv("RL_DEVICE", "npu")
     assert app_main("rlvr")(["--dry-run", *_rlvr(tmp_path, *overrides)]) == 1
     err = capsys.readouterr().err
-    assert f"{key}: asks for npu devices, but this host has none" in err
+    assert f"{key}: " in err and "npu" in err and "this host has no" in err
     assert "Traceback" not in err
 
 
