@@ -155,7 +155,8 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
             options.use_ray = False
         report = preflight(cfg, composed.components, app=options, data=composed.data,
                            use_ray=options.use_ray, num_cpus=options.num_cpus,
-                           cpu_per_bundle=options.cpu_per_bundle)  # fmt: skip
+                           cpu_per_bundle=options.cpu_per_bundle,
+                           packages_required="dry_run" not in args.flags)  # fmt: skip
         report.raise_if_problems()  # before anything is built, moved or started
         placement = plan_text(composed.components)  # a placement the cluster cannot make fails here
     except (ConfigError, ValueError, KeyError) as exc:

@@ -12,7 +12,8 @@ anything is built, moved or started) and `rl-preflight` (the deep check of a con
   reserves;
 * directories: output_dir, the checkpoint and the log directory can be written (the nearest
   existing parent, when they do not exist yet: nothing is created here);
-* packages: the optional packages the config needs are installed (rl_config.extras).
+* packages: the optional packages the config needs are installed (rl_config.extras; a dry run
+  notes them, a run stops).
 
 Every problem is one `ConfigIssue` naming the key; nothing is created, moved or started.
 """
@@ -65,9 +66,12 @@ def preflight(
     use_ray: bool = True,
     num_cpus: float | None = None,
     cpu_per_bundle: float = 1.0,
+    packages_required: bool = True,
 ) -> PreflightReport:
     """Every check of the module docstring, for the validated config `cfg`, its `components`
-    (rl_runtime.compose) and the app's options `app` (its `build_tiny_model`, None: no app)."""
+    (rl_runtime.compose) and the app's options `app` (its `build_tiny_model`, None: no app).
+    `packages_required=False` (a dry run, which may plan on another host than the run's): a
+    missing optional package is a note, not a problem."""
     problems: list[ConfigIssue] = []
     notes: list[str] = []
     system_envs = dict(getattr(cfg, "system_envs", None) or {})
@@ -80,7 +84,11 @@ def preflight(
     if not devices and use_ray:
         problems += placement_issues(components, num_cpus, cpu_per_bundle)
     problems += writable_issues(components)
-    problems += package_issues(cfg)
+    packages = package_issues(cfg)
+    if packages_required:
+        problems += packages
+    else:  # a dry run on another host than the run's: said, not refused
+        notes += [f"{issue} (a run stops here)" for issue in packages]
     return PreflightReport(problems, notes)
 
 
