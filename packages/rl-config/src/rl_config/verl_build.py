@@ -255,7 +255,10 @@ def _trained_role(
             max(1, out.integer(f"{prefix}.ppo_micro_batch_size") // world),
             f"{prefix}.ppo_micro_batch_size",
         )
-    dynamic = g(f"{prefix}.use_dynamic_bsz") in (True, "True", "true")
+    dynamic_value = g(f"{prefix}.use_dynamic_bsz")
+    if dynamic_value is None and prefix != ACTOR:  # verl: the critic's follows the actor's
+        dynamic_value = g(f"{ACTOR}.use_dynamic_bsz")
+    dynamic = _bool(dynamic_value)
     if micro is None:
         if not dynamic:
             out.refuse(micro_key, "required unless use_dynamic_bsz (verl asserts it too)")
