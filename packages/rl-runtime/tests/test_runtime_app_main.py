@@ -96,6 +96,12 @@ def test_errors_of_a_run_name_their_kind(tmp_path, capsys):
     in_use = RunDirectoryInUseError("output directory /x is in use by another run (pid 7)")
     assert app_main(_spec(tmp_path, fail=in_use), []) == 1
     assert capsys.readouterr().err == f"error: {in_use}\n"
+    from rl_runtime.pipeline import NothingTrainedError
+
+    nothing = NothingTrainedError("every one of the run's 2 steps was skipped")
+    assert app_main(_spec(tmp_path, fail=nothing), []) == 1  # no results table
+    captured = capsys.readouterr()
+    assert captured.err == f"error: {nothing}\n" and captured.out == ""
     with pytest.raises(RuntimeError):  # anything else is a bug: not turned into a line
         app_main(_spec(tmp_path, fail=RuntimeError("boom")), [])
 

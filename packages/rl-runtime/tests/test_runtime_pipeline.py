@@ -704,3 +704,46 @@ def test_a_symlink_under_the_lock_name_is_not_followed(tmp_path):
     with pytest.raises(OSError), run_directory_lock(tmp_path / "out"):
         pass
     assert target.read_text() == "keep me"
+
+
+class SkippingRecipe(FakeRecipe):
+    """Dynamic sampling kept no group at the steps in `skip` (`None`: every step)."""
+
+    def __init__(self, skip: set[int] | None = None) -> None:
+        super().__init__()
+        self.skip = skip
+
+    def step(self, ctx) -> dict[str, float]:
+        if self.skip is None or ctx.step in self.skip:
+            return {"train/skipped": 1.0, "dynamic_sampling/kept_groups": 0.0}
+        return super().step(ctx)
+
+
+def test_a_step_that_kept_no_group_says_skipped_and_is_counted(tmp_path, capsys):
+    from rl_runtime.pipeline import print_result
+
+    _, result = _run(tmp_path, SkippingRecipe({1, 3}))
+    out = capsys.readouterr().out
+    lines = [x for x in out.splitlines() if x.startswith("step ") and "/5 |" in x]
+    assert len(lines) == 5
+    assert [("skipped (no group kept)" in x) for x in lines] == [False, True, False, True, False]
+    assert result.skipped_steps == 2
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["skipped_steps"] == 2 and summary["step"] == 5
+    print_result(result, "t", lambda m: m)
+    assert "skipped steps: 2 of 5 trained on nothing" in capsys.readouterr().out
+
+
+def test_skipped_steps_are_the_whole_runs_across_a_resume(tmp_path):
+    _run(tmp_path, SkippingRecipe({0}), max_steps=3)
+    _, result = _run(tmp_path, SkippingRecipe({4}), max_steps=5, resume_from_checkpoint=True)
+    assert result.skipped_steps == 2  # one before the checkpoint at step 3, one after
+
+
+def test_a_run_that_trained_on_nothing_ends_with_an_error(tmp_path):
+    from rl_runtime.pipeline import NothingTrainedError
+
+    with pytest.raises(NothingTrainedError, match="every one of the run's 5 steps was skipped"):
+        _run(tmp_path, SkippingRecipe())
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["skipped_steps"] == 5  # the summary says so too

@@ -82,7 +82,13 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
-    from rl_runtime.pipeline import check_embedded_cpus, check_in_process, plan_text, print_result
+    from rl_runtime.pipeline import (
+        NothingTrainedError,
+        check_embedded_cpus,
+        check_in_process,
+        plan_text,
+        print_result,
+    )
     from rl_runtime.run_lock import RunDirectoryInUseError
     from rl_train.signing import CheckpointError
 
@@ -128,6 +134,8 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
     except CheckpointError as exc:  # resume_from_checkpoint names no checkpoint that verifies
         return _error("checkpoint error", exc)
     except RunDirectoryInUseError as exc:  # another run writes to this output_dir
+        return _error("error", exc)
+    except NothingTrainedError as exc:  # every step skipped: no results table
         return _error("error", exc)
     print_result(result, spec.title, spec.summary_row, spec.before_label, spec.after_label)
     return 0

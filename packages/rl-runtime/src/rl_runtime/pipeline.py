@@ -61,7 +61,7 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
-from rl_runtime.metrics import TRAINED_SAMPLES_KEY
+from rl_runtime.metrics import TRAINED_SAMPLES_KEY, skip_reason
 from rl_runtime.previous_run import (
     CURVES_NAME,
     HF_MODEL_NAME,
@@ -80,6 +80,13 @@ THROUGHPUT_KEY = "throughput"
 WARMED_UP_KEY = "started_from_warm_up"
 """Checkpoint state: RL started from a supervised warm-up's policy, not `pretrain`; a reference
 role held that policy, and its weights are in the checkpoint's `reference/`."""
+SKIPPED_STEPS_KEY = "skipped_steps"
+"""Checkpoint state: the run's steps so far that trained on nothing (rl_runtime.metrics.skip_reason)."""
+
+
+class NothingTrainedError(RuntimeError):
+    """Every step of the run trained on nothing (rl_runtime.metrics.skip_reason): the policy is
+    the one it started from, and the run ends with this error instead of a results table."""
 
 
 class Recipe(Protocol):
@@ -244,6 +251,8 @@ class RunResult:
     #: the whole run's (`"scope": "run"`, a resumed run's checkpointed part included):
     #: samples_trained, loop_seconds, samples_per_s; `wall_seconds` is this invocation's
     throughput: dict[str, Any] = field(default_factory=dict)
+    #: the whole run's steps that trained on nothing (a resumed run's checkpointed part included)
+    skipped_steps: int = 0
 
 
 def engine_weight_diff(ctx: Context) -> float:
@@ -366,6 +375,11 @@ def print_result(
         console.print(summary_table(title, rows))
     for key, value in result.summary.items():
         console.print(f"{key}: {value}")
+    if result.skipped_steps:
+        console.print(
+            f"skipped steps: {result.skipped_steps} of {result.step} trained on nothing "
+            "(dynamic sampling kept no group, or every sample was too stale)"
+        )
     console.print(
         f"steps={result.step} weight_version={result.weight_version} "
         f"wall={result.wall_seconds:.0f}s curves={result.curves} hf_model={result.hf_model}"
@@ -460,6 +474,8 @@ class Runner:
         self.asynchronous: Any = None  # rl_runtime.async_training.AsyncTraining, while running
         self.samples_trained = 0.0
         self.loop_seconds = 0.0
+        #: the run's steps that trained on nothing (rl_runtime.metrics.skip_reason)
+        self.skipped_steps = 0
         #: the evaluation before training (a resumed run's comes from its checkpoint)
         self.eval_before: dict[str, float] = {}
         #: a resumed run's metric rows up to its checkpoint (its curves show the whole run)
@@ -610,6 +626,7 @@ class Runner:
             "eval_before": self.eval_before,
             THROUGHPUT_KEY: self.throughput_state(),
             WARMED_UP_KEY: ctx.warmed_up,
+            SKIPPED_STEPS_KEY: self.skipped_steps,
         }
         if self.asynchronous is not None:
             from rl_runtime.async_training import STATE_KEY
@@ -641,6 +658,7 @@ class Runner:
         restore_rng(state.rng)
         self.eval_before = dict(state.extra.get("eval_before") or {})
         self.load_throughput_state(state.extra.get(THROUGHPUT_KEY), str(path))
+        self.skipped_steps = int(state.extra.get(SKIPPED_STEPS_KEY) or 0)
         if hasattr(self.recipe, "load_state"):
             self.recipe.load_state(dict(state.extra.get("recipe") or {}))
         from rl_runtime.async_training import STATE_KEY, restore_rollout_state
@@ -724,6 +742,8 @@ class Runner:
                 t0 = time.perf_counter()
                 metrics = step(ctx)
                 ctx.step += 1
+                skipped = skip_reason(metrics)
+                self.skipped_steps += skipped is not None
                 if self.asynchronous is not None:  # trained and synced: rollout may go on
                     self._open_rollout_gate(ctx)
                 last = ctx.step == cad.max_steps
@@ -743,9 +763,10 @@ class Runner:
                 if save:
                     self.save()
                 shown = [k for k in self.options.progress_keys if k in metrics]
+                line = " ".join(f"{k}={metrics[k]:.3f}" for k in shown)
                 progress.advance(
                     {k: v for k, v in metrics.items() if k.startswith("timing/")},
-                    " ".join(f"{k}={metrics[k]:.3f}" for k in shown),
+                    f"skipped ({skipped}) {line}".strip() if skipped else line,
                 )
         return last_eval
 
@@ -806,7 +827,8 @@ class Runner:
             },
         )
         hf_dir = None
-        if self.options.export_hf and ctx.cluster.has("actor_train"):
+        nothing_trained = ctx.step > 0 and self.skipped_steps >= ctx.step
+        if self.options.export_hf and ctx.cluster.has("actor_train") and not nothing_trained:
             hf_dir = ctx.cluster["actor_train"].call_rank0("export_hf", str(out / HF_MODEL_NAME))
         result = RunResult(
             step=ctx.step,
@@ -825,8 +847,19 @@ class Runner:
                 "samples_trained": self.samples_trained,
                 "loop_seconds": self.loop_seconds,
             },
+            skipped_steps=self.skipped_steps,
         )
         write_summary(out / SUMMARY_NAME, result.__dict__)
+        if nothing_trained:
+            raise NothingTrainedError(
+                f"every one of the run's {ctx.step} steps was skipped: it trained on nothing "
+                "(dynamic sampling kept no group: each group's rewards were all equal, or every "
+                "sample was too stale), so the policy is the one it started from. Look at "
+                f"reward/mean and reward/accuracy in {out / SUMMARY_NAME} and the logs; give "
+                "dynamic sampling more rounds (dynamic_sampling.max_num_gen_batches), more "
+                "prompts per step (rollout_batch_size) or samples per prompt "
+                "(num_return_sequences_in_group), or turn it off (dynamic_sampling.enable=false)"
+            )
         return result
 
     def teardown(self) -> None:
