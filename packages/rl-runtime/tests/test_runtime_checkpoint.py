@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
-from rl_train.signing import CheckpointError
+from rl_train.signing import CheckpointError, load_key
 from rl_train.testing import MALFORMED_SIGNATURES, plant_malformed_signature
 
 
@@ -150,10 +150,43 @@ def test_key_file_option_signs_with_that_key(tmp_path):
     mine = CheckpointManager(tmp_path / "ck", key_file=tmp_path / "mine.key")
     saved = _save(mine, 1)
     assert mine.latest() == saved
+    load_key(tmp_path / "theirs.key")  # another key that exists (a missing one is an error)
     theirs = CheckpointManager(tmp_path / "ck", key_file=tmp_path / "theirs.key")
     assert theirs.latest() is None
     assert "fails its HMAC check" in theirs.skipped[0][1]
     assert str(tmp_path / "theirs.key") in theirs.skipped[0][1]
+
+
+def test_a_missing_key_where_signed_checkpoints_exist_is_an_error_not_a_new_key(tmp_path):
+    _save(CheckpointManager(tmp_path / "ck", key_file=tmp_path / "mine.key"), 1)
+    lost = CheckpointManager(tmp_path / "ck", key_file=tmp_path / "lost.key")
+    assert lost.latest() is None
+    reason = lost.skipped[0][1]
+    assert str(tmp_path / "lost.key") in reason and "step" in reason and "does not exist" in reason
+    assert not (tmp_path / "lost.key").exists()
+    with pytest.raises(CheckpointError, match="lost.key does not exist, but .*ck"):
+        _save(lost, 2)
+    assert not (tmp_path / "lost.key").exists()
+
+
+@pytest.mark.parametrize("where", ["world_writable", "checkpoint_root", "checkout"])
+def test_a_key_in_an_unsafe_place_is_refused(tmp_path, monkeypatch, where):
+    if where == "world_writable":
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        shared.chmod(0o777)
+        key, match = shared / "k.key", "writable by every user"
+    elif where == "checkpoint_root":
+        key, match = tmp_path / "ck" / "k.key", "inside the checkpoint root"
+    else:
+        checkout = tmp_path / "repo"
+        (checkout / ".git").mkdir(parents=True)
+        (checkout / "pyproject.toml").write_text("[project]\n")
+        monkeypatch.chdir(checkout)
+        key, match = checkout / "keys" / "k.key", "inside the checkout"
+    with pytest.raises(CheckpointError, match=match):
+        _save(CheckpointManager(tmp_path / "ck", key_file=key), 1)
+    assert not key.exists()
 
 
 def test_every_file_fsynced_before_marker_and_prune_after_durable(tmp_path, monkeypatch):

@@ -169,7 +169,7 @@ class CheckpointManager:
             )
         return verify_manifest(
             path,
-            load_key(self.key_file),
+            load_key(self.key_file, checkpoint_root=self.root),
             step=step_of_dir(path.name, _SEP),
             hashes=hashes,
             skip=(COMMIT_MARKER,),

@@ -39,6 +39,15 @@ def _init_process(dist_env: Mapping[str, str], seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
+def _outputs(out: Any) -> dict[str, torch.Tensor]:
+    """A backend's `ForwardOutput` as CPU float32 tensors by name (those it has)."""
+    return {
+        k: v.detach().float().cpu()
+        for k, v in (("log_probs", out.log_probs), ("entropy", out.entropy), ("values", out.values))
+        if v is not None
+    }
+
+
 class TrainWorker:
     """One rank of a training role: forward (log-probs / values), train steps, weights, checkpoints.
 
@@ -117,16 +126,12 @@ class TrainWorker:
             shutil.rmtree(previous, ignore_errors=True)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = self.backend.forward(batch)
-        return {
-            k: v.detach().float().cpu()
-            for k, v in (
-                ("log_probs", out.log_probs),
-                ("entropy", out.entropy),
-                ("values", out.values),
-            )
-            if v is not None
-        }
+        return _outputs(self.backend.forward(batch))
+
+    def forward_base(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`forward` of the base model, the LoRA adapter disabled (the reference log-probs of
+        a LoRA actor whose reference is its base model)."""
+        return _outputs(self.backend.forward_base(batch))
 
     def train_step(self, batch: dict[str, torch.Tensor], loss: str = "default") -> dict:
         """One `train_step` with the backend's configured loss, or `loss="sft"` (warm-up: one
