@@ -657,3 +657,16 @@ def test_lora_keys_reach_the_trained_roles_and_a_base_reference_is_the_actor():
 def test_a_lora_key_without_lora_target_is_an_error_naming_it():
     with pytest.raises(ValueError, match=r"actor_train\.model_args\.lora_rank is set but"):
         _components({"actor_train": {"model_args": {"lora_rank": 4}}})
+
+
+def test_weight_syncs_carry_the_adapter_only_to_engines_that_merge_it():
+    from rl_runtime.compose import role_specs
+
+    def adapter_only(extra: dict) -> bool:
+        specs = {s.role: s for s in role_specs(_components(extra), "tiny")}
+        return specs["actor_train"].init_kwargs["sync_adapter_only"]
+
+    assert adapter_only(LORA_ACTOR)  # the HF engine merges the adapter into its base weights
+    vllm = {"actor_infer": {"strategy_args": {"strategy_name": "vllm"}}}
+    assert not adapter_only(_merge(LORA_ACTOR, vllm))  # vLLM gets the merged weights
+    assert not adapter_only({})  # no adapter

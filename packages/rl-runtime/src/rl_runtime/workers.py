@@ -70,10 +70,14 @@ class TrainWorker:
         model_args: Any = None,
         loss_config: Any = None,
         seed: int = 0,
+        sync_adapter_only: bool = False,
     ) -> None:
         _init_process(dist_env, seed + rank)
         self.rank = rank
         self.role = role
+        #: weight syncs to the engines carry the LoRA adapter only (rl_sync.adapter), which the
+        #: engines merge into the base weights they loaded; False: the full (merged) weights
+        self.sync_adapter_only = sync_adapter_only
         #: how the backend is built, but the model: `reload` builds it again from another one
         self._backend_args: dict[str, Any] = {
             "role": role,
@@ -243,10 +247,15 @@ class TrainWorker:
         return True
 
     def _full_tensors(self, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]] | None:
-        """The full (gathered) tensors, lazily, on rank 0; None on the other ranks, which only
+        """The full (gathered) tensors a weight sync sends (with `sync_adapter_only`, the
+        adapter-only payload), lazily, on rank 0; None on the other ranks, which only
         take part in the gathering (`iter_full_tensor_buckets` is collective: every rank of the
         role runs the same call)."""
-        buckets = self.backend.iter_full_tensor_buckets(bucket_bytes)
+        buckets = (
+            self.backend.iter_adapter_buckets(bucket_bytes)
+            if self.sync_adapter_only
+            else self.backend.iter_full_tensor_buckets(bucket_bytes)
+        )
         if self.rank != 0:
             for _bucket in buckets:
                 pass

@@ -366,6 +366,27 @@ class BackendCore:
         if bucket:
             yield bucket
 
+    def iter_adapter_buckets(
+        self, bucket_bytes: int = 1 << 28
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The LoRA adapter as an adapter-only weight payload (:mod:`rl_sync.adapter`: each
+        module's A and scaled B), in buckets of about ``bucket_bytes``; collective as
+        :meth:`iter_full_tensor_buckets`."""
+        from rl_train.lora import adapter_payload, scalings
+
+        if not self.has_adapters:
+            raise ValueError(f"{self.role}: no LoRA adapter (model_args.lora) to send")
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in adapter_payload(self._iter_full_tensors(), scalings(self._module())):
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
+
     def _iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         raise NotImplementedError
 

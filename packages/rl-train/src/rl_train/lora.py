@@ -220,11 +220,38 @@ def merge_adapters(
         raise RuntimeError(f"LoRA merge: incomplete modules {sorted(pending)[:5]}")
 
 
+def scaled_b(b: torch.Tensor, scale: float) -> torch.Tensor:
+    """``scale * B`` ``[out, r]`` (float32 product, B's dtype): the B an adapter payload
+    carries (:mod:`rl_sync.adapter`)."""
+    return (b.float() * scale).to(b.dtype)
+
+
 def merged_weight(parts: Mapping[str, torch.Tensor], scale: float) -> torch.Tensor:
-    """``base + scale * B @ A`` in float32, in the base weight's dtype ``[out, in]``."""
-    base = parts["base_layer"]
-    delta = parts["lora_B"].float() @ parts["lora_A"].float()
-    return (base.float() + scale * delta).to(base.dtype)
+    """``base + (scale * B) @ A`` in float32, in the base weight's dtype ``[out, in]``: the
+    arithmetic of an engine merging an adapter payload (:func:`rl_sync.adapter.merge`)."""
+    from rl_sync.adapter import merge
+
+    return merge(parts["base_layer"], parts["lora_A"], scaled_b(parts["lora_B"], scale))
+
+
+def adapter_payload(
+    named: Iterator[tuple[str, torch.Tensor]], scale: Mapping[str, float]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """An adapter-only weight payload (:mod:`rl_sync.adapter`) from a stream of HF-named full
+    tensors of a LoRA model: each module's ``lora_A`` ``[r, in]`` and its ``lora_B``
+    ``[out, r]`` times ``scale[module]``; nothing else (the engine keeps its base weights)."""
+    from rl_sync.adapter import payload_names
+
+    for name, tensor in named:
+        match = _PARTS.match(name)
+        if match is None or match["part"] == "base_layer":
+            continue
+        module = match["module"]
+        a_name, b_name = payload_names(module)
+        if match["part"] == "lora_A":
+            yield a_name, tensor
+        else:
+            yield b_name, scaled_b(tensor, scale[module])
 
 
 def peft_config(settings: LoraSettings, base_model: str, role: str) -> Any:

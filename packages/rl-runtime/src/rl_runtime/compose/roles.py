@@ -241,6 +241,14 @@ def build_lora(m: Any, role: str) -> LoraSettings | None:
         raise ValueError(str(err).replace("model_args.", f"{role}.model_args.")) from None
 
 
+def sync_adapter_only(components: Components) -> bool:
+    """Whether weight syncs carry actor_train's LoRA adapter only (rl_sync.adapter): it trains
+    one and the engines merge it themselves (the HF engine; vLLM gets the merged weights)."""
+    actor, infer = components.role("actor_train"), components.role("actor_infer")
+    lora = actor is not None and actor.model_args is not None and actor.model_args.lora is not None
+    return lora and infer is not None and infer.strategy_name == "hf_infer"
+
+
 def reference_from_actor(cfg: Any) -> bool:
     """Whether the reference log-probs come from actor_train with its LoRA adapter disabled:
     actor_train trains LoRA and the reference model is its base model (the same
@@ -292,6 +300,7 @@ def role_specs(components: Components, model_path: str, agent_mode: str = "locks
             continue
         kwargs = dict(
             role=BACKEND_ROLE[r.role],
+            sync_adapter_only=r.role == "actor_train" and sync_adapter_only(components),
             model_path=path,
             strategy_name=r.strategy_name,
             strategy_config=r.strategy_config,
