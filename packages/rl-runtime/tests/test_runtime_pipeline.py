@@ -844,3 +844,21 @@ def test_a_signal_ends_the_run_in_order_with_the_last_durable_checkpoint(tmp_pat
     assert summary["last_checkpoint"] == ckpt and summary["resume_command"] == exc.resume_command
     report = exc.report()
     assert f"last durable checkpoint: {ckpt}" in report and "resume with: uv run" in report
+
+
+def test_the_last_line_and_summary_say_where_everything_went(tmp_path, capsys):
+    """The run's last line lists where checkpoints, logs, TensorBoard, curves, summary and the
+    exported model went (before: curves and hf_model only); summary.json records them."""
+    from rl_runtime.pipeline import print_result
+
+    out = tmp_path / "out"
+    _, result = _run(tmp_path, FakeRecipe(), {"export_hf": True}, max_steps=2)
+    capsys.readouterr()
+    print_result(result, "t", lambda m: m)
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == (
+        f"outputs: checkpoints={out / 'checkpoints'} logs={out / 'logs'} tensorboard=not tracked "
+        f"curves={out / 'curves.png'} summary={out / 'summary.json'} hf_model={out / 'hf_model'}"
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["outputs"]["checkpoints"] == str(out / "checkpoints")

@@ -274,6 +274,26 @@ class RunResult:
     throughput: dict[str, Any] = field(default_factory=dict)
     #: the whole run's steps that trained on nothing (a resumed run's checkpointed part included)
     skipped_steps: int = 0
+    #: where the run's results went (`run_outputs`): the final line lists them
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+def run_outputs(components: Components, curves: str | None, hf_model: str | None) -> dict[str, str]:
+    """Where a run's results are, by kind (the last line of a run, summary.json's `outputs`):
+    checkpoints, logs (metrics.jsonl), tensorboard (when tracked), curves, summary, hf_model.
+    A pipeline or command that writes more adds its entry here."""
+    c = components
+    logs = tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs)
+    tracked = str(c.tracker.track_with)
+    out = {
+        "checkpoints": c.checkpoint.directory if c.role("actor_train") is not None else "none",
+        "logs": str(logs),
+        "tensorboard": str(logs) if "tensorboard" in tracked else "not tracked",
+        "curves": curves or "none",
+        "summary": str(Path(c.output_dir) / SUMMARY_NAME),
+        "hf_model": hf_model or "not exported (export_hf: false)",
+    }
+    return out
 
 
 def engine_weight_diff(ctx: Context) -> float:
@@ -389,6 +409,9 @@ def print_result(
         f"steps={result.step} weight_version={result.weight_version} "
         f"wall={result.wall_seconds:.0f}s curves={result.curves} hf_model={result.hf_model}"
     )
+    if result.outputs:  # the last line: where everything went
+        line = "outputs: " + " ".join(f"{k}={v}" for k, v in result.outputs.items())
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def check_optional_packages(cfg: Any) -> list[str]:
@@ -922,6 +945,7 @@ class Runner:
             },
             skipped_steps=self.skipped_steps,
         )
+        result.outputs = run_outputs(self.components, result.curves, hf_dir)
         write_summary(out / SUMMARY_NAME, result.__dict__)
         if nothing_trained:
             raise NothingTrainedError(
