@@ -84,6 +84,7 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
     from rl_config.errors import ConfigError
     from rl_runtime.pipeline import check_embedded_cpus, check_in_process, plan_text, print_result
     from rl_runtime.run_lock import RunDirectoryInUseError
+    from rl_sync.device import DeviceUnavailableError
     from rl_train.signing import CheckpointError
 
     try:
@@ -95,6 +96,8 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
         cfg, options = load_app(spec, args.config, args.overrides)
         composed = spec.compose(cfg, options, args.flags)
         placement = plan_text(composed.components)  # a placement the cluster cannot make fails here
+    except DeviceUnavailableError as exc:  # RL_DEVICE names a device this host cannot use
+        return _error("device error", exc)
     except (ConfigError, ValueError, KeyError) as exc:
         return _error("config error", exc)
     in_process_warnings: list[str] = []
