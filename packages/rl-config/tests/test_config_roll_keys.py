@@ -69,7 +69,7 @@ def test_roll_accepted_keys_are_named_in_warnings() -> None:
             "global_template": "qwen2_5",
             "error_max_len_clip": False,  # unset: off either way, no warning
             "reward_model": {"worker_cls": "x"},
-            "actor_train": {"model_args": {"flash_attn": "fa2", "lora_rank": 8}},
+            "actor_train": {"model_args": {"flash_attn": "fa2", "ulysses_size": 2}},
             "reference": {"strategy_args": {"strategy_name": "fsdp2_infer"}},
             "reward_norm": "None",
         }
@@ -81,7 +81,7 @@ def test_roll_accepted_keys_are_named_in_warnings() -> None:
         w.startswith("actor_train.model_args.flash_attn: ignored, as ROLL ignores it")
         for w in warnings
     )
-    assert any(w.startswith("actor_train.model_args.lora_rank: not supported") for w in warnings)
+    assert any(w.startswith("actor_train.model_args.ulysses_size: not supported") for w in warnings)
     assert not any(w.startswith("error_max_len_clip") for w in warnings)
     assert cfg.reference.strategy_args.strategy_name == "fsdp2_train"
     assert cfg.reward_norm is None

@@ -37,8 +37,8 @@ _TRAIN_ONLY = (
 )
 
 UNSUPPORTED: dict[str, str] = {
-    "*.model_args.adapter_name_or_path": "PEFT adapters are not loaded by this stack (merge the "
-    "adapter into the model, or leave it unset)",
+    "reference.model_args.adapter_name_or_path": "the reference is a plain model (merge the "
+    "adapter into a model directory and give that as reference.model_args.model_name_or_path)",
     "*.model_args.model_type": "classification/TRL heads are chosen by role (critic = value head)",
     "*.model_args.num_labels": "the critic's value head has one output",
     "*.model_args.model_config_kwargs": "model config overrides are not applied",
@@ -132,6 +132,12 @@ IGNORED: dict[str, str] = {
     "custom_envs.*.use_thread_lock": "ROLL option; accepted for compatibility",
     "custom_envs.*.max_tokens_per_step": "turns use the top-level max_tokens_per_step",
     # parts a role does not use
+    "actor_infer.model_args.lora_*": "the engines generate with the weights actor_train syncs "
+    "(its adapter merged)",
+    "actor_infer.model_args.adapter_name_or_path": "the engines generate with the weights "
+    "actor_train syncs (its adapter merged)",
+    "reference.model_args.lora_*": "the reference is not trained (a LoRA actor's reference is "
+    "its base model: the actor with its adapter disabled)",
     "actor_infer.infer_batch_size": "the engine batches its requests itself",
     "actor_infer.model_args.attn_implementation": "the engines choose their attention kernel",
     "actor_infer.share_prompt_forward": "only actor_train and reference run log-prob forwards",

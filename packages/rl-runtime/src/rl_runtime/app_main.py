@@ -66,6 +66,8 @@ class AppSpec:
     data_errors: tuple[type[BaseException], ...] = ()
     #: what `--help` says the app does (the app's module docstring)
     description: str = ""
+    #: `--verl`: the verl entry module a command runs when it gives no `-m`
+    verl_entry: str = "verl.trainer.main_ppo"
 
 
 def load_app(spec: AppSpec, config: Path, overrides: list[str]) -> tuple[Any, Any]:
@@ -74,6 +76,49 @@ def load_app(spec: AppSpec, config: Path, overrides: list[str]) -> tuple[Any, An
 
     cfg, section = load_app_config(config, overrides, section=spec.section)
     return cfg, spec.options.from_mapping(section)
+
+
+def load_verl_app(spec: AppSpec, verl: Any, overrides: list[str]) -> tuple[Any, Any]:
+    """A verl command (`--verl`, rl_config.verl_translate) as the validated experiment and the
+    app's options: the translation table is printed first; a refused key is a ConfigError."""
+    import tempfile
+
+    from rl_config.verl_translate import translate
+
+    translation = translate(
+        overrides, entry=verl.entry, config_file=verl.config_file, config_name=verl.config_name
+    )
+    print(translation.table(), flush=True)
+    translation.raise_if_refused()
+    with tempfile.TemporaryDirectory(prefix="verl_config_") as folder:
+        path = Path(folder) / "verl_translated.yaml"
+        path.write_text(translation.to_yaml(f"{spec.prog} --verl -m {verl.entry}"))
+        return load_app(spec, path, [])
+
+
+def check_requested_device(cfg: Any) -> None:
+    """`system_envs.RL_DEVICE` (verl's `trainer.device`): a device kind this host lacks is a
+    ConfigError naming it, before anything starts; a kind it has is exported to this process too
+    (the driver composes and places for it, rl_sync.device.detect_device_kind)."""
+    from rl_config.errors import ConfigError, ConfigIssue
+    from rl_sync.device import DEVICE_ENV_VAR, DEVICE_KINDS, is_available
+
+    kind = str(cfg.system_envs.get(DEVICE_ENV_VAR, "")).strip().lower()
+    if not kind:
+        return
+    key = f"system_envs.{DEVICE_ENV_VAR}"
+    if kind not in DEVICE_KINDS:
+        raise ConfigError(ConfigIssue(key, f"{kind!r} is not a device kind ({DEVICE_KINDS})"))
+    if not is_available(kind):  # type: ignore[arg-type]
+        raise ConfigError(
+            ConfigIssue(
+                key,
+                f"{kind} requested (verl: trainer.device={kind}), but this host "
+                f"has no {kind} device"
+                + (" (torch_npu is not importable)" if kind == "npu" else ""),
+            )
+        )
+    os.environ[DEVICE_ENV_VAR] = kind
 
 
 def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
@@ -89,11 +134,19 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
 
     try:
         args = parse_app_args(
-            argv, flags={**BASE_FLAGS, **spec.flags}, default_config=spec.default_config,
-            prog=spec.prog, description=spec.description,
-        )  # fmt: skip
-        assert args.config is not None, "every app has a default config"
-        cfg, options = load_app(spec, args.config, args.overrides)
+            argv,
+            flags={**BASE_FLAGS, **spec.flags},
+            default_config=spec.default_config,
+            prog=spec.prog,
+            description=spec.description,
+            verl_entry=spec.verl_entry,
+        )
+        if args.verl is not None:
+            cfg, options = load_verl_app(spec, args.verl, args.overrides)
+        else:
+            assert args.config is not None, "every app has a default config"
+            cfg, options = load_app(spec, args.config, args.overrides)
+        check_requested_device(cfg)
         composed = spec.compose(cfg, options, args.flags)
         placement = plan_text(composed.components)  # a placement the cluster cannot make fails here
     except DeviceUnavailableError as exc:  # RL_DEVICE names a device this host cannot use
@@ -112,8 +165,12 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         return _error("config error", exc)
     if "dry_run" in args.flags:  # (a run's Runner prints the in-process warnings itself)
-        warnings = (*cfg.config_warnings(), *composed.components.warnings, *composed.notes,
-                    *in_process_warnings)  # fmt: skip
+        warnings = (
+            *cfg.config_warnings(),
+            *composed.components.warnings,
+            *composed.notes,
+            *in_process_warnings,
+        )
         for line in (*warnings, *composed.refusals):
             print(f"warning: {line}")
         print(placement)

@@ -48,6 +48,7 @@ With `components.asynchronous`, rollout runs ahead of the trainer (rl_runtime.as
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
@@ -176,6 +177,12 @@ class Context:
         so that KL terms measure the distance from the policy RL starts from (the warmed-up one),
         not from the `pretrain` model the warm-up moved away from."""
         self.warmed_up = True
+        if self.components.reference_from_actor:
+            raise ValueError(
+                "a supervised warm-up before RL moves the policy away from the reference, which "
+                "is actor_train's base model (its LoRA adapter disabled): give the reference "
+                "its own model (reference.model_args.model_name_or_path) or drop the warm-up"
+            )
         if self.cluster.has("reference"):
             weights = self.cluster["actor_train"].call_all("named_tensors")[0]
             self.cluster["reference"].call_all("adopt_weights", weights)
@@ -208,13 +215,23 @@ class Context:
         if self.sync is not None:
             self.sync.settle()
 
+    def has_reference(self) -> bool:
+        """Whether the run has reference log-probs: a reference role, or actor_train's LoRA
+        with its adapter disabled (`Components.reference_from_actor`)."""
+        return self.cluster.has("reference") or self.components.reference_from_actor
+
     def forward(self, role: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """`forward` on every rank of `role`, rows sharded over the ranks and merged back."""
+        """`forward` on every rank of `role`, rows sharded over the ranks and merged back.
+        `reference` without a reference role (`Components.reference_from_actor`) is
+        actor_train's `forward_base`: its base model, the LoRA adapter disabled."""
         from rl_runtime.collate import merge_rows, shard_rows
 
+        method = "forward"
+        if role == "reference" and self.components.reference_from_actor:
+            role, method = "actor_train", "forward_base"
         group = self.cluster[role]
         shards = shard_rows(tensors, len(group.workers))
-        outs = group.wait(group.submit_each("forward", [(s,) for s in shards]), "forward")
+        outs = group.wait(group.submit_each(method, [(s,) for s in shards]), method)
         return merge_rows(outs)
 
     def train(self, role: str, tensors: dict[str, torch.Tensor], loss: str = "default") -> dict:
@@ -442,6 +459,15 @@ def check_in_process(components: Components, use_ray: bool) -> list[str]:
     ]
 
 
+def sandbox_hidden_env() -> dict[str, str]:
+    """The paths sandboxed calls must see empty (`rl_envs.sandbox.credentials.HIDE_VARIABLE`),
+    for the workers' environment: a pool a worker starts hides them too."""
+    from rl_envs.sandbox.credentials import HIDE_VARIABLE
+
+    value = os.environ.get(HIDE_VARIABLE)
+    return {HIDE_VARIABLE: value} if value else {}
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -481,6 +507,10 @@ class Runner:
         without Ray (`check_in_process`), and a resume whose config changed a key the
         checkpoint depends on (rl_runtime.resume_guard)."""
         c = self.components
+        if c.checkpoint.key_file:  # sandboxed calls see it empty (workers: RL_SANDBOX_HIDE)
+            from rl_envs.sandbox.credentials import hide_from_calls
+
+            hide_from_calls(c.checkpoint.key_file)
         in_process_warnings = check_in_process(c, self.options.use_ray)
         resume, state = None, None
         resume_warnings: list[str] = []
@@ -553,7 +583,7 @@ class Runner:
             ray_options=RayOptions(
                 num_cpus=o.num_cpus,
                 object_store_bytes=o.object_store_mb * 1024**2 if kind == "cpu" else None,
-                env_vars=dict(c.cluster.system_envs),
+                env_vars={**c.cluster.system_envs, **sandbox_hidden_env()},
             ),
             rpc_timeout=c.cluster.rpc_timeout,
             cpu_per_bundle=o.cpu_per_bundle,
