@@ -256,7 +256,8 @@ def test_roll_qwen3_example_dry_run_reads_its_validation_section():
 CONFIG = APP / "configs" / "cpu_default.yaml"
 
 
-def _run_app(out: Path, *args: str, **extra: object) -> list[dict]:
+def _run_app(out: Path, *args: str, expect_code: int = 0, procs: list | None = None,
+             **extra: object) -> list[dict]:  # fmt: skip
     base = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
         "pretrain": out.parent / "tiny_model",  # the data goes to ./output/rlvr_data in cwd
@@ -270,7 +271,9 @@ def _run_app(out: Path, *args: str, **extra: object) -> list[dict]:
     cmd = [sys.executable, str(APP), "--config", str(CONFIG), *args,
            *(f"{k}={v}" for k, v in base.items())]  # fmt: skip
     proc = subprocess.run(cmd, cwd=out.parent, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.returncode == expect_code, proc.stdout[-3000:] + proc.stderr[-6000:]
+    if procs is not None:
+        procs.append(proc)
     rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r["step"] > 0]
 
@@ -391,9 +394,17 @@ def test_rlvr_remax_subtracts_the_greedy_responses_reward(tmp_path):
 def test_rlvr_dynamic_sampling_refills_within_its_bound(tmp_path):
     """An almost untrained policy rarely varies within a group: dropped groups are replaced by new
     generation rounds, at most 1 + max_num_gen_batches per step, and a step whose batch stays
-    empty trains on nothing (counted, not trained on)."""
-    rows = _run_app(tmp_path / "ds", "--no-ray", **{"dynamic_sampling.max_num_gen_batches": 1,
-                                                    "eval_steps": 100})  # fmt: skip
+    empty trains on nothing (counted, not trained on). Here every step's batch stays empty: the
+    step lines say so, and the run, which trained on nothing, ends with an error, not a table."""
+    procs: list = []
+    rows = _run_app(tmp_path / "ds", "--no-ray", expect_code=1, procs=procs,
+                    **{"dynamic_sampling.max_num_gen_batches": 1, "eval_steps": 100})  # fmt: skip
+    (proc,) = procs
+    assert "step 1/2 | skipped (no group kept)" in proc.stdout
+    assert "step 2/2 | skipped (no group kept)" in proc.stdout
+    assert "error: every one of the run's 2 steps was skipped" in proc.stderr
+    assert "held-out accuracy" not in proc.stdout and "Traceback" not in proc.stderr
+    assert json.loads((tmp_path / "ds" / "summary.json").read_text())["skipped_steps"] == 2
     for r in (r for r in rows if "dynamic_sampling/rounds" in r):
         kept, dropped = r["dynamic_sampling/kept_groups"], r["dynamic_sampling/dropped_groups"]
         assert r["dynamic_sampling/generated_groups"] == kept + dropped

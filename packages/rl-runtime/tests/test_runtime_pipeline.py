@@ -704,3 +704,87 @@ def test_a_symlink_under_the_lock_name_is_not_followed(tmp_path):
     with pytest.raises(OSError), run_directory_lock(tmp_path / "out"):
         pass
     assert target.read_text() == "keep me"
+
+
+class SkippingRecipe(FakeRecipe):
+    """Dynamic sampling kept no group at the steps in `skip` (`None`: every step)."""
+
+    def __init__(self, skip: set[int] | None = None) -> None:
+        super().__init__()
+        self.skip = skip
+
+    def step(self, ctx) -> dict[str, float]:
+        if self.skip is None or ctx.step in self.skip:
+            return {"train/skipped": 1.0, "dynamic_sampling/kept_groups": 0.0}
+        return super().step(ctx)
+
+
+def test_a_step_that_kept_no_group_says_skipped_and_is_counted(tmp_path, capsys):
+    from rl_runtime.pipeline import print_result
+
+    _, result = _run(tmp_path, SkippingRecipe({1, 3}))
+    out = capsys.readouterr().out
+    lines = [x for x in out.splitlines() if x.startswith("step ") and "/5 |" in x]
+    assert len(lines) == 5
+    assert [("skipped (no group kept)" in x) for x in lines] == [False, True, False, True, False]
+    assert result.skipped_steps == 2
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["skipped_steps"] == 2 and summary["step"] == 5
+    print_result(result, "t", lambda m: m)
+    assert "skipped steps: 2 of 5 trained on nothing" in capsys.readouterr().out
+
+
+def test_skipped_steps_are_the_whole_runs_across_a_resume(tmp_path):
+    _run(tmp_path, SkippingRecipe({0}), max_steps=3)
+    _, result = _run(tmp_path, SkippingRecipe({4}), max_steps=5, resume_from_checkpoint=True)
+    assert result.skipped_steps == 2  # one before the checkpoint at step 3, one after
+
+
+def test_a_run_that_trained_on_nothing_ends_with_an_error(tmp_path):
+    from rl_runtime.pipeline import NothingTrainedError
+
+    with pytest.raises(NothingTrainedError, match="every one of the run's 5 steps was skipped"):
+        _run(tmp_path, SkippingRecipe())
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["skipped_steps"] == 5  # the summary says so too
+
+
+class SignalledRecipe(FakeRecipe):
+    """Sends `signum` to its own process at step `at` (the driver's main thread handles it)."""
+
+    def __init__(self, signum: int, at: int) -> None:
+        super().__init__()
+        self.signum, self.at = signum, at
+
+    def step(self, ctx) -> dict[str, float]:
+        if ctx.step == self.at:
+            os.kill(os.getpid(), self.signum)
+            time.sleep(5)  # the handler raises before this ends
+        return super().step(ctx)
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_ends_the_run_in_order_with_the_last_durable_checkpoint(tmp_path, signum, code):
+    from rl_runtime import interrupts
+    from rl_runtime.interrupts import RunInterrupted
+
+    monkey_command = ("uv", "run", "apps/x", "max_steps=5", "resume_from_checkpoint=false")
+    interrupts._command = monkey_command
+    try:
+        runner = _runner(tmp_path, SignalledRecipe(signum, at=4))  # saved at step 3
+        before = signal.getsignal(signum)
+        with pytest.raises(RunInterrupted) as info:
+            runner.run()
+    finally:
+        interrupts._command = None
+    exc = info.value
+    assert exc.exit_code == code and runner.ctx is None  # workers stopped
+    assert signal.getsignal(signum) is before  # the handler was put back
+    ckpt = str(tmp_path / "out" / "checkpoints" / "step-000003")
+    assert exc.step == 4 and exc.checkpoint == ckpt
+    assert exc.resume_command == f"uv run apps/x max_steps=5 resume_from_checkpoint={ckpt}"
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["interrupted"] == signal.Signals(signum).name and summary["step"] == 4
+    assert summary["last_checkpoint"] == ckpt and summary["resume_command"] == exc.resume_command
+    report = exc.report()
+    assert f"last durable checkpoint: {ckpt}" in report and "resume with: uv run" in report

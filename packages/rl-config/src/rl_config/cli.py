@@ -67,8 +67,8 @@ def _convert_verl(args: argparse.Namespace, overrides: list[str]) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
-    command = " ".join(["python3 -m", entry, *overrides])
-    header = f"Translated from verl by `rl-config convert --from verl`:\n{command}"
+    command = " \\\n    ".join([f"python3 -m {entry}", *overrides])
+    header = f"Translated from verl by `rl-config convert --from verl`:\n{command}\n"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(out, translation.to_yaml(header))
     section = "rlvr_app" if "rlvr_app" in translation.data else None

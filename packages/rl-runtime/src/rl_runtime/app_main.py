@@ -122,12 +122,28 @@ def check_requested_device(cfg: Any) -> None:
 
 
 def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
-    """Run the app on `argv` (sys.argv when None); the process exit code."""
+    """Run the app on `argv` (sys.argv when None); the process exit code. SIGINT or SIGTERM
+    end a run in order (rl_runtime.interrupts): its last durable checkpoint and the command
+    that resumes from it are printed, and the exit code is 130 or 143, without a traceback."""
+    try:
+        return _app_main(spec, argv)
+    except KeyboardInterrupt:  # before the run's own handling began (loading, composing)
+        print("interrupted by SIGINT before the run started; nothing was written", file=sys.stderr)
+        return 130
+
+
+def _app_main(spec: AppSpec, argv: list[str] | None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
-    from rl_runtime.pipeline import check_embedded_cpus, check_in_process, plan_text, print_result
+    from rl_runtime.pipeline import (
+        NothingTrainedError,
+        check_embedded_cpus,
+        check_in_process,
+        plan_text,
+        print_result,
+    )
     from rl_runtime.run_lock import RunDirectoryInUseError
     from rl_sync.device import DeviceUnavailableError
     from rl_train.signing import CheckpointError
@@ -179,8 +195,15 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
         return 0
     if composed.refusals:  # a dry run lists them; a run cannot honour them
         return _error("config error", "; ".join(composed.refusals))
+    from rl_runtime.interrupts import RunInterrupted, handle_interrupts, set_command
+
+    set_command(spec.prog, sys.argv[1:] if argv is None else argv)
     try:
-        result = spec.run(cfg, options, composed, args.flags)
+        with handle_interrupts():
+            result = spec.run(cfg, options, composed, args.flags)
+    except RunInterrupted as exc:
+        print(exc.report(), file=sys.stderr, flush=True)
+        return exc.exit_code
     except ConfigError as exc:  # e.g. an optional package the config needs is missing
         return _error("config error", exc)
     except spec.data_errors as exc:
@@ -188,6 +211,8 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
     except CheckpointError as exc:  # resume_from_checkpoint names no checkpoint that verifies
         return _error("checkpoint error", exc)
     except RunDirectoryInUseError as exc:  # another run writes to this output_dir
+        return _error("error", exc)
+    except NothingTrainedError as exc:  # every step skipped: no results table
         return _error("error", exc)
     print_result(result, spec.title, spec.summary_row, spec.before_label, spec.after_label)
     return 0

@@ -62,7 +62,8 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
-from rl_runtime.metrics import TRAINED_SAMPLES_KEY
+from rl_runtime.interrupts import RunInterrupted, handle_interrupts, resume_command, stopping
+from rl_runtime.metrics import TRAINED_SAMPLES_KEY, skip_reason
 from rl_runtime.previous_run import (
     CURVES_NAME,
     HF_MODEL_NAME,
@@ -73,7 +74,7 @@ from rl_runtime.previous_run import (
 from rl_runtime.resume_guard import app_record, check_resume, check_resume_step, config_record
 from rl_runtime.run_lock import run_directories_lock
 from rl_runtime.summary_json import write_summary
-from rl_runtime.timing import PhaseTimer, StepProgress
+from rl_runtime.timing import PhaseTimer, StepProgress, long_phase
 from rl_runtime.tracking import Tracker, earlier_run_logs, rewind_metrics, tracker_log_dir
 
 THROUGHPUT_KEY = "throughput"
@@ -81,6 +82,13 @@ THROUGHPUT_KEY = "throughput"
 WARMED_UP_KEY = "started_from_warm_up"
 """Checkpoint state: RL started from a supervised warm-up's policy, not `pretrain`; a reference
 role held that policy, and its weights are in the checkpoint's `reference/`."""
+SKIPPED_STEPS_KEY = "skipped_steps"
+"""Checkpoint state: the run's steps so far that trained on nothing (rl_runtime.metrics.skip_reason)."""
+
+
+class NothingTrainedError(RuntimeError):
+    """Every step of the run trained on nothing (rl_runtime.metrics.skip_reason): the policy is
+    the one it started from, and the run ends with this error instead of a results table."""
 
 
 class Recipe(Protocol):
@@ -261,6 +269,8 @@ class RunResult:
     #: the whole run's (`"scope": "run"`, a resumed run's checkpointed part included):
     #: samples_trained, loop_seconds, samples_per_s; `wall_seconds` is this invocation's
     throughput: dict[str, Any] = field(default_factory=dict)
+    #: the whole run's steps that trained on nothing (a resumed run's checkpointed part included)
+    skipped_steps: int = 0
 
 
 def engine_weight_diff(ctx: Context) -> float:
@@ -383,6 +393,11 @@ def print_result(
         console.print(summary_table(title, rows))
     for key, value in result.summary.items():
         console.print(f"{key}: {value}")
+    if result.skipped_steps:
+        console.print(
+            f"skipped steps: {result.skipped_steps} of {result.step} trained on nothing "
+            "(dynamic sampling kept no group, or every sample was too stale)"
+        )
     console.print(
         f"steps={result.step} weight_version={result.weight_version} "
         f"wall={result.wall_seconds:.0f}s curves={result.curves} hf_model={result.hf_model}"
@@ -486,6 +501,11 @@ class Runner:
         self.asynchronous: Any = None  # rl_runtime.async_training.AsyncTraining, while running
         self.samples_trained = 0.0
         self.loop_seconds = 0.0
+        #: the run's steps that trained on nothing (rl_runtime.metrics.skip_reason)
+        self.skipped_steps = 0
+        #: the newest checkpoint of this run known to be durable: the last one saved, or the
+        #: one it resumed from (None: none yet)
+        self.last_checkpoint: str | None = None
         #: the evaluation before training (a resumed run's comes from its checkpoint)
         self.eval_before: dict[str, float] = {}
         #: a resumed run's metric rows up to its checkpoint (its curves show the whole run)
@@ -640,6 +660,7 @@ class Runner:
             "eval_before": self.eval_before,
             THROUGHPUT_KEY: self.throughput_state(),
             WARMED_UP_KEY: ctx.warmed_up,
+            SKIPPED_STEPS_KEY: self.skipped_steps,
         }
         if self.asynchronous is not None:
             from rl_runtime.async_training import STATE_KEY
@@ -652,7 +673,9 @@ class Runner:
             rng=capture_rng(),
             extra=extra,
         )
-        return self.ckpt.save(state, write)
+        saved = self.ckpt.save(state, write)
+        self.last_checkpoint = str(saved)
+        return saved
 
     def restore(self, path: Path, state: RunState) -> None:
         ctx = self.ctx
@@ -671,6 +694,7 @@ class Runner:
         restore_rng(state.rng)
         self.eval_before = dict(state.extra.get("eval_before") or {})
         self.load_throughput_state(state.extra.get(THROUGHPUT_KEY), str(path))
+        self.skipped_steps = int(state.extra.get(SKIPPED_STEPS_KEY) or 0)
         if hasattr(self.recipe, "load_state"):
             self.recipe.load_state(dict(state.extra.get("recipe") or {}))
         from rl_runtime.async_training import STATE_KEY, restore_rollout_state
@@ -685,33 +709,66 @@ class Runner:
         """The whole run, holding the locks of its output directory and of its checkpoint
         directory where that lies elsewhere (rl_runtime.run_lock) from before anything in them
         is read or moved until teardown: a second run on either directory fails at once, naming
-        it and this run's pid."""
+        it and this run's pid.
+
+        SIGINT and SIGTERM (rl_runtime.interrupts) end it in order: workers and Ray stopped,
+        then summary.json written with the step reached, the last durable checkpoint and the
+        command that resumes from it; `RunInterrupted` (carrying the same) is raised on."""
         t0 = time.perf_counter()
         c = self.components
         checkpoints = [c.checkpoint.directory] if c.role("actor_train") is not None else []
-        with run_directories_lock(c.output_dir, *checkpoints):
+        with run_directories_lock(c.output_dir, *checkpoints), handle_interrupts():
             resume, state = self._announce()
+            if resume is not None:
+                self.last_checkpoint = str(resume)
             after: dict[str, float] = {}
             try:
                 ctx = self._setup()
                 if hasattr(self.recipe, "baselines"):
-                    self.baselines = self.recipe.baselines(ctx)
+                    with long_phase("baselines"):
+                        self.baselines = self.recipe.baselines(ctx)
                 if resume is not None and state is not None:
                     self.restore(resume, state)
                 else:
                     if hasattr(self.recipe, "before_training"):
-                        warm = self.recipe.before_training(ctx) or {}
+                        with long_phase("warm-up"):
+                            warm = self.recipe.before_training(ctx) or {}
                         if warm:
                             ctx.log(warm, step=0)
                     if self.options.eval_before_training and self.components.cadence.eval_steps:
-                        self.eval_before = self.recipe.evaluate(ctx)
+                        with long_phase("evaluation before training"):
+                            self.eval_before = self.recipe.evaluate(ctx)
                         if self.eval_before:
                             ctx.log(self.eval_before)
                 self._start_async(ctx, state if resume is not None else None)
                 after = self._loop(ctx)
                 return self._finish(ctx, t0, self.eval_before, after, resume)
+            except RunInterrupted as exc:
+                exc.step = self.ctx.step if self.ctx is not None else self.resumed_step
+                with stopping():
+                    self.teardown()
+                    self._write_interrupted(exc, resume)
+                raise
             finally:
-                self.teardown()
+                with stopping():
+                    self.teardown()
+
+    def _write_interrupted(self, exc: RunInterrupted, resume: Path | None) -> None:
+        """summary.json of an interrupted run: the signal, the step reached, the last durable
+        checkpoint and the command that resumes from it (filled into `exc` too)."""
+        exc.checkpoint = self.last_checkpoint
+        exc.resume_command = resume_command(self.last_checkpoint)
+        summary = {
+            "interrupted": exc.name,
+            "step": exc.step,
+            "last_checkpoint": exc.checkpoint,
+            "resume_command": exc.resume_command,
+            "resumed_from": str(resume) if resume is not None else None,
+            "eval_before": self.eval_before,
+            "skipped_steps": self.skipped_steps,
+            "throughput": {"scope": "run", **self.throughput_state()},
+        }
+        write_summary(Path(self.components.output_dir) / SUMMARY_NAME, summary)
 
     def _start_async(self, ctx: Context, state: RunState | None) -> None:
         """With `components.asynchronous`: start rollout ahead of the trainer, from the step the
@@ -747,13 +804,16 @@ class Runner:
         if ctx.step >= cad.max_steps and cad.eval_steps and self.resumed_step is not None:
             # a finished run resumed: nothing to train, and its result (summary.json, the table)
             # is the final policy's evaluation, taken again (its logged row stays the only one)
-            return self.recipe.evaluate(ctx)
+            with long_phase("evaluation"):
+                return self.recipe.evaluate(ctx)
         with StepProgress(cad.max_steps, ctx.step) as progress:
             while ctx.step < cad.max_steps:
                 ctx.timer.reset()
                 t0 = time.perf_counter()
                 metrics = step(ctx)
                 ctx.step += 1
+                skipped = skip_reason(metrics)
+                self.skipped_steps += skipped is not None
                 if self.asynchronous is not None:  # trained and synced: rollout may go on
                     self._open_rollout_gate(ctx)
                 last = ctx.step == cad.max_steps
@@ -766,16 +826,18 @@ class Runner:
                 if self.samples_trained:  # pipelines that count trained samples (rollout/*)
                     metrics["throughput/samples_per_s"] = self.samples_per_s()
                 if evaluate:
-                    last_eval = self.recipe.evaluate(ctx)
+                    with long_phase(f"evaluation at step {ctx.step}"):
+                        last_eval = self.recipe.evaluate(ctx)
                     metrics.update(last_eval)
                 if last or ctx.step % cad.logging_steps == 0:
                     ctx.log(metrics)
                 if save:
                     self.save()
                 shown = [k for k in self.options.progress_keys if k in metrics]
+                line = " ".join(f"{k}={metrics[k]:.3f}" for k in shown)
                 progress.advance(
                     {k: v for k, v in metrics.items() if k.startswith("timing/")},
-                    " ".join(f"{k}={metrics[k]:.3f}" for k in shown),
+                    f"skipped ({skipped}) {line}".strip() if skipped else line,
                 )
         return last_eval
 
@@ -822,12 +884,13 @@ class Runner:
         after: dict[str, float],
         resume: Path | None,
     ) -> RunResult:
-        from rl_runtime.curves import write_curves
+        from rl_runtime.curves import PANELS, write_curves
 
         out = Path(self.components.output_dir)
         png = write_curves(
             ctx.tracker.history,
             out / CURVES_NAME,
+            panels=PANELS.get(self.pipeline() or ""),
             title=self.components.exp_name,
             baselines={
                 f"{name}: {key}": value
@@ -836,7 +899,8 @@ class Runner:
             },
         )
         hf_dir = None
-        if self.options.export_hf and ctx.cluster.has("actor_train"):
+        nothing_trained = ctx.step > 0 and self.skipped_steps >= ctx.step
+        if self.options.export_hf and ctx.cluster.has("actor_train") and not nothing_trained:
             hf_dir = ctx.cluster["actor_train"].call_rank0("export_hf", str(out / HF_MODEL_NAME))
         result = RunResult(
             step=ctx.step,
@@ -855,8 +919,19 @@ class Runner:
                 "samples_trained": self.samples_trained,
                 "loop_seconds": self.loop_seconds,
             },
+            skipped_steps=self.skipped_steps,
         )
         write_summary(out / SUMMARY_NAME, result.__dict__)
+        if nothing_trained:
+            raise NothingTrainedError(
+                f"every one of the run's {ctx.step} steps was skipped: it trained on nothing "
+                "(dynamic sampling kept no group: each group's rewards were all equal, or every "
+                "sample was too stale), so the policy is the one it started from. Look at "
+                f"reward/mean and reward/accuracy in {out / SUMMARY_NAME} and the logs; give "
+                "dynamic sampling more rounds (dynamic_sampling.max_num_gen_batches), more "
+                "prompts per step (rollout_batch_size) or samples per prompt "
+                "(num_return_sequences_in_group), or turn it off (dynamic_sampling.enable=false)"
+            )
         return result
 
     def teardown(self) -> None:
