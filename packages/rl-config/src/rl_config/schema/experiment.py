@@ -135,7 +135,9 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
         issue = pipeline_or_megatron_issue(data)
         if issue is not None:
             raise RuleViolations([issue])
-        refused = verl_key_issues(data) + unsupported_values(data)
+        from rl_config.contract import changes_what_is_trained
+
+        refused = verl_key_issues(data) + unsupported_values(data) + changes_what_is_trained(data)
         if refused:
             raise RuleViolations(refused)
         data, notes = strip_roll_keys(data)
