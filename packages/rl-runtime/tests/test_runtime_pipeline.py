@@ -862,3 +862,19 @@ def test_the_last_line_and_summary_say_where_everything_went(tmp_path, capsys):
     )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["outputs"]["checkpoints"] == str(out / "checkpoints")
+
+
+def test_a_key_named_by_the_config_is_hidden_from_sandboxed_calls(tmp_path, monkeypatch):
+    """Only `$RL_CHECKPOINT_KEY_FILE` and the default location were hidden: a key named by
+    `checkpoint_config.key_file` was readable by a non-root call. The run now passes it to the
+    sandbox pools of the driver and of every worker (`RL_SANDBOX_HIDE`)."""
+    from rl_envs.sandbox.credentials import HIDE_VARIABLE, secret_paths
+    from rl_runtime.pipeline import sandbox_hidden_env
+
+    monkeypatch.delenv(HIDE_VARIABLE, raising=False)
+    monkeypatch.setenv(HIDE_VARIABLE, "")  # restored after the test
+    key = tmp_path / "keys" / "run.key"
+    _run(tmp_path, FakeRecipe(), max_steps=1, checkpoint_config={"key_file": str(key)})
+    assert key.exists()
+    assert str(key) in sandbox_hidden_env()[HIDE_VARIABLE].split(os.pathsep)
+    assert str(key) in secret_paths()

@@ -148,6 +148,7 @@ def _app_main(spec: AppSpec, argv: list[str] | None) -> int:
     )
     from rl_runtime.preflight import check_devices, preflight
     from rl_runtime.run_lock import RunDirectoryInUseError
+    from rl_sync.device import DeviceUnavailableError
     from rl_train.signing import CheckpointError
 
     try:
@@ -175,6 +176,8 @@ def _app_main(spec: AppSpec, argv: list[str] | None) -> int:
                            packages_required="dry_run" not in args.flags)  # fmt: skip
         report.raise_if_problems()  # before anything is built, moved or started
         placement = plan_text(composed.components)  # a placement the cluster cannot make fails here
+    except DeviceUnavailableError as exc:  # RL_DEVICE names a device this host cannot use
+        return _error("device error", exc)
     except (ConfigError, ValueError, KeyError) as exc:
         return _error("config error", exc)
     for note in report.notes:
