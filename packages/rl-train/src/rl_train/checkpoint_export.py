@@ -14,7 +14,7 @@ unpickled. Formats:
   process (no process group);
 - ``deepspeed/state/`` (DeepSpeed): ZeRO-0/1/2 keep the full module in
   ``mp_rank_00_model_states.pt``, read as the trainer computes with it; ZeRO-3 keeps only
-  partitions, merged by DeepSpeed's ``zero_to_fp32`` from a private copy of the verified files.
+  partitions (``zero_pp_rank_<r>_mp_rank_00_*``), merged by DeepSpeed's ``zero_to_fp32`` from a private copy of the verified files.
 
 The steps between reading and writing run in `EXPORT_STEPS` order, each `(weights, checkpoint)
 -> weights`: the place where a step that merges adapter weights into the base ones belongs. Today
@@ -82,7 +82,9 @@ def _dcp_weights(path: Path, files: dict[str, str]) -> Weights:
 def _deepspeed_weights(path: Path, files: dict[str, str]) -> Weights:
     tag = path / "deepspeed" / "state"
     model_file = tag / "mp_rank_00_model_states.pt"
-    if not model_file.is_file():
+    if not model_file.is_file():  # ZeRO-3: every rank's partition, zero_pp_rank_<r>_mp_rank_00_*
+        if (tag / "zero_pp_rank_0_mp_rank_00_model_states.pt").is_file():
+            return _zero3_weights(path, files)
         raise ckpt.CheckpointError(f"checkpoint {path}: no {model_file.relative_to(path)}")
     with ckpt.open_verified(path, model_file, files) as f:
         saved = torch.load(  # unsafe-pattern-ok: DeepSpeed's pickle, verified and signed
