@@ -65,6 +65,7 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
+from rl_runtime.export import MODEL_PATH_KEY
 from rl_runtime.interrupts import RunInterrupted, handle_interrupts, resume_command, stopping
 from rl_runtime.metrics import TRAINED_SAMPLES_KEY, skip_reason
 from rl_runtime.previous_run import (
@@ -685,6 +686,7 @@ class Runner:
             THROUGHPUT_KEY: self.throughput_state(),
             WARMED_UP_KEY: ctx.warmed_up,
             SKIPPED_STEPS_KEY: self.skipped_steps,
+            MODEL_PATH_KEY: self.options.model_path,  # what rl-export builds the model from
         }
         if self.asynchronous is not None:
             from rl_runtime.async_training import STATE_KEY
@@ -924,8 +926,14 @@ class Runner:
         )
         hf_dir = None
         nothing_trained = ctx.step > 0 and self.skipped_steps >= ctx.step
-        if self.options.export_hf and ctx.cluster.has("actor_train") and not nothing_trained:
-            hf_dir = ctx.cluster["actor_train"].call_rank0("export_hf", str(out / HF_MODEL_NAME))
+        if self.options.export_hf and self.last_checkpoint is not None and not nothing_trained:
+            # what `rl-export` writes from the last checkpoint (rl_runtime.export)
+            from rl_runtime.export import export_checkpoint
+
+            hf_dir = str(export_checkpoint(
+                self.last_checkpoint, out / HF_MODEL_NAME, base_model=self.options.model_path,
+                key_file=self.components.checkpoint.key_file,
+            ))  # fmt: skip
         result = RunResult(
             step=ctx.step,
             weight_version=ctx.weight_version,
