@@ -188,13 +188,13 @@ def test_custom_reward_that_raises_hangs_or_returns_nan_is_counted(math_pool, tm
 
 
 def test_router_spec_refuses_what_it_cannot_score(tmp_path):
-    with pytest.raises(ValueError, match=r"rewards.llm_judge.worker_cls .*LLM judge"):
-        reward_router_spec({"llm_judge": {"worker_cls": "roll.x.LLMJudgeRewardWorker"}})
+    with pytest.raises(ValueError, match=r"rewards.ifeval.worker_cls .*IFEval"):
+        reward_router_spec({"ifeval": {"worker_cls": "roll.x.GeneralRuleRewardWorker"}})
     spec = reward_router_spec(
-        {"llm_judge": {"worker_cls": "roll.x.LLMJudgeRewardWorker"}, **ROLL_REWARDS},
+        {"ifeval": {"worker_cls": "roll.x.GeneralRuleRewardWorker"}, **ROLL_REWARDS},
         allow_unsupported=True,
     )
-    assert list(spec.unsupported) == ["llm_judge"] and spec.default_domain == "math_rule"
+    assert list(spec.unsupported) == ["ifeval"] and spec.default_domain == "math_rule"
     assert spec.domain_of("KodCode") == "code_sandbox"
     assert spec.domain_of(None, "openai/gsm8k") == "math_rule"
     with pytest.raises(ValueError, match="reward_fn 'bogus'|unknown reward 'bogus'"):

@@ -233,6 +233,11 @@ def role_specs(components: Components, model_path: str, agent_mode: str = "locks
     specs = []
     for r in components.roles:
         path = resolve_local(r.model_path or model_path)
+        if r.reward is not None:  # a model reward's workers (rl_runtime.reward_workers)
+            from rl_runtime.reward_workers import reward_role_spec
+
+            specs.append(reward_role_spec(r, path, components.seed))
+            continue
         if r.role == "actor_infer":
             kwargs: dict[str, Any] = dict(
                 model_path=path,
