@@ -58,7 +58,9 @@ def test_roll_judge_example_dry_runs_with_a_judge_role_on_its_devices(tmp_path, 
     assert "refus" not in (stdout + err).lower()
 
 
-def test_roll_multi_domain_example_judges_and_still_refuses_ifeval_by_name(tmp_path, capsys):
+def test_roll_multi_domain_example_judges_scores_crossthinkqa_and_refuses_ifeval_by_name(
+    tmp_path, capsys
+):
     out = _converted(JUDGE_EXAMPLES[1], tmp_path)
     code = app_main("rlvr")(["--config", str(out), "--dry-run"])
     stdout, err = capsys.readouterr()
@@ -69,8 +71,10 @@ def test_roll_multi_domain_example_judges_and_still_refuses_ifeval_by_name(tmp_p
         "IFEval instruction-following rules are not implemented; set reward_fn (rewards.ifeval)"
         in text
     )
-    assert "CrossThink-QA rules are not implemented; set reward_fn (rewards.crossthinkqa)" in text
-    assert "LLM judge" not in text
+    assert "CrossThink-QA rules" not in text and "LLM judge" not in text  # both scored now
+    flat = " ".join(stdout.split())
+    assert "DomainRewardSpec(domain='crossthinkqa', reward_fn='crossthinkqa'," in flat
+    assert "reward_type='soft'" in flat
 
 
 def test_judge_keys_are_checked_by_name(tmp_path):

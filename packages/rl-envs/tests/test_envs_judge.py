@@ -97,3 +97,43 @@ def test_a_model_domain_without_its_scorer_or_a_short_answer_is_an_error():
     router = RewardRouter(spec, pool=None, model_scorers={"rm": lambda items: []})  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="rewards.rm: the model scorer returned 0 outputs"):
         router.score(_items(1, "rm"))
+
+
+@pytest.mark.parametrize(
+    ("response", "truth", "reward_type", "score", "correct", "boxed"),
+    [
+        ("<think>B? no</think>\nThe answer is \\boxed{C}", "C", "soft", 1.0, 1.0, 1.0),
+        ("I think the answer is C.", "C) blue", "soft", 0.5, 1.0, 0.0),  # right, no box
+        ("I think the answer is C.", "C", "strict", -1.0, 1.0, 0.0),
+        ("I think the answer is C.", "C", "loose", 1.0, 1.0, 0.0),
+        ("\\boxed{A} then \\boxed{D}", "A", "soft", -0.5, 0.0, 1.0),  # the last box counts
+        ("the answer is unclear", "B", "soft", -1.0, 0.0, 0.0),  # no capital letter: no choice
+        ("<think>\\boxed{B}</think>no box after thinking, answer is B", "B", "soft", 0.5, 1.0, 0.0),
+    ],
+)  # fmt: skip
+def test_crossthinkqa_reads_the_choice_as_roll_does(response, truth, reward_type, score, correct,
+                                                    boxed):  # fmt: skip
+    from rl_envs.rewards.rules import crossthinkqa_score
+
+    out = crossthinkqa_score("src", response, truth, reward_type=reward_type)
+    assert out["score"] == pytest.approx(score) and out["repetition"] == 0.0
+    assert (out["correct"], out["format_ok"]) == (correct, boxed)
+
+
+def test_crossthinkqa_repetition_penalty_and_domain_keys():
+    from rl_envs.rewards.rules import crossthinkqa_score
+
+    looped = "so the answer is " * 8 + "\\boxed{A}"
+    out = crossthinkqa_score("src", looped, "A", reward_type="soft")
+    assert -0.5 < out["repetition"] < -0.3 and out["score"] == pytest.approx(
+        1.0 + out["repetition"]
+    )
+    spec = reward_router_spec({"mcq": {"worker_cls": "roll.x.CrossThinkQARuleRewardWorker"}})
+    assert (
+        spec.domains["mcq"].reward_fn == "crossthinkqa"
+        and spec.domains["mcq"].reward_type == "soft"
+    )
+    with pytest.raises(ValueError, match=r"rewards.mcq.reward_type='hard': one of"):
+        reward_router_spec({"mcq": {"reward_fn": "crossthinkqa", "reward_type": "hard"}})
+    with pytest.raises(ValueError, match=r"rewards.m.reward_type='soft': only crossthinkqa reads"):
+        reward_router_spec({"m": {"reward_fn": "math_rule", "reward_type": "soft"}})

@@ -285,3 +285,14 @@ def test_a_rewards_extras_cannot_overwrite_the_domains_own_metrics(math_pool, tm
     extras = {k: v for k, v in metrics.items() if "/extra/" in k}
     assert extras == {"reward/custom/extra/mean": 1.0, "reward/custom/extra/count": 99.0,
                       "reward/custom/extra/failures": 0.0, "reward/custom/extra/acc": 0.5}  # fmt: skip
+
+
+def test_crossthinkqa_domain_scores_in_the_sandbox_with_its_reward_type(math_pool):
+    rewards = {
+        "mcq": {"worker_cls": "roll.x.CrossThinkQARuleRewardWorker", "reward_type": "strict"}
+    }
+    router = build_reward_router(rewards, None, pool=math_pool)
+    items = [_item("mcq", "answer is \\boxed{B}", "B"), _item("mcq", "the answer is B", "B")]
+    out = router.score(items)
+    assert [(o.reward, o.ok) for o in out] == [(1.0, True), (-1.0, True)]
+    assert out[1].extra["correct"] == 1.0 and out[1].extra["format_ok"] == 0.0

@@ -111,10 +111,8 @@ IGNORED: dict[str, str] = {
         )
     },
     **{
-        f"rewards.*.{key}": "only model rewards (llm_judge, reward_model) and ROLL's "
-        "IFEval/CrossThink-QA workers read it; domains with the latter are refused when the "
-        "rewards are built"
-        for key in ("generating_args", "reward_type", "judge_*", "reward_normalize")
+        f"rewards.*.{key}": "only model rewards (llm_judge, reward_model) read it"
+        for key in ("generating_args", "judge_*", "reward_normalize")
     },
     # ROLL bookkeeping this stack has no use for
     "local_rank": "set by ROLL's launchers; workers get their rank from the cluster",
@@ -326,6 +324,7 @@ PIPELINE_CONSUMED: dict[str, tuple[str, ...]] = {
     # reads worker_cls to pick a domain's reward
     "rlvr": (
         "rewards.*.worker_cls",
+        "rewards.*.reward_type",
         "dynamic_sampling.*",
         "overlong_penalty.*",
         "max_len_mask",

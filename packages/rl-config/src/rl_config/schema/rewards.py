@@ -14,7 +14,14 @@ from pydantic import Field
 from rl_config.schema.base import StrictModel
 
 DomainRewardName = Literal[
-    "math_rule", "code_sandbox", "format", "custom", "verl_default", "llm_judge", "reward_model"
+    "math_rule",
+    "code_sandbox",
+    "format",
+    "custom",
+    "verl_default",
+    "crossthinkqa",
+    "llm_judge",
+    "reward_model",
 ]
 """rl_envs.rewards.router.DOMAIN_REWARDS (a test keeps them equal)."""
 
@@ -49,16 +56,18 @@ class RewardDomain(StrictModel):
         description="Reward of this domain: math_rule (boxed/#### answer, math-verify), "
         "code_sandbox (the row's unit tests run in the sandbox), format (format_pattern regex), "
         "custom (custom_reward_function), verl_default (verl's dispatch by data_source), "
+        "crossthinkqa (ROLL's multiple-choice rule: the boxed or 'answer is' letter; reward_type), "
         "llm_judge (a generative judge model, judge_prompt, judge_verdict), reward_model (a "
         "sequence-classification reward model); the two model rewards run on a reward worker "
         "of their own (model_args, strategy_args, device_mapping). Unset: from worker_cls "
         "(MathRuleRewardWorker -> math_rule, CodeSandboxRewardWorker -> code_sandbox, "
-        "LLMJudgeRewardWorker -> llm_judge), else the domain's name.",
+        "CrossThinkQARuleRewardWorker -> crossthinkqa, LLMJudgeRewardWorker -> llm_judge), else "
+        "the domain's name.",
     )
     worker_cls: str | None = Field(
         default=None,
         description="ROLL reward worker class; its class name picks reward_fn when that is "
-        "unset. IFEval, CrossThink-QA and detection workers are refused.",
+        "unset. IFEval and detection workers are refused.",
     )
     tag_included: list[str] = Field(
         default_factory=list,
@@ -120,7 +129,9 @@ class RewardDomain(StrictModel):
         default=None, description="ROLL: remote code sandbox URL (not supported)."
     )
     reward_type: str | None = Field(
-        default=None, description="ROLL: soft/hard scoring of IFEval/CrossThink-QA workers."
+        default=None,
+        description="crossthinkqa: loose | soft | strict (ROLL's rewards for a right answer "
+        "without a box and a boxed wrong one; default soft); other domains refuse it.",
     )
     response_length_penalty_coef: float = Field(
         default=0.0, description="ROLL: length penalty of rule workers (not supported)."

@@ -22,10 +22,12 @@ Arguments are plain mappings (``model_dump()`` of the config sections, or ``None
 
 A domain's reward is, by name (``DOMAIN_REWARDS``): ``math_rule``, ``code_sandbox``, ``format``
 (``format_pattern``), ``custom`` (the ``custom_reward_function``), ``verl_default`` (verl's
-dispatch by ``data_source``), or a model's (``MODEL_REWARDS``: ``llm_judge``, ``reward_model``;
+dispatch by ``data_source``), ``crossthinkqa`` (ROLL's multiple-choice rule, ``reward_type``
+loose | soft | strict, default soft), or a model's (``MODEL_REWARDS``: ``llm_judge``, ``reward_model``;
 scored by the caller's ``model_scorers``). Chosen by ``reward_fn``, else by ROLL's
 ``worker_cls`` class name (``MathRuleRewardWorker`` -> math_rule, ``CodeSandboxRewardWorker`` ->
-code_sandbox, ``LLMJudgeRewardWorker`` -> llm_judge), else by the domain's own name. Without a ``rewards`` section every row goes to one domain: ``custom`` when
+code_sandbox, ``CrossThinkQARuleRewardWorker`` -> crossthinkqa, ``LLMJudgeRewardWorker`` ->
+llm_judge), else by the domain's own name. Without a ``rewards`` section every row goes to one domain: ``custom`` when
 ``custom_reward_function.path`` is set, else ``verl_default``. A row's domain: its ``domain``
 field, else the domain whose ``tag_included`` holds its tag or data source, else
 ``default_domain`` (``math_rule`` if configured, as ROLL; else the only domain).
@@ -46,7 +48,8 @@ from rl_envs.sandbox.limits import SandboxLimits
 from rl_envs.sandbox.pool import SandboxPool
 
 DOMAIN_REWARDS = (
-    "math_rule", "code_sandbox", "format", "custom", "verl_default", "llm_judge", "reward_model",
+    "math_rule", "code_sandbox", "format", "custom", "verl_default", "crossthinkqa", "llm_judge",
+    "reward_model",
 )  # fmt: skip
 MODEL_REWARDS = ("llm_judge", "reward_model")
 """Rewards a model scores (a generative judge, a sequence-classification reward model): the
@@ -56,10 +59,12 @@ ROLL_WORKERS = {
     "MathRuleRewardWorker": "math_rule",
     "CodeSandboxRewardWorker": "code_sandbox",
     "LLMJudgeRewardWorker": "llm_judge",
+    "CrossThinkQARuleRewardWorker": "crossthinkqa",
 }
+CROSSTHINKQA_TYPES = ("loose", "soft", "strict")
+"""ROLL's CrossThink-QA reward types (rl_envs.rewards.rules.CROSSTHINKQA_REWARDS)."""
 ROLL_UNSUPPORTED_WORKERS = {
     "GeneralRuleRewardWorker": "IFEval instruction-following rules are not implemented",
-    "CrossThinkQARuleRewardWorker": "CrossThink-QA rules are not implemented",
     "GeneralValRuleRewardWorker": "ROLL's general validation rules are not implemented",
     "MultipleChoiceBoxedRuleRewardWorker": "multiple-choice rules are not implemented",
     "DetectionRewardWorker": "detection (vision) rewards are not implemented",
@@ -88,6 +93,7 @@ class DomainRewardSpec:
     tags: tuple[str, ...] = ()
     format_pattern: str | None = None
     timeout_s: float | None = None
+    reward_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -207,7 +213,19 @@ def reward_router_spec(
         timeout = _get(cfg, "timeout_s")
         if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
             raise ValueError(f"rewards.{domain}.timeout_s must be > 0, got {timeout!r}")
-        domains[domain] = DomainRewardSpec(domain, reward_fn, tags, pattern, timeout)
+        reward_type = _get(cfg, "reward_type")
+        if reward_type is not None and reward_fn != "crossthinkqa":
+            raise ValueError(
+                f"rewards.{domain}.reward_type={reward_type!r}: only crossthinkqa reads it "
+                f"(this domain's reward is {reward_fn})"
+            )
+        if reward_fn == "crossthinkqa":
+            reward_type = reward_type or "soft"
+            if reward_type not in CROSSTHINKQA_TYPES:
+                raise ValueError(
+                    f"rewards.{domain}.reward_type={reward_type!r}: one of {list(CROSSTHINKQA_TYPES)}"
+                )
+        domains[domain] = DomainRewardSpec(domain, reward_fn, tags, pattern, timeout, reward_type)
     if custom is not None and not any(d.reward_fn == "custom" for d in domains.values()):
         raise ValueError(
             "custom_reward_function.path is set but no rewards domain uses it (set "
@@ -254,6 +272,9 @@ def _manager(spec: DomainRewardSpec, custom: Any, pool: SandboxPool, timeout_s: 
     if spec.reward_fn == "format":
         return RewardManager(pool, "format", timeout_s=timeout,
                              options={"pattern": spec.format_pattern})  # fmt: skip
+    if spec.reward_fn == "crossthinkqa":
+        return RewardManager(pool, "crossthinkqa", timeout_s=timeout,
+                             options={"reward_type": spec.reward_type})  # fmt: skip
     if spec.reward_fn == "custom":
         return RewardManager(pool, custom[0], timeout_s=timeout, options=custom[1])
     name = "default" if spec.reward_fn == "verl_default" else spec.reward_fn

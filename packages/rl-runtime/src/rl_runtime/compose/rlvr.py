@@ -120,7 +120,9 @@ def _files(value: Any) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
-REWARD_DOMAIN_KEYS = ("reward_fn", "worker_cls", "tag_included", "format_pattern", "timeout_s")
+REWARD_DOMAIN_KEYS = (
+    "reward_fn", "worker_cls", "tag_included", "format_pattern", "timeout_s", "reward_type",
+)  # fmt: skip
 CUSTOM_REWARD_KEYS = ("path", "name", "style", "reward_kwargs")
 
 
