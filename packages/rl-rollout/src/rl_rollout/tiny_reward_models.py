@@ -26,16 +26,20 @@ def build_tiny_reward_model(out_dir: str | os.PathLike[str], *, seed: int = 0) -
     with its tokenizer in `out_dir` (replaced). Returns the path."""
     import torch
     from transformers import AutoTokenizer, Qwen2ForSequenceClassification
+    from transformers.utils import logging as hf_logging
 
     out = Path(out_dir)
     base = build_tiny_model(out.parent / f".{out.name}-base", seed=seed)
     rng = torch.random.get_rng_state()
     torch.manual_seed(seed + 1)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the score head is missing from the base: drawn here
     try:
         model = Qwen2ForSequenceClassification.from_pretrained(base, num_labels=1)
         torch.nn.init.normal_(model.score.weight, std=0.5)
     finally:
         torch.random.set_rng_state(rng)
+        hf_logging.set_verbosity(verbosity)
     tokenizer = AutoTokenizer.from_pretrained(base)
     model.config.pad_token_id = tokenizer.pad_token_id
     shutil.rmtree(out, ignore_errors=True)
