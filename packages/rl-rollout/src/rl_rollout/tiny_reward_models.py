@@ -17,6 +17,7 @@ import itertools
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from rl_rollout.tiny_model import build_tiny_model
 
@@ -69,7 +70,7 @@ def build_scripted_judge(
         raise ValueError(f"verdict {verdict!r}: its tokens {tokens} repeat or end the prompt")
     config = Qwen2Config.from_pretrained(base)
     config.tie_word_embeddings = False
-    model = Qwen2ForCausalLM(config).to(torch.float32)
+    model: Any = Qwen2ForCausalLM(config).float()
     hidden = config.hidden_size
     if len(chain) > hidden:
         raise ValueError(f"verdict {verdict!r}: {len(tokens)} tokens, more than {hidden - 1}")
