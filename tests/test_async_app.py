@@ -157,7 +157,7 @@ def test_dry_run_refuses_more_cpus_than_its_ray_cluster_holds(tmp_path):
 def test_a_reward_domain_no_scorer_can_score_is_listed_by_a_dry_run_and_refused_by_a_run(tmp_path):
     """apps/rlvr refuses such a domain before it starts; apps/async ran on and died with a
     traceback when the recipe built its scorer, after Ray and the workers had started."""
-    judge = "rewards.judge.worker_cls=roll.LLMJudgeRewardWorker"
+    judge = "rewards.judge.worker_cls=roll.GeneralRuleRewardWorker"  # IFEval
     dry = subprocess.run([sys.executable, str(APP), "--dry-run", judge], cwd=tmp_path,
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert dry.returncode == 0, dry.stderr[-3000:]

@@ -200,3 +200,17 @@ def test_async_quick_writes_the_report(tmp_path: Path):
     assert set(report["runs"]) == {"sync", "staleness_2_partial"}
     assert report["runs"]["staleness_2_partial"]["lag_max"] <= 2
     assert set(report["measured_speedup"]) == {"staleness_2_partial"}
+
+
+@pytest.mark.slow
+def test_lora_quick_prints_lora_against_full(tmp_path: Path):
+    out_json = tmp_path / "lora.json"
+    out = run_bench(
+        "lora.py", "--layers", "1", "--seq", "16", "--batch", "2", "--micro", "1", "--steps", "1",
+        "--threads", "1", "--json", str(out_json), tmp=tmp_path,
+    )  # fmt: skip
+    assert "| lora / full |" in out
+    full, lora, ratio = json_lines(out_json.read_text())
+    assert full["mode"] == "full" and lora["mode"] == "lora r8 all-linear"
+    assert ratio["optimizer_state_mib"] < 0.05 and ratio["sync_mib"] < 0.05
+    assert lora["reference_mib"] == 0.0 < full["reference_mib"]

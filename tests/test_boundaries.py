@@ -25,14 +25,14 @@ PACKAGES = ROOT / "packages"
 
 # DESIGN.md: which workspace packages and frameworks each package may import.
 WORKSPACE = {"rl_config", "rl_algos", "rl_envs", "rl_sync", "rl_rollout", "rl_train", "rl_runtime"}
-HEAVY = {"torch", "transformers", "ray", "vllm", "deepspeed", "torch_npu", "vllm_ascend"}
+HEAVY = {"torch", "transformers", "ray", "vllm", "deepspeed", "peft", "torch_npu", "vllm_ascend"}
 ALLOWED = {
     "rl-config": set(),
     "rl-algos": {"torch"},
     "rl-envs": set(),
     "rl-sync": {"torch", "torch_npu"},
     "rl-rollout": {"rl_config", "rl_envs", "rl_sync", "torch", "transformers", "vllm", "torch_npu"},
-    "rl-train": {"rl_config", "rl_algos", "rl_sync", "torch", "transformers", "deepspeed"},
+    "rl-train": {"rl_config", "rl_algos", "rl_sync", "torch", "transformers", "deepspeed", "peft"},
     "rl-runtime": WORKSPACE | {"torch", "transformers", "ray"},
 }
 # Platform plugins installed from vendor channels on their hosts, never declared (DESIGN.md).

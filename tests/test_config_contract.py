@@ -199,6 +199,13 @@ CHANGES: dict[str, Any] = {
     "gamma": 0.5,
     "actor_train.model_args.freeze_module_prefix": "model.layers.0.",
     "critic.model_args.freeze_module_prefix": "model.layers.0.",
+    **{f"{r}.model_args.lora_target": "q_proj,v_proj" for r in ("actor_train", "critic")},
+    **{f"{r}.model_args.adapter_name_or_path": "/tmp/adapter" for r in ("actor_train", "critic")},
+    **{
+        f"{r}.model_args.lora_{key}": value
+        for r in ("actor_train", "critic")
+        for key, value in (("rank", 4), ("alpha", 4.0), ("dropout", 0.1))
+    },
 }
 # keys whose effect shows only together with another key
 CONTEXT: dict[str, dict[str, Any]] = {
@@ -235,6 +242,12 @@ CONTEXT: dict[str, dict[str, Any]] = {
         "critic": {"max_tokens_per_microbatch_in_train": 1280}
     },
     **{f"{r}.device_mapping": {"num_gpus_per_node": 2} for r in ROLES},
+    # LoRA's rank, alpha and dropout are read once lora_target turns it on
+    **{
+        f"{r}.model_args.lora_{key}": {r: {"model_args": {"lora_target": "all-linear"}}}
+        for r in ("actor_train", "critic")
+        for key in ("rank", "alpha", "dropout")
+    },
     # asynchronous training: rollout on its own device
     **{
         key: {"num_gpus_per_node": 2, "actor_infer": {"device_mapping": [1]}}

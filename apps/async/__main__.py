@@ -6,6 +6,10 @@ of the config file, else 1 = one-step-off), and prints side by side the trained 
 and the held-out accuracy; output_dir/summary.json holds `sync.*` and `async.*` (`samples_per_s`, `heldout_accuracy`, ...) and
 `speedup`. Without --config: apps/rlvr's CPU default with rollout and training on separate CPU
 bundles and 20 RL steps (async_compare.CPU_DEFAULTS). key=value overrides apply to both runs.
+
+`uv run apps/async --verl [-m MODULE] KEY=VALUE ...` runs a verl asynchronous recipe command once,
+as verl would: `recipe.one_step_off_policy.main_ppo` (the default; `async.max_staleness: 1`) or
+`recipe.fully_async_policy.fully_async_main` (rl_config.verl_translate prints the table first).
 """
 
 from __future__ import annotations
@@ -20,9 +24,23 @@ for path in (HERE, HERE.parent / "rlvr"):  # the RLVR recipe this app runs twice
         sys.path.insert(0, str(path))
 
 FLAGS = {"dry-run": "print both runs' components and exit"}
+VERL_ENTRY = "recipe.one_step_off_policy.main_ppo"
+"""`--verl` without `-m`: verl's one-step-off recipe (`-m ...fully_async_main`: fully async)."""
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if any(a == "--verl" or a.startswith("--verl-config") for a in args):
+        # a verl recipe command is one run, as verl runs it: apps/rlvr's recipe, asynchronous
+        import dataclasses
+
+        from rlvr_app import SPEC
+
+        from rl_runtime.app_main import app_main
+
+        spec = dataclasses.replace(SPEC, prog="apps/async", verl_entry=VERL_ENTRY,
+                                   description=__doc__ or "")  # fmt: skip
+        return app_main(spec, list(args))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from async_compare import (

@@ -247,9 +247,9 @@ def test_network_is_cut_for_socket_type_and_subprocesses(hostile_pool, listener)
     port = listener.getsockname()[1]
     connect = (
         "import socket\n"
-        "s = socket.SocketType(socket.AF_INET, socket.SOCK_STREAM)\n"
-        "s.settimeout(2)\n"
         "try:\n"
+        "    s = socket.SocketType(socket.AF_INET, socket.SOCK_STREAM)\n"
+        "    s.settimeout(2)\n"
         f"    s.connect(('127.0.0.1', {port}))\n"
         "    print('connected')\n"
         "except OSError as exc:\n"
@@ -386,7 +386,7 @@ def test_call_dies_with_its_worker():
     import threading
 
     with SandboxPool(1, limits=SandboxLimits(timeout_s=30, allow_weak_isolation=True)) as pool:
-        worker = pool.worker_info["pid"]
+        worker, zygote = pool.worker_info["pid"], pool.worker_info["zygote"]
         box = {}
         thread = threading.Thread(
             target=lambda: box.setdefault("r", pool.run_python("import time\ntime.sleep(60)\n"))
@@ -397,7 +397,7 @@ def test_call_dies_with_its_worker():
         while not calls and time.monotonic() < deadline:
             time.sleep(0.05)
             with open(f"/proc/{worker}/task/{worker}/children") as handle:
-                calls = [int(p) for p in handle.read().split()]
+                calls = [int(p) for p in handle.read().split() if int(p) != zygote]
         assert calls, "the call never started"
         os.kill(worker, signal.SIGKILL)
         thread.join(40)
@@ -477,7 +477,10 @@ def test_non_root_trainer_keeps_its_files_signals_and_secrets():
     workdir = _scenario_dir(NON_ROOT_UID)
     secret = f"SECRET-{uuid.uuid4().hex}"
     try:
-        prefix = ["setpriv", f"--reuid={NON_ROOT_UID}", f"--regid={NON_ROOT_UID}", "--clear-groups"]
+        # with a supplementary group (a container daemon's group), which the call keeps: an
+        # unprivileged user namespace may not drop groups; the socket filter is what holds
+        prefix = ["setpriv", f"--reuid={NON_ROOT_UID}", f"--regid={NON_ROOT_UID}",
+                  f"--groups={NON_ROOT_UID + 1}"]  # fmt: skip
         report = _run_scenario(prefix, workdir, secret)
     finally:
         shutil.rmtree(workdir)
@@ -496,6 +499,14 @@ def test_non_root_trainer_keeps_its_files_signals_and_secrets():
     assert attack["dev_shm"] != "written"
     assert not report["left_in_tmp"] and not report["left_in_dev_shm"]
     assert attack["sysv_shm"] >= 0 and not report["left_in_sysv_shm"]  # its own IPC namespace
+    assert attack["unix_socket"] == "PermissionError" and not report["socket_reached"]
+    assert attack["vsock"] == "PermissionError"
+    assert isolation["sockets"] == "seccomp"
+    assert isolation["groups"] == "kept" and attack["groups"]
+    assert report["grader_ok"] and not report["truth_seen_later"]
+    assert report["self_graded_score"] == 0.0
+    assert secret not in str(attack["config_key"]) and attack["config_key"] == ""
+    assert attack["worker_mem"] != "opened"
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root+setpriv")
@@ -522,6 +533,13 @@ def test_without_namespaces_strict_pool_refuses_and_weak_mode_says_so():
     # no IPC namespace: the worker removes the SysV objects of the slot's uid after each call
     assert isolation["ipc"] == "removed-per-call"
     assert report["attack"]["sysv_shm"] >= 0 and not report["left_in_sysv_shm"]
+    # no namespaces: the seccomp filter alone keeps sockets (here the trainer's unix socket) away
+    assert isolation["sockets"] == "seccomp" and isolation["groups"] == "dropped"
+    assert report["attack"]["unix_socket"] == "PermissionError" and not report["socket_reached"]
+    assert report["attack"]["vsock"] == "PermissionError"
+    assert report["attack"]["worker_mem"] != "opened"
+    assert report["grader_ok"] and not report["truth_seen_later"]
+    assert report["self_graded_score"] == 0.0
 
 
 def test_code_under_tmp_stays_importable_through_the_private_tmp(tmp_path, monkeypatch):

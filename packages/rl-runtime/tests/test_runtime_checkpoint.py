@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
-from rl_train.signing import CheckpointError
+from rl_train.signing import CheckpointError, load_key
 from rl_train.testing import MALFORMED_SIGNATURES, plant_malformed_signature
 
 
@@ -39,7 +39,9 @@ def test_interrupted_save_is_ignored_and_previous_kept(tmp_path):
     with pytest.raises(RuntimeError, match="disk full"):
         mgr.save(RunState(step=2, weight_version=2, env_seed_epoch=2), write=crash)
     assert mgr.latest() == mgr.step_dir(1)
-    assert any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
+    # a failed save removes its partial directory; one left by a killed process goes at cleanup
+    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
+    (tmp_path / ".tmp-step-000002-999999").mkdir()
     mgr.cleanup()
     assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
     # a directory without the commit marker is not a checkpoint
@@ -150,10 +152,43 @@ def test_key_file_option_signs_with_that_key(tmp_path):
     mine = CheckpointManager(tmp_path / "ck", key_file=tmp_path / "mine.key")
     saved = _save(mine, 1)
     assert mine.latest() == saved
+    load_key(tmp_path / "theirs.key")  # another key that exists (a missing one is an error)
     theirs = CheckpointManager(tmp_path / "ck", key_file=tmp_path / "theirs.key")
     assert theirs.latest() is None
     assert "fails its HMAC check" in theirs.skipped[0][1]
     assert str(tmp_path / "theirs.key") in theirs.skipped[0][1]
+
+
+def test_a_missing_key_where_signed_checkpoints_exist_is_an_error_not_a_new_key(tmp_path):
+    _save(CheckpointManager(tmp_path / "ck", key_file=tmp_path / "mine.key"), 1)
+    lost = CheckpointManager(tmp_path / "ck", key_file=tmp_path / "lost.key")
+    assert lost.latest() is None
+    reason = lost.skipped[0][1]
+    assert str(tmp_path / "lost.key") in reason and "step" in reason and "does not exist" in reason
+    assert not (tmp_path / "lost.key").exists()
+    with pytest.raises(CheckpointError, match="lost.key does not exist, but .*ck"):
+        _save(lost, 2)
+    assert not (tmp_path / "lost.key").exists()
+
+
+@pytest.mark.parametrize("where", ["world_writable", "checkpoint_root", "checkout"])
+def test_a_key_in_an_unsafe_place_is_refused(tmp_path, monkeypatch, where):
+    if where == "world_writable":
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        shared.chmod(0o777)
+        key, match = shared / "k.key", "writable by every user"
+    elif where == "checkpoint_root":
+        key, match = tmp_path / "ck" / "k.key", "inside the checkpoint root"
+    else:
+        checkout = tmp_path / "repo"
+        (checkout / ".git").mkdir(parents=True)
+        (checkout / "pyproject.toml").write_text("[project]\n")
+        monkeypatch.chdir(checkout)
+        key, match = checkout / "keys" / "k.key", "inside the checkout"
+    with pytest.raises(CheckpointError, match=match):
+        _save(CheckpointManager(tmp_path / "ck", key_file=key), 1)
+    assert not key.exists()
 
 
 def test_every_file_fsynced_before_marker_and_prune_after_durable(tmp_path, monkeypatch):
@@ -249,3 +284,77 @@ def test_step_names_other_than_ascii_digits_are_no_checkpoints(tmp_path):
     for name in ("step-0_9999", "step-+9999", "step-\u0669\u0669"):  # int() takes all three
         shutil.copytree(saved, tmp_path / name)
     assert mgr.present() == [saved]
+
+
+FULL_DISK_SCRIPT = """
+import json, sys
+from pathlib import Path
+import torch
+from rl_runtime.checkpoint import CheckpointManager, CheckpointSpaceError, RunState
+root, key = Path(sys.argv[1]), sys.argv[2]
+mgr = CheckpointManager(root / "ck", keep_last=None, key_file=key)
+small = lambda d: torch.save(torch.zeros(16), d / "model.pt")
+big = lambda d: torch.save(torch.zeros(1 << 20), d / "model.pt")  # 4 MiB on a 2 MiB disk
+first = mgr.save(RunState(1, 1, 1), small)
+try:
+    mgr.save(RunState(2, 2, 2), big)
+    error = None
+except CheckpointSpaceError as exc:
+    error = [exc.errno, str(exc)]
+print(json.dumps({"error": error, "left": sorted(p.name for p in (root / "ck").iterdir()),
+                  "latest": str(mgr.latest()), "first": str(first)}))
+"""
+
+
+def _check_full_disk_report(report: dict) -> None:
+    import errno
+
+    assert report["error"] is not None, report
+    code, message = report["error"]
+    assert code == errno.ENOSPC and "no space left" in message and "step 2" in message
+    assert report["left"] == [os.path.basename(report["first"])]  # no .tmp- directory
+    assert report["latest"] == report["first"]  # the previous checkpoint verifies
+
+
+def test_a_full_disk_during_a_save_says_so_and_keeps_the_last_checkpoint(tmp_path):
+    """On a real 2 MiB tmpfs (a private mount namespace): torch's writer fails with
+    "unexpected pos", which is reported as ENOSPC; the partial directory is removed."""
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("mounting a small tmpfs needs root and unshare")
+    disk, keys = tmp_path / "disk", tmp_path / "keys"
+    disk.mkdir()
+    keys.mkdir()
+    script = tmp_path / "full_disk.py"
+    script.write_text(FULL_DISK_SCRIPT)
+    command = (f"mount -t tmpfs -o size=2m tmpfs {disk} && "
+               f"{sys.executable} {script} {disk} {keys / 'k.key'}")  # fmt: skip
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", command],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    if proc.returncode != 0 and "mount" in proc.stderr and "permission" in proc.stderr.lower():
+        pytest.skip(f"no tmpfs mount here: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _check_full_disk_report(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def test_enospc_at_the_write_layer_is_reported_and_cleaned_up(tmp_path, monkeypatch):
+    """Anywhere (no mount needed): the file write of the save fails with ENOSPC."""
+    import errno
+
+    from rl_runtime.checkpoint import CheckpointSpaceError
+
+    mgr = CheckpointManager(tmp_path / "ck", keep_last=None)
+    first = _save(mgr, 1)
+
+    def full(directory):
+        (directory / "model.bin").write_bytes(b"x" * 10)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(CheckpointSpaceError) as caught:
+        mgr.save(RunState(2, 2, 2), full)
+    report = {"error": [caught.value.errno, str(caught.value)], "first": str(first),
+              "left": sorted(p.name for p in (tmp_path / "ck").iterdir()),
+              "latest": str(mgr.latest())}  # fmt: skip
+    _check_full_disk_report(report)

@@ -290,7 +290,7 @@ def test_gigpo_weights_and_gamma_come_from_the_config():
     ("extra", "key"),
     [
         (
-            {"actor_train": {"model_args": {"adapter_name_or_path": "lora/"}}},
+            {"reference": {"model_args": {"adapter_name_or_path": "lora/"}}},
             "adapter_name_or_path",
         ),
         ({"dynamic_sampling": {"enable": True}}, "dynamic_sampling.enable"),
@@ -625,3 +625,48 @@ def test_an_unknown_hf_engine_option_is_a_config_error_at_its_key():
     assert "did you mean 'max_num_seqs'?" in issue.message
     plan = _components(infer({"recompute_kv_on_weight_update": False})).role("actor_infer")
     assert plan.strategy_config == {"recompute_kv_on_weight_update": False}
+
+
+LORA_ACTOR = {"actor_train": {"model_args": {"lora_target": "q_proj,v_proj", "lora_rank": 4}}}
+
+
+def test_lora_keys_reach_the_trained_roles_and_a_base_reference_is_the_actor():
+    """ROLL's LoRA keys become actor_train's adapter; a KL to the reference, which is the
+    actor's base model, then needs no reference worker (the actor disables its adapter)."""
+    from rl_train.lora import LoraSettings
+
+    c = _components(_merge(LORA_ACTOR, {"init_kl_coef": 0.1, "use_kl_loss": True}))
+    assert c.role("actor_train").model_args.lora == LoraSettings(
+        rank=4, alpha=8.0, target=("q_proj", "v_proj")
+    )
+    assert c.role("reference") is None and c.reference_from_actor
+    own = _components(
+        _merge(
+            LORA_ACTOR,
+            {"use_kl_loss": True, "reference": {"model_args": {"model_name_or_path": "other"}}},
+        )
+    )
+    assert own.role("reference") is not None and not own.reference_from_actor
+    full = _components({"use_kl_loss": True})  # no LoRA: the reference worker as before
+    assert full.role("reference") is not None and not full.reference_from_actor
+    assert full.role("actor_train").model_args.lora is None
+    no_kl = _components(LORA_ACTOR)  # nothing needs a reference
+    assert no_kl.role("reference") is None and not no_kl.reference_from_actor
+
+
+def test_a_lora_key_without_lora_target_is_an_error_naming_it():
+    with pytest.raises(ValueError, match=r"actor_train\.model_args\.lora_rank is set but"):
+        _components({"actor_train": {"model_args": {"lora_rank": 4}}})
+
+
+def test_weight_syncs_carry_the_adapter_only_to_engines_that_merge_it():
+    from rl_runtime.compose import role_specs
+
+    def adapter_only(extra: dict) -> bool:
+        specs = {s.role: s for s in role_specs(_components(extra), "tiny")}
+        return specs["actor_train"].init_kwargs["sync_adapter_only"]
+
+    assert adapter_only(LORA_ACTOR)  # the HF engine merges the adapter into its base weights
+    vllm = {"actor_infer": {"strategy_args": {"strategy_name": "vllm"}}}
+    assert not adapter_only(_merge(LORA_ACTOR, vllm))  # vLLM gets the merged weights
+    assert not adapter_only({})  # no adapter

@@ -38,3 +38,13 @@ def test_the_keys_each_loss_reads_are_not_warned_about():
     assert _warnings(loss_type="simpo", label_smoothing=0.1, simpo_gamma=1.0) == []
     assert _warnings(loss_type="kto", kto_desirable_weight=2.0, label_key="lab") == []
     assert _warnings(loss_type="ipo", precompute_ref_log_probs=False) == []
+
+
+def test_a_lora_actors_reference_is_its_base_model_without_a_reference_worker():
+    lora = {"model_args": {"lora_target": "all-linear"}, **DATA["actor_train"]}
+    cfg = ExperimentConfig.model_validate({"pretrain": "tiny", "actor_train": lora})
+    c = compose_dpo(cfg)
+    assert c.reference_from_actor and c.role("reference") is None
+    assert c.preference.reference == "cached"  # the cache is filled through the actor
+    plain = compose_dpo(ExperimentConfig.model_validate({"pretrain": "tiny", **DATA}))
+    assert not plain.reference_from_actor and plain.role("reference") is not None

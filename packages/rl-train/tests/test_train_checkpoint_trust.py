@@ -120,6 +120,10 @@ def test_crafted_checkpoint_runs_nothing_and_is_refused(
 def test_signed_with_another_key_or_unsigned_is_refused(trained, tmp_path, monkeypatch):
     saved = trained.save_checkpoint(tmp_path / "ck", 3, key_file=tmp_path / "a.key")
     ckpt.verify(saved, key_file=tmp_path / "a.key")
+    with pytest.raises(rl_train.CheckpointError, match="b.key does not exist, but .*step_00000003"):
+        ckpt.verify(saved, key_file=tmp_path / "b.key")  # not a silently created new key
+    assert not (tmp_path / "b.key").exists()
+    signing.load_key(tmp_path / "b.key")
     with pytest.raises(rl_train.CheckpointError, match="MANIFEST.json fails its HMAC check") as e:
         ckpt.verify(saved, key_file=tmp_path / "b.key")
     key_a = signing.load_key(tmp_path / "a.key")

@@ -37,8 +37,62 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert_verl(args: argparse.Namespace, overrides: list[str]) -> int:
+    from pathlib import Path
+
+    from rl_config.atomic_write import write_text_atomically
+    from rl_config.loading import load_app_config
+    from rl_config.verl_translate import MAIN_PPO, translate
+
+    out = Path(args.output)
+    if out.suffix != ".yaml":
+        print(f"error: the output must end in .yaml (got {out.name})", file=sys.stderr)
+        return 1
+    file = None
+    if args.config_name is not None and args.config_path is not None:
+        name = args.config_name
+        candidate = Path(args.config_path) / (name if name.endswith(".yaml") else f"{name}.yaml")
+        file = candidate if candidate.is_file() else None
+    entry = args.entry or MAIN_PPO
+    try:
+        translation = translate(
+            overrides, entry=entry, config_file=file, config_name=args.config_name
+        )
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(translation.table())
+    try:
+        translation.raise_if_refused()
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    command = " \\\n    ".join([f"python3 -m {entry}", *overrides])
+    header = f"Translated from verl by `rl-config convert --from verl`:\n{command}\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(out, translation.to_yaml(header))
+    section = "rlvr_app" if "rlvr_app" in translation.data else None
+    flag = f" --app-section {section}" if section else ""
+    try:
+        load_app_config(out, [], section=section)
+    except ConfigError as exc:
+        print(f"wrote {out}, but it does not pass check:\n{exc}", file=sys.stderr)
+        return 1
+    print(f"ok: wrote {out}; check it with: rl-config check {out}{flag}", file=sys.stderr)
+    return 0
+
+
 def _convert(args: argparse.Namespace) -> int:
     from pathlib import Path
+
+    if args.source == "verl":
+        return _convert_verl(args, [a for a in [args.file, *args.overrides] if a])
+    if args.file is None or args.strategy is None:
+        print(
+            "error: convert FILE --strategy fsdp2|deepspeed -o OUT (or --from verl)",
+            file=sys.stderr,
+        )
+        return 1
 
     from rl_config.convert import convert_file, dump
     from rl_config.loading import load_config
@@ -110,10 +164,30 @@ def build_parser() -> argparse.ArgumentParser:
     explain.set_defaults(func=_explain)
     convert = sub.add_parser(
         "convert",
-        help="rewrite a Megatron config for FSDP2 or DeepSpeed (notes per changed key)",
+        help="rewrite a Megatron config for FSDP2 or DeepSpeed (notes per changed key), or "
+        "translate a verl command (--from verl KEY=VALUE ...)",
     )
-    convert.add_argument("file", help="experiment YAML file using megatron_train/megatron_infer")
-    convert.add_argument("--strategy", required=True, choices=["fsdp2", "deepspeed"])
+    convert.add_argument(
+        "file", nargs="?", help="experiment YAML file using megatron_train/megatron_infer"
+    )
+    convert.add_argument("overrides", nargs="*", help="--from verl: verl's KEY=VALUE overrides")
+    convert.add_argument("--strategy", choices=["fsdp2", "deepspeed"])
+    convert.add_argument("--from", dest="source", choices=["verl"], help="translate a verl command")
+    convert.add_argument(
+        "--entry", "-m", help="--from verl: verl's entry module (default verl.trainer.main_ppo)"
+    )
+    convert.add_argument(
+        "--config-name",
+        "--config_name",
+        dest="config_name",
+        help="--from verl: verl's Hydra config name",
+    )
+    convert.add_argument(
+        "--config-path",
+        "--config_path",
+        dest="config_path",
+        help="--from verl: verl's Hydra config folder",
+    )
     convert.add_argument("-o", "--output", required=True, help="output YAML file")
     convert.set_defaults(func=_convert)
     return parser
@@ -124,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     # overrides after an option (`check FILE -q seed=7`): argparse ends the positionals at `-q`
-    if args.command == "check" and not any(arg.startswith("-") for arg in unknown):
+    if args.command in ("check", "convert") and not any(a.startswith("-") for a in unknown):
         args.overrides += unknown
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

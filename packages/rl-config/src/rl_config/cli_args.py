@@ -34,6 +34,18 @@ class AppArgs:
     """Dotted ``key=value`` overrides, in order."""
     flags: frozenset[str]
     """Boolean options that were given, by their Python name (``dry_run``)."""
+    verl: VerlArgs | None = None
+    """``--verl``: ``overrides`` are a verl command's (``rl_config.verl_translate``)."""
+
+
+@dataclass(frozen=True)
+class VerlArgs:
+    """A verl command: its entry module (``-m``), and its Hydra config (``--verl-config FILE``, or
+    verl's ``--config-path DIR --config-name NAME``)."""
+
+    entry: str
+    config_file: Path | None = None
+    config_name: str | None = None
 
 
 def resolve_roll_config(config_path: str, config_name: str, cwd: Path | None = None) -> Path:
@@ -84,6 +96,21 @@ def build_app_parser(
         help="ROLL/Hydra form: config file name without .yaml",
     )
     parser.add_argument("overrides", nargs="*", help="dotted overrides: a.b=1, +a.new=2, ~a.b")
+    parser.add_argument(
+        "--verl",
+        action="store_true",
+        help="the overrides (and --config-path/--config-name) are a verl command's: translated "
+        "with verl's meaning (the table is printed first)",
+    )
+    parser.add_argument(
+        "--verl-config", type=Path, default=None, help="a verl (Hydra) config file (implies --verl)"
+    )
+    parser.add_argument(
+        "-m",
+        "--entry",
+        default=None,
+        help="with --verl: verl's entry module as `python -m` runs it (default: the app's)",
+    )
     for flag, text in flags.items():
         parser.add_argument(f"--{flag}", action="store_true", help=text)
     return parser
@@ -97,6 +124,7 @@ def parse_app_args(
     prog: str = "app",
     cwd: Path | None = None,
     description: str = "",
+    verl_entry: str = "verl.trainer.main_ppo",
 ) -> AppArgs:
     """Parse ``--config FILE key=value ... --FLAG`` or ``--config_path DIR --config_name NAME``.
 
@@ -108,6 +136,13 @@ def parse_app_args(
     args = build_app_parser(prog, options, default_config, description).parse_intermixed_args(
         None if argv is None else list(argv)
     )
+    given = frozenset(
+        name.replace("-", "_") for name in options if getattr(args, name.replace("-", "_"))
+    )
+    if args.verl or args.verl_config is not None:
+        return _verl_args(args, given, verl_entry, cwd)
+    if args.entry is not None:
+        raise ConfigError(ConfigIssue("--entry", "only with --verl (a verl entry module)"))
     roll = (args.config_path, args.config_name)
     if any(roll) and args.config is not None:
         raise ConfigError(
@@ -120,7 +155,24 @@ def parse_app_args(
         config: Path | None = resolve_roll_config(args.config_path, args.config_name, cwd)
     else:
         config = args.config if args.config is not None else default_config
-    given = frozenset(
-        name.replace("-", "_") for name in options if getattr(args, name.replace("-", "_"))
-    )
     return AppArgs(config=config, overrides=list(args.overrides), flags=given)
+
+
+def _verl_args(
+    args: argparse.Namespace, flags: frozenset[str], entry: str, cwd: Path | None
+) -> AppArgs:
+    """``--verl``: verl's ``--config-path DIR --config-name NAME`` name a verl config (a file
+    there, else one of verl's own names); ``--config`` is refused (the translation is the config)."""
+    if args.config is not None:
+        raise ConfigError(
+            ConfigIssue("--config", "not with --verl (the verl command is the config)")
+        )
+    file = args.verl_config
+    name = args.config_name
+    if name is not None and file is None:
+        base = Path(cwd or Path.cwd()) / (args.config_path or ".")
+        candidate = base / (name if name.endswith(".yaml") else f"{name}.yaml")
+        if args.config_path is not None and candidate.is_file():
+            file = candidate
+    verl = VerlArgs(entry=args.entry or entry, config_file=file, config_name=name)
+    return AppArgs(config=None, overrides=list(args.overrides), flags=flags, verl=verl)

@@ -71,10 +71,6 @@ ROLL_NOT_SUPPORTED: dict[str, str] = {
     "skip_mock_system_prompt": "ROLL's agentic prompt option",
     "parse_tool_call_parameter_to_dict": "ROLL's Qwen3-Coder tool-call parsing option",
     # worker options
-    "ROLE.model_args.lora_rank": "LoRA training is not implemented; all weights are trained",
-    "ROLE.model_args.lora_alpha": "LoRA training is not implemented; all weights are trained",
-    "ROLE.model_args.lora_target": "LoRA training is not implemented; all weights are trained",
-    "ROLE.model_args.lora_dropout": "LoRA training is not implemented; all weights are trained",
     "ROLE.model_args.ulysses_size": "Ulysses sequence parallelism is not implemented; each rank "
     "holds whole sequences",
     "ROLE.model_args.device_map": "HF device_map placement is not used; devices come from "

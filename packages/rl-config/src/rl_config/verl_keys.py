@@ -1,9 +1,11 @@
 """verl's config keys and the ROLL keys of this stack that hold the same settings.
 
-This stack reads ROLL's key names; it has no verl importer. A verl user who passes verl's
-overrides (``data.train_files=...``, ``critic.optim.lr=1e-5``) gets one error per verl key, each
-naming the ROLL key to write instead or saying that there is none (``VERL_SECTIONS``), instead of
-a misleading "did you mean" (``trainer`` -> ``pretrain``). A verl (Hydra) config file given as a
+This stack reads ROLL's key names. A whole verl command or config file is translated with verl's
+meaning by ``--verl`` / ``--verl-config`` (``rl_config.verl_translate``, whose per-key rules
+start from this table). Without them, a verl user who passes verl's overrides
+(``data.train_files=...``, ``critic.optim.lr=1e-5``) gets one error per verl key, each naming the
+ROLL key to write instead or saying that there is none (``VERL_SECTIONS``), instead of a
+misleading "did you mean" (``trainer`` -> ``pretrain``). A verl (Hydra) config file given as a
 config is refused as a whole, before its defaults list is composed (``verl_file_issue``). Every
 ROLL key named on the right is a schema key (a test checks).
 """
@@ -386,6 +388,8 @@ def verl_file_issue(source: str, top_level: Collection[str]) -> ConfigIssue:
     return ConfigIssue(
         "",
         f"{source} is a verl config ({hydra}sections {markers}); this stack reads ROLL's key "
-        "names and has no verl importer. Write a ROLL config (e.g. "
-        f"apps/rlvr/configs/cpu_default.yaml) with these keys:\n{lines}",
+        f"names. Run it as verl would with `--verl-config {source}` (apps/rlvr, apps/async), or "
+        f"translate it with `rl-config convert --from verl --config-path DIR --config-name NAME "
+        "-o OUT.yaml`; by hand, a ROLL config (e.g. apps/rlvr/configs/cpu_default.yaml) holds "
+        f"these keys:\n{lines}",
     )

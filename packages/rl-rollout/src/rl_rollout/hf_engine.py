@@ -56,6 +56,7 @@ from rl_rollout.sampling import (
     log_probs_of,
     sampling_scores,
 )
+from rl_sync.adapter import adapter_part
 
 __all__ = ["HFEngine"]
 
@@ -231,6 +232,9 @@ class HFEngine:
         self._asleep = 0
         self._weights_discarded = False
         self._saved_buffers: dict[str, torch.Tensor] = {}
+        #: base weights (host copies) of the modules an adapter-only update adapts, taken at
+        #: the first such update (`stage_weights`; rl_sync.adapter)
+        self._adapter_base: dict[str, torch.Tensor] = {}
         # scheduler state
         self._cond = threading.Condition()
         self._model_lock = threading.Lock()
@@ -332,8 +336,13 @@ class HFEngine:
             raise EngineAsleepError("HFEngine.update_weights() while asleep; call wake_up() first")
         targets = self.model.state_dict(keep_vars=True)
         copies: dict[str, torch.Tensor] = {}
+        factors: dict[str, dict[str, torch.Tensor]] = {}
         with torch.no_grad():
             for name, tensor in named_tensors:
+                part = adapter_part(name)
+                if part is not None:  # an adapter-only update: merged below
+                    factors.setdefault(part[0], {})[part[1]] = tensor
+                    continue
                 if name not in targets:
                     raise KeyError(f"update_weights: parameter {name!r} is not in the model")
                 target = targets[name]
@@ -343,6 +352,7 @@ class HFEngine:
                         f"model expects {tuple(target.shape)}"
                     )
                 copies[name] = tensor.detach().to(device=self.device, dtype=target.dtype, copy=True)
+            copies.update(self._merge_adapter(factors, targets))
         with self._cond:
             self._staged_tickets += 1
             if self._staged is not None:
@@ -355,6 +365,37 @@ class HFEngine:
             with self._model_lock:
                 self._swap_staged_weights()
         return ticket
+
+    def _merge_adapter(
+        self, factors: dict[str, dict[str, torch.Tensor]], targets: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """``<module>.weight = W0 + B @ A`` for each module of an adapter-only update
+        (rl_sync.adapter), W0 the module's weight as this engine loaded it: copied to the host
+        at the first update that adapts it (the engine's weights are still the base model's
+        then: every later update is merged from W0, never from the merged weights)."""
+        from rl_sync.adapter import merge
+
+        out: dict[str, torch.Tensor] = {}
+        for module, parts in factors.items():
+            name = f"{module}.weight"
+            if name not in targets or set(parts) != {"A", "B"}:
+                raise KeyError(
+                    f"update_weights: adapter of {module!r} has factors {sorted(parts)} for "
+                    f"{'a' if name in targets else 'no'} weight {name!r} of the model"
+                )
+            if name not in self._adapter_base:
+                if self._weights_discarded:
+                    raise EngineAsleepError(
+                        "HFEngine: an adapter-only update needs the base weights, which "
+                        "sleep(2) discarded; send the full weights"
+                    )
+                self._adapter_base[name] = targets[name].detach().to("cpu", copy=True)
+            base = self._adapter_base[name].to(self.device)
+            try:
+                out[name] = merge(base, parts["A"], parts["B"]).to(targets[name].dtype)
+            except ValueError as err:
+                raise ValueError(f"update_weights: {module!r}: {err}") from None
+        return out
 
     @property
     def applied_ticket(self) -> int:

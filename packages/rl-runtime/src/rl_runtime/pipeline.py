@@ -33,9 +33,12 @@ the app's own section (`RunOptions.app_record`) and the values it derives for it
 and the evaluation before training, which a resumed run's summary keeps. A resumed run says so
 first and goes on in its run's metrics.jsonl, cut back to the checkpoint's step first
 (tracking.rewind_metrics: each step once; TensorBoard hides the later points too), so its
-curves.png plots the whole run; a fresh run first moves an earlier run's metrics,
-checkpoints and outputs (summary.json, curves.png, resolved_config.yaml, hf_model/, and the
-app's `RunOptions.app_outputs`) in its directories aside (rl_runtime.previous_run) and says where.
+curves.png plots the whole run; a fresh run, once its workers have started (a run that fails to
+start moves and rewrites nothing), moves an earlier run's metrics, checkpoints and outputs
+(summary.json, curves.png, resolved_config.yaml, hf_model/, and the app's
+`RunOptions.app_outputs`) in its directories aside (rl_runtime.previous_run) and says where. A
+run with `resume_from_checkpoint: true` whose checkpoint directory holds no checkpoint starts
+fresh, and its first line says so (`nothing_to_resume`).
 Throughput: `throughput/samples_per_s` (trained samples, `rollout/num_trajectories`, per second of
 the training loop without evaluation and checkpoints), in the metrics and summary.json
 (`throughput`: `samples_trained`, `loop_seconds`, `samples_per_s`). They are the whole run's,
@@ -48,6 +51,7 @@ With `components.asynchronous`, rollout runs ahead of the trainer (rl_runtime.as
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
@@ -61,7 +65,8 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
-from rl_runtime.metrics import TRAINED_SAMPLES_KEY
+from rl_runtime.interrupts import RunInterrupted, handle_interrupts, resume_command, stopping
+from rl_runtime.metrics import TRAINED_SAMPLES_KEY, skip_reason
 from rl_runtime.previous_run import (
     CURVES_NAME,
     HF_MODEL_NAME,
@@ -72,7 +77,7 @@ from rl_runtime.previous_run import (
 from rl_runtime.resume_guard import app_record, check_resume, check_resume_step, config_record
 from rl_runtime.run_lock import run_directories_lock
 from rl_runtime.summary_json import write_summary
-from rl_runtime.timing import PhaseTimer, StepProgress
+from rl_runtime.timing import PhaseTimer, StepProgress, long_phase
 from rl_runtime.tracking import Tracker, earlier_run_logs, rewind_metrics, tracker_log_dir
 
 THROUGHPUT_KEY = "throughput"
@@ -80,6 +85,13 @@ THROUGHPUT_KEY = "throughput"
 WARMED_UP_KEY = "started_from_warm_up"
 """Checkpoint state: RL started from a supervised warm-up's policy, not `pretrain`; a reference
 role held that policy, and its weights are in the checkpoint's `reference/`."""
+SKIPPED_STEPS_KEY = "skipped_steps"
+"""Checkpoint state: the run's steps so far that trained on nothing (rl_runtime.metrics.skip_reason)."""
+
+
+class NothingTrainedError(RuntimeError):
+    """Every step of the run trained on nothing (rl_runtime.metrics.skip_reason): the policy is
+    the one it started from, and the run ends with this error instead of a results table."""
 
 
 class Recipe(Protocol):
@@ -176,6 +188,12 @@ class Context:
         so that KL terms measure the distance from the policy RL starts from (the warmed-up one),
         not from the `pretrain` model the warm-up moved away from."""
         self.warmed_up = True
+        if self.components.reference_from_actor:
+            raise ValueError(
+                "a supervised warm-up before RL moves the policy away from the reference, which "
+                "is actor_train's base model (its LoRA adapter disabled): give the reference "
+                "its own model (reference.model_args.model_name_or_path) or drop the warm-up"
+            )
         if self.cluster.has("reference"):
             weights = self.cluster["actor_train"].call_all("named_tensors")[0]
             self.cluster["reference"].call_all("adopt_weights", weights)
@@ -208,13 +226,23 @@ class Context:
         if self.sync is not None:
             self.sync.settle()
 
+    def has_reference(self) -> bool:
+        """Whether the run has reference log-probs: a reference role, or actor_train's LoRA
+        with its adapter disabled (`Components.reference_from_actor`)."""
+        return self.cluster.has("reference") or self.components.reference_from_actor
+
     def forward(self, role: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """`forward` on every rank of `role`, rows sharded over the ranks and merged back."""
+        """`forward` on every rank of `role`, rows sharded over the ranks and merged back.
+        `reference` without a reference role (`Components.reference_from_actor`) is
+        actor_train's `forward_base`: its base model, the LoRA adapter disabled."""
         from rl_runtime.collate import merge_rows, shard_rows
 
+        method = "forward"
+        if role == "reference" and self.components.reference_from_actor:
+            role, method = "actor_train", "forward_base"
         group = self.cluster[role]
         shards = shard_rows(tensors, len(group.workers))
-        outs = group.wait(group.submit_each("forward", [(s,) for s in shards]), "forward")
+        outs = group.wait(group.submit_each(method, [(s,) for s in shards]), method)
         return merge_rows(outs)
 
     def train(self, role: str, tensors: dict[str, torch.Tensor], loss: str = "default") -> dict:
@@ -244,6 +272,28 @@ class RunResult:
     #: the whole run's (`"scope": "run"`, a resumed run's checkpointed part included):
     #: samples_trained, loop_seconds, samples_per_s; `wall_seconds` is this invocation's
     throughput: dict[str, Any] = field(default_factory=dict)
+    #: the whole run's steps that trained on nothing (a resumed run's checkpointed part included)
+    skipped_steps: int = 0
+    #: where the run's results went (`run_outputs`): the final line lists them
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+def run_outputs(components: Components, curves: str | None, hf_model: str | None) -> dict[str, str]:
+    """Where a run's results are, by kind (the last line of a run, summary.json's `outputs`):
+    checkpoints, logs (metrics.jsonl), tensorboard (when tracked), curves, summary, hf_model.
+    A pipeline or command that writes more adds its entry here."""
+    c = components
+    logs = tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs)
+    tracked = str(c.tracker.track_with)
+    out = {
+        "checkpoints": c.checkpoint.directory if c.role("actor_train") is not None else "none",
+        "logs": str(logs),
+        "tensorboard": str(logs) if "tensorboard" in tracked else "not tracked",
+        "curves": curves or "none",
+        "summary": str(Path(c.output_dir) / SUMMARY_NAME),
+        "hf_model": hf_model or "not exported (export_hf: false)",
+    }
+    return out
 
 
 def engine_weight_diff(ctx: Context) -> float:
@@ -283,22 +333,6 @@ def compose_here(
     from rl_runtime.compose import compose
 
     return compose(cfg, rollout_only=rollout_only, pipeline=pipeline, **machine_kwargs())
-
-
-def policy_model_path(pretrain: str, tiny_model: Any = None) -> str:
-    """The policy model an app runs: `pretrain`, first built there as a tiny local model when
-    `tiny_model` (a dataclass of `rl_rollout.tiny_model.build_tiny_model` options) is given;
-    an existing local path made absolute."""
-    from dataclasses import asdict
-
-    from rl_runtime.compose import resolve_local
-
-    path = str(pretrain)
-    if tiny_model is not None:
-        from rl_rollout.tiny_model import build_tiny_model
-
-        path = str(build_tiny_model(path, **asdict(tiny_model)))
-    return resolve_local(path)
 
 
 def plan_text(components: Components) -> str:
@@ -366,10 +400,18 @@ def print_result(
         console.print(summary_table(title, rows))
     for key, value in result.summary.items():
         console.print(f"{key}: {value}")
+    if result.skipped_steps:
+        console.print(
+            f"skipped steps: {result.skipped_steps} of {result.step} trained on nothing "
+            "(dynamic sampling kept no group, or every sample was too stale)"
+        )
     console.print(
         f"steps={result.step} weight_version={result.weight_version} "
         f"wall={result.wall_seconds:.0f}s curves={result.curves} hf_model={result.hf_model}"
     )
+    if result.outputs:  # the last line: where everything went
+        line = "outputs: " + " ".join(f"{k}={v}" for k, v in result.outputs.items())
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def check_optional_packages(cfg: Any) -> list[str]:
@@ -442,6 +484,15 @@ def check_in_process(components: Components, use_ray: bool) -> list[str]:
     ]
 
 
+def sandbox_hidden_env() -> dict[str, str]:
+    """The paths sandboxed calls must see empty (`rl_envs.sandbox.credentials.HIDE_VARIABLE`),
+    for the workers' environment: a pool a worker starts hides them too."""
+    from rl_envs.sandbox.credentials import HIDE_VARIABLE
+
+    value = os.environ.get(HIDE_VARIABLE)
+    return {HIDE_VARIABLE: value} if value else {}
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -460,6 +511,11 @@ class Runner:
         self.asynchronous: Any = None  # rl_runtime.async_training.AsyncTraining, while running
         self.samples_trained = 0.0
         self.loop_seconds = 0.0
+        #: the run's steps that trained on nothing (rl_runtime.metrics.skip_reason)
+        self.skipped_steps = 0
+        #: the newest checkpoint of this run known to be durable: the last one saved, or the
+        #: one it resumed from (None: none yet)
+        self.last_checkpoint: str | None = None
         #: the evaluation before training (a resumed run's comes from its checkpoint)
         self.eval_before: dict[str, float] = {}
         #: a resumed run's metric rows up to its checkpoint (its curves show the whole run)
@@ -475,12 +531,16 @@ class Runner:
         return self.options.pipeline or pipeline_kind(getattr(self.cfg, "__wrapped__", self.cfg))
 
     def _announce(self) -> tuple[Path | None, RunState | None]:
-        """First output: the resume line, or the line saying where an earlier run's results in
-        this run's directories were moved (rl_runtime.previous_run), then warnings; writes the
-        resolved config. Refused here, before anything starts: training roles of several ranks
+        """First output: the resume line, or the line saying a resume found no checkpoint,
+        then warnings (an earlier run's results are set aside, and the resolved config written,
+        once the workers have started: `_set_aside_and_record`). Refused here, before anything starts: training roles of several ranks
         without Ray (`check_in_process`), and a resume whose config changed a key the
         checkpoint depends on (rl_runtime.resume_guard)."""
         c = self.components
+        if c.checkpoint.key_file:  # sandboxed calls see it empty (workers: RL_SANDBOX_HIDE)
+            from rl_envs.sandbox.credentials import hide_from_calls
+
+            hide_from_calls(c.checkpoint.key_file)
         in_process_warnings = check_in_process(c, self.options.use_ray)
         resume, state = None, None
         resume_warnings: list[str] = []
@@ -513,15 +573,9 @@ class Runner:
                 finished = check_resume_step(state.step, c.cadence.max_steps, resume)
                 if finished:
                     print(finished, flush=True)
-        if resume is None:
-            earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
-            moved = set_aside_previous_run(
-                earlier
-                + (self.ckpt.present() if self.ckpt is not None else [])
-                + earlier_run_outputs(c.output_dir, self.options.app_outputs)
-            )
-            if moved is not None:
-                print(moved, flush=True)
+        asked = c.checkpoint.resume not in (None, False, "", "false", "False")
+        if resume is None and self.ckpt is not None and asked:
+            print(nothing_to_resume(c.checkpoint.directory), flush=True)
         for line in (
             *resume_warnings,
             *self.cfg.config_warnings(),
@@ -530,10 +584,25 @@ class Runner:
             *check_optional_packages(self.cfg),
         ):
             print(f"warning: {line}", flush=True)
+        return resume, state
+
+    def _set_aside_and_record(self, fresh: bool) -> None:
+        """Once the workers have started (nothing is moved by a run that did not start): a
+        fresh run moves an earlier run's results in its directories aside (and says where);
+        then the resolved config is written."""
+        c = self.components
+        if fresh:
+            earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
+            moved = set_aside_previous_run(
+                earlier
+                + (self.ckpt.present() if self.ckpt is not None else [])
+                + earlier_run_outputs(c.output_dir, self.options.app_outputs)
+            )
+            if moved is not None:
+                print(moved, flush=True)
         from rl_config.redact import dump_resolved
 
         dump_resolved(self.cfg, c.output_dir)
-        return resume, state
 
     def _setup(self) -> Context:
         from rl_runtime.cluster import Cluster, WeightSync
@@ -553,13 +622,18 @@ class Runner:
             ray_options=RayOptions(
                 num_cpus=o.num_cpus,
                 object_store_bytes=o.object_store_mb * 1024**2 if kind == "cpu" else None,
-                env_vars=dict(c.cluster.system_envs),
+                env_vars={**c.cluster.system_envs, **sandbox_hidden_env()},
             ),
             rpc_timeout=c.cluster.rpc_timeout,
             cpu_per_bundle=o.cpu_per_bundle,
             devices_per_node=c.cluster.devices_per_node,
             node_resources=c.cluster.node_resources,
         )
+        try:  # started: an earlier run's results may be set aside now (not before)
+            self._set_aside_and_record(fresh=self.resumed_step is None)
+        except BaseException:
+            cluster.shutdown()
+            raise
         # in-process runs on an accelerator also record device memory per phase (memory/*)
         timer = PhaseTimer(None if o.use_ray else kind)
         self.ctx = Context(c, o, cluster, tracker=None, timer=timer)  # type: ignore[arg-type]
@@ -610,6 +684,7 @@ class Runner:
             "eval_before": self.eval_before,
             THROUGHPUT_KEY: self.throughput_state(),
             WARMED_UP_KEY: ctx.warmed_up,
+            SKIPPED_STEPS_KEY: self.skipped_steps,
         }
         if self.asynchronous is not None:
             from rl_runtime.async_training import STATE_KEY
@@ -622,7 +697,9 @@ class Runner:
             rng=capture_rng(),
             extra=extra,
         )
-        return self.ckpt.save(state, write)
+        saved = self.ckpt.save(state, write)
+        self.last_checkpoint = str(saved)
+        return saved
 
     def restore(self, path: Path, state: RunState) -> None:
         ctx = self.ctx
@@ -641,6 +718,7 @@ class Runner:
         restore_rng(state.rng)
         self.eval_before = dict(state.extra.get("eval_before") or {})
         self.load_throughput_state(state.extra.get(THROUGHPUT_KEY), str(path))
+        self.skipped_steps = int(state.extra.get(SKIPPED_STEPS_KEY) or 0)
         if hasattr(self.recipe, "load_state"):
             self.recipe.load_state(dict(state.extra.get("recipe") or {}))
         from rl_runtime.async_training import STATE_KEY, restore_rollout_state
@@ -655,33 +733,66 @@ class Runner:
         """The whole run, holding the locks of its output directory and of its checkpoint
         directory where that lies elsewhere (rl_runtime.run_lock) from before anything in them
         is read or moved until teardown: a second run on either directory fails at once, naming
-        it and this run's pid."""
+        it and this run's pid.
+
+        SIGINT and SIGTERM (rl_runtime.interrupts) end it in order: workers and Ray stopped,
+        then summary.json written with the step reached, the last durable checkpoint and the
+        command that resumes from it; `RunInterrupted` (carrying the same) is raised on."""
         t0 = time.perf_counter()
         c = self.components
         checkpoints = [c.checkpoint.directory] if c.role("actor_train") is not None else []
-        with run_directories_lock(c.output_dir, *checkpoints):
+        with run_directories_lock(c.output_dir, *checkpoints), handle_interrupts():
             resume, state = self._announce()
+            if resume is not None:
+                self.last_checkpoint = str(resume)
             after: dict[str, float] = {}
             try:
                 ctx = self._setup()
                 if hasattr(self.recipe, "baselines"):
-                    self.baselines = self.recipe.baselines(ctx)
+                    with long_phase("baselines"):
+                        self.baselines = self.recipe.baselines(ctx)
                 if resume is not None and state is not None:
                     self.restore(resume, state)
                 else:
                     if hasattr(self.recipe, "before_training"):
-                        warm = self.recipe.before_training(ctx) or {}
+                        with long_phase("warm-up"):
+                            warm = self.recipe.before_training(ctx) or {}
                         if warm:
                             ctx.log(warm, step=0)
                     if self.options.eval_before_training and self.components.cadence.eval_steps:
-                        self.eval_before = self.recipe.evaluate(ctx)
+                        with long_phase("evaluation before training"):
+                            self.eval_before = self.recipe.evaluate(ctx)
                         if self.eval_before:
                             ctx.log(self.eval_before)
                 self._start_async(ctx, state if resume is not None else None)
                 after = self._loop(ctx)
                 return self._finish(ctx, t0, self.eval_before, after, resume)
+            except RunInterrupted as exc:
+                exc.step = self.ctx.step if self.ctx is not None else self.resumed_step
+                with stopping():
+                    self.teardown()
+                    self._write_interrupted(exc, resume)
+                raise
             finally:
-                self.teardown()
+                with stopping():
+                    self.teardown()
+
+    def _write_interrupted(self, exc: RunInterrupted, resume: Path | None) -> None:
+        """summary.json of an interrupted run: the signal, the step reached, the last durable
+        checkpoint and the command that resumes from it (filled into `exc` too)."""
+        exc.checkpoint = self.last_checkpoint
+        exc.resume_command = resume_command(self.last_checkpoint)
+        summary = {
+            "interrupted": exc.name,
+            "step": exc.step,
+            "last_checkpoint": exc.checkpoint,
+            "resume_command": exc.resume_command,
+            "resumed_from": str(resume) if resume is not None else None,
+            "eval_before": self.eval_before,
+            "skipped_steps": self.skipped_steps,
+            "throughput": {"scope": "run", **self.throughput_state()},
+        }
+        write_summary(Path(self.components.output_dir) / SUMMARY_NAME, summary)
 
     def _start_async(self, ctx: Context, state: RunState | None) -> None:
         """With `components.asynchronous`: start rollout ahead of the trainer, from the step the
@@ -717,13 +828,16 @@ class Runner:
         if ctx.step >= cad.max_steps and cad.eval_steps and self.resumed_step is not None:
             # a finished run resumed: nothing to train, and its result (summary.json, the table)
             # is the final policy's evaluation, taken again (its logged row stays the only one)
-            return self.recipe.evaluate(ctx)
+            with long_phase("evaluation"):
+                return self.recipe.evaluate(ctx)
         with StepProgress(cad.max_steps, ctx.step) as progress:
             while ctx.step < cad.max_steps:
                 ctx.timer.reset()
                 t0 = time.perf_counter()
                 metrics = step(ctx)
                 ctx.step += 1
+                skipped = skip_reason(metrics)
+                self.skipped_steps += skipped is not None
                 if self.asynchronous is not None:  # trained and synced: rollout may go on
                     self._open_rollout_gate(ctx)
                 last = ctx.step == cad.max_steps
@@ -736,16 +850,18 @@ class Runner:
                 if self.samples_trained:  # pipelines that count trained samples (rollout/*)
                     metrics["throughput/samples_per_s"] = self.samples_per_s()
                 if evaluate:
-                    last_eval = self.recipe.evaluate(ctx)
+                    with long_phase(f"evaluation at step {ctx.step}"):
+                        last_eval = self.recipe.evaluate(ctx)
                     metrics.update(last_eval)
                 if last or ctx.step % cad.logging_steps == 0:
                     ctx.log(metrics)
                 if save:
                     self.save()
                 shown = [k for k in self.options.progress_keys if k in metrics]
+                line = " ".join(f"{k}={metrics[k]:.3f}" for k in shown)
                 progress.advance(
                     {k: v for k, v in metrics.items() if k.startswith("timing/")},
-                    " ".join(f"{k}={metrics[k]:.3f}" for k in shown),
+                    f"skipped ({skipped}) {line}".strip() if skipped else line,
                 )
         return last_eval
 
@@ -792,12 +908,13 @@ class Runner:
         after: dict[str, float],
         resume: Path | None,
     ) -> RunResult:
-        from rl_runtime.curves import write_curves
+        from rl_runtime.curves import PANELS, write_curves
 
         out = Path(self.components.output_dir)
         png = write_curves(
             ctx.tracker.history,
             out / CURVES_NAME,
+            panels=PANELS.get(self.pipeline() or ""),
             title=self.components.exp_name,
             baselines={
                 f"{name}: {key}": value
@@ -806,7 +923,8 @@ class Runner:
             },
         )
         hf_dir = None
-        if self.options.export_hf and ctx.cluster.has("actor_train"):
+        nothing_trained = ctx.step > 0 and self.skipped_steps >= ctx.step
+        if self.options.export_hf and ctx.cluster.has("actor_train") and not nothing_trained:
             hf_dir = ctx.cluster["actor_train"].call_rank0("export_hf", str(out / HF_MODEL_NAME))
         result = RunResult(
             step=ctx.step,
@@ -825,8 +943,20 @@ class Runner:
                 "samples_trained": self.samples_trained,
                 "loop_seconds": self.loop_seconds,
             },
+            skipped_steps=self.skipped_steps,
         )
+        result.outputs = run_outputs(self.components, result.curves, hf_dir)
         write_summary(out / SUMMARY_NAME, result.__dict__)
+        if nothing_trained:
+            raise NothingTrainedError(
+                f"every one of the run's {ctx.step} steps was skipped: it trained on nothing "
+                "(dynamic sampling kept no group: each group's rewards were all equal, or every "
+                "sample was too stale), so the policy is the one it started from. Look at "
+                f"reward/mean and reward/accuracy in {out / SUMMARY_NAME} and the logs; give "
+                "dynamic sampling more rounds (dynamic_sampling.max_num_gen_batches), more "
+                "prompts per step (rollout_batch_size) or samples per prompt "
+                "(num_return_sequences_in_group), or turn it off (dynamic_sampling.enable=false)"
+            )
         return result
 
     def teardown(self) -> None:
@@ -842,6 +972,23 @@ class Runner:
             ctx.cluster.shutdown()
             ctx.cluster = None
         self.ctx = None
+
+
+def nothing_to_resume(directory: str | Path) -> str:
+    """The line a run with `resume_from_checkpoint: true` prints first when `directory` holds
+    no checkpoint: it starts fresh (so that one command both starts a run and continues it after
+    an interruption), and says so, naming earlier runs' checkpoints set aside there."""
+    from rl_runtime.previous_run import PREFIX
+
+    root = Path(directory)
+    aside = sorted(p for p in root.glob(f"{PREFIX}*/step-*") if p.is_dir()) if root.is_dir() else []
+    where = (
+        f"; earlier checkpoints set aside there: {', '.join(map(str, aside[-3:]))}" if aside else ""
+    )
+    return (
+        f"resume_from_checkpoint is set, but {root} holds no checkpoint: this run STARTS FRESH "
+        f"from step 0{where} (to resume one of those, set resume_from_checkpoint to its path)"
+    )
 
 
 def _saved_reference(checkpoint: Path) -> Path:

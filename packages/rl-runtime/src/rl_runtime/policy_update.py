@@ -4,7 +4,8 @@ synced weights out.
     old log-probs  actor_train forward, only for a reward KL penalty (otherwise the trainer
                    takes its own: the detached log-probs of its training forward for the
                    first optimizer step, a no-grad forward of its own for the rest; rl_train.core)
-    ref log-probs  the reference role, when there is one
+    ref log-probs  the reference role, when there is one (or actor_train with its LoRA adapter
+                   disabled, when the reference is its base model)
     values         the critic, when there is one
     advantages     rl_runtime.advantages (reward normalisation and reward_clip, reward KL, the
                    estimator)
@@ -32,7 +33,7 @@ def update_policy(ctx: Context, batch: CollatedBatch, kl_controller: Any) -> dic
     if kl_coef > 0:
         with timer.phase("old_log_probs"):
             t["old_log_probs"] = ctx.forward("actor_train", t)["log_probs"]
-    if cluster.has("reference"):
+    if ctx.has_reference():
         with timer.phase("ref_log_probs"):
             t["ref_log_probs"] = ctx.forward("reference", t)["log_probs"]
     if cluster.has("critic"):

@@ -104,6 +104,11 @@ RESUME_REFUSED: dict[str, str] = {
     "custom_envs.*.agent_template": "the task of the checkpointed run changes (its prompts)",
     "custom_envs.*.agent_system_template": "the task of the checkpointed run changes (its prompts)",
     **{f"{r}.model_args.freeze_module_prefix": _FROZEN for r in _TRAINED},
+    **{
+        f"{r}.model_args.{k}": "the checkpoint holds another LoRA adapter's weights (or none)"
+        for r in _TRAINED
+        for k in ("lora_target", "lora_rank", "adapter_name_or_path")
+    },
     # RLVR/DPO: which rows are read (files, columns, reward domains by tag), how each prompt is
     # rendered (template) and whether it fits (prompt_length), the mix per batch; DPO's pairs
     **{f"actor_train.data_args.{k}": _PROMPTS for k in _DATA_ARGS},

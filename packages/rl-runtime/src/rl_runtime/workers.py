@@ -39,6 +39,15 @@ def _init_process(dist_env: Mapping[str, str], seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
+def _outputs(out: Any) -> dict[str, torch.Tensor]:
+    """A backend's `ForwardOutput` as CPU float32 tensors by name (those it has)."""
+    return {
+        k: v.detach().float().cpu()
+        for k, v in (("log_probs", out.log_probs), ("entropy", out.entropy), ("values", out.values))
+        if v is not None
+    }
+
+
 class TrainWorker:
     """One rank of a training role: forward (log-probs / values), train steps, weights, checkpoints.
 
@@ -61,10 +70,14 @@ class TrainWorker:
         model_args: Any = None,
         loss_config: Any = None,
         seed: int = 0,
+        sync_adapter_only: bool = False,
     ) -> None:
         _init_process(dist_env, seed + rank)
         self.rank = rank
         self.role = role
+        #: weight syncs to the engines carry the LoRA adapter only (rl_sync.adapter), which the
+        #: engines merge into the base weights they loaded; False: the full (merged) weights
+        self.sync_adapter_only = sync_adapter_only
         #: how the backend is built, but the model: `reload` builds it again from another one
         self._backend_args: dict[str, Any] = {
             "role": role,
@@ -117,16 +130,12 @@ class TrainWorker:
             shutil.rmtree(previous, ignore_errors=True)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = self.backend.forward(batch)
-        return {
-            k: v.detach().float().cpu()
-            for k, v in (
-                ("log_probs", out.log_probs),
-                ("entropy", out.entropy),
-                ("values", out.values),
-            )
-            if v is not None
-        }
+        return _outputs(self.backend.forward(batch))
+
+    def forward_base(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`forward` of the base model, the LoRA adapter disabled (the reference log-probs of
+        a LoRA actor whose reference is its base model)."""
+        return _outputs(self.backend.forward_base(batch))
 
     def train_step(self, batch: dict[str, torch.Tensor], loss: str = "default") -> dict:
         """One `train_step` with the backend's configured loss, or `loss="sft"` (warm-up: one
@@ -238,10 +247,15 @@ class TrainWorker:
         return True
 
     def _full_tensors(self, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]] | None:
-        """The full (gathered) tensors, lazily, on rank 0; None on the other ranks, which only
+        """The full (gathered) tensors a weight sync sends (with `sync_adapter_only`, the
+        adapter-only payload), lazily, on rank 0; None on the other ranks, which only
         take part in the gathering (`iter_full_tensor_buckets` is collective: every rank of the
         role runs the same call)."""
-        buckets = self.backend.iter_full_tensor_buckets(bucket_bytes)
+        buckets = (
+            self.backend.iter_adapter_buckets(bucket_bytes)
+            if self.sync_adapter_only
+            else self.backend.iter_full_tensor_buckets(bucket_bytes)
+        )
         if self.rank != 0:
             for _bucket in buckets:
                 pass

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from rl_train.lora import LoraSettings, parse_lora
+
 SchedulerName = Literal[
     "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr"
 ]
@@ -212,6 +214,8 @@ class ModelArgs:
     """Parameter-name prefixes to freeze (ROLL ``model_args.freeze_module_prefix``, a
     comma-separated string or a list): those parameters get ``requires_grad=False`` and stay out
     of the optimizer; a prefix that matches no parameter is an error naming the key."""
+    lora: LoraSettings | None = None
+    """LoRA adapter of a trained role (:mod:`rl_train.lora`); None: every weight is trained."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -237,6 +241,7 @@ def parse_model_args(obj: Any = None) -> ModelArgs:
         attn_implementation=attn,
         disable_gradient_checkpointing=True if disable_gc is None else bool(disable_gc),
         freeze_module_prefix=parse_prefixes(raw.get("freeze_module_prefix")),
+        lora=lora if isinstance(lora := raw.get("lora"), LoraSettings) else parse_lora(raw),
         extra=raw,
     )
 

@@ -81,7 +81,7 @@ def begin(root: str | Path, step: int) -> Path:
 def seal(tmp: Path, step: int, key_file: str | os.PathLike[str] | None) -> None:
     """Make ``tmp`` a complete checkpoint in place: fsync every file and directory, write the
     signed manifest, then the marker, each fsynced (single process; no rename)."""
-    key = load_key(key_file)
+    key = load_key(key_file, checkpoint_root=tmp.parent)
     fsync_tree(tmp)
     write_manifest(tmp, key, step=step, skip=(MARKER,))
     fault_point("checkpoint.before_marker", step)
@@ -185,7 +185,11 @@ def verify(
     if not (ckpt / MARKER).is_file():
         raise CheckpointError(f"checkpoint {ckpt} has no {MARKER} marker (incomplete save)")
     return verify_manifest(
-        ckpt, load_key(key_file), step=dir_step(ckpt), hashes=hashes, skip=(MARKER,)
+        ckpt,
+        load_key(key_file, checkpoint_root=ckpt.parent),
+        step=dir_step(ckpt),
+        hashes=hashes,
+        skip=(MARKER,),
     )
 
 

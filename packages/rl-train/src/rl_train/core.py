@@ -321,15 +321,64 @@ class BackendCore:
         parts = old.split([batching.batch_size(m) for m in later])
         return [minis[0], *({**m, "old_log_probs": o} for m, o in zip(later, parts))]
 
+    def _module(self) -> nn.Module:
+        """The HF model under any engine wrapper (DeepSpeed's engine holds it as ``module``)."""
+        return self.model
+
+    @property
+    def has_adapters(self) -> bool:
+        """Whether the model trains LoRA adapters (:mod:`rl_train.lora`)."""
+        return self.model_args.lora is not None and self.role != "reference"
+
+    @torch.no_grad()
+    def forward_base(self, batch: Batch) -> ForwardOutput:
+        """:meth:`forward` of the base model, the LoRA adapters bypassed: the reference
+        log-probs of a LoRA-trained actor whose reference is its base model, without a second
+        copy of the model (``[B, T]`` outputs as :meth:`forward`)."""
+        from rl_train.lora import adapters_disabled
+
+        if not self.has_adapters:
+            raise ValueError(f"{self.role}: forward_base needs LoRA adapters (model_args.lora)")
+        with adapters_disabled(self._module()):
+            return self.forward(batch)
+
     def any_rank(self, flag: bool) -> bool:
         return any_rank_true(flag)
 
     def iter_full_tensor_buckets(
         self, bucket_bytes: int = 1 << 28
     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """HF-named full tensors of the model in buckets of about ``bucket_bytes``; with LoRA
+        adapters, the merged model (:func:`rl_train.lora.merge_adapters`)."""
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
-        for name, tensor in self._iter_full_tensors():
+        named = self._iter_full_tensors()
+        if self.has_adapters:
+            from rl_train.lora import merge_adapters, scalings
+
+            named = merge_adapters(named, scalings(self._module()))
+        for name, tensor in named:
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
+
+    def iter_adapter_buckets(
+        self, bucket_bytes: int = 1 << 28
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The LoRA adapter as an adapter-only weight payload (:mod:`rl_sync.adapter`: each
+        module's A and scaled B), in buckets of about ``bucket_bytes``; collective as
+        :meth:`iter_full_tensor_buckets`."""
+        from rl_train.lora import adapter_payload, scalings
+
+        if not self.has_adapters:
+            raise ValueError(f"{self.role}: no LoRA adapter (model_args.lora) to send")
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in adapter_payload(self._iter_full_tensors(), scalings(self._module())):
             bucket.append((name, tensor))
             size += tensor.numel() * tensor.element_size()
             if size >= bucket_bytes:
@@ -342,6 +391,13 @@ class BackendCore:
         raise NotImplementedError
 
     def export_hf(self, out_dir: str | Path) -> Path:
+        """The model as an HF directory (with LoRA: the merged model)."""
         from rl_train.export import export_hf
 
         return export_hf(self, Path(out_dir))
+
+    def export_adapter(self, out_dir: str | Path) -> Path:
+        """The LoRA adapter as a peft adapter directory (:func:`rl_train.lora.export_adapter`)."""
+        from rl_train.lora import export_adapter
+
+        return export_adapter(self, out_dir)

@@ -47,7 +47,8 @@ def load_model(
     kernel is ``model_args.attn_implementation`` resolved for ``device_kind`` and the compute
     dtype ``model_args.dtype`` (FSDP2 loads fp32 master weights that compute in bf16).
     ``fused_lm_head``: actor/reference get a :class:`~rl_train.fused_head.LogProbHead` (log-probs
-    from hidden states, no ``[N, V]`` logits; see :func:`resolve_fused_lm_head`)."""
+    from hidden states, no ``[N, V]`` logits; see :func:`resolve_fused_lm_head`).
+    ``model_args.lora`` (actor/critic): LoRA adapters on the frozen model (:mod:`rl_train.lora`)."""
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     check_role(role)
@@ -73,6 +74,10 @@ def load_model(
     model.config.use_cache = False
     if role != "reference" and model_args.freeze_module_prefix:
         freeze_parameters(model, model_args.freeze_module_prefix)
+    if role != "reference" and model_args.lora is not None:
+        from rl_train.lora import apply_lora
+
+        model = apply_lora(model, model_args.lora, role)
     return model
 
 

@@ -74,11 +74,25 @@ def default_key_file() -> Path:
 
 
 def load_key(
-    key_file: str | os.PathLike[str] | None = None, *, create: bool = True
+    key_file: str | os.PathLike[str] | None = None,
+    *,
+    create: bool = True,
+    checkpoint_root: str | os.PathLike[str] | None = None,
 ) -> CheckpointKey:
-    """Read the signing key (creating it when missing and ``create``); refuses a key file that
-    is not a private regular file of this user."""
+    """Read the signing key (creating it when missing and ``create``, unless
+    ``checkpoint_root`` already holds signed checkpoints: then a missing key is an error naming
+    both); refuses a key file that is not a private regular file of this user, or that lies in
+    an unsafe place (`check_key_location`)."""
     path = Path(key_file).expanduser() if key_file else default_key_file()
+    check_key_location(path, checkpoint_root)
+    if not path.exists():
+        signed = _signed_checkpoint(checkpoint_root)
+        if signed is not None:
+            raise CheckpointError(
+                f"checkpoint key file {path} does not exist, but {signed} was signed with a key: "
+                "restore the key that signed it (checkpoint_config.key_file or "
+                f"${KEY_FILE_ENV} names where it is) instead of creating a new one"
+            )
     if create and not path.exists():
         _create_key(path)
     try:
@@ -108,6 +122,62 @@ def load_key(
             f"checkpoint key file {path}: key has {len(secret)} bytes, need {_KEY_BYTES}"
         )
     return CheckpointKey(path, secret)
+
+
+def check_key_location(path: Path, checkpoint_root: str | os.PathLike[str] | None = None) -> None:
+    """Refuse a key file where others could replace or read it: under a directory others may
+    write (world-writable without the sticky bit anywhere above it, or world-writable right
+    above it), inside the checkpoint root, or inside the checkout of the code being run (the
+    work tree, with a ``pyproject.toml``, holding the current directory)."""
+    absolute = Path(os.path.abspath(path))
+    parents = list(absolute.parents)
+    for parent in parents:
+        try:
+            mode = parent.stat().st_mode
+        except OSError:
+            continue  # not there yet: created private (0700) with the key
+        writable = mode & stat.S_IWOTH
+        if writable and (parent == absolute.parent or not mode & stat.S_ISVTX):
+            raise CheckpointError(
+                f"checkpoint key file {path}: {parent} is writable by every user (mode "
+                f"{stat.S_IMODE(mode):04o}), so another user could replace the key; keep it "
+                "in a private directory"
+            )
+    real = Path(os.path.realpath(absolute))
+    if checkpoint_root is not None:
+        root = Path(os.path.realpath(checkpoint_root))
+        if real == root or root in real.parents:
+            raise CheckpointError(
+                f"checkpoint key file {path} is inside the checkpoint root {checkpoint_root}: "
+                "whoever can write a checkpoint could replace the key that vouches for it; keep "
+                "it outside"
+            )
+    checkout = _checkout_of(Path.cwd())
+    if checkout is not None and checkout in real.parents:
+        raise CheckpointError(
+            f"checkpoint key file {path} is inside the checkout {checkout} (it could be "
+            "committed, shipped or read with the code); keep it outside"
+        )
+
+
+def _checkout_of(directory: Path) -> Path | None:
+    """The project work tree holding ``directory``: the nearest ancestor with both ``.git``
+    and ``pyproject.toml``."""
+    for candidate in (directory, *directory.parents):
+        if (candidate / ".git").exists() and (candidate / "pyproject.toml").is_file():
+            return Path(os.path.realpath(candidate))
+    return None
+
+
+def _signed_checkpoint(root: str | os.PathLike[str] | None) -> Path | None:
+    """A signed checkpoint directory directly under ``root``, if any."""
+    if root is None:
+        return None
+    with contextlib.suppress(OSError):
+        for child in sorted(Path(root).iterdir()):
+            if (child / SIGNATURE).is_file():
+                return child
+    return None
 
 
 def _create_key(path: Path) -> None:

@@ -56,7 +56,28 @@ class ModelArgs(StrictModel):
         "actor_infer and reference; `reward_pretrain` (else `pretrain`) for critic.",
     )
     adapter_name_or_path: str | None = Field(
-        default=None, description="Path of a PEFT adapter to load on top of the model (optional)."
+        default=None,
+        description="Local peft adapter directory (adapter_model.safetensors) to start a trained "
+        "role's LoRA from; its own rank, alpha and targets apply (turns LoRA on).",
+    )
+    lora_target: str | list[str] | None = Field(
+        default=None,
+        description="Turns LoRA on for a trained role (actor_train, critic): all-linear, a "
+        "comma-separated list of module names (q_proj,v_proj), or a regular expression. Only "
+        "the adapters train; a reference that is the base model is the actor with its adapter "
+        "disabled (no reference worker).",
+    )
+    lora_rank: int | None = Field(
+        default=None, ge=1, description="LoRA rank r (default 8 when lora_target is set)."
+    )
+    lora_alpha: float | None = Field(
+        default=None,
+        gt=0,
+        description="LoRA scale numerator: updates are scaled by lora_alpha / lora_rank "
+        "(default 2 x lora_rank).",
+    )
+    lora_dropout: float | None = Field(
+        default=None, ge=0, lt=1, description="Dropout on the LoRA input (default 0)."
     )
     attn_implementation: Literal["eager", "sdpa", "fa2", "flash_attention_2", "auto"] | None = (
         Field(

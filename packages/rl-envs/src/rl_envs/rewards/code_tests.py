@@ -12,37 +12,36 @@ only as a sandbox call, ``SandboxPool.call("rl_envs.rewards.code_tests:code_sand
   string): stdin/stdout pairs.
 
 The program is the last fenced code block of the response (```python ...``` preferred). Each
-test runs in a process forked inside the sandbox call, with its own deadline: a test that hangs
-fails and the next one runs. That process closes every descriptor but its two report pipes, runs
-the program as ``__main__``, then the test's asserts in its namespace, and only then asks the
-call for a random nonce and reports it: a test passes only if the report carries its nonce (and,
-for stdin tests, the expected output). A program that exits before its asserts ran
-(``sys.exit``, ``SystemExit`` of any code, ``os._exit``) or writes a report of its own fails.
-Out of reach of any in-process runner: a program that imitates this harness's protocol or
-patches the interpreter, and results whose ``__eq__`` lies. Score: the fraction of tests passed
-(a response with no code block: 0.0, ``no_code`` True).
+test runs the program in its own candidate process (``rl_envs.rewards.candidate``) with its own
+deadline: a test that hangs fails and the next one runs. Candidates are forked by the call's
+spawner (``rl_envs.sandbox.spawner``), which was forked before the call received its arguments,
+so no candidate holds the expected outputs or the asserts, and none can read this process's
+memory. A stdin/stdout test gets the program's output back as text and compares it here; an
+assert test runs its asserts here, over proxies whose calls run the program's functions in the
+candidate and bring the results back as data (a lying ``__eq__`` stays in the candidate). A
+program that exits, raises ``SystemExit`` or stops answering before its asserts ran fails.
+Arguments a test passes are copies: in-place changes of list, dict and set arguments come back;
+objects the program returns (not data) stay handles that equal only themselves. Score: the
+fraction of tests passed (a response with no code block: 0.0, ``no_code`` True).
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import re
-import select
 import signal
-import sys
 import time
-import types
 from typing import Any
+
+from rl_envs.rewards.candidate import Handle, Remote, candidate_main
+from rl_envs.sandbox import spawner
+from rl_envs.sandbox.protocol import write_frame
 
 ASSERT_TYPES = ("assert", "pytest")
 IO_TYPES = ("input", "stdin")
 MAX_TESTS = 256
-OUTPUT_LIMIT = 1 << 20
-NONCE_BYTES = 16
-READY = b"R"  # the child's request for the nonce, after its tests ran
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 
 
@@ -130,128 +129,48 @@ def _same_output(got: str, want: str) -> bool:
     return lines(got) == lines(want)
 
 
-def _close_fds_except(*keep: int) -> None:
-    """Close every descriptor from 3 up but ``keep`` (the call's JSON result pipe among them:
-    the program must not be able to write the call's result)."""
-    low = 3
-    for fd in sorted(keep):
-        os.closerange(low, fd)
-        low = fd + 1
-    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
-
-
-def _exec(source: str, filename: str, namespace: dict[str, Any]) -> None:
-    """Run untrusted ``source`` in ``namespace`` (only ever in a sandboxed test process)."""
-    exec(compile(source, filename, "exec", dont_inherit=True), namespace)  # noqa: S102
-
-
-def _run_case(program: str, case: dict[str, str]) -> None:
-    """Run the program as ``__main__``, then (assert tests) the test code and its ``test_*``
-    functions in the program's namespace. Returns only if all of it ran; raises otherwise. A
-    ``SystemExit`` ends an stdin/stdout program (code 0 or None: its output is judged) but fails
-    an assert test, whose asserts have not run."""
-    path = os.path.join(os.getcwd(), f"solution_{os.getpid()}.py")
-    with open(path, "w") as handle:
-        handle.write(program)
-    module = types.ModuleType("__main__")
-    module.__file__ = path
-    sys.modules["__main__"] = module
-    sys.argv = [path]
-    if "stdin" in case:
-        try:
-            _exec(program, path, module.__dict__)
-        except SystemExit as exc:
-            if exc.code not in (0, None):
-                raise
-        return
-    _exec(program, path, module.__dict__)
-    _exec(case["assert_code"], "tests.py", module.__dict__)
-    for name, fn in list(module.__dict__.items()):
-        if name.startswith("test_") and callable(fn):
+def _run_asserts(remote: Remote, assert_code: str) -> None:
+    """The test's asserts and ``test_*`` functions, run HERE over proxies of what the program
+    defined (its functions run in the candidate process; results come back as data)."""
+    namespace: dict[str, Any] = {"__name__": "tests", **remote.namespace()}
+    exec(compile(assert_code, "tests.py", "exec", dont_inherit=True), namespace)  # noqa: S102
+    for name, fn in list(namespace.items()):
+        if name.startswith("test_") and callable(fn) and not isinstance(fn, Handle):
             fn()
 
 
-def _child(program: str, case: dict[str, str], report_fd: int, nonce_fd: int) -> None:
-    """Forked test process: run the test, then report it passed (never returns).
-
-    The report is ``READY``, then the nonce the parent creates and sends only when the report's
-    first bytes arrive (it did not exist while the program ran), then the captured stdout. An
-    exit of any kind before that, a ``SystemExit`` included, leaves no report: the test
-    fails."""
-    write, read, exit_now = os.write, os.read, os._exit  # bound before the program can patch os
-    status = 1
-    captured = io.StringIO()
-    try:
-        _close_fds_except(report_fd, nonce_fd)
-        os.setpgid(0, 0)
-        sys.stdin = io.StringIO(case.get("stdin", ""))
-        with contextlib.redirect_stdout(captured):
-            _run_case(program, case)
-        write(report_fd, READY)
-        nonce = read(nonce_fd, NONCE_BYTES)
-        write(report_fd, nonce + captured.getvalue()[:OUTPUT_LIMIT].encode(errors="replace"))
-        status = 0
-    except BaseException:
-        status = 1
-    finally:
-        exit_now(status)
-
-
-def _collect(report_fd: int, nonce_fd: int, deadline: float) -> tuple[bytes, bytes, bool]:
-    """``(report, nonce, timed_out)``: read the child's report until EOF, sending a fresh nonce
-    once its first bytes arrive."""
-    chunks: list[bytes] = []
-    nonce = b""
-    while True:
-        wait = deadline - time.monotonic()
-        if wait <= 0:
-            return b"".join(chunks), nonce, True
-        ready, _, _ = select.select([report_fd], [], [], wait)
-        if not ready:
-            continue
-        chunk = os.read(report_fd, 1 << 16)
-        if not chunk:
-            return b"".join(chunks), nonce, False
-        if sum(map(len, chunks)) < OUTPUT_LIMIT:
-            chunks.append(chunk)
-        if not nonce:
-            nonce = os.urandom(NONCE_BYTES)
-            with contextlib.suppress(OSError):  # the child may be gone already
-                os.write(nonce_fd, nonce)
-
-
 def _run_one(program: str, case: dict[str, str], timeout_s: float) -> tuple[bool, bool]:
-    """``(passed, timed_out)`` of one test in a forked process: passed only when the child's
-    report carries this test's nonce (and, for stdin tests, the expected output)."""
-    report_r, report_w = os.pipe()
-    nonce_r, nonce_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        _child(program, case, report_w, nonce_r)
-    os.close(report_w)
-    os.close(nonce_r)
+    """``(passed, timed_out)`` of one test: the program runs in a candidate process from the
+    call's spawner (it never holds the expected output nor the asserts); this process judges
+    what crosses the pipes."""
+    request_r, request_w = os.pipe()
+    reply_r, reply_w = os.pipe()
     try:
-        report, nonce, timed_out = _collect(report_r, nonce_w, time.monotonic() + timeout_s)
+        pid = spawner.current().spawn([request_r, reply_w])
     finally:
-        os.close(report_r)
-        os.close(nonce_w)
-    if timed_out:
+        os.close(request_r)
+        os.close(reply_w)
+    io_test = "stdin" in case
+    remote = Remote(request_w, reply_r, time.monotonic() + timeout_s)
+    try:
+        write_frame(request_w, {"mode": "io" if io_test else "assert", "program": program,
+                                "stdin": case.get("stdin")})  # fmt: skip
+        if io_test:
+            return _same_output(str(remote.receive().get("stdout")), case["expected_stdout"]), False
+        _run_asserts(remote, case["assert_code"])
+        return not remote.failed, remote.failed == "timeout"
+    except Exception:
+        return False, remote.failed == "timeout"
+    finally:
+        os.close(request_w)
+        os.close(reply_r)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    marker = READY + nonce
-    if timed_out or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
-        return False, timed_out
-    if not nonce or not report.startswith(marker):
-        return False, False
-    if "stdin" in case:
-        output = report[len(marker) :].decode(errors="replace")
-        return _same_output(output, case["expected_stdout"]), False
-    return True, False
 
 
+@spawner.forks_candidates(candidate_main)
 def code_sandbox_score(
     data_source: str,
     solution_str: str,

@@ -1,8 +1,10 @@
 """Sandbox worker process: ``python -m rl_envs.sandbox._worker`` (started by ``SandboxPool``).
 
 The worker is trusted code; it serves one call slot of the pool (its own uid when root, its
-own control group). For each task it forks the call (``rl_envs.sandbox.call``) with two pipes
-opened BEFORE the fork, one for stdout/stderr and one for the JSON result: nothing the call
+own control group). For each task its zygote (``rl_envs.sandbox.zygote``, forked before any
+task was read) forks the call (``rl_envs.sandbox.call``) as the worker's child, with pipes opened
+BEFORE the fork, one for stdout/stderr, one for the JSON result and one that carries the task
+after the fork: nothing the call
 leaves in a directory is ever opened by path. The worker enforces the wall timeout, kills the
 call's control group, process group and every descendant that escaped them (the worker is a
 child subreaper), and reaps them all.
@@ -20,19 +22,22 @@ import os
 import select
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_envs.sandbox import isolation, sysv
-from rl_envs.sandbox.call import _resolve, start_call
+from rl_envs.sandbox import isolation, seccomp, sysv
+from rl_envs.sandbox.call import PAYLOAD_KEYS, _resolve, call_body
 from rl_envs.sandbox.cgroups import SlotCgroup, open_slot_cgroup
 from rl_envs.sandbox.protocol import read_frame, write_frame
 from rl_envs.sandbox.uids import claim_uid
+from rl_envs.sandbox.zygote import Zygote, ZygoteLost, start_zygote
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
 OUTPUT_KEEP_BYTES = 64 * 1024  # of the call's stdout/stderr, returned to the caller
 SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
@@ -64,8 +69,9 @@ def _children() -> list[int]:
         return []
 
 
-def _reap_all(call_pid: int) -> None:
-    """Kill the call's process group and every other descendant, then reap them."""
+def _reap_all(call_pid: int, keep: int) -> None:
+    """Kill the call's process group and every other descendant but ``keep`` (the zygote),
+    then reap them."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(call_pid, signal.SIGKILL)
     for _ in range(2000):
@@ -76,7 +82,7 @@ def _reap_all(call_pid: int) -> None:
                 pid = 0
             if pid == 0:
                 break
-        kids = _children()
+        kids = [kid for kid in _children() if kid != keep]
         if not kids:
             return
         for kid in kids:
@@ -193,16 +199,12 @@ def _supervise(pid: int, deadline: float, result_fd: int, output_fd: int, cap: i
 
 def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     limits = task["limits"]
+    zygote: Zygote = state["zygote"]
     if task["kind"] in ("call", "call_each"):
-        # trusted module: import it once in the worker so calls do not pay for it after the fork
-        try:
-            importlib.import_module(task["target"].partition(":")[0])
-        except Exception as exc:
-            return {
-                "ok": False,
-                "kind": "exception",
-                "error": f"cannot import target: {exc!r}"[:2000],
-            }
+        # trusted module: import it once in the zygote so calls do not pay for it after the fork
+        error = zygote.import_module(task["target"].partition(":")[0])
+        if error:
+            return {"ok": False, "kind": "exception", "error": f"cannot import target: {error}"}
     cap = int(limits["max_output_bytes"])
     uid = state["uid"]
     namespaces = state["namespaces"]
@@ -214,23 +216,28 @@ def _run_task(task: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     if cgroup is not None:
         cgroup.set_limits(int(limits["memory_mb"]) << 20, int(limits["max_processes"]) + 1)
         oom_before = cgroup.oom_kills()
-    call = {"workdir": workdir, "uid": uid, "namespaces": namespaces, "hidden": state["hidden"],
-            "baseline_vm": state["baseline_vm"], "block_sockets": state["block_sockets"]}  # fmt: skip
     result_r, result_w = os.pipe()
     output_r, output_w = os.pipe()
+    task_r, task_w = os.pipe()
     start = time.monotonic()
-    close = [state["proto_in"], state["proto_out"], result_r, output_r]
-    if state["uid_lock"] is not None:  # a call could unlock it and hand its uid to another slot
-        close.append(state["uid_lock"])
-    pid = start_call(task, call, cgroup, result_w, output_w, close)
-    os.close(result_w)
-    os.close(output_w)
+    try:
+        pid = zygote.fork_call([result_w, output_w, task_r])
+    finally:
+        for fd in (result_w, output_w, task_r):
+            os.close(fd)
+    try:  # the call reads its task first thing; one that died before gets EPIPE here
+        with contextlib.suppress(BrokenPipeError):
+            header = {k: v for k, v in task.items() if k not in PAYLOAD_KEYS}
+            write_frame(task_w, {"task": header, "workdir": workdir})
+            write_frame(task_w, {k: v for k, v in task.items() if k in PAYLOAD_KEYS})
+    finally:
+        os.close(task_w)
     try:
         got = _supervise(pid, start + float(limits["timeout_s"]), result_r, output_r, cap)
     finally:
         if cgroup is not None:
             cgroup.kill_all()
-        _reap_all(pid)
+        _reap_all(pid, zygote.pid)
         os.close(result_r)
         os.close(output_r)
     if got.status is None:
@@ -303,6 +310,57 @@ def _probe_call_namespaces(hidden: list[str]) -> bool:
     return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
+def _probe_seccomp() -> str:
+    """ "" if a call can install the socket filter here (a throwaway fork installs it and
+    tries a socket), else why not."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(read_fd)
+            seccomp.install()
+            try:
+                socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
+                os.write(write_fd, b"the filter let a socket through")
+            except PermissionError:
+                status = 0
+        except BaseException as exc:
+            with contextlib.suppress(BaseException):
+                os.write(write_fd, str(exc).encode()[:500])
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as handle:
+        why = handle.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        return ""
+    return why or f"probe ended with status {status}"
+
+
+def _groups_after_drop(uid: int | None) -> str:
+    """ "dropped" when a call has no supplementary groups (a slot uid: always; the caller's
+    uid: where ``setgroups`` is allowed), else "kept" (inside an unprivileged user namespace
+    the kernel forbids dropping them)."""
+    if uid is not None:
+        return "dropped"
+    try:
+        os.setgroups([])
+    except PermissionError:
+        return "dropped" if not _real_groups() else "kept"
+    return "dropped"
+
+
+def _real_groups() -> list[int]:
+    """The supplementary groups this process holds (as the host sees them)."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("Groups:"):
+                return [int(g) for g in line.split()[1:]]
+    return []
+
+
 def _setup(config: dict[str, Any]) -> dict[str, Any]:
     """Isolate the worker; returns the per-call state and the isolation report."""
     limits = config["limits"]
@@ -318,6 +376,7 @@ def _setup(config: dict[str, Any]) -> dict[str, Any]:
     network = "allowed" if config.get("network") else isolation.isolate_network(root)
     hidden = [str(p) for p in config.get("hidden", [])]
     namespaces = network != "none" and _probe_call_namespaces(hidden)
+    no_filter = _probe_seccomp()
     report = {
         "network": network,
         "uid": "per-slot" if uid is not None else "shared-with-caller",
@@ -328,9 +387,15 @@ def _setup(config: dict[str, Any]) -> dict[str, Any]:
         "ipc": "ipcns" if namespaces else ("removed-per-call" if uid is not None else "shared"),
         # the user's credentials (rl_envs.sandbox.credentials); a slot uid cannot open 0600 ones
         "credentials": "hidden" if namespaces else ("slot-uid" if uid is not None else "readable"),
+        # every socket family refused by a seccomp filter (rl_envs.sandbox.seccomp)
+        "sockets": "open" if no_filter else "seccomp",
+        "groups": _groups_after_drop(uid),
     }
+    if no_filter:
+        report["sockets_error"] = no_filter
     state = {"uid": uid, "uid_lock": uid_lock, "cgroup": cgroup, "namespaces": namespaces,
-             "block_sockets": network == "none", "hidden": hidden}  # fmt: skip
+             "block_sockets": network == "none", "hidden": hidden,
+             "seccomp": not no_filter}  # fmt: skip
     return {"state": state, "isolation": report}
 
 
@@ -357,10 +422,22 @@ def main() -> None:
             _resolve(target)()
         except Exception as exc:
             errors.append(f"warmup {target}: {type(exc).__name__}: {exc}")
-    state = {**setup["state"], "proto_in": proto_in, "proto_out": proto_out,
-             "baseline_vm": _baseline_vm()}  # fmt: skip
+    # it will hold every task it serves: a call of the same uid (no pid namespace) must not be
+    # able to open its /proc/<pid>/mem (calls make themselves dumpable again: call_body)
+    _prctl(PR_SET_DUMPABLE, 0)
+    state = {**setup["state"], "baseline_vm": _baseline_vm()}
     cgroup = state["cgroup"]
-    write_frame(proto_out, {"ready": True, "pid": os.getpid(), "isolation": setup["isolation"],
+    call = {key: state[key] for key in ("uid", "namespaces", "hidden", "baseline_vm",
+                                        "block_sockets", "seccomp")}  # fmt: skip
+    # a call could unlock the uid claim and hand its uid to another slot
+    lock = [state["uid_lock"]] if state["uid_lock"] is not None else []
+    state["zygote"] = start_zygote(
+        state["namespaces"],
+        [proto_in, proto_out],
+        lambda fds: call_body(fds, call, cgroup, lock),
+    )  # before any task is read: it never holds one
+    write_frame(proto_out, {"ready": True, "pid": os.getpid(), "zygote": state["zygote"].pid,
+                            "isolation": setup["isolation"],
                             "cgroup": [cgroup.version, *cgroup.dirs] if cgroup else [],
                             "preload_errors": errors})  # fmt: skip
     try:
@@ -370,6 +447,8 @@ def main() -> None:
                 return
             try:
                 response = _run_task(task, state)
+            except ZygoteLost:
+                return  # the pool replaces a worker that stops answering
             except Exception as exc:  # a bug here must not kill the worker silently
                 response = {"ok": False, "kind": "worker_error", "error": repr(exc)[:2000]}
             write_frame(proto_out, response)

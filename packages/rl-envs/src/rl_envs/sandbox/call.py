@@ -1,8 +1,10 @@
-"""The process of one sandboxed call, forked by the worker (``rl_envs.sandbox._worker``).
+"""The process of one sandboxed call, forked for the worker (``rl_envs.sandbox._worker``) by
+its zygote (``rl_envs.sandbox.zygote``), a process that never held a task.
 
-``start_call`` forks it, where permitted straight into new mount and pid namespaces (it is
-pid 1 there: when it exits the kernel kills everything else it started). The child gets its own
-process group, dies with the worker, joins the worker's control group, then ``run_body`` sets up
+The zygote forks it, where permitted straight into new mount and pid namespaces (it is
+pid 1 there: when it exits the kernel kills everything else it started). ``call_body`` gives it
+its own process group, makes it die with the worker, reads its task from its own pipe, joins the
+worker's control group, then ``run_body`` sets up
 the private mounts and rlimits, drops to the slot's uid (root) or drops every capability (user
 namespace), and runs the untrusted code. stdout/stderr go to a pipe the worker opened before the
 fork and the JSON result to another: the worker never opens a path the call could have replaced
@@ -24,10 +26,15 @@ import sys
 import traceback
 from typing import Any
 
-from rl_envs.sandbox import isolation
+from rl_envs.sandbox import isolation, seccomp, spawner
 from rl_envs.sandbox.cgroups import SlotCgroup
+from rl_envs.sandbox.protocol import read_frame
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+#: the task's parts that carry data (arguments, sources), sent after the call is set up
+PAYLOAD_KEYS = ("args", "kwargs", "calls", "source")
+MAX_PAYLOAD_BYTES = 256 << 20
 
 
 def _resolve(target: str) -> Any:
@@ -166,8 +173,12 @@ def _execute(task: dict[str, Any], target: Any, workdir: str) -> Any:
     raise ValueError(f"unknown task kind {kind!r}")
 
 
-def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_fd: int) -> None:
-    """The untrusted call itself (pid 1 of its namespaces where they exist). Never returns."""
+def run_body(
+    task: dict[str, Any], call: dict[str, Any], result_fd: int, output_fd: int, payload_fd: int
+) -> None:
+    """The untrusted call itself (pid 1 of its namespaces where they exist): ``task`` is its
+    header (kind, target, limits); its arguments and source come from ``payload_fd`` once the
+    sandbox is set up (and a grader's candidate spawner forked). Never returns."""
     me = os.getpid()
     status = 0
     try:
@@ -187,6 +198,9 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
         elif os.geteuid() == 0:  # uid 0 of a user namespace: keep the uid, lose every capability
             isolation.drop_bounding_capabilities()
             isolation.drop_capabilities()
+        else:  # the caller's uid: its supplementary groups go where the kernel lets them
+            with contextlib.suppress(PermissionError):
+                os.setgroups([])
         # the trainer's session keyring came with the fork
         isolation.leave_callers_keyrings(own_uid=call["uid"] is not None)
         os.chdir(workdir)
@@ -197,7 +211,17 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
         os.close(output_fd)
         if call["block_sockets"]:
             _block_python_sockets()
-        payload = {"ok": True, "value": _execute(task, target, workdir)}
+        if call["seccomp"]:  # last: no socket of any family from here on (fails closed)
+            seccomp.install()
+            seccomp.explain_python_sockets()
+        entry = getattr(target, spawner.ENTRY_ATTRIBUTE, None)
+        if entry is not None:  # before the arguments arrive: candidates never see them
+            spawner.start(entry)
+        arguments = read_frame(payload_fd, None, MAX_PAYLOAD_BYTES)
+        os.close(payload_fd)
+        if not isinstance(arguments, dict):
+            raise RuntimeError("the call's arguments never arrived")
+        payload = {"ok": True, "value": _execute({**task, **arguments}, target, workdir)}
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         payload = {"ok": code == 0, "value": None, "kind": "ok" if code == 0 else "exit",
@@ -225,28 +249,29 @@ def run_body(task: dict[str, Any], call: dict[str, Any], result_fd: int, output_
     os._exit(status)
 
 
-def start_call(
-    task: dict[str, Any],
-    call: dict[str, Any],
-    cgroup: SlotCgroup | None,
-    result_fd: int,
-    output_fd: int,
-    close_fds: list[int],
-) -> int:
-    """Fork the call; returns its pid (in the worker's pid namespace)."""
-    pid = isolation.fork_into_call_namespaces() if call["namespaces"] else os.fork()
-    if pid != 0:
-        return pid
+def call_body(fds: list[int], call: dict[str, Any], cgroup: SlotCgroup | None,
+              close_fds: list[int]) -> None:  # fmt: skip
+    """The call process, just forked by the zygote (``rl_envs.sandbox.zygote``): ``fds`` are
+    its result, output and task pipes. Reads its task's header (and work dir) only now, its
+    arguments later (``run_body``). Never returns."""
+    result_fd, output_fd, task_fd = fds
     try:
         os.setpgid(0, 0)
         _die_with_parent()
+        # the worker is not dumpable; the call sets up its mounts through /proc/self (a uid
+        # change, as root, makes it undumpable again)
+        isolation._libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         for fd in close_fds:
             os.close(fd)
+        message = read_frame(task_fd)
+        if message is None:
+            os._exit(71)
         if cgroup is not None:
             cgroup.enter()
-        run_body(task, call, result_fd, output_fd)
+        header = {**call, "workdir": message["workdir"]}
+        run_body(message["task"], header, result_fd, output_fd, task_fd)
     finally:
         os._exit(70)
 
 
-__all__ = ["run_body", "start_call"]
+__all__ = ["PAYLOAD_KEYS", "call_body", "run_body"]

@@ -34,22 +34,39 @@ HOME_SECRETS = (
     ".config/rl-stack",  # the checkpoint signing key (rl_train.signing)
     ".cache/huggingface/token",
     ".huggingface/token",
+    ".config/wandb",  # tracker credentials (its API key lives in ~/.netrc, above)
 )
 #: environment variables naming a credential file (or the directory of one)
-PATH_VARIABLES = ("RL_CHECKPOINT_KEY_FILE", "HF_TOKEN_PATH")
+PATH_VARIABLES = ("RL_CHECKPOINT_KEY_FILE", "HF_TOKEN_PATH", "NETRC", "WANDB_CONFIG_DIR")
+#: more paths to hide, ``os.pathsep``-separated: what the runtime knows is secret (a checkpoint
+#: key named by ``checkpoint_config.key_file``), set in the trainer's and its workers' environment
+HIDE_VARIABLE = "RL_SANDBOX_HIDE"
 
 
 def secret_paths(env: Mapping[str, str] | None = None) -> list[str]:
     """Existing credential paths of this process's user (absolute, symlinks resolved, sorted):
     `HOME_SECRETS` under ``$HOME`` and under the account's home directory, ``rl-stack`` under
-    ``$XDG_CONFIG_HOME``, and the files `PATH_VARIABLES` name."""
+    ``$XDG_CONFIG_HOME``, the files `PATH_VARIABLES` name and those listed in `HIDE_VARIABLE`."""
     env = os.environ if env is None else env
     homes = {env.get("HOME", ""), _account_home()} - {""}
     found = [Path(home, name) for home in homes for name in HOME_SECRETS]
     if env.get("XDG_CONFIG_HOME"):
         found.append(Path(env["XDG_CONFIG_HOME"], "rl-stack"))
     found += [Path(env[name]) for name in PATH_VARIABLES if env.get(name)]
+    found += [Path(p) for p in env.get(HIDE_VARIABLE, "").split(os.pathsep) if p]
     return sorted({str(p.resolve()) for p in found if p.is_absolute() and p.exists()})
+
+
+def hide_from_calls(path: str | os.PathLike[str], env: dict[str, str] | None = None) -> str:
+    """Add ``path`` (made absolute) to `HIDE_VARIABLE` in ``env`` (default: this process's
+    environment, read by pools started afterwards); returns the variable's new value."""
+    target = os.environ if env is None else env
+    listed = [p for p in target.get(HIDE_VARIABLE, "").split(os.pathsep) if p]
+    absolute = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    if absolute not in listed:
+        listed.append(absolute)
+    target[HIDE_VARIABLE] = os.pathsep.join(listed)
+    return target[HIDE_VARIABLE]
 
 
 def _account_home() -> str:

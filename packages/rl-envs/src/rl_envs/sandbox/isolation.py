@@ -94,10 +94,16 @@ def fork_into_call_namespaces() -> int:
     """``os.fork()`` whose child starts in new mount, pid and IPC namespaces (it is pid 1 of
     the pid namespace). Python's fork hooks run as for ``os.fork``. Raises OSError where
     refused."""
+    return clone_fork(CALL_NAMESPACES)
+
+
+def clone_fork(clone_flags: int) -> int:
+    """``os.fork()`` through clone(2) with ``clone_flags`` (namespaces, ``CLONE_PARENT``): 0
+    in the child, its pid in the parent. Raises OSError where refused."""
     if _SYS_CLONE is None:
         raise OSError(38, f"clone with namespaces is not wired for {platform.machine()}")
     ctypes.pythonapi.PyOS_BeforeFork()
-    flags = ctypes.c_long(CALL_NAMESPACES | signal.SIGCHLD)
+    flags = ctypes.c_long(clone_flags | signal.SIGCHLD)
     null = ctypes.c_long(0)  # no new stack, no tid pointers, no tls: fork semantics
     pid = _libc_holding_gil.syscall(ctypes.c_long(_SYS_CLONE), flags, null, null, null, null)
     if pid == 0:
@@ -237,6 +243,7 @@ def drop_capabilities() -> None:
 
 
 __all__ = [
+    "clone_fork",
     "drop_bounding_capabilities",
     "drop_capabilities",
     "fork_into_call_namespaces",

@@ -190,7 +190,17 @@ class SandboxPool:
         logger.info("sandbox pool of %d workers, isolation %s", num_workers, self._isolation)
 
     def _check_isolation(self) -> None:
-        if self._isolation.get("network") != "none" or self.limits.allow_weak_isolation:
+        if self.limits.allow_weak_isolation:
+            return
+        if self._isolation.get("sockets") != "seccomp":
+            raise WeakIsolationError(
+                "sandbox: calls cannot be kept from opening sockets here ("
+                f"{self._isolation.get('sockets_error', 'no seccomp filter')}); unix sockets bound "
+                "to files and vsock reach outside any network namespace. Set "
+                "SandboxLimits(allow_weak_isolation=True) (config key "
+                "sandbox_allow_weak_isolation) to run calls anyway."
+            )
+        if self._isolation.get("network") != "none":
             return
         raise WeakIsolationError(
             "sandbox: this host refuses network namespaces (e.g. Docker's default seccomp "
@@ -273,13 +283,17 @@ class SandboxPool:
         ``ipc`` (ipcns | removed-per-call: the slot uid's SysV objects are removed after each
         call | shared), ``credentials`` (hidden: the user's credential files are empty in each
         call, rl_envs.sandbox.credentials | slot-uid: only the slot uid's permissions keep them |
-        readable), and ``mode``: "strong" when all of network, mounts and pids are isolated and memory is
-        capped in total, else "weak"."""
+        readable), ``sockets`` (seccomp: no socket of any family can be made in a call,
+        rl_envs.sandbox.seccomp | open), ``groups`` (dropped | kept: the caller's supplementary
+        groups, which an unprivileged user namespace may not drop), and ``mode``: "strong" when
+        network, mounts, pids and sockets are isolated and memory is capped in total, else
+        "weak"."""
         report = dict(self._isolation)
         strong = (
             report.get("network") in ("netns", "userns+netns")
             and report.get("mounts") == "private"
             and report.get("pids") == "pidns"
+            and report.get("sockets") == "seccomp"
             and report.get("limits") in ("cgroup2", "cgroup1")
         )
         report["mode"] = "strong" if strong else "weak"

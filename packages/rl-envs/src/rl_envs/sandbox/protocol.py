@@ -46,14 +46,15 @@ def _read_exact(fd: int, size: int, deadline: float | None) -> bytes | None:
     return b"".join(chunks)
 
 
-def read_frame(fd: int, deadline: float | None = None) -> Any:
-    """Next frame as a JSON value; None on EOF; ``FrameTimeout`` past ``deadline``."""
+def read_frame(fd: int, deadline: float | None = None, max_bytes: int = MAX_FRAME_BYTES) -> Any:
+    """Next frame as a JSON value; None on EOF; ``FrameTimeout`` past ``deadline``;
+    ``ValueError`` for a frame over ``max_bytes`` (before reading it)."""
     header = _read_exact(fd, HEADER.size, deadline)
     if header is None:
         return None
     (size,) = HEADER.unpack(header)
-    if size > MAX_FRAME_BYTES:
-        raise ValueError(f"frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
+    if size > max_bytes:
+        raise ValueError(f"frame of {size} bytes exceeds {max_bytes}")
     payload = _read_exact(fd, size, deadline)
     if payload is None:
         return None

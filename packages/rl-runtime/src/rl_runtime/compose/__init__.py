@@ -35,7 +35,7 @@ from rl_runtime.compose.losses import (
     build_is_correction,
     loss_norm_constant,
 )
-from rl_runtime.compose.roles import build_role, resolve_local, role_specs
+from rl_runtime.compose.roles import build_role, reference_from_actor, role_specs
 from rl_runtime.compose.run_settings import (
     build_cadence,
     build_checkpoint,
@@ -69,7 +69,6 @@ __all__ = [
     "describe",
     "loss_norm_constant",
     "refuse_unsupported",
-    "resolve_local",
     "role_specs",
 ]
 
@@ -104,7 +103,7 @@ def compose(
     kl = build_kl(cfg)
     if not rollout_only:
         names.append("actor_train")
-        if cfg.init_kl_coef > 0 or cfg.use_kl_loss:
+        if (cfg.init_kl_coef > 0 or cfg.use_kl_loss) and not reference_from_actor(cfg):
             names.append("reference")
         if cfg.critic is not None:
             names.append("critic")
@@ -166,6 +165,11 @@ def compose(
         sandbox_allow_weak_isolation=bool(cfg.sandbox_allow_weak_isolation),
         warnings=tuple(warnings),
         asynchronous=asynchronous,
+        reference_from_actor=(
+            not rollout_only
+            and (cfg.init_kl_coef > 0 or cfg.use_kl_loss)
+            and "reference" not in names
+        ),
     )
 
 

@@ -137,6 +137,9 @@ class Components:
     warnings: tuple[str, ...] = field(default=())
     asynchronous: AsyncPlan | None = None
     """Rollout running ahead of training (None: synchronous; rl_runtime.async_training)."""
+    reference_from_actor: bool = False
+    """The reference log-probs are actor_train's with its LoRA adapter disabled (the reference
+    is its base model; no reference worker: rl_runtime.compose.roles.reference_from_actor)."""
 
     def role(self, name: str) -> RolePlan | None:
         return next((r for r in self.roles if r.role == name), None)

@@ -21,7 +21,7 @@ from rl_runtime.compose.components import (
     RolePlan,
     TrackerSettings,
 )
-from rl_runtime.compose.roles import build_role
+from rl_runtime.compose.roles import build_role, reference_from_actor
 from rl_runtime.compose.run_settings import (
     build_cadence,
     build_checkpoint,
@@ -82,6 +82,9 @@ class DPOComponents:
     cluster: ClusterSettings
     sizes: dict[str, int]
     warnings: tuple[str, ...] = field(default=())
+    #: the reference log-probs are actor_train's with its LoRA adapter disabled (no reference
+    #: worker: rl_runtime.compose.roles.reference_from_actor)
+    reference_from_actor: bool = False
     #: DPO trains on a fixed dataset (no rollout): never asynchronous
     asynchronous: ClassVar[None] = None
 
@@ -157,7 +160,8 @@ def compose_dpo(
     refuse_unsupported(getattr(cfg, "__wrapped__", cfg), "dpo")
     loss = build_preference_loss(cfg)
     warnings = unread_preference_keys(cfg, loss)
-    names = ["actor_train"] + (["reference"] if loss.needs_reference else [])
+    from_actor = loss.needs_reference and reference_from_actor(cfg)
+    names = ["actor_train"] + (["reference"] if loss.needs_reference and not from_actor else [])
     t = cfg.actor_train.training_args
     world = len(cfg.actor_train.device_mapping or [0])
     examples = t.per_device_train_batch_size * t.gradient_accumulation_steps * world
@@ -225,4 +229,5 @@ def compose_dpo(
             "optimizer_steps_total": cfg.max_steps,
         },
         warnings=tuple(warnings),
+        reference_from_actor=from_actor,
     )

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from rl_runtime.compose.components import BACKEND_ROLE, Components, RolePlan
 from rl_runtime.compose.losses import build_actor_loss, build_critic_loss
 from rl_runtime.compose.sampling import build_sampling
 from rl_train.args import LogprobSampling, ModelArgs, TrainingArgs, parse_prefixes
+from rl_train.lora import LoraSettings
 
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -161,6 +161,7 @@ def build_role(
         warnings,
     )
     model_args = ModelArgs(
+        lora=None if role == "reference" else build_lora(w.model_args, role),
         dtype=w.model_args.dtype,
         attn_implementation=attn or "sdpa",
         disable_gradient_checkpointing=(
@@ -225,14 +226,53 @@ def build_role(
     return RolePlan(**common, training_args=training, model_args=model_args, loss=loss)  # type: ignore[arg-type]
 
 
+def build_lora(m: Any, role: str) -> LoraSettings | None:
+    """A trained role's LoRA adapter from ROLL's `model_args.lora_*` keys and
+    `adapter_name_or_path` (rl_train.lora.parse_lora); None: every weight trains. A bad value
+    is an error naming `<role>.model_args.<key>`."""
+    from rl_train.lora import parse_lora
+
+    keys = ("lora_target", "lora_rank", "lora_alpha", "lora_dropout", "adapter_name_or_path")
+    raw = {k: getattr(m, k) for k in keys}
+    try:
+        return parse_lora(raw)
+    except ValueError as err:
+        raise ValueError(str(err).replace("model_args.", f"{role}.model_args.")) from None
+
+
+def sync_adapter_only(components: Components) -> bool:
+    """Whether weight syncs carry actor_train's LoRA adapter only (rl_sync.adapter): it trains
+    one and the engines merge it themselves (the HF engine; vLLM gets the merged weights)."""
+    actor, infer = components.role("actor_train"), components.role("actor_infer")
+    lora = actor is not None and actor.model_args is not None and actor.model_args.lora is not None
+    return lora and infer is not None and infer.strategy_name == "hf_infer"
+
+
+def reference_from_actor(cfg: Any) -> bool:
+    """Whether the reference log-probs come from actor_train with its LoRA adapter disabled:
+    actor_train trains LoRA and the reference model is its base model (the same
+    `model_name_or_path`, unset meaning `pretrain`). Then no reference worker starts, which
+    saves a whole copy of the model's weights (2 bytes a parameter in bf16)."""
+    if build_lora(cfg.actor_train.model_args, "actor_train") is None:
+        return False
+    actor = cfg.actor_train.model_args.model_name_or_path or cfg.pretrain
+    return (cfg.reference.model_args.model_name_or_path or cfg.pretrain) == actor
+
+
 def role_specs(components: Components, model_path: str, agent_mode: str = "lockstep") -> list:
     """`RoleSpec`s of the cluster, given the run's policy model path (runtime value)."""
     from rl_runtime.cluster import RoleSpec
+    from rl_runtime.model_source import resolve_model
     from rl_runtime.workers import RolloutWorker, TrainWorker
 
     specs = []
     for r in components.roles:
-        path = resolve_local(r.model_path or model_path)
+        key = f"{r.role}.model_args.model_name_or_path" if r.model_path else "pretrain"
+        if r.reward is not None:  # a model reward's role, reward_<domain>
+            key = f"rewards.{r.role.removeprefix('reward_')}.model_args.model_name_or_path"
+        path = resolve_model(
+            r.model_path or model_path, key=key, system_envs=components.cluster.system_envs
+        )
         if r.reward is not None:  # a model reward's workers (rl_runtime.reward_workers)
             from rl_runtime.reward_workers import reward_role_spec
 
@@ -270,6 +310,7 @@ def role_specs(components: Components, model_path: str, agent_mode: str = "locks
             continue
         kwargs = dict(
             role=BACKEND_ROLE[r.role],
+            sync_adapter_only=r.role == "actor_train" and sync_adapter_only(components),
             model_path=path,
             strategy_name=r.strategy_name,
             strategy_config=r.strategy_config,
@@ -280,11 +321,6 @@ def role_specs(components: Components, model_path: str, agent_mode: str = "locks
         )
         specs.append(RoleSpec(r.role, TrainWorker, r.device_mapping, kwargs, r.devices_per_worker))
     return specs
-
-
-def resolve_local(path: str) -> str:
-    """An existing local path made absolute (Ray workers may run elsewhere); a hub id unchanged."""
-    return str(Path(path).resolve()) if Path(path).exists() else path
 
 
 def check_engine_options(strategy_name: str, strategy_config: dict[str, Any]) -> None:

@@ -1,0 +1,476 @@
+"""The verl translation (``--verl``): each semantic rule with hand-derived values, the walk over
+verl's own key set, the asynchronous recipes, refusals by name, and ``rl-config convert --from
+verl``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rl_config.cli import main as cli_main
+from rl_config.loading import load_app_config
+from rl_config.verl_rules import rule_for
+from rl_config.verl_translate import VERL_DEFAULTS, translate
+
+DATA = Path(__file__).parent / "data"
+KEYS = yaml.safe_load((DATA / "verl_ppo_trainer_keys.yaml").read_text())
+A = "actor_rollout_ref"
+ONE_STEP_OFF = "recipe.one_step_off_policy.main_ppo"
+FULLY_ASYNC = "recipe.fully_async_policy.fully_async_main"
+
+# the keys every translated command below needs (verl requires them too)
+BASE = [
+    "data.train_files=/data/train.parquet",
+    "data.val_files=/data/test.parquet",
+    f"{A}.model.path=/models/policy",
+    f"{A}.rollout.name=vllm",
+    f"{A}.rollout.tensor_model_parallel_size=1",
+    f"{A}.actor.ppo_micro_batch_size_per_gpu=4",
+    "algorithm.adv_estimator=grpo",
+    "trainer.total_training_steps=3",
+    "trainer.n_gpus_per_node=1",
+    "data.train_batch_size=16",
+    f"{A}.actor.ppo_mini_batch_size=8",
+]
+
+NO_STEPS = [o for o in BASE if "total_training_steps" not in o]
+
+
+def _t(*overrides: str, entry: str = "verl.trainer.main_ppo", rows: int = 1000):
+    return translate([*BASE, *overrides], entry=entry, count_rows=lambda _path: rows)
+
+
+def _get(data: dict, key: str):
+    for part in key.split("."):
+        data = data[part]
+    return data
+
+
+def _ok(*overrides: str, **kw) -> dict:
+    t = _t(*overrides, **kw)
+    assert t.refused == [], t.refused
+    return t.data
+
+
+def _refused(*overrides: str, **kw) -> dict[str, str]:
+    return {i.path: i.message for i in _t(*overrides, **kw).refused}
+
+
+def _overrides(keys: dict) -> list[str]:
+    dump = lambda v: yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...")  # noqa: E731
+    return [f"{k}={dump(v).strip()}" for k, v in keys.items()]
+
+
+def test_batch_arithmetic_prompts_samples_optimizer_steps_and_micro_batches():
+    """128 prompts x n=5 = 640 samples a step; a mini-batch of 64 prompts is 320 samples, over 2
+    ranks 160 a rank: micro 20 -> 8 accumulation steps, 2 optimizer steps per step."""
+    d = _ok(
+        "data.train_batch_size=128",
+        f"{A}.rollout.n=5",
+        f"{A}.actor.ppo_mini_batch_size=64",
+        f"{A}.actor.ppo_micro_batch_size_per_gpu=20",
+        "trainer.n_gpus_per_node=2",
+    )
+    assert d["rollout_batch_size"] == 128 and d["num_return_sequences_in_group"] == 5
+    args = d["actor_train"]["training_args"]
+    assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"]) == (20, 8)
+    assert d["actor_train"]["device_mapping"] == d["actor_infer"]["device_mapping"]
+    assert d["actor_train"]["device_mapping"] == "list(range(0,2))"
+    # a micro-batch that does not divide a rank's 160 samples: the largest divisor below it (32)
+    d = _ok(
+        "data.train_batch_size=128",
+        f"{A}.rollout.n=5",
+        f"{A}.actor.ppo_mini_batch_size=64",
+        f"{A}.actor.ppo_micro_batch_size_per_gpu=35",
+        "trainer.n_gpus_per_node=2",
+    )
+    args = d["actor_train"]["training_args"]
+    assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"]) == (32, 5)
+    # verl's deprecated global micro-batch: 40 over 2 ranks = 20 per rank
+    d = _ok(
+        "data.train_batch_size=128",
+        f"{A}.rollout.n=5",
+        f"{A}.actor.ppo_mini_batch_size=64",
+        f"{A}.actor.ppo_micro_batch_size=40",
+        f"~{A}.actor.ppo_micro_batch_size_per_gpu",
+        "trainer.n_gpus_per_node=2",
+    )
+    assert d["actor_train"]["training_args"]["per_device_train_batch_size"] == 20
+
+
+def test_batch_refusals_name_the_key():
+    bad = _refused("data.train_batch_size=128", f"{A}.actor.ppo_mini_batch_size=48")
+    assert "does not divide the 128 prompts" in bad[f"{A}.actor.ppo_mini_batch_size"]
+    bad = _refused(
+        "data.train_batch_size=12", f"{A}.actor.ppo_mini_batch_size=3", "trainer.n_gpus_per_node=2"
+    )
+    assert "do not split over 2 ranks" in bad[f"{A}.actor.ppo_mini_batch_size"]
+    bad = _refused(f"~{A}.actor.ppo_micro_batch_size_per_gpu")
+    assert "required unless use_dynamic_bsz" in bad[f"{A}.actor.ppo_micro_batch_size_per_gpu"]
+    # dynamic batching: a memory knob (token budget), the optimizer step is unchanged
+    d = _ok(
+        f"~{A}.actor.ppo_micro_batch_size_per_gpu",
+        f"{A}.actor.use_dynamic_bsz=True",
+        f"{A}.actor.ppo_max_token_len_per_gpu=4096",
+        "data.train_batch_size=8",
+        f"{A}.actor.ppo_mini_batch_size=4",
+        f"{A}.rollout.n=2",
+    )
+    assert d["actor_train"]["use_dynamic_batching_in_train"] is True
+    assert d["actor_train"]["max_tokens_per_microbatch_in_train"] == 4096
+    args = d["actor_train"]["training_args"]
+    assert args["per_device_train_batch_size"] * args["gradient_accumulation_steps"] == 8
+
+
+def test_loss_as_verl_computes_it_and_nothing_the_command_did_not_ask_for():
+    """verl's defaults: symmetric clip 0.2, dual-clip c=3, token-mean, no entropy, no KL loss, raw
+    scores into GRPO (no extra normalisation), no warm-up, no dynamic sampling, no clip-higher."""
+    d = _ok()
+    assert (d["pg_clip"], d["use_pg_clip_range"]) == (0.2, False)
+    assert (d["dual_clip_loss"], d["dual_clip_c"]) == (True, 3.0)
+    assert d["loss_agg_mode"] == "token-mean" and d["entropy_loss_coef"] == 0.0
+    assert d["use_kl_loss"] is False and "reference" not in d
+    assert d["reward_normalization"]["method"] == "identity" and d["whiten_advantages"] is False
+    assert d["dynamic_sampling"]["enable"] is False and d["overlong_penalty"]["enable"] is False
+    assert d["actor_train"]["training_args"]["warmup_steps"] == 0
+    assert "warmup" not in d.get("rlvr_app", {}) and "arith_data" not in d.get("rlvr_app", {})
+    assert d["actor_train"]["training_args"]["learning_rate"] == 1e-6  # verl's default lr
+    # clip-higher only when low != high; the KL loss with low_var_kl is k3
+    d = _ok(
+        f"{A}.actor.clip_ratio_low=0.2",
+        f"{A}.actor.clip_ratio_high=0.28",
+        f"{A}.actor.clip_ratio_c=10.0",
+        f"{A}.actor.use_kl_loss=True",
+        f"{A}.actor.kl_loss_coef=0.001",
+        f"{A}.actor.kl_loss_type=low_var_kl",
+        f"{A}.actor.entropy_coeff=0.001",
+        f"{A}.actor.loss_agg_mode=seq-mean-token-mean",
+    )
+    assert (d["use_pg_clip_range"], d["pg_clip_low"], d["pg_clip_high"]) == (True, 0.2, 0.28)
+    assert d["dual_clip_c"] == 10.0 and d["loss_agg_mode"] == "seq-mean-token-mean"
+    assert (d["use_kl_loss"], d["kl_loss_coef"], d["kl_loss_type"]) == (True, 0.001, "k3")
+    assert d["entropy_loss_coef"] == 0.001
+    assert d["reference"]["device_mapping"] == d["actor_train"]["device_mapping"]
+
+
+def test_advantages_kl_in_reward_and_critic():
+    d = _ok("algorithm.norm_adv_by_std_in_grpo=False")
+    assert d["adv_estimator"] == "dr_grpo"  # GRPO without the std division
+    d = _ok("algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.kl_coef=0.01")
+    assert (d["add_token_level_kl"], d["init_kl_coef"], d["adaptive_kl_ctrl"]) == (
+        True,
+        0.01,
+        False,
+    )
+    assert "reference" in d
+    d = _ok(
+        "algorithm.use_kl_in_reward=True",
+        "algorithm.kl_ctrl.type=adaptive",
+        "algorithm.kl_ctrl.target_kl=0.05",
+    )
+    assert (d["adaptive_kl_ctrl"], d["target_kl"]) == (True, 0.05)
+    # GAE: a critic (verl's default estimator), whitened advantages, gamma and lambda 1.0
+    d = _ok(
+        "algorithm.adv_estimator=gae",
+        "critic.model.path=/models/critic",
+        "critic.optim.lr=1e-5",
+        "critic.ppo_micro_batch_size_per_gpu=2",
+        "data.train_batch_size=8",
+        f"{A}.actor.ppo_mini_batch_size=4",
+    )
+    assert (d["adv_estimator"], d["whiten_advantages"], d["gamma"], d["lambd"]) == (
+        "gae",
+        True,
+        1.0,
+        1.0,
+    )
+    assert d["critic"]["model_args"]["model_name_or_path"] == "/models/critic"
+    assert d["critic"]["training_args"]["learning_rate"] == 1e-5
+    assert d["critic"]["training_args"]["per_device_train_batch_size"] == 2
+    assert d["critic"]["training_args"]["gradient_accumulation_steps"] == 2  # 4 prompts / 2
+    assert "critic.model.path" in _refused("algorithm.adv_estimator=gae")
+
+
+def test_rollout_validation_device_and_cadence():
+    d = _ok(
+        f"{A}.rollout.name=hf",
+        f"{A}.rollout.temperature=0.7",
+        f"{A}.rollout.top_k=50",
+        f"{A}.rollout.val_kwargs.do_sample=True",
+        f"{A}.rollout.val_kwargs.n=4",
+        f"{A}.rollout.val_kwargs.temperature=0.6",
+        "trainer.device=npu",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.logger=['console','tensorboard']",
+    )
+    assert d["actor_infer"]["strategy_args"]["strategy_name"] == "hf_infer"
+    gen = d["actor_infer"]["generating_args"]
+    assert (gen["temperature"], gen["top_k"], gen["num_return_sequences"]) == (0.7, 50, 1)
+    val = d["validation"]["generating_args"]
+    assert (val["do_sample"], val["temperature"], val["num_return_sequences"]) == (True, 0.6, 4)
+    assert d["val_n_sample"] == 4
+    assert d["system_envs"] == {"RL_DEVICE": "npu"}
+    assert d["actor_train"]["model_args"]["dtype"] == "bf16"
+    assert d["eval_steps"] == 0 and d["save_steps"] == 3  # -1: only the last step saves
+    assert d["track_with"] == "tensorboard"
+    offload = (
+        f"{A}.actor.fsdp_config.param_offload=True",
+        f"{A}.actor.use_kl_loss=True",
+        f"{A}.ref.fsdp_config.param_offload=True",
+    )
+    d = _ok("trainer.device=cuda", *offload)
+    assert d["actor_train"]["strategy_args"]["strategy_config"]["cpu_offload"] is True
+    assert d["reference"]["strategy_args"]["strategy_config"]["offload_reference"] is True
+    d = _ok("trainer.device=cpu", *offload)  # host memory already: no offload
+    assert "cpu_offload" not in d["actor_train"]["strategy_args"]["strategy_config"]
+    assert d["reference"]["strategy_args"]["strategy_config"]["offload_reference"] is False
+    d = _ok("trainer.device=cpu", "trainer.test_freq=5")
+    assert d["validation"]["generating_args"]["temperature"] == 0.0  # verl: greedy validation
+    assert d["actor_train"]["model_args"]["dtype"] == "fp32" and d["eval_steps"] == 5
+    assert "one of cpu, cuda, npu" in _refused("trainer.device=tpu")["trainer.device"]
+
+
+def test_epochs_become_steps_by_the_row_count():
+    """verl: steps = epochs x (rows // train_batch_size) (its dataloader drops the last batch)."""
+    t = translate(
+        [*NO_STEPS, "data.train_batch_size=16", "trainer.total_epochs=3"],
+        count_rows=lambda path: {"/data/train.parquet": 100}.get(path, 7),
+    )
+    assert t.refused == [] and t.data["max_steps"] == 3 * (100 // 16)
+    assert t.data["val_batch_size"] == 7  # verl validates on the whole held-out file
+    t = translate([*NO_STEPS, "trainer.total_epochs=3"], count_rows=lambda path: None)
+    assert "total_training_steps" in {i.path: i.message for i in t.refused}["trainer.total_epochs"]
+
+
+def test_one_step_off_gives_rollout_its_own_devices_and_staleness_one():
+    d = _ok(
+        f"{A}.hybrid_engine=False",
+        "trainer.n_gpus_per_node=3",
+        "rollout.nnodes=1",
+        "rollout.n_gpus_per_node=1",
+        "data.train_batch_size=6",
+        f"{A}.actor.ppo_mini_batch_size=6",
+        f"{A}.actor.ppo_micro_batch_size_per_gpu=1",
+        entry=ONE_STEP_OFF,
+    )
+    assert d["async"] == {"max_staleness": 1}
+    assert (d["num_gpus_per_node"], d["actor_train"]["device_mapping"]) == (4, [0, 1, 2])
+    assert d["actor_infer"]["device_mapping"] == [3]
+    # the recipe uses the rollout log-probs as old log-probs: an IS weight old/rollout here
+    assert d["train_infer_correction"]["is_weight"]["enabled"] is True
+    assert "async_training.partial_rollout" in _refused(
+        "async_training.partial_rollout=True", entry=ONE_STEP_OFF
+    )
+
+
+@pytest.mark.parametrize(
+    "threshold, partial, staleness, expect_partial",
+    [(0, True, 0, False), (0.5, True, 1, True), (0.5, False, 1, False), (2, True, 2, True)],
+)
+def test_fully_async_staleness_partial_rollout_and_its_step(
+    threshold, partial, staleness, expect_partial
+):
+    """A step is one weight version: trigger_parameter_sync_step x require_batches x
+    ppo_mini_batch_size prompts (train_batch_size is not read); staleness_threshold s rolls out
+    up to s versions ahead (ceil(s)); partial rollout only when asynchronous (as in verl)."""
+    d = _ok(
+        f"async_training.staleness_threshold={threshold}",
+        f"async_training.partial_rollout={partial}",
+        "async_training.trigger_parameter_sync_step=4",
+        "async_training.require_batches=2",
+        f"{A}.actor.ppo_mini_batch_size=8",
+        "data.train_batch_size=0",
+        "rollout.total_rollout_steps=640",
+        "~trainer.total_training_steps",
+        "rollout.n_gpus_per_node=2",
+        "trainer.n_gpus_per_node=2",
+        entry=FULLY_ASYNC,
+    )
+    assert d["rollout_batch_size"] == 4 * 2 * 8
+    assert d["max_steps"] == 640 // 64
+    assert d["async"].get("max_staleness") == staleness
+    assert d["async"].get("partial_rollout", False) is expect_partial
+    assert d["actor_infer"]["device_mapping"] == [2, 3]
+
+
+@pytest.mark.parametrize(
+    "override, reason",
+    [
+        (f"{A}.actor.strategy=megatron", "Megatron"),
+        (f"{A}.actor.megatron.tensor_model_parallel_size=2", "Megatron"),
+        (f"{A}.rollout.name=sglang", "SGLang"),
+        (f"{A}.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache=True", "vision-language"),
+        (f"{A}.rollout.engine_kwargs.trtllm.batch_wait_timeout_iters=2", "TensorRT-LLM"),
+        (f"{A}.model.exclude_modules=[lm_head]", "LoRA"),
+        (f"{A}.actor.freeze_vision_tower=True", "vision-language"),
+        ("reward_model.enable=True", "reward models"),
+        ("algorithm.adv_estimator=optimal_token_baseline", "not implemented"),
+        (f"{A}.actor.policy_loss.loss_mode=bypass_mode", "not implemented"),
+        ("trainer.logger=['console','mlflow']", "mlflow"),
+        ("data.truncation=left", "never truncated"),
+        ("async_training.staleness_threshold=0.5", "asynchronous recipes"),
+        ("train_batch_size=0", "not a verl key"),
+        (f"+{A}.rollout.segment.enable=True", "segmented rollout"),
+    ],
+)
+def test_refused_by_name_with_the_reason(override, reason):
+    key = override.lstrip("+").split("=")[0]
+    assert reason in _refused(override)[key]
+
+
+def test_knobs_with_no_effect_on_what_is_trained_get_a_row_saying_so():
+    """Sequence parallelism, profilers, vLLM engine options: a row each, nothing refused."""
+    t = _t(
+        f"{A}.actor.ulysses_sequence_parallel_size=2",
+        "global_profiler.tool=nsys",
+        f"{A}.actor.profiler.enable=True",
+        f"{A}.rollout.engine_kwargs.vllm.swap_space=4",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=left",
+    )
+    assert t.refused == []
+    notes = {row.sources[0]: row.note for row in t.rows if not row.target}
+    assert "memory knob" in notes[f"{A}.actor.ulysses_sequence_parallel_size"]
+    assert "profilers" in notes["global_profiler.tool"]
+    assert "filter_overlong_prompts" in notes["data.truncation"]
+    # left truncation without the filter would train on cut prompts: refused
+    assert "never truncated" in _refused("data.truncation=left")["data.truncation"]
+    # dual-clip is verl's vanilla loss only
+    d = _ok(f"{A}.actor.policy_loss.loss_mode=cispo", f"{A}.actor.clip_ratio_c=10")
+    assert d["actor_train"]["pg_variant"] == "cispo" and "dual_clip_loss" not in d
+
+
+def test_lora_of_the_actor_and_the_reference_as_its_base_model():
+    """verl's lora_rank/lora_alpha/target_modules -> actor_train's LoRA keys; the KL's reference
+    is the base model with the adapter disabled (no reference section, as verl's ref_in_actor)."""
+    d = _ok(
+        f"{A}.model.lora_rank=64",
+        f"{A}.model.lora_alpha=32",
+        f"{A}.model.target_modules=all-linear",
+        f"{A}.actor.use_kl_loss=True",
+    )
+    args = d["actor_train"]["model_args"]
+    assert (args["lora_rank"], args["lora_alpha"], args["lora_target"]) == (64, 32.0, "all-linear")
+    assert "reference" not in d
+    d = _ok(f"{A}.model.lora_adapter_path=/adapters/a", f"{A}.model.lora_rank=8")
+    assert d["actor_train"]["model_args"]["adapter_name_or_path"] == "/adapters/a"
+    assert "lora_rank" not in d["actor_train"]["model_args"]
+    assert "lora_rank" not in _ok(f"{A}.model.lora_rank=0")["actor_train"]["model_args"]
+
+
+def test_every_verl_key_is_translated_or_refused_by_a_rule():
+    """verl's own key set (its ppo_trainer.yaml composed, and what its asynchronous recipes' files
+    add): every key has a rule, and verl's defaults of the keys read here are verl's."""
+    keys = {
+        **KEYS["ppo_trainer"],
+        **KEYS["one_step_off_ppo_trainer"],
+        **KEYS["fully_async_ppo_trainer"],
+    }
+    assert len(keys) > 550
+    assert [k for k in keys if rule_for(k) is None] == []
+    required = {
+        "data.train_files",
+        "data.val_files",
+        f"{A}.model.path",
+        f"{A}.rollout.name",
+        "critic.model.path",
+        "trainer.default_local_dir",
+        "critic.ppo_mini_batch_size",
+        "critic.enable",
+        "reward_manager.name",
+        "critic.ppo_micro_batch_size_per_gpu",
+    }
+    recipe_only = {k for k in VERL_DEFAULTS if k.startswith(("rollout.", "async_training."))}
+    ppo = KEYS["ppo_trainer"]
+    differ = {
+        k: (v, ppo[k])
+        for k, v in VERL_DEFAULTS.items()
+        if k in ppo and k not in required | recipe_only and ppo[k] != v
+    }
+    assert differ == {}
+    assert set(VERL_DEFAULTS) - set(keys) <= recipe_only | {"ray_kwargs.ray_init.num_cpus"} | {
+        k for k in VERL_DEFAULTS if "filter_groups" in k or "lr_decay_style" in k
+    }
+
+
+@pytest.mark.parametrize(
+    "entry, extra",
+    [
+        ("verl.trainer.main_ppo", ()),
+        (ONE_STEP_OFF, ("one_step_off_ppo_trainer",)),
+        (FULLY_ASYNC, ("fully_async_ppo_trainer",)),
+    ],
+)
+def test_verl_defaults_given_key_by_key_translate_without_refusal(entry, extra):
+    """All of verl's keys at their defaults (plus what verl requires) translate: each default
+    is accepted, and every key gets a row of the table."""
+    given = dict(KEYS["ppo_trainer"])
+    for name in extra:
+        given.update(KEYS[name])
+    overrides = [
+        *_overrides(given),
+        f"{A}.rollout.name=vllm",
+        f"{A}.actor.ppo_micro_batch_size_per_gpu=4",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        "data.train_files=/x.parquet",
+    ]
+    t = translate(overrides, entry=entry, count_rows=lambda _p: 2048)
+    assert t.refused == []
+    rowed = {k for row in t.rows for k in row.sources}
+    assert set(t.given) <= rowed
+
+
+def test_verl_config_file_with_defaults_list(tmp_path):
+    """--verl-config: the file's own keys over verl's (its defaults list names verl's config)."""
+    (tmp_path / "mine.yaml").write_text(
+        "hydra:\n  searchpath: [file://verl/trainer/config]\ndefaults:\n  - ppo_trainer\n"
+        "  - _self_\ndata:\n  train_batch_size: 16\n  train_files: /data/train.parquet\n"
+        "  val_files: /data/test.parquet\n"
+        "actor_rollout_ref:\n  rollout:\n    n: 4\n"
+    )
+    t = translate(BASE[2:], config_file=tmp_path / "mine.yaml", count_rows=lambda _p: 64)
+    assert t.refused == [] and (
+        t.data["rollout_batch_size"],
+        t.data["num_return_sequences_in_group"],
+    ) == (16, 4)
+    bad = translate(BASE, config_name="ppo_megatron_trainer").refused
+    assert "Megatron" in bad[0].message and bad[0].path == "--config-name"
+
+
+def test_convert_from_verl_writes_a_config_that_checks(tmp_path, capsys):
+    out = tmp_path / "out.yaml"
+    code = cli_main(
+        [
+            "convert",
+            "--from",
+            "verl",
+            "-o",
+            str(out),
+            *BASE,
+            "data.train_batch_size=8",
+            f"{A}.actor.ppo_mini_batch_size=4",
+            "trainer.device=cpu",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    text = out.read_text()
+    assert "rollout_batch_size: 8  # verl: data.train_batch_size" in text
+    assert "# no effect here" not in text or "verl" in text
+    cfg, _ = load_app_config(out, [], section=None)
+    assert (
+        cfg.rollout_batch_size == 8
+        and cfg.actor_train.training_args.gradient_accumulation_steps == 1
+    )
+    assert cli_main(["check", "-q", str(out)]) == 0
+    # a refused key: exit 1, nothing written
+    bad = tmp_path / "bad.yaml"
+    assert (
+        cli_main(
+            ["convert", "--from", "verl", "-o", str(bad), *BASE, f"{A}.actor.strategy=megatron"]
+        )
+        == 1
+    )
+    assert not bad.exists() and "Megatron" in capsys.readouterr().err
