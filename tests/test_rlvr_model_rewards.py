@@ -25,32 +25,42 @@ JUDGE_EXAMPLES = (
 )
 
 
-def _converted(name: str, tmp_path: Path, **paths: str) -> Path:
-    """ROLL's example converted (megatron -> fsdp2), its model paths replaced by `paths`
-    (dotted keys: the rewards' model_args.model_name_or_path ...)."""
+def _converted(name: str, tmp_path: Path) -> list[str]:
+    """ROLL's example converted (megatron -> fsdp2) with its paths changed to local ones (the
+    tiny policy, a scripted judge, small data files in its tags, outputs under `tmp_path`), as
+    a user would before running it here; returns the app's arguments for a dry run."""
     from rl_config.convert import convert_file, dump
+    from rl_rollout.tiny_model import default_tiny_model_dir
+    from rl_rollout.tiny_reward_models import build_scripted_judge
 
     out = tmp_path / "converted.yaml"
     out.write_text(dump(convert_file(ROLL / name, "fsdp2"), str(ROLL / name), "fsdp2"))
     data = yaml.safe_load(out.read_text())
-    for key, value in paths.items():
-        node = data
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node[part]
-        node[leaf] = value
+    policy = str(default_tiny_model_dir())
+    data["pretrain"] = data["reward_pretrain"] = policy
+    data["rewards"]["llm_judge"]["model_args"]["model_name_or_path"] = str(
+        build_scripted_judge(tmp_path / "judge", "yes")
+    )
+    tags = [t for domain in data["rewards"].values() for t in domain.get("tag_included", [])]
+    rows = [{"messages": [{"role": "user", "content": f"question {i}"}], "ground_truth": "A",
+             "tag": tag} for i, tag in enumerate(tags * 2)]  # fmt: skip
+    files = tmp_path / "data.jsonl"
+    files.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data["actor_train"]["data_args"]["file_name"] = [str(files)]
+    if data.get("validation"):
+        data["validation"]["data_args"]["file_name"] = [str(files)]
     out.write_text(yaml.safe_dump(data, sort_keys=False))
-    return out
+    outputs = tmp_path / "out"
+    return ["--config", str(out), "--dry-run", f"output_dir={outputs}",
+            f"checkpoint_config.output_dir={outputs / 'ckpt'}", "rlvr_app.num_cpus=16"]  # fmt: skip
 
 
 def test_roll_judge_example_dry_runs_with_a_judge_role_on_its_devices(tmp_path, capsys):
-    out = _converted(JUDGE_EXAMPLES[0], tmp_path,
-                     **{"rewards.llm_judge.model_args.model_name_or_path": "/models/judge"})  # fmt: skip
-    code = app_main("rlvr")(["--config", str(out), "--dry-run"])
+    code = app_main("rlvr")(_converted(JUDGE_EXAMPLES[0], tmp_path))
     stdout, err = capsys.readouterr()
     assert code == 0, err
     assert "reward_llm_judge workers=2 devices=[6, 7]" in stdout
-    assert "reward_llm_judge strategy=vllm devices=[6, 7] model=/models/judge" in stdout
+    assert f"reward_llm_judge strategy=vllm devices=[6, 7] model={tmp_path / 'judge'}" in stdout
     assert "verdict='yes_no'" in stdout and "kind='llm_judge'" in stdout
     for key in ("judge_prompt", "generating_args", "device_mapping", "strategy_args"):
         assert f"rewards.llm_judge.{key}" not in stdout  # read, not "has no effect"
@@ -61,17 +71,20 @@ def test_roll_judge_example_dry_runs_with_a_judge_role_on_its_devices(tmp_path, 
 def test_roll_multi_domain_example_judges_scores_crossthinkqa_and_refuses_ifeval_by_name(
     tmp_path, capsys
 ):
-    out = _converted(JUDGE_EXAMPLES[1], tmp_path)
-    code = app_main("rlvr")(["--config", str(out), "--dry-run"])
+    code = app_main("rlvr")(_converted(JUDGE_EXAMPLES[1], tmp_path))
     stdout, err = capsys.readouterr()
-    assert code == 0, err
     text = stdout + err
-    assert "reward_llm_judge workers=4 devices=[12, 13, 14, 15]" in stdout
-    assert (
-        "IFEval instruction-following rules are not implemented; set reward_fn (rewards.ifeval)"
-        in text
-    )
+    assert code == 1, text  # refused by name at check time: its IFEval domain
+    assert "rewards.ifeval.worker_cls" in err and "IFEval instruction-following rules" in err
     assert "CrossThink-QA rules" not in text and "LLM judge" not in text  # both scored now
+    args = _converted(JUDGE_EXAMPLES[1], tmp_path)  # without the IFEval domain: it plans
+    data = yaml.safe_load(Path(args[1]).read_text())
+    del data["rewards"]["ifeval"]
+    del data["actor_train"]["data_args"]["domain_interleave_probs"]["ifeval"]
+    Path(args[1]).write_text(yaml.safe_dump(data, sort_keys=False))
+    assert app_main("rlvr")(args) == 0, capsys.readouterr().err
+    stdout = capsys.readouterr().out
+    assert "reward_llm_judge workers=4 devices=[12, 13, 14, 15]" in stdout
     flat = " ".join(stdout.split())
     assert "DomainRewardSpec(domain='crossthinkqa', reward_fn='crossthinkqa'," in flat
     assert "reward_type='soft'" in flat

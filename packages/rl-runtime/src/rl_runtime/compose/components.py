@@ -40,6 +40,13 @@ class RolePlan:
     def trains(self) -> bool:
         return self.role in BACKEND_ROLE
 
+    @property
+    def model_key(self) -> str:
+        """The config key that names this role's model (a model reward's: its domain's)."""
+        if self.reward is not None:  # role reward_<domain>
+            return f"rewards.{self.role.removeprefix('reward_')}.model_args.model_name_or_path"
+        return f"{self.role}.model_args.model_name_or_path"
+
 
 @dataclass(frozen=True)
 class EnvManagerPlan:

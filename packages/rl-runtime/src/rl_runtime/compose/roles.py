@@ -267,9 +267,7 @@ def role_specs(components: Components, model_path: str, agent_mode: str = "locks
 
     specs = []
     for r in components.roles:
-        key = f"{r.role}.model_args.model_name_or_path" if r.model_path else "pretrain"
-        if r.reward is not None:  # a model reward's role, reward_<domain>
-            key = f"rewards.{r.role.removeprefix('reward_')}.model_args.model_name_or_path"
+        key = r.model_key if r.model_path else "pretrain"
         path = resolve_model(
             r.model_path or model_path, key=key, system_envs=components.cluster.system_envs
         )
