@@ -261,6 +261,7 @@ def _run_app(out: Path, *args: str, expect_code: int = 0, procs: list | None = N
     base = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
         "pretrain": out.parent / "tiny_model",  # the data goes to ./output/rlvr_data in cwd
+        "rlvr_app.build_tiny_model": out.parent / "tiny_model",
         "track_with": "stdout", "max_steps": 2, "eval_steps": 2, "save_steps": 1000,
         "rollout_batch_size": 4, "num_return_sequences_in_group": 4, "val_batch_size": 8,
         "val_n_sample": 2, "actor_train.training_args.per_device_train_batch_size": 8,
@@ -420,6 +421,7 @@ def test_missing_data_file_is_named_and_the_run_ends_cleanly(tmp_path):
     (the recipe's sandbox pool was never made, and closing must not fail)."""
     cmd = [sys.executable, str(APP), "--no-ray", "max_steps=1", "rlvr_app.arith_data.generate=false",
            "rlvr_app.warmup.steps=0", f"pretrain={tmp_path / 'tiny_model'}",
+           f"rlvr_app.build_tiny_model={tmp_path / 'tiny_model'}",
            f"output_dir={tmp_path / 'out'}", f"logging_dir={tmp_path / 'out' / 'logs'}",
            f"checkpoint_config.output_dir={tmp_path / 'out' / 'ckpt'}",
            "actor_train.data_args.file_name=missing_train.parquet"]  # fmt: skip
@@ -708,6 +710,7 @@ def test_turning_on_kl_when_resuming_a_warmed_up_run_without_its_reference_is_re
     base = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
         "pretrain": tmp_path / "tiny_model", "track_with": "stdout", "max_steps": 2,
+        "rlvr_app.build_tiny_model": tmp_path / "tiny_model",
         "save_steps": 1, "eval_steps": 100, "resume_from_checkpoint": "true", "use_kl_loss": "true",
         "rollout_batch_size": 4, "num_return_sequences_in_group": 4, "val_batch_size": 8,
         "actor_train.training_args.per_device_train_batch_size": 8,

@@ -158,6 +158,20 @@ def test_more_cpus_than_the_embedded_ray_cluster_holds_are_refused_before_it_sta
     )
 
 
+def test_rl_device_npu_without_torch_npu_is_one_device_error_line(tmp_path, capsys, monkeypatch):
+    import rl_sync.device as device
+
+    monkeypatch.setattr(device, "torch_npu_module", lambda: None)
+    monkeypatch.setattr(device.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv(device.DEVICE_ENV_VAR, "npu")
+    assert app_main(_spec(tmp_path), ["--dry-run"]) == 1
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("device error: RL_DEVICE=npu but no npu device") and "\n" not in err
+    assert "torch_npu is not installed" in err and "unset RL_DEVICE" in err
+    assert "Traceback" not in captured.out + captured.err
+
+
 @pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
 def test_a_signal_during_a_run_is_a_report_and_its_exit_code(tmp_path, capsys, name, code):
     import os

@@ -39,6 +39,8 @@ class Composed:
     details: str = ""
     #: what a dry run lists as warnings and a run refuses as a config error
     refusals: tuple[str, ...] = ()
+    #: the data files the run reads (rl_runtime.preflight.DataFiles), checked before it starts
+    data: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,9 @@ def _app_main(spec: AppSpec, argv: list[str] | None) -> int:
         plan_text,
         print_result,
     )
+    from rl_runtime.preflight import check_devices, preflight
     from rl_runtime.run_lock import RunDirectoryInUseError
+    from rl_sync.device import DeviceUnavailableError
     from rl_train.signing import CheckpointError
 
     try:
@@ -161,14 +165,25 @@ def _app_main(spec: AppSpec, argv: list[str] | None) -> int:
         else:
             assert args.config is not None, "every app has a default config"
             cfg, options = load_app(spec, args.config, args.overrides)
-        check_requested_device(cfg)
+        check_requested_device(cfg)  # verl's trainer.device; then RL_DEVICE of the environment
+        check_devices(cfg)  # composing detects the device kind: one asked for must be here
         composed = spec.compose(cfg, options, args.flags)
+        if "no_ray" in args.flags:
+            options.use_ray = False
+        report = preflight(cfg, composed.components, app=options, data=composed.data,
+                           use_ray=options.use_ray, num_cpus=options.num_cpus,
+                           cpu_per_bundle=options.cpu_per_bundle,
+                           packages_required="dry_run" not in args.flags)  # fmt: skip
+        report.raise_if_problems()  # before anything is built, moved or started
         placement = plan_text(composed.components)  # a placement the cluster cannot make fails here
+    except DeviceUnavailableError as exc:  # RL_DEVICE names a device this host cannot use
+        return _error("device error", exc)
     except (ConfigError, ValueError, KeyError) as exc:
         return _error("config error", exc)
+    for note in report.notes:
+        print(f"note: {note}", flush=True)
     in_process_warnings: list[str] = []
     if "no_ray" in args.flags:
-        options.use_ray = False
         try:  # every worker in this process: refused here, a dry run included
             in_process_warnings = check_in_process(composed.components, use_ray=False)
         except ConfigError as exc:

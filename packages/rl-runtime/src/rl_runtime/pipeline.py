@@ -33,9 +33,12 @@ the app's own section (`RunOptions.app_record`) and the values it derives for it
 and the evaluation before training, which a resumed run's summary keeps. A resumed run says so
 first and goes on in its run's metrics.jsonl, cut back to the checkpoint's step first
 (tracking.rewind_metrics: each step once; TensorBoard hides the later points too), so its
-curves.png plots the whole run; a fresh run first moves an earlier run's metrics,
-checkpoints and outputs (summary.json, curves.png, resolved_config.yaml, hf_model/, and the
-app's `RunOptions.app_outputs`) in its directories aside (rl_runtime.previous_run) and says where.
+curves.png plots the whole run; a fresh run, once its workers have started (a run that fails to
+start moves and rewrites nothing), moves an earlier run's metrics, checkpoints and outputs
+(summary.json, curves.png, resolved_config.yaml, hf_model/, and the app's
+`RunOptions.app_outputs`) in its directories aside (rl_runtime.previous_run) and says where. A
+run with `resume_from_checkpoint: true` whose checkpoint directory holds no checkpoint starts
+fresh, and its first line says so (`nothing_to_resume`).
 Throughput: `throughput/samples_per_s` (trained samples, `rollout/num_trajectories`, per second of
 the training loop without evaluation and checkpoints), in the metrics and summary.json
 (`throughput`: `samples_trained`, `loop_seconds`, `samples_per_s`). They are the whole run's,
@@ -62,6 +65,7 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
+from rl_runtime.export import MODEL_PATH_KEY
 from rl_runtime.interrupts import RunInterrupted, handle_interrupts, resume_command, stopping
 from rl_runtime.metrics import TRAINED_SAMPLES_KEY, skip_reason
 from rl_runtime.previous_run import (
@@ -271,6 +275,26 @@ class RunResult:
     throughput: dict[str, Any] = field(default_factory=dict)
     #: the whole run's steps that trained on nothing (a resumed run's checkpointed part included)
     skipped_steps: int = 0
+    #: where the run's results went (`run_outputs`): the final line lists them
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+def run_outputs(components: Components, curves: str | None, hf_model: str | None) -> dict[str, str]:
+    """Where a run's results are, by kind (the last line of a run, summary.json's `outputs`):
+    checkpoints, logs (metrics.jsonl), tensorboard (when tracked), curves, summary, hf_model.
+    A pipeline or command that writes more adds its entry here."""
+    c = components
+    logs = tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs)
+    tracked = str(c.tracker.track_with)
+    out = {
+        "checkpoints": c.checkpoint.directory if c.role("actor_train") is not None else "none",
+        "logs": str(logs),
+        "tensorboard": str(logs) if "tensorboard" in tracked else "not tracked",
+        "curves": curves or "none",
+        "summary": str(Path(c.output_dir) / SUMMARY_NAME),
+        "hf_model": hf_model or "not exported (export_hf: false)",
+    }
+    return out
 
 
 def engine_weight_diff(ctx: Context) -> float:
@@ -310,22 +334,6 @@ def compose_here(
     from rl_runtime.compose import compose
 
     return compose(cfg, rollout_only=rollout_only, pipeline=pipeline, **machine_kwargs())
-
-
-def policy_model_path(pretrain: str, tiny_model: Any = None) -> str:
-    """The policy model an app runs: `pretrain`, first built there as a tiny local model when
-    `tiny_model` (a dataclass of `rl_rollout.tiny_model.build_tiny_model` options) is given;
-    an existing local path made absolute."""
-    from dataclasses import asdict
-
-    from rl_runtime.compose import resolve_local
-
-    path = str(pretrain)
-    if tiny_model is not None:
-        from rl_rollout.tiny_model import build_tiny_model
-
-        path = str(build_tiny_model(path, **asdict(tiny_model)))
-    return resolve_local(path)
 
 
 def plan_text(components: Components) -> str:
@@ -402,6 +410,9 @@ def print_result(
         f"steps={result.step} weight_version={result.weight_version} "
         f"wall={result.wall_seconds:.0f}s curves={result.curves} hf_model={result.hf_model}"
     )
+    if result.outputs:  # the last line: where everything went
+        line = "outputs: " + " ".join(f"{k}={v}" for k, v in result.outputs.items())
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def check_optional_packages(cfg: Any) -> list[str]:
@@ -521,9 +532,9 @@ class Runner:
         return self.options.pipeline or pipeline_kind(getattr(self.cfg, "__wrapped__", self.cfg))
 
     def _announce(self) -> tuple[Path | None, RunState | None]:
-        """First output: the resume line, or the line saying where an earlier run's results in
-        this run's directories were moved (rl_runtime.previous_run), then warnings; writes the
-        resolved config. Refused here, before anything starts: training roles of several ranks
+        """First output: the resume line, or the line saying a resume found no checkpoint,
+        then warnings (an earlier run's results are set aside, and the resolved config written,
+        once the workers have started: `_set_aside_and_record`). Refused here, before anything starts: training roles of several ranks
         without Ray (`check_in_process`), and a resume whose config changed a key the
         checkpoint depends on (rl_runtime.resume_guard)."""
         c = self.components
@@ -563,15 +574,9 @@ class Runner:
                 finished = check_resume_step(state.step, c.cadence.max_steps, resume)
                 if finished:
                     print(finished, flush=True)
-        if resume is None:
-            earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
-            moved = set_aside_previous_run(
-                earlier
-                + (self.ckpt.present() if self.ckpt is not None else [])
-                + earlier_run_outputs(c.output_dir, self.options.app_outputs)
-            )
-            if moved is not None:
-                print(moved, flush=True)
+        asked = c.checkpoint.resume not in (None, False, "", "false", "False")
+        if resume is None and self.ckpt is not None and asked:
+            print(nothing_to_resume(c.checkpoint.directory), flush=True)
         for line in (
             *resume_warnings,
             *self.cfg.config_warnings(),
@@ -580,10 +585,25 @@ class Runner:
             *check_optional_packages(self.cfg),
         ):
             print(f"warning: {line}", flush=True)
+        return resume, state
+
+    def _set_aside_and_record(self, fresh: bool) -> None:
+        """Once the workers have started (nothing is moved by a run that did not start): a
+        fresh run moves an earlier run's results in its directories aside (and says where);
+        then the resolved config is written."""
+        c = self.components
+        if fresh:
+            earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
+            moved = set_aside_previous_run(
+                earlier
+                + (self.ckpt.present() if self.ckpt is not None else [])
+                + earlier_run_outputs(c.output_dir, self.options.app_outputs)
+            )
+            if moved is not None:
+                print(moved, flush=True)
         from rl_config.redact import dump_resolved
 
         dump_resolved(self.cfg, c.output_dir)
-        return resume, state
 
     def _setup(self) -> Context:
         from rl_runtime.cluster import Cluster, WeightSync
@@ -610,6 +630,11 @@ class Runner:
             devices_per_node=c.cluster.devices_per_node,
             node_resources=c.cluster.node_resources,
         )
+        try:  # started: an earlier run's results may be set aside now (not before)
+            self._set_aside_and_record(fresh=self.resumed_step is None)
+        except BaseException:
+            cluster.shutdown()
+            raise
         # in-process runs on an accelerator also record device memory per phase (memory/*)
         timer = PhaseTimer(None if o.use_ray else kind)
         self.ctx = Context(c, o, cluster, tracker=None, timer=timer)  # type: ignore[arg-type]
@@ -661,6 +686,7 @@ class Runner:
             THROUGHPUT_KEY: self.throughput_state(),
             WARMED_UP_KEY: ctx.warmed_up,
             SKIPPED_STEPS_KEY: self.skipped_steps,
+            MODEL_PATH_KEY: self.options.model_path,  # what rl-export builds the model from
         }
         if self.asynchronous is not None:
             from rl_runtime.async_training import STATE_KEY
@@ -900,8 +926,14 @@ class Runner:
         )
         hf_dir = None
         nothing_trained = ctx.step > 0 and self.skipped_steps >= ctx.step
-        if self.options.export_hf and ctx.cluster.has("actor_train") and not nothing_trained:
-            hf_dir = ctx.cluster["actor_train"].call_rank0("export_hf", str(out / HF_MODEL_NAME))
+        if self.options.export_hf and self.last_checkpoint is not None and not nothing_trained:
+            # what `rl-export` writes from the last checkpoint (rl_runtime.export)
+            from rl_runtime.export import export_checkpoint
+
+            hf_dir = str(export_checkpoint(
+                self.last_checkpoint, out / HF_MODEL_NAME, base_model=self.options.model_path,
+                key_file=self.components.checkpoint.key_file,
+            ))  # fmt: skip
         result = RunResult(
             step=ctx.step,
             weight_version=ctx.weight_version,
@@ -921,6 +953,7 @@ class Runner:
             },
             skipped_steps=self.skipped_steps,
         )
+        result.outputs = run_outputs(self.components, result.curves, hf_dir)
         write_summary(out / SUMMARY_NAME, result.__dict__)
         if nothing_trained:
             raise NothingTrainedError(
@@ -947,6 +980,23 @@ class Runner:
             ctx.cluster.shutdown()
             ctx.cluster = None
         self.ctx = None
+
+
+def nothing_to_resume(directory: str | Path) -> str:
+    """The line a run with `resume_from_checkpoint: true` prints first when `directory` holds
+    no checkpoint: it starts fresh (so that one command both starts a run and continues it after
+    an interruption), and says so, naming earlier runs' checkpoints set aside there."""
+    from rl_runtime.previous_run import PREFIX
+
+    root = Path(directory)
+    aside = sorted(p for p in root.glob(f"{PREFIX}*/step-*") if p.is_dir()) if root.is_dir() else []
+    where = (
+        f"; earlier checkpoints set aside there: {', '.join(map(str, aside[-3:]))}" if aside else ""
+    )
+    return (
+        f"resume_from_checkpoint is set, but {root} holds no checkpoint: this run STARTS FRESH "
+        f"from step 0{where} (to resume one of those, set resume_from_checkpoint to its path)"
+    )
 
 
 def _saved_reference(checkpoint: Path) -> Path:

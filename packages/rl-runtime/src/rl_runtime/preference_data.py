@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from rl_envs.tasks.data import RowInvalid, bad_json, chat_messages
+from rl_envs.tasks.dataset import longest_token_chars
 
 
 class PreferenceDataError(ValueError):
@@ -101,12 +102,6 @@ def _response(value: Any, name: str) -> str:
     return "".join(parts)
 
 
-def _longest_token(tokenizer: Any) -> int:
-    """Characters of the vocabulary's longest token (byte-level and sentencepiece spellings
-    are at least as long as the text they stand for)."""
-    return max((len(token) for token in tokenizer.get_vocab()), default=0) or 64
-
-
 class Tokenizer:
     """Prompt and response tokenization with the chat template applied once."""
 
@@ -117,7 +112,7 @@ class Tokenizer:
         #: texts longer than this have more than `max_tokens` tokens whatever they hold (no
         #: token of the vocabulary spells more characters than the longest one)
         self.max_tokens = max_tokens
-        self.char_limit = (max_tokens + 1) * _longest_token(tokenizer) if max_tokens else 0
+        self.char_limit = (max_tokens + 1) * longest_token_chars(tokenizer) if max_tokens else 0
 
     def too_long(self, value: Any) -> bool:
         """A prompt (text or messages) with more than `max_tokens` tokens, told by its length

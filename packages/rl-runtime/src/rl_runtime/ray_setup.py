@@ -67,6 +67,25 @@ def worker_env_vars(system_envs: Mapping[str, Any] | None, threads: int = 1) -> 
     return env
 
 
+def device_env_defaults(
+    device_kind: str, worker_env: Mapping[str, str], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The device's environment defaults (`rl_sync.device.ascend_env_defaults` on NPU) that
+    neither the workers' env (the config's system_envs) nor this process's environment sets;
+    printed, since each changes how HCCL / vllm-ascend behave. Empty on cpu and cuda."""
+    from rl_sync.device import apply_env_defaults
+
+    present = {**(os.environ if environ is None else environ), **worker_env}
+    applied = apply_env_defaults(device_kind, dict(present))  # type: ignore[arg-type]
+    if applied:
+        shown = " ".join(f"{k}={v}" for k, v in sorted(applied.items()))
+        print(
+            f"{device_kind} env defaults for every worker (set them to override): {shown}",
+            flush=True,
+        )
+    return applied
+
+
 def set_ray_env_defaults() -> None:
     """Set QUIET_RAY_ENV (without overriding the user's values) BEFORE the process first imports
     ray: Ray reads them once, at import. RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 in particular stops Ray
