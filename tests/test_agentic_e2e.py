@@ -29,6 +29,7 @@ def _overrides(out: Path, **extra: object) -> list[str]:
         "render_save_dir": str(out / "render"),
         "checkpoint_config.output_dir": str(out / "ckpt"),
         "pretrain": str(out.parent / "tiny_model"),
+        "agentic_app.build_tiny_model": str(out.parent / "tiny_model"),
         "track_with": "stdout",
         "max_steps": 2,
         "eval_steps": 2,

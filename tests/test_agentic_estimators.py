@@ -25,6 +25,7 @@ def _overrides(out: Path, tiny: Path, estimator: str) -> list[str]:
         "render_save_dir": out / "render",
         "checkpoint_config.output_dir": out / "ckpt",
         "pretrain": tiny,
+        "agentic_app.build_tiny_model": tiny,
         "track_with": "stdout",
         "max_steps": 2,
         "eval_steps": 0,

@@ -26,6 +26,7 @@ def _run(out: Path, *flags: str, **overrides: object) -> dict:
         "render_save_dir": out / "render",
         "checkpoint_config.output_dir": out / "ckpt",
         "pretrain": out.parent / "tiny_model",
+        "agentic_app.build_tiny_model": out.parent / "tiny_model",
         "save_steps": 1000,
         "agentic_app.export_hf": "false",
         **overrides,

@@ -32,6 +32,7 @@ def _overrides(out: Path, extra: dict[str, Any]) -> list[str]:
     base = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
         "pretrain": out.parent / "tiny_model", "track_with": "stdout",
+        "rlvr_app.build_tiny_model": out.parent / "tiny_model",
         "max_steps": 3, "eval_steps": 100, "save_steps": 1000, "dynamic_sampling.enable": "false",
         "rollout_batch_size": 4, "num_return_sequences_in_group": 4, "val_batch_size": 8,
         "val_n_sample": 2, "actor_train.training_args.per_device_train_batch_size": 8,

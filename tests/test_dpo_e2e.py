@@ -24,6 +24,7 @@ def _overrides(out: Path, **extra: object) -> list[str]:
         "logging_dir": str(out / "logs"),
         "checkpoint_config.output_dir": str(out / "ckpt"),
         "pretrain": str(out.parent / "tiny_model"),
+        "dpo_app.build_tiny_model": str(out.parent / "tiny_model"),
         "actor_train.data_args.file_name": str(out.parent / "data" / "train.jsonl"),
         "actor_train.data_args.eval_file_name": str(out.parent / "data" / "heldout.jsonl"),
         "track_with": "stdout",

@@ -256,10 +256,12 @@ def test_roll_qwen3_example_dry_run_reads_its_validation_section():
 CONFIG = APP / "configs" / "cpu_default.yaml"
 
 
-def _run_app(out: Path, *args: str, **extra: object) -> list[dict]:
+def _run_app(out: Path, *args: str, expect_code: int = 0, procs: list | None = None,
+             **extra: object) -> list[dict]:  # fmt: skip
     base = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
         "pretrain": out.parent / "tiny_model",  # the data goes to ./output/rlvr_data in cwd
+        "rlvr_app.build_tiny_model": out.parent / "tiny_model",
         "track_with": "stdout", "max_steps": 2, "eval_steps": 2, "save_steps": 1000,
         "rollout_batch_size": 4, "num_return_sequences_in_group": 4, "val_batch_size": 8,
         "val_n_sample": 2, "actor_train.training_args.per_device_train_batch_size": 8,
@@ -270,7 +272,9 @@ def _run_app(out: Path, *args: str, **extra: object) -> list[dict]:
     cmd = [sys.executable, str(APP), "--config", str(CONFIG), *args,
            *(f"{k}={v}" for k, v in base.items())]  # fmt: skip
     proc = subprocess.run(cmd, cwd=out.parent, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.returncode == expect_code, proc.stdout[-3000:] + proc.stderr[-6000:]
+    if procs is not None:
+        procs.append(proc)
     rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r["step"] > 0]
 
@@ -391,9 +395,17 @@ def test_rlvr_remax_subtracts_the_greedy_responses_reward(tmp_path):
 def test_rlvr_dynamic_sampling_refills_within_its_bound(tmp_path):
     """An almost untrained policy rarely varies within a group: dropped groups are replaced by new
     generation rounds, at most 1 + max_num_gen_batches per step, and a step whose batch stays
-    empty trains on nothing (counted, not trained on)."""
-    rows = _run_app(tmp_path / "ds", "--no-ray", **{"dynamic_sampling.max_num_gen_batches": 1,
-                                                    "eval_steps": 100})  # fmt: skip
+    empty trains on nothing (counted, not trained on). Here every step's batch stays empty: the
+    step lines say so, and the run, which trained on nothing, ends with an error, not a table."""
+    procs: list = []
+    rows = _run_app(tmp_path / "ds", "--no-ray", expect_code=1, procs=procs,
+                    **{"dynamic_sampling.max_num_gen_batches": 1, "eval_steps": 100})  # fmt: skip
+    (proc,) = procs
+    assert "step 1/2 | skipped (no group kept)" in proc.stdout
+    assert "step 2/2 | skipped (no group kept)" in proc.stdout
+    assert "error: every one of the run's 2 steps was skipped" in proc.stderr
+    assert "held-out accuracy" not in proc.stdout and "Traceback" not in proc.stderr
+    assert json.loads((tmp_path / "ds" / "summary.json").read_text())["skipped_steps"] == 2
     for r in (r for r in rows if "dynamic_sampling/rounds" in r):
         kept, dropped = r["dynamic_sampling/kept_groups"], r["dynamic_sampling/dropped_groups"]
         assert r["dynamic_sampling/generated_groups"] == kept + dropped
@@ -409,6 +421,7 @@ def test_missing_data_file_is_named_and_the_run_ends_cleanly(tmp_path):
     (the recipe's sandbox pool was never made, and closing must not fail)."""
     cmd = [sys.executable, str(APP), "--no-ray", "max_steps=1", "rlvr_app.arith_data.generate=false",
            "rlvr_app.warmup.steps=0", f"pretrain={tmp_path / 'tiny_model'}",
+           f"rlvr_app.build_tiny_model={tmp_path / 'tiny_model'}",
            f"output_dir={tmp_path / 'out'}", f"logging_dir={tmp_path / 'out' / 'logs'}",
            f"checkpoint_config.output_dir={tmp_path / 'out' / 'ckpt'}",
            "actor_train.data_args.file_name=missing_train.parquet"]  # fmt: skip
@@ -697,6 +710,7 @@ def test_turning_on_kl_when_resuming_a_warmed_up_run_without_its_reference_is_re
     base = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
         "pretrain": tmp_path / "tiny_model", "track_with": "stdout", "max_steps": 2,
+        "rlvr_app.build_tiny_model": tmp_path / "tiny_model",
         "save_steps": 1, "eval_steps": 100, "resume_from_checkpoint": "true", "use_kl_loss": "true",
         "rollout_batch_size": 4, "num_return_sequences_in_group": 4, "val_batch_size": 8,
         "actor_train.training_args.per_device_train_batch_size": 8,

@@ -40,6 +40,7 @@ def run_seed(seed: int, out: Path, config: str | None, overrides: list[str], rer
         f"render_save_dir={run_dir / 'render'}",
         f"checkpoint_config.output_dir={run_dir / 'checkpoints'}",
         f"pretrain={out / 'tiny_model'}",
+        f"agentic_app.build_tiny_model={out / 'tiny_model'}",
         *overrides,
     ]
     t0 = time.perf_counter()

@@ -49,7 +49,7 @@ def run(cfg, app: AppOptions, composed: Composed, flags: frozenset[str]):
     from rl_runtime.pipeline import Runner, RunOptions
 
     rollout_only = "rollout_only" in flags
-    path = app.model_path(cfg.pretrain)
+    path = app.model_path(cfg.pretrain, cfg.system_envs)
     options = RunOptions.from_app(
         app,
         path,

@@ -36,7 +36,15 @@ def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
     ):
         raise ValueError("dpo_app.generate_arithmetic needs one data_args.file_name and one "
                          "data_args.eval_file_name to write")  # fmt: skip
-    return Composed(compose_dpo(cfg, **machine_kwargs()))
+    from rl_runtime.preflight import DataFiles
+
+    def files(value: str | list[str] | None) -> tuple[str, ...]:
+        return () if not value or app.generate_arithmetic else tuple(
+            [value] if isinstance(value, str) else value)  # fmt: skip
+
+    data = (DataFiles("actor_train.data_args.file_name", files(d.file_name)),
+            DataFiles("actor_train.data_args.eval_file_name", files(d.eval_file_name)))  # fmt: skip
+    return Composed(compose_dpo(cfg, **machine_kwargs()), data=data)
 
 
 def run(cfg, app: AppOptions, composed: Composed, flags: frozenset[str]):
@@ -45,7 +53,7 @@ def run(cfg, app: AppOptions, composed: Composed, flags: frozenset[str]):
 
     from rl_runtime.pipeline import Runner, RunOptions
 
-    path = app.model_path(cfg.pretrain)
+    path = app.model_path(cfg.pretrain, cfg.system_envs)
     if app.generate_arithmetic:
         from rl_runtime.dpo_arithmetic import write_pairs
 

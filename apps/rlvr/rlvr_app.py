@@ -21,9 +21,15 @@ def compose(cfg: Any, app: Any = None, flags: frozenset[str] = frozenset()) -> C
     arithmetic data no data key reads is a refusal (ArithDataOptions.unread_by)."""
     from dataclasses import replace
 
+    from rl_envs.tasks.arith import arith_parquet_paths
     from rl_runtime.compose.rlvr import compose_rlvr
+    from rl_runtime.rlvr_data import preflight_data
 
     composed = compose_rlvr(cfg)
+    generated = (
+        arith_parquet_paths(app.arith_data.out_dir) if app and app.arith_data.generate else ()
+    )
+    composed = replace(composed, data=preflight_data(composed.plan.data, generated))
     unread = app.arith_data.unread_by(composed.plan.data) if app is not None else None
     return replace(composed, refusals=(*composed.refusals, unread)) if unread else composed
 
@@ -33,7 +39,7 @@ def prepare(cfg: Any, app: AppOptions) -> str:
     policy model (built when rlvr_app.build_tiny_model); returns the model path."""
     if app.arith_data.generate:
         app.arith_data.write()
-    return app.model_path(cfg.pretrain)
+    return app.model_path(cfg.pretrain, cfg.system_envs)
 
 
 def run(cfg: Any, app: AppOptions, composed: Composed, flags: frozenset[str] = frozenset(), *,

@@ -68,7 +68,7 @@ def test_roll_accepted_keys_are_named_in_warnings() -> None:
             "pretrain": "m",
             "global_template": "qwen2_5",
             "error_max_len_clip": False,  # unset: off either way, no warning
-            "reward_model": {"worker_cls": "x"},
+            "rollout_dump_dir": "dumps",
             "actor_train": {"model_args": {"flash_attn": "fa2", "ulysses_size": 2}},
             "reference": {"strategy_args": {"strategy_name": "fsdp2_infer"}},
             "reward_norm": "None",
@@ -76,7 +76,7 @@ def test_roll_accepted_keys_are_named_in_warnings() -> None:
     )
     warnings = cfg.config_warnings()
     assert any(w.startswith("global_template: not supported, value ignored") for w in warnings)
-    assert any(w.startswith("reward_model: not supported") for w in warnings)
+    assert any(w.startswith("rollout_dump_dir: not supported") for w in warnings)
     assert any(
         w.startswith("actor_train.model_args.flash_attn: ignored, as ROLL ignores it")
         for w in warnings

@@ -216,6 +216,17 @@ def test_rollout_validation_device_and_cadence():
     assert d["actor_train"]["model_args"]["dtype"] == "bf16"
     assert d["eval_steps"] == 0 and d["save_steps"] == 3  # -1: only the last step saves
     assert d["track_with"] == "tensorboard"
+    offload = (
+        f"{A}.actor.fsdp_config.param_offload=True",
+        f"{A}.actor.use_kl_loss=True",
+        f"{A}.ref.fsdp_config.param_offload=True",
+    )
+    d = _ok("trainer.device=cuda", *offload)
+    assert d["actor_train"]["strategy_args"]["strategy_config"]["cpu_offload"] is True
+    assert d["reference"]["strategy_args"]["strategy_config"]["offload_reference"] is True
+    d = _ok("trainer.device=cpu", *offload)  # host memory already: no offload
+    assert "cpu_offload" not in d["actor_train"]["strategy_args"]["strategy_config"]
+    assert d["reference"]["strategy_args"]["strategy_config"]["offload_reference"] is False
     d = _ok("trainer.device=cpu", "trainer.test_freq=5")
     assert d["validation"]["generating_args"]["temperature"] == 0.0  # verl: greedy validation
     assert d["actor_train"]["model_args"]["dtype"] == "fp32" and d["eval_steps"] == 5

@@ -66,6 +66,11 @@ try:  # the checkpoint key the trainer's config names (not a default location)
     out["config_key"] = open({key!r}).read()
 except OSError as exc:
     out["config_key"] = type(exc).__name__
+try:  # the worker holds the tasks it served
+    open("/proc/{worker}/mem", "rb").close()
+    out["worker_mem"] = "opened"
+except OSError as exc:
+    out["worker_mem"] = type(exc).__name__
 out["groups"] = [line.split()[1:] for line in open("/proc/self/status") if line.startswith("Groups:")][0]
 print(json.dumps(out))
 """
@@ -137,7 +142,8 @@ def main(workdir: str, secret: str) -> None:
         report["isolation"] = pool.isolation
         report["stats"] = pool.stats()
         code = ATTACK.format(checkpoint=checkpoint, trainer=os.getpid(), secret=secret,
-                             shm_key=_shm_key(secret), sock=sock, key=key)  # fmt: skip
+                             shm_key=_shm_key(secret), sock=sock, key=key,
+                             worker=pool.worker_info["pid"])  # fmt: skip
         truth = f"TRUTH-{secret[-32:]}"
         report["grader_ok"] = pool.call("json:dumps", {"ground_truth": truth}).ok
         scan = pool.run_python(SCAN_MEMORY)  # an earlier call's argument, in a later call

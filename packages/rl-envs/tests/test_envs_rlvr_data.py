@@ -4,6 +4,7 @@ overlong filter, domain mixing and a sampler that resumes mid-epoch with the nex
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -322,3 +323,30 @@ def test_require_files_names_the_key_and_every_missing_file(tmp_path):
     assert str(info.value) == (
         "validation.data_args.file_name: dataset file not found: a.jsonl, b.parquet"
     )
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet"])
+def test_a_named_pipe_as_a_data_file_is_refused_by_name(tmp_path, suffix):
+    """It blocked for ever waiting for a writer."""
+    import threading
+
+    from rl_envs.tasks.data import DataFileError, read_records
+
+    fifo = tmp_path / f"rows{suffix}"
+    os.mkfifo(fifo)
+    box: dict = {}
+
+    def read() -> None:
+        try:
+            read_records(str(fifo))
+        except Exception as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(5)
+    if thread.is_alive():  # unblock the reader the old code left waiting
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("reading a named pipe blocked")
+    assert isinstance(box.get("error"), DataFileError), box
+    assert str(fifo) in str(box["error"]) and "named pipe" in str(box["error"])

@@ -506,6 +506,7 @@ def test_non_root_trainer_keeps_its_files_signals_and_secrets():
     assert report["grader_ok"] and not report["truth_seen_later"]
     assert report["self_graded_score"] == 0.0
     assert secret not in str(attack["config_key"]) and attack["config_key"] == ""
+    assert attack["worker_mem"] != "opened"
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root+setpriv")
@@ -536,6 +537,7 @@ def test_without_namespaces_strict_pool_refuses_and_weak_mode_says_so():
     assert isolation["sockets"] == "seccomp" and isolation["groups"] == "dropped"
     assert report["attack"]["unix_socket"] == "PermissionError" and not report["socket_reached"]
     assert report["attack"]["vsock"] == "PermissionError"
+    assert report["attack"]["worker_mem"] != "opened"
     assert report["grader_ok"] and not report["truth_seen_later"]
     assert report["self_graded_score"] == 0.0
 

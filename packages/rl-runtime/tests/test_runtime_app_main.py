@@ -96,6 +96,12 @@ def test_errors_of_a_run_name_their_kind(tmp_path, capsys):
     in_use = RunDirectoryInUseError("output directory /x is in use by another run (pid 7)")
     assert app_main(_spec(tmp_path, fail=in_use), []) == 1
     assert capsys.readouterr().err == f"error: {in_use}\n"
+    from rl_runtime.pipeline import NothingTrainedError
+
+    nothing = NothingTrainedError("every one of the run's 2 steps was skipped")
+    assert app_main(_spec(tmp_path, fail=nothing), []) == 1  # no results table
+    captured = capsys.readouterr()
+    assert captured.err == f"error: {nothing}\n" and captured.out == ""
     with pytest.raises(RuntimeError):  # anything else is a bug: not turned into a line
         app_main(_spec(tmp_path, fail=RuntimeError("boom")), [])
 
@@ -150,3 +156,48 @@ def test_more_cpus_than_the_embedded_ray_cluster_holds_are_refused_before_it_sta
         )
         == 0
     )
+
+
+def test_rl_device_npu_without_torch_npu_is_one_device_error_line(tmp_path, capsys, monkeypatch):
+    import rl_sync.device as device
+
+    monkeypatch.setattr(device, "torch_npu_module", lambda: None)
+    monkeypatch.setattr(device.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv(device.DEVICE_ENV_VAR, "npu")
+    assert app_main(_spec(tmp_path), ["--dry-run"]) == 1
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("device error: RL_DEVICE=npu but no npu device") and "\n" not in err
+    assert "torch_npu is not installed" in err and "unset RL_DEVICE" in err
+    assert "Traceback" not in captured.out + captured.err
+
+
+@pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_during_a_run_is_a_report_and_its_exit_code(tmp_path, capsys, name, code):
+    import os
+    import signal
+    import time
+
+    from rl_runtime.interrupts import RunInterrupted
+
+    def run(cfg, options, composed, flags):  # what the Runner raises once it has stopped
+        try:
+            os.kill(os.getpid(), getattr(signal, name))
+            time.sleep(5)
+        except RunInterrupted as exc:
+            exc.step, exc.checkpoint = 2, "/out/ckpt/step-000002"
+            from rl_runtime.interrupts import resume_command
+
+            exc.resume_command = resume_command(exc.checkpoint)
+            raise
+
+    spec = _spec(tmp_path, runs=[])
+    from dataclasses import replace
+
+    assert app_main(replace(spec, run=run), ["max_steps=3"]) == code
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"interrupted by {name} at step 2: workers and Ray stopped",
+        "last durable checkpoint: /out/ckpt/step-000002",
+        "resume with: uv run apps/x max_steps=3 resume_from_checkpoint=/out/ckpt/step-000002",
+    ]

@@ -60,7 +60,10 @@ def test_an_app_section_extends_the_shared_run_options():
 
     app = _Section.from_mapping({"use_ray": False, "warmup": {"steps": 2}})
     assert app.use_ray is False and app.warmup.steps == 2 and app.export_hf is True
-    assert app.model_path("/abs/model") == "/abs/model"  # no tiny model asked for: unchanged
+    from rl_config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pretrain: model directory /abs/model does not exist"):
+        app.model_path("/abs/model")  # no tiny model asked for: a missing model is an error
     with pytest.raises(ValueError, match=r"y_app: unknown key\(s\) \['use_rey'\]"):
         _Section.from_mapping({"use_rey": False})
 

@@ -39,7 +39,9 @@ def test_interrupted_save_is_ignored_and_previous_kept(tmp_path):
     with pytest.raises(RuntimeError, match="disk full"):
         mgr.save(RunState(step=2, weight_version=2, env_seed_epoch=2), write=crash)
     assert mgr.latest() == mgr.step_dir(1)
-    assert any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
+    # a failed save removes its partial directory; one left by a killed process goes at cleanup
+    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
+    (tmp_path / ".tmp-step-000002-999999").mkdir()
     mgr.cleanup()
     assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
     # a directory without the commit marker is not a checkpoint
@@ -282,3 +284,77 @@ def test_step_names_other_than_ascii_digits_are_no_checkpoints(tmp_path):
     for name in ("step-0_9999", "step-+9999", "step-\u0669\u0669"):  # int() takes all three
         shutil.copytree(saved, tmp_path / name)
     assert mgr.present() == [saved]
+
+
+FULL_DISK_SCRIPT = """
+import json, sys
+from pathlib import Path
+import torch
+from rl_runtime.checkpoint import CheckpointManager, CheckpointSpaceError, RunState
+root, key = Path(sys.argv[1]), sys.argv[2]
+mgr = CheckpointManager(root / "ck", keep_last=None, key_file=key)
+small = lambda d: torch.save(torch.zeros(16), d / "model.pt")
+big = lambda d: torch.save(torch.zeros(1 << 20), d / "model.pt")  # 4 MiB on a 2 MiB disk
+first = mgr.save(RunState(1, 1, 1), small)
+try:
+    mgr.save(RunState(2, 2, 2), big)
+    error = None
+except CheckpointSpaceError as exc:
+    error = [exc.errno, str(exc)]
+print(json.dumps({"error": error, "left": sorted(p.name for p in (root / "ck").iterdir()),
+                  "latest": str(mgr.latest()), "first": str(first)}))
+"""
+
+
+def _check_full_disk_report(report: dict) -> None:
+    import errno
+
+    assert report["error"] is not None, report
+    code, message = report["error"]
+    assert code == errno.ENOSPC and "no space left" in message and "step 2" in message
+    assert report["left"] == [os.path.basename(report["first"])]  # no .tmp- directory
+    assert report["latest"] == report["first"]  # the previous checkpoint verifies
+
+
+def test_a_full_disk_during_a_save_says_so_and_keeps_the_last_checkpoint(tmp_path):
+    """On a real 2 MiB tmpfs (a private mount namespace): torch's writer fails with
+    "unexpected pos", which is reported as ENOSPC; the partial directory is removed."""
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("mounting a small tmpfs needs root and unshare")
+    disk, keys = tmp_path / "disk", tmp_path / "keys"
+    disk.mkdir()
+    keys.mkdir()
+    script = tmp_path / "full_disk.py"
+    script.write_text(FULL_DISK_SCRIPT)
+    command = (f"mount -t tmpfs -o size=2m tmpfs {disk} && "
+               f"{sys.executable} {script} {disk} {keys / 'k.key'}")  # fmt: skip
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", command],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    if proc.returncode != 0 and "mount" in proc.stderr and "permission" in proc.stderr.lower():
+        pytest.skip(f"no tmpfs mount here: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _check_full_disk_report(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def test_enospc_at_the_write_layer_is_reported_and_cleaned_up(tmp_path, monkeypatch):
+    """Anywhere (no mount needed): the file write of the save fails with ENOSPC."""
+    import errno
+
+    from rl_runtime.checkpoint import CheckpointSpaceError
+
+    mgr = CheckpointManager(tmp_path / "ck", keep_last=None)
+    first = _save(mgr, 1)
+
+    def full(directory):
+        (directory / "model.bin").write_bytes(b"x" * 10)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(CheckpointSpaceError) as caught:
+        mgr.save(RunState(2, 2, 2), full)
+    report = {"error": [caught.value.errno, str(caught.value)], "first": str(first),
+              "left": sorted(p.name for p in (tmp_path / "ck").iterdir()),
+              "latest": str(mgr.latest())}  # fmt: skip
+    _check_full_disk_report(report)

@@ -451,8 +451,10 @@ def test_a_fresh_run_moves_an_earlier_runs_results_aside(tmp_path, capsys):
     the earlier run is overwritten; the resumed run goes on in the same metrics.jsonl, moving
     nothing."""
     out = tmp_path / "out"
-    options = {"export_hf": True, "app_outputs": (str(tmp_path / "comparison.json"),)}
+    options = {"app_outputs": (str(tmp_path / "comparison.json"),)}
     _run(tmp_path, FakeRecipe(), options, max_steps=5)  # logs 2, 4, 5; checkpoints 3, 5
+    (out / "hf_model").mkdir()  # as an export writes it (rl_runtime.export)
+    (out / "hf_model" / "config.json").write_text("{}")
     (tmp_path / "comparison.json").write_text("earlier comparison")  # the app's own file
     earlier_curves = (out / "curves.png").read_bytes()
     capsys.readouterr()
@@ -462,12 +464,13 @@ def test_a_fresh_run_moves_an_earlier_runs_results_aside(tmp_path, capsys):
     (out_aside,) = out.glob("previous-*")
     (app_aside,) = tmp_path.glob("previous-*")
     assert logs_aside.name == ckpts_aside.name == out_aside.name == app_aside.name
-    assert capsys.readouterr().out.splitlines()[0] == (
+    moved = [x for x in capsys.readouterr().out.splitlines() if "moved aside" in x]
+    assert moved == [  # once the workers have started
         "this run starts fresh; an earlier run's results moved aside: metrics.jsonl -> "
         f"{logs_aside}/; step-000003, step-000005 -> {ckpts_aside}/; summary.json, "
         f"curves.png, resolved_config.yaml, hf_model -> {out_aside}/; "
         f"comparison.json -> {app_aside}/"
-    )
+    ]
     assert _logged_steps(tmp_path) == [2]
     earlier = (logs_aside / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in earlier if "train/loss" in x] == [2, 4, 5]
@@ -704,3 +707,176 @@ def test_a_symlink_under_the_lock_name_is_not_followed(tmp_path):
     with pytest.raises(OSError), run_directory_lock(tmp_path / "out"):
         pass
     assert target.read_text() == "keep me"
+
+
+class FailingTrainer(FakeTrainer):
+    def __init__(self, **_: object) -> None:
+        raise RuntimeError("worker start failed")
+
+
+class FailingStart(FakeRecipe):
+    def roles(self, components):
+        return [
+            RoleSpec("actor_train", FailingTrainer, [0]),
+            RoleSpec("actor_infer", FakeEngine, [0]),
+        ]
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_failed_start_leaves_every_earlier_file_in_place_and_a_later_resume_resumes(
+    tmp_path, capsys
+):
+    """A fresh run whose workers fail to start moved the earlier run's checkpoints, metrics and
+    outputs aside before failing, and the next `resume_from_checkpoint: true` started from step
+    0; now nothing is moved or rewritten before the workers have started."""
+    out = tmp_path / "out"
+    _run(tmp_path, FakeRecipe(), max_steps=3)  # checkpoint 3, metrics, summary, config
+    before = _files(out)
+    with pytest.raises(RuntimeError, match="worker start failed"):
+        _runner(tmp_path, FailingStart(), max_steps=5).run()
+    assert not list(out.rglob("previous-*"))
+    assert _files(out) == before  # not moved, not rewritten (resolved_config.yaml included)
+    assert "moved aside" not in capsys.readouterr().out
+    _, result = _run(tmp_path, FakeRecipe(), max_steps=5, resume_from_checkpoint=True)
+    assert result.resumed_from == str(out / "checkpoints" / "step-000003")
+    assert result.step == 5
+
+
+def test_resume_with_no_checkpoint_says_in_its_first_line_that_it_starts_fresh(tmp_path, capsys):
+    """`resume_from_checkpoint: true` with no checkpoint started from step 0 and said nothing;
+    now its first line says so (and names earlier checkpoints set aside there)."""
+    _run(tmp_path, FakeRecipe(), max_steps=2)
+    _run(tmp_path, FakeRecipe(), max_steps=2)  # fresh again: the first run's step 2 set aside
+    capsys.readouterr()
+    aside = next((tmp_path / "out" / "checkpoints").glob("previous-*/step-000002"))
+    for p in (tmp_path / "out" / "checkpoints").glob("step-*"):
+        import shutil
+
+        shutil.rmtree(p)
+    _, result = _run(tmp_path, FakeRecipe(), max_steps=2, resume_from_checkpoint=True)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("resume_from_checkpoint is set, but ")
+    assert "holds no checkpoint: this run STARTS FRESH from step 0" in first
+    assert str(aside) in first
+    assert result.resumed_from is None and result.step == 2
+
+
+class SkippingRecipe(FakeRecipe):
+    """Dynamic sampling kept no group at the steps in `skip` (`None`: every step)."""
+
+    def __init__(self, skip: set[int] | None = None) -> None:
+        super().__init__()
+        self.skip = skip
+
+    def step(self, ctx) -> dict[str, float]:
+        if self.skip is None or ctx.step in self.skip:
+            return {"train/skipped": 1.0, "dynamic_sampling/kept_groups": 0.0}
+        return super().step(ctx)
+
+
+def test_a_step_that_kept_no_group_says_skipped_and_is_counted(tmp_path, capsys):
+    from rl_runtime.pipeline import print_result
+
+    _, result = _run(tmp_path, SkippingRecipe({1, 3}))
+    out = capsys.readouterr().out
+    lines = [x for x in out.splitlines() if x.startswith("step ") and "/5 |" in x]
+    assert len(lines) == 5
+    assert [("skipped (no group kept)" in x) for x in lines] == [False, True, False, True, False]
+    assert result.skipped_steps == 2
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["skipped_steps"] == 2 and summary["step"] == 5
+    print_result(result, "t", lambda m: m)
+    assert "skipped steps: 2 of 5 trained on nothing" in capsys.readouterr().out
+
+
+def test_skipped_steps_are_the_whole_runs_across_a_resume(tmp_path):
+    _run(tmp_path, SkippingRecipe({0}), max_steps=3)
+    _, result = _run(tmp_path, SkippingRecipe({4}), max_steps=5, resume_from_checkpoint=True)
+    assert result.skipped_steps == 2  # one before the checkpoint at step 3, one after
+
+
+def test_a_run_that_trained_on_nothing_ends_with_an_error(tmp_path):
+    from rl_runtime.pipeline import NothingTrainedError
+
+    with pytest.raises(NothingTrainedError, match="every one of the run's 5 steps was skipped"):
+        _run(tmp_path, SkippingRecipe())
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["skipped_steps"] == 5  # the summary says so too
+
+
+class SignalledRecipe(FakeRecipe):
+    """Sends `signum` to its own process at step `at` (the driver's main thread handles it)."""
+
+    def __init__(self, signum: int, at: int) -> None:
+        super().__init__()
+        self.signum, self.at = signum, at
+
+    def step(self, ctx) -> dict[str, float]:
+        if ctx.step == self.at:
+            os.kill(os.getpid(), self.signum)
+            time.sleep(5)  # the handler raises before this ends
+        return super().step(ctx)
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_ends_the_run_in_order_with_the_last_durable_checkpoint(tmp_path, signum, code):
+    from rl_runtime import interrupts
+    from rl_runtime.interrupts import RunInterrupted
+
+    monkey_command = ("uv", "run", "apps/x", "max_steps=5", "resume_from_checkpoint=false")
+    interrupts._command = monkey_command
+    try:
+        runner = _runner(tmp_path, SignalledRecipe(signum, at=4))  # saved at step 3
+        before = signal.getsignal(signum)
+        with pytest.raises(RunInterrupted) as info:
+            runner.run()
+    finally:
+        interrupts._command = None
+    exc = info.value
+    assert exc.exit_code == code and runner.ctx is None  # workers stopped
+    assert signal.getsignal(signum) is before  # the handler was put back
+    ckpt = str(tmp_path / "out" / "checkpoints" / "step-000003")
+    assert exc.step == 4 and exc.checkpoint == ckpt
+    assert exc.resume_command == f"uv run apps/x max_steps=5 resume_from_checkpoint={ckpt}"
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["interrupted"] == signal.Signals(signum).name and summary["step"] == 4
+    assert summary["last_checkpoint"] == ckpt and summary["resume_command"] == exc.resume_command
+    report = exc.report()
+    assert f"last durable checkpoint: {ckpt}" in report and "resume with: uv run" in report
+
+
+def test_the_last_line_and_summary_say_where_everything_went(tmp_path, capsys):
+    """The run's last line lists where checkpoints, logs, TensorBoard, curves, summary and the
+    exported model went (before: curves and hf_model only); summary.json records them."""
+    from rl_runtime.pipeline import print_result
+
+    out = tmp_path / "out"
+    _, result = _run(tmp_path, FakeRecipe(), {"export_hf": True}, max_steps=2)
+    capsys.readouterr()
+    print_result(result, "t", lambda m: m)
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == (
+        f"outputs: checkpoints={out / 'checkpoints'} logs={out / 'logs'} tensorboard=not tracked "
+        f"curves={out / 'curves.png'} summary={out / 'summary.json'} hf_model={out / 'hf_model'}"
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["outputs"]["checkpoints"] == str(out / "checkpoints")
+
+
+def test_a_key_named_by_the_config_is_hidden_from_sandboxed_calls(tmp_path, monkeypatch):
+    """Only `$RL_CHECKPOINT_KEY_FILE` and the default location were hidden: a key named by
+    `checkpoint_config.key_file` was readable by a non-root call. The run now passes it to the
+    sandbox pools of the driver and of every worker (`RL_SANDBOX_HIDE`)."""
+    from rl_envs.sandbox.credentials import HIDE_VARIABLE, secret_paths
+    from rl_runtime.pipeline import sandbox_hidden_env
+
+    monkeypatch.delenv(HIDE_VARIABLE, raising=False)
+    monkeypatch.setenv(HIDE_VARIABLE, "")  # restored after the test
+    key = tmp_path / "keys" / "run.key"
+    _run(tmp_path, FakeRecipe(), max_steps=1, checkpoint_config={"key_file": str(key)})
+    assert key.exists()
+    assert str(key) in sandbox_hidden_env()[HIDE_VARIABLE].split(os.pathsep)
+    assert str(key) in secret_paths()

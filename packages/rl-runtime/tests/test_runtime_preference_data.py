@@ -204,3 +204,29 @@ def test_a_response_that_is_neither_text_nor_text_messages_is_a_refused_row(
     kto = [{"prompt": "q", "completion": chosen, "label": True}]
     with pytest.raises(PreferenceDataError, match=why.replace("chosen", "completion")):
         load_preferences([_write(tmp_path / "k.jsonl", kto)], tok, _plan(), paired=False)
+
+
+def test_a_huge_row_is_judged_by_its_length_before_the_tokenizer(tmp_path, tok):
+    """An 8 MB response or prompt took minutes in the tokenizer before any length check: it is
+    known too long from its characters, and the result is the one full tokenization gives."""
+    import time
+
+    words = "the cat sat on the mat and then it ran away quickly "
+    huge = words * (8_000_000 // len(words))
+    rows = [
+        {"prompt": "q1", "chosen": huge, "rejected": "no"},
+        {"prompt": huge, "chosen": "yes", "rejected": "no"},
+        {"prompt": "q3", "chosen": "yes", "rejected": "no"},
+    ]
+    path = _write(tmp_path / "p.jsonl", rows)
+    start = time.perf_counter()
+    data = load_preferences([path], tok, _plan(sequence_length=64), paired=True)
+    assert time.perf_counter() - start < 10
+    assert data.counts == {"rows": 3, "examples": 3, "truncated": 1, "dropped_too_long": 1}
+    cut = data.examples[0]
+    full = tok(words * 200, add_special_tokens=False)["input_ids"]  # enough tokens to cut
+    room = 64 - len(cut.prompt)
+    assert list(cut.chosen) == full[:room] and len(cut.chosen) == room
+    dropped = load_preferences([path], tok, _plan(sequence_length=64, truncation_mode="drop"),
+                               paired=True)  # fmt: skip
+    assert dropped.counts["dropped_too_long"] == 2 and len(dropped.examples) == 1

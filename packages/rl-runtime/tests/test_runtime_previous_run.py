@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 from rl_runtime.previous_run import earlier_run_outputs, set_aside_previous_run
 from rl_runtime.tracking import earlier_run_logs
 
-WHEN = datetime(2026, 11, 24, 14, 5, 9, tzinfo=UTC)
+WHEN = datetime(2026, 11, 24, 14, 5, 9, tzinfo=timezone.utc)
 
 
 def test_each_directory_gets_one_previous_dir_named_for_the_moment(tmp_path):

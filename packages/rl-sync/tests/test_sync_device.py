@@ -117,7 +117,9 @@ def test_env_override_wins_and_is_validated(fake_torch_npu, monkeypatch):
 
 def test_forcing_an_unavailable_kind_is_an_error(no_torch_npu, monkeypatch):
     monkeypatch.setenv(device.DEVICE_ENV_VAR, "npu")
-    with pytest.raises(RuntimeError, match="torch_npu is not importable"):
+    with pytest.raises(
+        device.DeviceUnavailableError, match="torch_npu is not installed.*unset RL_DEVICE"
+    ):
         device.detect_device_kind()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv(device.DEVICE_ENV_VAR, "cuda")
@@ -169,3 +171,5 @@ def test_ascend_env_defaults_fill_without_overriding():
     assert "HCCL_EXEC_TIMEOUT" not in applied
     assert env["HCCL_CONNECT_TIMEOUT"] == defaults["HCCL_CONNECT_TIMEOUT"]
     assert device.apply_env_defaults("cuda", {}) == {}
+    # vLLM's sleep-mode allocator keeps expandable segments: the runtime never turns them on
+    assert "PYTORCH_NPU_ALLOC_CONF" not in defaults

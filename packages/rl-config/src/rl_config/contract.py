@@ -36,6 +36,53 @@ _TRAIN_ONLY = (
     "model_args.freeze_module_prefix",
 )
 
+_REWARD_WORKER = (
+    "this reward domain cannot be built here (only rule rewards: math_rule, code_sandbox, "
+    "format, custom, verl_default); training without it would optimise another objective. "
+    "Remove the domain (and its tags from the data), or score it with a custom_reward_function"
+)
+
+CHANGES_WHAT_IS_TRAINED: dict[str, str] = {
+    # reward domains whose scorer does not exist (ROLL's reward worker classes)
+    "rewards.*.worker_cls=*LLMJudgeRewardWorker": "an LLM judge needs a reward-model worker, "
+    "which is not implemented; " + _REWARD_WORKER,
+    "rewards.*.worker_cls=*GeneralRuleRewardWorker": "IFEval instruction-following rules are "
+    "not implemented; " + _REWARD_WORKER,
+    "rewards.*.worker_cls=*CrossThinkQARuleRewardWorker": "CrossThink-QA rules are not "
+    "implemented; " + _REWARD_WORKER,
+    "rewards.*.worker_cls=*GeneralValRuleRewardWorker": "ROLL's general validation rules are "
+    "not implemented; " + _REWARD_WORKER,
+    "rewards.*.worker_cls=*MultipleChoiceBoxedRuleRewardWorker": "multiple-choice rules are not "
+    "implemented; " + _REWARD_WORKER,
+    "rewards.*.worker_cls=*DetectionRewardWorker": "detection (vision) rewards are not "
+    "implemented; " + _REWARD_WORKER,
+    "rewards.*.worker_cls=*RemoteRewardSystemWorker": "remote reward systems are not "
+    "implemented; " + _REWARD_WORKER,
+    # ROLL sections and switches whose omission changes the rewards or the loss
+    "reward_model": "ROLL's reward-model worker is not implemented: the rewards would come from "
+    "the rule rewards instead; remove it and configure the rewards section",
+    "reward": "ROLL's reward worker section is not read: rewards are the rewards section, scored "
+    "in the rl-envs sandbox; move its settings there",
+    "reward_system_config": "ROLL's remote reward system is not implemented: the rewards would "
+    "come from the local rule rewards instead",
+    "importance_sampling": "ROLL's importance-sampling switch is not read, so the loss would "
+    "differ; use train_infer_correction.is_weight",
+    "use_topr_neg_loss_coef": "ROLL's TOPR negative-sample coefficient is not read, so the loss "
+    "would differ; use actor_train.pg_variant: topr",
+    "error_max_len_clip": "ROLL's clipping of failed long responses is not implemented, so their "
+    "rewards would differ; remove it",
+    "reward_normalization.norm_mean_type": "ROLL's agentic normalisation scope is not read, so "
+    "the advantages would differ; use reward_normalization.grouping and method",
+    "reward_normalization.norm_std_type": "ROLL's agentic normalisation scope is not read, so "
+    "the advantages would differ; use reward_normalization.grouping and method",
+}
+"""Keys refused by name when set (not null/false/empty), before anything else is checked:
+honouring them is not implemented and leaving them out would change what is trained (the
+model's trained weights, its rewards or the objective) rather than how fast. A pattern is a dotted key
+(``ROLE`` = a worker section, ``*`` = any one segment), optionally ``=VALUE`` with a shell
+pattern the value must match. Lifting a refusal is deleting its entry (and reading the key)."""
+
+
 UNSUPPORTED: dict[str, str] = {
     "reference.model_args.adapter_name_or_path": "the reference is a plain model (merge the "
     "adapter into a model directory and give that as reference.model_args.model_name_or_path)",
@@ -519,3 +566,35 @@ def contract_issues(
         else:
             warnings.append(f"{key}={value!r} has no effect: {reason}")
     return errors, warnings
+
+
+def changes_what_is_trained(data: Any) -> list[Any]:
+    """One ``ConfigIssue`` per key of the raw config mapping ``data`` that
+    ``CHANGES_WHAT_IS_TRAINED`` refuses (a set value only)."""
+    from rl_config.errors import ConfigIssue
+    from rl_config.roll_keys import matches
+
+    issues: list[ConfigIssue] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if not isinstance(node, dict):
+            return
+        for key, value in node.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            reason = _refusal(path, value)
+            if reason is not None:
+                issues.append(ConfigIssue(path, f"{value!r} is refused: {reason}"))
+            else:
+                walk(value, path)
+
+    def _refusal(path: str, value: Any) -> str | None:
+        if value is None or value is False or value in ({}, [], ""):
+            return None
+        for pattern, reason in CHANGES_WHAT_IS_TRAINED.items():
+            key, _, want = pattern.partition("=")
+            if matches(key, path) and (not want or fnmatchcase(str(value), want)):
+                return reason
+        return None
+
+    walk(data, "")
+    return issues

@@ -255,7 +255,10 @@ def _trained_role(
             max(1, out.integer(f"{prefix}.ppo_micro_batch_size") // world),
             f"{prefix}.ppo_micro_batch_size",
         )
-    dynamic = g(f"{prefix}.use_dynamic_bsz") in (True, "True", "true")
+    dynamic_value = g(f"{prefix}.use_dynamic_bsz")
+    if dynamic_value is None and prefix != ACTOR:  # verl: the critic's follows the actor's
+        dynamic_value = g(f"{ACTOR}.use_dynamic_bsz")
+    dynamic = _bool(dynamic_value)
     if micro is None:
         if not dynamic:
             out.refuse(micro_key, "required unless use_dynamic_bsz (verl asserts it too)")
@@ -319,7 +322,7 @@ def _trained_role(
     options: dict[str, Any] = {"reduce_dtype": "fp32"}
     if dtype != "fp32":
         options["param_dtype"] = dtype
-    if offload:
+    if offload and dtype != "fp32":  # (fp32: trainer.device=cpu, the parameters are in host memory)
         options["cpu_offload"] = True
     for option, value in options.items():
         src = offload_keys if option == "cpu_offload" else ["trainer.device"]
@@ -330,8 +333,13 @@ def _trained_role(
             "verl's mixed precision" if option != "cpu_offload" else "",
         )
     for k in offload_keys:
-        if k in out.given and not offload:
-            out.noop(k, "off, as verl's default")
+        if k in out.given and "cpu_offload" not in options:
+            out.noop(
+                k,
+                "off, as verl's default"
+                if not offload
+                else "trainer.device=cpu: the parameters are in host memory already",
+            )
     out.set(
         ["trainer.device"],
         f"{role}.model_args.dtype",
@@ -737,7 +745,7 @@ def _roles(out: Any, dtype: str, prompts: int, n: int, mini: int, world: int) ->
         out.set(src, "reference.strategy_args.strategy_name", "fsdp2_train")
         out.set(["trainer.device"], "reference.model_args.dtype", dtype)
         policy = f"{A}.ref.fsdp_config.offload_policy"
-        offload = _bool(g(ref_key)) or _bool(g(policy))
+        offload = (_bool(g(ref_key)) or _bool(g(policy))) and dtype != "fp32"
         out.set(
             [ref_key, policy],
             "reference.strategy_args.strategy_config.offload_reference",

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,7 +213,7 @@ class ConcurrentStepper:
                 outcomes[env_id] = StepOutcome(
                     env_id, True, value, seconds=time.monotonic() - start
                 )
-            except TimeoutError:
+            except FutureTimeoutError:  # not the builtin TimeoutError on Python 3.10
                 if job.future.cancel():
                     error = f"not started within {limit:.1f} s"
                 else:

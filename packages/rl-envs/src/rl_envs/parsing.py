@@ -31,6 +31,38 @@ class ParsedAction:
     thinking: str | None = None
 
 
+#: a response longer than this is a format error (never searched): the named patterns are
+#: parsed in linear time, a custom regular expression may not be
+MAX_RESPONSE_CHARS = 1 << 20
+_ANSWER_AFTER_THINK = re.compile(r"\s*<answer>")
+
+
+def has_answer_tag(response: str) -> bool:
+    """``<answer>...</answer>`` is in the response (linear, bounded like `parse_action`)."""
+    return len(response) <= MAX_RESPONSE_CHARS and _named_match(response, "answer") is not None
+
+
+def _named_match(text: str, name: str) -> tuple[str | None, str] | None:
+    """``(thinking, answer)`` as ``re.search`` of the named pattern would capture them, found
+    with ``str.find`` in linear time (a lazy ``.*?`` search rescans the text from every
+    ``<answer>`` that is never closed: quadratic)."""
+    if name == "answer":
+        start = text.find("<answer>")
+        end = text.find("</answer>", start + 8) if start >= 0 else -1
+        return None if end < 0 else (None, text[start + 8 : end])
+    start = text.find("<think>")
+    last_close = text.rfind("</answer>")
+    if start < 0 or last_close < 0:
+        return None
+    close = text.find("</think>", start + 7)
+    while close >= 0:
+        after = _ANSWER_AFTER_THINK.match(text, close + 8)
+        if after is not None and last_close >= after.end():
+            return text[start + 7 : close], text[after.end() : text.find("</answer>", after.end())]
+        close = text.find("</think>", close + 8)
+    return None
+
+
 def compile_pattern(pattern: str) -> re.Pattern[str]:
     """Compile ``pattern`` (or a named one from ``PATTERNS``) with DOTALL semantics."""
     source = PATTERNS.get(pattern, pattern)
@@ -48,12 +80,22 @@ def parse_action(
     action_sep: str = "||",
     max_actions: int = 1,
 ) -> ParsedAction:
-    """Parse ``response``; never raises on bad model output."""
-    match = pattern.search(response)
-    if match is None:
+    """Parse ``response``; never raises on bad model output. One longer than
+    `MAX_RESPONSE_CHARS` is a format error."""
+    named = next((n for n, source in PATTERNS.items() if pattern.pattern == source), None)
+    if len(response) > MAX_RESPONSE_CHARS:
+        found = None
+    elif named is not None and pattern.flags & re.DOTALL:
+        found = _named_match(response, named)
+    else:
+        match = pattern.search(response)
+        found = None
+        if match is not None:
+            thinking = match.group(1) if pattern.groups >= 2 else None
+            found = (thinking, match.group(pattern.groups) or "")
+    if found is None:
         return ParsedAction(format_ok=False, action_is_valid=False, answer_text=None)
-    answer = match.group(pattern.groups) or ""
-    thinking = match.group(1) if pattern.groups >= 2 else None
+    thinking, answer = found
     by_lower = {name.lower(): name for name in action_names}
     parts = [p.strip() for p in answer.split(action_sep)] if action_sep else [answer.strip()]
     parts = [p for p in parts if p]

@@ -396,7 +396,7 @@ class AgentLoop:
             future = _on_daemon_thread(env.step, action_text)
             try:
                 return await asyncio.wait_for(future, self.env_step_timeout_s)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # not the builtin on Python 3.10
                 if future.cancelled():  # ours; an env's own TimeoutError is its error
                     raise EnvStepTimeoutError from None
                 raise

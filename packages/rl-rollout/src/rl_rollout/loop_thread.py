@@ -57,7 +57,7 @@ class LoopThread:
         seconds = self.timeout_s if timeout_s is None else timeout_s
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), seconds)
-        except TimeoutError as exc:
+        except asyncio.TimeoutError as exc:  # not the builtin on Python 3.10
             future.cancel()
             raise EngineTimeoutError(f"{what} did not finish within {seconds:g} s") from exc
 

@@ -21,6 +21,7 @@ from pathlib import Path
 __all__ = [
     "CHAT_TEMPLATE",
     "SPECIAL_TOKENS",
+    "TINY_MODEL_MARKER",
     "build_tiny_model",
     "build_tiny_tokenizer",
     "default_tiny_model_dir",
@@ -45,7 +46,9 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-_MARKER = "tiny_model.json"
+TINY_MODEL_MARKER = "tiny_model.json"
+"""The file `build_tiny_model` writes into every directory it builds (its parameters)."""
+_MARKER = TINY_MODEL_MARKER
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 _WORDS = [

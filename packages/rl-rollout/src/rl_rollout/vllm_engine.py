@@ -22,6 +22,8 @@ Nothing here compares device strings.
   Segments record their version per token (``token_versions``). A resubmitted sample is seeded
   from the request's seed, the sample index and its length; a stop string split across an
   interruption is not detected.
+- Versions: what differs between the supported vLLM releases (0.11 ... 0.32) lives in
+  :mod:`rl_rollout.vllm_compat`; an unsupported release is refused by name at start.
 - Sleep: vLLM's sleep mode where the platform has it (CUDA, Ascend); elsewhere (CPU) ``sleep`` is
   logical (generate refuses, the prefix cache is reset) and frees nothing.
 - The AsyncLLM lives on a private event loop in a background thread
@@ -38,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import itertools
 import logging
 from collections.abc import Coroutine, Iterable
@@ -56,6 +57,12 @@ from rl_rollout.engine import (
     remote_code_flag,
 )
 from rl_rollout.loop_thread import LoopThread
+from rl_rollout.vllm_compat import (
+    engine_arg_names,
+    installed_vllm_series,
+    sampled_log_probs,
+    to_vllm_sampling_params,
+)
 from rl_rollout.vllm_options import vllm_option_problems
 
 __all__ = ["VLLMEngine", "to_vllm_sampling_params"]
@@ -84,28 +91,6 @@ CPU_KV_CACHE_BYTES = 512 << 20
 
 #: Seconds any one wait on the engine may take (start, a generate call, a weight update ...).
 DEFAULT_CALL_TIMEOUT_S = 1800.0
-
-
-def to_vllm_sampling_params(params: SamplingParams, *, n: int = 1) -> Any:
-    """Our SamplingParams -> vLLM's (the log-prob of the sampled token, delta outputs)."""
-    from vllm import SamplingParams as VSamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    return VSamplingParams(
-        n=n,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k if params.top_k > 0 else 0,
-        max_tokens=params.max_new_tokens,
-        repetition_penalty=params.repetition_penalty,
-        stop=list(params.stop) or None,
-        stop_token_ids=list(params.stop_token_ids) or None,
-        seed=params.seed,
-        ignore_eos=params.ignore_eos,
-        logprobs=0,
-        detokenize=bool(params.stop),
-        output_kind=RequestOutputKind.DELTA,
-    )
 
 
 def _continuation(params: SamplingParams, sample_index: int, done: int) -> SamplingParams:
@@ -159,6 +144,7 @@ class VLLMEngine:
         seed: int = 0,
         trust_remote_code: bool = False,
     ) -> None:
+        self.vllm_series = installed_vllm_series()  # an unsupported vLLM is refused by name
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         del device  # vLLM picks its platform (CUDA / CPU / vllm-ascend plugin) itself
@@ -168,7 +154,7 @@ class VLLMEngine:
         logprobs_mode = cfg.pop("logprobs_mode", "processed_logprobs")
         problems = vllm_option_problems(
             {**cfg, "logprobs_mode": logprobs_mode},
-            engine_args={f.name for f in dataclasses.fields(AsyncEngineArgs)},
+            engine_args=engine_arg_names(),
         )
         if problems:
             raise ValueError(
@@ -315,9 +301,7 @@ class VLLMEngine:
                             f"{self.args.logprobs_mode!r} (try strategy_config.logprobs_mode: "
                             "raw_logprobs, exact only at temperature 1)"
                         )
-                    if new_ids:
-                        for tok, entry in zip(new_ids, comp.logprobs[-len(new_ids) :]):
-                            sample.log_probs.append(float(entry[tok].logprob))
+                    sample.log_probs.extend(sampled_log_probs(comp.logprobs or [], new_ids))
                     self.stats["generated_tokens"] += len(new_ids)
                     if comp.finish_reason is not None:
                         sample.finish, sample.stop_reason = comp.finish_reason, comp.stop_reason

@@ -24,16 +24,17 @@ class RLWorkerExtension:
 
     def rl_load_weights(self, payload: bytes) -> int:
         """Load HF-named full tensors (safetensors bytes, made in memory by the engine: the RPC
-        path turns raw tensors into lists) in place with vLLM's ``reload_weights``: the model's own
+        path turns raw tensors into lists) in place (`rl_rollout.vllm_compat.load_weights`: vLLM's
+        ``reload_weights`` where it takes tensors, else the model's ``load_weights``): the model's own
         ``load_weights`` fuses q/k/v and gate/up and shards for tensor parallelism, and the
         layer-wise reload re-runs each layer's post-load processing (CPU GEMM packing, Ascend NZ
         format ...), so the kernels see the new values. Returns the number of tensors loaded."""
         from safetensors.torch import load
 
+        from rl_rollout.vllm_compat import load_weights
+
         named_tensors = list(load(payload).items())
-        self.model_runner.reload_weights(
-            weights_iterator=iter(named_tensors), is_checkpoint_format=True
-        )
+        load_weights(self.model_runner, named_tensors)
         return len(named_tensors)
 
     def rl_named_parameters(self) -> bytes:

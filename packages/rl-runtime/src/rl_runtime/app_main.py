@@ -39,6 +39,8 @@ class Composed:
     details: str = ""
     #: what a dry run lists as warnings and a run refuses as a config error
     refusals: tuple[str, ...] = ()
+    #: the data files the run reads (rl_runtime.preflight.DataFiles), checked before it starts
+    data: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,13 +124,31 @@ def check_requested_device(cfg: Any) -> None:
 
 
 def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
-    """Run the app on `argv` (sys.argv when None); the process exit code."""
+    """Run the app on `argv` (sys.argv when None); the process exit code. SIGINT or SIGTERM
+    end a run in order (rl_runtime.interrupts): its last durable checkpoint and the command
+    that resumes from it are printed, and the exit code is 130 or 143, without a traceback."""
+    try:
+        return _app_main(spec, argv)
+    except KeyboardInterrupt:  # before the run's own handling began (loading, composing)
+        print("interrupted by SIGINT before the run started; nothing was written", file=sys.stderr)
+        return 130
+
+
+def _app_main(spec: AppSpec, argv: list[str] | None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
-    from rl_runtime.pipeline import check_embedded_cpus, check_in_process, plan_text, print_result
+    from rl_runtime.pipeline import (
+        NothingTrainedError,
+        check_embedded_cpus,
+        check_in_process,
+        plan_text,
+        print_result,
+    )
+    from rl_runtime.preflight import check_devices, preflight
     from rl_runtime.run_lock import RunDirectoryInUseError
+    from rl_sync.device import DeviceUnavailableError
     from rl_train.signing import CheckpointError
 
     try:
@@ -145,14 +165,25 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
         else:
             assert args.config is not None, "every app has a default config"
             cfg, options = load_app(spec, args.config, args.overrides)
-        check_requested_device(cfg)
+        check_requested_device(cfg)  # verl's trainer.device; then RL_DEVICE of the environment
+        check_devices(cfg)  # composing detects the device kind: one asked for must be here
         composed = spec.compose(cfg, options, args.flags)
+        if "no_ray" in args.flags:
+            options.use_ray = False
+        report = preflight(cfg, composed.components, app=options, data=composed.data,
+                           use_ray=options.use_ray, num_cpus=options.num_cpus,
+                           cpu_per_bundle=options.cpu_per_bundle,
+                           packages_required="dry_run" not in args.flags)  # fmt: skip
+        report.raise_if_problems()  # before anything is built, moved or started
         placement = plan_text(composed.components)  # a placement the cluster cannot make fails here
+    except DeviceUnavailableError as exc:  # RL_DEVICE names a device this host cannot use
+        return _error("device error", exc)
     except (ConfigError, ValueError, KeyError) as exc:
         return _error("config error", exc)
+    for note in report.notes:
+        print(f"note: {note}", flush=True)
     in_process_warnings: list[str] = []
     if "no_ray" in args.flags:
-        options.use_ray = False
         try:  # every worker in this process: refused here, a dry run included
             in_process_warnings = check_in_process(composed.components, use_ray=False)
         except ConfigError as exc:
@@ -176,8 +207,15 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
         return 0
     if composed.refusals:  # a dry run lists them; a run cannot honour them
         return _error("config error", "; ".join(composed.refusals))
+    from rl_runtime.interrupts import RunInterrupted, handle_interrupts, set_command
+
+    set_command(spec.prog, sys.argv[1:] if argv is None else argv)
     try:
-        result = spec.run(cfg, options, composed, args.flags)
+        with handle_interrupts():
+            result = spec.run(cfg, options, composed, args.flags)
+    except RunInterrupted as exc:
+        print(exc.report(), file=sys.stderr, flush=True)
+        return exc.exit_code
     except ConfigError as exc:  # e.g. an optional package the config needs is missing
         return _error("config error", exc)
     except spec.data_errors as exc:
@@ -185,6 +223,8 @@ def app_main(spec: AppSpec, argv: list[str] | None = None) -> int:
     except CheckpointError as exc:  # resume_from_checkpoint names no checkpoint that verifies
         return _error("checkpoint error", exc)
     except RunDirectoryInUseError as exc:  # another run writes to this output_dir
+        return _error("error", exc)
+    except NothingTrainedError as exc:  # every step skipped: no results table
         return _error("error", exc)
     print_result(result, spec.title, spec.summary_row, spec.before_label, spec.after_label)
     return 0

@@ -89,8 +89,9 @@ class AppRunOptions:
 
     SECTION: ClassVar[str] = "app"
     PIPELINE: ClassVar[str | None] = None
-    #: build a tiny model at `pretrain` first (the CPU defaults; nothing is downloaded)
-    build_tiny_model: bool = False
+    #: the directory to build a tiny model in (the CPU defaults: ./output/tiny_model); built
+    #: only when `pretrain` names that same directory (rl_runtime.model_source), never elsewhere
+    build_tiny_model: str | None = None
     tiny_model: TinyModelOptions = field(default_factory=TinyModelOptions)
     #: workers as Ray actors (False: every worker in this process, like `--no-ray`)
     use_ray: bool = True
@@ -103,10 +104,24 @@ class AppRunOptions:
 
     @classmethod
     def from_mapping(cls, raw: dict[str, Any] | None) -> Any:
+        raw = dict(raw or {})
+        if raw.get("build_tiny_model") is False:  # off, as `null`
+            raw["build_tiny_model"] = None
+        if raw.get("build_tiny_model") is True:
+            raise ValueError(
+                f"{cls.SECTION}.build_tiny_model: expected the directory to build a tiny model "
+                "in (the same path as pretrain, which then loads it), or null; `true` would "
+                "build a random model at whatever pretrain names"
+            )
         return strict_options(cls, raw, cls.SECTION)
 
-    def model_path(self, pretrain: str) -> str:
-        """The policy model: `pretrain`, built there first when `build_tiny_model`."""
-        from rl_runtime.pipeline import policy_model_path
+    def model_path(self, pretrain: str, system_envs: dict[str, Any] | None = None) -> str:
+        """The policy model's local directory: the tiny model built (or reused) at `pretrain`
+        when `build_tiny_model` names that directory, else `pretrain` resolved
+        (rl_runtime.model_source.policy_model: a missing model is a ConfigError)."""
+        from rl_runtime.model_source import policy_model
 
-        return policy_model_path(pretrain, self.tiny_model if self.build_tiny_model else None)
+        return policy_model(
+            pretrain, build_at=self.build_tiny_model, tiny_model=self.tiny_model,
+            key=f"{self.SECTION}.build_tiny_model", system_envs=system_envs,
+        )  # fmt: skip

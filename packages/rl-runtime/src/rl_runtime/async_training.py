@@ -22,7 +22,7 @@ from typing import Any
 from rl_runtime.async_producer import RolloutProducer
 from rl_runtime.async_queue import SampleQueue
 from rl_runtime.compose.async_plan import AsyncPlan
-from rl_runtime.metrics import TRAINED_SAMPLES_KEY
+from rl_runtime.metrics import SKIPPED_KEY, TRAINED_SAMPLES_KEY
 from rl_runtime.staleness import LagStats, filter_stale
 
 STATE_KEY = "async"
@@ -87,7 +87,7 @@ class AsyncTraining:
             metrics.update(
                 self.recipe.learn(ctx, dataclasses.replace(batch, trajectories=kept.kept))
             )
-            if TRAINED_SAMPLES_KEY not in metrics and not metrics.get("train/skipped"):
+            if TRAINED_SAMPLES_KEY not in metrics and not metrics.get(SKIPPED_KEY):
                 raise RuntimeError(
                     f"{type(self.recipe).__name__}.learn reported neither {TRAINED_SAMPLES_KEY} "
                     "(the samples it trained on) nor train/skipped"
@@ -95,7 +95,7 @@ class AsyncTraining:
             trained = int(metrics.get(TRAINED_SAMPLES_KEY, 0))
         else:  # every group too old: nothing to learn from (counted)
             metrics.update(batch.metrics)
-            metrics["train/skipped"] = 1.0
+            metrics[SKIPPED_KEY] = 1.0
         idle, busy = self.producer.take_idle_seconds()
         metrics.update(self.lags.metrics(kept, trained))
         metrics.update({

@@ -19,6 +19,7 @@ durable.
 from __future__ import annotations
 
 import base64
+import errno
 import functools
 import json
 import logging
@@ -87,6 +88,39 @@ def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone())
 
 
+class CheckpointSpaceError(OSError):
+    """A checkpoint save ran out of disk space (``errno.ENOSPC``); its partial directory was
+    removed."""
+
+
+#: free bytes under which a failed save is taken for a full disk, whatever the writer raised
+#: (torch's zip writer says "unexpected pos", not ENOSPC)
+FULL_DISK_BYTES = 1 << 20
+
+
+def _free_bytes(path: Path) -> int:
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return -1
+    return stats.f_bavail * stats.f_frsize
+
+
+def _out_of_space(exc: BaseException, root: Path) -> bool:
+    """ENOSPC anywhere in ``exc``'s chain (a Ray task error carries it as text), or a disk
+    left with less than `FULL_DISK_BYTES` free."""
+    seen: BaseException | None = exc
+    for _ in range(16):
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return 0 <= _free_bytes(root) < FULL_DISK_BYTES
+
+
 class CheckpointManager:
     """Saves checkpoints atomically under `root`, signed with the key in `key_file` (default:
     `rl_train.signing.default_key_file()`), and finds the newest one that verifies."""
@@ -121,11 +155,22 @@ class CheckpointManager:
         tmp = self.root / f".tmp-{_PREFIX}{state.step:06d}-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
-        tmp.mkdir()
-        if write is not None:
-            write(tmp)
-        (tmp / STATE_FILE).write_text(json.dumps(asdict(state)), encoding="utf-8")
-        seal(tmp, state.step, self.key_file)
+        try:
+            tmp.mkdir()
+            if write is not None:
+                write(tmp)
+            (tmp / STATE_FILE).write_text(json.dumps(asdict(state)), encoding="utf-8")
+            seal(tmp, state.step, self.key_file)
+        except BaseException as exc:  # a partial checkpoint is removed; the earlier ones stay
+            shutil.rmtree(tmp, ignore_errors=True)
+            if _out_of_space(exc, self.root):
+                raise CheckpointSpaceError(
+                    errno.ENOSPC,
+                    f"no space left on the device of {self.root} while saving the checkpoint of "
+                    f"step {state.step} ({_free_bytes(self.root)} bytes free; {exc!r:.300}); "
+                    f"the partial {tmp.name} was removed and earlier checkpoints are intact",
+                ) from exc
+            raise
         final = self.step_dir(state.step)
         if final.exists():
             trash = self.root / f".old-{final.name}-{os.getpid()}"

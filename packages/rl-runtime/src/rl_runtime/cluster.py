@@ -19,6 +19,7 @@ from typing import Any, Literal
 from rl_runtime.placement import PlacementPlan, plan_placement
 from rl_runtime.ray_setup import (
     RayOptions,
+    device_env_defaults,
     joined_address,
     set_ray_env_defaults,
     shutdown_ray,
@@ -104,6 +105,7 @@ class Cluster:
         env_vars = worker_env_vars(
             options.env_vars, worker_threads(options.env_vars, cpu_per_bundle)
         )
+        env_vars.update(device_env_defaults(device_kind, env_vars))
         driver = None
         if use_ray:
             set_ray_env_defaults()

@@ -44,6 +44,22 @@ TRAINED_SAMPLES_KEY = "rollout/num_trajectories"
 episodes already screened out): the source of the run's `throughput` and of
 `async/trained_samples_total`."""
 
+SKIPPED_KEY = "train/skipped"
+"""The step metric (1.0) of a step that trained on nothing: dynamic sampling kept no group, or
+asynchronous training found every sample too stale (`skip_reason` says which)."""
+
+
+def skip_reason(metrics: dict[str, float]) -> str | None:
+    """Why a step trained on nothing (its `SKIPPED_KEY` metric set), in words for the step line;
+    None for a step that trained."""
+    if not metrics.get(SKIPPED_KEY):
+        return None
+    if metrics.get("dynamic_sampling/kept_groups", 1.0) == 0:
+        return "no group kept"
+    if metrics.get("async/dropped_stale_samples", 0.0) > 0:
+        return "every sample too stale"
+    return "nothing to train on"
+
 
 def rollout_metrics(trajectories: Sequence[Any], batch: CollatedBatch) -> dict[str, float]:
     """`env/*` episode outcomes (`env/length_truncated`: the share of episodes the token budget

@@ -33,9 +33,12 @@ the app's own section (`RunOptions.app_record`) and the values it derives for it
 and the evaluation before training, which a resumed run's summary keeps. A resumed run says so
 first and goes on in its run's metrics.jsonl, cut back to the checkpoint's step first
 (tracking.rewind_metrics: each step once; TensorBoard hides the later points too), so its
-curves.png plots the whole run; a fresh run first moves an earlier run's metrics,
-checkpoints and outputs (summary.json, curves.png, resolved_config.yaml, hf_model/, and the
-app's `RunOptions.app_outputs`) in its directories aside (rl_runtime.previous_run) and says where.
+curves.png plots the whole run; a fresh run, once its workers have started (a run that fails to
+start moves and rewrites nothing), moves an earlier run's metrics, checkpoints and outputs
+(summary.json, curves.png, resolved_config.yaml, hf_model/, and the app's
+`RunOptions.app_outputs`) in its directories aside (rl_runtime.previous_run) and says where. A
+run with `resume_from_checkpoint: true` whose checkpoint directory holds no checkpoint starts
+fresh, and its first line says so (`nothing_to_resume`).
 Throughput: `throughput/samples_per_s` (trained samples, `rollout/num_trajectories`, per second of
 the training loop without evaluation and checkpoints), in the metrics and summary.json
 (`throughput`: `samples_trained`, `loop_seconds`, `samples_per_s`). They are the whole run's,
@@ -62,7 +65,9 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
-from rl_runtime.metrics import TRAINED_SAMPLES_KEY
+from rl_runtime.export import MODEL_PATH_KEY
+from rl_runtime.interrupts import RunInterrupted, handle_interrupts, resume_command, stopping
+from rl_runtime.metrics import TRAINED_SAMPLES_KEY, skip_reason
 from rl_runtime.previous_run import (
     CURVES_NAME,
     HF_MODEL_NAME,
@@ -73,7 +78,7 @@ from rl_runtime.previous_run import (
 from rl_runtime.resume_guard import app_record, check_resume, check_resume_step, config_record
 from rl_runtime.run_lock import run_directories_lock
 from rl_runtime.summary_json import write_summary
-from rl_runtime.timing import PhaseTimer, StepProgress
+from rl_runtime.timing import PhaseTimer, StepProgress, long_phase
 from rl_runtime.tracking import Tracker, earlier_run_logs, rewind_metrics, tracker_log_dir
 
 THROUGHPUT_KEY = "throughput"
@@ -81,6 +86,13 @@ THROUGHPUT_KEY = "throughput"
 WARMED_UP_KEY = "started_from_warm_up"
 """Checkpoint state: RL started from a supervised warm-up's policy, not `pretrain`; a reference
 role held that policy, and its weights are in the checkpoint's `reference/`."""
+SKIPPED_STEPS_KEY = "skipped_steps"
+"""Checkpoint state: the run's steps so far that trained on nothing (rl_runtime.metrics.skip_reason)."""
+
+
+class NothingTrainedError(RuntimeError):
+    """Every step of the run trained on nothing (rl_runtime.metrics.skip_reason): the policy is
+    the one it started from, and the run ends with this error instead of a results table."""
 
 
 class Recipe(Protocol):
@@ -267,6 +279,28 @@ class RunResult:
     #: the whole run's (`"scope": "run"`, a resumed run's checkpointed part included):
     #: samples_trained, loop_seconds, samples_per_s; `wall_seconds` is this invocation's
     throughput: dict[str, Any] = field(default_factory=dict)
+    #: the whole run's steps that trained on nothing (a resumed run's checkpointed part included)
+    skipped_steps: int = 0
+    #: where the run's results went (`run_outputs`): the final line lists them
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+def run_outputs(components: Components, curves: str | None, hf_model: str | None) -> dict[str, str]:
+    """Where a run's results are, by kind (the last line of a run, summary.json's `outputs`):
+    checkpoints, logs (metrics.jsonl), tensorboard (when tracked), curves, summary, hf_model.
+    A pipeline or command that writes more adds its entry here."""
+    c = components
+    logs = tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs)
+    tracked = str(c.tracker.track_with)
+    out = {
+        "checkpoints": c.checkpoint.directory if c.role("actor_train") is not None else "none",
+        "logs": str(logs),
+        "tensorboard": str(logs) if "tensorboard" in tracked else "not tracked",
+        "curves": curves or "none",
+        "summary": str(Path(c.output_dir) / SUMMARY_NAME),
+        "hf_model": hf_model or "not exported (export_hf: false)",
+    }
+    return out
 
 
 def engine_weight_diff(ctx: Context) -> float:
@@ -306,22 +340,6 @@ def compose_here(
     from rl_runtime.compose import compose
 
     return compose(cfg, rollout_only=rollout_only, pipeline=pipeline, **machine_kwargs())
-
-
-def policy_model_path(pretrain: str, tiny_model: Any = None) -> str:
-    """The policy model an app runs: `pretrain`, first built there as a tiny local model when
-    `tiny_model` (a dataclass of `rl_rollout.tiny_model.build_tiny_model` options) is given;
-    an existing local path made absolute."""
-    from dataclasses import asdict
-
-    from rl_runtime.compose import resolve_local
-
-    path = str(pretrain)
-    if tiny_model is not None:
-        from rl_rollout.tiny_model import build_tiny_model
-
-        path = str(build_tiny_model(path, **asdict(tiny_model)))
-    return resolve_local(path)
 
 
 def plan_text(components: Components) -> str:
@@ -389,10 +407,18 @@ def print_result(
         console.print(summary_table(title, rows))
     for key, value in result.summary.items():
         console.print(f"{key}: {value}")
+    if result.skipped_steps:
+        console.print(
+            f"skipped steps: {result.skipped_steps} of {result.step} trained on nothing "
+            "(dynamic sampling kept no group, or every sample was too stale)"
+        )
     console.print(
         f"steps={result.step} weight_version={result.weight_version} "
         f"wall={result.wall_seconds:.0f}s curves={result.curves} hf_model={result.hf_model}"
     )
+    if result.outputs:  # the last line: where everything went
+        line = "outputs: " + " ".join(f"{k}={v}" for k, v in result.outputs.items())
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def check_optional_packages(cfg: Any) -> list[str]:
@@ -492,6 +518,11 @@ class Runner:
         self.asynchronous: Any = None  # rl_runtime.async_training.AsyncTraining, while running
         self.samples_trained = 0.0
         self.loop_seconds = 0.0
+        #: the run's steps that trained on nothing (rl_runtime.metrics.skip_reason)
+        self.skipped_steps = 0
+        #: the newest checkpoint of this run known to be durable: the last one saved, or the
+        #: one it resumed from (None: none yet)
+        self.last_checkpoint: str | None = None
         #: the evaluation before training (a resumed run's comes from its checkpoint)
         self.eval_before: dict[str, float] = {}
         #: a resumed run's metric rows up to its checkpoint (its curves show the whole run)
@@ -507,9 +538,9 @@ class Runner:
         return self.options.pipeline or pipeline_kind(getattr(self.cfg, "__wrapped__", self.cfg))
 
     def _announce(self) -> tuple[Path | None, RunState | None]:
-        """First output: the resume line, or the line saying where an earlier run's results in
-        this run's directories were moved (rl_runtime.previous_run), then warnings; writes the
-        resolved config. Refused here, before anything starts: training roles of several ranks
+        """First output: the resume line, or the line saying a resume found no checkpoint,
+        then warnings (an earlier run's results are set aside, and the resolved config written,
+        once the workers have started: `_set_aside_and_record`). Refused here, before anything starts: training roles of several ranks
         without Ray (`check_in_process`), and a resume whose config changed a key the
         checkpoint depends on (rl_runtime.resume_guard)."""
         c = self.components
@@ -549,15 +580,9 @@ class Runner:
                 finished = check_resume_step(state.step, c.cadence.max_steps, resume)
                 if finished:
                     print(finished, flush=True)
-        if resume is None:
-            earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
-            moved = set_aside_previous_run(
-                earlier
-                + (self.ckpt.present() if self.ckpt is not None else [])
-                + earlier_run_outputs(c.output_dir, self.options.app_outputs)
-            )
-            if moved is not None:
-                print(moved, flush=True)
+        asked = c.checkpoint.resume not in (None, False, "", "false", "False")
+        if resume is None and self.ckpt is not None and asked:
+            print(nothing_to_resume(c.checkpoint.directory), flush=True)
         for line in (
             *resume_warnings,
             *self.cfg.config_warnings(),
@@ -566,10 +591,25 @@ class Runner:
             *check_optional_packages(self.cfg),
         ):
             print(f"warning: {line}", flush=True)
+        return resume, state
+
+    def _set_aside_and_record(self, fresh: bool) -> None:
+        """Once the workers have started (nothing is moved by a run that did not start): a
+        fresh run moves an earlier run's results in its directories aside (and says where);
+        then the resolved config is written."""
+        c = self.components
+        if fresh:
+            earlier = earlier_run_logs(tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs))
+            moved = set_aside_previous_run(
+                earlier
+                + (self.ckpt.present() if self.ckpt is not None else [])
+                + earlier_run_outputs(c.output_dir, self.options.app_outputs)
+            )
+            if moved is not None:
+                print(moved, flush=True)
         from rl_config.redact import dump_resolved
 
         dump_resolved(self.cfg, c.output_dir)
-        return resume, state
 
     def _setup(self) -> Context:
         from rl_runtime.cluster import Cluster, WeightSync
@@ -596,6 +636,11 @@ class Runner:
             devices_per_node=c.cluster.devices_per_node,
             node_resources=c.cluster.node_resources,
         )
+        try:  # started: an earlier run's results may be set aside now (not before)
+            self._set_aside_and_record(fresh=self.resumed_step is None)
+        except BaseException:
+            cluster.shutdown()
+            raise
         # in-process runs on an accelerator also record device memory per phase (memory/*)
         timer = PhaseTimer(None if o.use_ray else kind)
         self.ctx = Context(c, o, cluster, tracker=None, timer=timer)  # type: ignore[arg-type]
@@ -646,6 +691,8 @@ class Runner:
             "eval_before": self.eval_before,
             THROUGHPUT_KEY: self.throughput_state(),
             WARMED_UP_KEY: ctx.warmed_up,
+            SKIPPED_STEPS_KEY: self.skipped_steps,
+            MODEL_PATH_KEY: self.options.model_path,  # what rl-export builds the model from
         }
         if self.asynchronous is not None:
             from rl_runtime.async_training import STATE_KEY
@@ -658,7 +705,9 @@ class Runner:
             rng=capture_rng(),
             extra=extra,
         )
-        return self.ckpt.save(state, write)
+        saved = self.ckpt.save(state, write)
+        self.last_checkpoint = str(saved)
+        return saved
 
     def restore(self, path: Path, state: RunState) -> None:
         ctx = self.ctx
@@ -677,6 +726,7 @@ class Runner:
         restore_rng(state.rng)
         self.eval_before = dict(state.extra.get("eval_before") or {})
         self.load_throughput_state(state.extra.get(THROUGHPUT_KEY), str(path))
+        self.skipped_steps = int(state.extra.get(SKIPPED_STEPS_KEY) or 0)
         if hasattr(self.recipe, "load_state"):
             self.recipe.load_state(dict(state.extra.get("recipe") or {}))
         from rl_runtime.async_training import STATE_KEY, restore_rollout_state
@@ -691,33 +741,66 @@ class Runner:
         """The whole run, holding the locks of its output directory and of its checkpoint
         directory where that lies elsewhere (rl_runtime.run_lock) from before anything in them
         is read or moved until teardown: a second run on either directory fails at once, naming
-        it and this run's pid."""
+        it and this run's pid.
+
+        SIGINT and SIGTERM (rl_runtime.interrupts) end it in order: workers and Ray stopped,
+        then summary.json written with the step reached, the last durable checkpoint and the
+        command that resumes from it; `RunInterrupted` (carrying the same) is raised on."""
         t0 = time.perf_counter()
         c = self.components
         checkpoints = [c.checkpoint.directory] if c.role("actor_train") is not None else []
-        with run_directories_lock(c.output_dir, *checkpoints):
+        with run_directories_lock(c.output_dir, *checkpoints), handle_interrupts():
             resume, state = self._announce()
+            if resume is not None:
+                self.last_checkpoint = str(resume)
             after: dict[str, float] = {}
             try:
                 ctx = self._setup()
                 if hasattr(self.recipe, "baselines"):
-                    self.baselines = self.recipe.baselines(ctx)
+                    with long_phase("baselines"):
+                        self.baselines = self.recipe.baselines(ctx)
                 if resume is not None and state is not None:
                     self.restore(resume, state)
                 else:
                     if hasattr(self.recipe, "before_training"):
-                        warm = self.recipe.before_training(ctx) or {}
+                        with long_phase("warm-up"):
+                            warm = self.recipe.before_training(ctx) or {}
                         if warm:
                             ctx.log(warm, step=0)
                     if self.options.eval_before_training and self.components.cadence.eval_steps:
-                        self.eval_before = self.recipe.evaluate(ctx)
+                        with long_phase("evaluation before training"):
+                            self.eval_before = self.recipe.evaluate(ctx)
                         if self.eval_before:
                             ctx.log(self.eval_before)
                 self._start_async(ctx, state if resume is not None else None)
                 after = self._loop(ctx)
                 return self._finish(ctx, t0, self.eval_before, after, resume)
+            except RunInterrupted as exc:
+                exc.step = self.ctx.step if self.ctx is not None else self.resumed_step
+                with stopping():
+                    self.teardown()
+                    self._write_interrupted(exc, resume)
+                raise
             finally:
-                self.teardown()
+                with stopping():
+                    self.teardown()
+
+    def _write_interrupted(self, exc: RunInterrupted, resume: Path | None) -> None:
+        """summary.json of an interrupted run: the signal, the step reached, the last durable
+        checkpoint and the command that resumes from it (filled into `exc` too)."""
+        exc.checkpoint = self.last_checkpoint
+        exc.resume_command = resume_command(self.last_checkpoint)
+        summary = {
+            "interrupted": exc.name,
+            "step": exc.step,
+            "last_checkpoint": exc.checkpoint,
+            "resume_command": exc.resume_command,
+            "resumed_from": str(resume) if resume is not None else None,
+            "eval_before": self.eval_before,
+            "skipped_steps": self.skipped_steps,
+            "throughput": {"scope": "run", **self.throughput_state()},
+        }
+        write_summary(Path(self.components.output_dir) / SUMMARY_NAME, summary)
 
     def _start_async(self, ctx: Context, state: RunState | None) -> None:
         """With `components.asynchronous`: start rollout ahead of the trainer, from the step the
@@ -753,13 +836,16 @@ class Runner:
         if ctx.step >= cad.max_steps and cad.eval_steps and self.resumed_step is not None:
             # a finished run resumed: nothing to train, and its result (summary.json, the table)
             # is the final policy's evaluation, taken again (its logged row stays the only one)
-            return self.recipe.evaluate(ctx)
+            with long_phase("evaluation"):
+                return self.recipe.evaluate(ctx)
         with StepProgress(cad.max_steps, ctx.step) as progress:
             while ctx.step < cad.max_steps:
                 ctx.timer.reset()
                 t0 = time.perf_counter()
                 metrics = step(ctx)
                 ctx.step += 1
+                skipped = skip_reason(metrics)
+                self.skipped_steps += skipped is not None
                 if self.asynchronous is not None:  # trained and synced: rollout may go on
                     self._open_rollout_gate(ctx)
                 last = ctx.step == cad.max_steps
@@ -772,16 +858,18 @@ class Runner:
                 if self.samples_trained:  # pipelines that count trained samples (rollout/*)
                     metrics["throughput/samples_per_s"] = self.samples_per_s()
                 if evaluate:
-                    last_eval = self.recipe.evaluate(ctx)
+                    with long_phase(f"evaluation at step {ctx.step}"):
+                        last_eval = self.recipe.evaluate(ctx)
                     metrics.update(last_eval)
                 if last or ctx.step % cad.logging_steps == 0:
                     ctx.log(metrics)
                 if save:
                     self.save()
                 shown = [k for k in self.options.progress_keys if k in metrics]
+                line = " ".join(f"{k}={metrics[k]:.3f}" for k in shown)
                 progress.advance(
                     {k: v for k, v in metrics.items() if k.startswith("timing/")},
-                    " ".join(f"{k}={metrics[k]:.3f}" for k in shown),
+                    f"skipped ({skipped}) {line}".strip() if skipped else line,
                 )
         return last_eval
 
@@ -828,12 +916,13 @@ class Runner:
         after: dict[str, float],
         resume: Path | None,
     ) -> RunResult:
-        from rl_runtime.curves import write_curves
+        from rl_runtime.curves import PANELS, write_curves
 
         out = Path(self.components.output_dir)
         png = write_curves(
             ctx.tracker.history,
             out / CURVES_NAME,
+            panels=PANELS.get(self.pipeline() or ""),
             title=self.components.exp_name,
             baselines={
                 f"{name}: {key}": value
@@ -842,8 +931,15 @@ class Runner:
             },
         )
         hf_dir = None
-        if self.options.export_hf and ctx.cluster.has("actor_train"):
-            hf_dir = ctx.cluster["actor_train"].call_rank0("export_hf", str(out / HF_MODEL_NAME))
+        nothing_trained = ctx.step > 0 and self.skipped_steps >= ctx.step
+        if self.options.export_hf and self.last_checkpoint is not None and not nothing_trained:
+            # what `rl-export` writes from the last checkpoint (rl_runtime.export)
+            from rl_runtime.export import export_checkpoint
+
+            hf_dir = str(export_checkpoint(
+                self.last_checkpoint, out / HF_MODEL_NAME, base_model=self.options.model_path,
+                key_file=self.components.checkpoint.key_file,
+            ))  # fmt: skip
         result = RunResult(
             step=ctx.step,
             weight_version=ctx.weight_version,
@@ -861,8 +957,20 @@ class Runner:
                 "samples_trained": self.samples_trained,
                 "loop_seconds": self.loop_seconds,
             },
+            skipped_steps=self.skipped_steps,
         )
+        result.outputs = run_outputs(self.components, result.curves, hf_dir)
         write_summary(out / SUMMARY_NAME, result.__dict__)
+        if nothing_trained:
+            raise NothingTrainedError(
+                f"every one of the run's {ctx.step} steps was skipped: it trained on nothing "
+                "(dynamic sampling kept no group: each group's rewards were all equal, or every "
+                "sample was too stale), so the policy is the one it started from. Look at "
+                f"reward/mean and reward/accuracy in {out / SUMMARY_NAME} and the logs; give "
+                "dynamic sampling more rounds (dynamic_sampling.max_num_gen_batches), more "
+                "prompts per step (rollout_batch_size) or samples per prompt "
+                "(num_return_sequences_in_group), or turn it off (dynamic_sampling.enable=false)"
+            )
         return result
 
     def teardown(self) -> None:
@@ -878,6 +986,23 @@ class Runner:
             ctx.cluster.shutdown()
             ctx.cluster = None
         self.ctx = None
+
+
+def nothing_to_resume(directory: str | Path) -> str:
+    """The line a run with `resume_from_checkpoint: true` prints first when `directory` holds
+    no checkpoint: it starts fresh (so that one command both starts a run and continues it after
+    an interruption), and says so, naming earlier runs' checkpoints set aside there."""
+    from rl_runtime.previous_run import PREFIX
+
+    root = Path(directory)
+    aside = sorted(p for p in root.glob(f"{PREFIX}*/step-*") if p.is_dir()) if root.is_dir() else []
+    where = (
+        f"; earlier checkpoints set aside there: {', '.join(map(str, aside[-3:]))}" if aside else ""
+    )
+    return (
+        f"resume_from_checkpoint is set, but {root} holds no checkpoint: this run STARTS FRESH "
+        f"from step 0{where} (to resume one of those, set resume_from_checkpoint to its path)"
+    )
 
 
 def _saved_reference(checkpoint: Path) -> Path:

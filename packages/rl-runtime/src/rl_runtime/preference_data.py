@@ -11,7 +11,9 @@ chosen, a response that is neither text nor messages with text contents, empty r
 identical pair, non-boolean label, a line that is not JSON) are refused
 together in one `PreferenceDataError` naming the file and the 0-based row numbers; so is a file
 that is no table (a corrupt parquet file, a .json that holds no list).
-Too long rows (prompt + response > `sequence_length`): `keep_start` cuts the response's end and
+Too long rows (prompt + response > `sequence_length`; a text longer than `sequence_length + 1`
+times the vocabulary's longest token in characters is known too long before it is tokenized: a
+prompt is dropped, a response cut to that many characters first): `keep_start` cuts the response's end and
 drops a row whose prompt leaves no response token (or whose two cut responses become identical);
 `drop` drops every too-long row. `PreferenceSet.counts` has `rows` (read), `examples` (made from
 them: one per pair, two per pair for KTO, one per unpaired row), and `truncated`,
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from rl_envs.tasks.data import RowInvalid, bad_json, chat_messages
+from rl_envs.tasks.dataset import longest_token_chars
 
 
 class PreferenceDataError(ValueError):
@@ -102,12 +105,27 @@ def _response(value: Any, name: str) -> str:
 class Tokenizer:
     """Prompt and response tokenization with the chat template applied once."""
 
-    def __init__(self, tokenizer: Any, use_template: bool = True) -> None:
+    def __init__(self, tokenizer: Any, use_template: bool = True, max_tokens: int = 0) -> None:
         self.tok = tokenizer
         self.use_template = use_template and getattr(tokenizer, "chat_template", None)
         self.eos = tokenizer.eos_token_id
+        #: texts longer than this have more than `max_tokens` tokens whatever they hold (no
+        #: token of the vocabulary spells more characters than the longest one)
+        self.max_tokens = max_tokens
+        self.char_limit = (max_tokens + 1) * longest_token_chars(tokenizer) if max_tokens else 0
+
+    def too_long(self, value: Any) -> bool:
+        """A prompt (text or messages) with more than `max_tokens` tokens, told by its length
+        before it is tokenized (a 50 MB row took minutes in the tokenizer)."""
+        if not self.char_limit:
+            return False
+        if isinstance(value, str):
+            return len(value) > self.char_limit
+        return sum(len(str(m.get("content", ""))) for m in value) > self.char_limit
 
     def prompt(self, value: Any) -> list[int]:
+        if self.too_long(value):  # dropped by the length rule whatever the template adds
+            return [0] * (self.max_tokens + 1)
         messages = [{"role": "user", "content": value}] if isinstance(value, str) else value
         if self.use_template:
             text = self.tok.apply_chat_template(
@@ -118,6 +136,8 @@ class Tokenizer:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
     def response(self, text: str) -> list[int]:
+        if self.char_limit and len(text) > self.char_limit:
+            text = text[: self.char_limit]  # still more tokens than fit: the cut comes later
         ids = list(self.tok(text, add_special_tokens=False)["input_ids"])
         return ids + ([self.eos] if self.eos is not None else [])
 
@@ -131,7 +151,7 @@ def load_preferences(
 ) -> PreferenceSet:
     """Tokenized examples of `files` under the plan `data` (rl_runtime.compose.dpo.PreferenceData);
     `paired=False` (KTO) turns each pair into a desirable and an undesirable example."""
-    tok = Tokenizer(tokenizer, use_template=data.template == "native")
+    tok = Tokenizer(tokenizer, data.template == "native", max_tokens=data.sequence_length)
     examples: list[Example] = []
     counts = {"rows": 0, "examples": 0, "truncated": 0, "dropped_too_long": 0}
     for path in files:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from rl_config.redact import DUMP_NAME
@@ -41,7 +41,7 @@ def earlier_run_outputs(
 
 def aside_dir(directory: Path, when: datetime) -> Path:
     """`directory/previous-<YYYYmmddTHHMMSSZ>` (UTC), with `-1`, `-2` ... if that exists."""
-    stamp = when.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = when.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     candidate, n = directory / f"{PREFIX}{stamp}", 0
     while os.path.lexists(candidate):  # a dangling symlink under the name counts too
         n += 1
@@ -55,7 +55,7 @@ def set_aside_previous_run(paths: Sequence[Path], when: datetime | None = None) 
     line saying what moved where, None when `paths` is empty."""
     if not paths:
         return None
-    when = when or datetime.now(UTC)
+    when = when or datetime.now(timezone.utc)
     moved: dict[Path, list[str]] = {}
     for path in dict.fromkeys(Path(os.path.abspath(p)) for p in paths):
         parent = path.parent

@@ -7,6 +7,9 @@ core workers' gRPC servers) listens on loopback only: anyone who reaches the GCS
 driver and run code. `address=` (or RAY_ADDRESS) joins an existing cluster instead, with the
 cluster's own addresses.
 
+An embedded cluster's processes end with the driver, however it ends (rl_runtime.ray_reaper).
+A run's SIGTERM handler (rl_runtime.interrupts) survives `ray.init`, which installs its own.
+
 Ray on Linux replaces a loopback node address by the machine's network address unless
 `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` (read when `ray` is first imported), so the embedded start
 sets it before that import and, if `ray` was imported earlier, sets the constant it was read into.
@@ -62,6 +65,25 @@ def worker_env_vars(system_envs: Mapping[str, Any] | None, threads: int = 1) -> 
     for key, value in (system_envs or {}).items():
         env[str(key)] = str(value)
     return env
+
+
+def device_env_defaults(
+    device_kind: str, worker_env: Mapping[str, str], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The device's environment defaults (`rl_sync.device.ascend_env_defaults` on NPU) that
+    neither the workers' env (the config's system_envs) nor this process's environment sets;
+    printed, since each changes how HCCL / vllm-ascend behave. Empty on cpu and cuda."""
+    from rl_sync.device import apply_env_defaults
+
+    present = {**(os.environ if environ is None else environ), **worker_env}
+    applied = apply_env_defaults(device_kind, dict(present))  # type: ignore[arg-type]
+    if applied:
+        shown = " ".join(f"{k}={v}" for k, v in sorted(applied.items()))
+        print(
+            f"{device_kind} env defaults for every worker (set them to override): {shown}",
+            flush=True,
+        )
+    return applied
 
 
 def set_ray_env_defaults() -> None:
@@ -125,7 +147,14 @@ def start_ray(options: RayOptions) -> dict[str, float]:
     if ray.is_initialized():
         return dict(ray.cluster_resources())
     _keep_node_address_local(loopback)
+    import signal
+
+    from rl_runtime.interrupts import is_ours
+
+    sigterm = signal.getsignal(signal.SIGTERM)
     ray.init(**ray_init_kwargs(options, address))
+    if is_ours(sigterm):  # ray.init replaced it by one that aborts the driver (exit 134)
+        signal.signal(signal.SIGTERM, sigterm)
     if loopback:
         node_ip = ray.util.get_node_ip_address()
         if not _is_loopback(node_ip):
@@ -134,6 +163,12 @@ def start_ray(options: RayOptions) -> dict[str, float]:
                 f"the embedded Ray cluster came up on {node_ip}, not on loopback "
                 f"({options.node_ip_address}); its servers would be reachable from the network"
             )
+    if not address:  # an embedded cluster ends with this driver, however it ends
+        from rl_runtime.ray_reaper import start_reaper
+
+        node = ray._private.worker._global_node  # type: ignore[attr-defined]
+        if node is not None:
+            start_reaper(node.get_session_dir_path())
     return dict(ray.cluster_resources())
 
 

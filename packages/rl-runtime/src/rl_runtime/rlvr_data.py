@@ -91,6 +91,49 @@ class ArithDataOptions:
                             seed=self.seed)  # fmt: skip
 
 
+def first_rows_problem(path: str, plan: DataPlan, rows: int = 8) -> str | None:
+    """What is wrong with the first `rows` rows of the data file `path` read with `plan`'s
+    columns (the preflight: rl_runtime.preflight.DataFiles), None when one of them parses."""
+    from rl_envs.tasks.data import DataFileError, read_records, validate_records
+
+    try:
+        records, lines = read_records(path)
+    except (DataFileError, ImportError, OSError) as exc:
+        return str(exc)
+    if not records:
+        return "has no rows"
+    keys = RowKeys(prompt=plan.prompt_key or "prompt", messages=plan.messages_key,
+                   tag=plan.tag_key, response=plan.response_key)  # fmt: skip
+    report = validate_records(records[:rows], source=path, keys=keys,
+                              lines=lines[:rows] if lines is not None else None)  # fmt: skip
+    if report.rows:
+        return None
+    return f"none of its first {min(rows, len(records))} rows can be used: " + "; ".join(
+        str(e) for e in report.rejected[:3]
+    )
+
+
+def preflight_data(plan: DataPlan, generated: Sequence[Any] = ()) -> tuple[Any, ...]:
+    """The `rl_runtime.preflight.DataFiles` of an RLVR run: its training and held-out files
+    (those in `generated`, which the app writes before the run, are not checked)."""
+    import os
+
+    from rl_runtime.preflight import DataFiles
+
+    made = {os.path.abspath(p) for p in generated}
+
+    def read(files: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(f for f in files if os.path.abspath(f) not in made)
+
+    def check(path: str) -> str | None:
+        return first_rows_problem(path, plan)
+
+    return (
+        DataFiles("actor_train.data_args.file_name", read(plan.train_files), check),
+        DataFiles(plan.val_files_key, read(plan.val_files), check),
+    )
+
+
 def load_prompts(
     files: Sequence[str], plan: DataPlan, rewards: RewardRouterSpec
 ) -> tuple[list[TaskRow], list[str]]:

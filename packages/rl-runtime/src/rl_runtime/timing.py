@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -114,6 +115,38 @@ class StepProgress:
                 file=self.stream or sys.stdout,
                 flush=True,
             )
+
+
+@contextmanager
+def long_phase(
+    name: str, *, after_s: float = 5.0, every_s: float = 10.0, stream: TextIO | None = None
+) -> Iterator[None]:
+    """Progress of a phase that shows nothing else while it runs (an evaluation, a warm-up):
+    once it has lasted `after_s` seconds, a plain line every `every_s` seconds on `stream`
+    (stdout; on a terminal and in a log alike), ``evaluation: running, 15s so far``, and
+    ``evaluation: done in 42s`` at its end; nothing for a phase shorter than `after_s`."""
+    out = stream or sys.stdout
+    done = threading.Event()
+    started = time.perf_counter()
+    shown: list[bool] = []
+
+    def tick() -> None:
+        wait = after_s
+        while not done.wait(wait):
+            print(f"{name}: running, {time.perf_counter() - started:.0f}s so far", file=out,
+                  flush=True)  # fmt: skip
+            shown.append(True)
+            wait = every_s
+
+    thread = threading.Thread(target=tick, name=f"progress: {name}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        if shown:
+            print(f"{name}: done in {time.perf_counter() - started:.0f}s", file=out, flush=True)
 
 
 def summary_table(title: str, rows: Mapping[str, Mapping[str, float | str]]) -> Table:

@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -257,7 +257,7 @@ def rewind_metrics(
     kept = [r for r in rows if r.get("step", 0) <= step]
     if len(kept) == len(rows) and not torn:
         return kept, None
-    target = aside_dir(path.parent, datetime.now(UTC))
+    target = aside_dir(path.parent, datetime.now(timezone.utc))
     target.mkdir(parents=True)
     shutil.copy2(path, target / path.name, follow_symlinks=False)  # kept until replaced below
     write_text_atomically(path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in kept))

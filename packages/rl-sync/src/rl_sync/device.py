@@ -94,9 +94,9 @@ def detect_device_kind() -> DeviceKind:
             )
         kind = cast(DeviceKind, forced)
         if not is_available(kind):
-            raise RuntimeError(
+            raise DeviceUnavailableError(
                 f"{DEVICE_ENV_VAR}={kind} but no {kind} device is available in this process"
-                + (" (torch_npu is not importable)" if kind == "npu" else "")
+                + _why_unavailable(kind)
             )
         return kind
     if is_available("npu"):
@@ -104,6 +104,27 @@ def detect_device_kind() -> DeviceKind:
     if is_available("cuda"):
         return "cuda"
     return "cpu"
+
+
+class DeviceUnavailableError(RuntimeError):
+    """``RL_DEVICE`` names a device kind this process cannot use; the message names the fix."""
+
+
+def _why_unavailable(kind: DeviceKind) -> str:
+    if kind == "npu":
+        if importlib.util.find_spec("torch_npu") is None:
+            reason = "torch_npu is not installed"
+        elif torch_npu_module() is None:
+            reason = "torch_npu is not importable: CANN not sourced or torch-npu / torch mismatched"
+        else:
+            reason = "torch_npu imports but reports no NPU"
+        return (
+            f" ({reason}); install the torch-npu build of this torch and source CANN's "
+            f"set_env.sh, or unset {DEVICE_ENV_VAR}; `rl-doctor` checks the stack"
+        )
+    if kind == "cuda":
+        return f" (torch {torch.__version__} sees no CUDA device); unset {DEVICE_ENV_VAR} or fix the driver"
+    return ""
 
 
 def _check_kind(kind: str) -> DeviceKind:
@@ -144,14 +165,15 @@ def ascend_env_defaults() -> dict[str, str]:
     """Environment defaults for Ascend workers (set them where not already set).
 
     HCCL timeouts are raised well above their defaults (first-time graph compilation and large
-    syncs exceed them), NZ weight format is disabled for vllm-ascend (needed for in-place weight
-    updates), and the caching allocator uses expandable segments to limit fragmentation.
+    syncs exceed them) and the NZ weight format is disabled for vllm-ascend (needed for in-place
+    weight updates). ``PYTORCH_NPU_ALLOC_CONF=expandable_segments:True`` is not set: vLLM's
+    sleep-mode allocator does not release expandable segments (vllm-ascend's RL switch removes
+    it). The runtime prints the defaults it applies when it starts workers.
     """
     return {
         "HCCL_CONNECT_TIMEOUT": "1200",
         "HCCL_EXEC_TIMEOUT": "1800",
         "VLLM_ASCEND_ENABLE_NZ": "0",
-        "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
         "TASK_QUEUE_ENABLE": "1",
     }
 
@@ -283,6 +305,7 @@ __all__ = [
     "DEVICE_KINDS",
     "BackendName",
     "DeviceKind",
+    "DeviceUnavailableError",
     "apply_env_defaults",
     "ascend_env_defaults",
     "backend_for",

@@ -95,16 +95,22 @@ def create_store(
         if port not in (0, bound_port):
             sock.close()
             raise ValueError(f"listener is bound to port {bound_port}, not the requested {port}")
-        store = TCPStore(
-            host,
-            bound_port,
-            world_size,
-            True,
-            timeout=timeout,
-            wait_for_workers=False,
-            master_listen_fd=sock.detach(),  # the store owns the descriptor from here on
-        )
-        return store
+        fd = sock.detach()  # the store owns the descriptor from here on
+        try:
+            return TCPStore(
+                host, bound_port, world_size, True, timeout=timeout, wait_for_workers=False,
+                master_listen_fd=fd,
+            )  # fmt: skip
+        except RuntimeError as exc:
+            # torch 2.7's libuv backend refuses a listen fd (before touching it); the legacy
+            # backend takes it
+            if "listen fd" not in str(exc):
+                os.close(fd)
+                raise
+            return TCPStore(
+                host, bound_port, world_size, True, timeout=timeout, wait_for_workers=False,
+                master_listen_fd=fd, use_libuv=False,
+            )  # fmt: skip
     return TCPStore(host, port, world_size, is_master, timeout=timeout, wait_for_workers=False)
 
 

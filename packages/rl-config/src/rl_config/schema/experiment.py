@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from pydantic import (
     Field,
@@ -108,7 +108,7 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
     _pipeline_kind: str = PrivateAttr(default="rlvr")
 
     @classmethod
-    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> ExperimentConfig:
         """Validate a mapping; raises ``rl_config.ConfigError`` with every problem found."""
         from rl_config.diagnostics import config_error_from_validation
 
@@ -119,7 +119,7 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _roll_compat(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Self:
+    def _roll_compat(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> ExperimentConfig:
         """Refuse configs of ROLL pipelines this stack lacks, Megatron configs and verl keys (one
         error each, naming its ROLL counterpart); drop ROLL's accepted-but-unimplemented keys
         (with notes)."""
@@ -135,7 +135,9 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
         issue = pipeline_or_megatron_issue(data)
         if issue is not None:
             raise RuleViolations([issue])
-        refused = verl_key_issues(data) + unsupported_values(data)
+        from rl_config.contract import changes_what_is_trained
+
+        refused = verl_key_issues(data) + unsupported_values(data) + changes_what_is_trained(data)
         if refused:
             raise RuleViolations(refused)
         data, notes = strip_roll_keys(data)
@@ -145,7 +147,7 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
 
     # ----------------------------------------------------------------------------- derived values
     @model_validator(mode="after")
-    def _derive_and_check(self) -> Self:
+    def _derive_and_check(self) -> ExperimentConfig:
         from rl_config.roll_keys import pipeline_kind
         from rl_config.rules import check_rules
 

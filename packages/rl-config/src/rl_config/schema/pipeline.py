@@ -92,8 +92,9 @@ class PipelineFields(StrictModel):
     sandbox_allow_weak_isolation: bool = Field(
         default=False,
         description="Let untrusted code (reward functions, tool code) run where the host "
-        "refuses network namespaces (e.g. Docker's default seccomp profile). The sandbox then "
-        "only patches Python's socket module, which a subprocess bypasses; false: refuse.",
+        "refuses network namespaces (e.g. Docker's default seccomp profile) or the sandbox's "
+        "seccomp socket filter (a machine other than x86_64/aarch64). The sandbox then only "
+        "patches Python's socket module, which a subprocess bypasses; false: refuse.",
     )
     checkpoint_config: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="Checkpoint storage."

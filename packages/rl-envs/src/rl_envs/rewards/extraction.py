@@ -27,33 +27,51 @@ def extract_hash_answer(text: str) -> str | None:
     return answer or None
 
 
-def _box_at(text: str, i: int) -> tuple[str, int] | None:
+#: model output longer than this is not parsed in the trainer's process (no answer): every
+#: parser here is linear, the bound keeps one response's cost small whatever it holds
+MAX_PARSE_CHARS = 1 << 20
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\b")
+_BARE_RE = re.compile(r"[^\s$]+")
+
+
+def _closing_braces(text: str) -> dict[int, int]:
+    """For each unescaped ``{`` that is closed, the index of its ``}`` (one pass, a stack)."""
+    closing: dict[int, int] = {}
+    stack: list[int] = []
+    for match in re.finditer(r"(?<!\\)[{}]", text):
+        if match.group() == "{":
+            stack.append(match.start())
+        elif stack:
+            closing[stack.pop()] = match.start()
+    return closing
+
+
+def _box_at(text: str, i: int, closing: dict[int, int]) -> tuple[str, int] | None:
     """``(content, end)`` of the box whose argument starts at ``i`` (after ``\\boxed``)."""
     while i < len(text) and text[i] == " ":
         i += 1
     if i < len(text) and text[i] == "{":
-        depth = 0
-        for j in range(i, len(text)):
-            if text[j] == "{" and text[j - 1] != "\\":
-                depth += 1
-            elif text[j] == "}" and text[j - 1] != "\\":
-                depth -= 1
-                if depth == 0:
-                    return text[i + 1 : j], j + 1
-        return None  # unbalanced
-    tail = re.match(r"[^\s$]+", text[i:])
-    return (tail.group(0), i + tail.end()) if tail else None
+        j = closing.get(i)
+        return None if j is None else (text[i + 1 : j], j + 1)  # None: unbalanced
+    tail = _BARE_RE.match(text, i)
+    return (tail.group(0), tail.end()) if tail else None
 
 
 def all_boxed(text: str) -> list[str]:
     """Every ``\\boxed{...}``/``\\fbox{...}`` (balanced braces; ``\\boxed 5`` too) in order;
-    a box nested in another is part of the outer one; unbalanced boxes are skipped."""
+    a box nested in another is part of the outer one; unbalanced boxes are skipped. Linear in
+    the text; none in a text longer than `MAX_PARSE_CHARS`."""
+    if len(text) > MAX_PARSE_CHARS:
+        return []
     found = []
     end = 0
-    for match in re.finditer(r"\\(?:boxed|fbox)\b", text):
+    closing: dict[int, int] | None = None
+    for match in _BOX_RE.finditer(text):
         if match.start() < end:
             continue
-        box = _box_at(text, match.end())
+        if closing is None:
+            closing = _closing_braces(text)
+        box = _box_at(text, match.end(), closing)
         if box is not None:
             found.append(box[0])
             end = box[1]

@@ -37,6 +37,7 @@ from rl_envs.sandbox.uids import claim_uid
 from rl_envs.sandbox.zygote import Zygote, ZygoteLost, start_zygote
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
 OUTPUT_KEEP_BYTES = 64 * 1024  # of the call's stdout/stderr, returned to the caller
 SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
@@ -421,6 +422,9 @@ def main() -> None:
             _resolve(target)()
         except Exception as exc:
             errors.append(f"warmup {target}: {type(exc).__name__}: {exc}")
+    # it will hold every task it serves: a call of the same uid (no pid namespace) must not be
+    # able to open its /proc/<pid>/mem (calls make themselves dumpable again: call_body)
+    _prctl(PR_SET_DUMPABLE, 0)
     state = {**setup["state"], "baseline_vm": _baseline_vm()}
     cgroup = state["cgroup"]
     call = {key: state[key] for key in ("uid", "namespaces", "hidden", "baseline_vm",

@@ -31,6 +31,7 @@ from rl_envs.sandbox.cgroups import SlotCgroup
 from rl_envs.sandbox.protocol import read_frame
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 #: the task's parts that carry data (arguments, sources), sent after the call is set up
 PAYLOAD_KEYS = ("args", "kwargs", "calls", "source")
 MAX_PAYLOAD_BYTES = 256 << 20
@@ -257,6 +258,9 @@ def call_body(fds: list[int], call: dict[str, Any], cgroup: SlotCgroup | None,
     try:
         os.setpgid(0, 0)
         _die_with_parent()
+        # the worker is not dumpable; the call sets up its mounts through /proc/self (a uid
+        # change, as root, makes it undumpable again)
+        isolation._libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         for fd in close_fds:
             os.close(fd)
         message = read_frame(task_fd)

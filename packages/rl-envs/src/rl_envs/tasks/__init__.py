@@ -29,6 +29,7 @@ from rl_envs.tasks.dataset import (
     data_spec,
     filter_overlong_prompts,
     load_dataset,
+    longest_token_chars,
 )
 from rl_envs.tasks.sampler import EpochSampler, PromptSampler, domain_quotas
 from rl_envs.tasks.single_turn import SingleTurnEnv
@@ -60,6 +61,7 @@ __all__ = [
     "generate_countdown",
     "load_dataset",
     "load_rows",
+    "longest_token_chars",
     "read_records",
     "require_files",
     "validate_records",

@@ -18,9 +18,11 @@ or nests too deeply for the parser, is such a row.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -383,12 +385,40 @@ def _read_jsonl(path: str) -> tuple[list[Any], list[int]]:
     """``(records, lines)``: each non-blank line's record and its line number (1-based)."""
     records: list[Any] = []
     lines: list[int] = []
-    with open(path, encoding="utf-8", errors="surrogateescape") as handle:
+    raw = open_regular(path)
+    with io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape") as handle:
         for number, text in enumerate(handle, start=1):
             if text.strip():
                 records.append(_decode_line(text))
                 lines.append(number)
     return records, lines
+
+
+def open_regular(path: str) -> io.BufferedReader:
+    """``path`` opened for reading, refused unless it is a regular file (after symlinks): a
+    named pipe, a device or a socket given as a data file would block or never end. Opened
+    without blocking and checked through the descriptor, so nothing can swap it in between."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"dataset file not found: {path}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = _FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+            raise DataFileError(
+                f"{path}: {kind}, not a regular file: data files must be regular files"
+            )
+        os.set_blocking(fd, True)
+        return open(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+_FILE_KINDS = {stat.S_IFIFO: "a named pipe", stat.S_IFCHR: "a character device",
+               stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket",
+               stat.S_IFDIR: "a directory"}  # fmt: skip
 
 
 def require_files(key: str, paths: Sequence[str]) -> None:
@@ -417,8 +447,7 @@ def read_records(path: str) -> tuple[list[Any], list[int] | None]:
     not UTF-8 or JSON is a ``bad_json(record)`` record (its error in ``bad_json``), not an
     exception; a file that is no such table raises ``DataFileError`` naming it (a corrupt
     parquet file included: pyarrow's own error otherwise)."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"dataset file not found: {path}")
+    open_regular(path).close()  # a clear error for a missing or non-regular file, by name
     if path.endswith(".parquet"):
         try:
             import pyarrow.parquet as pq
@@ -427,14 +456,15 @@ def read_records(path: str) -> tuple[list[Any], list[int] | None]:
         from pyarrow import ArrowException
 
         try:
-            records: list[Any] = pq.read_table(path).to_pylist()
+            with open_regular(path) as handle:
+                records: list[Any] = pq.read_table(handle).to_pylist()
         except (ArrowException, OSError) as exc:
             raise DataFileError(f"{path}: not a readable parquet file: {exc}") from None
         lines = None
     elif path.endswith(".jsonl"):
         records, lines = _read_jsonl(path)
     elif path.endswith(".json"):
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             data = handle.read()
         try:
             records, lines = json.loads(data.decode("utf-8")), None

@@ -194,6 +194,14 @@ def filter_overlong_prompts(
     return kept, OverlongReport(len(kept), len(dropped), longest, tuple(dropped))
 
 
+def longest_token_chars(tokenizer: Any) -> int:
+    """Characters of the vocabulary's longest token (``tokenizer.get_vocab()``; byte-level and
+    sentencepiece spellings are at least as long as the text they stand for), so a text longer
+    than ``(n + 1) * longest_token_chars(tok)`` has more than ``n`` tokens: known before a huge
+    text is tokenized."""
+    return max((len(token) for token in tokenizer.get_vocab()), default=0) or 64
+
+
 def chat_token_counter(tokenizer: Any) -> Callable[[list[dict[str, str]]], int]:
     """Tokens of a prompt as the policy sees it: the chat template with the generation prompt
     when the tokenizer has one, else the concatenated contents."""

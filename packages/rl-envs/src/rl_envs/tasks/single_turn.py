@@ -6,9 +6,9 @@
 from __future__ import annotations
 
 import random
-import re
 from typing import Any
 
+from rl_envs.parsing import has_answer_tag
 from rl_envs.rewards.extraction import extract_boxed, extract_hash_answer
 from rl_envs.rewards.manager import coerce_reward
 from rl_envs.rewards.registry import get_reward
@@ -84,7 +84,7 @@ class SingleTurnEnv:
         return (
             extract_boxed(response) is not None
             or extract_hash_answer(response) is not None
-            or bool(re.search(r"<answer>.*?</answer>", response, re.DOTALL))
+            or has_answer_tag(response)
         )
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:

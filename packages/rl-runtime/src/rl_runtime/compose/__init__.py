@@ -35,7 +35,7 @@ from rl_runtime.compose.losses import (
     build_is_correction,
     loss_norm_constant,
 )
-from rl_runtime.compose.roles import build_role, reference_from_actor, resolve_local, role_specs
+from rl_runtime.compose.roles import build_role, reference_from_actor, role_specs
 from rl_runtime.compose.run_settings import (
     build_cadence,
     build_checkpoint,
@@ -69,7 +69,6 @@ __all__ = [
     "describe",
     "loss_norm_constant",
     "refuse_unsupported",
-    "resolve_local",
     "role_specs",
 ]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from rl_runtime.compose.components import BACKEND_ROLE, Components, RolePlan
@@ -263,11 +262,15 @@ def reference_from_actor(cfg: Any) -> bool:
 def role_specs(components: Components, model_path: str, agent_mode: str = "lockstep") -> list:
     """`RoleSpec`s of the cluster, given the run's policy model path (runtime value)."""
     from rl_runtime.cluster import RoleSpec
+    from rl_runtime.model_source import resolve_model
     from rl_runtime.workers import RolloutWorker, TrainWorker
 
     specs = []
     for r in components.roles:
-        path = resolve_local(r.model_path or model_path)
+        key = f"{r.role}.model_args.model_name_or_path" if r.model_path else "pretrain"
+        path = resolve_model(
+            r.model_path or model_path, key=key, system_envs=components.cluster.system_envs
+        )
         if r.role == "actor_infer":
             kwargs: dict[str, Any] = dict(
                 model_path=path,
@@ -311,11 +314,6 @@ def role_specs(components: Components, model_path: str, agent_mode: str = "locks
         )
         specs.append(RoleSpec(r.role, TrainWorker, r.device_mapping, kwargs, r.devices_per_worker))
     return specs
-
-
-def resolve_local(path: str) -> str:
-    """An existing local path made absolute (Ray workers may run elsewhere); a hub id unchanged."""
-    return str(Path(path).resolve()) if Path(path).exists() else path
 
 
 def check_engine_options(strategy_name: str, strategy_config: dict[str, Any]) -> None:
