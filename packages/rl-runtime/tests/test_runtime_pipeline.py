@@ -451,8 +451,10 @@ def test_a_fresh_run_moves_an_earlier_runs_results_aside(tmp_path, capsys):
     the earlier run is overwritten; the resumed run goes on in the same metrics.jsonl, moving
     nothing."""
     out = tmp_path / "out"
-    options = {"export_hf": True, "app_outputs": (str(tmp_path / "comparison.json"),)}
+    options = {"app_outputs": (str(tmp_path / "comparison.json"),)}
     _run(tmp_path, FakeRecipe(), options, max_steps=5)  # logs 2, 4, 5; checkpoints 3, 5
+    (out / "hf_model").mkdir()  # as an export writes it (rl_runtime.export)
+    (out / "hf_model" / "config.json").write_text("{}")
     (tmp_path / "comparison.json").write_text("earlier comparison")  # the app's own file
     earlier_curves = (out / "curves.png").read_bytes()
     capsys.readouterr()

@@ -65,6 +65,7 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
+from rl_runtime.export import MODEL_PATH_KEY
 from rl_runtime.interrupts import RunInterrupted, handle_interrupts, resume_command, stopping
 from rl_runtime.metrics import TRAINED_SAMPLES_KEY, skip_reason
 from rl_runtime.previous_run import (
@@ -183,17 +184,23 @@ class Context:
     #: (`adopt_policy_as_reference`); checkpoints then carry the reference role's weights
     warmed_up: bool = False
 
-    def adopt_policy_as_reference(self) -> None:
-        """After a supervised warm-up: the reference role takes actor_train's current weights,
-        so that KL terms measure the distance from the policy RL starts from (the warmed-up one),
-        not from the `pretrain` model the warm-up moved away from."""
-        self.warmed_up = True
+    def check_warm_up_allowed(self) -> None:
+        """A supervised warm-up cannot run when the reference is actor_train's base model (its
+        LoRA adapter disabled, `Components.reference_from_actor`): the KL terms would measure
+        the distance from the pretrained model, not from the warmed-up policy RL starts from."""
         if self.components.reference_from_actor:
             raise ValueError(
                 "a supervised warm-up before RL moves the policy away from the reference, which "
                 "is actor_train's base model (its LoRA adapter disabled): give the reference "
                 "its own model (reference.model_args.model_name_or_path) or drop the warm-up"
             )
+
+    def adopt_policy_as_reference(self) -> None:
+        """After a supervised warm-up: the reference role takes actor_train's current weights,
+        so that KL terms measure the distance from the policy RL starts from (the warmed-up one),
+        not from the `pretrain` model the warm-up moved away from."""
+        self.check_warm_up_allowed()
+        self.warmed_up = True
         if self.cluster.has("reference"):
             weights = self.cluster["actor_train"].call_all("named_tensors")[0]
             self.cluster["reference"].call_all("adopt_weights", weights)
@@ -685,6 +692,7 @@ class Runner:
             THROUGHPUT_KEY: self.throughput_state(),
             WARMED_UP_KEY: ctx.warmed_up,
             SKIPPED_STEPS_KEY: self.skipped_steps,
+            MODEL_PATH_KEY: self.options.model_path,  # what rl-export builds the model from
         }
         if self.asynchronous is not None:
             from rl_runtime.async_training import STATE_KEY
@@ -924,8 +932,14 @@ class Runner:
         )
         hf_dir = None
         nothing_trained = ctx.step > 0 and self.skipped_steps >= ctx.step
-        if self.options.export_hf and ctx.cluster.has("actor_train") and not nothing_trained:
-            hf_dir = ctx.cluster["actor_train"].call_rank0("export_hf", str(out / HF_MODEL_NAME))
+        if self.options.export_hf and self.last_checkpoint is not None and not nothing_trained:
+            # what `rl-export` writes from the last checkpoint (rl_runtime.export)
+            from rl_runtime.export import export_checkpoint
+
+            hf_dir = str(export_checkpoint(
+                self.last_checkpoint, out / HF_MODEL_NAME, base_model=self.options.model_path,
+                key_file=self.components.checkpoint.key_file,
+            ))  # fmt: skip
         result = RunResult(
             step=ctx.step,
             weight_version=ctx.weight_version,
