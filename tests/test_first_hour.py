@@ -134,3 +134,13 @@ def test_rl_config_check_deep_runs_the_same_preflight(tmp_path, capsys):
     assert f"error: pretrain: model directory {missing} does not exist" in err
     assert "error: actor_train.data_args.file_name: dataset file not found" in err
     assert not missing.exists() and not (tmp_path / "out").exists()
+
+
+def test_an_output_directory_that_cannot_be_written_is_named_by_the_dry_run(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    args = [*_rlvr(tmp_path), f"output_dir={blocker / 'out'}", f"logging_dir={blocker / 'logs'}"]
+    assert app_main("rlvr")(["--dry-run", *args]) == 1
+    err = capsys.readouterr().err
+    assert f"output_dir: {blocker / 'out'}: {blocker} is not a directory" in err
+    assert f"logging_dir: {blocker / 'logs'}: {blocker} is not a directory" in err

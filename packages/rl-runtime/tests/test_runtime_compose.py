@@ -640,6 +640,7 @@ def test_lora_keys_reach_the_trained_roles_and_a_base_reference_is_the_actor():
         rank=4, alpha=8.0, target=("q_proj", "v_proj")
     )
     assert c.role("reference") is None and c.reference_from_actor
+    assert any("no reference worker starts" in w for w in c.warnings)
     own = _components(
         _merge(
             LORA_ACTOR,

@@ -184,17 +184,23 @@ class Context:
     #: (`adopt_policy_as_reference`); checkpoints then carry the reference role's weights
     warmed_up: bool = False
 
-    def adopt_policy_as_reference(self) -> None:
-        """After a supervised warm-up: the reference role takes actor_train's current weights,
-        so that KL terms measure the distance from the policy RL starts from (the warmed-up one),
-        not from the `pretrain` model the warm-up moved away from."""
-        self.warmed_up = True
+    def check_warm_up_allowed(self) -> None:
+        """A supervised warm-up cannot run when the reference is actor_train's base model (its
+        LoRA adapter disabled, `Components.reference_from_actor`): the KL terms would measure
+        the distance from the pretrained model, not from the warmed-up policy RL starts from."""
         if self.components.reference_from_actor:
             raise ValueError(
                 "a supervised warm-up before RL moves the policy away from the reference, which "
                 "is actor_train's base model (its LoRA adapter disabled): give the reference "
                 "its own model (reference.model_args.model_name_or_path) or drop the warm-up"
             )
+
+    def adopt_policy_as_reference(self) -> None:
+        """After a supervised warm-up: the reference role takes actor_train's current weights,
+        so that KL terms measure the distance from the policy RL starts from (the warmed-up one),
+        not from the `pretrain` model the warm-up moved away from."""
+        self.check_warm_up_allowed()
+        self.warmed_up = True
         if self.cluster.has("reference"):
             weights = self.cluster["actor_train"].call_all("named_tensors")[0]
             self.cluster["reference"].call_all("adopt_weights", weights)

@@ -113,7 +113,7 @@ def first_rows_problem(path: str, plan: DataPlan, rows: int = 8) -> str | None:
     )
 
 
-def preflight_data(plan: DataPlan, generated: Sequence[str] = ()) -> tuple[Any, ...]:
+def preflight_data(plan: DataPlan, generated: Sequence[Any] = ()) -> tuple[Any, ...]:
     """The `rl_runtime.preflight.DataFiles` of an RLVR run: its training and held-out files
     (those in `generated`, which the app writes before the run, are not checked)."""
     import os
