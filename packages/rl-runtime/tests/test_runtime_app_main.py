@@ -173,6 +173,7 @@ def test_rl_device_npu_without_torch_npu_is_one_device_error_line(tmp_path, caps
     import rl_sync.device as device
 
     spec = _spec(tmp_path)  # its model built before nothing imports any more
+    capsys.readouterr()
     monkeypatch.setattr(device, "torch_npu_module", lambda: None)
     monkeypatch.setattr(device.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setenv(device.DEVICE_ENV_VAR, "npu")
