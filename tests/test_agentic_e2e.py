@@ -323,3 +323,83 @@ def test_sokoban_steps_through_the_pipeline(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["baselines"] == {}  # the blind baselines are FrozenLake's
     assert set(summary["eval_before"]) >= {"val/success_rate", "val/num_episodes"}
+
+
+ROLL_LORA = "head/examples/qwen2.5-0.5B-agentic/agentic_val_sokoban_lora.yaml"
+
+
+def _roll_lora_overrides(out: Path) -> list[str]:
+    """ROLL's LoRA example on one CPU: its sizes shrunk, the HF engine for vLLM, float32, a
+    tiny model; REINFORCE without whitening (the tiny model fails every episode alike, so
+    GRPO's advantages would be 0) and a KL loss, whose reference is the actor's base model."""
+    sizes = {
+        "pretrain": str(out.parent / "tiny_model"),
+        "num_gpus_per_node": 1,
+        **{f"{r}.device_mapping": "[0]" for r in ("actor_train", "actor_infer", "reference")},
+        **{f"{r}.model_args.dtype": "fp32" for r in ("actor_train", "actor_infer", "reference")},
+        "actor_infer.strategy_args.strategy_name": "hf_infer",
+        "actor_infer.strategy_args.strategy_config": "{}",
+        "max_steps": 2,
+        "eval_steps": 2,
+        "rollout_batch_size": 8,
+        "sequence_length": 1024,
+        "train_env_manager.num_env_groups": 2,
+        "train_env_manager.group_size": 4,
+        "train_env_manager.num_groups_partition": "[2]",
+        "val_env_manager.num_env_groups": 4,
+        "val_env_manager.num_groups_partition": "[1,1,1,1]",
+        "actor_train.training_args.per_device_train_batch_size": 4,
+        "actor_train.training_args.gradient_accumulation_steps": 2,
+        "adv_estimator": "reinforce",
+        "whiten_advantages": "false",
+        "use_kl_loss": "true",
+        "kl_loss_coef": 0.1,
+        "output_dir": str(out),
+        "logging_dir": str(out / "logs"),
+        "render_save_dir": str(out / "render"),
+        "checkpoint_config.output_dir": str(out / "ckpt"),
+        "track_with": "stdout",
+        "tracker_kwargs": "{}",
+        "agentic_app.check_sync_weights": "true",
+        "agentic_app.export_hf": "true",
+    }
+    return [f"{k}={v}" for k, v in sizes.items()]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_roll_lora_example_converts_dry_runs_and_trains_lora_on_the_cpu(tmp_path):
+    """ROLL's agentic_val_sokoban_lora (Megatron, LoRA rank 32 on all linear layers) converted
+    to FSDP2, 2 steps on the CPU through Ray: only the adapter trains (the exported merged model
+    moved, every sync carried the adapter only and left the engine holding the trainer's merged
+    weights), and the KL loss's reference is the actor with its adapter disabled (no reference
+    worker)."""
+    from safetensors.torch import load_file
+
+    from rl_config.convert import convert_file, dump
+    from rl_rollout.tiny_model import build_tiny_model
+
+    build_tiny_model(tmp_path / "tiny_model")
+    config = tmp_path / "lora.yaml"
+    config.write_text(dump(convert_file(ROLL / ROLL_LORA, "fsdp2"), str(ROLL / ROLL_LORA), "fsdp2"))
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(APP), "--config", str(config), *_roll_lora_overrides(out)]
+    dry = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0, dry.stderr
+    assert "lora=LoraSettings(rank=32" in dry.stdout and "reference_from_actor: True" in dry.stdout
+    assert "  reference  " not in dry.stdout  # no reference worker
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    before = load_file(str(tmp_path / "tiny_model" / "model.safetensors"))
+    full_bytes = sum(t.numel() * t.element_size() for t in before.values())
+    for r in steps:
+        assert math.isfinite(r["train/loss"]) and r["train/grad_norm"] > 0
+        assert r["sync/max_abs_diff"] == 0.0  # the engine merged the adapter as the trainer
+        assert 0 < r["sync/bytes"] < full_bytes / 2  # the adapter only
+    after = load_file(str(out / "hf_model" / "model.safetensors"))
+    assert after.keys() == before.keys()  # the merged model under the base names
+    assert any(not before[k].equal(after[k]) for k in before)
+    assert all(before[k].equal(after[k]) for k in before if "norm" in k or "embed" in k)

@@ -366,7 +366,8 @@ RLVR_VARIANTS: list[dict[str, Any]] = [
         "math_rule": {"worker_cls": "roll.pipeline.rlvr.rewards.MathRuleRewardWorker",
                       "tag_included": ["gsm8k"], "timeout_s": 5.0},
         "fmt": {"reward_fn": "format", "format_pattern": "^#### \\d+$", "tag_included": ["fmt"]},
-        "mine": {"reward_fn": "custom", "tag_included": ["mine"]}},
+        "mine": {"reward_fn": "custom", "tag_included": ["mine"]},
+        "mcq": {"reward_fn": "crossthinkqa", "reward_type": "soft", "tag_included": ["mcq"]}},
         "custom_reward_function": {"path": "my_reward.py", "name": "score", "style": "verl",
                                    "reward_kwargs": {"scale": 2}}},
 ]  # fmt: skip
@@ -466,6 +467,7 @@ REWARD_CHANGES: dict[str, Any] = {
     "rewards.math_rule.timeout_s": 9.0,
     "rewards.fmt.reward_fn": "math_rule",
     "rewards.fmt.format_pattern": "^\\d+$",
+    "rewards.mcq.reward_type": "strict",
     "custom_reward_function.path": "other.py",
     "custom_reward_function.name": "other",
     "custom_reward_function.style": "trl",

@@ -114,3 +114,40 @@ def test_more_devices_than_the_host_has_are_named_by_the_dry_run(tmp_path, capsy
     assert app_main("rlvr")(["--dry-run", *args]) == 1
     err = capsys.readouterr().err
     assert f"placement: CPU: the placement needs {n}" in err
+
+
+def test_rl_config_check_deep_runs_the_same_preflight(tmp_path, capsys):
+    """`rl-config check` passed a config whose model and data files are missing; `--deep` runs
+    rl-runtime's preflight (found through an entry point: rl-config imports no rl-runtime)."""
+    from pathlib import Path
+
+    from rl_config.cli import main
+
+    config = Path(__file__).resolve().parents[1] / "apps" / "rlvr" / "configs" / "cpu_default.yaml"
+    missing = tmp_path / "missing"
+    args = ["check", "-q", "--app-section", "rlvr_app", str(config), f"pretrain={missing}",
+            "rlvr_app.arith_data.generate=false", *_rlvr(tmp_path)[3:]]  # fmt: skip
+    assert main(args) == 0  # the shallow check: valid
+    capsys.readouterr()
+    assert main([*args, "--deep"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: pretrain: model directory {missing} does not exist" in err
+    assert "error: actor_train.data_args.file_name: dataset file not found" in err
+    assert not missing.exists() and not (tmp_path / "out").exists()
+
+
+def test_an_output_directory_that_cannot_be_written_is_named_by_the_dry_run(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    args = [*_rlvr(tmp_path), f"output_dir={blocker / 'out'}", f"logging_dir={blocker / 'logs'}"]
+    assert app_main("rlvr")(["--dry-run", *args]) == 1
+    err = capsys.readouterr().err
+    assert f"output_dir: {blocker / 'out'}: {blocker} is not a directory" in err
+    assert f"logging_dir: {blocker / 'logs'}: {blocker} is not a directory" in err
+
+
+def test_apps_async_runs_the_same_preflight_before_writing_anything(tmp_path, capsys):
+    missing = tmp_path / "missing"
+    assert app_main("async")(_rlvr(tmp_path, f"pretrain={missing}")) == 1
+    assert f"pretrain: model directory {missing} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists() and not (tmp_path / "out").exists()

@@ -65,7 +65,8 @@ def test_a_signal_ends_a_ray_run_in_order_and_says_how_to_resume(tmp_path, signu
     out = tmp_path / "run"
     args = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
-        "pretrain": tmp_path / "tiny_model", "track_with": "stdout", "max_steps": 50,
+        "pretrain": tmp_path / "tiny_model", "rlvr_app.build_tiny_model": tmp_path / "tiny_model",
+        "track_with": "stdout", "max_steps": 50,
         "eval_steps": 0, "save_steps": 1, "rollout_batch_size": 4,
         "num_return_sequences_in_group": 4, "dynamic_sampling.enable": "false",
         "actor_train.training_args.per_device_train_batch_size": 8,

@@ -26,6 +26,8 @@ class ArithmeticOptions:
 class AppOptions(AppRunOptions):
     SECTION = "dpo_app"
     PIPELINE = "dpo"
+    #: the trained policy as an HF model directory at the end (output_dir/hf_model; `rl-export`)
+    export_hf: bool = True
     #: write the arithmetic pairs to actor_train.data_args.file_name / eval_file_name first
     generate_arithmetic: bool = False
     arithmetic: ArithmeticOptions = field(default_factory=ArithmeticOptions)

@@ -18,6 +18,8 @@ from rl_runtime.rlvr_warmup import WarmupOptions
 class AppOptions(AppRunOptions):
     SECTION = "rlvr_app"
     PIPELINE = "rlvr"
+    #: the trained policy as an HF model directory at the end (output_dir/hf_model; `rl-export`)
+    export_hf: bool = True
     arith_data: ArithDataOptions = field(default_factory=ArithDataOptions)
     warmup: WarmupOptions = field(default_factory=WarmupOptions)
 

@@ -21,6 +21,7 @@ from rlvr_options import AppOptions
 from rl_runtime.advantages import restore_kl_controller
 from rl_runtime.async_queue import PendingBatch, RolloutBatch, finished
 from rl_runtime.compose.rlvr import RlvrPlan
+from rl_runtime.model_rewards import model_scorers
 from rl_runtime.pipeline import Context
 from rl_runtime.policy_update import learn_on_groups
 from rl_runtime.rlvr_data import RlvrPrompts, Scorer, load_rlvr_prompts
@@ -57,7 +58,8 @@ class RlvrRecipe:
         self.kl_ctl = c.kl.build()
         self.prompts: RlvrPrompts = load_rlvr_prompts(plan, tok, c.seed)
         self.scorer = Scorer(plan.rewards, plan.overlong, plan.response_length,
-                             allow_weak_isolation=c.sandbox_allow_weak_isolation)  # fmt: skip
+                             allow_weak_isolation=c.sandbox_allow_weak_isolation,
+                             model_scorers=model_scorers(ctx.cluster, plan.model_rewards))  # fmt: skip
         self.generator = GroupGenerator(self.scorer, tok)
 
     def state(self) -> dict[str, Any]:

@@ -48,14 +48,23 @@ def test_unset_values_pass_and_other_reward_workers_build():
 
 
 def test_rl_config_check_fails_on_a_reward_domain_that_cannot_be_built(tmp_path, capsys):
-    """ROLL's LLM-judge domain was one warning among many and the run trained on the other
-    domains' rewards; `rl-config check` now fails naming it."""
-    config = tmp_path / "judge.yaml"
+    """ROLL's IFEval domain was one warning among many and the run trained on the other
+    domains' rewards; `rl-config check` now fails naming it. ROLL's LLM-judge and
+    CrossThink-QA domains are scored here: they pass."""
+    config = tmp_path / "ifeval.yaml"
     config.write_text(
-        "pretrain: m\nrewards:\n  llm_judge:\n    worker_cls: "
-        "roll.pipeline.rlvr.rewards.llm_judge_reward_worker.LLMJudgeRewardWorker\n"
-        "    tag_included: [RLVR]\n"
+        "pretrain: m\nrewards:\n  ifeval:\n    worker_cls: "
+        "roll.pipeline.rlvr.rewards.ifeval_rule_reward_worker.GeneralRuleRewardWorker\n"
+        "    tag_included: [ifeval]\n"
     )
     assert main(["check", str(config), "-q"]) == 1
     err = capsys.readouterr().err
-    assert "rewards.llm_judge.worker_cls: " in err and "is refused: an LLM judge needs" in err
+    assert "rewards.ifeval.worker_cls: " in err and "is refused: IFEval instruction" in err
+    judge = tmp_path / "judge.yaml"
+    judge.write_text(
+        "pretrain: m\nrewards:\n  llm_judge:\n    worker_cls: "
+        "roll.pipeline.rlvr.rewards.llm_judge_reward_worker.LLMJudgeRewardWorker\n"
+        "    tag_included: [RLVR]\n  mcq:\n    worker_cls: "
+        "roll.pipeline.rlvr.rewards.crossthinkqa_rule_reward_worker.CrossThinkQARuleRewardWorker\n"
+    )
+    assert main(["check", str(judge), "-q"]) == 0, capsys.readouterr().err

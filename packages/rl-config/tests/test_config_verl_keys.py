@@ -157,7 +157,7 @@ def test_verl_critic_keys_name_the_critic_keys_and_roll_critic_keys_pass(write_y
 def test_verl_reward_model_keys_are_refused_with_their_counterparts(write_yaml):
     """verl's reward_model keys (seed 003's DAPO run) were ignored with a warning about ROLL's
     reward-model worker; now each is an error: the overlong buffer names overlong_penalty.*,
-    enable/reward_manager say there are no reward models. ROLL's reward_model still warns."""
+    enable/reward_manager say there are no reward models. ROLL's reward_model is judged as ROLL's."""
     by_path = _refusals(write_yaml, [
         "reward_model.enable=False", "reward_model.reward_manager=dapo",
         "reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
@@ -178,8 +178,9 @@ def test_verl_reward_model_keys_are_refused_with_their_counterparts(write_yaml):
     assert "no counterpart: reward models are not implemented" in by_path["reward_model.enable"]
     assert "overlong_penalty" in by_path["reward_model.reward_manager"]
     path = write_yaml("roll.yaml", "pretrain: m\nreward_model: {model_args: {dtype: bf16}}\n")
-    warnings = load_config(path).config_warnings()  # ROLL's reward_model: still a warning
-    assert any(w.startswith("reward_model: not supported") for w in warnings)
+    with pytest.raises(ConfigError) as info:  # ROLL's reward_model: refused as ROLL's, by name
+        load_config(path)
+    assert "ROLL's reward-model worker is not implemented" in str(info.value)
 
 
 @pytest.mark.parametrize("with_defaults", [True, False])

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from rl_config.cli import main as cli_main
+from rl_config.errors import ConfigError
 from rl_config.loading import load_app_config
 from rl_config.verl_rules import rule_for
 from rl_config.verl_translate import VERL_DEFAULTS, translate
@@ -474,3 +475,20 @@ def test_convert_from_verl_writes_a_config_that_checks(tmp_path, capsys):
         == 1
     )
     assert not bad.exists() and "Megatron" in capsys.readouterr().err
+
+
+def test_app_arguments_of_a_verl_command(tmp_path):
+    """`--verl [-m MODULE]`, `--verl-config FILE`, and verl's `--config-path/--config-name`."""
+    from rl_config.cli_args import parse_app_args
+
+    args = parse_app_args(["--verl", "-m", ONE_STEP_OFF, "data.train_batch_size=8", "--dry-run"])
+    assert args.verl is not None and args.verl.entry == ONE_STEP_OFF
+    assert args.overrides == ["data.train_batch_size=8"] and "dry_run" in args.flags
+    assert parse_app_args(["--verl"], verl_entry=FULLY_ASYNC).verl.entry == FULLY_ASYNC
+    (tmp_path / "mine.yaml").write_text("data:\n  train_batch_size: 8\n")
+    args = parse_app_args(["--verl", "--config-path", str(tmp_path), "--config-name", "mine"])
+    assert args.verl.config_file == tmp_path / "mine.yaml"
+    args = parse_app_args(["--verl-config", str(tmp_path / "mine.yaml")])
+    assert args.verl.config_file == tmp_path / "mine.yaml" and args.config is None
+    with pytest.raises(ConfigError, match="only with --verl"):
+        parse_app_args(["-m", ONE_STEP_OFF])

@@ -188,13 +188,13 @@ def test_custom_reward_that_raises_hangs_or_returns_nan_is_counted(math_pool, tm
 
 
 def test_router_spec_refuses_what_it_cannot_score(tmp_path):
-    with pytest.raises(ValueError, match=r"rewards.llm_judge.worker_cls .*LLM judge"):
-        reward_router_spec({"llm_judge": {"worker_cls": "roll.x.LLMJudgeRewardWorker"}})
+    with pytest.raises(ValueError, match=r"rewards.ifeval.worker_cls .*IFEval"):
+        reward_router_spec({"ifeval": {"worker_cls": "roll.x.GeneralRuleRewardWorker"}})
     spec = reward_router_spec(
-        {"llm_judge": {"worker_cls": "roll.x.LLMJudgeRewardWorker"}, **ROLL_REWARDS},
+        {"ifeval": {"worker_cls": "roll.x.GeneralRuleRewardWorker"}, **ROLL_REWARDS},
         allow_unsupported=True,
     )
-    assert list(spec.unsupported) == ["llm_judge"] and spec.default_domain == "math_rule"
+    assert list(spec.unsupported) == ["ifeval"] and spec.default_domain == "math_rule"
     assert spec.domain_of("KodCode") == "code_sandbox"
     assert spec.domain_of(None, "openai/gsm8k") == "math_rule"
     with pytest.raises(ValueError, match="reward_fn 'bogus'|unknown reward 'bogus'"):
@@ -285,3 +285,14 @@ def test_a_rewards_extras_cannot_overwrite_the_domains_own_metrics(math_pool, tm
     extras = {k: v for k, v in metrics.items() if "/extra/" in k}
     assert extras == {"reward/custom/extra/mean": 1.0, "reward/custom/extra/count": 99.0,
                       "reward/custom/extra/failures": 0.0, "reward/custom/extra/acc": 0.5}  # fmt: skip
+
+
+def test_crossthinkqa_domain_scores_in_the_sandbox_with_its_reward_type(math_pool):
+    rewards = {
+        "mcq": {"worker_cls": "roll.x.CrossThinkQARuleRewardWorker", "reward_type": "strict"}
+    }
+    router = build_reward_router(rewards, None, pool=math_pool)
+    items = [_item("mcq", "answer is \\boxed{B}", "B"), _item("mcq", "the answer is B", "B")]
+    out = router.score(items)
+    assert [(o.reward, o.ok) for o in out] == [(1.0, True), (-1.0, True)]
+    assert out[1].extra["correct"] == 1.0 and out[1].extra["format_ok"] == 0.0

@@ -451,8 +451,10 @@ def test_a_fresh_run_moves_an_earlier_runs_results_aside(tmp_path, capsys):
     the earlier run is overwritten; the resumed run goes on in the same metrics.jsonl, moving
     nothing."""
     out = tmp_path / "out"
-    options = {"export_hf": True, "app_outputs": (str(tmp_path / "comparison.json"),)}
+    options = {"app_outputs": (str(tmp_path / "comparison.json"),)}
     _run(tmp_path, FakeRecipe(), options, max_steps=5)  # logs 2, 4, 5; checkpoints 3, 5
+    (out / "hf_model").mkdir()  # as an export writes it (rl_runtime.export)
+    (out / "hf_model" / "config.json").write_text("{}")
     (tmp_path / "comparison.json").write_text("earlier comparison")  # the app's own file
     earlier_curves = (out / "curves.png").read_bytes()
     capsys.readouterr()
@@ -844,6 +846,35 @@ def test_a_signal_ends_the_run_in_order_with_the_last_durable_checkpoint(tmp_pat
     assert summary["last_checkpoint"] == ckpt and summary["resume_command"] == exc.resume_command
     report = exc.report()
     assert f"last durable checkpoint: {ckpt}" in report and "resume with: uv run" in report
+
+
+def test_the_last_line_and_summary_say_where_everything_went(tmp_path, capsys, monkeypatch):
+    """The run's last line lists where checkpoints, logs, TensorBoard, curves, summary and the
+    exported model went (before: curves and hf_model only); summary.json records them. The
+    model is exported from the last checkpoint (rl_runtime.export, what `rl-export` runs; the
+    fake trainer's checkpoints hold no model, so a stand-in writes it)."""
+    from rl_runtime.pipeline import print_result
+
+    exported = []
+
+    def export_checkpoint(checkpoint, out_dir, **_):
+        exported.append(checkpoint)
+        Path(out_dir).mkdir(parents=True)
+        return Path(out_dir)
+
+    monkeypatch.setattr("rl_runtime.export.export_checkpoint", export_checkpoint)
+    out = tmp_path / "out"
+    _, result = _run(tmp_path, FakeRecipe(), {"export_hf": True}, max_steps=2)
+    assert exported == [str(out / "checkpoints" / "step-000002")]
+    capsys.readouterr()
+    print_result(result, "t", lambda m: m)
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == (
+        f"outputs: checkpoints={out / 'checkpoints'} logs={out / 'logs'} tensorboard=not tracked "
+        f"curves={out / 'curves.png'} summary={out / 'summary.json'} hf_model={out / 'hf_model'}"
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["outputs"]["checkpoints"] == str(out / "checkpoints")
 
 
 def test_a_key_named_by_the_config_is_hidden_from_sandboxed_calls(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ def _check(args: argparse.Namespace) -> int:
     from rl_config.redact import redact, to_yaml
 
     try:
-        cfg, _ = load_app_config(args.file, args.overrides, section=args.app_section)
+        cfg, section = load_app_config(args.file, args.overrides, section=args.app_section)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -33,8 +33,37 @@ def _check(args: argparse.Namespace) -> int:
             f"{args.file} needs packages that are not installed here (see above)", file=sys.stderr
         )
         return 1
-    print(f"ok: {args.file} is valid", file=sys.stderr)
+    if args.deep and _deep(cfg, args.app_section, section) != 0:
+        return 1
+    print(f"ok: {args.file} is valid" + (" and its preflight passes here" if args.deep else ""),
+          file=sys.stderr)  # fmt: skip
     return 0
+
+
+DEEP_CHECK_GROUP = "rl_config.deep_check"
+"""Entry points of `check --deep`: `fn(cfg, section_name, section) -> (problems, notes)`
+(rl-runtime's preflight: models, data files, devices, directories, packages on this host)."""
+
+
+def _deep(cfg: object, section_name: str | None, section: object) -> int:
+    """Run every `DEEP_CHECK_GROUP` entry point; 1 when one reports a problem (or none is
+    installed)."""
+    from importlib.metadata import entry_points
+
+    found = list(entry_points(group=DEEP_CHECK_GROUP))
+    if not found:
+        print("error: --deep checks the config on this host with rl-runtime's preflight, which "
+              "is not installed here (pip install rl-runtime)", file=sys.stderr)  # fmt: skip
+        return 1
+    failed = 0
+    for entry in found:
+        problems, notes = entry.load()(cfg, section_name, section)
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        failed |= bool(problems)
+    return int(failed)
 
 
 def _convert_verl(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -157,6 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="fail (exit 1) when an optional package the config needs is not installed here "
         "(default: a warning with the install command)",
+    )
+    check.add_argument(
+        "--deep",
+        action="store_true",
+        help="also run the preflight on this host (needs rl-runtime): model and tokenizer "
+        "resolvable, data files present and readable, devices, directories writable, packages",
     )
     check.set_defaults(func=_check)
     explain = sub.add_parser("explain", help="print the documentation of a config key")

@@ -37,19 +37,16 @@ _TRAIN_ONLY = (
 )
 
 _REWARD_WORKER = (
-    "this reward domain cannot be built here (only rule rewards: math_rule, code_sandbox, "
-    "format, custom, verl_default); training without it would optimise another objective. "
+    "this reward domain cannot be built here (rule rewards: math_rule, code_sandbox, format, "
+    "custom, verl_default, crossthinkqa; model rewards: llm_judge, reward_model); training "
+    "without it would optimise another objective. "
     "Remove the domain (and its tags from the data), or score it with a custom_reward_function"
 )
 
 CHANGES_WHAT_IS_TRAINED: dict[str, str] = {
     # reward domains whose scorer does not exist (ROLL's reward worker classes)
-    "rewards.*.worker_cls=*LLMJudgeRewardWorker": "an LLM judge needs a reward-model worker, "
-    "which is not implemented; " + _REWARD_WORKER,
     "rewards.*.worker_cls=*GeneralRuleRewardWorker": "IFEval instruction-following rules are "
     "not implemented; " + _REWARD_WORKER,
-    "rewards.*.worker_cls=*CrossThinkQARuleRewardWorker": "CrossThink-QA rules are not "
-    "implemented; " + _REWARD_WORKER,
     "rewards.*.worker_cls=*GeneralValRuleRewardWorker": "ROLL's general validation rules are "
     "not implemented; " + _REWARD_WORKER,
     "rewards.*.worker_cls=*MultipleChoiceBoxedRuleRewardWorker": "multiple-choice rules are not "
@@ -59,8 +56,9 @@ CHANGES_WHAT_IS_TRAINED: dict[str, str] = {
     "rewards.*.worker_cls=*RemoteRewardSystemWorker": "remote reward systems are not "
     "implemented; " + _REWARD_WORKER,
     # ROLL sections and switches whose omission changes the rewards or the loss
-    "reward_model": "ROLL's reward-model worker is not implemented: the rewards would come from "
-    "the rule rewards instead; remove it and configure the rewards section",
+    "reward_model": "ROLL's reward-model worker section is not read: the rewards would come "
+    "from the rewards section instead; score with a reward model as a rewards domain "
+    "(reward_fn: reward_model, its model_args and device_mapping)",
     "reward": "ROLL's reward worker section is not read: rewards are the rewards section, scored "
     "in the rl-envs sandbox; move its settings there",
     "reward_system_config": "ROLL's remote reward system is not implemented: the rewards would "
@@ -145,7 +143,8 @@ UNSUPPORTED: dict[str, str] = {
 IGNORED: dict[str, str] = {
     # ROLL reward-worker keys (before the role-wide patterns below, which also match them)
     **{
-        f"rewards.*.{key}": "rule rewards run in the rl-envs sandbox, not on a reward worker"
+        f"rewards.*.{key}": "rule rewards run in the rl-envs sandbox, not on a reward worker "
+        "(model rewards, llm_judge and reward_model, read it)"
         for key in (
             "model_args",
             "data_args",
@@ -157,9 +156,8 @@ IGNORED: dict[str, str] = {
         )
     },
     **{
-        f"rewards.*.{key}": "only ROLL's LLM-judge/IFEval/CrossThink-QA workers read it; "
-        "domains with those workers are refused when the rewards are built"
-        for key in ("generating_args", "reward_type", "judge_*")
+        f"rewards.*.{key}": "only model rewards (llm_judge, reward_model) read it"
+        for key in ("generating_args", "judge_*", "reward_normalize")
     },
     # ROLL bookkeeping this stack has no use for
     "local_rank": "set by ROLL's launchers; workers get their rank from the cluster",
@@ -230,7 +228,8 @@ RLVR_IGNORED: dict[str, str] = {
     "max_tokens_per_step": "agentic only (RLVR responses use response_length)",
     "render_save_dir": "agentic only (RLVR has no env frames to render)",
     "max_running_requests": "the RLVR recipe sends each rollout batch to the engines at once",
-    "reward_pretrain": "RLVR rewards are rule/function based here (no reward model)",
+    "reward_pretrain": "a model reward's model is its domain's model_args.model_name_or_path "
+    "(ROLL's examples write ${reward_pretrain} there)",
     "actor_train.training_args.num_train_epochs": "ROLL's RLVR pipeline runs max_steps steps "
     "and repeats the prompts as needed (as ROLL, it does not read it)",
     "critic.*": "the RLVR pipeline has no critic (a critic section is refused: use a "
@@ -376,6 +375,7 @@ PIPELINE_CONSUMED: dict[str, tuple[str, ...]] = {
     # reads worker_cls to pick a domain's reward
     "rlvr": (
         "rewards.*.worker_cls",
+        "rewards.*.reward_type",
         "dynamic_sampling.*",
         "overlong_penalty.*",
         "max_len_mask",
@@ -541,6 +541,21 @@ def pipeline_kind(cfg: BaseModel) -> str | None:
     return "agentic" if getattr(cfg, "train_env_manager", None) is not None else None
 
 
+def _model_reward_keys(cfg: BaseModel) -> set[str]:
+    """The ``rewards.<domain>.<field>`` keys a model reward's domain reads (``llm_judge``,
+    ``reward_model``: rl_runtime.compose.model_rewards reads ``MODEL_REWARD_FIELDS``, which a
+    rule domain ignores)."""
+    from rl_config.schema.rewards import MODEL_REWARD_FIELDS
+
+    rewards = getattr(cfg, "rewards", None) or {}
+    return {
+        f"rewards.{domain}.{field}"
+        for domain, section in rewards.items()
+        if section.model_reward(domain) is not None
+        for field in MODEL_REWARD_FIELDS
+    }
+
+
 def contract_issues(
     cfg: BaseModel, pipeline: str | None = None
 ) -> tuple[list[tuple[str, str]], list[str]]:
@@ -551,9 +566,10 @@ def contract_issues(
     errors: list[tuple[str, str]] = []
     warnings: list[str] = []
     pipeline = pipeline or pipeline_kind(cfg)
+    model_fields = _model_reward_keys(cfg) if pipeline in (None, "rlvr") else set()
     for key, pattern, value, default in _leaf_values(cfg):
         found = declared(pattern, pipeline) or declared(key, pipeline)
-        if found is None:
+        if found is None or key in model_fields:
             continue
         base = _baseline_value(key)
         if value == (default if base is _MISSING else base) or (value == default):

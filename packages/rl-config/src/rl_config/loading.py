@@ -372,6 +372,9 @@ def load_app_config(path: str | Path, overrides: Iterable[str] = (), *, section:
     source = composed.source or str(path)
     data = dict(composed.data)
     app_options = data.pop(section, None) if section else None
+    from rl_config.output_paths import rebase_under_output_dir
+
+    rebased = rebase_under_output_dir(data, overrides)
     issue = pipeline_or_megatron_issue(data, source=str(path))
     if issue is not None:
         raise ConfigError(issue, source=source)
@@ -379,5 +382,5 @@ def load_app_config(path: str | Path, overrides: Iterable[str] = (), *, section:
         cfg = ExperimentConfig.model_validate(data)
     except ConfigError as exc:
         raise ConfigError(_from_command_line(exc.issues, overrides), source=source) from None
-    cfg._roll_notes[:0] = composed.notes
+    cfg._roll_notes[:0] = [*rebased, *composed.notes]
     return cfg, app_options

@@ -48,8 +48,8 @@ _ENV = "ROLL env-manager option; this stack's env manager does not implement it"
 
 ROLL_NOT_SUPPORTED: dict[str, str] = {
     # RLVR pipeline sections and knobs
-    "reward_model": "ROLL's reward-model worker; reward models are not implemented (rule "
-    "rewards: the rewards section, custom_reward_function)",
+    "reward_model": "ROLL's reward-model worker section; a reward model here is a rewards "
+    "domain (rewards.<domain>.reward_fn: reward_model, its model_args and device_mapping)",
     "reward": "ROLL's reward worker; rewards are the rewards section, scored in the rl-envs "
     "sandbox",
     "reward_system_config": "ROLL's remote reward system; rewards are scored in the local "

@@ -163,9 +163,12 @@ class Cluster:
         return role in self.groups
 
     def colocated_with_infer(self) -> list[str]:
+        """The training roles sharing devices with the engines (a model reward's role wakes
+        and sleeps around its own scorings: rl_runtime.model_rewards)."""
         if INFER_ROLE not in self.plan.roles:
             return []
-        return [r for r in self.plan.roles[INFER_ROLE].colocated_with if r in self.groups]
+        shared = self.plan.roles[INFER_ROLE].colocated_with
+        return [r for r in shared if r in self.groups and r in TRAIN_ROLES]
 
     def enter_phase(
         self, phase: Literal["rollout", "train"], *, handoff: Callable[[], Any] | None = None

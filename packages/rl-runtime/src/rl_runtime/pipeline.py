@@ -65,6 +65,7 @@ import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_runtime.compose import Components, role_specs
+from rl_runtime.export import MODEL_PATH_KEY
 from rl_runtime.interrupts import RunInterrupted, handle_interrupts, resume_command, stopping
 from rl_runtime.metrics import TRAINED_SAMPLES_KEY, skip_reason
 from rl_runtime.previous_run import (
@@ -183,17 +184,23 @@ class Context:
     #: (`adopt_policy_as_reference`); checkpoints then carry the reference role's weights
     warmed_up: bool = False
 
-    def adopt_policy_as_reference(self) -> None:
-        """After a supervised warm-up: the reference role takes actor_train's current weights,
-        so that KL terms measure the distance from the policy RL starts from (the warmed-up one),
-        not from the `pretrain` model the warm-up moved away from."""
-        self.warmed_up = True
+    def check_warm_up_allowed(self) -> None:
+        """A supervised warm-up cannot run when the reference is actor_train's base model (its
+        LoRA adapter disabled, `Components.reference_from_actor`): the KL terms would measure
+        the distance from the pretrained model, not from the warmed-up policy RL starts from."""
         if self.components.reference_from_actor:
             raise ValueError(
                 "a supervised warm-up before RL moves the policy away from the reference, which "
                 "is actor_train's base model (its LoRA adapter disabled): give the reference "
                 "its own model (reference.model_args.model_name_or_path) or drop the warm-up"
             )
+
+    def adopt_policy_as_reference(self) -> None:
+        """After a supervised warm-up: the reference role takes actor_train's current weights,
+        so that KL terms measure the distance from the policy RL starts from (the warmed-up one),
+        not from the `pretrain` model the warm-up moved away from."""
+        self.check_warm_up_allowed()
+        self.warmed_up = True
         if self.cluster.has("reference"):
             weights = self.cluster["actor_train"].call_all("named_tensors")[0]
             self.cluster["reference"].call_all("adopt_weights", weights)
@@ -274,6 +281,26 @@ class RunResult:
     throughput: dict[str, Any] = field(default_factory=dict)
     #: the whole run's steps that trained on nothing (a resumed run's checkpointed part included)
     skipped_steps: int = 0
+    #: where the run's results went (`run_outputs`): the final line lists them
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+def run_outputs(components: Components, curves: str | None, hf_model: str | None) -> dict[str, str]:
+    """Where a run's results are, by kind (the last line of a run, summary.json's `outputs`):
+    checkpoints, logs (metrics.jsonl), tensorboard (when tracked), curves, summary, hf_model.
+    A pipeline or command that writes more adds its entry here."""
+    c = components
+    logs = tracker_log_dir(c.tracker.log_dir, c.tracker.kwargs)
+    tracked = str(c.tracker.track_with)
+    out = {
+        "checkpoints": c.checkpoint.directory if c.role("actor_train") is not None else "none",
+        "logs": str(logs),
+        "tensorboard": str(logs) if "tensorboard" in tracked else "not tracked",
+        "curves": curves or "none",
+        "summary": str(Path(c.output_dir) / SUMMARY_NAME),
+        "hf_model": hf_model or "not exported (export_hf: false)",
+    }
+    return out
 
 
 def engine_weight_diff(ctx: Context) -> float:
@@ -389,6 +416,9 @@ def print_result(
         f"steps={result.step} weight_version={result.weight_version} "
         f"wall={result.wall_seconds:.0f}s curves={result.curves} hf_model={result.hf_model}"
     )
+    if result.outputs:  # the last line: where everything went
+        line = "outputs: " + " ".join(f"{k}={v}" for k, v in result.outputs.items())
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def check_optional_packages(cfg: Any) -> list[str]:
@@ -662,6 +692,7 @@ class Runner:
             THROUGHPUT_KEY: self.throughput_state(),
             WARMED_UP_KEY: ctx.warmed_up,
             SKIPPED_STEPS_KEY: self.skipped_steps,
+            MODEL_PATH_KEY: self.options.model_path,  # what rl-export builds the model from
         }
         if self.asynchronous is not None:
             from rl_runtime.async_training import STATE_KEY
@@ -901,8 +932,14 @@ class Runner:
         )
         hf_dir = None
         nothing_trained = ctx.step > 0 and self.skipped_steps >= ctx.step
-        if self.options.export_hf and ctx.cluster.has("actor_train") and not nothing_trained:
-            hf_dir = ctx.cluster["actor_train"].call_rank0("export_hf", str(out / HF_MODEL_NAME))
+        if self.options.export_hf and self.last_checkpoint is not None and not nothing_trained:
+            # what `rl-export` writes from the last checkpoint (rl_runtime.export)
+            from rl_runtime.export import export_checkpoint
+
+            hf_dir = str(export_checkpoint(
+                self.last_checkpoint, out / HF_MODEL_NAME, base_model=self.options.model_path,
+                key_file=self.components.checkpoint.key_file,
+            ))  # fmt: skip
         result = RunResult(
             step=ctx.step,
             weight_version=ctx.weight_version,
@@ -922,6 +959,7 @@ class Runner:
             },
             skipped_steps=self.skipped_steps,
         )
+        result.outputs = run_outputs(self.components, result.curves, hf_dir)
         write_summary(out / SUMMARY_NAME, result.__dict__)
         if nothing_trained:
             raise NothingTrainedError(

@@ -125,7 +125,7 @@ def model_issues(
         name = role.model_path
         if name is None or name in checked:
             continue
-        role_key = f"{role.role}.model_args.model_name_or_path"
+        role_key = role.model_key
         try:
             checked[name] = resolve_model(name, key=role_key, system_envs=system_envs)
         except ConfigError as exc:

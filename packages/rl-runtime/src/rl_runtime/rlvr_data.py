@@ -12,7 +12,7 @@ through `rl_envs.rewards.router.RewardRouter` in a sandbox pool (per-domain rewa
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -113,7 +113,7 @@ def first_rows_problem(path: str, plan: DataPlan, rows: int = 8) -> str | None:
     )
 
 
-def preflight_data(plan: DataPlan, generated: Sequence[str] = ()) -> tuple[Any, ...]:
+def preflight_data(plan: DataPlan, generated: Sequence[Any] = ()) -> tuple[Any, ...]:
     """The `rl_runtime.preflight.DataFiles` of an RLVR run: its training and held-out files
     (those in `generated`, which the app writes before the run, are not checked)."""
     import os
@@ -313,7 +313,8 @@ class Scored:
 class Scorer:
     """Rewards by domain in the sandbox, DAPO's overlong penalty added when enabled; a failed
     call scores 0.0 and says so (`Scored.ok`, its `kind`: never silently zero; the callers count
-    them, rl_runtime.rlvr_metrics.count_failures). Thread-safe: asynchronous training scores
+    them, rl_runtime.rlvr_metrics.count_failures). Model domains (a judge, a reward model) are
+    scored by `model_scorers` (rl_runtime.model_rewards). Thread-safe: asynchronous training scores
     rollout batches (producer thread) while evaluating."""
 
     def __init__(
@@ -323,10 +324,11 @@ class Scorer:
         response_length: int,
         *,
         allow_weak_isolation: bool,
+        model_scorers: Mapping[str, Any] | None = None,
     ) -> None:
         self.pool = make_reward_pool(2, allow_weak_isolation=allow_weak_isolation)
         try:
-            self.router = RewardRouter(rewards, pool=self.pool)
+            self.router = RewardRouter(rewards, pool=self.pool, model_scorers=model_scorers)
         except BaseException:
             self.pool.close()
             raise

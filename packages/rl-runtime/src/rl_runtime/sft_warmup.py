@@ -33,6 +33,7 @@ def supervised_warmup(
     `max_steps`) begins at RL's first step, not used up by the warm-up's; a reference role takes
     the warmed-up weights (`Context.adopt_policy_as_reference`: KL terms are to the policy RL
     starts from); the weights are synced. Returns `warmup/seconds`, `warmup/demos`."""
+    ctx.check_warm_up_allowed()  # before any step, not after the warm-up
     t0 = time.perf_counter()
     batch = collate_trajectories(demos, pad_token_id=pad_token_id, max_length=max_length)
     gen = torch.Generator().manual_seed(ctx.components.seed)

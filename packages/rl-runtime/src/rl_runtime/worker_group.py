@@ -174,6 +174,16 @@ class WorkerGroup:
             self._submit_one(w, method, tuple(a), {}) for w, a in zip(self.workers, per_worker_args)
         ]
 
+    def submit_to(self, rank: int, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """Start `method` on worker `rank` alone; a local worker runs it now, for `timeout`
+        seconds at most (default rpc_timeout: `RpcTimeoutError`), a Ray actor returns its ref
+        (`wait` bounds it)."""
+        worker = self.workers[rank]
+        if self.mode == "local":
+            future = worker.submit(method, args, {})
+            return _wait_local(future, self.role, method, timeout or self.rpc_timeout)
+        return getattr(worker, method).remote(*args)
+
     def wait(self, refs: list[Any], method: str, timeout: float | None = None) -> list[Any]:
         return call(refs, timeout=timeout or self.rpc_timeout, role=self.role, method=method)
 

@@ -9,10 +9,11 @@ _REWARDS: dict[str, str] = {
     "math_rule": "rl_envs.rewards.rules:math_rule_score",
     "format": "rl_envs.rewards.rules:format_score",
     "code_sandbox": "rl_envs.rewards.code_tests:code_sandbox_score",
+    "crossthinkqa": "rl_envs.rewards.rules:crossthinkqa_score",
 }
 # Rewards that only parse the response (never run it): several responses may share one sandbox
 # call (``SandboxPool.call_each``). Code that runs the response gets a fresh process each time.
-_READS_ONLY: set[str] = {"default", "math_rule", "format"}
+_READS_ONLY: set[str] = {"default", "math_rule", "format", "crossthinkqa"}
 _GRADERS: dict[str, str] = {
     "gsm8k": "rl_envs.rewards.graders:gsm8k_score",
     "math": "rl_envs.rewards.graders:math_score",

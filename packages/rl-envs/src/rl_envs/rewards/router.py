@@ -21,10 +21,13 @@ Arguments are plain mappings (``model_dump()`` of the config sections, or ``None
 ``custom_reward_function``: ``{path, name, style, reward_kwargs}``.
 
 A domain's reward is, by name (``DOMAIN_REWARDS``): ``math_rule``, ``code_sandbox``, ``format``
-(``format_pattern``), ``custom`` (the ``custom_reward_function``) or ``verl_default`` (verl's
-dispatch by ``data_source``). Chosen by ``reward_fn``, else by ROLL's ``worker_cls`` class name
-(``MathRuleRewardWorker`` -> math_rule, ``CodeSandboxRewardWorker`` -> code_sandbox), else by the
-domain's own name. Without a ``rewards`` section every row goes to one domain: ``custom`` when
+(``format_pattern``), ``custom`` (the ``custom_reward_function``), ``verl_default`` (verl's
+dispatch by ``data_source``), ``crossthinkqa`` (ROLL's multiple-choice rule, ``reward_type``
+loose | soft | strict, default soft), or a model's (``MODEL_REWARDS``: ``llm_judge``, ``reward_model``;
+scored by the caller's ``model_scorers``). Chosen by ``reward_fn``, else by ROLL's
+``worker_cls`` class name (``MathRuleRewardWorker`` -> math_rule, ``CodeSandboxRewardWorker`` ->
+code_sandbox, ``CrossThinkQARuleRewardWorker`` -> crossthinkqa, ``LLMJudgeRewardWorker`` ->
+llm_judge), else by the domain's own name. Without a ``rewards`` section every row goes to one domain: ``custom`` when
 ``custom_reward_function.path`` is set, else ``verl_default``. A row's domain: its ``domain``
 field, else the domain whose ``tag_included`` holds its tag or data source, else
 ``default_domain`` (``math_rule`` if configured, as ROLL; else the only domain).
@@ -33,7 +36,7 @@ field, else the domain whose ``tag_included`` holds its tag or data source, else
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,15 +47,24 @@ from rl_envs.rewards.manager import RewardInput, RewardManager, RewardOutput
 from rl_envs.sandbox.limits import SandboxLimits
 from rl_envs.sandbox.pool import SandboxPool
 
-DOMAIN_REWARDS = ("math_rule", "code_sandbox", "format", "custom", "verl_default")
+DOMAIN_REWARDS = (
+    "math_rule", "code_sandbox", "format", "custom", "verl_default", "crossthinkqa", "llm_judge",
+    "reward_model",
+)  # fmt: skip
+MODEL_REWARDS = ("llm_judge", "reward_model")
+"""Rewards a model scores (a generative judge, a sequence-classification reward model): the
+caller runs the model and hands the router a scorer per such domain (``RewardRouter``'s
+``model_scorers``); the router routes, counts and reports them like the rule rewards."""
 ROLL_WORKERS = {
     "MathRuleRewardWorker": "math_rule",
     "CodeSandboxRewardWorker": "code_sandbox",
+    "LLMJudgeRewardWorker": "llm_judge",
+    "CrossThinkQARuleRewardWorker": "crossthinkqa",
 }
+CROSSTHINKQA_TYPES = ("loose", "soft", "strict")
+"""ROLL's CrossThink-QA reward types (rl_envs.rewards.rules.CROSSTHINKQA_REWARDS)."""
 ROLL_UNSUPPORTED_WORKERS = {
-    "LLMJudgeRewardWorker": "an LLM judge needs a reward-model worker, which this stack lacks",
     "GeneralRuleRewardWorker": "IFEval instruction-following rules are not implemented",
-    "CrossThinkQARuleRewardWorker": "CrossThink-QA rules are not implemented",
     "GeneralValRuleRewardWorker": "ROLL's general validation rules are not implemented",
     "MultipleChoiceBoxedRuleRewardWorker": "multiple-choice rules are not implemented",
     "DetectionRewardWorker": "detection (vision) rewards are not implemented",
@@ -81,6 +93,7 @@ class DomainRewardSpec:
     tags: tuple[str, ...] = ()
     format_pattern: str | None = None
     timeout_s: float | None = None
+    reward_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -200,7 +213,19 @@ def reward_router_spec(
         timeout = _get(cfg, "timeout_s")
         if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
             raise ValueError(f"rewards.{domain}.timeout_s must be > 0, got {timeout!r}")
-        domains[domain] = DomainRewardSpec(domain, reward_fn, tags, pattern, timeout)
+        reward_type = _get(cfg, "reward_type")
+        if reward_type is not None and reward_fn != "crossthinkqa":
+            raise ValueError(
+                f"rewards.{domain}.reward_type={reward_type!r}: only crossthinkqa reads it "
+                f"(this domain's reward is {reward_fn})"
+            )
+        if reward_fn == "crossthinkqa":
+            reward_type = reward_type or "soft"
+            if reward_type not in CROSSTHINKQA_TYPES:
+                raise ValueError(
+                    f"rewards.{domain}.reward_type={reward_type!r}: one of {list(CROSSTHINKQA_TYPES)}"
+                )
+        domains[domain] = DomainRewardSpec(domain, reward_fn, tags, pattern, timeout, reward_type)
     if custom is not None and not any(d.reward_fn == "custom" for d in domains.values()):
         raise ValueError(
             "custom_reward_function.path is set but no rewards domain uses it (set "
@@ -247,17 +272,47 @@ def _manager(spec: DomainRewardSpec, custom: Any, pool: SandboxPool, timeout_s: 
     if spec.reward_fn == "format":
         return RewardManager(pool, "format", timeout_s=timeout,
                              options={"pattern": spec.format_pattern})  # fmt: skip
+    if spec.reward_fn == "crossthinkqa":
+        return RewardManager(pool, "crossthinkqa", timeout_s=timeout,
+                             options={"reward_type": spec.reward_type})  # fmt: skip
     if spec.reward_fn == "custom":
         return RewardManager(pool, custom[0], timeout_s=timeout, options=custom[1])
     name = "default" if spec.reward_fn == "verl_default" else spec.reward_fn
     return RewardManager(pool, name, timeout_s=timeout)
 
 
+ModelScorer = Callable[[list[RewardInput]], list[RewardOutput]]
+"""A model reward's scorer: one ``RewardOutput`` per item, in order (a failed or unreadable
+score is ``ok=False`` with its kind, never a bare 0)."""
+
+
+class _ModelManager:
+    """A ``MODEL_REWARDS`` domain: the caller's scorer, its output count checked."""
+
+    def __init__(self, domain: str, scorer: ModelScorer) -> None:
+        self.domain, self.scorer = domain, scorer
+
+    def score(self, items: list[RewardInput]) -> list[RewardOutput]:
+        out = list(self.scorer(items))
+        if len(out) != len(items):
+            raise RuntimeError(
+                f"rewards.{self.domain}: the model scorer returned {len(out)} outputs for "
+                f"{len(items)} items"
+            )
+        return out
+
+
 class RewardRouter:
-    """Scores each item with its domain's reward, in the sandbox."""
+    """Scores each item with its domain's reward: rule rewards in the sandbox, model rewards
+    (``MODEL_REWARDS``) by ``model_scorers[domain]``, which the caller runs."""
 
     def __init__(
-        self, spec: RewardRouterSpec, *, pool: SandboxPool, timeout_s: float | None = None
+        self,
+        spec: RewardRouterSpec,
+        *,
+        pool: SandboxPool,
+        timeout_s: float | None = None,
+        model_scorers: Mapping[str, ModelScorer] | None = None,
     ) -> None:
         if spec.unsupported:
             raise ValueError("; ".join(spec.unsupported.values()))
@@ -266,9 +321,18 @@ class RewardRouter:
         if spec.custom is not None:
             loaded = load_custom_reward(spec.custom.path, spec.custom.name, spec.custom.style)
             custom = (loaded, spec.custom.reward_kwargs)
-        self.managers = {
-            name: _manager(d, custom, pool, timeout_s) for name, d in spec.domains.items()
-        }
+        scorers = dict(model_scorers or {})
+        self.managers: dict[str, Any] = {}
+        for name, d in spec.domains.items():
+            if d.reward_fn in MODEL_REWARDS:
+                if name not in scorers:
+                    raise ValueError(
+                        f"rewards.{name}: reward {d.reward_fn} is scored by a model, and no "
+                        "model scorer was given for it (the RLVR pipeline starts one)"
+                    )
+                self.managers[name] = _ModelManager(name, scorers[name])
+            else:
+                self.managers[name] = _manager(d, custom, pool, timeout_s)
         self.stats: Counter[str] = Counter()
 
     def domain_of(self, item: RewardInput) -> str | None:

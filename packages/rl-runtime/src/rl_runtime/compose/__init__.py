@@ -105,6 +105,12 @@ def compose(
         names.append("actor_train")
         if (cfg.init_kl_coef > 0 or cfg.use_kl_loss) and not reference_from_actor(cfg):
             names.append("reference")
+        elif cfg.init_kl_coef > 0 or cfg.use_kl_loss:
+            warnings.append(
+                "reference: actor_train trains LoRA on the reference's model, so the reference "
+                "log-probs come from actor_train with its adapter disabled; no reference worker "
+                "starts (the reference section's placement and strategy are unused)"
+            )
         if cfg.critic is not None:
             names.append("critic")
     norm = (  # Dr.GRPO's fixed denominator; the other modes have none

@@ -31,10 +31,21 @@ class RolePlan:
     training_args: TrainingArgs | None = None
     model_args: ModelArgs | None = None
     loss: ActorLossConfig | CriticLossConfig | None = None
+    #: a model reward's role (rl_runtime.compose.model_rewards): llm_judge | reward_model
+    reward: str | None = None
+    #: its chat template (data_args.template)
+    template: str | None = None
 
     @property
     def trains(self) -> bool:
         return self.role in BACKEND_ROLE
+
+    @property
+    def model_key(self) -> str:
+        """The config key that names this role's model (a model reward's: its domain's)."""
+        if self.reward is not None:  # role reward_<domain>
+            return f"rewards.{self.role.removeprefix('reward_')}.model_args.model_name_or_path"
+        return f"{self.role}.model_args.model_name_or_path"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from rl_config.records import SamplingParams
 from rl_envs.rewards.custom import load_custom_reward
 from rl_envs.rewards.router import RewardRouterSpec, reward_router_spec
 from rl_runtime.advantages import estimator_needs
+from rl_runtime.compose.model_rewards import ModelRewardPlan, build_model_rewards
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ class RlvrPlan:
     #: ROLL's difficulty filter (difficulty_mask): `(low, high)`, groups whose mean score is not
     #: strictly between are masked out of the loss; None: off
     difficulty: tuple[float, float] | None = None
+    #: the domains a model scores (a generative judge, a reward model), each on its own role
+    model_rewards: tuple[ModelRewardPlan, ...] = ()
     #: what a dry run should say about the plan (e.g. a multimodal template rendering text only)
     notes: tuple[str, ...] = ()
 
@@ -117,7 +120,9 @@ def _files(value: Any) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
-REWARD_DOMAIN_KEYS = ("reward_fn", "worker_cls", "tag_included", "format_pattern", "timeout_s")
+REWARD_DOMAIN_KEYS = (
+    "reward_fn", "worker_cls", "tag_included", "format_pattern", "timeout_s", "reward_type",
+)  # fmt: skip
 CUSTOM_REWARD_KEYS = ("path", "name", "style", "reward_kwargs")
 
 
@@ -282,6 +287,7 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
     if cfg.val_n_sample < 1:
         raise ValueError(f"val_n_sample must be >= 1, got {cfg.val_n_sample}")
     held_out = build_held_out(cfg, response_length)
+    model_rewards = build_model_rewards(cfg)
     return RlvrPlan(
         data=DataPlan(
             train_files=train_files,
@@ -325,20 +331,27 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
             )
             if name in TEXT_ONLY_TEMPLATES and (key.startswith("actor") or name != data.template)
         )
-        + ((mix_note,) if mix_note else ()),
+        + ((mix_note,) if mix_note else ())
+        + tuple(note for m in model_rewards for note in m.notes),
+        model_rewards=model_rewards,
     )
 
 
 def compose_rlvr(cfg: Any) -> Any:  # -> rl_runtime.app_main.Composed
-    """What apps/rlvr runs: the shared components (pipeline "rlvr") and the RLVR plan; reward
+    """What apps/rlvr runs: the shared components (pipeline "rlvr", with a role per model
+    reward) and the RLVR plan; reward
     domains no scorer can score, and a custom reward file that cannot be used, are refusals (a
     dry run lists them, a run stops)."""
+    import dataclasses
     import pprint
 
     from rl_runtime.app_main import Composed
     from rl_runtime.pipeline import compose_here
 
     components, plan = compose_here(cfg, pipeline="rlvr"), build_rlvr(cfg)
+    if plan.model_rewards:  # their roles, placed with the others
+        roles = (*components.roles, *(m.role_plan() for m in plan.model_rewards))
+        components = dataclasses.replace(components, roles=roles)
     unscorable = [f"{why} (rewards.{d})" for d, why in plan.rewards.unsupported.items()]
     unusable = custom_reward_problem(plan.rewards)
     if unusable is not None:

@@ -267,10 +267,15 @@ def role_specs(components: Components, model_path: str, agent_mode: str = "locks
 
     specs = []
     for r in components.roles:
-        key = f"{r.role}.model_args.model_name_or_path" if r.model_path else "pretrain"
+        key = r.model_key if r.model_path else "pretrain"
         path = resolve_model(
             r.model_path or model_path, key=key, system_envs=components.cluster.system_envs
         )
+        if r.reward is not None:  # a model reward's workers (rl_runtime.reward_workers)
+            from rl_runtime.reward_workers import reward_role_spec
+
+            specs.append(reward_role_spec(r, path, components.seed))
+            continue
         if r.role == "actor_infer":
             kwargs: dict[str, Any] = dict(
                 model_path=path,

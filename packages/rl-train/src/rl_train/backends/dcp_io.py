@@ -16,9 +16,14 @@ from typing import Any
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from rl_train import checkpoint as ckpt
+from rl_train import dist as rdist
 from rl_train.optim import apply_configured_settings
 
 KeyFile = str | os.PathLike[str] | None
@@ -38,16 +43,35 @@ class _VerifiedFileSystem(FileSystem):
             yield f
 
 
+def _options(backend: Any) -> StateDictOptions | None:
+    """With LoRA adapters only the trained parameters (the adapter, a critic's value head) are
+    saved and loaded: the frozen base weights come from the model directory, as at the start."""
+    if not getattr(backend, "has_adapters", False):
+        return None
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
 def _state(backend: Any, *, optimizer: bool = True) -> dict[str, Any]:
-    """What a checkpoint holds: the model's state dict, and the optimizer's unless ``optimizer``
-    is False or there is none (DCP's flattened keys ``model.<fqn>``, ``optim.state.<fqn>.<key>``,
-    ``optim.param_groups.<fqn>.<key>``)."""
+    """What a checkpoint holds: the model's state dict (with LoRA, its trained parameters only:
+    :func:`_options`), and the optimizer's unless ``optimizer`` is False or there is none (DCP's
+    flattened keys ``model.<fqn>``, ``optim.state.<fqn>.<key>``, ``optim.param_groups.<fqn>.<key>``)."""
     if backend.optimizer is None or not optimizer:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return {"model": get_model_state_dict(backend.model)}
-    model_sd, optim_sd = get_state_dict(backend.model, backend.optimizer)
-    return {"model": model_sd, "optim": optim_sd}
+        model_sd = get_model_state_dict(backend.model, options=_options(backend))
+        return {"model": _trained_only(backend, model_sd)}
+    model_sd, optim_sd = get_state_dict(backend.model, backend.optimizer, options=_options(backend))
+    return {"model": _trained_only(backend, model_sd), "optim": optim_sd}
+
+
+def _trained_only(backend: Any, model_sd: dict[str, Any]) -> dict[str, Any]:
+    """With :func:`_options`, also drop a frozen tied weight's second name (DCP keeps
+    ``lm_head.weight`` when it drops the tied ``model.embed_tokens.weight``)."""
+    if _options(backend) is None:
+        return model_sd
+    params = backend.model.named_parameters(remove_duplicate=False)
+    trained = {name for name, param in params if param.requires_grad}
+    return {key: value for key, value in model_sd.items() if key in trained}
 
 
 def _has_optimizer_state(backend: Any) -> bool:
@@ -97,6 +121,17 @@ def check_same_model(ckpt_dir: Path, reader: FileSystemReader, model_sd: dict[st
     )
 
 
+def save_adapter_config(backend: Any, tmp: Path) -> None:
+    """A LoRA role's checkpoint carries its peft ``adapter_config.json`` (rank, alpha, targets):
+    what exporting it (rl_train.checkpoint_export) merges with."""
+    if not getattr(backend, "has_adapters", False) or rdist.rank() != 0:
+        return
+    from rl_train.lora import peft_config
+
+    config = peft_config(backend.model_args.lora, backend.model_path, backend.role)
+    config.save_pretrained(str(tmp))
+
+
 def trainer_state(backend: Any, step: int, extra: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "step": step,
@@ -131,6 +166,7 @@ def save(
     tmp = ckpt.begin(root, step)
     sd = _state(backend, optimizer=_has_optimizer_state(backend))
     dcp.save(sd, checkpoint_id=str(tmp / "model_optim"))
+    save_adapter_config(backend, tmp)
     ckpt.save_rng(tmp, backend.device_kind)
     ckpt.save_json(tmp / "trainer_state.json", trainer_state(backend, step, extra))
     return ckpt.commit(root, step, tmp, keep_last=backend.keep_last, key_file=key_file)
@@ -148,7 +184,7 @@ def load(backend: Any, root: str | Path, key_file: KeyFile) -> tuple[int, dict[s
         if "optim" not in sd:
             from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-            set_model_state_dict(backend.model, sd["model"])
+            set_model_state_dict(backend.model, sd["model"], options=_options(backend))
             if backend.optimizer is not None:
                 backend.optimizer.state.clear()
         else:
@@ -157,6 +193,7 @@ def load(backend: Any, root: str | Path, key_file: KeyFile) -> tuple[int, dict[s
                 backend.optimizer,
                 model_state_dict=sd["model"],
                 optim_state_dict=sd["optim"],
+                options=_options(backend),
             )
         ckpt.load_rng(path, backend.device_kind, report.files)
         return restore_trainer_state(backend, state)

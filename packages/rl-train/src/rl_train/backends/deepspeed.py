@@ -291,7 +291,13 @@ class DeepSpeedBackend(BackendCore):
         if self.engine is None:
             return dcp_io.save(self, root, step, extra, key_file)
         tmp = ckpt.begin(root, step)
-        self.engine.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
+        self.engine.save_checkpoint(  # with LoRA: the trained parameters only (the adapter)
+            str(tmp / "deepspeed"),
+            tag="state",
+            save_latest=False,
+            exclude_frozen_parameters=self.has_adapters,
+        )
+        dcp_io.save_adapter_config(self, tmp)
         ckpt.save_rng(tmp, self.device_kind)
         ckpt.save_json(tmp / "trainer_state.json", dcp_io.trainer_state(self, step, extra))
         return ckpt.commit(root, step, tmp, keep_last=self.keep_last, key_file=key_file)
@@ -315,6 +321,7 @@ class DeepSpeedBackend(BackendCore):
                     tag="state",
                     load_optimizer_states=True,
                     load_lr_scheduler_states=True,
+                    load_module_strict=not self.has_adapters,
                 )
             if loaded is None:
                 raise ckpt.CheckpointError(
