@@ -144,3 +144,10 @@ def test_an_output_directory_that_cannot_be_written_is_named_by_the_dry_run(tmp_
     err = capsys.readouterr().err
     assert f"output_dir: {blocker / 'out'}: {blocker} is not a directory" in err
     assert f"logging_dir: {blocker / 'logs'}: {blocker} is not a directory" in err
+
+
+def test_apps_async_runs_the_same_preflight_before_writing_anything(tmp_path, capsys):
+    missing = tmp_path / "missing"
+    assert app_main("async")(_rlvr(tmp_path, f"pretrain={missing}")) == 1
+    assert f"pretrain: model directory {missing} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists() and not (tmp_path / "out").exists()

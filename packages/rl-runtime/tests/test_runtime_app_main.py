@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +22,20 @@ class _DataError(Exception):
     pass
 
 
+@functools.cache
+def _tiny_model() -> str:
+    import tempfile
+
+    from rl_rollout.tiny_model import build_tiny_model
+
+    return str(build_tiny_model(Path(tempfile.mkdtemp(prefix="app-main-model-")) / "model"))
+
+
 def _spec(tmp_path: Path, *, refusals=(), fail: Exception | None = None, runs: list | None = None,
           config_text: str = ""):  # fmt: skip
     config = tmp_path / "x.yaml"
-    config.write_text("pretrain: ./model\nx_app:\n  greeting: hello\n" + config_text)
+    model = _tiny_model()  # a model that is there (a missing one stops every run first)
+    config.write_text(f"pretrain: {model}\nx_app:\n  greeting: hello\n" + config_text)
 
     def compose(cfg, options, flags):
         from rl_runtime.pipeline import compose_here
@@ -161,10 +172,12 @@ def test_more_cpus_than_the_embedded_ray_cluster_holds_are_refused_before_it_sta
 def test_rl_device_npu_without_torch_npu_is_one_device_error_line(tmp_path, capsys, monkeypatch):
     import rl_sync.device as device
 
+    spec = _spec(tmp_path)  # its model built before nothing imports any more
+    capsys.readouterr()
     monkeypatch.setattr(device, "torch_npu_module", lambda: None)
     monkeypatch.setattr(device.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setenv(device.DEVICE_ENV_VAR, "npu")
-    assert app_main(_spec(tmp_path), ["--dry-run"]) == 1
+    assert app_main(spec, ["--dry-run"]) == 1
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert err.startswith("device error: RL_DEVICE=npu but no npu device") and "\n" not in err

@@ -660,11 +660,18 @@ def test_a_lora_key_without_lora_target_is_an_error_naming_it():
         _components({"actor_train": {"model_args": {"lora_rank": 4}}})
 
 
-def test_weight_syncs_carry_the_adapter_only_to_engines_that_merge_it():
+def test_weight_syncs_carry_the_adapter_only_to_engines_that_merge_it(tmp_path):
     from rl_runtime.compose import role_specs
 
+    (tmp_path / "config.json").write_text("{}")  # a model directory, as role_specs checks
+
     def adapter_only(extra: dict) -> bool:
-        specs = {s.role: s for s in role_specs(_components(extra), "tiny")}
+        specs = {
+            s.role: s
+            for s in role_specs(
+                _components(_merge(extra, {"pretrain": str(tmp_path)})), str(tmp_path)
+            )
+        }
         return specs["actor_train"].init_kwargs["sync_adapter_only"]
 
     assert adapter_only(LORA_ACTOR)  # the HF engine merges the adapter into its base weights

@@ -848,13 +848,24 @@ def test_a_signal_ends_the_run_in_order_with_the_last_durable_checkpoint(tmp_pat
     assert f"last durable checkpoint: {ckpt}" in report and "resume with: uv run" in report
 
 
-def test_the_last_line_and_summary_say_where_everything_went(tmp_path, capsys):
+def test_the_last_line_and_summary_say_where_everything_went(tmp_path, capsys, monkeypatch):
     """The run's last line lists where checkpoints, logs, TensorBoard, curves, summary and the
-    exported model went (before: curves and hf_model only); summary.json records them."""
+    exported model went (before: curves and hf_model only); summary.json records them. The
+    model is exported from the last checkpoint (rl_runtime.export, what `rl-export` runs; the
+    fake trainer's checkpoints hold no model, so a stand-in writes it)."""
     from rl_runtime.pipeline import print_result
 
+    exported = []
+
+    def export_checkpoint(checkpoint, out_dir, **_):
+        exported.append(checkpoint)
+        Path(out_dir).mkdir(parents=True)
+        return Path(out_dir)
+
+    monkeypatch.setattr("rl_runtime.export.export_checkpoint", export_checkpoint)
     out = tmp_path / "out"
     _, result = _run(tmp_path, FakeRecipe(), {"export_hf": True}, max_steps=2)
+    assert exported == [str(out / "checkpoints" / "step-000002")]
     capsys.readouterr()
     print_result(result, "t", lambda m: m)
     last = capsys.readouterr().out.splitlines()[-1]

@@ -156,6 +156,27 @@ def test_checkpoint_holds_the_adapter_and_resumes_bit_exactly(tiny_model_path, t
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_lora_checkpoint_exports_as_the_merged_model(tiny_model_path, tmp_path):
+    """rl-export of a LoRA checkpoint (the adapter only, and its adapter_config.json) writes
+    the merged model: bit for bit what the live trainer's export_hf writes."""
+    from safetensors.torch import load_file
+
+    from rl_train.checkpoint_export import checkpoint_weights, export_weights
+
+    backend = _actor(tiny_model_path)
+    backend.train_step(make_batch(4, 16, seed=3), nll_loss)
+    ckpt = backend.save_checkpoint(tmp_path / "ckpt", 1)
+    assert (ckpt / "adapter_config.json").is_file()
+    out = export_weights(checkpoint_weights(ckpt), tiny_model_path, tmp_path / "exported")
+    live = backend.export_hf(tmp_path / "live")
+    got, want = (
+        load_file(str(out / "model.safetensors")),
+        load_file(str(live / "model.safetensors")),
+    )
+    assert set(got) ^ set(want) <= {"lm_head.weight"}  # tied to the embedding: one writes it
+    assert all(torch.equal(got[k], want[k]) for k in set(got) & set(want))
+
+
 def test_merge_is_base_plus_scaled_b_times_a():
     """Hand-derived: W0 = I, A = [[1, 2]], B = [[1], [0]], scale 0.5 -> W = I + 0.5 [[1, 2], [0, 0]]."""
     named = [

@@ -17,8 +17,8 @@ unpickled. Formats:
   partitions (``zero_pp_rank_<r>_mp_rank_00_*``), merged by DeepSpeed's ``zero_to_fp32`` from a private copy of the verified files.
 
 The steps between reading and writing run in `EXPORT_STEPS` order, each `(weights, checkpoint)
--> weights`: the place where a step that merges adapter weights into the base ones belongs. Today
-a checkpoint holding adapter weights is refused by name (`refuse_adapters`).
+-> weights`: a LoRA checkpoint's adapter becomes an adapter payload (`scale_adapters`), which
+`export_weights` merges into the base model's weights.
 """
 
 from __future__ import annotations
@@ -115,22 +115,75 @@ def _zero3_weights(path: Path, files: dict[str, str]) -> Weights:
     return {hf_name(k): v.detach().clone() for k, v in state.items()}
 
 
-def refuse_adapters(weights: Weights, checkpoint: Path) -> Weights:
-    """Adapter (LoRA) weights need merging into their base layers before export, which this
-    export does not do yet: refused, naming the first."""
-    from rl_train.lora import is_adapter_name
+def scale_adapters(weights: Weights, checkpoint: Path) -> Weights:
+    """A LoRA checkpoint (its adapter and the other trained tensors only; the base weights are
+    the model's it started from) as an adapter payload (:mod:`rl_sync.adapter`: each module's A
+    and ``alpha / r`` times B), the scale read from the checkpoint's verified
+    ``adapter_config.json``; :func:`export_weights` merges it into the base model. Other
+    checkpoints pass unchanged."""
+    from rl_sync.adapter import payload_names
+    from rl_train.lora import ADAPTER_NAME, scaled_b
 
-    adapters = [name for name in weights if is_adapter_name(name)]
-    if adapters:
-        raise ckpt.CheckpointError(
-            f"checkpoint {checkpoint} holds {len(adapters)} adapter (LoRA) tensors (first "
-            f"{adapters[0]}); exporting a model with its adapters merged is not supported yet"
-        )
-    return weights
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    out: Weights = {}
+    for name, tensor in weights.items():
+        for part in ("lora_A", "lora_B"):
+            marker = f".{part}.{ADAPTER_NAME}.weight"
+            if name.endswith(marker):
+                parts.setdefault(name.removesuffix(marker), {})[part] = tensor
+                break
+        else:
+            out[name] = tensor
+    if not parts:
+        return weights
+    config = _adapter_config(checkpoint)
+    rank, alpha = int(config["r"]), float(config["lora_alpha"])
+    scale = alpha / (rank**0.5 if config.get("use_rslora") else rank)
+    for module, pair in parts.items():
+        if set(pair) != {"lora_A", "lora_B"}:
+            raise ckpt.CheckpointError(f"checkpoint {checkpoint}: adapter of {module} incomplete")
+        a_name, b_name = payload_names(module)
+        out[a_name], out[b_name] = pair["lora_A"], scaled_b(pair["lora_B"], scale)
+    return out
 
 
-EXPORT_STEPS: list[Callable[[Weights, Path], Weights]] = [refuse_adapters]
+def _adapter_config(checkpoint: Path) -> dict[str, Any]:
+    import json
+
+    path = checkpoint / "adapter_config.json"
+    files = ckpt.verify(checkpoint)
+    if not path.is_file():
+        raise ckpt.CheckpointError(f"checkpoint {checkpoint} holds LoRA tensors but no {path.name}")
+    with ckpt.open_verified(checkpoint, path, files) as f:
+        return json.loads(f.read())
+
+
+EXPORT_STEPS: list[Callable[[Weights, Path], Weights]] = [scale_adapters]
 """What runs on a checkpoint's weights between reading and writing, in order."""
+
+
+def _merged_into_base(weights: Weights, base: Path, config: Any, model_class: Any) -> Weights:
+    """``weights`` holding an adapter payload (:func:`scale_adapters`) on top of the base
+    model's own weights: each adapted ``<module>.weight`` is ``W0 + B @ A``
+    (:func:`rl_sync.adapter.merge`), every other tensor of ``weights`` replaces the base's."""
+    from rl_sync.adapter import adapter_part, merge
+
+    factors: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in weights.items():
+        part = adapter_part(name)
+        if part is not None:
+            factors.setdefault(part[0], {})[part[1]] = tensor
+    if not factors:
+        return weights
+    base_model = model_class.from_pretrained(str(base), config=config, trust_remote_code=False)
+    merged = {k: v.detach() for k, v in base_model.state_dict().items()}
+    merged.update({k: v for k, v in weights.items() if adapter_part(k) is None})
+    for module, pair in factors.items():
+        name = f"{module}.weight"
+        if name not in merged:
+            raise ValueError(f"export: the adapter of {module} has no base weight {name}")
+        merged[name] = merge(merged[name], pair["A"], pair["B"])
+    return merged
 
 
 def export_weights(
@@ -149,6 +202,7 @@ def export_weights(
     config = AutoConfig.from_pretrained(str(base), trust_remote_code=False)
     with torch.device("meta"):
         model_class: Any = type(AutoModelForCausalLM.from_config(config))
+    weights = _merged_into_base(weights, base, config, model_class)
     model = _model_with(model_class, config, weights)
     unknown = sorted(set(weights) - set(model.state_dict()))
     if unknown:

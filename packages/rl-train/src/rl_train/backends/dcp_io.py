@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from rl_train import checkpoint as ckpt
+from rl_train import dist as rdist
 from rl_train.optim import apply_configured_settings
 
 KeyFile = str | os.PathLike[str] | None
@@ -120,6 +121,17 @@ def check_same_model(ckpt_dir: Path, reader: FileSystemReader, model_sd: dict[st
     )
 
 
+def save_adapter_config(backend: Any, tmp: Path) -> None:
+    """A LoRA role's checkpoint carries its peft ``adapter_config.json`` (rank, alpha, targets):
+    what exporting it (rl_train.checkpoint_export) merges with."""
+    if not getattr(backend, "has_adapters", False) or rdist.rank() != 0:
+        return
+    from rl_train.lora import peft_config
+
+    config = peft_config(backend.model_args.lora, backend.model_path, backend.role)
+    config.save_pretrained(str(tmp))
+
+
 def trainer_state(backend: Any, step: int, extra: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "step": step,
@@ -154,6 +166,7 @@ def save(
     tmp = ckpt.begin(root, step)
     sd = _state(backend, optimizer=_has_optimizer_state(backend))
     dcp.save(sd, checkpoint_id=str(tmp / "model_optim"))
+    save_adapter_config(backend, tmp)
     ckpt.save_rng(tmp, backend.device_kind)
     ckpt.save_json(tmp / "trainer_state.json", trainer_state(backend, step, extra))
     return ckpt.commit(root, step, tmp, keep_last=backend.keep_last, key_file=key_file)

@@ -297,6 +297,7 @@ class DeepSpeedBackend(BackendCore):
             save_latest=False,
             exclude_frozen_parameters=self.has_adapters,
         )
+        dcp_io.save_adapter_config(self, tmp)
         ckpt.save_rng(tmp, self.device_kind)
         ckpt.save_json(tmp / "trainer_state.json", dcp_io.trainer_state(self, step, extra))
         return ckpt.commit(root, step, tmp, keep_last=self.keep_last, key_file=key_file)
