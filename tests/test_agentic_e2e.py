@@ -330,8 +330,9 @@ ROLL_LORA = "head/examples/qwen2.5-0.5B-agentic/agentic_val_sokoban_lora.yaml"
 
 def _roll_lora_overrides(out: Path) -> list[str]:
     """ROLL's LoRA example on one CPU: its sizes shrunk, the HF engine for vLLM, float32, a
-    tiny model; REINFORCE without whitening (the tiny model fails every episode alike, so
-    GRPO's advantages would be 0) and a KL loss, whose reference is the actor's base model."""
+    tiny model; REINFORCE without reward normalisation or whitening (the tiny model fails every
+    episode alike, so normalised advantages would be 0) and a KL loss, whose reference is the
+    actor's base model."""
     sizes = {
         "pretrain": str(out.parent / "tiny_model"),
         "num_gpus_per_node": 1,
@@ -352,6 +353,7 @@ def _roll_lora_overrides(out: Path) -> list[str]:
         "actor_train.training_args.gradient_accumulation_steps": 2,
         "adv_estimator": "reinforce",
         "whiten_advantages": "false",
+        "reward_normalization.method": "identity",
         "use_kl_loss": "true",
         "kl_loss_coef": 0.1,
         "output_dir": str(out),

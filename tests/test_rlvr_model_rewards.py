@@ -161,7 +161,8 @@ def test_rlvr_trains_two_steps_scored_by_a_judge_and_a_reward_model(mode, tmp_pa
     out = tmp_path / "run"
     overrides = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
-        "pretrain": tmp_path / "tiny_model", "track_with": "stdout", "max_steps": 2,
+        "pretrain": tmp_path / "tiny_model", "rlvr_app.build_tiny_model": tmp_path / "tiny_model",
+        "track_with": "stdout", "max_steps": 2,
         "eval_steps": 2, "save_steps": 1000, "rollout_batch_size": 4,
         "num_return_sequences_in_group": 4, "val_batch_size": 4, "val_n_sample": 1,
         "actor_train.training_args.per_device_train_batch_size": 8,

@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
-    from rl_runtime.pipeline import check_embedded_cpus, plan_text
+    from rl_runtime.interrupts import RunInterrupted
+    from rl_runtime.pipeline import NothingTrainedError, check_embedded_cpus, plan_text
     from rl_runtime.preflight import check_devices, preflight
 
     try:
@@ -119,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         except data_errors() as exc:
             print(f"data error: {exc}", file=sys.stderr)
             return 1
+        except NothingTrainedError as exc:  # every step skipped: no comparison to make
+            print(f"error ({mode} run): {exc}", file=sys.stderr)
+            return 1
+        except RunInterrupted as exc:  # SIGINT / SIGTERM: the run stopped in order
+            print(exc.report(), file=sys.stderr)
+            return exc.exit_code
         summary[mode] = run_summary(results[mode], step_rows(run_cfg.logging_dir))
     summary["heldout_accuracy_before_rl"] = results["sync"].eval_before.get("val/accuracy")
     if summary["sync"]["samples_per_s"]:

@@ -399,7 +399,8 @@ def test_weight_update_mid_episode_keeps_env_state_and_token_versions(
     version that sampled it, and its rollout log-prob is that version's teacher-forced one."""
     original = {k: v.detach().clone() for k, v in hf_reference_model.state_dict().items()}
     perturbed = {
-        k: v + 0.05 * torch.randn_like(v, generator=torch.Generator().manual_seed(4))
+        k: v
+        + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(4), dtype=v.dtype)
         for k, v in original.items()
     }
     engine = HFEngine(tiny_model_dir, {"max_num_seqs": 4}, device="cpu", seed=0)

@@ -185,7 +185,8 @@ def test_update_weights_in_place(engine, hf_reference_model) -> None:
     original = {k: v.detach().clone() for k, v in hf_reference_model.state_dict().items()}
     version = engine.weight_version + 1
     perturbed = {
-        k: v + 0.05 * torch.randn_like(v, generator=torch.Generator().manual_seed(1))
+        k: v
+        + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1), dtype=v.dtype)
         for k, v in original.items()
     }
     params = SamplingParams(max_new_tokens=12, seed=5, ignore_eos=True)

@@ -109,7 +109,8 @@ def test_hf_kv_recompute_in_token_budget_chunks(tiny_model_dir, hf_reference_mod
 def _check_update_midway(engine, hf_reference_model) -> None:
     original = {k: v.detach().clone() for k, v in hf_reference_model.state_dict().items()}
     perturbed = {
-        k: v + 0.05 * torch.randn_like(v, generator=torch.Generator().manual_seed(3))
+        k: v
+        + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(3), dtype=v.dtype)
         for k, v in original.items()
     }
     old = engine.weight_version
@@ -177,7 +178,8 @@ def test_hf_swap_can_keep_the_kv_cache(tiny_model_dir, hf_reference_model) -> No
 
     original = {k: v.detach().clone() for k, v in hf_reference_model.state_dict().items()}
     perturbed = {
-        k: v + 0.05 * torch.randn_like(v, generator=torch.Generator().manual_seed(3))
+        k: v
+        + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(3), dtype=v.dtype)
         for k, v in original.items()
     }
     new_model = copy.deepcopy(hf_reference_model)

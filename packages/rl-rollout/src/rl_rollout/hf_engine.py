@@ -808,6 +808,19 @@ def _new_cache(config: Any) -> Any:
     return cache
 
 
+def _lazy_init(layer: Any, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+    """``DynamicLayer.lazy_initialization``: transformers 5 takes keys and values, 4.57 (the
+    vllm-ascend 0.11 stack's) keys only."""
+    import inspect
+
+    from transformers.cache_utils import DynamicLayer
+
+    if len(inspect.signature(DynamicLayer.lazy_initialization).parameters) > 2:
+        layer.lazy_initialization(key_states, value_states)
+    else:
+        layer.lazy_initialization(key_states)
+
+
 @functools.cache
 def _growing_layer_class() -> type:
     from transformers.cache_utils import DynamicLayer
@@ -828,7 +841,7 @@ def _growing_layer_class() -> type:
             self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
         ) -> tuple[torch.Tensor, torch.Tensor]:
             if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
+                _lazy_init(self, key_states, value_states)
             keys, values = self.keys, self.values
             length = keys.shape[-2] if keys.dim() == 4 else 0
             new = key_states.shape[-2]

@@ -29,6 +29,7 @@ a padded (not packed) batch, full attention and the ``sdpa`` or ``eager`` kernel
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -112,13 +113,22 @@ def plan_prefixes(ids: torch.Tensor, mask: torch.Tensor, response_mask: torch.Te
     )
 
 
+def _lazy_init(layer: DynamicLayer, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+    """``DynamicLayer.lazy_initialization``: transformers 5 takes keys and values, 4.57 (the
+    vllm-ascend 0.11 stack's) keys only."""
+    if len(inspect.signature(DynamicLayer.lazy_initialization).parameters) > 2:
+        layer.lazy_initialization(key_states, value_states)
+    else:
+        layer.lazy_initialization(key_states)
+
+
 class _RecordLayer(DynamicLayer):
     """Keeps the keys/values of one forward (a replay under checkpointing overwrites them with
     equal values instead of appending)."""
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+            _lazy_init(self, key_states, value_states)
         self.keys, self.values = key_states, value_states
         return key_states, value_states
 
@@ -129,7 +139,7 @@ class _PrefixLayer(DynamicLayer):
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
-        self.lazy_initialization(keys, values)
+        _lazy_init(self, keys, values)
         self.keys, self.values = keys, values
         self.prefix = (keys, values)
 

@@ -159,6 +159,7 @@ class NativeBackend(BackendCore):
                 "fsdp2_train needs a process group: launch with RANK/WORLD_SIZE set "
                 "(torchrun, rl_train.dist.spawn or the runtime's worker group)"
             )
+        _check_fsdp2_gradient_average(self.world_size)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         param_dtype = DTYPES[cfg["param_dtype"]] if "param_dtype" in cfg else compute_dtype
         reduce_dtype = DTYPES[cfg.get("reduce_dtype", "fp32")]
@@ -246,3 +247,18 @@ class NativeBackend(BackendCore):
 
     def onload(self) -> None:
         self._move(self.device)
+
+
+def _check_fsdp2_gradient_average(world_size: int) -> None:
+    """FSDP2 averages gradients over ranks (the loss scaling above relies on it). On gloo (CPU)
+    with torch 2.7.1 the ranks' gradients came out summed (grad norm x world size against one
+    process; torch 2.10 averages): refused there rather than trained with the wrong scale."""
+    if world_size < 2 or torch.distributed.get_backend() != "gloo":
+        return
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if version < (2, 10):
+        raise RuntimeError(
+            f"fsdp2_train with {world_size} ranks on gloo (CPU) needs torch >= 2.10 (torch "
+            f"{torch.__version__} sums FSDP2's gradients over gloo ranks instead of averaging "
+            "them); use torch >= 2.10, one rank, or deepspeed_train"
+        )
