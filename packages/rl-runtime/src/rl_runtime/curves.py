@@ -97,7 +97,7 @@ def write_curves(
     `panels`: `Panel`s, or panel title -> metric names (default: `DEFAULT_PANELS`). Metrics
     missing from every row are skipped. Per-step metrics are solid lines drawn above the rest;
     evaluation metrics (`val/*`) dashed, with a hollow marker at every evaluation point (so a
-    per-step curve that runs into them stays visible). `baselines`: `"label: metric" ->
+    per-step curve that runs into them stays visible; greedy ones larger squares). `baselines`: `"label: metric" ->
     value`, a dashed horizontal line in each panel that shows `metric`. Returns the PNG path.
     """
     try:
@@ -116,9 +116,11 @@ def write_curves(
                 continue
             xs, ys = zip(*points)
             label = f"{LABELS.get(name, name)} [{name}]" if name in LABELS else name
-            if _evaluated(name):
-                ax.plot(xs, ys, linestyle="--", linewidth=1.5, marker="o", markersize=6,
-                        markerfacecolor="none", label=label, zorder=2)  # fmt: skip
+            if _evaluated(name):  # greedy: squares, so equal sampled points stay visible
+                greedy = "/greedy/" in name
+                ax.plot(xs, ys, linestyle="--", linewidth=1.5, marker="s" if greedy else "o",
+                        markersize=9 if greedy else 6, markerfacecolor="none", label=label,
+                        zorder=2)  # fmt: skip
             else:
                 ax.plot(xs, ys, linewidth=2, marker="." if len(xs) < 40 else None,
                         label=label, zorder=3)  # fmt: skip

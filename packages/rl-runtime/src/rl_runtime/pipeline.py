@@ -997,11 +997,14 @@ def nothing_to_resume(directory: str | Path) -> str:
     root = Path(directory)
     aside = sorted(p for p in root.glob(f"{PREFIX}*/step-*") if p.is_dir()) if root.is_dir() else []
     where = (
-        f"; earlier checkpoints set aside there: {', '.join(map(str, aside[-3:]))}" if aside else ""
+        f"; earlier checkpoints set aside there: {', '.join(map(str, aside[-3:]))} (to resume "
+        "one of those, set resume_from_checkpoint to its path)"
+        if aside
+        else ""
     )
     return (
         f"resume_from_checkpoint is set, but {root} holds no checkpoint: this run STARTS FRESH "
-        f"from step 0{where} (to resume one of those, set resume_from_checkpoint to its path)"
+        f"from step 0{where}"
     )
 
 
