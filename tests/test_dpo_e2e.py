@@ -99,6 +99,7 @@ def test_malformed_rows_fail_the_run_naming_them(tmp_path):
     cmd = [
         sys.executable, str(APP), "--config", str(CONFIG),
         *_overrides(out, **{"actor_train.data_args.file_name": str(data),
+                            "actor_train.data_args.eval_file_name": str(data),
                             "dpo_app.generate_arithmetic": "false"}),
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
@@ -114,10 +115,12 @@ def test_a_missing_data_file_fails_the_run_naming_key_and_file(tmp_path):
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert (
-        "data error: actor_train.data_args.file_name: dataset file not found: "
+    assert (  # the preflight's, before anything starts (nothing written under output_dir)
+        "  - actor_train.data_args.file_name: dataset file not found: "
         f"{tmp_path / 'data' / 'train.jsonl'}"
     ) in proc.stderr
+    assert proc.stderr.startswith("config error: invalid config (2 errors):")
+    assert not out.exists()
 
 
 def test_dry_run_prints_the_preference_plan():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.app_loading import app_main
+from tests.app_loading import app_main, assert_planned
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "rlvr"
@@ -150,12 +150,16 @@ def test_generated_data_no_data_key_reads_is_refused_before_the_run(tmp_path, ca
     assert err.startswith(f"config error: rlvr_app.arith_data.generate writes {tmp_path}/data/")
     assert "actor_train.data_args.file_name=['./output/rlvr_data/train.parquet']" in err
     assert not (tmp_path / "data").exists() and not (tmp_path / "out").exists()  # nothing ran
-    assert main(["--dry-run", *moved]) == 0
-    assert "warning: rlvr_app.arith_data.generate writes" in capsys.readouterr().out
+    code = main(["--dry-run", *moved])
+    out, err = capsys.readouterr()
+    assert_planned(code, err)  # ./output/rlvr_data/train.parquet need not exist here
+    assert "warning: rlvr_app.arith_data.generate writes" in out
     for accepted in (f"actor_train.data_args.file_name={tmp_path}/data/train.parquet",
                      "rlvr_app.arith_data.generate=false"):  # fmt: skip
-        assert main(["--dry-run", *moved, accepted]) == 0
-        assert "rlvr_app.arith_data.generate writes" not in capsys.readouterr().out
+        code = main(["--dry-run", *moved, accepted])
+        out, err = capsys.readouterr()
+        assert_planned(code, err)
+        assert "rlvr_app.arith_data.generate writes" not in out
 
 
 def test_rlvr_keys_are_refused_by_the_agentic_pipeline():
@@ -190,6 +194,17 @@ MIXED_COLOCATION = {
 }
 
 
+# examples with a reward domain this stack cannot build: refused by name at check time
+UNBUILDABLE_DOMAIN = {
+    "head/examples/qwen2.5-7B-rlvr_megatron/rlvr_fsdp2_sp2.yaml": "ifeval",
+    "head/examples/qwen2.5-7B-rlvr_megatron/rlvr_lora_fsdp2.yaml": "ifeval",
+    "head/examples/qwen2_5-vl-3B-rlvr_fsdp2/rlvr_fsdp2_offload.yaml": "cv_detection",
+    "v0.2.1/examples/qwen2.5-7B-rlvr_megatron/rlvr_lora_zero3.yaml": "ifeval",
+    "v0.2.1/examples/qwen2.5-7B-rlvr_megatron/rlvr_lora_zero3_amd.yaml": "ifeval",
+    "v0.2.1/examples/qwen2.5-7B-rlvr_megatron/rlvr_zero3_sp2.yaml": "ifeval",
+}
+
+
 @pytest.mark.parametrize("name", _roll_rlvr())
 def test_roll_rlvr_examples_without_megatron_dry_run_through_the_app(name, capsys):
     """`apps/rlvr --config <ROLL example> --dry-run` exits 0 and prints the placement and the
@@ -197,7 +212,12 @@ def test_roll_rlvr_examples_without_megatron_dry_run_through_the_app(name, capsy
     included); a TP-2 engine on 1-device trainers' devices is planned as a mixed colocation."""
     code = app_main("rlvr")(["--config", str(ROLL / name), "--dry-run"])
     out, err = capsys.readouterr()
-    assert code == 0, err
+    if name in UNBUILDABLE_DOMAIN:
+        domain = UNBUILDABLE_DOMAIN[name]
+        assert code == 1 and f"rewards.{domain}.worker_cls: " in err, err
+        assert "cannot be built here" in err
+        return
+    assert_planned(code, err)  # models, data files and 8+ devices are not on this host
     mixed = "colocated roles mix devices per worker" in out
     assert mixed == (name in MIXED_COLOCATION), out
     if mixed:
@@ -209,27 +229,33 @@ def test_roll_rlvr_examples_without_megatron_dry_run_through_the_app(name, capsy
 
 
 @pytest.mark.parametrize(
-    ("name", "warning"),
+    ("name", "drop", "warning"),
     [
         # devices 0..7 without num_gpus_per_node, a TP-2 vLLM engine: "span nodes" before
-        ("head/examples/qwen3-vl-32B-rlvr_megatron/rlvr_megatron_80GB.yaml",
+        ("head/examples/qwen3-vl-32B-rlvr_megatron/rlvr_megatron_80GB.yaml", "cv_detection",
          "warning: num_gpus_per_node: not set; taken as 8, ROLL's default"),
-        # domain_interleave_probs 0.4, 0.3, 0.1, 0.1 (llm_judge commented out): "must sum to 1"
-        ("v0.2.1/examples/qwen3-235BA22B-rlvr_megatron/rlvr_config.yaml",
-         "warning: actor_train.data_args.domain_interleave_probs sums to 0.9, not 1: the last "
-         "domain 'ifeval' takes the remainder of each batch (0.2 of it, not 0.1), as ROLL does"),
+        # domain_interleave_probs 0.4, 0.3, 0.1 once ifeval is dropped (llm_judge commented out)
+        ("v0.2.1/examples/qwen3-235BA22B-rlvr_megatron/rlvr_config.yaml", "ifeval",
+         "warning: actor_train.data_args.domain_interleave_probs sums to 0.8, not 1: the last "
+         "domain 'crossthinkqa' takes the remainder of each batch (0.3 of it, not 0.1), as ROLL does"),
     ],
 )  # fmt: skip
-def test_converted_roll_rlvr_examples_dry_run_as_roll_reads_them(name, warning, tmp_path, capsys):
+def test_converted_roll_rlvr_examples_dry_run_as_roll_reads_them(
+    name, drop, warning, tmp_path, capsys
+):
     """ROLL's Megatron RLVR examples converted to FSDP2 (`rl-config convert`) dry-run through
-    apps/rlvr as ROLL runs them, saying what it assumed; 22 of them failed before."""
+    apps/rlvr as ROLL runs them, saying what it assumed; 22 of them failed before. A reward
+    domain this stack cannot build is refused by name, and planned once the user drops it."""
     from rl_config.convert import convert_file, dump
 
     out = tmp_path / "converted.yaml"
     out.write_text(dump(convert_file(ROLL / name, "fsdp2"), str(ROLL / name), "fsdp2"))
-    code = app_main("rlvr")(["--config", str(out), "--dry-run"])
+    assert app_main("rlvr")(["--config", str(out), "--dry-run"]) == 1
+    assert f"rewards.{drop}.worker_cls: " in capsys.readouterr().err
+    dropped = [f"~rewards.{drop}", f"~actor_train.data_args.domain_interleave_probs.{drop}"]
+    code = app_main("rlvr")(["--config", str(out), "--dry-run", *dropped])
     stdout, err = capsys.readouterr()
-    assert code == 0, err
+    assert_planned(code, err)
     assert warning in stdout and "actor_train  workers=" in stdout
 
 
@@ -244,7 +270,8 @@ def test_roll_qwen3_example_dry_run_reads_its_validation_section():
     name = "head/examples/ascend_examples/qwen3_8b_rlvr_fsdp2.yaml"
     proc = subprocess.run([sys.executable, str(APP), "--config", str(ROLL / name), "--dry-run"],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    assert_planned(proc.returncode, proc.stderr)  # its model and data are not on this host
+    assert "validation.data_args.file_name: dataset file not found" in proc.stderr
     assert "val_files=('data/math_benchmarks.jsonl',)" in proc.stdout
     assert "val_files_key='validation.data_args.file_name'" in proc.stdout  # a missing one: named
     assert "template='qwen3'" in proc.stdout and "val_template='qwen3'" in proc.stdout

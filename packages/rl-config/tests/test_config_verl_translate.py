@@ -307,7 +307,7 @@ def test_fully_async_staleness_partial_rollout_and_its_step(
         (f"{A}.rollout.engine_kwargs.trtllm.batch_wait_timeout_iters=2", "TensorRT-LLM"),
         (f"{A}.model.exclude_modules=[lm_head]", "LoRA"),
         (f"{A}.actor.freeze_vision_tower=True", "vision-language"),
-        ("reward_model.enable=True", "reward models"),
+        ("reward_model.enable=True", "reward_model section is not translated"),
         ("algorithm.adv_estimator=optimal_token_baseline", "not implemented"),
         (f"{A}.actor.policy_loss.loss_mode=bypass_mode", "not implemented"),
         ("trainer.logger=['console','mlflow']", "mlflow"),

@@ -180,8 +180,9 @@ def test_rl_device_npu_without_torch_npu_is_one_device_error_line(tmp_path, caps
     assert app_main(spec, ["--dry-run"]) == 1
     captured = capsys.readouterr()
     err = captured.err.strip()
-    assert err.startswith("device error: RL_DEVICE=npu but no npu device") and "\n" not in err
-    assert "torch_npu is not installed" in err and "unset RL_DEVICE" in err
+    assert err.startswith("config error: invalid config (1 error):"), err  # the preflight's check
+    assert "RL_DEVICE (environment): asks for npu devices, but this host has none" in err
+    assert "torch_npu is not importable" in err and "remove it" in err
     assert "Traceback" not in captured.out + captured.err
 
 

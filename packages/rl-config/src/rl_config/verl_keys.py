@@ -37,7 +37,10 @@ def _none(why: str) -> Counterpart:
 _MEGATRON = _none("Megatron-LM is not implemented (FSDP2 or DeepSpeed: strategy_args)")
 _FSDP2 = "fsdp2_train"
 _VLLM = "vllm"
-_RULES = "reward models are not implemented (rule rewards: rewards, custom_reward_function)"
+_RULES = (
+    "verl's reward_model section has no counterpart key: a reward model is a rewards domain "
+    "(reward_fn: reward_model); rule rewards are rewards and custom_reward_function"
+)
 _REWARD_MANAGER = (
     "rule rewards are the rewards section and custom_reward_function; DAPO's overlong penalty "
     "is overlong_penalty"

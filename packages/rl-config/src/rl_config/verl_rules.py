@@ -74,7 +74,10 @@ ULYSSES = (
     "sequences and is a data-parallel rank (the same samples per optimizer step)"
 )
 LORA = "LoRA on the critic is not translated (the RLVR pipeline trains no critic)"
-RM = "reward models are not implemented (rule rewards and custom_reward_function are)"
+RM = (
+    "verl's reward_model section is not translated; score with a reward model as a rewards domain "
+    "(rewards.<domain>.reward_fn: reward_model) in this stack's config"
+)
 PROFILER = "verl's profilers (nsys, npu, torch) are not run here; the run trains the same"
 MULTI_TURN = "verl's multi-turn tool rollout is not translated (apps/agentic runs multi-turn envs)"
 MEMORY = "a memory knob: this stack sizes its own micro-batches"

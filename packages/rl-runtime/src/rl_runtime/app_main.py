@@ -168,13 +168,16 @@ def _app_main(spec: AppSpec, argv: list[str] | None) -> int:
         check_requested_device(cfg)  # verl's trainer.device; then RL_DEVICE of the environment
         check_devices(cfg)  # composing detects the device kind: one asked for must be here
         composed = spec.compose(cfg, options, args.flags)
+        if composed.refusals and "dry_run" not in args.flags:  # a dry run lists them below
+            return _error("config error", "; ".join(composed.refusals))  # before the host's
         if "no_ray" in args.flags:
             options.use_ray = False
         report = preflight(cfg, composed.components, app=options, data=composed.data,
                            use_ray=options.use_ray, num_cpus=options.num_cpus,
                            cpu_per_bundle=options.cpu_per_bundle,
                            packages_required="dry_run" not in args.flags)  # fmt: skip
-        report.raise_if_problems()  # before anything is built, moved or started
+        if "dry_run" not in args.flags:
+            report.raise_if_problems()  # before anything is built, moved or started
         placement = plan_text(composed.components)  # a placement the cluster cannot make fails here
     except DeviceUnavailableError as exc:  # RL_DEVICE names a device this host cannot use
         return _error("device error", exc)
@@ -203,10 +206,14 @@ def _app_main(spec: AppSpec, argv: list[str] | None) -> int:
             print(f"warning: {line}")
         print(placement)
         if composed.details:
-            print(composed.details)
+            print(composed.details, flush=True)
+        if report.problems:  # the plan above holds; this host cannot run it
+            return _error(
+                "preflight error",
+                f"this host cannot run the plan above ({len(report.problems)} problem(s)):\n"
+                + "\n".join(f"  - {problem}" for problem in report.problems),
+            )
         return 0
-    if composed.refusals:  # a dry run lists them; a run cannot honour them
-        return _error("config error", "; ".join(composed.refusals))
     from rl_runtime.interrupts import RunInterrupted, handle_interrupts, set_command
 
     set_command(spec.prog, sys.argv[1:] if argv is None else argv)
