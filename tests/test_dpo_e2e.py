@@ -103,8 +103,11 @@ def test_malformed_rows_fail_the_run_naming_them(tmp_path):
                             "dpo_app.generate_arithmetic": "false"}),
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 1
-    assert f"{data}: 1 malformed row(s): row 1: missing 'rejected'" in proc.stderr
+    assert proc.returncode == 1 and not out.exists()  # the preflight's: before anything starts
+    assert (
+        f"actor_train.data_args.file_name: {data}: malformed row(s) among the first 8: "
+        "row 1: missing 'rejected' (rejected_key)"
+    ) in proc.stderr, proc.stderr
 
 
 def test_a_missing_data_file_fails_the_run_naming_key_and_file(tmp_path):

@@ -36,15 +36,22 @@ def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
     ):
         raise ValueError("dpo_app.generate_arithmetic needs one data_args.file_name and one "
                          "data_args.eval_file_name to write")  # fmt: skip
-    from rl_runtime.preflight import DataFiles
+    from rl_runtime.preference_data import first_rows_problem
+    from rl_runtime.preflight import FIRST_ROWS, DataFiles
 
     def files(value: str | list[str] | None) -> tuple[str, ...]:
         return () if not value or app.generate_arithmetic else tuple(
             [value] if isinstance(value, str) else value)  # fmt: skip
 
-    data = (DataFiles("actor_train.data_args.file_name", files(d.file_name)),
-            DataFiles("actor_train.data_args.eval_file_name", files(d.eval_file_name)))  # fmt: skip
-    return Composed(compose_dpo(cfg, **machine_kwargs()), data=data)
+    components = compose_dpo(cfg, **machine_kwargs())
+    plan = components.preference.data
+
+    def check(path: str) -> str | None:
+        return first_rows_problem(path, plan, FIRST_ROWS)
+
+    data = (DataFiles("actor_train.data_args.file_name", files(d.file_name), check),
+            DataFiles("actor_train.data_args.eval_file_name", files(d.eval_file_name), check))  # fmt: skip
+    return Composed(components, data=data)
 
 
 def run(cfg, app: AppOptions, composed: Composed, flags: frozenset[str]):

@@ -190,6 +190,22 @@ def load_preferences(
     return PreferenceSet(examples, counts)
 
 
+def first_rows_problem(path: str, d: Any, rows: int) -> str | None:
+    """Why the first `rows` rows of `path` would stop `load_preferences` (it refuses a file with
+    any malformed row), or None: the preflight's check of a preference file (`d`: the
+    PreferenceData plan)."""
+    try:
+        records = read_rows(path)
+    except PreferenceDataError as exc:
+        return str(exc)
+    if not records:
+        return "no rows"
+    problems = [f"row {i}: {p}" for i, r in enumerate(records[:rows]) if (p := _row_problem(r, d))]
+    return (
+        f"malformed row(s) among the first {rows}: " + "; ".join(problems[:3]) if problems else None
+    )
+
+
 def _row_problem(row: Any, d: Any) -> str | None:
     if isinstance(row, _NotJson):
         return f"line {row.line} is not JSON: {row.error}"
