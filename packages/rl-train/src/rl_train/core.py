@@ -8,7 +8,7 @@ Backends subclass :class:`BackendCore` and provide the model-specific primitives
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -350,21 +350,12 @@ class BackendCore:
     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """HF-named full tensors of the model in buckets of about ``bucket_bytes``; with LoRA
         adapters, the merged model (:func:`rl_train.lora.merge_adapters`)."""
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
         named = self._iter_full_tensors()
         if self.has_adapters:
             from rl_train.lora import merge_adapters, scalings
 
             named = merge_adapters(named, scalings(self._module()))
-        for name, tensor in named:
-            bucket.append((name, tensor))
-            size += tensor.numel() * tensor.element_size()
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-        if bucket:
-            yield bucket
+        yield from _buckets(named, bucket_bytes)
 
     def iter_adapter_buckets(
         self, bucket_bytes: int = 1 << 28
@@ -376,16 +367,9 @@ class BackendCore:
 
         if not self.has_adapters:
             raise ValueError(f"{self.role}: no LoRA adapter (model_args.lora) to send")
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for name, tensor in adapter_payload(self._iter_full_tensors(), scalings(self._module())):
-            bucket.append((name, tensor))
-            size += tensor.numel() * tensor.element_size()
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-        if bucket:
-            yield bucket
+        yield from _buckets(
+            adapter_payload(self._iter_full_tensors(), scalings(self._module())), bucket_bytes
+        )
 
     def _iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         raise NotImplementedError
@@ -401,3 +385,19 @@ class BackendCore:
         from rl_train.lora import export_adapter
 
         return export_adapter(self, out_dir)
+
+
+def _buckets(
+    named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """`named` tensors in consecutive lists of about `bucket_bytes` each (the last may be less)."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named:
+        bucket.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
