@@ -1,4 +1,4 @@
-"""rl_runtime.resume_guard's patterns for the apps' own sections (`rlvr_app:`, `agentic_app:`,
+"""rl_runtime.run.resume_guard's patterns for the apps' own sections (`rlvr_app:`, `agentic_app:`,
 `dpo_app:`) name keys those sections have: a renamed option cannot leave its rule behind."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from rl_runtime.resume_guard import RESUME_NOTED, RESUME_REFUSED, app_record
+from rl_runtime.run.resume_guard import RESUME_NOTED, RESUME_REFUSED, app_record
 
 APPS = Path(__file__).resolve().parents[1] / "apps"
 

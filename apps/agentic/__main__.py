@@ -17,7 +17,7 @@ if str(HERE) not in sys.path:
 
 from agentic_options import AppOptions  # noqa: E402
 
-from rl_runtime.app_main import AppSpec, Composed, app_main, load_app  # noqa: E402
+from rl_runtime.cli.app_main import AppSpec, Composed, app_main, load_app  # noqa: E402
 
 DEFAULT_CONFIG = HERE / "configs" / "cpu_default.yaml"
 
@@ -25,9 +25,9 @@ DEFAULT_CONFIG = HERE / "configs" / "cpu_default.yaml"
 def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
     """The components; a solver warm-up on training envs the solver cannot play is a refusal
     (it would end the run after its start with no demonstration to learn from)."""
-    from rl_runtime.agentic_rollout import env_configs
-    from rl_runtime.demos import tags_without_solver
-    from rl_runtime.pipeline import compose_here
+    from rl_runtime.pipelines.agentic.demos import tags_without_solver
+    from rl_runtime.pipelines.agentic.rollout import env_configs
+    from rl_runtime.run.runner import compose_here
 
     rollout_only = "rollout_only" in flags
     components = compose_here(cfg, rollout_only=rollout_only)
@@ -45,8 +45,8 @@ def run(cfg, app: AppOptions, composed: Composed, flags: frozenset[str]):
     """The agentic recipe (or, with --rollout-only, trajectories dumped to JSONL) on the Runner."""
     from agentic_pipeline import STDOUT_KEYS, AgenticRecipe
 
-    from rl_runtime.agentic_rollout import RolloutOnlyRecipe
-    from rl_runtime.pipeline import Runner, RunOptions
+    from rl_runtime.pipelines.agentic.rollout import RolloutOnlyRecipe
+    from rl_runtime.run.runner import Runner, RunOptions
 
     rollout_only = "rollout_only" in flags
     path = app.model_path(cfg.pretrain, cfg.system_envs)

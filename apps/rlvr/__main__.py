@@ -21,7 +21,7 @@ if str(HERE) not in sys.path:
 
 from rlvr_app import SPEC  # noqa: E402
 
-from rl_runtime.app_main import app_main  # noqa: E402
+from rl_runtime.cli.app_main import app_main  # noqa: E402
 
 main = partial(app_main, dataclasses.replace(SPEC, description=__doc__ or ""))
 

@@ -9,21 +9,21 @@ from typing import Any
 
 from rlvr_options import AppOptions
 
-from rl_runtime.app_main import AppSpec, Composed, load_app
-from rl_runtime.rlvr_metrics import summary_row
+from rl_runtime.cli.app_main import AppSpec, Composed, load_app
+from rl_runtime.pipelines.rlvr.metrics import summary_row
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CONFIG = HERE / "configs" / "cpu_default.yaml"
 
 
 def compose(cfg: Any, app: Any = None, flags: frozenset[str] = frozenset()) -> Composed:
-    """The shared components and the RLVR plan (rl_runtime.compose.rlvr.compose_rlvr); generated
+    """The shared components and the RLVR plan (rl_runtime.pipelines.rlvr.compose.compose_rlvr); generated
     arithmetic data no data key reads is a refusal (ArithDataOptions.unread_by)."""
     from dataclasses import replace
 
     from rl_envs.tasks.arith import arith_parquet_paths
-    from rl_runtime.compose.rlvr import compose_rlvr
-    from rl_runtime.rlvr_data import preflight_data
+    from rl_runtime.pipelines.rlvr.compose import compose_rlvr
+    from rl_runtime.pipelines.rlvr.data import preflight_data
 
     composed = compose_rlvr(cfg)
     generated = (
@@ -49,7 +49,7 @@ def run(cfg: Any, app: AppOptions, composed: Composed, flags: frozenset[str] = f
     writes for this run (RunOptions.app_outputs)."""
     from rlvr_pipeline import PROGRESS_KEYS, STDOUT_KEYS, RlvrRecipe
 
-    from rl_runtime.pipeline import Runner, RunOptions
+    from rl_runtime.run.runner import Runner, RunOptions
 
     path = prepare(cfg, app)
     options = RunOptions.from_app(
