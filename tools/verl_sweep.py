@@ -34,7 +34,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIMMED = ("python", "python3", "srun", "conda", "ray", "nvidia-smi", "sleep", "huggingface-cli",
@@ -190,9 +189,9 @@ def reasons_of(code: int, err: str) -> list[str]:
     if code == 0:
         return []
     items = [ln[2:] for ln in lines if ln.startswith("- ")]
-    if lines and lines[0].startswith("preflight error") and items:
-        if all(any(k in i.split(":", 1)[0] for k in HOST_PROBLEM_KEYS) for i in items):
-            return []
+    host = all(any(k in i.split(":", 1)[0] for k in HOST_PROBLEM_KEYS) for i in items)
+    if lines and lines[0].startswith("preflight error") and items and host:
+        return []
     if items:
         return items
     return lines[:1] or [f"exit {code}"]
@@ -203,7 +202,7 @@ def dry_run(app: str, argv: list[str]) -> tuple[int, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = _app_main(app)(argv)
-        except Exception as exc:  # noqa: BLE001 - a crash is a verdict too
+        except Exception as exc:  # a crash is a verdict too
             print(f"crash: {type(exc).__name__}: {exc}", file=sys.stderr)
             code = 2
     return code, err.getvalue()
