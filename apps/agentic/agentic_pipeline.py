@@ -1,4 +1,4 @@
-"""The agentic recipe (ROLL's AgenticPipeline, seed 004) on rl_runtime.pipeline's Runner.
+"""The agentic recipe (ROLL's AgenticPipeline) on rl_runtime.pipeline's Runner.
 
 One step: `rollout` (AgentLoop over env groups, + greedy baseline rollouts for estimators that
 need them) then `learn` (screen failed episodes, collate, then rl_runtime.policy_update:
