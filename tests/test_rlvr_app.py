@@ -12,20 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from rl_app_rlvr.options import WarmupOptions
+from rl_envs.rewards.router import reward_router_spec
+from rl_envs.tasks.arith import problems, split, write_arith_parquet
+from rl_runtime.pipelines.rlvr.compose import DataPlan
+from rl_runtime.pipelines.rlvr.data import RowSampler, load_prompts
+from rl_runtime.pipelines.rlvr.metrics import _quantile
+from rl_runtime.pipelines.rlvr.warmup import reasoning_words
 from tests.app_loading import app_main, assert_planned
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "rlvr"
-sys.path.insert(0, str(APP))
-
-from rlvr_options import WarmupOptions  # noqa: E402
-
-from rl_envs.rewards.router import reward_router_spec  # noqa: E402
-from rl_envs.tasks.arith import problems, split, write_arith_parquet  # noqa: E402
-from rl_runtime.pipelines.rlvr.compose import DataPlan  # noqa: E402
-from rl_runtime.pipelines.rlvr.data import RowSampler, load_prompts  # noqa: E402
-from rl_runtime.pipelines.rlvr.metrics import _quantile  # noqa: E402
-from rl_runtime.pipelines.rlvr.warmup import reasoning_words  # noqa: E402
 
 PLAN = DataPlan((), (), None, None, "solution", "tag", None, "native", "native")
 ONE_DOMAIN = reward_router_spec(None)  # no rewards section: every row to verl's default
@@ -543,10 +540,10 @@ def test_failed_reward_calls_are_screened_out_of_training_and_bounded():
     from types import SimpleNamespace
 
     from rl_config.records import GenerationResult
+    from rl_runtime.step.failures import TooManyFailuresError, screen_failures
     from rl_runtime.pipelines.rlvr.data import Scored
     from rl_runtime.pipelines.rlvr.metrics import Group
     from rl_runtime.pipelines.rlvr.rollout import group_trajectories, scored_rewards
-    from rl_runtime.step.failures import TooManyFailuresError, screen_failures
 
     result = GenerationResult(request_id="0", prompt_ids=[1], output_ids=[3, 4],
                               output_log_probs=[-1.0] * 2, finish_reason="stop",

@@ -1,4 +1,4 @@
-"""The agentic recipe (ROLL's AgenticPipeline, seed 004) on rl_runtime.run.runner's Runner.
+"""The agentic recipe (ROLL's AgenticPipeline) on rl_runtime.run.runner's Runner.
 
 One step: `rollout` (AgentLoop over env groups, + greedy baseline rollouts for estimators that
 need them) then `learn` (screen failed episodes, collate, then rl_runtime.step.policy_update:
@@ -14,22 +14,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agentic_options import AppOptions
-
-from rl_runtime.asynchrony.queue import RolloutBatch
-from rl_runtime.pipelines.agentic.gain import success_gains
-from rl_runtime.pipelines.agentic.rollout import (
-    assignments,
-    env_configs,
-    play,
-    play_split,
-    sandbox_stats,
-)
-from rl_runtime.run.runner import Context, engine_weight_diff
+from rl_app_agentic.options import AppOptions
 from rl_runtime.step.advantages import restore_kl_controller
+from rl_runtime.pipelines.agentic.rollout import assignments, env_configs, play, play_split, sandbox_stats
+from rl_runtime.asynchrony.queue import RolloutBatch
 from rl_runtime.step.collate import collate_trajectories
 from rl_runtime.step.failures import screen_failures
+from rl_runtime.pipelines.agentic.gain import success_gains
 from rl_runtime.step.metrics import rollout_metrics, val_metrics
+from rl_runtime.run.runner import Context, engine_weight_diff
 from rl_runtime.step.policy_update import update_policy
 
 STDOUT_KEYS = (
