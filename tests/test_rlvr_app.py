@@ -540,10 +540,10 @@ def test_failed_reward_calls_are_screened_out_of_training_and_bounded():
     from types import SimpleNamespace
 
     from rl_config.records import GenerationResult
-    from rl_runtime.step.failures import TooManyFailuresError, screen_failures
     from rl_runtime.pipelines.rlvr.data import Scored
     from rl_runtime.pipelines.rlvr.metrics import Group
     from rl_runtime.pipelines.rlvr.rollout import group_trajectories, scored_rewards
+    from rl_runtime.step.failures import TooManyFailuresError, screen_failures
 
     result = GenerationResult(request_id="0", prompt_ids=[1], output_ids=[3, 4],
                               output_log_probs=[-1.0] * 2, finish_reason="stop",

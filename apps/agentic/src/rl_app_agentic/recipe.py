@@ -15,14 +15,20 @@ import time
 from typing import Any
 
 from rl_app_agentic.options import AppOptions
-from rl_runtime.step.advantages import restore_kl_controller
-from rl_runtime.pipelines.agentic.rollout import assignments, env_configs, play, play_split, sandbox_stats
 from rl_runtime.asynchrony.queue import RolloutBatch
+from rl_runtime.pipelines.agentic.gain import success_gains
+from rl_runtime.pipelines.agentic.rollout import (
+    assignments,
+    env_configs,
+    play,
+    play_split,
+    sandbox_stats,
+)
+from rl_runtime.run.runner import Context, engine_weight_diff
+from rl_runtime.step.advantages import restore_kl_controller
 from rl_runtime.step.collate import collate_trajectories
 from rl_runtime.step.failures import screen_failures
-from rl_runtime.pipelines.agentic.gain import success_gains
 from rl_runtime.step.metrics import rollout_metrics, val_metrics
-from rl_runtime.run.runner import Context, engine_weight_diff
 from rl_runtime.step.policy_update import update_policy
 
 STDOUT_KEYS = (

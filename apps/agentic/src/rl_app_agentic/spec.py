@@ -21,8 +21,8 @@ DEFAULT_CONFIG = APP_DIR / "configs" / "cpu_default.yaml"
 def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
     """The components; a solver warm-up on training envs the solver cannot play is a refusal
     (it would end the run after its start with no demonstration to learn from)."""
-    from rl_runtime.pipelines.agentic.rollout import env_configs
     from rl_runtime.pipelines.agentic.demos import tags_without_solver
+    from rl_runtime.pipelines.agentic.rollout import env_configs
     from rl_runtime.run.runner import compose_here
 
     rollout_only = "rollout_only" in flags

@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
     from rl_runtime.run.interrupts import RunInterrupted
-    from rl_runtime.run.runner import NothingTrainedError, check_embedded_cpus, plan_text
     from rl_runtime.run.preflight import check_devices, preflight
+    from rl_runtime.run.runner import NothingTrainedError, check_embedded_cpus, plan_text
 
     try:
         args = parse_app_args(
