@@ -148,7 +148,7 @@ def test_agentic_cpu_ray_vllm_engine(tmp_path):
     _check_run(rows, out)
 
 
-def test_seed000_config_validates_and_dry_runs():
+def test_roll_sokoban_config_validates_and_dry_runs():
     cfg = APP / "configs" / "examples" / "agentic_val_sokoban.yaml"
     proc = subprocess.run(
         [sys.executable, str(APP), "--config", str(cfg), "--dry-run"],
