@@ -28,7 +28,7 @@ def _app():
 
 def _composed(overrides: list[str]):
     main, pipeline = _app()
-    from rl_runtime.run.runner import compose_here
+    from rl_runtime.run.plan import compose_here
 
     cfg, app = main.load(main.DEFAULT_CONFIG, overrides)
     return SimpleNamespace(components=compose_here(cfg)), app, pipeline

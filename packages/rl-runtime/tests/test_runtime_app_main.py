@@ -38,7 +38,7 @@ def _spec(tmp_path: Path, *, refusals=(), fail: Exception | None = None, runs: l
     config.write_text(f"pretrain: {model}\nx_app:\n  greeting: hello\n" + config_text)
 
     def compose(cfg, options, flags):
-        from rl_runtime.run.runner import compose_here
+        from rl_runtime.run.plan import compose_here
 
         return Composed(compose_here(cfg), plan="PLAN", notes=("a note",), details="DETAILS",
                         refusals=tuple(refusals))  # fmt: skip
@@ -107,7 +107,7 @@ def test_errors_of_a_run_name_their_kind(tmp_path, capsys):
     in_use = RunDirectoryInUseError("output directory /x is in use by another run (pid 7)")
     assert app_main(_spec(tmp_path, fail=in_use), []) == 1
     assert capsys.readouterr().err == f"error: {in_use}\n"
-    from rl_runtime.run.runner import NothingTrainedError
+    from rl_runtime.run.report import NothingTrainedError
 
     nothing = NothingTrainedError("every one of the run's 2 steps was skipped")
     assert app_main(_spec(tmp_path, fail=nothing), []) == 1  # no results table

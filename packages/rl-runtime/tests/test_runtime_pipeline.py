@@ -20,8 +20,9 @@ from rl_config.errors import ConfigError
 from rl_config.schema import ExperimentConfig
 from rl_runtime.cluster.cluster import RoleSpec
 from rl_runtime.compose import compose
+from rl_runtime.run.options import RunOptions
 from rl_runtime.run.run_lock import LOCK_NAME, RunDirectoryInUseError, run_directory_lock
-from rl_runtime.run.runner import Runner, RunOptions
+from rl_runtime.run.runner import Runner
 
 
 class FakeTrainer:
@@ -500,7 +501,7 @@ class RecipeWithBaselines(FakeRecipe):
 
 
 def test_baselines_and_summary_reach_summary_json_and_the_table(tmp_path, capsys):
-    from rl_runtime.run.runner import print_result
+    from rl_runtime.run.report import print_result
 
     _, result = _run(tmp_path, RecipeWithBaselines())
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -528,7 +529,7 @@ def _two_device_config(**roles: list[int]) -> ExperimentConfig:
 def test_without_ray_a_training_role_of_several_ranks_is_refused_by_name():
     """--no-ray puts every worker in one process: a 2-rank actor_train used to wait for its
     second rank until rpc_timeout (900 s in the CPU defaults), then fail with a hint to raise it."""
-    from rl_runtime.run.runner import check_in_process
+    from rl_runtime.run.checks import check_in_process
 
     two_ranks = compose(_two_device_config(actor_train=[0, 1], actor_infer=[0]))
     with pytest.raises(ConfigError, match=r"actor_train\.device_mapping: 2 ranks") as err:
@@ -542,7 +543,7 @@ def test_without_ray_a_training_role_of_several_ranks_is_refused_by_name():
 def test_without_ray_partial_rollout_is_refused_by_name_before_anything_starts():
     """`async.partial_rollout` with --no-ray was refused only when asynchronous training
     started, after the warm-up and the pre-RL evaluation, as a traceback."""
-    from rl_runtime.run.runner import check_in_process
+    from rl_runtime.run.checks import check_in_process
 
     cfg = _two_device_config(actor_train=[0], actor_infer=[1])
     data = {**cfg.model_dump(exclude_unset=True), "async": {"max_staleness": 1}}
@@ -555,7 +556,7 @@ def test_without_ray_partial_rollout_is_refused_by_name_before_anything_starts()
 
 
 def test_without_ray_the_keys_only_ray_reads_are_warned_about_by_name():
-    from rl_runtime.run.runner import check_in_process
+    from rl_runtime.run.checks import check_in_process
 
     cfg = _two_device_config(actor_train=[0], actor_infer=[1])
     assert check_in_process(compose(cfg), use_ray=False) == []
@@ -777,7 +778,7 @@ class SkippingRecipe(FakeRecipe):
 
 
 def test_a_step_that_kept_no_group_says_skipped_and_is_counted(tmp_path, capsys):
-    from rl_runtime.run.runner import print_result
+    from rl_runtime.run.report import print_result
 
     _, result = _run(tmp_path, SkippingRecipe({1, 3}))
     out = capsys.readouterr().out
@@ -798,7 +799,7 @@ def test_skipped_steps_are_the_whole_runs_across_a_resume(tmp_path):
 
 
 def test_a_run_that_trained_on_nothing_ends_with_an_error(tmp_path):
-    from rl_runtime.run.runner import NothingTrainedError
+    from rl_runtime.run.report import NothingTrainedError
 
     with pytest.raises(NothingTrainedError, match="every one of the run's 5 steps was skipped"):
         _run(tmp_path, SkippingRecipe())
@@ -852,7 +853,7 @@ def test_the_last_line_and_summary_say_where_everything_went(tmp_path, capsys, m
     exported model went (before: curves and hf_model only); summary.json records them. The
     model is exported from the last checkpoint (rl_runtime.cli.export, what `rl-export` runs; the
     fake trainer's checkpoints hold no model, so a stand-in writes it)."""
-    from rl_runtime.run.runner import print_result
+    from rl_runtime.run.report import print_result
 
     exported = []
 
@@ -881,7 +882,7 @@ def test_a_key_named_by_the_config_is_hidden_from_sandboxed_calls(tmp_path, monk
     `checkpoint_config.key_file` was readable by a non-root call. The run now passes it to the
     sandbox pools of the driver and of every worker (`RL_SANDBOX_HIDE`)."""
     from rl_envs.sandbox.credentials import HIDE_VARIABLE, secret_paths
-    from rl_runtime.run.runner import sandbox_hidden_env
+    from rl_runtime.run.checks import sandbox_hidden_env
 
     monkeypatch.delenv(HIDE_VARIABLE, raising=False)
     monkeypatch.setenv(HIDE_VARIABLE, "")  # restored after the test

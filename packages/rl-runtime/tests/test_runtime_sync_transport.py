@@ -70,7 +70,7 @@ def test_broadcast_when_asked_even_where_shared_memory_would_work():
 def test_the_key_reaches_the_cluster_settings_and_warns_without_ray():
     from rl_config.schema import ExperimentConfig
     from rl_runtime.compose.run_settings import build_cluster
-    from rl_runtime.run.runner import check_in_process
+    from rl_runtime.run.checks import check_in_process
 
     base = {"pretrain": "/tmp/model"}
     cfg = ExperimentConfig.model_validate({**base, "weight_sync_transport": "broadcast"})

@@ -24,7 +24,7 @@ from rl_runtime.pipelines.agentic.rollout import (
     play_split,
     sandbox_stats,
 )
-from rl_runtime.run.runner import Context, engine_weight_diff
+from rl_runtime.run.context import Context, engine_weight_diff
 from rl_runtime.step.advantages import restore_kl_controller
 from rl_runtime.step.collate import collate_trajectories
 from rl_runtime.step.failures import screen_failures

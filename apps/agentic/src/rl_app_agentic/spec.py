@@ -23,7 +23,7 @@ def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
     (it would end the run after its start with no demonstration to learn from)."""
     from rl_runtime.pipelines.agentic.demos import tags_without_solver
     from rl_runtime.pipelines.agentic.rollout import env_configs
-    from rl_runtime.run.runner import compose_here
+    from rl_runtime.run.plan import compose_here
 
     rollout_only = "rollout_only" in flags
     components = compose_here(cfg, rollout_only=rollout_only)
@@ -41,7 +41,8 @@ def run(cfg, app: AppOptions, composed: Composed, flags: frozenset[str]):
     """The agentic recipe (or, with --rollout-only, trajectories dumped to JSONL) on the Runner."""
     from rl_app_agentic.recipe import STDOUT_KEYS, AgenticRecipe
     from rl_runtime.pipelines.agentic.rollout import RolloutOnlyRecipe
-    from rl_runtime.run.runner import Runner, RunOptions
+    from rl_runtime.run.options import RunOptions
+    from rl_runtime.run.runner import Runner
 
     rollout_only = "rollout_only" in flags
     path = app.model_path(cfg.pretrain, cfg.system_envs)

@@ -51,9 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     from rl_app_rlvr.spec import DEFAULT_CONFIG, compose, data_errors, load
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
+    from rl_runtime.run.checks import check_embedded_cpus
     from rl_runtime.run.interrupts import RunInterrupted
+    from rl_runtime.run.plan import plan_text
     from rl_runtime.run.preflight import check_devices, preflight
-    from rl_runtime.run.runner import NothingTrainedError, check_embedded_cpus, plan_text
+    from rl_runtime.run.report import NothingTrainedError
 
     try:
         args = parse_app_args(

@@ -26,7 +26,7 @@ from rl_runtime.pipelines.dpo.step import (
     held_out_metrics,
     reference_logps,
 )
-from rl_runtime.run.runner import Context
+from rl_runtime.run.context import Context
 
 STDOUT_KEYS = (
     "train/loss",

@@ -24,7 +24,7 @@ DEFAULT_CONFIG = APP_DIR / "configs" / "cpu_default.yaml"
 def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
     """The preference components; `dpo_app.generate_arithmetic` needs one file to write each."""
     from rl_runtime.pipelines.dpo.compose import compose_dpo
-    from rl_runtime.run.runner import machine_kwargs
+    from rl_runtime.run.plan import machine_kwargs
 
     d = cfg.actor_train.data_args
     if app.generate_arithmetic and not (
@@ -53,7 +53,8 @@ def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
 def run(cfg, app: AppOptions, composed: Composed, flags: frozenset[str]):
     """Build what the config asks to build (tiny model, generated pairs), then the DPO recipe."""
     from rl_app_dpo.recipe import STDOUT_KEYS, DPORecipe
-    from rl_runtime.run.runner import Runner, RunOptions
+    from rl_runtime.run.options import RunOptions
+    from rl_runtime.run.runner import Runner
 
     path = app.model_path(cfg.pretrain, cfg.system_envs)
     if app.generate_arithmetic:

@@ -57,7 +57,8 @@ def run(cfg: Any, app: AppOptions, composed: Composed, flags: frozenset[str] = f
     `eval_before` overrides `rlvr_app.eval_before_training`; `app_outputs`: files the caller
     writes for this run (RunOptions.app_outputs)."""
     from rl_app_rlvr.recipe import PROGRESS_KEYS, STDOUT_KEYS, RlvrRecipe
-    from rl_runtime.run.runner import Runner, RunOptions
+    from rl_runtime.run.options import RunOptions
+    from rl_runtime.run.runner import Runner
 
     path = prepare(cfg, app)
     options = RunOptions.from_app(

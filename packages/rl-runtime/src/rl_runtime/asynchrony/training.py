@@ -144,3 +144,45 @@ def restore_rollout_state(
     load = getattr(recipe, "load_rollout_state", None)
     if callable(load) and state.get("rollout_state") is not None:
         load(state["rollout_state"])
+
+
+def start_async_training(
+    plan: AsyncPlan, recipe: Any, ctx: Any, *, samples_per_batch: int, stop_index: int,
+    saved: dict[str, Any] | None = None,
+) -> AsyncTraining:  # fmt: skip
+    """Start rollout ahead of the trainer from the step `ctx` is at (`saved`: a resumed run's
+    `state()`, whose lag totals are restored), and choose how `ctx`'s weight syncs reach the
+    engines: deferred with partial rollout, staged and delivered by the producer between two
+    batches when the sync can stage, else waiting for the batch in flight (`between_batches`)."""
+    asynchronous = AsyncTraining(
+        plan,
+        recipe,
+        ctx,
+        samples_per_batch=samples_per_batch,
+        start_index=ctx.step,
+        stop_index=stop_index,
+    )
+    if saved:
+        asynchronous.lags.load_state(saved.get("lags") or {})
+    producer = asynchronous.producer
+    if plan.partial_rollout:
+        ctx.defer_sync = True
+    elif ctx.sync is not None and ctx.sync.can_stage():
+        ctx.sync_producer = producer
+    else:  # the trainer's sync waits for the batch in flight to end
+        ctx.sync_gate = lambda: producer.between_batches(plan.wait_timeout_s)
+    asynchronous.start()
+    return asynchronous
+
+
+def open_rollout_gate(asynchronous: AsyncTraining, ctx: Any) -> None:
+    """Tell rollout the trainer has finished `ctx.step` steps once their weights are in the
+    engines: at once, when a deferred sync ends (`Context.defer_sync`) or when rollout has
+    delivered a posted one (`Context.sync_producer`)."""
+    steps = ctx.step
+    if ctx.sync_producer is not None:
+        ctx.sync_producer.when_delivered(lambda: asynchronous.trainer_finished(steps))
+    elif ctx.defer_sync and ctx.sync is not None:
+        ctx.sync.when_committed(lambda: asynchronous.trainer_finished(steps))
+    else:
+        asynchronous.trainer_finished(steps)

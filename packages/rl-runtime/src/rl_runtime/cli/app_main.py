@@ -47,7 +47,7 @@ class Composed:
 class AppSpec:
     """One app's command line. `compose(cfg, options, flags)` must be pure (a dry run calls it);
     `run(cfg, options, composed, flags)` builds what the run needs and returns the
-    `rl_runtime.run.runner.RunResult`. `flags` are the given flags by Python name (`dry_run`)."""
+    `rl_runtime.run.options.RunResult`. `flags` are the given flags by Python name (`dry_run`)."""
 
     prog: str
     default_config: Path
@@ -139,15 +139,11 @@ def _app_main(spec: AppSpec, argv: list[str] | None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
+    from rl_runtime.run.checks import check_embedded_cpus, check_in_process
+    from rl_runtime.run.plan import plan_text
     from rl_runtime.run.preflight import check_devices, preflight
+    from rl_runtime.run.report import NothingTrainedError, print_result
     from rl_runtime.run.run_lock import RunDirectoryInUseError
-    from rl_runtime.run.runner import (
-        NothingTrainedError,
-        check_embedded_cpus,
-        check_in_process,
-        plan_text,
-        print_result,
-    )
     from rl_sync.device import DeviceUnavailableError
     from rl_train.signing import CheckpointError
 

@@ -28,8 +28,8 @@ def deep_check(
 ) -> tuple[list[str], list[str]]:
     """`(problems, notes)` of the preflight of the validated config `cfg`; `raw`: the app
     section `section` of the file, if any. Composing errors are problems too."""
+    from rl_runtime.run.plan import machine_kwargs
     from rl_runtime.run.preflight import DataFiles, check_devices, preflight
-    from rl_runtime.run.runner import machine_kwargs
 
     raw = dict(raw or {})
     app = _AppSection(section or "app", raw.get("build_tiny_model") or None)
@@ -63,7 +63,7 @@ def deep_check(
                     if value
                 )  # fmt: skip
         else:
-            from rl_runtime.run.runner import compose_here
+            from rl_runtime.run.plan import compose_here
 
             components = compose_here(cfg)
         report = preflight(

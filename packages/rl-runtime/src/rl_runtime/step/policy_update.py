@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rl_runtime.run.runner import Context
+from rl_runtime.run.context import Context
 from rl_runtime.step.advantages import compute_advantages, reward_kl_coef, update_kl_controller
 from rl_runtime.step.collate import CollatedBatch
 

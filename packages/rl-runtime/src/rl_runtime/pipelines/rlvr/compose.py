@@ -17,8 +17,10 @@ import msgspec
 from rl_config.records import SamplingParams
 from rl_envs.rewards.custom import load_custom_reward
 from rl_envs.rewards.router import RewardRouterSpec, reward_router_spec
+from rl_runtime.cli.app_main import Composed
 from rl_runtime.compose.losses import response_budget
 from rl_runtime.pipelines.rlvr.model_reward_plan import ModelRewardPlan, build_model_rewards
+from rl_runtime.run.plan import compose_here
 from rl_runtime.step.advantages import estimator_needs
 
 
@@ -337,16 +339,13 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
     )
 
 
-def compose_rlvr(cfg: Any) -> Any:  # -> rl_runtime.cli.app_main.Composed
+def compose_rlvr(cfg: Any) -> Composed:
     """What apps/rlvr runs: the shared components (pipeline "rlvr", with a role per model
     reward) and the RLVR plan; reward
     domains no scorer can score, and a custom reward file that cannot be used, are refusals (a
     dry run lists them, a run stops)."""
     import dataclasses
     import pprint
-
-    from rl_runtime.cli.app_main import Composed
-    from rl_runtime.run.runner import compose_here
 
     components, plan = compose_here(cfg, pipeline="rlvr"), build_rlvr(cfg)
     if plan.model_rewards:  # their roles, placed with the others
