@@ -170,9 +170,9 @@ def test_rlvr_trajectories_carry_the_engines_per_token_versions():
     """A generation that continued under newer weights (partial rollout) is as old as its
     oldest token: the RLVR recipe hands the engine's token_versions to the staleness filter."""
     from rl_config.records import GenerationResult, oldest_weight_version
-    from rl_runtime.pipelines.rlvr.data import Scored
     from rl_runtime.pipelines.rlvr.metrics import Group
     from rl_runtime.pipelines.rlvr.rollout import group_trajectories
+    from rl_runtime.pipelines.rlvr.scoring import Scored
 
     def result(versions: list[int]) -> GenerationResult:
         return GenerationResult(request_id="0", prompt_ids=[1, 2], output_ids=[3, 4, 5],

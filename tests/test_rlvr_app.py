@@ -466,7 +466,7 @@ def test_custom_reward_function_from_the_config_scores_in_the_sandbox(tmp_path, 
     a reward function that raised on every response trained on with no word of why)."""
     from rl_config.loading import load_app_config
     from rl_runtime.pipelines.rlvr.compose import build_rlvr
-    from rl_runtime.pipelines.rlvr.data import Scorer
+    from rl_runtime.pipelines.rlvr.scoring import Scorer
 
     fn = tmp_path / "my_reward.py"
     fn.write_text(
@@ -542,9 +542,9 @@ def test_failed_reward_calls_are_screened_out_of_training_and_bounded():
     from types import SimpleNamespace
 
     from rl_config.records import GenerationResult
-    from rl_runtime.pipelines.rlvr.data import Scored
     from rl_runtime.pipelines.rlvr.metrics import Group
     from rl_runtime.pipelines.rlvr.rollout import group_trajectories, scored_rewards
+    from rl_runtime.pipelines.rlvr.scoring import Scored
     from rl_runtime.step.failures import TooManyFailuresError, screen_failures
 
     result = GenerationResult(request_id="0", prompt_ids=[1], output_ids=[3, 4],
@@ -574,9 +574,9 @@ def test_difficulty_mask_trains_only_groups_strictly_inside_its_thresholds():
     from types import SimpleNamespace
 
     from rl_config.records import GenerationResult
-    from rl_runtime.pipelines.rlvr.data import Scored
     from rl_runtime.pipelines.rlvr.metrics import Group
     from rl_runtime.pipelines.rlvr.rollout import group_trajectories, within_difficulty
+    from rl_runtime.pipelines.rlvr.scoring import Scored
 
     result = GenerationResult(request_id="0", prompt_ids=[1], output_ids=[3, 4],
                               output_log_probs=[-1.0] * 2, finish_reason="stop",
@@ -731,7 +731,12 @@ def test_turning_on_kl_when_resuming_a_warmed_up_run_without_its_reference_is_re
     checkpoint; resuming it as it was goes on."""
     # no dynamic sampling: the tiny model may solve no prompt, and a run that trained on nothing
     # is an error
-    common = {"max_steps": 1, "save_steps": 1, "eval_steps": 100, "dynamic_sampling.enable": "false"}
+    common = {
+        "max_steps": 1,
+        "save_steps": 1,
+        "eval_steps": 100,
+        "dynamic_sampling.enable": "false",
+    }
     out = tmp_path / "run"
     _run_app(out, "--no-ray", **common)
     assert not (out / "ckpt" / "step-000001" / "reference").exists()

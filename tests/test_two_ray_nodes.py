@@ -93,8 +93,9 @@ def test_training_and_rollout_pinned_to_two_ray_nodes(two_nodes, tmp_path):
     from rl_config.records import GenerationRequest, SamplingParams
     from rl_config.schema import ExperimentConfig
     from rl_rollout.tiny_model import build_tiny_model
-    from rl_runtime.cluster.cluster import Cluster, WeightSync
+    from rl_runtime.cluster.cluster import Cluster
     from rl_runtime.cluster.ray_setup import RayOptions
+    from rl_runtime.cluster.weight_sync import WeightSync
     from rl_runtime.compose import compose
     from rl_runtime.compose.roles import role_specs
 

@@ -229,7 +229,7 @@ def test_worker_processes_seed_every_rng_stream():
 
     code = (
         "import random, numpy as np, torch\n"
-        "from rl_runtime.cluster.workers import _init_process\n"
+        "from rl_runtime.cluster.worker_process import _init_process\n"
         "_init_process({}, 5)\n"
         "print(random.random(), float(np.random.rand()), float(torch.rand(1)))\n"
     )

@@ -184,8 +184,8 @@ def test_evaluation_sandbox_calls_are_not_counted_as_the_next_training_steps(tmp
     from rl_config.records import SamplingParams
     from rl_rollout.tiny_model import build_tiny_model
     from rl_runtime.cluster.placement import plan_placement
+    from rl_runtime.cluster.rollout_worker import RolloutWorker
     from rl_runtime.cluster.worker_group import WorkerGroup
-    from rl_runtime.cluster.workers import RolloutWorker
     from rl_runtime.pipelines.agentic.rollout import play, sandbox_stats
 
     model = str(build_tiny_model(tmp_path / "tiny", seed=0))

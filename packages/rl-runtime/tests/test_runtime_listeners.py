@@ -60,7 +60,7 @@ def test_default_ray_run_listens_on_loopback_only(tmp_path):
     from rl_rollout.tiny_model import build_tiny_model
     from rl_runtime.cluster.cluster import Cluster, RoleSpec
     from rl_runtime.cluster.ray_setup import RayOptions
-    from rl_runtime.cluster.workers import TrainWorker
+    from rl_runtime.cluster.train_worker import TrainWorker
 
     model = str(build_tiny_model(tmp_path / "tiny"))
     spec = RoleSpec(

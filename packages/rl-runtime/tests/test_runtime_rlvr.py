@@ -20,7 +20,7 @@ from rl_envs.tasks.data import TaskRow
 from rl_rollout.templates import get_template
 from rl_runtime.asynchrony.queue import PendingBatch, RolloutBatch, finished
 from rl_runtime.pipelines.rlvr.compose import RlvrPlan, build_rlvr
-from rl_runtime.pipelines.rlvr.data import RowSampler, Scored, Scorer, load_rlvr_prompts
+from rl_runtime.pipelines.rlvr.data import RowSampler, load_rlvr_prompts
 from rl_runtime.pipelines.rlvr.eval import held_out_accuracy
 from rl_runtime.pipelines.rlvr.metrics import (
     add_batch_failures,
@@ -28,6 +28,7 @@ from rl_runtime.pipelines.rlvr.metrics import (
     most_common_answer_accuracy,
 )
 from rl_runtime.pipelines.rlvr.rollout import GroupGenerator, rollout_batch
+from rl_runtime.pipelines.rlvr.scoring import Scored, Scorer
 
 SEED = 42
 

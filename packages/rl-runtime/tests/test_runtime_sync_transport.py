@@ -110,9 +110,11 @@ def test_a_ray_sync_carries_the_trainers_exact_weights(requested, strategy, rank
     import torch
 
     from rl_rollout.tiny_model import build_tiny_model
-    from rl_runtime.cluster.cluster import Cluster, RoleSpec, WeightSync
+    from rl_runtime.cluster.cluster import Cluster, RoleSpec
     from rl_runtime.cluster.ray_setup import RayOptions
-    from rl_runtime.cluster.workers import RolloutWorker, TrainWorker
+    from rl_runtime.cluster.rollout_worker import RolloutWorker
+    from rl_runtime.cluster.train_worker import TrainWorker
+    from rl_runtime.cluster.weight_sync import WeightSync
     from rl_runtime.step.collate import shard_rows
     from rl_train.testing import make_batch
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from rl_runtime.cluster.cluster import WeightSync
 from rl_runtime.cluster.placement import plan_placement
 from rl_runtime.cluster.sync_address import LOOPBACK, NodeAddress, choose_sync_host
+from rl_runtime.cluster.weight_sync import WeightSync
 from rl_runtime.cluster.worker_group import WorkerGroup
 
 
@@ -119,7 +119,8 @@ def test_in_process_sync_hands_the_trainers_own_tensors_and_the_engine_keeps_cop
     import torch
 
     from rl_rollout.tiny_model import build_tiny_model
-    from rl_runtime.cluster.workers import RolloutWorker, TrainWorker
+    from rl_runtime.cluster.rollout_worker import RolloutWorker
+    from rl_runtime.cluster.train_worker import TrainWorker
     from rl_train.args import TrainingArgs
     from rl_train.testing import make_batch
 
@@ -212,7 +213,7 @@ def _transfer_groups(reported=None):
 def test_a_deferred_sync_is_checked_when_it_settles():
     """`sync(settle=False)` returns without the engines' verdict; a wrong committed version is
     an error at `settle` (or at the next sync, which settles the one before it first)."""
-    from rl_runtime.cluster.cluster import WeightSyncError
+    from rl_runtime.cluster.weight_sync import WeightSyncError
 
     train, infer = _transfer_groups(reported=0)  # the engine reports it kept version 0
     try:

@@ -14,10 +14,10 @@ from rl_runtime.cluster.ray_setup import RayOptions, worker_threads
 
 
 class Probe:
-    """Starts like rl_runtime.cluster.workers' classes (`_init_process`) and reports what it got."""
+    """Starts like the worker classes (`_init_process`, rl_runtime.cluster.worker_process) and reports what it got."""
 
     def __init__(self, rank, world_size, dist_env):
-        from rl_runtime.cluster.workers import _init_process
+        from rl_runtime.cluster.worker_process import _init_process
 
         _init_process(dist_env, seed=0)
 

@@ -110,7 +110,7 @@ class RolloutProducer:
 
     def post_weights(self, deliver: Callable[[], None]) -> bool:
         """Hand rollout a weight update to apply between two batches (`deliver()`, e.g. from
-        rl_runtime.cluster.cluster.WeightSync.stage): this thread runs it before its next batch, or at
+        rl_runtime.cluster.weight_sync.WeightSync.stage): this thread runs it before its next batch, or at
         once while it waits for the trainer, so the trainer never waits for the batch in flight
         (asynchronous training without partial rollout, when the weights can be staged). An
         update posted earlier and not delivered yet is superseded: it is never applied, and its

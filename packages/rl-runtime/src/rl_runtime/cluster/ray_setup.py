@@ -60,7 +60,7 @@ def worker_threads(system_envs: Mapping[str, Any] | None, cpu_per_bundle: float)
 
 def worker_env_vars(system_envs: Mapping[str, Any] | None, threads: int = 1) -> dict[str, str]:
     """Env vars every worker gets: quiet Ray defaults, ``OMP_NUM_THREADS=threads`` (read by
-    rl_runtime.cluster.workers for torch's threads), then the config's system_envs."""
+    rl_runtime.cluster.worker_process for torch's threads), then the config's system_envs."""
     env = {**QUIET_RAY_ENV, "OMP_NUM_THREADS": str(threads)}
     for key, value in (system_envs or {}).items():
         env[str(key)] = str(value)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rl_runtime.cluster.workers import _init_process
+from rl_runtime.cluster.worker_process import _init_process
 
 
 class JudgeWorker:

@@ -85,7 +85,7 @@ def _shared_memory_missing(
 def staging_room(weight_bytes: int | None, shm_free_bytes: int | None) -> bool:
     """Whether /dev/shm (`shm_free_bytes`, measured before any buffer was made) also holds the
     two alternating staging buffers of asynchronous training without partial rollout
-    (rl_runtime.cluster.cluster.WeightSync.stage) beside the transport's own buffer and its headroom."""
+    (rl_runtime.cluster.weight_sync.WeightSync.stage) beside the transport's own buffer and its headroom."""
     if weight_bytes is None or shm_free_bytes is None:
         return False
     return shm_free_bytes >= int(weight_bytes * (SHM_HEADROOM + 2))

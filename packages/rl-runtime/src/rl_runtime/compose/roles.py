@@ -262,7 +262,8 @@ def reference_from_actor(cfg: Any) -> bool:
 def role_specs(components: Components, model_path: str, agent_mode: str = "lockstep") -> list:
     """`RoleSpec`s of the cluster, given the run's policy model path (runtime value)."""
     from rl_runtime.cluster.cluster import RoleSpec
-    from rl_runtime.cluster.workers import RolloutWorker, TrainWorker
+    from rl_runtime.cluster.rollout_worker import RolloutWorker
+    from rl_runtime.cluster.train_worker import TrainWorker
     from rl_runtime.run.model_source import resolve_model
 
     specs = []

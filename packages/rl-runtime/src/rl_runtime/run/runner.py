@@ -99,8 +99,9 @@ class Runner:
         return start.resume, start.state
 
     def _setup(self) -> Context:
-        from rl_runtime.cluster.cluster import Cluster, WeightSync
+        from rl_runtime.cluster.cluster import Cluster
         from rl_runtime.cluster.ray_setup import RayOptions
+        from rl_runtime.cluster.weight_sync import WeightSync
         from rl_sync.device import detect_device_kind, ray_resource_name
 
         c, o = self.components, self.options

@@ -11,7 +11,8 @@ from statistics import mean
 from typing import Any
 
 from rl_config.records import GenerationResult
-from rl_runtime.pipelines.rlvr.data import UNNAMED_DATA_SOURCE, Scored
+from rl_runtime.pipelines.rlvr.data import UNNAMED_DATA_SOURCE
+from rl_runtime.pipelines.rlvr.scoring import Scored
 
 
 @dataclass

@@ -16,7 +16,7 @@ import msgspec
 from rl_config.records import GenerationRequest, GenerationResult, SamplingParams, Trajectory, Turn
 from rl_runtime.asynchrony.queue import PendingBatch, RolloutBatch
 from rl_runtime.pipelines.rlvr.compose import RlvrPlan
-from rl_runtime.pipelines.rlvr.data import RlvrPrompts, Scored, Scorer
+from rl_runtime.pipelines.rlvr.data import RlvrPrompts
 from rl_runtime.pipelines.rlvr.dynamic_sampling import FillResult, fill_quotas
 from rl_runtime.pipelines.rlvr.metrics import (
     FAILURES_IN_BATCH,
@@ -24,6 +24,7 @@ from rl_runtime.pipelines.rlvr.metrics import (
     failure_counts,
     group_metrics,
 )
+from rl_runtime.pipelines.rlvr.scoring import Scored, Scorer
 from rl_runtime.step.collate import shard_rows
 
 

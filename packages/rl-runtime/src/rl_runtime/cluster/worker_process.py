@@ -1,0 +1,40 @@
+"""What every worker class Ray runs as an actor (or the runtime builds in-process with `--no-ray`)
+shares: the process setup (`_init_process`) and weight-sync metrics as plain floats. Arguments and
+results of workers are plain data (dicts of CPU tensors, msgspec records), so they travel through
+Ray's object store."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+
+def _init_process(dist_env: Mapping[str, str], seed: int) -> None:
+    """Environment, threads and every global RNG stream of a worker process (torch, python,
+    numpy): unseeded, python's and numpy's would start from OS entropy in each process, so a run
+    could not be repeated nor a resumed worker match an uninterrupted one. Torch's threads:
+    ``OMP_NUM_THREADS``, which the cluster sets for its workers
+    (rl_runtime.cluster.ray_setup.worker_threads), else 1."""
+    import random
+
+    import numpy as np
+
+    os.environ.update({k: str(v) for k, v in dist_env.items()})
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS") or 1)))
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def _sync_metrics(metrics: Any) -> dict[str, float]:
+    return {
+        "bytes": float(getattr(metrics, "bytes", 0)),
+        "seconds": float(getattr(metrics, "seconds", 0.0)),
+        "gbps": float(getattr(metrics, "gbps", 0.0)),
+        "num_buckets": float(getattr(metrics, "num_buckets", 0)),
+        "version": float(getattr(metrics, "version", -1)),
+    }
