@@ -380,7 +380,7 @@ def _needing_estimators() -> list[str]:
     """The registry's estimators that need more than rewards and that RLVR runs (gae's critic is
     refused by name): each needs its own wiring (greedy baselines, per-turn step rows)."""
     from rl_algos.advantages import list_estimators
-    from rl_runtime.step.advantages import estimator_needs
+    from rl_algos.estimate import estimator_needs
 
     return [n for n in list_estimators() if estimator_needs(n) - {"values"} and n != "gae"]
 

@@ -2,16 +2,10 @@ import pytest
 import torch
 
 from rl_algos.advantages import list_estimators
+from rl_algos.estimate import clip_row_values, estimator_needs, reward_clip_site
 from rl_config.records import Trajectory, Turn
 from rl_config.schema.algorithm import STD_FREE_ESTIMATORS
-from rl_runtime.step.advantages import (
-    AdvantageConfig,
-    clip_row_values,
-    compute_advantages,
-    estimator_needs,
-    reward_clip_site,
-    step_rows,
-)
+from rl_runtime.step.advantages import AdvantageConfig, compute_advantages, step_rows
 from rl_runtime.step.collate import collate_trajectories
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from rl_runtime.step.advantages import AdvantageConfig, KLControlConfig, estimator_needs
+from rl_algos.estimate import estimator_needs
+from rl_runtime.step.advantages import AdvantageConfig, KLControlConfig
 
 GROUPING_ALIASES = {"state": "traj_group_id"}
 """ROLL's reward-normalisation grouping names -> ours."""

@@ -1,93 +1,27 @@
-"""The advantage block of the step loop: reward normalisation, KL penalty, estimator, whitening.
+"""The advantage block of the step loop: the runtime chooses and passes, rl_algos computes.
 
-Composes rl_algos (no estimator math of its own):
-
-1. scores `[B]` = episode rewards (format penalties included by the envs).
-2. `reward_normalization`: `grouping` (`traj_group_id` | `tags` | `batch`; compose resolves ROLL's
-   aliases) picks the groups, `method` (`mean_std` | `mean` | `asym_clip` | `identity`) the
-   normalisation
-   (rl_algos.rewards).
-   `reward_clip` (ROLL's key) clamps the normalised rewards to `[-reward_clip, reward_clip]`
-   (`reward_clip_site`): the scores the estimator takes, or, for an estimator that divides by a
-   group std itself (grpo, grpo_passk) and for the step-wise ones (gigpo, step_reinforce), the
-   per-row value it returns, since re-scaling the clamped scores would undo the clamp there.
-3. With a reward KL penalty (`kl_coef > 0`, ROLL's `add_token_level_kl`), the scores go on each
-   row's last model token and `kl_coef * KL(kind)` is subtracted per token (rl_algos.kl_control).
-4. The estimator, by name from rl_algos' registry (`get_estimator`); its signature declares what it
-   needs (`EstimatorSpec.needs`): critic `values` (gae), greedy `baseline_scores` (remax), per-turn
-   step rows (`step_rewards`: gigpo, step_reinforce); group estimators get the normalisation
-   groups as `index`.
-5. `whiten_advantages` (rl_algos.aggregate.masked_whiten), `advantage_clip`.
+`AdvantageConfig` (built by rl_runtime.compose) says how; `compute_advantages(batch, cfg, ...)`
+takes a collated batch's episode rewards, mask, normalisation groups (`group_keys`: `traj_group_id`
+| `tags` | `batch`; compose resolves ROLL's aliases) and, for a step-wise estimator, its per-turn
+rows (`step_rows`), and calls `rl_algos.estimate.estimate_advantages` once: reward normalisation,
+reward clip, reward KL penalty, the estimator by name, whitening, advantage clip. The reward KL
+controller (rl_algos.kl_control) lives with the run: `reward_kl_coef` reads it each step,
+`update_kl_controller` feeds it the step's KL.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from rl_algos.estimate import estimator_needs
 from rl_runtime.step.collate import CollatedBatch
 
 GROUPINGS = ("traj_group_id", "tags", "batch")
 METHODS = ("mean_std", "mean", "asym_clip", "identity")
 NEEDS = ("values", "baseline_scores", "step_rows")
-
-
-def estimator_needs(name: str) -> frozenset[str]:
-    """What the registered estimator `name` needs beyond scores, mask and groups, read from its
-    signature: `values` (a critic), `baseline_scores` (greedy rollouts), `step_rows` (per-turn
-    rows). An unknown name raises rl_algos' KeyError listing the registry."""
-    from rl_algos.advantages import get_estimator
-
-    params = inspect.signature(get_estimator(name)).parameters
-    needs = set()
-    if "values" in params:
-        needs.add("values")
-    if "baseline_scores" in params:
-        needs.add("baseline_scores")
-    if "step_rewards" in params:
-        needs.add("step_rows")
-    return frozenset(needs)
-
-
-def reward_clip_site(name: str) -> str:
-    """Where `reward_clip` acts for the registered estimator `name`, read from its signature:
-    `"scores"`, the normalised scores it takes (ROLL's place: after reward normalisation, before
-    the estimator), or `"advantages"`, each row's value it returns, for an estimator that would
-    undo a clamp of its input: one that divides its input by a group std (a `norm_by_std`
-    parameter that defaults to True: grpo, grpo_passk; a group's z-scores do not change when its
-    extreme values are clamped) and the step-wise ones (gigpo, step_reinforce), whose per-step
-    value is what ROLL clamps. For grpo after `mean_std` normalisation that value is the
-    normalised reward itself (its z-score of z-scores is the identity up to epsilon), so the
-    result is ROLL's: normalise, clamp, then the reward on every model token."""
-    from rl_algos.advantages import get_estimator
-
-    params = inspect.signature(get_estimator(name)).parameters
-    by_std = "norm_by_std" in params and params["norm_by_std"].default is True
-    return "advantages" if by_std or "step_rows" in estimator_needs(name) else "scores"
-
-
-def clip_row_values(
-    advantages: torch.Tensor, mask: torch.Tensor, clip: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clamp each row's value to `[-clip, clip]`, rows `[R, T]` being one value times a fixed
-    token pattern (an outcome on every model token, or its reward-to-go): the value is the one on
-    the row's last model token, and a clamped row is scaled with it. Returns the rows `[R, T]`
-    (bit-identical where the value is within the clip; exactly `+-clip` on a constant row that
-    is clamped) and which rows were clamped `[R]` bool."""
-    from rl_algos.rewards import clip_rewards
-
-    last = _last_positions(mask)
-    value = advantages.gather(1, last.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    value = torch.where(last >= 0, value, torch.zeros_like(value))
-    clipped = clip_rewards(value, clip)
-    hit = clipped != value
-    pattern = advantages / torch.where(hit, value, torch.ones_like(value)).unsqueeze(-1)
-    rows = torch.where(hit.unsqueeze(-1), clipped.unsqueeze(-1) * pattern, advantages)
-    return rows, hit
 
 
 @dataclass(frozen=True)
@@ -141,10 +75,10 @@ class AdvantageConfig:
 
     `kl_kind`: the reward KL estimator (rl_algos.losses.kl_penalty names); the coefficient itself
     comes from the KL controller at each step. `reward_clip`: clamp the normalised rewards to
-    `[-reward_clip, reward_clip]` where `reward_clip_site` says (None: no clamp). `gigpo_*`:
+    `[-reward_clip, reward_clip]` where `rl_algos.estimate.reward_clip_site` says (None: no clamp). `gigpo_*`:
     GiGPO's episode/step weights and the discount across turns (step_reward_gamma) of the
     step-wise estimators (gigpo, step_reinforce; the latter discounts within a turn by `gamma`).
-    `needs` is derived from the estimator's signature."""
+    `needs` is derived from the estimator's signature (rl_algos.estimate.estimator_needs)."""
 
     adv_estimator: str = "grpo"
     grouping: str = "traj_group_id"
@@ -197,67 +131,15 @@ def group_keys(batch: CollatedBatch, grouping: str) -> torch.Tensor:
     raise ValueError(f"reward_normalization.grouping={grouping!r}; choose from {GROUPINGS}")
 
 
-def normalize_scores(scores: torch.Tensor, keys: torch.Tensor, method: str) -> torch.Tensor:
-    """Normalise `[B]` scores within the groups `keys` by `method` (rl_algos.rewards)."""
-    from rl_algos.rewards import normalize_rewards
-
-    return normalize_rewards(scores, grouping="group", index=keys, method=method)
-
-
-def _last_positions(mask: torch.Tensor) -> torch.Tensor:
-    """Each row's last model token `[B]` of `mask [B, T]`, -1 for a row without one."""
-    positions = torch.arange(mask.shape[1]).expand_as(mask)
-    return torch.where(mask, positions, -1).max(dim=1).values
-
-
-def _last_token_rewards(per_row: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """`[B, T]` with each row's score on its last model token."""
-    out = torch.zeros(mask.shape, dtype=torch.float32)
-    last = _last_positions(mask)
-    rows = (last >= 0).nonzero().flatten()
-    out[rows, last[rows]] = per_row[rows].to(torch.float32)
-    return out
-
-
 def step_rows(batch: CollatedBatch) -> dict[str, torch.Tensor]:
-    """One row per (trajectory, turn) with model tokens: `row_of [S]`, `step_ids [S]`,
-    `step_rewards [S]`, `anchor_ids [S]` (hash of the tokens the model saw just before the turn:
-    the observation), `step_mask [S, T]` (the turn's model tokens)."""
+    """The batch's step rows, one per (trajectory, turn) with model tokens
+    (rl_algos.estimate.step_rows: `row_of`, `step_ids`, `step_rewards`, `anchor_ids`, `step_mask`)."""
+    from rl_algos.estimate import step_rows as build_step_rows
+
     t = batch.tensors
-    mask, turn_index, rewards, ids = (
-        t["response_mask"],
-        t["turn_index"],
-        t["rewards"],
-        t["input_ids"],
+    return build_step_rows(
+        t["response_mask"], t["turn_index"], t["rewards"], t["input_ids"], batch.turn_spans
     )
-    row_of, steps, step_rewards, anchors, masks = [], [], [], [], []
-    anchor_dense: dict[bytes, int] = {}
-    for b, spans in enumerate(batch.turn_spans):
-        prev_end = 0
-        for k, (start, end) in enumerate(spans):
-            step_mask = mask[b] & (turn_index[b] >= 0)
-            step_mask = step_mask & (torch.arange(mask.shape[1]) >= start)
-            step_mask = step_mask & (torch.arange(mask.shape[1]) < end)
-            if not bool(step_mask.any()):
-                prev_end = end
-                continue
-            context = ids[b, prev_end:start].numpy().tobytes()
-            digest = hashlib.blake2b(context, digest_size=8).digest()
-            row_of.append(b)
-            steps.append(k)
-            step_rewards.append(float(rewards[b, start:end].sum()))
-            anchors.append(anchor_dense.setdefault(digest, len(anchor_dense)))
-            masks.append(step_mask)
-            prev_end = end
-    if not masks:
-        raise ValueError("step-wise advantages: the batch has no model turns")
-    return {
-        "row_of": torch.tensor(row_of),
-        "step_ids": torch.tensor(steps),
-        "step_rewards": torch.tensor(step_rewards),
-        "anchor_ids": torch.tensor(anchors),
-        "step_mask": torch.stack(masks),
-    }
 
 
 def compute_advantages(
@@ -273,111 +155,36 @@ def compute_advantages(
     """Advantages and returns `[B, T]` (zero outside `response_mask`) plus the normalised
     `scores [B]` the estimator took, with `kl_coef > 0` the per-token reward `kl [B, T]` and,
     with `cfg.reward_clip`, the fraction of rewards it clamped `reward_clip_frac` (a scalar: of
-    the scores, the rows, or the step rows, where `reward_clip_site` puts the clamp).
+    the scores, the rows, or the step rows, where `rl_algos.estimate.reward_clip_site` puts the clamp).
 
     `values [B, T]`: critic values (estimators that need them); `baseline_scores [B]`: the
     episode rewards of greedy rollouts of the same envs (remax), normalised (and clamped) like
     the scores."""
-    from rl_algos.advantages import get_estimator
-    from rl_algos.aggregate import masked_whiten
-    from rl_algos.kl_control import apply_kl_penalty
-    from rl_algos.rewards import clip_rewards
+    from rl_algos.estimate import estimate_advantages
 
     t = batch.tensors
-    mask = t["response_mask"]
-    raw = t["episode_rewards"].to(torch.float32)
-    keys = group_keys(batch, cfg.grouping)
-    scores = normalize_scores(raw, keys, cfg.method)
-    out: dict[str, torch.Tensor] = {}
-    clip = cfg.reward_clip
-    clip_scores = clip is not None and reward_clip_site(cfg.adv_estimator) == "scores"
-    if clip_scores:
-        clipped = clip_rewards(scores, clip)
-        out["reward_clip_frac"] = (clipped != scores).to(torch.float32).mean()
-        scores = clipped
-    out["scores"] = scores
-    fn, needs = get_estimator(cfg.adv_estimator), cfg.needs
-    params = inspect.signature(fn).parameters
-    rewards: torch.Tensor = scores
-    if kl_coef > 0 or "values" in needs:
-        rewards = _last_token_rewards(scores, mask)
-    if kl_coef > 0:
-        if log_probs is None or ref_log_probs is None:
-            raise ValueError("a reward KL penalty needs log_probs and ref_log_probs")
-        rewards, kl = apply_kl_penalty(
-            rewards, log_probs, ref_log_probs, mask.to(torch.float32), kl_coef, cfg.kl_kind
-        )
-        out["kl"] = kl
-    kwargs: dict[str, object] = {}
-    if "gamma" in params:
-        kwargs["gamma"] = cfg.gigpo_gamma if "step_rows" in needs else cfg.gamma
-    if "values" in needs:
-        if values is None:
-            raise ValueError(
-                f"adv_estimator={cfg.adv_estimator} needs critic values (configure a critic)"
-            )
-        adv, ret = fn(rewards, values.to(torch.float32), mask, lam=cfg.lam, **kwargs)
-    elif "step_rows" in needs:
-        adv, ret, hit = _step_estimate(batch, cfg, fn, scores, keys, kwargs)
-        if hit is not None:
-            out["reward_clip_frac"] = hit.to(torch.float32).mean()
-    else:
-        if "baseline_scores" in needs:
-            if baseline_scores is None:
-                raise ValueError(
-                    f"adv_estimator={cfg.adv_estimator} needs baseline_scores (greedy rollouts)"
-                )
-            baseline = normalize_scores(baseline_scores.to(torch.float32), keys, cfg.method)
-            kwargs["baseline_scores"] = clip_rewards(baseline, clip) if clip_scores else baseline
-        adv, ret = fn(rewards, mask, keys, **kwargs)
-        if clip is not None and not clip_scores:  # the estimator's per-row value is clamped
-            clipped_adv, hit = clip_row_values(adv.to(torch.float32), mask, clip)
-            out["reward_clip_frac"] = hit.to(torch.float32).mean()
-            adv, ret = clipped_adv, (clipped_adv if ret is adv else ret)
-    adv = adv.to(torch.float32)
-    if cfg.whiten_advantages:
-        adv = masked_whiten(adv, mask)
-    if cfg.advantage_clip is not None and cfg.advantage_clip > 0:
-        adv = adv.clamp(-cfg.advantage_clip, cfg.advantage_clip)
-    adv = adv * mask
-    out["advantages"] = adv
-    out["returns"] = ret.to(torch.float32) * mask
-    return out
-
-
-def _step_estimate(
-    batch: CollatedBatch,
-    cfg: AdvantageConfig,
-    fn,
-    scores: torch.Tensor,
-    keys: torch.Tensor,
-    kwargs: dict[str, object],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """A step-wise estimator (gigpo, step_reinforce): one row per model turn, written back onto
-    its tokens. The estimator gets those of the step inputs its signature names; with
-    `cfg.reward_clip` each step's value is clamped (ROLL clamps the normalised step reward), and
-    which step rows were clamped `[S]` comes back third (None without a clip)."""
-    mask = batch.tensors["response_mask"]
-    rows = step_rows(batch)
-    row_of = rows["row_of"]
-    offered = {
-        "traj_ids": row_of,
-        "step_ids": rows["step_ids"],
-        "step_rewards": rows["step_rewards"],
-        "anchor_ids": rows["anchor_ids"],
-        "step_weight": cfg.gigpo_step_weight,
-        "episode_weight": cfg.gigpo_episode_weight,
-        "token_gamma": cfg.gamma,
-        "method": cfg.method,
-    }
-    params = inspect.signature(fn).parameters
-    step_kwargs = {k: v for k, v in offered.items() if k in params}
-    step_adv, _ = fn(scores[row_of], rows["step_mask"], keys[row_of], **step_kwargs, **kwargs)
-    step_adv, hit = step_adv.float(), None
-    if cfg.reward_clip is not None:
-        step_adv, hit = clip_row_values(step_adv, rows["step_mask"], cfg.reward_clip)
-    adv = torch.zeros(mask.shape, dtype=torch.float32).index_add_(0, row_of, step_adv)
-    return adv, adv, hit
+    return estimate_advantages(
+        t["episode_rewards"],
+        t["response_mask"],
+        group_keys(batch, cfg.grouping),
+        cfg.adv_estimator,
+        method=cfg.method,
+        gamma=cfg.gamma,
+        lam=cfg.lam,
+        reward_clip=cfg.reward_clip,
+        whiten=cfg.whiten_advantages,
+        advantage_clip=cfg.advantage_clip,
+        kl_coef=kl_coef,
+        kl_kind=cfg.kl_kind,
+        log_probs=log_probs,
+        ref_log_probs=ref_log_probs,
+        values=values,
+        baseline_scores=baseline_scores,
+        steps=step_rows(batch) if "step_rows" in cfg.needs else None,
+        step_gamma=cfg.gigpo_gamma,
+        step_weight=cfg.gigpo_step_weight,
+        episode_weight=cfg.gigpo_episode_weight,
+    )
 
 
 def group_success_stats(batch: CollatedBatch, keys: Sequence[str]) -> dict[str, float]:

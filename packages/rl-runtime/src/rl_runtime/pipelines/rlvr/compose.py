@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from rl_algos.estimate import estimator_needs
 from rl_config.records import SamplingParams
 from rl_envs.rewards.custom import load_custom_reward
 from rl_envs.rewards.router import RewardRouterSpec, reward_router_spec
@@ -21,7 +22,6 @@ from rl_runtime.cli.app_main import Composed
 from rl_runtime.compose.losses import response_budget
 from rl_runtime.pipelines.rlvr.model_reward_plan import ModelRewardPlan, build_model_rewards
 from rl_runtime.run.plan import compose_here
-from rl_runtime.step.advantages import estimator_needs
 
 
 @dataclass(frozen=True)
