@@ -12,20 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from rl_app_rlvr.options import WarmupOptions
+from rl_envs.rewards.router import reward_router_spec
+from rl_envs.tasks.arith import problems, split, write_arith_parquet
+from rl_runtime.compose.rlvr import DataPlan
+from rl_runtime.rlvr_data import RowSampler, load_prompts
+from rl_runtime.rlvr_metrics import _quantile
+from rl_runtime.rlvr_warmup import reasoning_words
 from tests.app_loading import app_main, assert_planned
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "rlvr"
-sys.path.insert(0, str(APP))
-
-from rlvr_options import WarmupOptions  # noqa: E402
-
-from rl_envs.rewards.router import reward_router_spec  # noqa: E402
-from rl_envs.tasks.arith import problems, split, write_arith_parquet  # noqa: E402
-from rl_runtime.compose.rlvr import DataPlan  # noqa: E402
-from rl_runtime.rlvr_data import RowSampler, load_prompts  # noqa: E402
-from rl_runtime.rlvr_metrics import _quantile  # noqa: E402
-from rl_runtime.rlvr_warmup import reasoning_words  # noqa: E402
 
 PLAN = DataPlan((), (), None, None, "solution", "tag", None, "native", "native")
 ONE_DOMAIN = reward_router_spec(None)  # no rewards section: every row to verl's default
