@@ -102,7 +102,11 @@ from typing import Any
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
-from char_model import build_char_model, parameter_count  # tools/bench/ (the script's dir)
+
+if __package__:  # imported as tools.bench.grpo_step (tests)
+    from .char_model import build_char_model, parameter_count
+else:  # run as a script: its folder is the first import path
+    from char_model import build_char_model, parameter_count
 
 TRL_SCRIPT = Path(__file__).resolve().parent / "grpo_step_trl.py"
 TRL_REQUIREMENT = "trl==1.16.*"

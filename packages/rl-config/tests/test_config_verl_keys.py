@@ -101,7 +101,7 @@ def test_verl_gsm8k_overrides_get_one_error_per_key_naming_the_roll_key(write_ya
         "trainer.total_epochs": "use max_steps (no epoch count",
         "trainer.project_name": "tracker_kwargs.project",
         "data.filter_overlong_prompts": "no counterpart: prompts longer than prompt_length are "
-            "always dropped",
+            "dropped (and counted) unless prompt_truncation cuts them",
         "trainer.device": "no counterpart: the device is detected",
     }  # fmt: skip
     assert {k: v for k, v in expected.items() if v not in by_path[k]} == {}

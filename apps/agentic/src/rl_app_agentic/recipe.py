@@ -15,8 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agentic_options import AppOptions
-
+from rl_app_agentic.options import AppOptions
 from rl_runtime.advantages import restore_kl_controller
 from rl_runtime.agentic_rollout import assignments, env_configs, play, play_split, sandbox_stats
 from rl_runtime.async_queue import RolloutBatch
