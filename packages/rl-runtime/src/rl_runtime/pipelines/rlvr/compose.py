@@ -18,7 +18,7 @@ from rl_config.records import SamplingParams
 from rl_envs.rewards.custom import load_custom_reward
 from rl_envs.rewards.router import RewardRouterSpec, reward_router_spec
 from rl_runtime.compose.losses import response_budget
-from rl_runtime.pipelines.rlvr.model_reward_plan import ModelRewardPlan, build_model_rewards
+from rl_runtime.compose.model_rewards import ModelRewardPlan, build_model_rewards
 from rl_runtime.step.advantages import estimator_needs
 
 
