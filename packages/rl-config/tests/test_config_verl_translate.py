@@ -307,7 +307,7 @@ def test_fully_async_staleness_partial_rollout_and_its_step(
         (f"{A}.rollout.engine_kwargs.trtllm.batch_wait_timeout_iters=2", "TensorRT-LLM"),
         (f"{A}.model.exclude_modules=[lm_head]", "LoRA"),
         (f"{A}.actor.freeze_vision_tower=True", "vision-language"),
-        ("reward_model.enable=True", "reward_model section is not translated"),
+        ("reward_model.enable=True", "required with reward_model.enable"),
         ("algorithm.adv_estimator=optimal_token_baseline", "not implemented"),
         (f"{A}.actor.policy_loss.loss_mode=bypass_mode", "not implemented"),
         ("trainer.logger=['console','mlflow']", "mlflow"),
@@ -319,7 +319,8 @@ def test_fully_async_staleness_partial_rollout_and_its_step(
 )
 def test_refused_by_name_with_the_reason(override, reason):
     key = override.lstrip("+").split("=")[0]
-    assert reason in _refused(override)[key]
+    refused = _refused(override)
+    assert reason in refused.get(key, refused.get("reward_model.model.path", ""))
 
 
 def test_knobs_with_no_effect_on_what_is_trained_get_a_row_saying_so():
@@ -507,3 +508,22 @@ def test_gpg_loss_and_hybrid_sharding_translate():
     assert t.refused == []
     notes = {row.sources[0]: row.note for row in t.rows if not row.target}
     assert "all 4 ranks" in notes[f"{A}.actor.fsdp_config.fsdp_size"]
+
+
+def test_a_reward_model_scores_every_row_as_verl_scores_with_it():
+    """reward_model.enable with a model: one reward_model domain (every row's, as the only
+    domain) on the actor's devices; verl's rule reward function is then not called."""
+    d = _ok(
+        "reward_model.enable=True",
+        "reward_model.model.path=/models/rm",
+        "reward_model.micro_batch_size_per_gpu=16",
+        "reward_model.model.fsdp_config.param_offload=True",
+        "trainer.n_gpus_per_node=2",
+    )
+    rm = d["rewards"]["verl_reward_model"]
+    assert rm["reward_fn"] == "reward_model" and list(d["rewards"]) == ["verl_reward_model"]
+    assert rm["model_args"] == {"model_name_or_path": "/models/rm", "dtype": "bf16"}
+    assert (
+        rm["device_mapping"] == d["actor_train"]["device_mapping"] and rm["infer_batch_size"] == 16
+    )
+    assert "rewards" not in _ok("reward_model.enable=False", "reward_model.model.path=/models/rm")

@@ -957,6 +957,12 @@ def _reward(out: Any) -> None:
         )
         for k in src:
             out.noop(k, note)
+    if _bool(g("reward_model.enable")):
+        _reward_model(out)
+        return
+    for k in ("reward_model.model.path", "reward_model.micro_batch_size_per_gpu"):
+        if k in out.given:
+            out.noop(k, "read only with reward_model.enable")
     path = g("custom_reward_function.path")
     if path:
         out.set(["custom_reward_function.path"], "custom_reward_function.path", str(path))
@@ -969,6 +975,50 @@ def _reward(out: Any) -> None:
         out.noop("custom_reward_function.name", "read only with custom_reward_function.path")
     if "custom_reward_function.path" in out.given and not path:
         out.noop("custom_reward_function.path", "null: the scorer of each row's data_source")
+
+
+RM_DOMAIN = "verl_reward_model"
+"""The rewards domain verl's reward model becomes (the only domain: every row is its own)."""
+
+
+def _reward_model(out: Any) -> None:
+    """verl's ``reward_model.enable``: a reward model scores every response and its score is the
+    reward (verl's reward manager returns the model's scores when there are any, the rule reward
+    function is not called): a ``reward_model`` domain, the only one, on the actor's devices."""
+    g = out.get
+    path = g("reward_model.model.path")
+    if not path:
+        out.refuse("reward_model.model.path", "required with reward_model.enable (the model)")
+        return
+    for k in ("custom_reward_function.path", "custom_reward_function.name"):
+        if k in out.given:
+            out.noop(k, "verl scores with the reward model when it is enabled (not this file)")
+    src = ["reward_model.enable", "reward_model.model.path"]
+    domain = f"rewards.{RM_DOMAIN}"
+    out.set(src, f"{domain}.reward_fn", "reward_model", "its score is the reward, as in verl")
+    out.set(["reward_model.model.path"], f"{domain}.model_args.model_name_or_path", str(path))
+    out.set(
+        ["trainer.device"],
+        f"{domain}.model_args.dtype",
+        out.data["actor_train"]["model_args"]["dtype"],
+    )
+    out.set(
+        ["trainer.nnodes", "trainer.n_gpus_per_node"],
+        f"{domain}.device_mapping",
+        out.data["actor_train"]["device_mapping"],
+        "on the actor's devices (verl colocates its reward model)",
+    )
+    batch = g("reward_model.micro_batch_size_per_gpu")
+    if batch is not None:
+        out.set(
+            ["reward_model.micro_batch_size_per_gpu"],
+            f"{domain}.infer_batch_size",
+            int(batch),
+            "a memory knob",
+        )
+    for k in out.given:
+        if k.startswith("reward_model.") and k not in out.covered:
+            out.noop(k, "the reward model's memory, speed and serving options")
 
 
 def _bool(value: Any) -> bool:

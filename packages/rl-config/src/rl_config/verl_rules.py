@@ -73,11 +73,8 @@ ULYSSES = (
     "a memory knob here: Ulysses sequence parallelism is not implemented, each device holds whole "
     "sequences and is a data-parallel rank (the same samples per optimizer step)"
 )
-LORA = "LoRA on the critic is not translated (the RLVR pipeline trains no critic)"
-RM = (
-    "verl's reward_model section is not translated; score with a reward model as a rewards domain "
-    "(rewards.<domain>.reward_fn: reward_model) in this stack's config"
-)
+LORA = "LoRA on the critic is not translated (the critic trains all its weights)"
+RM_OPTIONS = "the reward model's memory, speed and serving options (read with reward_model.enable)"
 PROFILER = "verl's profilers (nsys, npu, torch) are not run here; the run trains the same"
 MULTI_TURN = "verl's multi-turn tool rollout is not translated (apps/agentic runs multi-turn envs)"
 MEMORY = "a memory knob: this stack sizes its own micro-batches"
@@ -407,7 +404,9 @@ RULES: dict[str, Rule] = {
     "reward_manager.name": derived("reward"),
     "reward_manager.module.path": only("custom reward managers are not loaded"),
     "reward_manager.module.name": noop("read only with reward_manager.module.path"),
-    "reward_model.enable": only(RM),
+    "reward_model.enable": derived("reward model"),
+    "reward_model.model.path": derived("reward model"),
+    "reward_model.micro_batch_size_per_gpu": derived("reward model"),
     "reward_model.reward_manager": derived("reward"),
     "reward_model.launch_reward_fn_async": noop("rewards are scored in a sandbox pool"),
     "reward_model.use_reward_loop": noop("rule rewards are scored by the reward router"),
@@ -520,9 +519,9 @@ PATTERNS: list[tuple[str, Rule]] = [
     ("critic.cliprange_value", to("value_clip")),
     ("critic.rollout_n", noop("verl copies rollout.n here")),
     ("critic.loss_agg_mode", noop("the critic aggregates like the actor (loss_agg_mode)")),
-    ("reward_model.model.*", noop("read only with reward_model.enable")),
-    ("reward_model.rollout.*", noop("read only with reward_model.enable")),
-    ("reward_model.*", noop("read only with reward_model.enable")),
+    ("reward_model.model.*", noop(RM_OPTIONS)),
+    ("reward_model.rollout.*", noop(RM_OPTIONS)),
+    ("reward_model.*", noop(RM_OPTIONS)),
     ("actor_rollout_ref.actor.fsdp_config.*", noop("an FSDP option with no counterpart here")),
 ]
 """Patterns of whole blocks, in order (the first that matches applies)."""
