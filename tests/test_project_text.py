@@ -102,6 +102,7 @@ def missing_references(name: str, text: str) -> list[str]:
         for m in matches
         if m.group(1) not in GENERIC
         and not PLACEHOLDER.match(m.group(1))
+        and not text.startswith("<", m.end())  # `src/rl_app_<name>/`: a pattern, not a path
         and not _exists(m.group(1), name)
     ]
 
@@ -136,6 +137,7 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert missing_references(readme, "`tests/test_runtime_nowhere.py`") != []
     assert missing_references(readme, "see CHANGELOG.md, `src/rl_runtime`, `apps/X`") == []
     assert missing_references(readme, "`tests/test_runtime_compose.py`") == []
+    assert missing_references("README.md", "the package src/rl_app_<name>/ of each app") == []
     assert missing_references("README.md", "[rl-algos](packages/rl-algos/README.md)") == []
     assert missing_references("README.md", "[uv](https://docs.astral.sh/uv/)") == []
     bad = [
