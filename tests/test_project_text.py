@@ -104,6 +104,34 @@ def _exists(ref: str, citing: str) -> bool:
     return False
 
 
+ANCHORED_LINK = re.compile(r"\]\(([^)#\s]*)#([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces -> '-'."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+@cache
+def anchors(path: Path) -> frozenset[str]:
+    text = path.read_text(encoding="utf-8")
+    text = re.sub(r"```.*?```", "", text, flags=re.S)  # a `# comment` in a code block is no heading
+    return frozenset(slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M))
+
+
+def missing_anchors(name: str, text: str) -> list[str]:
+    """`file:line: link` for each `[..](page.md#anchor)` whose page has no such heading."""
+    if not name.endswith(".md"):
+        return []
+    out = []
+    for m in ANCHORED_LINK.finditer(text):
+        target = (ROOT / name).parent / m.group(1) if m.group(1) else ROOT / name
+        if target.suffix == ".md" and target.is_file() and m.group(2) not in anchors(target):
+            out.append(f"{name}:{_line(text, m)}: {m.group(1)}#{m.group(2)}")
+    return out
+
+
 def _line(text: str, match: re.Match[str]) -> int:
     return text.count("\n", 0, match.start()) + 1
 
@@ -182,6 +210,11 @@ def banned_mentions(name: str, text: str) -> list[str]:
 def test_no_reference_to_a_missing_file(texts: dict[str, str]) -> None:
     found = [hit for name, text in texts.items() for hit in missing_references(name, text)]
     assert not found, "references to files that do not exist:\n" + "\n".join(found)
+
+
+def test_no_link_to_a_missing_heading(texts: dict[str, str]) -> None:
+    found = [hit for name, text in texts.items() for hit in missing_anchors(name, text)]
+    assert not found, "links to headings that do not exist:\n" + "\n".join(found)
 
 
 def test_no_reference_to_a_missing_module(texts: dict[str, str]) -> None:
