@@ -160,6 +160,26 @@ def test_verl_command_dry_runs_with_the_translation_table(name, gsm8k, monkeypat
         assert "max_staleness=1," in out and "partial_rollout=True" in out
 
 
+def test_verl_reward_model_command_dry_runs_with_a_reward_model_role(
+    gsm8k, monkeypatch, capsys, tmp_path
+):
+    """`reward_model.enable=True` with a local reward model: one rewards domain scored by it,
+    its role on the trainer's two devices."""
+    from rl_rollout.tiny_reward_models import build_tiny_reward_model
+
+    monkeypatch.chdir(gsm8k["root"])
+    monkeypatch.setenv("RL_DEVICE", "cpu")
+    rm = build_tiny_reward_model(tmp_path / "rm")
+    app, argv = _argv("main_ppo", gsm8k, "cpu", "--dry-run", "reward_model.enable=True",
+                      f"reward_model.model.path={rm}", "reward_model.micro_batch_size_per_gpu=8")  # fmt: skip
+    assert app_main(app)(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "rewards.reward_model.reward_fn = reward_model" in out
+    assert "reward_reward_model workers=2 devices=[0, 1]" in out
+    flat = " ".join(out.split())
+    assert "domain='reward_model', kind='reward_model'" in flat and "batch_size=8" in flat
+
+
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_an_npu_command_on_a_host_without_one_stops_naming_the_device(name, gsm8k, capsys):
     from rl_sync.device import is_available
