@@ -33,7 +33,12 @@ def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
     components = compose_here(cfg, rollout_only=rollout_only)
     train, val = components.train_envs, components.val_envs
     tags = [*(train.tags if train else ()), *(val.tags if val else ())]
-    rewards = () if rollout_only else build_episode_rewards(cfg, list(dict.fromkeys(tags)))
+    rewards = build_episode_rewards(cfg, list(dict.fromkeys(tags)))
+    if rollout_only and rewards:  # its dumps would hold the envs' rewards alone
+        refused = tuple(f"rewards.{m.domain}: --rollout-only dumps episodes with the envs' "
+                        "rewards; a model reward scores training and evaluation episodes only"
+                        for m in rewards)  # fmt: skip
+        return Composed(components, refusals=refused)
     if rewards:  # their roles, placed with the others
         roles = (*components.roles, *(m.role_plan() for m in rewards))
         components = dataclasses.replace(components, roles=roles)

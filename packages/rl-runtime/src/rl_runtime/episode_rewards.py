@@ -9,11 +9,14 @@ critic's returns as for a group estimator) and to `episode_reward`. A score the 
 give (timeout, worker error, unreadable verdict, non-finite score) marks the last turn's
 reward as failed (`info["reward_failed"]`): the episode is screened out of training and counted
 (rl_runtime.failures), never trained on with the env's reward alone. Failed episodes are not
-scored.
+scored. One scoring at a time: asynchronous training scores its rollouts on the producer thread
+while an evaluation scores on the trainer's, and a role that shares devices sleeps after each
+scoring.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +32,7 @@ class EpisodeScorer:
     def __init__(self, cluster: Any, plans: Sequence[ModelRewardPlan], tokenizer: Any) -> None:
         self.scorers = [(p, ModelScorer(cluster, p)) for p in plans]
         self.tokenizer = tokenizer
+        self._lock = threading.Lock()
 
     def __call__(self, trajectories: Sequence[Any], prefix: str = "reward") -> dict[str, float]:
         """Score `trajectories` in place; metrics per domain under `prefix/model/<domain>/`:
@@ -38,7 +42,8 @@ class EpisodeScorer:
             chosen = [t for t in trajectories if t.tag in plan.tags and not t.failed and t.turns]
             if not chosen:
                 continue
-            outputs = scorer([self._item(t, plan.domain) for t in chosen])
+            with self._lock:
+                outputs = scorer([self._item(t, plan.domain) for t in chosen])
             given: list[float] = []
             for t, out in zip(chosen, outputs, strict=True):
                 last = t.turns[-1]
