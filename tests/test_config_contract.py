@@ -355,6 +355,7 @@ RLVR_VARIANTS: list[dict[str, Any]] = [
     ALGO,
     {"actor_train": {"pg_variant": "gspo"}},
     {"use_pg_clip_range": False},
+    _merge(CRITIC, {"value_clip": 0.5}),  # PPO with GAE: a critic beside the actor
     VALIDATION := {
         "actor_train": {"data_args": {"eval_file_name": None}},
         "validation": {"data_args": {"file_name": "val.jsonl", "template": "qwen3"},

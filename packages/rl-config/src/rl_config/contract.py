@@ -234,9 +234,6 @@ RLVR_IGNORED: dict[str, str] = {
     "(ROLL's examples write ${reward_pretrain} there)",
     "actor_train.training_args.num_train_epochs": "ROLL's RLVR pipeline runs max_steps steps "
     "and repeats the prompts as needed (as ROLL, it does not read it)",
-    "critic.*": "the RLVR pipeline has no critic (a critic section is refused: use a "
-    "critic-free estimator such as grpo, rloo, reinforce_plus_plus)",
-    "value_clip": "the RLVR pipeline has no critic",
     **{
         f"{role}.data_args.*": "only actor_train.data_args are read (RLVR data and template)"
         for role in ("actor_infer", "reference", "critic")

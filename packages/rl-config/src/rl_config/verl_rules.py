@@ -73,7 +73,7 @@ ULYSSES = (
     "a memory knob here: Ulysses sequence parallelism is not implemented, each device holds whole "
     "sequences and is a data-parallel rank (the same samples per optimizer step)"
 )
-LORA = "LoRA on the critic is not translated (the RLVR pipeline trains no critic)"
+LORA = "LoRA on the critic is not translated (the critic trains all its weights)"
 RM = "reward_model.enable: a reward model scores every response (rewards.reward_model)"
 GENRM = (
     "verl's generative reward model (reward loop rollout) is not translated; a judge is a "

@@ -247,11 +247,6 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
     from rl_rollout.templates import list_templates
     from rl_runtime.compose.sampling import build_sampling
 
-    if cfg.critic is not None:
-        raise ValueError(
-            "critic: the RLVR pipeline trains no critic (PPO with GAE is not implemented here); "
-            f"remove the section and use a critic-free adv_estimator (got {cfg.adv_estimator!r})"
-        )
     data = cfg.actor_train.data_args
     if data.prompt and data.messages:
         raise ValueError(
