@@ -388,7 +388,8 @@ class VLLMEngine:
 
         async def load() -> None:
             await self.llm.collective_rpc("rl_load_weights", args=(payload,))
-            await self._drop_adapter(None)
+            old, self._lora = self._lora, None
+            await self._remove_adapter(old)
 
         return load
 
@@ -413,15 +414,13 @@ class VLLMEngine:
             if not await self.llm.add_lora(request):
                 raise RuntimeError(f"vLLM did not load the adapter of ticket {ticket} ({path})")
             old, self._lora = self._lora, request
-            await self._drop_adapter(old)
+            await self._remove_adapter(old)
 
         return load
 
-    async def _drop_adapter(self, old: Any) -> None:
-        """On the engine loop: remove adapter `old` (None: the live one, which is then unset)
-        from vLLM and its directory."""
-        if old is None:
-            old, self._lora = self._lora, None
+    async def _remove_adapter(self, old: Any) -> None:
+        """On the engine loop: remove adapter `old` (a LoRARequest no longer live; None: none)
+        from vLLM, and its directory."""
         if old is None:
             return
         await self.llm.remove_lora(old.lora_int_id)
