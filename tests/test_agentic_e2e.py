@@ -103,8 +103,8 @@ def test_agentic_resume_matches_uninterrupted(tmp_path):
     resumed, stdout = _run_with_stdout(
         tmp_path / "part", "--no-ray", **{**common, "resume_from_checkpoint": "true"}
     )
-    lines = stdout.splitlines()
-    # the first line names the checkpoint, its step and weight version (warm-up sync = 1)
+    lines = [line for line in stdout.splitlines() if not line.startswith("note: ")]
+    # the first line after the preflight's notes names the checkpoint, its step and weight version (warm-up sync = 1)
     assert lines[0].startswith("resuming from checkpoint ") and "step-000002" in lines[0]
     assert lines[0].endswith("at step 2 (weight version 3)")
     assert any(x.startswith("warning: max_steps changed since checkpoint") for x in lines)
@@ -148,7 +148,7 @@ def test_agentic_cpu_ray_vllm_engine(tmp_path):
     _check_run(rows, out)
 
 
-def test_seed000_config_validates_and_dry_runs():
+def test_roll_sokoban_config_validates_and_dry_runs():
     cfg = APP / "configs" / "examples" / "agentic_val_sokoban.yaml"
     proc = subprocess.run(
         [sys.executable, str(APP), "--config", str(cfg), "--dry-run"],

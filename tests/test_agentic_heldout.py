@@ -9,9 +9,7 @@ which shows layout, start and goal.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,14 +21,9 @@ MAP_ROW = re.compile(r"^[P_OG]{3,}$")
 
 
 def _app():
-    sys.path.insert(0, str(APP))
-    spec = importlib.util.spec_from_file_location("agentic_main", APP / "__main__.py")
-    assert spec is not None and spec.loader is not None
-    main = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(main)
-    import agentic_pipeline
+    from rl_app_agentic import recipe, spec
 
-    return main, agentic_pipeline
+    return spec, recipe
 
 
 def _composed(overrides: list[str]):

@@ -1,4 +1,4 @@
-"""`uv run apps/X --help` says what the app does (its module docstring), not only its options."""
+"""`uv run apps/X --help` says what the app does (its spec module's docstring), not only its options."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("app", ["agentic", "rlvr", "dpo", "async"])
 def test_help_describes_the_app(app):
-    doc = ast.get_docstring(ast.parse((ROOT / "apps" / app / "__main__.py").read_text()))
+    spec = ROOT / "apps" / app / "src" / f"rl_app_{app}" / "spec.py"  # what __main__.py runs
+    doc = ast.get_docstring(ast.parse(spec.read_text()))
     assert doc
     result = subprocess.run(
         [sys.executable, str(ROOT / "apps" / app), "--help"],

@@ -9,17 +9,16 @@ from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "apps" / "async"
-sys.path.insert(0, str(APP))
-
-from async_compare import (  # noqa: E402
+from rl_app_async.compare import (
     async_staleness,
     run_overrides,
     run_summary,
     split_async_only,
     split_staleness,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "apps" / "async"
 
 
 def test_the_async_runs_bound_comes_from_the_overrides_and_sync_is_zero():
@@ -195,13 +194,8 @@ def test_each_run_moves_an_earlier_comparisons_summary_aside_when_it_starts_fres
     as `app_outputs`, so the runner moves an earlier one into `previous-<UTC time>/` with that
     run's own outputs when the run starts fresh (rl_runtime.previous_run), instead of the
     comparison overwriting it. The runs themselves are recorded here, not trained."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("async_app_main", APP / "__main__.py")
-    assert spec is not None and spec.loader is not None
-    app_main = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(app_main)  # puts apps/rlvr on sys.path
-    import rlvr_app
+    from rl_app_async import spec as app_main
+    from rl_app_rlvr import spec as rlvr_app
 
     calls = []
 

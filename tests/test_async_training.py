@@ -15,8 +15,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "rlvr"
-sys.path.insert(0, str(APP))
-sys.path.insert(0, str(ROOT / "tests"))  # test_agentic_e2e's run settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
@@ -49,7 +47,7 @@ def _overrides(out: Path, extra: dict[str, Any]) -> list[str]:
 def run_rlvr(out: Path, asynchronous: Any = "config", **extra: Any) -> tuple[Any, list[dict]]:
     """apps/rlvr's run in this process (Ray workers); `asynchronous` replaces the composed
     async plan when given. Returns the RunResult and the per-step metrics rows."""
-    from rlvr_app import DEFAULT_CONFIG, compose, load, run
+    from rl_app_rlvr.spec import DEFAULT_CONFIG, compose, load, run
 
     cfg, app = load(DEFAULT_CONFIG, _overrides(out, extra))
     composed = compose(cfg)
@@ -161,9 +159,9 @@ def test_agentic_pipeline_trains_one_step_off_by_config(tmp_path):
     Before, that checkpoint failed the run: "no rollout state recorded for batch 2"."""
     import subprocess
 
-    from test_agentic_e2e import APP as AGENTIC
-    from test_agentic_e2e import CONFIG as AGENTIC_CONFIG
-    from test_agentic_e2e import _overrides as agentic
+    from tests.test_agentic_e2e import APP as AGENTIC
+    from tests.test_agentic_e2e import CONFIG as AGENTIC_CONFIG
+    from tests.test_agentic_e2e import _overrides as agentic
 
     out = tmp_path / "agentic_async"
     extra = {"async.max_staleness": 1, "max_steps": 3, "eval_steps": 3, "save_steps": 2,
@@ -242,7 +240,7 @@ def test_a_resumed_one_step_off_run_continues_the_run_totals_exactly(tmp_path):
     counted into the rollout totals, the evaluation at step 2 after batch 2's snapshot."""
     import shutil
 
-    from test_rlvr_app import CODE_WORKER, _code_rows
+    from tests.test_rlvr_app import CODE_WORKER, _code_rows
 
     data = tmp_path / "code"
     data.mkdir()

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench"
-sys.path.insert(0, str(BENCH))
-_spec = importlib.util.spec_from_file_location("bench_async", BENCH / "async.py")
-assert _spec is not None and _spec.loader is not None
-bench_async = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_async)
+bench_async = importlib.import_module(
+    "tools.bench.async"
+)  # `async` is a keyword: no import statement
 
 
 def _rows(step_seconds: list[float], samples: float = 128.0) -> list[dict[str, float]]:

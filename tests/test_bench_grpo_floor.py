@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "bench"))
-from grpo_step import step_gflop
+from tools.bench.grpo_step import step_gflop
 
 
 def test_step_gflop_matches_a_hand_count(tmp_path: Path):

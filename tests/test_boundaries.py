@@ -1,4 +1,4 @@
-"""The dependency rule of DESIGN.md, enforced on the sources.
+"""The dependency rule (root README "Packages"), enforced on the sources.
 
 For every package: each top-level module its ``src/`` imports (at module level or lazily inside a
 function) is the package itself, the standard library, or a distribution the package declares
@@ -23,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ROOT / "packages"
 
-# DESIGN.md: which workspace packages and frameworks each package may import.
+# The dependency rule: which workspace packages and frameworks each package may import.
 WORKSPACE = {"rl_config", "rl_algos", "rl_envs", "rl_sync", "rl_rollout", "rl_train", "rl_runtime"}
 HEAVY = {"torch", "transformers", "ray", "vllm", "deepspeed", "peft", "torch_npu", "vllm_ascend"}
 ALLOWED = {
@@ -35,7 +35,7 @@ ALLOWED = {
     "rl-train": {"rl_config", "rl_algos", "rl_sync", "torch", "transformers", "deepspeed", "peft"},
     "rl-runtime": WORKSPACE | {"torch", "transformers", "ray"},
 }
-# Platform plugins installed from vendor channels on their hosts, never declared (DESIGN.md).
+# Platform plugins installed from vendor channels on their hosts, never declared.
 VENDOR_CHANNEL = {"torch_npu", "vllm_ascend"}
 
 

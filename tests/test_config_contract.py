@@ -404,6 +404,7 @@ RLVR_CHANGES: dict[str, Any] = {
     "overlong_penalty.buffer_length": 4,
     "actor_infer.generating_args.max_new_tokens": 6,
     "response_length": 6,
+    "prompt_truncation": "left",
     "num_return_sequences_in_group": 4,
     "adv_estimator": "remax",  # the plan reads it for the greedy baseline rollout only
     "validation.data_args.file_name": "other_val.jsonl",

@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import importlib
 from collections.abc import Iterator, Mapping
 from fnmatch import fnmatchcase
-from pathlib import Path
 from typing import Any
 
 from rl_runtime.resume_guard import RESUME_NOTED, RESUME_REFUSED, app_record
-
-APPS = Path(__file__).resolve().parents[1] / "apps"
 
 
 def _leaves(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
@@ -25,13 +21,7 @@ def _app_keys() -> list[str]:
     """Every dotted key of every app's section, as a checkpoint records it (`app_record`)."""
     keys: list[str] = []
     for name in ("agentic", "rlvr", "dpo"):
-        spec = importlib.util.spec_from_file_location(
-            f"_{name}_options", APPS / name / f"{name}_options.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up
-        spec.loader.exec_module(module)
+        module = importlib.import_module(f"rl_app_{name}.options")
         keys += _leaves(app_record(module.AppOptions()))
         # the pipeline kind a resume is checked for (RunOptions.from_app reads it)
         assert name == module.AppOptions.PIPELINE

@@ -12,20 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from rl_app_rlvr.options import WarmupOptions
+from rl_envs.rewards.router import reward_router_spec
+from rl_envs.tasks.arith import problems, split, write_arith_parquet
+from rl_runtime.compose.rlvr import DataPlan
+from rl_runtime.rlvr_data import RowSampler, load_prompts
+from rl_runtime.rlvr_metrics import _quantile
+from rl_runtime.rlvr_warmup import reasoning_words
 from tests.app_loading import app_main, assert_planned
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "rlvr"
-sys.path.insert(0, str(APP))
-
-from rlvr_options import WarmupOptions  # noqa: E402
-
-from rl_envs.rewards.router import reward_router_spec  # noqa: E402
-from rl_envs.tasks.arith import problems, split, write_arith_parquet  # noqa: E402
-from rl_runtime.compose.rlvr import DataPlan  # noqa: E402
-from rl_runtime.rlvr_data import RowSampler, load_prompts  # noqa: E402
-from rl_runtime.rlvr_metrics import _quantile  # noqa: E402
-from rl_runtime.rlvr_warmup import reasoning_words  # noqa: E402
 
 PLAN = DataPlan((), (), None, None, "solution", "tag", None, "native", "native")
 ONE_DOMAIN = reward_router_spec(None)  # no rewards section: every row to verl's default
@@ -454,10 +451,12 @@ def test_missing_data_file_is_named_and_the_run_ends_cleanly(tmp_path):
            "actor_train.data_args.file_name=missing_train.parquet"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert (
-        "data error: actor_train.data_args.file_name: dataset file not found: missing_train.parquet"
-    ) in proc.stderr
-    assert "Traceback" not in proc.stderr
+    # the preflight names it before any worker starts
+    assert proc.stderr.startswith("config error: ")
+    assert "actor_train.data_args.file_name: dataset file not found: missing_train.parquet" in (
+        proc.stderr
+    )
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out" / "ckpt").exists()
 
 
 def test_custom_reward_function_from_the_config_scores_in_the_sandbox(tmp_path, capsys):
@@ -730,7 +729,14 @@ def test_turning_on_kl_when_resuming_a_warmed_up_run_without_its_reference_is_re
     """A run with a warm-up and no KL term saves no reference; resuming it with a KL term would
     measure KL against the untrained pretrain model, so the resume is refused, naming the
     checkpoint; resuming it as it was goes on."""
-    common = {"max_steps": 1, "save_steps": 1, "eval_steps": 100}
+    # no dynamic sampling: the tiny model may solve no prompt, and a run that trained on nothing
+    # is an error
+    common = {
+        "max_steps": 1,
+        "save_steps": 1,
+        "eval_steps": 100,
+        "dynamic_sampling.enable": "false",
+    }
     out = tmp_path / "run"
     _run_app(out, "--no-ray", **common)
     assert not (out / "ckpt" / "step-000001" / "reference").exists()
@@ -743,6 +749,7 @@ def test_turning_on_kl_when_resuming_a_warmed_up_run_without_its_reference_is_re
         "actor_train.training_args.per_device_train_batch_size": 8,
         "actor_train.training_args.gradient_accumulation_steps": 2, "rlvr_app.warmup.steps": 2,
         "rlvr_app.warmup.batch_size": 8, "rlvr_app.warmup.demos": 16,
+        "dynamic_sampling.enable": "false",
     }  # fmt: skip
     cmd = [sys.executable, str(APP), "--config", str(CONFIG), "--no-ray",
            *(f"{k}={v}" for k, v in base.items())]  # fmt: skip

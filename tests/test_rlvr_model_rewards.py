@@ -131,14 +131,11 @@ def _tagged_data(tmp_path: Path) -> tuple[str, str]:
     return paths
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("ray")
-@pytest.mark.parametrize("mode", ["sync"])  # "async": not yet run end to end here
-def test_rlvr_trains_two_steps_scored_by_a_judge_and_a_reward_model(mode, tmp_path):
-    """On Ray, 2 devices: the policy's roles and the reward model share device 0 (it sleeps
-    between scorings), the judge has device 1 (asynchronous: beside actor_infer). The scripted judge says yes to every response
-    (reward 1.0 each), the reward model scores the rest; both count in the step's reward
-    metrics, nothing fails, two steps train."""
+def _judge_and_rm_config(tmp_path: Path) -> tuple[Path, dict[str, object]]:
+    """apps/rlvr's CPU default on 2 devices with two model domains: `judged` (the scripted judge
+    says yes to every response: reward 1.0 each) on device 1, `rm` (a tiny reward model,
+    normalised) on device 0 beside the policy's trainer (it sleeps between scorings); small
+    steps. Returns the config file and the overrides both apps take."""
     from rl_rollout.tiny_reward_models import build_scripted_judge, build_tiny_reward_model
 
     train, test = _tagged_data(tmp_path)
@@ -158,9 +155,7 @@ def test_rlvr_trains_two_steps_scored_by_a_judge_and_a_reward_model(mode, tmp_pa
     }  # fmt: skip
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(data, sort_keys=False))
-    out = tmp_path / "run"
-    overrides = {
-        "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
+    overrides: dict[str, object] = {
         "pretrain": tmp_path / "tiny_model", "rlvr_app.build_tiny_model": tmp_path / "tiny_model",
         "track_with": "stdout", "max_steps": 2,
         "eval_steps": 2, "save_steps": 1000, "rollout_batch_size": 4,
@@ -170,14 +165,13 @@ def test_rlvr_trains_two_steps_scored_by_a_judge_and_a_reward_model(mode, tmp_pa
         "actor_train.data_args.file_name": train, "actor_train.data_args.eval_file_name": test,
         "rlvr_app.arith_data.generate": "false", "rlvr_app.warmup.steps": 0,
         "dynamic_sampling.enable": "false",
-        # asynchronous: actor_infer on devices of its own (device 1, beside the judge)
-        **({"async.max_staleness": 1, "actor_infer.device_mapping": "[1]"} if mode == "async" else {}),
     }  # fmt: skip
-    cmd = [sys.executable, str(APP), "--config", str(config),
-           *(f"{k}={v}" for k, v in overrides.items())]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    return config, overrides
+
+
+def _assert_scored_steps(log_dir: Path) -> list[dict]:
+    """Both model domains scored every step of the run, nothing failed, two steps trained."""
+    rows = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0 and "train/loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
@@ -185,3 +179,43 @@ def test_rlvr_trains_two_steps_scored_by_a_judge_and_a_reward_model(mode, tmp_pa
         assert "reward/domain/rm/mean" in r and r["reward/domain/rm/failed"] == 0
         assert r["reward/failed"] == 0 and r.get("failures/reward_failures", 0) == 0
         assert math.isfinite(r["train/loss"])
+    return steps
+
+
+def _run(app: str, config: Path, overrides: dict[str, object], cwd: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "apps" / app), "--config", str(config),
+           *(f"{k}={v}" for k, v in overrides.items())]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_rlvr_trains_two_steps_scored_by_a_judge_and_a_reward_model(tmp_path):
+    """apps/rlvr on Ray, 2 devices: the policy's roles and the reward model share device 0,
+    the judge has device 1; both domains count in each step's reward metrics."""
+    config, overrides = _judge_and_rm_config(tmp_path)
+    out = tmp_path / "run"
+    overrides |= {"output_dir": out, "logging_dir": out / "logs",
+                  "checkpoint_config.output_dir": out / "ckpt"}  # fmt: skip
+    _run("rlvr", config, overrides, tmp_path)
+    _assert_scored_steps(out / "logs")
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_async_app_trains_both_runs_scored_by_a_judge_and_a_reward_model(tmp_path):
+    """apps/async (the same config twice: synchronous, then one-step-off) with actor_infer on
+    device 1 beside the judge: the rollout thread scores with both models while the trainer
+    trains on device 0 beside the reward model; each run trains two scored steps, and the
+    asynchronous one within its staleness bound."""
+    config, overrides = _judge_and_rm_config(tmp_path)
+    out = tmp_path / "cmp"
+    overrides |= {"output_dir": out, "actor_infer.device_mapping": "[1]"}
+    _run("async", config, overrides, tmp_path)
+    _assert_scored_steps(out / "sync" / "logs")
+    steps = _assert_scored_steps(out / "async" / "logs")
+    assert max(r["async/lag_max"] for r in steps) <= 1
+    assert steps[-1]["async/dropped_stale_total"] == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["max_staleness"] == 1 and summary["async"]["steps"] == 2

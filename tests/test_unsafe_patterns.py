@@ -1,4 +1,4 @@
-"""Unsafe patterns banned from the source tree (DESIGN.md "Untrusted input"), on the AST.
+"""Unsafe patterns banned from the source tree (untrusted input: model output, data, checkpoints), on the AST.
 
 Everywhere (sources, tests, tools, apps):
 - ``torch.load`` without ``weights_only=True`` (a checkpoint or state file runs pickle);

@@ -5,7 +5,7 @@ CPU bundles), with a long-tailed response-length distribution, with and without 
         [--out DIR] [k=v ...]
 
 Workload: apps/rlvr's CPU default (`max 3 8 1 5 =` -> `#### 8`, tiny model) in apps/async's layout
-(async_compare.CPU_DEFAULTS: actor_train + reference on CPU bundle 0, actor_infer on bundle 1, IS
+(rl_app_async.compare.CPU_DEFAULTS: actor_train + reference on CPU bundle 0, actor_infer on bundle 1, IS
 correction on), changed (`LONG_TAIL`) so response lengths have a heavy tail up to the cap: the
 supervised warm-up's demonstrations are `<k x " then">#### <answer>` with k drawn from a discrete
 Pareto, P(k >= K) = (1 + K) ** -0.7, capped at 56 words (rl_runtime.rlvr_warmup.reasoning_words; 56 + "#### 8"
@@ -499,19 +499,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import threading
 import time
 from pathlib import Path
 from statistics import mean, median, stdev
 from typing import Any, NamedTuple
 
-from proc_cpu import ProcessCpu  # tools/bench/ (the script's dir)
+if __package__:  # imported as tools.bench.async (tests)
+    from .proc_cpu import ProcessCpu
+else:  # run as a script: its folder is the first import path
+    from proc_cpu import ProcessCpu
 
 ROOT = Path(__file__).resolve().parents[2]
-for path in (ROOT / "apps" / "async", ROOT / "apps" / "rlvr"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
 
 LONG_TAIL = {
     # responses: "<reasoning padding> #### 8" (warm-up demonstrations padded with a long-tailed
@@ -724,9 +723,8 @@ def _spread(values: list[float]) -> dict[str, Any]:
 
 def run_once(name: str, overrides: list[str], out_dir: str, steps: int) -> dict[str, Any]:
     """One run of `RUNS[name]` under `out_dir/<name>`: its figures (see module docstring)."""
-    from async_compare import run_overrides, run_summary, step_rows
-    from rlvr_app import DEFAULT_CONFIG, compose, load, run
-
+    from rl_app_async.compare import run_overrides, run_summary, step_rows
+    from rl_app_rlvr.spec import DEFAULT_CONFIG, compose, load, run
     from rl_runtime.ray_setup import worker_threads
 
     staleness, partial, layout = RUNS[name]
@@ -770,8 +768,7 @@ def _config_seed(overrides: list[str]) -> int:
     for item in reversed(overrides):
         if item.startswith("seed="):
             return int(item.split("=", 1)[1])
-    from rlvr_app import DEFAULT_CONFIG
-
+    from rl_app_rlvr.spec import DEFAULT_CONFIG
     from rl_config.loading import load_yaml_dict
 
     return int(load_yaml_dict(DEFAULT_CONFIG).get("seed", 42))
@@ -804,7 +801,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    from async_compare import CPU_DEFAULTS
+    from rl_app_async.compare import CPU_DEFAULTS
 
     steps = 3 if args.quick else args.steps
     base = {**CPU_DEFAULTS, **LONG_TAIL, **(QUICK if args.quick else {}), "max_steps": steps,

@@ -1,6 +1,6 @@
 """The GRPO benchmark's model: a ~4.0M-parameter Qwen2 with a character-level vocabulary of 99.
 
-The model TRL's GRPO step was measured with (issue 12): Qwen2 architecture, hidden 256, 4 layers,
+The model TRL's GRPO step was measured with: Qwen2 architecture, hidden 256, 4 layers,
 intermediate 1024, 4 heads, 2 KV heads, tied embeddings. The vocabulary is 3 special tokens
 (Qwen2.5's `<|endoftext|>` = pad, `<|im_start|>`, `<|im_end|>` = eos) plus the 96 characters
 printable ASCII and newline, one token each (a byte-level BPE without merges, so that the

@@ -21,19 +21,14 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 
 def make_rows(pairs: int, length: int, seed: int = 0) -> list[dict[str, str]]:
     """Random pairs over the printable ASCII characters except space (one token each)."""
-    from tools.bench.char_model import CHARS
+    from char_model import CHARS  # tools/bench/ (the script's dir)
 
     rng = random.Random(seed)
     alphabet = [c for c in CHARS if c not in " \n"]
@@ -126,7 +121,7 @@ def main() -> None:
     p.add_argument("--no-trl", action="store_true")
     a = p.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from tools.bench.char_model import build_char_model
+    from char_model import build_char_model  # tools/bench/ (the script's dir)
 
     if not (Path(a.model) / "config.json").exists():
         build_char_model(a.model)

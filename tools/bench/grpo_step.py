@@ -1,5 +1,5 @@
 """Seconds per GRPO step of this stack's parts (rollout + log-probs + update), optionally side by
-side with TRL's `GRPOTrainer` in the same run (issue 12).
+side with TRL's `GRPOTrainer` in the same run.
 
 One step, composed in-process from the parts the RLVR pipeline runs (no Ray, as `--no-ray`):
 1. generation: rl_rollout's HF engine (`hf_infer`) samples G completions for each of P prompts
@@ -34,7 +34,7 @@ Measured (quiet 2-core machine, 2026-11-23 14:21, TRL 1.16 in a throw-away venv,
 `--trl --trl-python /tmp/trl-env/bin/python --steps 5`, then the same with `--no-share-prompt`):
 ours 5.66 s/step (generation 2.48, update 3.24) against TRL's 7.33, paired median ratio **0.753**
 (0.712-1.001) with the shared prompt forward; 8.55 s (update 4.43) against 8.77, **0.939**
-(0.899-1.103) without it (the second pair ran a little slower on both sides). The issue's target,
+(0.899-1.103) without it (the second pair ran a little slower on both sides). The target,
 0.5, is not met: the update already does TRL's arithmetic (one forward and backward of 64 rows of
 ~27 + 128 tokens), the shared prompt saves only the prompt's ~15% of the tokens here, and the
 HF-engine generation of 128 tokens costs about what TRL's `generate` does.
@@ -102,7 +102,11 @@ from typing import Any
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
-from char_model import build_char_model, parameter_count  # tools/bench/ (the script's dir)
+
+if __package__:  # imported as tools.bench.grpo_step (tests)
+    from .char_model import build_char_model, parameter_count
+else:  # run as a script: its folder is the first import path
+    from char_model import build_char_model, parameter_count
 
 TRL_SCRIPT = Path(__file__).resolve().parent / "grpo_step_trl.py"
 TRL_REQUIREMENT = "trl==1.16.*"

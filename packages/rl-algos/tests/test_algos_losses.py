@@ -359,3 +359,27 @@ def test_registry() -> None:
         L.register_policy_loss("gspo")(L.reinforce)
     with pytest.raises(KeyError, match="known"):
         get_policy_loss("nope")
+
+
+def test_reinforce_is_gpg_policy_loss_as_a_plain_loop_computes_it() -> None:
+    """GPG's policy loss (Chu et al. 2025, arXiv:2504.02546; verl's loss_mode=gpg) is
+    ``-A * log pi`` per token, times the IS weight, then aggregated: no ratio, no clip. Hand
+    values: token-mean over the 3 masked tokens of
+    ``-(2 ln .5) - (2 ln .25) * .5 - (-1 ln .8)`` and a plain loop over rows and tokens."""
+    lp = torch.tensor([[LN(0.5), LN(0.25), LN(0.9)], [LN(0.8), LN(0.3), LN(0.6)]])
+    old = torch.tensor([[LN(0.4), LN(0.2), 0.0], [LN(0.7), 0.0, 0.0]])  # not read by GPG
+    adv = torch.tensor([[2.0, 2.0, 2.0], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    w = torch.tensor([[1.0, 0.5, 1.0], [1.0, 1.0, 1.0]])
+    out = L.reinforce(lp, old, adv, mask, is_weights=w)
+    hand = (-2 * LN(0.5) - 2 * LN(0.25) * 0.5 + LN(0.8)) / 3
+    assert out.loss("token-mean").item() == pytest.approx(hand, rel=1e-6)
+    rows = []
+    for b in range(2):
+        terms = [-float(lp[b, t]) * float(adv[b, t]) * float(w[b, t])
+                 for t in range(3) if mask[b, t]]  # fmt: skip
+        rows.append(terms)
+    flat = [x for r in rows for x in r]
+    assert out.loss("token-mean").item() == pytest.approx(sum(flat) / len(flat), rel=1e-6)
+    seq_mean = sum(sum(r) / len(r) for r in rows) / 2
+    assert out.loss("seq-mean-token-mean").item() == pytest.approx(seq_mean, rel=1e-6)

@@ -13,7 +13,7 @@ SEED_YAML = DATA / "agentic_val_sokoban.yaml"
 
 @pytest.fixture
 def seed_yaml(tmp_path: Path) -> Path:
-    """The seed 000 ROLL YAML copied alone into an empty directory."""
+    """ROLL's agentic Sokoban YAML copied alone into an empty directory."""
     target = tmp_path / "run" / "agentic_val_sokoban.yaml"
     target.parent.mkdir()
     shutil.copy(SEED_YAML, target)

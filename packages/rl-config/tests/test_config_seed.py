@@ -1,4 +1,4 @@
-"""The seed 000 ROLL agentic YAML loads unchanged from any directory."""
+"""ROLL's agentic Sokoban YAML loads unchanged from any directory."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ ENGINE = "actor_infer.strategy_args.strategy_config."
 TRAIN_OPTIONS = tuple(f"{r}.strategy_args.strategy_config." for r in ("actor_train", "critic",
                                                                       "reference"))  # fmt: skip
 
-# verl's GSM8K GRPO run (seed 003, "执行训练"): python3 -m verl.trainer.main_ppo ...
+# verl's GSM8K GRPO run (verl's GSM8K quickstart): python3 -m verl.trainer.main_ppo ...
 _GSM8K_RUN = """algorithm.adv_estimator=grpo data.train_files=/data/gsm8k/train.parquet
 data.val_files=/data/gsm8k/test.parquet data.train_batch_size=128 data.max_prompt_length=512
 data.max_response_length=128 data.filter_overlong_prompts=True data.truncation=error
@@ -77,7 +77,7 @@ def test_verl_sections_do_not_shadow_roll_keys():
 
 
 def test_verl_gsm8k_overrides_get_one_error_per_key_naming_the_roll_key(write_yaml):
-    """verl's GSM8K GRPO command line (seed 003): every override is an error at its own key,
+    """verl's GSM8K GRPO command line (verl's GSM8K quickstart): every override is an error at its own key,
     naming what to write instead or why there is nothing (no 'did you mean')."""
     by_path = _refusals(write_yaml, GSM8K)
     assert sorted(by_path) == sorted(o.split("=")[0] for o in GSM8K)
@@ -101,14 +101,14 @@ def test_verl_gsm8k_overrides_get_one_error_per_key_naming_the_roll_key(write_ya
         "trainer.total_epochs": "use max_steps (no epoch count",
         "trainer.project_name": "tracker_kwargs.project",
         "data.filter_overlong_prompts": "no counterpart: prompts longer than prompt_length are "
-            "always dropped",
+            "dropped (and counted) unless prompt_truncation cuts them",
         "trainer.device": "no counterpart: the device is detected",
     }  # fmt: skip
     assert {k: v for k, v in expected.items() if v not in by_path[k]} == {}
 
 
 def test_other_verl_keys_users_pass(write_yaml):
-    """Keys from the seeds' other verl runs (DAPO, async, one-step-off): their counterparts,
+    """Keys from verl's other documented runs (DAPO, async, one-step-off): their counterparts,
     Megatron blocks once per block, and an unlisted key said to have none listed."""
     overrides = [
         "actor_rollout_ref.rollout.temperature=1.0",
@@ -155,7 +155,7 @@ def test_verl_critic_keys_name_the_critic_keys_and_roll_critic_keys_pass(write_y
 
 
 def test_verl_reward_model_keys_are_refused_with_their_counterparts(write_yaml):
-    """verl's reward_model keys (seed 003's DAPO run) were ignored with a warning about ROLL's
+    """verl's reward_model keys (verl's DAPO recipe) were ignored with a warning about ROLL's
     reward-model worker; now each is an error: the overlong buffer names overlong_penalty.*,
     enable/reward_manager say there are no reward models. ROLL's reward_model is judged as ROLL's."""
     by_path = _refusals(write_yaml, [

@@ -311,7 +311,7 @@ def test_fully_async_staleness_partial_rollout_and_its_step(
         ("algorithm.adv_estimator=optimal_token_baseline", "not implemented"),
         (f"{A}.actor.policy_loss.loss_mode=bypass_mode", "not implemented"),
         ("trainer.logger=['console','mlflow']", "mlflow"),
-        ("data.truncation=left", "never truncated"),
+        ("data.truncation=sideways", "error, left, right or middle"),
         ("async_training.staleness_threshold=0.5", "asynchronous recipes"),
         ("train_batch_size=0", "not a verl key"),
         (f"+{A}.rollout.segment.enable=True", "segmented rollout"),
@@ -337,8 +337,10 @@ def test_knobs_with_no_effect_on_what_is_trained_get_a_row_saying_so():
     assert "memory knob" in notes[f"{A}.actor.ulysses_sequence_parallel_size"]
     assert "profilers" in notes["global_profiler.tool"]
     assert "filter_overlong_prompts" in notes["data.truncation"]
-    # left truncation without the filter would train on cut prompts: refused
-    assert "never truncated" in _refused("data.truncation=left")["data.truncation"]
+    # without the filter, verl cuts a longer prompt to max_prompt_length as data.truncation says
+    for how in ("left", "right", "middle"):
+        assert _ok(f"data.truncation={how}")["prompt_truncation"] == how
+    assert "prompt_truncation" not in _ok("data.truncation=error")  # dropped and counted here
     # dual-clip is verl's vanilla loss only
     d = _ok(f"{A}.actor.policy_loss.loss_mode=cispo", f"{A}.actor.clip_ratio_c=10")
     assert d["actor_train"]["pg_variant"] == "cispo" and "dual_clip_loss" not in d
@@ -492,3 +494,16 @@ def test_app_arguments_of_a_verl_command(tmp_path):
     assert args.verl.config_file == tmp_path / "mine.yaml" and args.config is None
     with pytest.raises(ConfigError, match="only with --verl"):
         parse_app_args(["-m", ONE_STEP_OFF])
+
+
+def test_gpg_loss_and_hybrid_sharding_translate():
+    """loss_mode=gpg is the plain policy gradient (``reinforce`` here, no dual-clip rows);
+    fsdp_size below the role's ranks (verl's hybrid sharding) trains the same update: a row
+    saying FSDP2 shards over all ranks, nothing refused."""
+    d = _ok(f"{A}.actor.policy_loss.loss_mode=gpg", "algorithm.adv_estimator=gpg")
+    assert d["actor_train"]["pg_variant"] == "reinforce" and d["adv_estimator"] == "gpg"
+    assert "dual_clip_loss" not in d
+    t = _t("trainer.n_gpus_per_node=4", f"{A}.actor.fsdp_config.fsdp_size=2")
+    assert t.refused == []
+    notes = {row.sources[0]: row.note for row in t.rows if not row.target}
+    assert "all 4 ranks" in notes[f"{A}.actor.fsdp_config.fsdp_size"]

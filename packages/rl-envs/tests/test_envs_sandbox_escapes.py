@@ -1,4 +1,4 @@
-"""Escapes from the sandbox found by a security review (issue 15), one test each.
+"""Escapes from the sandbox found by a security review, one test each.
 
 Tests that depend on an isolation feature check ``pool.isolation`` and skip, naming it, where
 this host cannot provide it; the non-root and no-namespace environments are exercised for real

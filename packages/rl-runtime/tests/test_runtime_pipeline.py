@@ -587,9 +587,8 @@ TESTS = Path(__file__).resolve().parent
 
 # a Runner (test_runtime_pipeline's fake recipe and workers) that holds at step 1 until told
 HOLDING_RUN = """
-import sys, time
+import time
 from pathlib import Path
-sys.path.insert(0, {tests!r})
 from test_runtime_pipeline import FakeRecipe, _runner
 
 class Holding(FakeRecipe):
@@ -607,13 +606,13 @@ _runner(Path({root!r}), Holding(), **{extra!r}).run()
 def _start_holding_run(tmp_path: Path, **extra: object) -> tuple[subprocess.Popen[bytes], Path]:
     started, release = tmp_path / "started", tmp_path / "release"
     script = HOLDING_RUN.format(
-        tests=str(TESTS),
         started=str(started),
         release=str(release),
         root=str(tmp_path),
         extra=extra,
     )
-    child = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
+    # `python -c` imports from its working directory: this test module, as the child's
+    child = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, cwd=TESTS)
     deadline = time.monotonic() + 120
     while not started.exists():
         if child.poll() is not None:

@@ -5,7 +5,7 @@ import pytest
 from rl_runtime.placement import NODE_RESOURCE_SHARE, plan_placement, worker_device_env
 
 
-def test_seed000_layout_is_disaggregated():
+def test_roll_sokoban_layout_is_disaggregated():
     plan = plan_placement(
         {"actor_train": [0, 1], "actor_infer": [2], "reference": [3]},
         num_devices=4,

@@ -118,6 +118,47 @@ def test_overlong_held_out_prompts_are_counted_and_printed(arith, tok, tmp_path,
     )
 
 
+def test_truncate_prompt_keeps_the_side_verl_keeps():
+    from rl_runtime.rlvr_data import truncate_prompt
+
+    ids = [1, 2, 3, 4, 5, 6, 7]
+    assert truncate_prompt(ids, 4, "left") == [4, 5, 6, 7]
+    assert truncate_prompt(ids, 4, "right") == [1, 2, 3, 4]
+    assert truncate_prompt(ids, 5, "middle") == [1, 2, 5, 6, 7]  # 5 // 2 first, 3 last
+    assert truncate_prompt(ids, 7, "left") == ids and truncate_prompt(ids, 9, "middle") == ids
+    with pytest.raises(ValueError, match="prompt_truncation='drop'"):
+        truncate_prompt(ids, 4, "drop")
+
+
+@pytest.mark.parametrize("how", ["left", "right"])
+def test_overlong_prompts_are_truncated_not_dropped_when_asked(arith, tok, tmp_path, how, capsys):
+    """prompt_truncation=left|right (verl's data.truncation): a prompt longer than prompt_length
+    is kept, cut to its last (left) or first (right) prompt_length tokens, and counted; the
+    default drops it (the other test above)."""
+    long_row = {"prompt": [{"role": "user", "content": "1+1= " * 30}],
+                "reward_model": {"ground_truth": "2"}}  # fmt: skip
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(json.dumps(long_row) + "\n")
+    limit = max(_lengths(tok, load_rlvr_prompts(_plan([arith[0]], None), tok, SEED).train.rows))
+    capsys.readouterr()
+    plan = _plan([arith[0], str(extra)], None, prompt_length=limit, prompt_truncation=how)
+    prompts = load_rlvr_prompts(plan, tok, 0)
+    assert prompts.metrics == {"data/train_prompts": 82.0, "data/rejected_rows": 0.0,
+                               "data/filtered_overlong_prompts": 0.0,
+                               "data/truncated_prompts": 1.0}  # fmt: skip
+    (full,) = [
+        tok(get_template("native", tok).prefix(long_row["prompt"]), add_special_tokens=False)[
+            "input_ids"
+        ]
+    ]
+    assert len(full) > limit and prompts.train.rows[-1].prompt == long_row["prompt"]
+    expected = full[-limit:] if how == "left" else full[:limit]
+    assert prompts.train.ids[-1] == expected and len(prompts.train.ids[-1]) == limit
+    assert capsys.readouterr().out == (
+        f"truncated 1 prompts to prompt_length={limit} tokens (prompt_truncation={how})\n"
+    )
+
+
 class TextScorer(Scorer):
     """Reward 1.0 for the response `1`, 0.0 otherwise (no sandbox)."""
 

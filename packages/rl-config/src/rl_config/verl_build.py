@@ -105,12 +105,15 @@ def build(out: Any, mode: str, count_rows: Any) -> None:
     elif truncation == "error":
         if "data.truncation" in out.given:
             out.noop("data.truncation", "a longer prompt is dropped and counted (verl stops)")
-    else:
-        out.refuse(
-            "data.truncation",
-            f"{truncation}: prompts are never truncated here; "
-            "data.filter_overlong_prompts=True drops longer ones, as this stack does",
+    elif truncation in ("left", "right", "middle"):
+        out.set(
+            ["data.truncation", "data.filter_overlong_prompts"],
+            "prompt_truncation",
+            truncation,
+            "a longer prompt is cut to max_prompt_length tokens (counted), as verl cuts it",
         )
+    else:
+        out.refuse("data.truncation", f"{truncation!r}: error, left, right or middle")
     prompt_len, response_len = (
         out.integer("data.max_prompt_length"),
         out.integer("data.max_response_length"),
@@ -119,7 +122,7 @@ def build(out: Any, mode: str, count_rows: Any) -> None:
         ["data.max_prompt_length"],
         "prompt_length",
         prompt_len,
-        "longer prompts are dropped and counted",
+        "longer prompts are dropped and counted, unless data.truncation cuts them",
     )
     out.set(["data.max_response_length"], "response_length", response_len)
 
@@ -302,10 +305,11 @@ def _trained_role(
     size_key = f"{fsdp}.fsdp_size"
     size = g(size_key)
     if size is not None and int(size) not in (-1, world):
-        out.refuse(
+        out.noop(
             size_key,
-            f"{size}: hybrid sharding is not implemented; FSDP2 shards over all "
-            f"{world} ranks of the role (-1)",
+            f"{size}: FSDP2 shards over all {world} ranks here (verl's hybrid sharding, "
+            f"replicas of {size}-rank shards, averages the same gradients: a memory and "
+            "communication layout, the same update)",
         )
     elif size_key in out.given:
         out.noop(size_key, f"FSDP2 shards over all {world} ranks of the role")

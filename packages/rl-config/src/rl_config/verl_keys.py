@@ -174,10 +174,13 @@ VERL_SECTIONS: dict[str, dict[str, Counterpart]] = {
         "prompt_key": _to("actor_train.data_args.messages", note="its column of chat messages"),
         "seed": _to("seed"),
         "filter_overlong_prompts": _none(
-            "prompts longer than prompt_length are always dropped (and counted)"
+            "prompts longer than prompt_length are dropped (and counted) unless "
+            "prompt_truncation cuts them"
         ),
         "filter_overlong_prompts_workers": _none("the prompt filter runs in the driver"),
-        "truncation": _none("prompts are never truncated; longer ones are dropped"),
+        "truncation": _to(
+            "prompt_truncation", note="left, right or middle; verl's error drops the prompt here"
+        ),
         "return_raw_chat": _none("the chat template is applied by the rollout package"),
     },
     "actor_rollout_ref": {

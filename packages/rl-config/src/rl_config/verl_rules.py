@@ -354,10 +354,11 @@ RULES: dict[str, Rule] = {
     "data.image_patch_size": noop(VISION),
     "data.validation_shuffle": noop("validation runs the whole held-out file"),
     "data.filter_overlong_prompts": noop(
-        "prompts longer than max_prompt_length are always dropped (and counted)"
+        "prompts longer than max_prompt_length are dropped (and counted), "
+        "unless data.truncation cuts them"
     ),
     "data.filter_overlong_prompts_workers": noop(SPEED),
-    "data.truncation": derived("prompts are never truncated here"),
+    "data.truncation": derived("prompt_truncation (without filter_overlong_prompts)"),
     "data.image_key": noop(VISION),
     "data.video_key": noop(VISION),
     "data.trust_remote_code": only("remote code is never run"),

@@ -226,10 +226,11 @@ POLICY_LOSSES: dict[str, str | None] = {
     "kl_cov": "kl_cov",
     "geo_mean": "gmpo",
     "cispo": "cispo",
-    "gpg": None,
+    "gpg": "reinforce",
     "bypass_mode": None,
 }
-"""verl's ``policy_loss.loss_mode`` -> ``actor_train.pg_variant`` (None: not implemented)."""
+"""verl's ``policy_loss.loss_mode`` -> ``actor_train.pg_variant`` (None: not implemented); GPG's
+loss is the plain policy gradient ``-A * log pi`` (no ratio, no clip): ``reinforce`` here."""
 
 SCHEDULES = {"constant": "constant", "cosine": "cosine", "linear": "linear"}
 TRACKERS = ("wandb", "tensorboard")

@@ -1,6 +1,6 @@
 """Collate `Trajectory` records into right-padded `[B, T]` training tensors.
 
-Alignment (CONTRACT.md): row b holds the whole episode `token_ids` (prompt, model turns, env turns);
+Alignment (the `rl_config.records.Trajectory` contract): row b holds the whole episode `token_ids` (prompt, model turns, env turns);
 per-token tensors are aligned with `input_ids` (`rollout_log_probs[b, t]` is the log-prob of
 `input_ids[b, t]`); `response_mask[b, t]` is True for model tokens only. Each turn's reward sits on
 the last model token of that turn in the token-level `rewards [B, T]`.

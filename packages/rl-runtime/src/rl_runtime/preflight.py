@@ -96,6 +96,7 @@ def model_issues(
     cfg: Any, components: Any, app: Any, system_envs: Mapping[str, Any]
 ) -> tuple[list[ConfigIssue], list[str]]:
     """The policy model and each role's own model resolvable, with a tokenizer."""
+    from rl_rollout.tiny_model import TINY_MODEL_MARKER
     from rl_runtime.model_source import (
         resolve_model,
         tiny_model_to_build,
@@ -112,7 +113,13 @@ def model_issues(
         try:
             if tiny_model_to_build(pretrain, build_at, key):
                 checked[pretrain] = None
-                notes.append(f"pretrain {pretrain}: a tiny model is built there ({key})")
+                built = (Path(pretrain).expanduser() / TINY_MODEL_MARKER).is_file()
+                what = (
+                    "the tiny model built there earlier is used"
+                    if built
+                    else "a tiny model is built there"
+                )
+                notes.append(f"pretrain {pretrain}: {what} ({key})")
             else:
                 checked[pretrain] = resolve_model(pretrain, system_envs=system_envs)
                 note = unused_tiny_model_note(pretrain, build_at, key)

@@ -159,17 +159,38 @@ def load_prompts(
 
 @dataclass
 class PromptSet:
-    """Rows whose prompt fits `prompt_length`, each row's `index` its position here, and their
-    prompt token ids; what was left out: rejected rows (one line each) and overlong prompts."""
+    """Rows whose prompt fits `prompt_length` (or was cut to it), each row's `index` its position
+    here, and their prompt token ids; what was left out or changed: rejected rows (one line
+    each), overlong prompts dropped, overlong prompts truncated."""
 
     rows: list[TaskRow]
     ids: list[list[int]]
     rejected: list[str]
     overlong: int
+    truncated: int = 0
 
     def head(self, n: int | None) -> PromptSet:
         """The first `n` prompts (all when None)."""
         return replace(self, rows=self.rows[:n], ids=self.ids[:n])
+
+
+TRUNCATIONS = ("drop", "left", "right", "middle")
+
+
+def truncate_prompt(ids: list[int], limit: int, how: str) -> list[int]:
+    """`ids` cut to `limit` tokens as verl's `data.truncation` cuts them: "left" keeps the last
+    `limit`, "right" the first `limit`, "middle" the first `limit // 2` and the last
+    `limit - limit // 2`. Shorter `ids` are returned as they are."""
+    if len(ids) <= limit:
+        return ids
+    if how == "left":
+        return ids[len(ids) - limit :]
+    if how == "right":
+        return ids[:limit]
+    if how == "middle":
+        head = limit // 2
+        return ids[:head] + ids[len(ids) - (limit - head) :]
+    raise ValueError(f"prompt_truncation={how!r}: one of {TRUNCATIONS[1:]} cuts a prompt")
 
 
 def tokenized_prompts(
@@ -179,24 +200,30 @@ def tokenized_prompts(
     tokenizer: Any,
     template: Any,
     prompt_length: int,
+    truncation: str = "drop",
 ) -> PromptSet:
     """`load_prompts(files)` with each prompt rendered by `template` and tokenized; prompts longer
-    than `prompt_length` tokens are dropped and counted (verl's filter_overlong_prompts). No
-    prompt left is an error naming the files."""
+    than `prompt_length` tokens are dropped and counted (`truncation` "drop": verl's
+    filter_overlong_prompts), or cut to it and counted (`truncate_prompt`). No prompt left is an
+    error naming the files."""
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"prompt_truncation={truncation!r}: one of {TRUNCATIONS}")
     rows, rejected = load_prompts(files, plan, rewards)
-    kept, ids, shortest = [], [], None
+    kept, ids, shortest, cut = [], [], None, 0
     for row in rows:
-        tokens = tokenizer(template.prefix(row.prompt), add_special_tokens=False)["input_ids"]
+        tokens = list(tokenizer(template.prefix(row.prompt), add_special_tokens=False)["input_ids"])
         shortest = len(tokens) if shortest is None else min(shortest, len(tokens))
+        if len(tokens) > prompt_length and truncation != "drop":
+            tokens, cut = truncate_prompt(tokens, prompt_length, truncation), cut + 1
         if len(tokens) <= prompt_length:
             kept.append(replace(row, index=len(kept)))
-            ids.append(list(tokens))
+            ids.append(tokens)
     if not kept:
         raise DataError(
             f"{list(files)}: every prompt is longer than prompt_length={prompt_length} tokens "
             f"(the shortest has {shortest}): raise prompt_length"
         )
-    return PromptSet(kept, ids, rejected, len(rows) - len(kept))
+    return PromptSet(kept, ids, rejected, len(rows) - len(kept), cut)
 
 
 class RowSampler:
@@ -255,7 +282,8 @@ def load_rlvr_prompts(plan: RlvrPlan, tokenizer: Any, seed: int) -> RlvrPrompts:
 
     def prompts(files: tuple[str, ...], template: str) -> PromptSet:
         return tokenized_prompts(files, plan.data, plan.rewards, tokenizer,
-                                 get_template(template, tokenizer), plan.prompt_length)  # fmt: skip
+                                 get_template(template, tokenizer), plan.prompt_length,
+                                 plan.prompt_truncation)  # fmt: skip
 
     data = plan.data
     require_files("actor_train.data_args.file_name", data.train_files)
@@ -272,12 +300,20 @@ def load_rlvr_prompts(plan: RlvrPlan, tokenizer: Any, seed: int) -> RlvrPrompts:
     if data.val_files:  # an evaluation of the short held-out prompts only says so
         metrics.update({"data/val_rejected_rows": float(len(val.rejected)),
                         "data/val_filtered_overlong_prompts": float(val.overlong)})  # fmt: skip
+    if plan.prompt_truncation != "drop":  # prompts cut to prompt_length (none are dropped)
+        metrics["data/truncated_prompts"] = float(train.truncated)
+        if data.val_files:
+            metrics["data/val_truncated_prompts"] = float(val.truncated)
     for line in train.rejected[:20]:
         print(f"warning: rejected {line}", flush=True)
     for overlong, which in ((train.overlong, ""), (val.overlong, "held-out ")):
         if overlong:
             print(f"filtered {overlong} {which}prompts longer than "
                   f"prompt_length={plan.prompt_length}")  # fmt: skip
+    for cut, which in ((train.truncated, ""), (val.truncated, "held-out ")):
+        if cut:
+            print(f"truncated {cut} {which}prompts to prompt_length={plan.prompt_length} "
+                  f"tokens (prompt_truncation={plan.prompt_truncation})")  # fmt: skip
     sampler = RowSampler(train.rows, seed, data.domain_interleave_probs)
     return RlvrPrompts(train, val, sampler, metrics)
 

@@ -131,7 +131,13 @@ class PipelineFields(StrictModel):
     prompt_length: int | None = Field(
         default=None,
         ge=1,
-        description="Prompt tokens at most (RLVR; longer prompts are truncated).",
+        description="Prompt tokens at most (RLVR; a longer prompt: prompt_truncation).",
+    )
+    prompt_truncation: Literal["drop", "left", "right", "middle"] = Field(
+        default="drop",
+        description="RLVR: a prompt longer than prompt_length is dropped and counted (drop), "
+        "or keeps its last (left), first (right) or first and last halves (middle) "
+        "prompt_length tokens, counted too (verl's data.truncation).",
     )
     response_length: int | None = Field(
         default=None, ge=1, description="Response tokens at most (RLVR)."

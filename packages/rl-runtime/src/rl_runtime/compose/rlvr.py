@@ -86,6 +86,9 @@ class RlvrPlan:
     held_out_sampling: SamplingParams
     rewards: RewardRouterSpec  # reward per domain (rewards, custom_reward_function sections)
     baseline_rollout: bool = False
+    #: a prompt longer than prompt_length: "drop" (dropped and counted), or cut to its last
+    #: ("left"), first ("right") or first and last halves ("middle") prompt_length tokens
+    prompt_truncation: str = "drop"
     #: ROLL's difficulty filter (difficulty_mask): `(low, high)`, groups whose mean score is not
     #: strictly between are masked out of the loss; None: off
     difficulty: tuple[float, float] | None = None
@@ -319,6 +322,7 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
         held_out_sampling=held_out.sampling,
         rewards=rewards,
         baseline_rollout="baseline_scores" in estimator_needs(cfg.adv_estimator),
+        prompt_truncation=cfg.prompt_truncation,
         difficulty=(cfg.difficulty_low_threshold, cfg.difficulty_high_threshold)
         if cfg.difficulty_mask
         else None,

@@ -1,4 +1,4 @@
-"""The agentic recipe (ROLL's AgenticPipeline, seed 004) on rl_runtime.pipeline's Runner.
+"""The agentic recipe (ROLL's AgenticPipeline) on rl_runtime.pipeline's Runner.
 
 One step: `rollout` (AgentLoop over env groups, + greedy baseline rollouts for estimators that
 need them) then `learn` (screen failed episodes, collate, then rl_runtime.policy_update:
@@ -14,8 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agentic_options import AppOptions
-
+from rl_app_agentic.options import AppOptions
 from rl_runtime.advantages import restore_kl_controller
 from rl_runtime.agentic_rollout import assignments, env_configs, play, play_split, sandbox_stats
 from rl_runtime.async_queue import RolloutBatch

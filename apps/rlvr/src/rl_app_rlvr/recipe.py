@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from rlvr_options import AppOptions
-
+from rl_app_rlvr.options import AppOptions
 from rl_runtime.advantages import restore_kl_controller
 from rl_runtime.async_queue import PendingBatch, RolloutBatch, finished
 from rl_runtime.compose.rlvr import RlvrPlan

@@ -1,5 +1,14 @@
-"""apps/rlvr's command line and run, as functions other entry points reuse (apps/async runs it
-twice, tests run it in-process): compose a config, prepare the runtime inputs, run the recipe."""
+"""`uv run apps/rlvr [--config FILE] [key=value ...] [--dry-run] [--no-ray]`
+
+With no arguments: the CPU default (configs/cpu_default.yaml) — `max 3 8 1 5 =` prompts generated
+locally into parquet (held-out problems disjoint from training ones), a tiny model built locally, a short
+supervised warm-up on noisy answers, then GRPO with DAPO's clip-higher, token-mean loss and
+dynamic sampling; it prints held-out accuracy before and after RL with standard errors and a
+trivial baseline (also written to output_dir/summary.json).
+ROLL's launcher form `--config_path DIR --config_name NAME key=value` works too.
+
+As functions other entry points reuse (apps/async runs them twice, tests in-process): compose a
+config, prepare the runtime inputs, run the recipe (rl_app_rlvr.recipe)."""
 
 from __future__ import annotations
 
@@ -7,13 +16,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from rlvr_options import AppOptions
-
-from rl_runtime.app_main import AppSpec, Composed, load_app
+from rl_app_rlvr.options import AppOptions
+from rl_runtime.app_main import AppSpec, Composed, app_main, load_app
 from rl_runtime.rlvr_metrics import summary_row
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_CONFIG = HERE / "configs" / "cpu_default.yaml"
+APP_DIR = Path(__file__).resolve().parents[2]
+"""apps/rlvr (its configs/ folder)."""
+DEFAULT_CONFIG = APP_DIR / "configs" / "cpu_default.yaml"
 
 
 def compose(cfg: Any, app: Any = None, flags: frozenset[str] = frozenset()) -> Composed:
@@ -47,8 +56,7 @@ def run(cfg: Any, app: AppOptions, composed: Composed, flags: frozenset[str] = f
     """The RLVR recipe on the Runner (Ray or in-process per `app.use_ray`); the RunResult.
     `eval_before` overrides `rlvr_app.eval_before_training`; `app_outputs`: files the caller
     writes for this run (RunOptions.app_outputs)."""
-    from rlvr_pipeline import PROGRESS_KEYS, STDOUT_KEYS, RlvrRecipe
-
+    from rl_app_rlvr.recipe import PROGRESS_KEYS, STDOUT_KEYS, RlvrRecipe
     from rl_runtime.pipeline import Runner, RunOptions
 
     path = prepare(cfg, app)
@@ -72,6 +80,7 @@ def data_errors() -> tuple[type[BaseException], ...]:
 
 SPEC = AppSpec(
     prog="apps/rlvr",
+    description=__doc__ or "",
     default_config=DEFAULT_CONFIG,
     section=AppOptions.SECTION,
     options=AppOptions,
@@ -82,3 +91,4 @@ SPEC = AppSpec(
     data_errors=data_errors(),
 )
 load = partial(load_app, SPEC)
+main = partial(app_main, SPEC)

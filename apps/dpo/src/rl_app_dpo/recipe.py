@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 import torch
-from dpo_options import AppOptions
 
+from rl_app_dpo.options import AppOptions
 from rl_envs.tasks import require_files
 from rl_runtime.pipeline import Context
 from rl_runtime.preference_data import PreferenceSet, collate, load_preferences
