@@ -189,10 +189,11 @@ def test_agentic_lora_actor_and_critic_train_one_step_off(tmp_path):
     not the frozen base weights."""
     import subprocess
 
-    from test_agentic_e2e import APP as AGENTIC
-    from test_agentic_e2e import CONFIG as AGENTIC_CONFIG
-    from test_agentic_e2e import _overrides as agentic
     from torch.distributed.checkpoint import FileSystemReader
+
+    from tests.test_agentic_e2e import APP as AGENTIC
+    from tests.test_agentic_e2e import CONFIG as AGENTIC_CONFIG
+    from tests.test_agentic_e2e import _overrides as agentic
 
     out = tmp_path / "agentic_lora"
     lora = "{lora_target: all-linear, lora_rank: 4}"
