@@ -1,6 +1,7 @@
 import pytest
 
-from rl_runtime.envs import GroupSeededEnv, env_assignments, make_envs, member_seed
+from rl_runtime.envs import GroupSeededEnv, env_assignments, make_envs
+from rl_runtime.seeds import member_seed
 
 
 def _assign(**kw):

@@ -24,6 +24,7 @@ from rl_runtime.gain import success_gains
 from rl_runtime.metrics import rollout_metrics, val_metrics
 from rl_runtime.pipeline import Context, engine_weight_diff
 from rl_runtime.policy_update import update_policy
+from rl_runtime.seeds import demo_env_seed
 
 STDOUT_KEYS = (
     "env/success_rate",
@@ -125,7 +126,7 @@ class AgenticRecipe:
             tags=list(c.train_envs.tags),
             env_configs=env_configs(c),
             num_episodes=w.episodes,
-            base_seed=c.seed + 1_000_000,
+            base_seed=demo_env_seed(c.seed),
             max_tokens_per_step=c.agent.max_tokens_per_step,
             max_sequence_length=c.sequence_length,
             action_noise=w.action_noise,

@@ -52,7 +52,6 @@ With `components.asynchronous`, rollout runs ahead of the trainer (rl_runtime.as
 from __future__ import annotations
 
 import os
-import random
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -60,7 +59,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
@@ -77,6 +75,7 @@ from rl_runtime.previous_run import (
 )
 from rl_runtime.resume_guard import app_record, check_resume, check_resume_step, config_record
 from rl_runtime.run_lock import run_directories_lock
+from rl_runtime.seeds import seed_globals
 from rl_runtime.summary_json import write_summary
 from rl_runtime.timing import PhaseTimer, StepProgress, long_phase
 from rl_runtime.tracking import Tracker, earlier_run_logs, rewind_metrics, tracker_log_dir
@@ -500,12 +499,6 @@ def sandbox_hidden_env() -> dict[str, str]:
     return {HIDE_VARIABLE: value} if value else {}
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 class Runner:
     def __init__(self, cfg: Any, components: Components, recipe: Any, options: RunOptions) -> None:
         self.cfg = cfg
@@ -617,7 +610,7 @@ class Runner:
         from rl_sync.device import detect_device_kind, ray_resource_name
 
         c, o = self.components, self.options
-        seed_everything(c.seed)
+        seed_globals(c.seed)
         kind = detect_device_kind()
         specs = self.recipe.roles(c) if hasattr(self.recipe, "roles") else None
         cluster = Cluster.start(

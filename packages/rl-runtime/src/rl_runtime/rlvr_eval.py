@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from rl_runtime import seeds
 from rl_runtime.compose.rlvr import RlvrPlan
 from rl_runtime.rlvr_data import RlvrPrompts
 from rl_runtime.rlvr_metrics import (
@@ -27,7 +28,7 @@ def held_out_accuracy(
 ) -> dict[str, float]:
     """On `prompts.val` (nothing without held-out prompts), after handing the devices to
     rollout: greedy (val/greedy/*, with `plan.val_greedy`) and sampled (val/accuracy = mean over
-    samples, val/pass@k, ...) accuracy, both seeded `seed * 100_003 + 1`, and
+    samples, val/pass@k, ...) accuracy, both seeded `rl_runtime.seeds.eval_seed(seed)`, and
     val/baseline_accuracy, timing/eval. With `failures` (the run's totals of the evaluations'
     failed reward calls by kind, updated): val/reward_failures/<kind>."""
     val = prompts.val
@@ -35,7 +36,7 @@ def held_out_accuracy(
         return {}
     t0 = time.perf_counter()
     cluster.enter_phase("rollout")
-    eval_seed = seed * 100_003 + 1
+    eval_seed = seeds.eval_seed(seed)
     out: dict[str, float] = {}
     if plan.val_greedy:
         sampling = plan.val_sampling(eval_seed, greedy=True)

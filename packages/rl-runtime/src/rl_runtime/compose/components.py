@@ -10,6 +10,7 @@ import msgspec
 from rl_config.records import SamplingParams
 from rl_runtime.advantages import AdvantageConfig, KLControlConfig
 from rl_runtime.compose.async_plan import AsyncPlan
+from rl_runtime.seeds import batch_sampling_seed
 from rl_train.args import ModelArgs, TrainingArgs
 from rl_train.losses import ActorLossConfig, CriticLossConfig
 
@@ -154,7 +155,7 @@ class Components:
     def sampling(self, split: str, epoch: int, greedy: bool = False) -> SamplingParams:
         """Sampling of one rollout batch: the configured params (greedy when `greedy` or
         `do_sample: false`), a seed from (seed, epoch, split)."""
-        seed = self.seed * 100_003 + epoch * 7 + (0 if split == "train" else 1)
+        seed = batch_sampling_seed(self.seed, split, epoch)
         params = msgspec.structs.replace(self.base_sampling, seed=seed)
         if greedy:
             params = msgspec.structs.replace(params, temperature=0.0, top_p=1.0, top_k=-1)
