@@ -1,4 +1,4 @@
-"""rl_runtime.seeds: each stream's seed, hand-computed (a changed formula would change every run's
+"""rl_runtime.state.seeds: each stream's seed, hand-computed (a changed formula would change every run's
 draws and break resuming an earlier run's checkpoint), streams kept apart, the globals seeded;
 and the supervised warm-up's loss (rl_algos' SFT loss) against a hand-computed mean."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from rl_runtime import seeds
-from rl_runtime.losses import sft_loss_fn
+from rl_runtime.state import seeds
+from rl_runtime.step.losses import sft_loss_fn
 from rl_train.types import ForwardOutput, LossContext
 
 

@@ -373,7 +373,7 @@ PIPELINE_IGNORED: dict[str, dict[str, str]] = {
 """Per pipeline kind: keys of other pipelines, a warning only in a config of that kind."""
 
 PIPELINE_CONSUMED: dict[str, tuple[str, ...]] = {
-    # read by rl_runtime.compose.rlvr (apps/rlvr); rl_envs.rewards.router.reward_router_spec
+    # read by rl_runtime.pipelines.rlvr.compose (apps/rlvr); rl_envs.rewards.router.reward_router_spec
     # reads worker_cls to pick a domain's reward
     "rlvr": (
         "rewards.*.worker_cls",
@@ -546,7 +546,7 @@ def pipeline_kind(cfg: BaseModel) -> str | None:
 
 def _model_reward_keys(cfg: BaseModel) -> set[str]:
     """The ``rewards.<domain>.<field>`` keys a model reward's domain reads (``llm_judge``,
-    ``reward_model``: rl_runtime.compose.model_rewards reads ``MODEL_REWARD_FIELDS``, which a
+    ``reward_model``: rl_runtime.pipelines.rlvr.model_reward_plan reads ``MODEL_REWARD_FIELDS``, which a
     rule domain ignores)."""
     from rl_config.schema.rewards import MODEL_REWARD_FIELDS
 
