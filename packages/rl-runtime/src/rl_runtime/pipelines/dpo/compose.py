@@ -27,6 +27,7 @@ from rl_runtime.compose.run_settings import (
     build_checkpoint,
     build_cluster,
     build_tracker,
+    data_files,
 )
 from rl_train.args import LogprobSampling
 from rl_train.preference import PreferenceLossConfig
@@ -128,17 +129,11 @@ def unread_preference_keys(cfg: Any, loss: PreferenceLossConfig) -> list[str]:
     ]
 
 
-def _files(value: str | list[str] | None) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    return (value,) if isinstance(value, str) else tuple(value)
-
-
 def build_preference_data(cfg: Any) -> PreferenceData:
     d = cfg.actor_train.data_args
     return PreferenceData(
-        train_files=_files(d.file_name),
-        eval_files=_files(d.eval_file_name),
+        train_files=data_files(d.file_name),
+        eval_files=data_files(d.eval_file_name),
         prompt_key=d.prompt or "prompt",
         messages_key=d.messages,
         chosen_key=cfg.chosen_key,
