@@ -24,6 +24,7 @@ from rl_runtime.pipelines.agentic.rollout import (
     play_split,
     sandbox_stats,
 )
+from rl_runtime.run.recipe import Recipe
 from rl_runtime.run.runner import Context, engine_weight_diff
 from rl_runtime.state.seeds import demo_env_seed
 from rl_runtime.step.advantages import restore_kl_controller
@@ -45,7 +46,7 @@ STDOUT_KEYS = (
 )
 
 
-class AgenticRecipe:
+class AgenticRecipe(Recipe):
     def __init__(self, app: AppOptions, model_path: str) -> None:
         self.app = app
         self.model_path = model_path

@@ -96,12 +96,12 @@ def model_issues(
     cfg: Any, components: Any, app: Any, system_envs: Mapping[str, Any]
 ) -> tuple[list[ConfigIssue], list[str]]:
     """The policy model and each role's own model resolvable, with a tokenizer."""
+    from rl_rollout.tiny_model import TINY_MODEL_MARKER
     from rl_runtime.run.model_source import (
         resolve_model,
         tiny_model_to_build,
         unused_tiny_model_note,
     )
-    from rl_rollout.tiny_model import TINY_MODEL_MARKER
 
     problems: list[ConfigIssue] = []
     notes: list[str] = []
@@ -114,7 +114,11 @@ def model_issues(
             if tiny_model_to_build(pretrain, build_at, key):
                 checked[pretrain] = None
                 built = (Path(pretrain).expanduser() / TINY_MODEL_MARKER).is_file()
-                what = "the tiny model built there earlier is used" if built else "a tiny model is built there"
+                what = (
+                    "the tiny model built there earlier is used"
+                    if built
+                    else "a tiny model is built there"
+                )
                 notes.append(f"pretrain {pretrain}: {what} ({key})")
             else:
                 checked[pretrain] = resolve_model(pretrain, system_envs=system_envs)

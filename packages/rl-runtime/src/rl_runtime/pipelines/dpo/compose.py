@@ -19,6 +19,7 @@ from rl_runtime.compose.components import (
     CheckpointSettings,
     ClusterSettings,
     RolePlan,
+    RunComponents,
     TrackerSettings,
 )
 from rl_runtime.compose.roles import build_role, reference_from_actor
@@ -68,7 +69,7 @@ class PreferencePlan:
 
 
 @dataclass(frozen=True)
-class DPOComponents:
+class DPOComponents(RunComponents):
     """What `Runner` needs (roles, cadence, checkpoint, tracker, cluster) plus the preference plan."""
 
     exp_name: str
@@ -88,9 +89,6 @@ class DPOComponents:
     reference_from_actor: bool = False
     #: DPO trains on a fixed dataset (no rollout): never asynchronous
     asynchronous: ClassVar[None] = None
-
-    def role(self, name: str) -> RolePlan | None:
-        return next((r for r in self.roles if r.role == name), None)
 
 
 def build_preference_loss(cfg: Any) -> PreferenceLossConfig:
