@@ -246,6 +246,21 @@ def test_a_solver_warm_up_on_envs_the_solver_cannot_play_is_refused_before_the_r
     assert "warm-up" not in capsys.readouterr().out
 
 
+def test_model_rewards_place_their_role_and_rollout_only_refuses_them(tmp_path, capsys):
+    """A reward model scoring episodes at their end gets its role (devices from its
+    device_mapping); --rollout-only, whose dumps would carry the envs' rewards alone, refuses it
+    by name before anything starts."""
+    rm = ["num_gpus_per_node=2", "rewards.rm.reward_fn=reward_model", "rewards.rm.device_mapping=[1]",
+          f"rewards.rm.model_args.model_name_or_path={tmp_path}", f"output_dir={tmp_path}/out"]  # fmt: skip
+    assert app_main("agentic")([*rm, "--dry-run"]) in (0, 1)  # (1: the path is no model here)
+    out = capsys.readouterr().out
+    assert "reward_rm    workers=1 devices=[1]" in out and "reward='reward_model'" in out
+    assert app_main("agentic")([*rm, "--rollout-only"]) == 1
+    err = capsys.readouterr().err
+    assert "config error: rewards.rm: --rollout-only dumps episodes with the envs' rewards" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_bad_override_names_the_key():
     proc = subprocess.run(
         [sys.executable, str(APP), "--dry-run", "actor_train.training_args.learning_rat=1e-5"],

@@ -96,3 +96,39 @@ def test_reward_clip_runs_through_the_agentic_app_and_is_logged(tmp_path, tiny_m
     assert all(r["env/episode_reward"] < -0.05 for r in steps)  # some episode is clamped
     assert all(0.0 < r["train/reward_clip_frac"] <= 1.0 for r in steps)
     assert all(abs(r["train/advantage_mean"]) <= 0.05 + 1e-7 for r in steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_ppo_with_a_critic_learns_from_a_reward_model_scoring_episodes_at_their_end(
+    mode, tmp_path, tiny_model_dir
+):
+    """PPO (gae, a critic) in the agentic app with a reward model on its own role (sharing
+    device 0 with the trainers: it sleeps between scorings) adding its score at each episode's
+    end: every training and validation episode is scored, none fails, critic and actor train two
+    steps; asynchronously (actor_infer on device 1) the producer thread scores the rollouts."""
+    from rl_rollout.tiny_reward_models import build_tiny_reward_model
+
+    out = tmp_path / "rm"
+    rm = build_tiny_reward_model(tmp_path / "tiny_rm")
+    overrides = [*_overrides(out, tiny_model_dir, "gae"), "eval_steps=2",
+                 "rewards.rm.reward_fn=reward_model", f"rewards.rm.model_args.model_name_or_path={rm}",
+                 "rewards.rm.device_mapping=[0]", "rewards.rm.infer_batch_size=4"]  # fmt: skip
+    if mode == "async":
+        overrides += [
+            "num_gpus_per_node=2",
+            "actor_infer.device_mapping=[1]",
+            "async.max_staleness=1",
+        ]
+    assert app_main("agentic")(["--no-ray", *overrides]) == 0
+    rows = [json.loads(x) for x in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["reward/model/rm/scored"] == 8 and r["reward/model/rm/failed"] == 0
+        assert math.isfinite(r["reward/model/rm/mean"]) and r["failures/reward_failures"] == 0
+        assert math.isfinite(r["critic/vf_loss"]) and math.isfinite(r["train/loss"])
+    if mode == "async":
+        assert all(r["async/lag_max"] <= 1 for r in steps)
+    (val,) = [r for r in rows if "val/reward/model/rm/scored" in r]
+    assert val["val/reward/model/rm/scored"] == val["val/num_episodes"] > 0

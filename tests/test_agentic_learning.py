@@ -91,7 +91,7 @@ def test_rl_beats_the_warm_up_on_held_out_maps(tmp_path):
     # every 10 steps): 0.344 -> 0.477 at step 40, a gain of 0.133 = 3.09 standard errors; the
     # full default run passes through the same weights. The run is deterministic on one machine,
     # so the margin (0.033, about 0.8 standard error, above the bound) is there for another
-    # machine's float rounding, not for sampling luck; the 3-seed table in the README is the
+    # machine's float rounding, not for sampling luck; the 3-seed table in docs/agentic.md is the
     # claim about other seeds. With RL disabled (rl_loss_coef=0) the weights do not move and
     # the gain is exactly 0 (measured: 0.344 -> 0.344): the assertion fails.
     assert gain["gain"] >= 0.10 and gain["gain_in_se"] >= 2.2, gain

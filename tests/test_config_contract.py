@@ -355,6 +355,7 @@ RLVR_VARIANTS: list[dict[str, Any]] = [
     ALGO,
     {"actor_train": {"pg_variant": "gspo"}},
     {"use_pg_clip_range": False},
+    _merge(CRITIC, {"value_clip": 0.5}),  # PPO with GAE: a critic beside the actor
     VALIDATION := {
         "actor_train": {"data_args": {"eval_file_name": None}},
         "validation": {"data_args": {"file_name": "val.jsonl", "template": "qwen3"},
@@ -565,3 +566,22 @@ def test_vllm_options_named_by_verl_hints_are_read_by_the_engine():
     }
     assert named - set(STRATEGY_DEFAULTS) == {"enable_sleep_mode", "enable_chunked_prefill"}
     assert "gpu_memory_utilization" in named and "tensor_parallel_size" in named
+
+
+def test_an_agentic_model_reward_domain_is_read_and_a_rule_domain_warned():
+    """In an agentic config a model reward domain scores episodes at their end: its keys are
+    read (no warning); a rule domain's still have no effect there (warned)."""
+    from rl_config.contract import contract_issues
+    from rl_config.loading import load_app_config
+
+    model = ["rewards.rm.reward_fn=reward_model", "rewards.rm.model_args.model_name_or_path=/m",
+             "rewards.rm.device_mapping=[0]", "rewards.rm.tag_included=[x]", "rewards.rm.timeout_s=5"]  # fmt: skip
+    rule = ["rewards.m.reward_fn=math_rule", "rewards.m.tag_included=[y]"]
+    cfg, _ = load_app_config(ROOT / "apps/agentic/configs/cpu_default.yaml", [*model, *rule],
+                             section="agentic_app")  # fmt: skip
+    errors, warnings = contract_issues(cfg)
+    assert errors == [] and not [w for w in warnings if w.startswith("rewards.rm.")]
+    assert sorted(w.split("=")[0] for w in warnings) == [
+        "rewards.m.reward_fn",
+        "rewards.m.tag_included",
+    ]

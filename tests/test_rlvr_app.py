@@ -731,7 +731,12 @@ def test_turning_on_kl_when_resuming_a_warmed_up_run_without_its_reference_is_re
     checkpoint; resuming it as it was goes on."""
     # no dynamic sampling: the tiny model may solve no prompt, and a run that trained on nothing
     # is an error
-    common = {"max_steps": 1, "save_steps": 1, "eval_steps": 100, "dynamic_sampling.enable": "false"}
+    common = {
+        "max_steps": 1,
+        "save_steps": 1,
+        "eval_steps": 100,
+        "dynamic_sampling.enable": "false",
+    }
     out = tmp_path / "run"
     _run_app(out, "--no-ray", **common)
     assert not (out / "ckpt" / "step-000001" / "reference").exists()

@@ -307,7 +307,8 @@ def test_fully_async_staleness_partial_rollout_and_its_step(
         (f"{A}.rollout.engine_kwargs.trtllm.batch_wait_timeout_iters=2", "TensorRT-LLM"),
         (f"{A}.model.exclude_modules=[lm_head]", "LoRA"),
         (f"{A}.actor.freeze_vision_tower=True", "vision-language"),
-        ("reward_model.enable=True", "reward_model section is not translated"),
+        ("reward_model.rollout.name=vllm", "generative reward model"),
+        ("reward_model.strategy=megatron", "Megatron"),
         ("algorithm.adv_estimator=optimal_token_baseline", "not implemented"),
         (f"{A}.actor.policy_loss.loss_mode=bypass_mode", "not implemented"),
         ("trainer.logger=['console','mlflow']", "mlflow"),
@@ -507,3 +508,31 @@ def test_gpg_loss_and_hybrid_sharding_translate():
     assert t.refused == []
     notes = {row.sources[0]: row.note for row in t.rows if not row.target}
     assert "all 4 ranks" in notes[f"{A}.actor.fsdp_config.fsdp_size"]
+
+
+def test_reward_model_enable_is_one_reward_model_domain_on_the_trainers_devices():
+    """verl returns the reward model's scores instead of the reward function's: one rewards
+    domain (every row is its) scored by the reward model, on the trainer's devices (verl's
+    global pool), micro_batch_size_per_gpu responses per forward; the reward function has no
+    effect then. Without enable its keys change nothing; what cannot be honoured is refused."""
+    rm = ["reward_model.enable=True", "reward_model.model.path=/models/rm"]
+    d = _ok(*rm, "reward_model.micro_batch_size_per_gpu=4", "trainer.n_gpus_per_node=2",
+            "reward_model.model.input_tokenizer=/models/policy", "reward_model.use_dynamic_bsz=True",
+            "custom_reward_function.path=/r.py")  # fmt: skip
+    assert d["rewards"] == {"reward_model": {
+        "reward_fn": "reward_model", "model_args": {"model_name_or_path": "/models/rm", "dtype": "bf16"},
+        "device_mapping": d["actor_train"]["device_mapping"], "infer_batch_size": 4}}  # fmt: skip
+    assert "custom_reward_function" not in d
+    assert (
+        _ok(*rm, "trainer.device=cpu")["rewards"]["reward_model"]["model_args"]["dtype"] == "fp32"
+    )
+    off = _t("reward_model.model.path=/models/rm", "reward_model.micro_batch_size_per_gpu=4")
+    assert off.refused == [] and "rewards" not in off.data
+    assert (
+        "read only with reward_model.enable"
+        in {r.sources[0]: r.note for r in off.rows}["reward_model.model.path"]
+    )
+    assert "required" in _refused("reward_model.enable=True")["reward_model.model.path"]
+    refused = _refused(*rm, "reward_model.enable_resource_pool=True", "reward_model.max_length=512")
+    assert "shares the trainer's devices" in refused["reward_model.enable_resource_pool"]
+    assert "not truncated" in refused["reward_model.max_length"]

@@ -66,7 +66,7 @@ def key(row: dict[str, str]) -> str:
 
 
 def test_roll_manifest_counts() -> None:
-    """The counts reported in the README (per ROLL version and pipeline kind)."""
+    """The counts reported in docs/rl-config.md (per ROLL version and pipeline kind)."""
     counts = Counter((r["version"], r["kind"], r["strategy"]) for r in ROWS)
     assert counts[("head", "agentic", "-")] == 4
     assert counts[("head", "rlvr", "-")] == 7
@@ -93,7 +93,7 @@ def refused_by_contract(path: Path) -> list[str]:
 
 def test_roll_examples_refused_for_what_they_would_train_are_counted() -> None:
     """The plain examples with reward domains that cannot be built (the refusals
-    the README reports): each is refused by name instead of trained otherwise."""
+    docs/rl-config.md reports): each is refused by name instead of trained otherwise."""
     refused = [r for r in PLAIN if refused_by_contract(ROLL / r["version"] / r["path"])]
     assert len(refused) == REFUSED_PLAIN_EXAMPLES
 

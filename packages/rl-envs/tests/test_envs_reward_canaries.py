@@ -1,5 +1,5 @@
 """Reward-hacking canaries: outputs a policy could learn to game the graders with. Each rule is
-pinned (README, "Rewards: canary rules")."""
+pinned (docs/rl-envs.md, "Rewards: canary rules")."""
 
 from __future__ import annotations
 

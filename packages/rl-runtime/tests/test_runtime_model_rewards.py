@@ -5,6 +5,7 @@ by device_mapping. In-process workers (`--no-ray`'s), tiny models built here."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +14,8 @@ import torch
 from rl_config.records import SamplingParams
 from rl_envs.rewards import RewardInput
 from rl_runtime.cluster.placement import plan_placement
-from rl_runtime.pipelines.rlvr.model_reward_plan import ModelRewardPlan
-from rl_runtime.pipelines.rlvr.model_rewards import ModelScorer, question_of
+from rl_runtime.compose.model_rewards import ModelRewardPlan
+from rl_runtime.step.model_rewards import ModelScorer, question_of
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +142,83 @@ def test_question_of_a_text_or_chat_prompt():
     assert question_of("plain") == "plain"
     assert question_of([{"role": "system", "content": "s"}, {"role": "user", "content": "u1"},
                         {"role": "assistant", "content": "a"}, {"role": "user", "content": "u2"}]) == "u2"  # fmt: skip
+
+
+def _episode(tok, tag: str, i: int, reward: float = -0.1, failed: bool = False):
+    """A two-turn episode of `tag`: prompt, then model and env tokens; env rewards on turns."""
+    from rl_config.records import Trajectory, Turn
+
+    prompt = tok(f"Move to the goal {i}.", add_special_tokens=False)["input_ids"]
+    act1, env1, act2 = (tok(x, add_special_tokens=False)["input_ids"]
+                        for x in (" left", " You moved.", f" right {i}"))  # fmt: skip
+    ids = [*prompt, *act1, *env1, *act2]
+    n, a, e = len(prompt), len(act1), len(env1)
+    mask = [False] * n + [True] * a + [False] * e + [True] * len(act2)
+    turns = [Turn(turn_idx=0, start=n, end=n + a, reward=reward),
+             Turn(turn_idx=1, start=n + a + e, end=len(ids), reward=reward)]  # fmt: skip
+    return Trajectory(traj_id=f"{tag}{i}", group_id=tag, tag=tag, env_seed=i, token_ids=ids,
+                      prompt_length=n, response_mask=mask, rollout_log_probs=[0.0] * len(ids),
+                      turns=turns, episode_reward=2 * reward, failed=failed)  # fmt: skip
+
+
+def test_episode_end_scores_add_to_the_last_turn_and_failures_are_screened(models):
+    """Agentic episode-end scoring: the judge's yes (1.0) is added to the last turn's reward and
+    the episode's reward of its tag's episodes only (another tag's and a failed episode are not
+    scored); the reward model's score is its forward of (first prompt, the rest) decoded; an
+    unreadable verdict fails the episode's reward, which screening then drops and counts."""
+    from transformers import AutoTokenizer
+
+    from rl_runtime.pipelines.agentic.episode_rewards import EpisodeScorer
+    from rl_runtime.step.failures import screen_failures
+
+    tok = AutoTokenizer.from_pretrained(models["rm"])
+    yes = _plan("llm_judge", models["yes"], tags=("A",))
+    rm = _plan("reward_model", models["rm"], domain="r", role="reward_r", tags=("B",))
+    maybe = _plan("llm_judge", models["maybe"], domain="m", role="reward_m", tags=("C",))
+    cluster = _start([yes, rm, maybe])
+    try:
+        eps = [_episode(tok, "A", 0), _episode(tok, "A", 1, failed=True), _episode(tok, "B", 2),
+               _episode(tok, "C", 3), _episode(tok, "D", 4)]  # fmt: skip
+        metrics = EpisodeScorer(cluster, [yes, rm, maybe], tok)(eps)
+        a, a_failed, b, c, d = eps
+        assert [t.reward for t in a.turns] == pytest.approx([-0.1, 0.9])
+        assert a.episode_reward == pytest.approx(0.8)
+        for t in (a_failed, d):  # not scored
+            assert [x.reward for x in t.turns] == [-0.1, -0.1] and t.episode_reward == -0.2
+        worker = cluster["reward_r"].workers[0]._obj
+        text = tok.decode(b.token_ids, skip_special_tokens=True)
+        prompt = tok.decode(b.token_ids[: b.prompt_length], skip_special_tokens=True)
+        direct = worker.score([[{"role": "user", "content": prompt},
+                                {"role": "assistant", "content": text[len(prompt):]}]], 1)[0]  # fmt: skip
+        assert b.turns[-1].reward == pytest.approx(-0.1 + direct, abs=1e-5)
+        assert metrics["reward/model/r/mean"] == pytest.approx(direct, abs=1e-5)
+        assert c.turns[-1].reward == -0.1 and c.turns[-1].info["reward_failed"]
+        assert "rewards.m: unreadable_verdict" in c.turns[-1].info["reward_error"]
+        assert metrics["reward/model/d/mean"] == 1.0 and metrics["reward/model/d/scored"] == 1
+        assert metrics["reward/model/m/failed"] == 1 and "reward/model/m/mean" not in metrics
+        screened = screen_failures(eps, 1.0)
+        assert c not in screened.kept and screened.metrics["failures/reward_failures"] == 1
+    finally:
+        cluster.shutdown()
+
+
+def test_episode_reward_domains_take_env_tags_and_one_model_per_tag():
+    from rl_config.loading import load_app_config
+    from rl_runtime.compose.model_rewards import build_episode_rewards
+
+    config = (
+        Path(__file__).resolve().parents[3] / "apps" / "agentic" / "configs" / "cpu_default.yaml"
+    )
+    base = ["rewards.j.reward_fn=reward_model", "rewards.j.model_args.model_name_or_path=/m",
+            "rewards.j.device_mapping=[0]"]  # fmt: skip
+    cfg, _ = load_app_config(config, base, section="agentic_app")
+    (plan,) = build_episode_rewards(cfg, ["A", "B"])
+    assert plan.tags == ("A", "B") and plan.role == "reward_j"  # unset: every env tag
+    cfg, _ = load_app_config(config, [*base, "rewards.j.tag_included=[Z]"], section="agentic_app")
+    with pytest.raises(ValueError, match=r"rewards.j.tag_included: \['Z'\] are no env's tag"):
+        build_episode_rewards(cfg, ["A"])
+    second = ["rewards.k.reward_fn=reward_model", "rewards.k.model_args.model_name_or_path=/m",
+              "rewards.k.device_mapping=[0]", "rewards.k.tag_included=[A]"]  # fmt: skip
+    cfg, _ = load_app_config(config, [*base, *second], section="agentic_app")
+    with pytest.raises(ValueError, match="env tag 'A' is scored by rewards.j already"):
+        build_episode_rewards(cfg, ["A"])

@@ -2,7 +2,8 @@
 
 One step: `rollout` (AgentLoop over env groups, + greedy baseline rollouts for estimators that
 need them) then `learn` (screen failed episodes, collate, then rl_runtime.step.policy_update:
-log-probs, advantages, train, weight sync). With `async:` the Runner runs `rollout` ahead on its producer thread
+log-probs, advantages, train, weight sync); model rewards score the episodes at their end
+(rl_runtime.pipelines.agentic.episode_rewards). With `async:` the Runner runs `rollout` ahead on its producer thread
 (rl_runtime.asynchrony.training). Evaluation: sampled and greedy validation episodes. Before training: an optional supervised
 warm-up on solver demonstrations. `RolloutOnlyRecipe` dumps trajectories instead of training.
 Setup, cadence, checkpoints, logging and teardown belong to the Runner; config translation to
@@ -47,9 +48,11 @@ STDOUT_KEYS = (
 
 
 class AgenticRecipe(Recipe):
-    def __init__(self, app: AppOptions, model_path: str) -> None:
+    def __init__(self, app: AppOptions, model_path: str, model_rewards: tuple = ()) -> None:
         self.app = app
         self.model_path = model_path
+        self.model_rewards = model_rewards  # rl_runtime.compose.model_rewards.ModelRewardPlan
+        self.score_episodes: Any = None
         self.pad_token_id = 0
         self.kl_ctl: Any = None
         self.distinct_val_maps = 0  # set by baselines()
@@ -62,6 +65,17 @@ class AgenticRecipe(Recipe):
             tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         )
         self.kl_ctl = ctx.components.kl.build()
+        if self.model_rewards:
+            from rl_runtime.pipelines.agentic.episode_rewards import EpisodeScorer
+
+            self.score_episodes = EpisodeScorer(ctx.cluster, self.model_rewards, tok)
+
+    def _scored(self, played: list, metrics: dict[str, float], prefix: str) -> list:
+        """`played` with the model rewards' episode-end scores added (their metrics into
+        `metrics`)."""
+        if self.score_episodes is not None:
+            metrics.update(self.score_episodes(played, prefix))
+        return played
 
     def state(self) -> dict[str, Any]:
         return {"kl_controller": self.kl_ctl.state_dict()}
@@ -82,13 +96,14 @@ class AgenticRecipe(Recipe):
         needs a greedy baseline, each trajectory's `baseline_reward` is the greedy episode's
         reward on the same env. Only actor_infer is called (asynchronous training runs
         this on the producer thread)."""
-        c = ctx.components
-        trajectories = play_split(ctx, "train", epoch=index)
+        c, metrics = ctx.components, {}
+        trajectories = self._scored(play_split(ctx, "train", epoch=index), metrics, "reward")
         if "baseline_scores" in c.advantage.needs:  # e.g. remax: greedy rollouts, same envs
             jobs, sampling = assignments(c, "train", index), c.sampling("train", index, True)
-            for t, g in zip(trajectories, play(ctx, jobs, sampling, "train"), strict=True):
+            greedy = self._scored(play(ctx, jobs, sampling, "train"), {}, "reward")
+            for t, g in zip(trajectories, greedy, strict=True):
                 t.baseline_reward = float(g.episode_reward)
-        return RolloutBatch(index, trajectories, sandbox_stats(ctx, "train"))
+        return RolloutBatch(index, trajectories, {**sandbox_stats(ctx, "train"), **metrics})
 
     def learn(self, ctx: Context, rollout_batch: RolloutBatch) -> dict[str, float]:
         """Train on the batch's episodes (failed ones screened out) and sync the weights."""
@@ -112,11 +127,17 @@ class AgenticRecipe(Recipe):
             return {}
         t0 = time.perf_counter()
         ctx.cluster.enter_phase("rollout")
-        played = play_split(ctx, "val", 0, render=self.app.render_val_envs)
+        scores: dict[str, float] = {}
+        played = self._scored(play_split(ctx, "val", 0, render=self.app.render_val_envs),
+                              scores, "val/reward")  # fmt: skip
         out = val_metrics(played)
         out["val/num_episodes"] = float(len(played))
         if self.app.eval_greedy:
-            out.update(val_metrics(play_split(ctx, "val", 0, greedy=True), prefix="val/greedy"))
+            greedy = self._scored(
+                play_split(ctx, "val", 0, greedy=True), scores, "val/greedy/reward"
+            )
+            out.update(val_metrics(greedy, prefix="val/greedy"))
+        out.update(scores)
         out.update({f"val/{k}": v for k, v in sandbox_stats(ctx, "val").items()})
         out["timing/eval"] = time.perf_counter() - t0
         return out

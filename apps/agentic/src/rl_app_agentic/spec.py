@@ -19,22 +19,37 @@ DEFAULT_CONFIG = APP_DIR / "configs" / "cpu_default.yaml"
 
 
 def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
-    """The components; a solver warm-up on training envs the solver cannot play is a refusal
-    (it would end the run after its start with no demonstration to learn from)."""
+    """The components, with a role per model reward scoring episodes at their end (the plan:
+    their `ModelRewardPlan`s); a solver warm-up on training envs the solver cannot play is a
+    refusal (it would end the run after its start with no demonstration to learn from)."""
+    import dataclasses
+
+    from rl_runtime.compose.model_rewards import build_episode_rewards
     from rl_runtime.pipelines.agentic.demos import tags_without_solver
     from rl_runtime.pipelines.agentic.rollout import env_configs
     from rl_runtime.run.runner import compose_here
 
     rollout_only = "rollout_only" in flags
     components = compose_here(cfg, rollout_only=rollout_only)
-    train = components.train_envs
+    train, val = components.train_envs, components.val_envs
+    tags = [*(train.tags if train else ()), *(val.tags if val else ())]
+    rewards = build_episode_rewards(cfg, list(dict.fromkeys(tags)))
+    if rollout_only and rewards:  # its dumps would hold the envs' rewards alone
+        refused = tuple(f"rewards.{m.domain}: --rollout-only dumps episodes with the envs' "
+                        "rewards; a model reward scores training and evaluation episodes only"
+                        for m in rewards)  # fmt: skip
+        return Composed(components, refusals=refused)
+    if rewards:  # their roles, placed with the others
+        roles = (*components.roles, *(m.role_plan() for m in rewards))
+        components = dataclasses.replace(components, roles=roles)
+    notes = tuple(note for m in rewards for note in m.notes)
     if app.warmup.steps <= 0 or rollout_only or train is None:
-        return Composed(components)
+        return Composed(components, plan=rewards, notes=notes)
     unplayable = tags_without_solver(train.tags, env_configs(components))
     refusals = tuple(f"agentic_app.warmup.steps={app.warmup.steps}: the warm-up plays the "
                      f"training envs with the BFS solver, which cannot play tag {tag!r} ({why}); "
                      "set agentic_app.warmup.steps=0" for tag, why in unplayable.items())  # fmt: skip
-    return Composed(components, refusals=refusals)
+    return Composed(components, plan=rewards, notes=notes, refusals=refusals)
 
 
 def run(cfg, app: AppOptions, composed: Composed, flags: frozenset[str]):
@@ -53,7 +68,11 @@ def run(cfg, app: AppOptions, composed: Composed, flags: frozenset[str]):
         export_hf=app.export_hf and not rollout_only,
         stdout_keys=STDOUT_KEYS,
     )
-    recipe = RolloutOnlyRecipe(cfg.output_dir) if rollout_only else AgenticRecipe(app, path)
+    recipe = (
+        RolloutOnlyRecipe(cfg.output_dir)
+        if rollout_only
+        else AgenticRecipe(app, path, model_rewards=composed.plan or ())
+    )
     return Runner(cfg, composed.components, recipe, options).run()
 
 

@@ -22,11 +22,11 @@ from rl_runtime.pipelines.rlvr.compose import RlvrPlan
 from rl_runtime.pipelines.rlvr.data import RlvrPrompts, Scorer, load_rlvr_prompts
 from rl_runtime.pipelines.rlvr.eval import held_out_accuracy
 from rl_runtime.pipelines.rlvr.metrics import add_batch_failures
-from rl_runtime.pipelines.rlvr.model_rewards import model_scorers
 from rl_runtime.pipelines.rlvr.rollout import GroupGenerator, rollout_batch
 from rl_runtime.run.recipe import Recipe
 from rl_runtime.run.runner import Context
 from rl_runtime.step.advantages import restore_kl_controller
+from rl_runtime.step.model_rewards import model_scorers
 from rl_runtime.step.policy_update import learn_on_groups
 
 STDOUT_KEYS = ("reward/mean", "reward/accuracy", "val/greedy/accuracy", "val/pass@k",

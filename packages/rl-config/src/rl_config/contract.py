@@ -214,7 +214,8 @@ AGENTIC_IGNORED: dict[str, str] = {
     "norm_std_type": "RLVR only (agentic pipelines use reward_normalization)",
     "reward_shift": "RLVR only (agentic pipelines use reward_normalization)",
     "reward_scale": "RLVR only (agentic pipelines use reward_normalization)",
-    "rewards.*": "RLVR reward domains (agentic rewards come from the envs)",
+    "rewards.*": "RLVR rule reward domains (agentic rewards come from the envs; a model "
+    "reward domain, llm_judge or reward_model, scores episodes at their end)",
     "custom_reward_function.*": "RLVR only (agentic rewards come from the envs)",
     "val_n_sample": "RLVR only (agentic validation plays val_env_manager's episodes)",
     "val_greedy": "RLVR only (agentic apps choose greedy validation themselves)",
@@ -233,9 +234,6 @@ RLVR_IGNORED: dict[str, str] = {
     "(ROLL's examples write ${reward_pretrain} there)",
     "actor_train.training_args.num_train_epochs": "ROLL's RLVR pipeline runs max_steps steps "
     "and repeats the prompts as needed (as ROLL, it does not read it)",
-    "critic.*": "the RLVR pipeline has no critic (a critic section is refused: use a "
-    "critic-free estimator such as grpo, rloo, reinforce_plus_plus)",
-    "value_clip": "the RLVR pipeline has no critic",
     **{
         f"{role}.data_args.*": "only actor_train.data_args are read (RLVR data and template)"
         for role in ("actor_infer", "reference", "critic")
@@ -546,16 +544,18 @@ def pipeline_kind(cfg: BaseModel) -> str | None:
 
 def _model_reward_keys(cfg: BaseModel) -> set[str]:
     """The ``rewards.<domain>.<field>`` keys a model reward's domain reads (``llm_judge``,
-    ``reward_model``: rl_runtime.pipelines.rlvr.model_reward_plan reads ``MODEL_REWARD_FIELDS``, which a
-    rule domain ignores)."""
+    ``reward_model``: rl_runtime.compose.model_rewards reads ``MODEL_REWARD_FIELDS``, which a
+    rule domain ignores, and the keys that choose the model and its rows: in an agentic config,
+    where rule domains have no effect, a model domain scores episodes at their end)."""
     from rl_config.schema.rewards import MODEL_REWARD_FIELDS
 
     rewards = getattr(cfg, "rewards", None) or {}
+    chosen_by = ("reward_fn", "worker_cls", "tag_included", "timeout_s")
     return {
         f"rewards.{domain}.{field}"
         for domain, section in rewards.items()
         if section.model_reward(domain) is not None
-        for field in MODEL_REWARD_FIELDS
+        for field in (*MODEL_REWARD_FIELDS, *chosen_by)
     }
 
 
@@ -569,7 +569,7 @@ def contract_issues(
     errors: list[tuple[str, str]] = []
     warnings: list[str] = []
     pipeline = pipeline or pipeline_kind(cfg)
-    model_fields = _model_reward_keys(cfg) if pipeline in (None, "rlvr") else set()
+    model_fields = _model_reward_keys(cfg) if pipeline in (None, "rlvr", "agentic") else set()
     for key, pattern, value, default in _leaf_values(cfg):
         found = declared(pattern, pipeline) or declared(key, pipeline)
         if found is None or key in model_fields:

@@ -938,10 +938,50 @@ def _async(out: Any, mode: str) -> None:
         out.covered.add(k)
 
 
+RM_KEYS = ("reward_model.model.path", "reward_model.micro_batch_size_per_gpu",
+           "reward_model.micro_batch_size", "reward_model.enable_resource_pool")  # fmt: skip
+
+
+def _reward_model(out: Any) -> bool:
+    """verl's `reward_model.enable`: a sequence-classification reward model scores every
+    response, and verl's reward manager returns its scores instead of a rule's. Here: the one
+    rewards domain `reward_model` (every row is its), on the trainer's devices (verl's global
+    pool), `micro_batch_size_per_gpu` responses per forward. Returns whether it is on."""
+    g = out.get
+    if not _bool(g("reward_model.enable")):
+        for key in RM_KEYS:
+            if key in out.given:
+                out.noop(key, "read only with reward_model.enable")
+        return False
+    path = g("reward_model.model.path")
+    if not path or str(path).startswith("~/models/FsfairX"):  # verl's placeholder default
+        out.refuse("reward_model.model.path", "required with reward_model.enable")
+    if _bool(g("reward_model.enable_resource_pool")):
+        out.refuse(
+            "reward_model.enable_resource_pool",
+            "the reward model shares the trainer's devices (verl's default pool); a pool of its "
+            "own is not translated",
+        )
+    src = ["reward_model.enable", "reward_model.model.path"]
+    d = "rewards.reward_model"
+    out.set(src, f"{d}.reward_fn", "reward_model", "scores every response, as verl returns "
+            "the reward model's scores instead of the reward function's")  # fmt: skip
+    out.set(src, f"{d}.model_args.model_name_or_path", str(path))
+    device = str(g("trainer.device") or "cuda").lower()
+    out.set(["trainer.device"], f"{d}.model_args.dtype", "fp32" if device == "cpu" else "bf16")
+    out.set(["reward_model.enable"], f"{d}.device_mapping",
+            out.data["actor_train"]["device_mapping"], "the trainer's devices (verl's global pool)")  # fmt: skip
+    micro = [k for k in RM_KEYS[1:3] if g(k) is not None]
+    if micro:
+        out.set(micro[:1], f"{d}.infer_batch_size", out.integer(micro[0]), "responses per forward")
+    return True
+
+
 def _reward(out: Any) -> None:
     from rl_config import verl_translate as vt
 
     g = out.get
+    scored_by_model = _reward_model(out)
     manager = g("reward_manager.name") or g("reward_model.reward_manager") or "naive"
     src = [k for k in ("reward_manager.name", "reward_model.reward_manager") if k in out.given]
     if str(manager) not in vt.REWARD_MANAGERS:
@@ -958,7 +998,11 @@ def _reward(out: Any) -> None:
         for k in src:
             out.noop(k, note)
     path = g("custom_reward_function.path")
-    if path:
+    if path and scored_by_model:
+        for k in ("custom_reward_function.path", "custom_reward_function.name"):
+            if k in out.given:
+                out.noop(k, "verl returns the reward model's scores when reward_model.enable")
+    elif path:
         out.set(["custom_reward_function.path"], "custom_reward_function.path", str(path))
         out.set(
             ["custom_reward_function.name"],

@@ -73,10 +73,11 @@ ULYSSES = (
     "a memory knob here: Ulysses sequence parallelism is not implemented, each device holds whole "
     "sequences and is a data-parallel rank (the same samples per optimizer step)"
 )
-LORA = "LoRA on the critic is not translated (the RLVR pipeline trains no critic)"
-RM = (
-    "verl's reward_model section is not translated; score with a reward model as a rewards domain "
-    "(rewards.<domain>.reward_fn: reward_model) in this stack's config"
+LORA = "LoRA on the critic is not translated (the critic trains all its weights)"
+RM = "reward_model.enable: a reward model scores every response (rewards.reward_model)"
+GENRM = (
+    "verl's generative reward model (reward loop rollout) is not translated; a judge is a "
+    "rewards domain with reward_fn: llm_judge in this stack's config"
 )
 PROFILER = "verl's profilers (nsys, npu, torch) are not run here; the run trains the same"
 MULTI_TURN = "verl's multi-turn tool rollout is not translated (apps/agentic runs multi-turn envs)"
@@ -407,7 +408,22 @@ RULES: dict[str, Rule] = {
     "reward_manager.name": derived("reward"),
     "reward_manager.module.path": only("custom reward managers are not loaded"),
     "reward_manager.module.name": noop("read only with reward_manager.module.path"),
-    "reward_model.enable": only(RM),
+    "reward_model.enable": derived(RM),
+    "reward_model.model.path": derived(RM),
+    "reward_model.micro_batch_size_per_gpu": derived(RM),
+    "reward_model.micro_batch_size": derived(RM),
+    "reward_model.enable_resource_pool": derived(RM),
+    "reward_model.strategy": only(MEGATRON, _STRATEGY_OK),
+    "reward_model.max_length": only("reward model inputs are not truncated"),
+    "reward_model.nnodes": noop("read only with reward_model.enable_resource_pool"),
+    "reward_model.n_gpus_per_node": noop("read only with reward_model.enable_resource_pool"),
+    "reward_model.model.input_tokenizer": noop(
+        "the reward model reads the decoded (prompt, response) chat with its own tokenizer and "
+        "chat template (verl's path for a tokenizer unlike the policy's)"
+    ),
+    "reward_model.model.trust_remote_code": only("remote model code is not run"),
+    "reward_model.model.external_lib": only("external model libraries are not imported"),
+    "reward_model.rollout.name": only(GENRM, lambda v: unset(v) or v == "???"),
     "reward_model.reward_manager": derived("reward"),
     "reward_model.launch_reward_fn_async": noop("rewards are scored in a sandbox pool"),
     "reward_model.use_reward_loop": noop("rule rewards are scored by the reward router"),
@@ -520,9 +536,9 @@ PATTERNS: list[tuple[str, Rule]] = [
     ("critic.cliprange_value", to("value_clip")),
     ("critic.rollout_n", noop("verl copies rollout.n here")),
     ("critic.loss_agg_mode", noop("the critic aggregates like the actor (loss_agg_mode)")),
-    ("reward_model.model.*", noop("read only with reward_model.enable")),
-    ("reward_model.rollout.*", noop("read only with reward_model.enable")),
-    ("reward_model.*", noop("read only with reward_model.enable")),
+    ("reward_model.model.*", noop("the reward model's loading options (memory, speed)")),
+    ("reward_model.rollout.*", noop("read only with reward_model.rollout.name")),
+    ("reward_model.*", noop("a memory, speed or profiling option of the reward model")),
     ("actor_rollout_ref.actor.fsdp_config.*", noop("an FSDP option with no counterpart here")),
 ]
 """Patterns of whole blocks, in order (the first that matches applies)."""

@@ -28,7 +28,7 @@ class CustomEnv(StrictModel):
     env_config: dict[str, Any] = Field(
         default_factory=dict,
         description="Constructor options of the env type (validated by the env itself; see "
-        "rl-envs' README), e.g. frozen_lake's size, p, is_slippery, random_start, random_goal, "
+        "docs/rl-envs.md), e.g. frozen_lake's size, p, is_slippery, random_start, random_goal, "
         "min_path_length, and every text game's layout_split (train|val: play only maps whose "
         "content hash falls in that split) and val_fraction (share of maps that are val).",
     )

@@ -34,7 +34,7 @@ MODEL_REWARD_FIELDS = (
     "infer_batch_size", "world_size", "judge_prompt", "judge_model_type", "judge_verdict",
     "reward_normalize",
 )  # fmt: skip
-"""The fields a model reward's domain reads (rl_runtime.pipelines.rlvr.model_reward_plan); a rule domain
+"""The fields a model reward's domain reads (rl_runtime.compose.model_rewards); a rule domain
 ignores them (rl_config.contract warns)."""
 
 

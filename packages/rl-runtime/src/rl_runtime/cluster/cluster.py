@@ -164,7 +164,7 @@ class Cluster:
 
     def colocated_with_infer(self) -> list[str]:
         """The training roles sharing devices with the engines (a model reward's role wakes
-        and sleeps around its own scorings: rl_runtime.pipelines.rlvr.model_rewards)."""
+        and sleeps around its own scorings: rl_runtime.step.model_rewards)."""
         if INFER_ROLE not in self.plan.roles:
             return []
         shared = self.plan.roles[INFER_ROLE].colocated_with

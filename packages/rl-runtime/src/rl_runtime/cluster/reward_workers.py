@@ -1,5 +1,5 @@
 """The workers of model rewards (Ray actors, or in-process with `--no-ray`), one role per model
-domain (rl_runtime.pipelines.rlvr.model_reward_plan), registered by reward kind (`REWARD_WORKERS`).
+domain (rl_runtime.compose.model_rewards), registered by reward kind (`REWARD_WORKERS`).
 
 `JudgeWorker`: a generative judge behind rl-rollout's engine protocol (`build_engine`: hf_infer
 or vllm, as rollout): chats in, verdict texts out. `RewardModelWorker`: a

@@ -32,7 +32,7 @@ class RolePlan:
     training_args: TrainingArgs | None = None
     model_args: ModelArgs | None = None
     loss: ActorLossConfig | CriticLossConfig | None = None
-    #: a model reward's role (rl_runtime.pipelines.rlvr.model_reward_plan): llm_judge | reward_model
+    #: a model reward's role (rl_runtime.compose.model_rewards): llm_judge | reward_model
     reward: str | None = None
     #: its chat template (data_args.template)
     template: str | None = None

@@ -2,7 +2,7 @@
 correct digit chosen and a wrong digit rejected. A runs over 10..9999; the held-out prompts use
 numbers A that never occur in training (disjoint by content), while A's last digit recurs, so
 the preference is learnable by a tiny model within minutes and checkable. (The harder 'last
-digit of A+B' was not learned by the 2-layer tiny model in 200 DPO steps: measured, see README.)"""
+digit of A+B' was not learned by the 2-layer tiny model in 200 DPO steps: measured, see docs/dpo.md.)"""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ from rl_config.records import SamplingParams
 from rl_envs.rewards.custom import load_custom_reward
 from rl_envs.rewards.router import RewardRouterSpec, reward_router_spec
 from rl_runtime.compose.losses import response_budget
+from rl_runtime.compose.model_rewards import ModelRewardPlan, build_model_rewards
 from rl_runtime.compose.run_settings import data_files
-from rl_runtime.pipelines.rlvr.model_reward_plan import ModelRewardPlan, build_model_rewards
 from rl_runtime.step.advantages import estimator_needs
 
 
@@ -242,11 +242,6 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
     from rl_rollout.templates import list_templates
     from rl_runtime.compose.sampling import build_sampling
 
-    if cfg.critic is not None:
-        raise ValueError(
-            "critic: the RLVR pipeline trains no critic (PPO with GAE is not implemented here); "
-            f"remove the section and use a critic-free adv_estimator (got {cfg.adv_estimator!r})"
-        )
     data = cfg.actor_train.data_args
     if data.prompt and data.messages:
         raise ValueError(

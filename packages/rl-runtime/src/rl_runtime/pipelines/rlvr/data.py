@@ -350,7 +350,7 @@ class Scorer:
     """Rewards by domain in the sandbox, DAPO's overlong penalty added when enabled; a failed
     call scores 0.0 and says so (`Scored.ok`, its `kind`: never silently zero; the callers count
     them, rl_runtime.pipelines.rlvr.metrics.count_failures). Model domains (a judge, a reward model) are
-    scored by `model_scorers` (rl_runtime.pipelines.rlvr.model_rewards). Thread-safe: asynchronous training scores
+    scored by `model_scorers` (rl_runtime.step.model_rewards). Thread-safe: asynchronous training scores
     rollout batches (producer thread) while evaluating."""
 
     def __init__(

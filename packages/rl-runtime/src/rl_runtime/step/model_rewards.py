@@ -19,7 +19,7 @@ from typing import Any
 from rl_envs.rewards.judge import judge_messages, parse_verdict
 from rl_envs.rewards.manager import RewardInput, RewardOutput
 from rl_runtime.cluster.rpc import RpcTimeoutError
-from rl_runtime.pipelines.rlvr.model_reward_plan import ModelRewardPlan
+from rl_runtime.compose.model_rewards import ModelRewardPlan
 from rl_runtime.step.collate import shard_rows
 
 

@@ -11,7 +11,8 @@ the same keys of a rule domain are warned about by rl_config.contract. Pure: not
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -50,6 +51,8 @@ class ModelRewardPlan:
     judge_prompt: str = field(default="", repr=False)
     verdict: str = ""
     normalize: bool = False
+    #: the domain's `tag_included` (agentic episode-end scoring: the env tags it scores)
+    tags: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=(), repr=False)
 
     def role_plan(self) -> RolePlan:
@@ -69,6 +72,31 @@ def build_model_rewards(cfg: Any) -> tuple[ModelRewardPlan, ...]:
         for domain, section in (cfg.rewards or {}).items()
         if (kind := section.model_reward(domain)) is not None
     )
+
+
+def build_episode_rewards(cfg: Any, env_tags: Sequence[str]) -> tuple[ModelRewardPlan, ...]:
+    """The model domains that score agentic episodes at their end (ValueError naming the key at
+    fault): each scores the episodes of the env tags in its `tag_included` (empty: every tag of
+    `env_tags`, the training and validation envs'); a tag is scored by one domain at most, and
+    a tag no env has is an error. Rule domains do not apply to episodes (rl_config.contract
+    warns about them)."""
+    plans = build_model_rewards(cfg)
+    owner: dict[str, str] = {}
+    for p in plans:
+        unknown = sorted(set(p.tags) - set(env_tags))
+        if unknown:
+            raise ValueError(
+                f"rewards.{p.domain}.tag_included: {unknown} are no env's tag; the envs' tags: "
+                f"{sorted(env_tags)}"
+            )
+        for tag in p.tags or env_tags:
+            if tag in owner:
+                raise ValueError(
+                    f"rewards.{p.domain}.tag_included: env tag {tag!r} is scored by "
+                    f"rewards.{owner[tag]} already; an episode is scored by one model"
+                )
+            owner[tag] = p.domain
+    return tuple(p if p.tags else replace(p, tags=tuple(env_tags)) for p in plans)
 
 
 def _plan(domain: str, s: Any, kind: str, cfg: Any) -> ModelRewardPlan:
@@ -110,7 +138,8 @@ def _plan(domain: str, s: Any, kind: str, cfg: Any) -> ModelRewardPlan:
     timeout = float(s.timeout_s) if s.timeout_s is not None else float(cfg.rpc_timeout)
     common: dict[str, Any] = dict(domain=domain, kind=kind, role=f"{ROLE_PREFIX}{domain}", model_path=path,
                   dtype=DTYPES[dtype], device_mapping=devices, template=template,
-                  batch_size=batch, timeout_s=timeout, notes=notes)  # fmt: skip
+                  batch_size=batch, timeout_s=timeout, tags=tuple(s.tag_included),
+                  notes=notes)  # fmt: skip
     if kind == "llm_judge":
         return _judge(key, s, common)
     for name in ("generating_args", "judge_prompt", "judge_model_type", "judge_verdict"):
