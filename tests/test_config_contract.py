@@ -20,7 +20,7 @@ from rl_config.loading import compose_config
 from rl_config.schema import ExperimentConfig
 from rl_runtime.compose import compose
 from rl_runtime.compose.envs import PROMPT_KEYS
-from rl_runtime.compose.rlvr import build_rlvr
+from rl_runtime.pipelines.rlvr.compose import build_rlvr
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLES = ("actor_train", "actor_infer", "reference", "critic")

@@ -371,7 +371,7 @@ PIPELINE_IGNORED: dict[str, dict[str, str]] = {
 """Per pipeline kind: keys of other pipelines, a warning only in a config of that kind."""
 
 PIPELINE_CONSUMED: dict[str, tuple[str, ...]] = {
-    # read by rl_runtime.compose.rlvr (apps/rlvr); rl_envs.rewards.router.reward_router_spec
+    # read by rl_runtime.pipelines.rlvr.compose (apps/rlvr); rl_envs.rewards.router.reward_router_spec
     # reads worker_cls to pick a domain's reward
     "rlvr": (
         "rewards.*.worker_cls",
