@@ -13,9 +13,9 @@ import torch
 from rl_config.errors import ConfigError
 from rl_config.records import Trajectory, Turn
 from rl_config.schema import ExperimentConfig
-from rl_runtime.advantages import compute_advantages, update_kl_controller
-from rl_runtime.collate import collate_trajectories
 from rl_runtime.compose import compose
+from rl_runtime.step.advantages import compute_advantages, update_kl_controller
+from rl_runtime.step.collate import collate_trajectories
 from rl_train.args import LogprobSampling
 from rl_train.losses import build_actor_loss
 from rl_train.types import ForwardOutput, LossContext
@@ -482,7 +482,7 @@ def test_a_resumed_kl_controller_keeps_only_an_adaptive_coefficient():
     the coefficient an adaptive controller evolved to: its target and horizon, a fixed
     coefficient and the kind of controller are the config's (resume_guard warns they apply)."""
     from rl_algos.kl_control import AdaptiveKLController, FixedKLController
-    from rl_runtime.advantages import KLControlConfig, restore_kl_controller
+    from rl_runtime.step.advantages import KLControlConfig, restore_kl_controller
 
     evolved = AdaptiveKLController(0.37, target=0.5, horizon=100).state_dict()
     adaptive = KLControlConfig(init_coef=0.2, target=0.01, horizon=50).build()
@@ -507,7 +507,7 @@ ROLL_TURN = (
 def test_roll_agent_templates_set_the_envs_prompts():
     """ROLL's `agent_system_template` / `agent_template` are the prompts the built env gives
     the agent loop (system message; each turn's user message, ROLL's placeholders filled)."""
-    from rl_runtime.envs import make_envs
+    from rl_runtime.step.envs import make_envs
 
     envs = {"FL": {"agent_system_template": "Play well.", "agent_template": ROLL_TURN}}
     specs = _components({"custom_envs": envs}).env_specs

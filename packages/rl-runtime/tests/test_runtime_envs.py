@@ -1,6 +1,6 @@
 import pytest
 
-from rl_runtime.envs import GroupSeededEnv, env_assignments, make_envs, member_seed
+from rl_runtime.step.envs import GroupSeededEnv, env_assignments, make_envs, member_seed
 
 
 def _assign(**kw):

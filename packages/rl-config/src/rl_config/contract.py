@@ -234,9 +234,6 @@ RLVR_IGNORED: dict[str, str] = {
     "(ROLL's examples write ${reward_pretrain} there)",
     "actor_train.training_args.num_train_epochs": "ROLL's RLVR pipeline runs max_steps steps "
     "and repeats the prompts as needed (as ROLL, it does not read it)",
-    "critic.*": "the RLVR pipeline has no critic (a critic section is refused: use a "
-    "critic-free estimator such as grpo, rloo, reinforce_plus_plus)",
-    "value_clip": "the RLVR pipeline has no critic",
     **{
         f"{role}.data_args.*": "only actor_train.data_args are read (RLVR data and template)"
         for role in ("actor_infer", "reference", "critic")
@@ -374,7 +371,7 @@ PIPELINE_IGNORED: dict[str, dict[str, str]] = {
 """Per pipeline kind: keys of other pipelines, a warning only in a config of that kind."""
 
 PIPELINE_CONSUMED: dict[str, tuple[str, ...]] = {
-    # read by rl_runtime.compose.rlvr (apps/rlvr); rl_envs.rewards.router.reward_router_spec
+    # read by rl_runtime.pipelines.rlvr.compose (apps/rlvr); rl_envs.rewards.router.reward_router_spec
     # reads worker_cls to pick a domain's reward
     "rlvr": (
         "rewards.*.worker_cls",

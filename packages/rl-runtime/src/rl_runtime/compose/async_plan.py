@@ -16,7 +16,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class AsyncPlan:
-    """Rollout running ahead of training (rl_runtime.async_training).
+    """Rollout running ahead of training (rl_runtime.asynchrony.training).
 
     max_staleness: weight versions a sample may lag behind the trainer (trainer_version -
     oldest_weight_version(sample) <= max_staleness, older samples are dropped and counted);

@@ -8,8 +8,8 @@ from typing import Any
 import msgspec
 
 from rl_config.records import SamplingParams
-from rl_runtime.advantages import AdvantageConfig, KLControlConfig
 from rl_runtime.compose.async_plan import AsyncPlan
+from rl_runtime.step.advantages import AdvantageConfig, KLControlConfig
 from rl_train.args import ModelArgs, TrainingArgs
 from rl_train.losses import ActorLossConfig, CriticLossConfig
 
@@ -110,7 +110,7 @@ class ClusterSettings:
     node_resources: tuple[str, ...] | None = None
     #: address of the weight-sync store on the trainer's node; None: chosen from the nodes
     sync_host: str | None = None
-    #: `weight_sync_transport`: auto | broadcast | shared_memory (rl_runtime.sync_transport)
+    #: `weight_sync_transport`: auto | broadcast | shared_memory (rl_runtime.cluster.sync_transport)
     sync_transport: str = "auto"
 
 
@@ -138,12 +138,12 @@ class Components:
     cluster: ClusterSettings
     sizes: dict[str, int]
     max_failed_fraction: float = 0.5
-    """Stop training when a batch has a larger share of failed episodes (rl_runtime.failures)."""
+    """Stop training when a batch has a larger share of failed episodes (rl_runtime.step.failures)."""
     sandbox_allow_weak_isolation: bool = False
     """Let untrusted reward/tool code run without network namespaces (rl-envs sandbox)."""
     warnings: tuple[str, ...] = field(default=())
     asynchronous: AsyncPlan | None = None
-    """Rollout running ahead of training (None: synchronous; rl_runtime.async_training)."""
+    """Rollout running ahead of training (None: synchronous; rl_runtime.asynchrony.training)."""
     reference_from_actor: bool = False
     """The reference log-probs are actor_train's with its LoRA adapter disabled (the reference
     is its base model; no reference worker: rl_runtime.compose.roles.reference_from_actor)."""

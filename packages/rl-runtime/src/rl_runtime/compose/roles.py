@@ -261,9 +261,9 @@ def reference_from_actor(cfg: Any) -> bool:
 
 def role_specs(components: Components, model_path: str, agent_mode: str = "lockstep") -> list:
     """`RoleSpec`s of the cluster, given the run's policy model path (runtime value)."""
-    from rl_runtime.cluster import RoleSpec
-    from rl_runtime.model_source import resolve_model
-    from rl_runtime.workers import RolloutWorker, TrainWorker
+    from rl_runtime.cluster.cluster import RoleSpec
+    from rl_runtime.cluster.workers import RolloutWorker, TrainWorker
+    from rl_runtime.run.model_source import resolve_model
 
     specs = []
     for r in components.roles:
@@ -271,8 +271,8 @@ def role_specs(components: Components, model_path: str, agent_mode: str = "locks
         path = resolve_model(
             r.model_path or model_path, key=key, system_envs=components.cluster.system_envs
         )
-        if r.reward is not None:  # a model reward's workers (rl_runtime.reward_workers)
-            from rl_runtime.reward_workers import reward_role_spec
+        if r.reward is not None:  # a model reward's workers (rl_runtime.cluster.reward_workers)
+            from rl_runtime.cluster.reward_workers import reward_role_spec
 
             specs.append(reward_role_spec(r, path, components.seed))
             continue

@@ -34,7 +34,7 @@ def build_checkpoint(cfg: Any) -> CheckpointSettings:
 
 def build_tracker(cfg: Any, warnings: list[str]) -> TrackerSettings:
     """The tracker's settings; appends a warning per `tracker_kwargs` key its backends ignore."""
-    from rl_runtime.tracking import KWARGS_BACKENDS, unread_tracker_kwargs
+    from rl_runtime.track.tracking import KWARGS_BACKENDS, unread_tracker_kwargs
 
     kwargs = dict(cfg.tracker_kwargs)
     warnings += [
