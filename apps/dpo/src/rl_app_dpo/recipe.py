@@ -26,6 +26,7 @@ from rl_runtime.pipelines.dpo.step import (
     held_out_metrics,
     reference_logps,
 )
+from rl_runtime.run.recipe import Recipe
 from rl_runtime.run.runner import Context
 
 STDOUT_KEYS = (
@@ -38,7 +39,7 @@ STDOUT_KEYS = (
 )
 
 
-class DPORecipe:
+class DPORecipe(Recipe):
     def __init__(self, app: AppOptions, model_path: str) -> None:
         self.app = app
         self.model_path = model_path

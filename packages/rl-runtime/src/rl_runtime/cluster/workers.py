@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from rl_runtime.state.seeds import engine_seed, seed_globals, worker_seed
+
 
 def _init_process(dist_env: Mapping[str, str], seed: int) -> None:
     """Environment, threads and every global RNG stream of a worker process (torch, python,
@@ -27,16 +29,10 @@ def _init_process(dist_env: Mapping[str, str], seed: int) -> None:
     could not be repeated nor a resumed worker match an uninterrupted one. Torch's threads:
     ``OMP_NUM_THREADS``, which the cluster sets for its workers
     (rl_runtime.cluster.ray_setup.worker_threads), else 1."""
-    import random
-
-    import numpy as np
-
     os.environ.update({k: str(v) for k, v in dist_env.items()})
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS") or 1)))
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
+    seed_globals(seed)
 
 
 def _outputs(out: Any) -> dict[str, torch.Tensor]:
@@ -72,7 +68,7 @@ class TrainWorker:
         seed: int = 0,
         sync_adapter_only: bool = False,
     ) -> None:
-        _init_process(dist_env, seed + rank)
+        _init_process(dist_env, worker_seed(seed, "train", rank))
         self.rank = rank
         self.role = role
         #: weight syncs to the engines carry the LoRA adapter only (rl_sync.adapter), which the
@@ -390,7 +386,7 @@ class RolloutWorker:
         agent_kwargs: Mapping[str, Any] | None = None,
         sandbox_allow_weak_isolation: bool = False,
     ) -> None:
-        _init_process(dist_env, seed + 1000 + rank)
+        _init_process(dist_env, worker_seed(seed, "rollout", rank))
         from transformers import AutoTokenizer
 
         from rl_envs.sandbox.shared import configure_shared_pool
@@ -405,7 +401,7 @@ class RolloutWorker:
             model_path,
             dict(strategy_config or {}),
             dtype=dtype,
-            seed=seed + rank,
+            seed=engine_seed(seed, rank),
         )
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.env_configs = {k: dict(v) for k, v in (env_configs or {}).items()}

@@ -52,19 +52,17 @@ With `components.asynchronous`, rollout runs ahead of the trainer (rl_runtime.as
 from __future__ import annotations
 
 import os
-import random
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
 import torch
 
 from rl_runtime.cli.export import MODEL_PATH_KEY
-from rl_runtime.compose import Components, role_specs
+from rl_runtime.compose import Components, RunComponents, role_specs
 from rl_runtime.run.interrupts import RunInterrupted, handle_interrupts, resume_command, stopping
 from rl_runtime.run.previous_run import (
     CURVES_NAME,
@@ -73,9 +71,11 @@ from rl_runtime.run.previous_run import (
     earlier_run_outputs,
     set_aside_previous_run,
 )
+from rl_runtime.run.recipe import Recipe
 from rl_runtime.run.resume_guard import app_record, check_resume, check_resume_step, config_record
 from rl_runtime.run.run_lock import run_directories_lock
 from rl_runtime.state.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
+from rl_runtime.state.seeds import seed_globals
 from rl_runtime.step.metrics import TRAINED_SAMPLES_KEY, skip_reason
 from rl_runtime.track.summary_json import write_summary
 from rl_runtime.track.timing import PhaseTimer, StepProgress, long_phase
@@ -93,12 +93,6 @@ SKIPPED_STEPS_KEY = "skipped_steps"
 class NothingTrainedError(RuntimeError):
     """Every step of the run trained on nothing (rl_runtime.step.metrics.skip_reason): the policy is
     the one it started from, and the run ends with this error instead of a results table."""
-
-
-class Recipe(Protocol):
-    def step(self, ctx: Context) -> dict[str, float]: ...
-
-    def evaluate(self, ctx: Context) -> dict[str, float]: ...
 
 
 @dataclass
@@ -285,7 +279,9 @@ class RunResult:
     outputs: dict[str, str] = field(default_factory=dict)
 
 
-def run_outputs(components: Components, curves: str | None, hf_model: str | None) -> dict[str, str]:
+def run_outputs(
+    components: RunComponents, curves: str | None, hf_model: str | None
+) -> dict[str, str]:
     """Where a run's results are, by kind (the last line of a run, summary.json's `outputs`):
     checkpoints, logs (metrics.jsonl), tensorboard (when tracked), curves, summary, hf_model.
     A pipeline or command that writes more adds its entry here."""
@@ -435,7 +431,7 @@ def check_optional_packages(cfg: Any) -> list[str]:
     return [e.describe() for e in missing]
 
 
-def check_in_process(components: Components, use_ray: bool) -> list[str]:
+def check_in_process(components: RunComponents, use_ray: bool) -> list[str]:
     """Without Ray (`--no-ray`) every worker runs in this process, and a process holds one rank
     of a training role's process group: a ``ConfigError`` naming each training role mapped to
     more than one rank, before anything starts (its first rank would otherwise wait for the
@@ -500,14 +496,10 @@ def sandbox_hidden_env() -> dict[str, str]:
     return {HIDE_VARIABLE: value} if value else {}
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 class Runner:
-    def __init__(self, cfg: Any, components: Components, recipe: Any, options: RunOptions) -> None:
+    def __init__(
+        self, cfg: Any, components: RunComponents, recipe: Recipe, options: RunOptions
+    ) -> None:
         self.cfg = cfg
         self.components = components
         self.recipe = recipe
@@ -617,9 +609,9 @@ class Runner:
         from rl_sync.device import detect_device_kind, ray_resource_name
 
         c, o = self.components, self.options
-        seed_everything(c.seed)
+        seed_globals(c.seed)
         kind = detect_device_kind()
-        specs = self.recipe.roles(c) if hasattr(self.recipe, "roles") else None
+        specs = self.recipe.roles(c)
         cluster = Cluster.start(
             specs or role_specs(c, o.model_path, o.agent_mode),
             num_devices=c.cluster.num_devices,
@@ -662,8 +654,7 @@ class Runner:
                 host=c.cluster.sync_host,
                 transport=c.cluster.sync_transport,
             )
-        if hasattr(self.recipe, "setup"):
-            self.recipe.setup(self.ctx)
+        self.recipe.setup(self.ctx)
         return self.ctx
 
     # ------------------------------------------------------------------------ checkpoints
@@ -682,7 +673,7 @@ class Runner:
             if ctx.warmed_up and ctx.cluster.has("reference"):  # not `pretrain` (see restore)
                 ctx.cluster["reference"].call_all("export_hf", str(d / "reference"))
 
-        recipe_state = self.recipe.state() if hasattr(self.recipe, "state") else {}
+        recipe_state = self.recipe.state()
         extra: dict[str, Any] = {
             "recipe": recipe_state,
             "config": config_record(self.cfg),
@@ -727,8 +718,7 @@ class Runner:
         self.eval_before = dict(state.extra.get("eval_before") or {})
         self.load_throughput_state(state.extra.get(THROUGHPUT_KEY), str(path))
         self.skipped_steps = int(state.extra.get(SKIPPED_STEPS_KEY) or 0)
-        if hasattr(self.recipe, "load_state"):
-            self.recipe.load_state(dict(state.extra.get("recipe") or {}))
+        self.recipe.load_state(dict(state.extra.get("recipe") or {}))
         from rl_runtime.asynchrony.training import STATE_KEY, restore_rollout_state
 
         if state.extra.get(STATE_KEY):  # rollout drew ahead of the trainer: back to its batch
@@ -756,17 +746,15 @@ class Runner:
             after: dict[str, float] = {}
             try:
                 ctx = self._setup()
-                if hasattr(self.recipe, "baselines"):
-                    with long_phase("baselines"):
-                        self.baselines = self.recipe.baselines(ctx)
+                with long_phase("baselines"):
+                    self.baselines = self.recipe.baselines(ctx)
                 if resume is not None and state is not None:
                     self.restore(resume, state)
                 else:
-                    if hasattr(self.recipe, "before_training"):
-                        with long_phase("warm-up"):
-                            warm = self.recipe.before_training(ctx) or {}
-                        if warm:
-                            ctx.log(warm, step=0)
+                    with long_phase("warm-up"):
+                        warm = self.recipe.before_training(ctx) or {}
+                    if warm:
+                        ctx.log(warm, step=0)
                     if self.options.eval_before_training and self.components.cadence.eval_steps:
                         with long_phase("evaluation before training"):
                             self.eval_before = self.recipe.evaluate(ctx)
@@ -950,7 +938,7 @@ class Runner:
             curves=str(png) if png else None,
             hf_model=hf_dir,
             baselines=self.baselines,
-            summary=self.recipe.summary(before, after) if hasattr(self.recipe, "summary") else {},
+            summary=self.recipe.summary(before, after),
             throughput={
                 "scope": "run",
                 "samples_per_s": self.samples_per_s(),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -378,14 +378,3 @@ def _step_estimate(
         step_adv, hit = clip_row_values(step_adv, rows["step_mask"], cfg.reward_clip)
     adv = torch.zeros(mask.shape, dtype=torch.float32).index_add_(0, row_of, step_adv)
     return adv, adv, hit
-
-
-def group_success_stats(batch: CollatedBatch, keys: Sequence[str]) -> dict[str, float]:
-    """Mean success and reward per key (e.g. tags)."""
-    t = batch.tensors
-    out: dict[str, float] = {}
-    for key in dict.fromkeys(keys):
-        idx = [i for i, k in enumerate(keys) if k == key]
-        out[f"{key}/success_rate"] = float(t["success"][idx].mean())
-        out[f"{key}/episode_reward"] = float(t["episode_rewards"][idx].mean())
-    return out
