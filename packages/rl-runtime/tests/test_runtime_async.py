@@ -18,6 +18,7 @@ from rl_runtime.asynchrony.queue import (
     SampleQueue,
 )
 from rl_runtime.asynchrony.staleness import LagStats, StalenessError, filter_stale
+from rl_runtime.run.recipe import Recipe
 
 
 def traj(group: str, version: int, token_versions: list[int] | None = None, k: int = 0):
@@ -606,7 +607,7 @@ class FakeCluster:
         return self.colocated
 
 
-class SplitRecipe:
+class SplitRecipe(Recipe):
     def rollout(self, ctx, index):
         return RolloutBatch(index, [])
 
@@ -664,7 +665,7 @@ def test_trainer_progress_never_goes_back():
     assert producer._gate_open(3) and not producer._gate_open(4)
 
 
-class ScreeningRecipe:
+class ScreeningRecipe(Recipe):
     """Batches of 4 samples of one group, the sample `k == 1` of each one whose reward call
     failed; `learn` is the recipes' own path up to train_step: failed episodes screened out
     (rl_runtime.step.failures), the rest collated, `rollout_metrics` of what is trained."""

@@ -11,7 +11,18 @@ from pathlib import Path
 import pytest
 
 from rl_config.errors import ConfigError
-from rl_runtime.run.model_source import check_policy_model, policy_model, resolve_model
+from rl_runtime.run.model_source import policy_model, resolve_model, tiny_model_to_build
+
+
+def check_policy_model(pretrain: str, *, build_at: str | None = None,
+                       key: str = "build_tiny_model") -> list:  # fmt: skip
+    """What `policy_model` would refuse, without building anything: the issues (empty: fine)."""
+    try:
+        if not tiny_model_to_build(pretrain, build_at, key):
+            resolve_model(pretrain, key="pretrain")
+    except ConfigError as exc:
+        return list(exc.issues)
+    return []
 
 
 def _model_dir(path: Path) -> Path:

@@ -21,6 +21,7 @@ from rl_config.schema import ExperimentConfig
 from rl_runtime.cluster.cluster import RoleSpec
 from rl_runtime.compose import compose
 from rl_runtime.run.options import RunOptions
+from rl_runtime.run.recipe import Recipe
 from rl_runtime.run.run_lock import LOCK_NAME, RunDirectoryInUseError, run_directory_lock
 from rl_runtime.run.runner import Runner
 
@@ -78,7 +79,7 @@ class FakeEngine:
     def shutdown(self) -> None: ...
 
 
-class FakeRecipe:
+class FakeRecipe(Recipe):
     def __init__(self, fail_at: int | None = None) -> None:
         self.fail_at = fail_at
         self.calls: list[tuple[str, int]] = []

@@ -26,6 +26,8 @@ from rl_runtime.pipelines.agentic.rollout import (
     sandbox_stats,
 )
 from rl_runtime.run.context import Context, engine_weight_diff
+from rl_runtime.run.recipe import Recipe
+from rl_runtime.state.seeds import demo_env_seed
 from rl_runtime.step.advantages import restore_kl_controller
 from rl_runtime.step.collate import collate_trajectories
 from rl_runtime.step.failures import screen_failures
@@ -45,7 +47,7 @@ STDOUT_KEYS = (
 )
 
 
-class AgenticRecipe:
+class AgenticRecipe(Recipe):
     def __init__(self, app: AppOptions, model_path: str, model_rewards: tuple = ()) -> None:
         self.app = app
         self.model_path = model_path
@@ -152,7 +154,7 @@ class AgenticRecipe:
             tags=list(c.train_envs.tags),
             env_configs=env_configs(c),
             num_episodes=w.episodes,
-            base_seed=c.seed + 1_000_000,
+            base_seed=demo_env_seed(c.seed),
             max_tokens_per_step=c.agent.max_tokens_per_step,
             max_sequence_length=c.sequence_length,
             action_noise=w.action_noise,

@@ -27,6 +27,7 @@ from rl_runtime.pipelines.dpo.step import (
     reference_logps,
 )
 from rl_runtime.run.context import Context
+from rl_runtime.run.recipe import Recipe
 
 STDOUT_KEYS = (
     "train/loss",
@@ -38,7 +39,7 @@ STDOUT_KEYS = (
 )
 
 
-class DPORecipe:
+class DPORecipe(Recipe):
     def __init__(self, app: AppOptions, model_path: str) -> None:
         self.app = app
         self.model_path = model_path

@@ -32,12 +32,12 @@ def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
     ):
         raise ValueError("dpo_app.generate_arithmetic needs one data_args.file_name and one "
                          "data_args.eval_file_name to write")  # fmt: skip
+    from rl_runtime.compose.run_settings import data_files
     from rl_runtime.pipelines.dpo.data import first_rows_problem
     from rl_runtime.run.preflight import FIRST_ROWS, DataFiles
 
-    def files(value: str | list[str] | None) -> tuple[str, ...]:
-        return () if not value or app.generate_arithmetic else tuple(
-            [value] if isinstance(value, str) else value)  # fmt: skip
+    def files(value: str | list[str] | None) -> tuple[str, ...]:  # generated: nothing to read yet
+        return () if not value or app.generate_arithmetic else data_files(value)
 
     components = compose_dpo(cfg, **machine_kwargs())
     plan = components.preference.data

@@ -25,6 +25,7 @@ from rl_runtime.pipelines.rlvr.metrics import add_batch_failures
 from rl_runtime.pipelines.rlvr.rollout import GroupGenerator, rollout_batch
 from rl_runtime.pipelines.rlvr.scoring import Scorer
 from rl_runtime.run.context import Context
+from rl_runtime.run.recipe import Recipe
 from rl_runtime.step.advantages import restore_kl_controller
 from rl_runtime.step.model_rewards import model_scorers
 from rl_runtime.step.policy_update import learn_on_groups
@@ -36,7 +37,7 @@ PROGRESS_KEYS = ("reward/accuracy", "reward/mean", "val/accuracy",
                  "dynamic_sampling/dropped_groups", "async/lag_mean")  # fmt: skip
 
 
-class RlvrRecipe:
+class RlvrRecipe(Recipe):
     def __init__(self, app: AppOptions, plan: RlvrPlan, model_path: str) -> None:
         self.app, self.plan, self.model_path = app, plan, model_path
         self.kl_ctl: Any = None

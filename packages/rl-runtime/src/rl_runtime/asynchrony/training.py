@@ -23,6 +23,7 @@ from rl_runtime.asynchrony.producer import RolloutProducer
 from rl_runtime.asynchrony.queue import SampleQueue
 from rl_runtime.asynchrony.staleness import LagStats, filter_stale
 from rl_runtime.compose.async_plan import AsyncPlan
+from rl_runtime.run.recipe import Recipe, splits_step
 from rl_runtime.step.metrics import SKIPPED_KEY, TRAINED_SAMPLES_KEY
 
 STATE_KEY = "async"
@@ -35,19 +36,18 @@ class AsyncTraining:
     def __init__(
         self,
         plan: AsyncPlan,
-        recipe: Any,
+        recipe: Recipe,
         ctx: Any,
         *,
         samples_per_batch: int,
         start_index: int,
         stop_index: int,
     ) -> None:
-        for method in ("rollout", "learn"):
-            if not callable(getattr(recipe, method, None)):
-                raise TypeError(
-                    f"{type(recipe).__name__} has no `{method}`: asynchronous training needs a "
-                    "recipe whose step is split into rollout(ctx, index) and learn(ctx, batch)"
-                )
+        if not splits_step(recipe):
+            raise TypeError(
+                f"{type(recipe).__name__} has no `rollout` and `learn`: asynchronous training "
+                "needs a recipe whose step is split into rollout(ctx, index) and learn(ctx, batch)"
+            )
         colocated = ctx.cluster.colocated_with_infer()
         if colocated:
             raise RuntimeError(
@@ -67,7 +67,7 @@ class AsyncTraining:
             start_index=start_index,
             stop_index=stop_index,
             timeout_s=plan.wait_timeout_s,
-            rollout_state=getattr(recipe, "rollout_state", None),
+            rollout_state=recipe.rollout_state,
         )
 
     def start(self) -> None:
@@ -129,7 +129,7 @@ class AsyncTraining:
 
 
 def restore_rollout_state(
-    recipe: Any, state: dict[str, Any], step: int, weight_version: int
+    recipe: Recipe, state: dict[str, Any], step: int, weight_version: int
 ) -> None:
     """Resume from a checkpoint an asynchronous run wrote: its bookkeeping must name the step
     and trainer version the runner restored; the recipe's rollout side goes back to the state
@@ -141,9 +141,8 @@ def restore_rollout_state(
             f"{state['next_index']}) disagrees with its run state (version {weight_version}, "
             f"step {step})"
         )
-    load = getattr(recipe, "load_rollout_state", None)
-    if callable(load) and state.get("rollout_state") is not None:
-        load(state["rollout_state"])
+    if state.get("rollout_state") is not None:
+        recipe.load_rollout_state(state["rollout_state"])
 
 
 def start_async_training(

@@ -224,32 +224,26 @@ class DriverState:
 
     environ: dict[str, str]
     threads: int
-    rng: tuple[Any, Any, Any]  # torch CPU, python `random`, numpy legacy global
+    rng: dict[str, Any]  # torch CPU, python `random`, numpy legacy global (rl_train.checkpoint)
 
     @classmethod
     def take(cls) -> DriverState:
-        import random
-
-        import numpy as np
         import torch
 
-        rng = (torch.get_rng_state(), random.getstate(), np.random.get_state())
-        return cls(dict(os.environ), torch.get_num_threads(), rng)
+        from rl_train.checkpoint import capture_rng
+
+        return cls(dict(os.environ), torch.get_num_threads(), capture_rng())
 
     def restore(self) -> None:
-        import random
-
-        import numpy as np
         import torch
+
+        from rl_train.checkpoint import restore_rng
 
         for key in set(os.environ) - set(self.environ):
             del os.environ[key]
         os.environ.update(self.environ)
         torch.set_num_threads(self.threads)
-        torch_rng, python_rng, numpy_rng = self.rng
-        torch.set_rng_state(torch_rng)
-        random.setstate(python_rng)
-        np.random.set_state(numpy_rng)
+        restore_rng(self.rng)
 
 
 def embedded_fit_error(plan: PlacementPlan, available: Mapping[str, float]) -> Exception | None:
@@ -265,7 +259,3 @@ def embedded_fit_error(plan: PlacementPlan, available: Mapping[str, float]) -> E
             "num_cpus, lower cpu_per_bundle, map fewer devices, or join a cluster that has "
             "them (RAY_ADDRESS)")  # fmt: skip
     return ConfigError([ConfigIssue("placement", line + hint) for line in lines])
-
-
-def role_specs_summary(specs: Mapping[str, RoleSpec]) -> str:
-    return ", ".join(f"{r}={list(s.device_mapping)}" for r, s in specs.items())

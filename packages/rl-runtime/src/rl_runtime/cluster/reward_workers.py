@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from rl_runtime.cluster.worker_process import _init_process
+from rl_runtime.state.seeds import engine_seed, sample_seed, worker_seed
 
 
 class JudgeWorker:
@@ -36,14 +37,18 @@ class JudgeWorker:
         seed: int = 0,
         template: str = "native",
     ) -> None:
-        _init_process(dist_env, seed + 2000 + rank)
+        _init_process(dist_env, worker_seed(seed, "judge", rank))
         from transformers import AutoTokenizer
 
         from rl_rollout import build_engine
         from rl_rollout.templates import get_template
 
         self.engine = build_engine(
-            strategy_name, model_path, dict(strategy_config or {}), dtype=dtype, seed=seed + rank
+            strategy_name,
+            model_path,
+            dict(strategy_config or {}),
+            dtype=dtype,
+            seed=engine_seed(seed, rank),
         )
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.template = get_template(template, self.tokenizer)
@@ -55,7 +60,7 @@ class JudgeWorker:
         self, chats: Sequence[list[dict[str, str]]], sampling: Any, batch_size: int
     ) -> list[str]:
         """Each chat rendered with the judge's template and completed (`sampling`, request i
-        seeded `sampling.seed * 1009 + i`), `batch_size` requests per engine call; the
+        seeded `rl_runtime.state.seeds.sample_seed(sampling.seed, i)`), `batch_size` requests per engine call; the
         completions decoded without special tokens, in order."""
         import msgspec
 
@@ -72,7 +77,7 @@ class JudgeWorker:
                 GenerationRequest(
                     request_id=str(i),
                     prompt_ids=list(ids[i]),
-                    sampling=msgspec.structs.replace(sampling, n=1, seed=seed * 1009 + i),
+                    sampling=msgspec.structs.replace(sampling, n=1, seed=sample_seed(seed, i)),
                 )
                 for i in range(start, min(len(ids), start + batch_size))
             ]
@@ -111,7 +116,7 @@ class RewardModelWorker:
         strategy_name: str = "hf_infer",
         strategy_config: Mapping[str, Any] | None = None,
     ) -> None:
-        _init_process(dist_env, seed + 3000 + rank)
+        _init_process(dist_env, worker_seed(seed, "reward_model", rank))
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         from rl_rollout.templates import get_template

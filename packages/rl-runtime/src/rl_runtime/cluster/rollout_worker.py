@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from rl_runtime.cluster.worker_process import _init_process, _sync_metrics
+from rl_runtime.state.seeds import engine_seed, worker_seed
 
 
 class RolloutWorker:
@@ -31,7 +32,7 @@ class RolloutWorker:
         agent_kwargs: Mapping[str, Any] | None = None,
         sandbox_allow_weak_isolation: bool = False,
     ) -> None:
-        _init_process(dist_env, seed + 1000 + rank)
+        _init_process(dist_env, worker_seed(seed, "rollout", rank))
         from transformers import AutoTokenizer
 
         from rl_envs.sandbox.shared import configure_shared_pool
@@ -46,7 +47,7 @@ class RolloutWorker:
             model_path,
             dict(strategy_config or {}),
             dtype=dtype,
-            seed=seed + rank,
+            seed=engine_seed(seed, rank),
         )
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.env_configs = {k: dict(v) for k, v in (env_configs or {}).items()}

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from rl_runtime.cluster.worker_process import _init_process, _sync_metrics
+from rl_runtime.state.seeds import worker_seed
 
 
 def _outputs(out: Any) -> dict[str, torch.Tensor]:
@@ -50,7 +51,7 @@ class TrainWorker:
         seed: int = 0,
         sync_adapter_only: bool = False,
     ) -> None:
-        _init_process(dist_env, seed + rank)
+        _init_process(dist_env, worker_seed(seed, "train", rank))
         self.rank = rank
         self.role = role
         #: weight syncs to the engines carry the LoRA adapter only (rl_sync.adapter), which the

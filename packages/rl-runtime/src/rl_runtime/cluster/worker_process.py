@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from rl_runtime.state.seeds import seed_globals
+
 
 def _init_process(dist_env: Mapping[str, str], seed: int) -> None:
     """Environment, threads and every global RNG stream of a worker process (torch, python,
@@ -18,16 +20,10 @@ def _init_process(dist_env: Mapping[str, str], seed: int) -> None:
     could not be repeated nor a resumed worker match an uninterrupted one. Torch's threads:
     ``OMP_NUM_THREADS``, which the cluster sets for its workers
     (rl_runtime.cluster.ray_setup.worker_threads), else 1."""
-    import random
-
-    import numpy as np
-
     os.environ.update({k: str(v) for k, v in dist_env.items()})
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS") or 1)))
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
+    seed_globals(seed)
 
 
 def _sync_metrics(metrics: Any) -> dict[str, float]:

@@ -12,6 +12,13 @@ from rl_runtime.compose.components import (
 )
 
 
+def data_files(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """A `data_args.file_name`-style value (one path, a list of paths, or unset) as a tuple."""
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 def build_cadence(cfg: Any) -> Cadence:
     return Cadence(
         max_steps=cfg.max_steps,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rl_runtime.compose import Components
+from rl_runtime.compose import Components, RunComponents
 from rl_runtime.run.plan import placement_plan
 
 
@@ -41,7 +41,7 @@ def check_optional_packages(cfg: Any) -> list[str]:
     return [e.describe() for e in missing]
 
 
-def check_in_process(components: Components, use_ray: bool) -> list[str]:
+def check_in_process(components: RunComponents, use_ray: bool) -> list[str]:
     """Without Ray (`--no-ray`) every worker runs in this process, and a process holds one rank
     of a training role's process group: a ``ConfigError`` naming each training role mapped to
     more than one rank, before anything starts (its first rank would otherwise wait for the

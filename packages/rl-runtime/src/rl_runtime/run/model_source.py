@@ -196,19 +196,3 @@ def policy_model(
 
         return str(Path(build_tiny_model(pretrain, **asdict(tiny_model))).resolve())
     return resolve_model(pretrain, key="pretrain", system_envs=system_envs)
-
-
-def check_policy_model(
-    pretrain: str,
-    *,
-    build_at: str | None = None,
-    key: str = "build_tiny_model",
-    system_envs: Mapping[str, Any] | None = None,
-) -> list[ConfigIssue]:
-    """What `policy_model` would refuse, without building anything: the issues (empty: fine)."""
-    try:
-        if not tiny_model_to_build(pretrain, build_at, key):
-            resolve_model(pretrain, key="pretrain", system_envs=system_envs)
-    except ConfigError as exc:
-        return list(exc.issues)
-    return []

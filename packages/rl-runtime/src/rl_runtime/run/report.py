@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rl_runtime.compose import Components
+from rl_runtime.compose import RunComponents
 from rl_runtime.run.options import RunResult
 from rl_runtime.run.previous_run import SUMMARY_NAME
 from rl_runtime.track.tracking import tracker_log_dir
@@ -30,7 +30,9 @@ class NothingTrainedError(RuntimeError):
         )
 
 
-def run_outputs(components: Components, curves: str | None, hf_model: str | None) -> dict[str, str]:
+def run_outputs(
+    components: RunComponents, curves: str | None, hf_model: str | None
+) -> dict[str, str]:
     """Where a run's results are, by kind (the last line of a run, summary.json's `outputs`):
     checkpoints, logs (metrics.jsonl), tensorboard (when tracked), curves, summary, hf_model.
     A pipeline or command that writes more adds its entry here."""

@@ -18,27 +18,25 @@ With `components.asynchronous`, rollout runs ahead of the trainer (rl_runtime.as
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from rl_runtime.asynchrony.training import open_rollout_gate
 from rl_runtime.cli.export import MODEL_PATH_KEY
-from rl_runtime.compose import Components, role_specs
+from rl_runtime.compose import RunComponents, role_specs
 from rl_runtime.run.checks import sandbox_hidden_env
 from rl_runtime.run.context import Context
 from rl_runtime.run.interrupts import RunInterrupted, handle_interrupts, resume_command, stopping
 from rl_runtime.run.options import RunOptions, RunResult
 from rl_runtime.run.previous_run import CURVES_NAME, HF_MODEL_NAME, SUMMARY_NAME
+from rl_runtime.run.recipe import Recipe
 from rl_runtime.run.report import NothingTrainedError, interrupted_summary, run_outputs
 from rl_runtime.run.resume_guard import config_record
 from rl_runtime.run.run_lock import run_directories_lock
 from rl_runtime.run.start import announce, saved_reference, set_aside_and_record
 from rl_runtime.state.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
+from rl_runtime.state.seeds import seed_globals
 from rl_runtime.step.metrics import TRAINED_SAMPLES_KEY, skip_reason
 from rl_runtime.track.summary_json import write_summary
 from rl_runtime.track.throughput import Throughput
@@ -54,14 +52,10 @@ SKIPPED_STEPS_KEY = "skipped_steps"
 """Checkpoint state: the run's steps so far that trained on nothing (rl_runtime.step.metrics.skip_reason)."""
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 class Runner:
-    def __init__(self, cfg: Any, components: Components, recipe: Any, options: RunOptions) -> None:
+    def __init__(
+        self, cfg: Any, components: RunComponents, recipe: Recipe, options: RunOptions
+    ) -> None:
         self.cfg = cfg
         self.components = components
         self.recipe = recipe
@@ -105,9 +99,9 @@ class Runner:
         from rl_sync.device import detect_device_kind, ray_resource_name
 
         c, o = self.components, self.options
-        seed_everything(c.seed)
+        seed_globals(c.seed)
         kind = detect_device_kind()
-        specs = self.recipe.roles(c) if hasattr(self.recipe, "roles") else None
+        specs = self.recipe.roles(c)
         cluster = Cluster.start(
             specs or role_specs(c, o.model_path, o.agent_mode),
             num_devices=c.cluster.num_devices,
@@ -150,8 +144,7 @@ class Runner:
                 host=c.cluster.sync_host,
                 transport=c.cluster.sync_transport,
             )
-        if hasattr(self.recipe, "setup"):
-            self.recipe.setup(self.ctx)
+        self.recipe.setup(self.ctx)
         return self.ctx
 
     # ------------------------------------------------------------------------ checkpoints
@@ -170,7 +163,7 @@ class Runner:
             if ctx.warmed_up and ctx.cluster.has("reference"):  # not `pretrain` (see restore)
                 ctx.cluster["reference"].call_all("export_hf", str(d / "reference"))
 
-        recipe_state = self.recipe.state() if hasattr(self.recipe, "state") else {}
+        recipe_state = self.recipe.state()
         extra: dict[str, Any] = {
             "recipe": recipe_state,
             "config": config_record(self.cfg),
@@ -215,8 +208,7 @@ class Runner:
         self.eval_before = dict(state.extra.get("eval_before") or {})
         self.load_throughput_state(state.extra.get(THROUGHPUT_KEY), str(path))
         self.skipped_steps = int(state.extra.get(SKIPPED_STEPS_KEY) or 0)
-        if hasattr(self.recipe, "load_state"):
-            self.recipe.load_state(dict(state.extra.get("recipe") or {}))
+        self.recipe.load_state(dict(state.extra.get("recipe") or {}))
         from rl_runtime.asynchrony.training import STATE_KEY, restore_rollout_state
 
         if state.extra.get(STATE_KEY):  # rollout drew ahead of the trainer: back to its batch
@@ -244,17 +236,15 @@ class Runner:
             after: dict[str, float] = {}
             try:
                 ctx = self._setup()
-                if hasattr(self.recipe, "baselines"):
-                    with long_phase("baselines"):
-                        self.baselines = self.recipe.baselines(ctx)
+                with long_phase("baselines"):
+                    self.baselines = self.recipe.baselines(ctx)
                 if resume is not None and state is not None:
                     self.restore(resume, state)
                 else:
-                    if hasattr(self.recipe, "before_training"):
-                        with long_phase("warm-up"):
-                            warm = self.recipe.before_training(ctx) or {}
-                        if warm:
-                            ctx.log(warm, step=0)
+                    with long_phase("warm-up"):
+                        warm = self.recipe.before_training(ctx) or {}
+                    if warm:
+                        ctx.log(warm, step=0)
                     if self.options.eval_before_training and self.components.cadence.eval_steps:
                         with long_phase("evaluation before training"):
                             self.eval_before = self.recipe.evaluate(ctx)
@@ -390,7 +380,7 @@ class Runner:
             curves=str(png) if png else None,
             hf_model=hf_dir,
             baselines=self.baselines,
-            summary=self.recipe.summary(before, after) if hasattr(self.recipe, "summary") else {},
+            summary=self.recipe.summary(before, after),
             throughput=self.throughput.summary(),
             skipped_steps=self.skipped_steps,
         )

@@ -24,7 +24,6 @@ import functools
 import json
 import logging
 import os
-import random
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -56,36 +55,34 @@ class RunState:
 
 
 def capture_rng() -> dict[str, Any]:
-    """Python, numpy and torch (CPU) RNG states as JSON-safe data."""
-    import numpy as np
-    import torch
+    """This process's python, numpy and torch (CPU) RNG states (rl_train.checkpoint.capture_rng,
+    the one capture) as JSON-safe data."""
+    from rl_train.checkpoint import capture_rng as capture
 
-    py_version, py_state, py_gauss = random.getstate()
-    np_state = np.random.get_state()
+    state = capture()
+    py_version, py_state, py_gauss = state["python"]
+    name, keys, pos, has_gauss, cached = state["numpy"]
     return {
         "python": [py_version, list(py_state), py_gauss],
-        "numpy": [
-            np_state[0],
-            [int(x) for x in np_state[1]],  # type: ignore[index]
-            int(np_state[2]),  # type: ignore[index]
-            int(np_state[3]),  # type: ignore[index]
-            float(np_state[4]),  # type: ignore[index]
-        ],
-        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
+        "numpy": [name, [int(x) for x in keys.tolist()], pos, has_gauss, cached],
+        "torch": base64.b64encode(state["torch"].numpy().tobytes()).decode("ascii"),
     }
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    """Inverse of `capture_rng`."""
-    import numpy as np
+    """Inverse of `capture_rng` (rl_train.checkpoint.restore_rng, the one restore)."""
     import torch
 
+    from rl_train.checkpoint import restore_rng as restore
+
     py_version, py_state, py_gauss = state["python"]
-    random.setstate((py_version, tuple(py_state), py_gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     raw = base64.b64decode(state["torch"])
-    torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone())
+    restore({
+        "torch": torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone(),
+        "python": (py_version, tuple(py_state), py_gauss),
+        "numpy": (name, torch.tensor(keys, dtype=torch.int64), pos, has_gauss, cached),
+    })  # fmt: skip
 
 
 class CheckpointSpaceError(OSError):

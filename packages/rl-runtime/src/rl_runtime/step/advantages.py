@@ -11,7 +11,7 @@ controller (rl_algos.kl_control) lives with the run: `reward_kl_coef` reads it e
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -185,14 +185,3 @@ def compute_advantages(
         step_weight=cfg.gigpo_step_weight,
         episode_weight=cfg.gigpo_episode_weight,
     )
-
-
-def group_success_stats(batch: CollatedBatch, keys: Sequence[str]) -> dict[str, float]:
-    """Mean success and reward per key (e.g. tags)."""
-    t = batch.tensors
-    out: dict[str, float] = {}
-    for key in dict.fromkeys(keys):
-        idx = [i for i, k in enumerate(keys) if k == key]
-        out[f"{key}/success_rate"] = float(t["success"][idx].mean())
-        out[f"{key}/episode_reward"] = float(t["episode_rewards"][idx].mean())
-    return out

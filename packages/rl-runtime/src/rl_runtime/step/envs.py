@@ -6,9 +6,10 @@ Within a group every member shares tag and seed (GRPO groups = ROLL's traj_group
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from rl_runtime.state.seeds import env_seed, member_seed
 
 Assignment = tuple[str, str, int]
 
@@ -23,12 +24,6 @@ def _partition(tags: Sequence[str], num_env_groups: int, parts: Sequence[int] | 
             f"to num_env_groups={num_env_groups}"
         )
     return [tag for tag, n in zip(tags, parts) for _ in range(n)]
-
-
-def env_seed(base_seed: int, split: str, epoch: int, group: int) -> int:
-    """A 31-bit seed from (run seed, split, epoch, group) that does not depend on Python's hash."""
-    h = hashlib.blake2b(f"{base_seed}/{split}/{epoch}/{group}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") % (2**31 - 1)
 
 
 def env_assignments(
@@ -84,12 +79,6 @@ class GroupSeededEnv:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._env, name)
-
-
-def member_seed(env_seed_value: int, member: int) -> int:
-    """Sampling seed of the `member`-th episode of a group (distinct per member)."""
-    h = hashlib.blake2b(f"{env_seed_value}/member/{member}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") % (2**31 - 1)
 
 
 def make_envs(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from rl_algos.losses import sft_loss
 from rl_train.args import LogprobSampling
 
 
@@ -13,9 +14,8 @@ def sft_loss_fn(batch: dict[str, torch.Tensor], out, ctx) -> tuple[torch.Tensor,
     Matches rl_train's `LossFn` (micro_batch, ForwardOutput, LossContext): the micro-batch sum is
     divided by the mini-batch's global token count, so accumulation reproduces the full mean.
     """
-    mask = batch["response_mask"].to(out.log_probs.dtype)
-    nll_sum = -(out.log_probs * mask).sum()
-    loss = nll_sum / max(float(ctx.global_tokens), 1.0)
+    nll = sft_loss(out.log_probs, batch["response_mask"])  # rl_algos: -log p on the mask
+    loss = nll.loss("token-mean", global_token_count=float(ctx.global_tokens))
     return loss, {"sft_nll": loss.detach()}
 
 

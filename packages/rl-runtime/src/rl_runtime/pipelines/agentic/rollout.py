@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rl_runtime.run.recipe import Recipe
 from rl_runtime.step.collate import shard_rows
 from rl_runtime.step.envs import Assignment, env_assignments, make_envs
 
@@ -94,7 +95,7 @@ def frozen_lake_baselines(components: Any) -> tuple[dict[str, dict[str, float]],
     return rows, len(maps)
 
 
-class RolloutOnlyRecipe:
+class RolloutOnlyRecipe(Recipe):
     """Each step plays one training batch with the initial policy and appends it to
     `<out_dir>/rollouts.jsonl`."""
 

@@ -19,6 +19,7 @@ from rl_runtime.compose.components import (
     CheckpointSettings,
     ClusterSettings,
     RolePlan,
+    RunComponents,
     TrackerSettings,
 )
 from rl_runtime.compose.roles import build_role, reference_from_actor
@@ -27,6 +28,7 @@ from rl_runtime.compose.run_settings import (
     build_checkpoint,
     build_cluster,
     build_tracker,
+    data_files,
 )
 from rl_train.args import LogprobSampling
 from rl_train.preference import PreferenceLossConfig
@@ -67,7 +69,7 @@ class PreferencePlan:
 
 
 @dataclass(frozen=True)
-class DPOComponents:
+class DPOComponents(RunComponents):
     """What `Runner` needs (roles, cadence, checkpoint, tracker, cluster) plus the preference plan."""
 
     exp_name: str
@@ -87,9 +89,6 @@ class DPOComponents:
     reference_from_actor: bool = False
     #: DPO trains on a fixed dataset (no rollout): never asynchronous
     asynchronous: ClassVar[None] = None
-
-    def role(self, name: str) -> RolePlan | None:
-        return next((r for r in self.roles if r.role == name), None)
 
 
 def build_preference_loss(cfg: Any) -> PreferenceLossConfig:
@@ -128,17 +127,11 @@ def unread_preference_keys(cfg: Any, loss: PreferenceLossConfig) -> list[str]:
     ]
 
 
-def _files(value: str | list[str] | None) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    return (value,) if isinstance(value, str) else tuple(value)
-
-
 def build_preference_data(cfg: Any) -> PreferenceData:
     d = cfg.actor_train.data_args
     return PreferenceData(
-        train_files=_files(d.file_name),
-        eval_files=_files(d.eval_file_name),
+        train_files=data_files(d.file_name),
+        eval_files=data_files(d.eval_file_name),
         prompt_key=d.prompt or "prompt",
         messages_key=d.messages,
         chosen_key=cfg.chosen_key,

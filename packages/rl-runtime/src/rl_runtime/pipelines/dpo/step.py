@@ -10,6 +10,7 @@ import torch
 
 from rl_algos.preference import get_preference_loss
 from rl_runtime.pipelines.dpo.data import Example, collate
+from rl_runtime.state.seeds import epoch_order_seed
 from rl_train.preference import preference_inputs, preference_metrics, sequence_logps
 
 CHUNK = 256
@@ -27,7 +28,7 @@ def batch_index(num_examples: int, per_step: int, seed: int, step: int) -> list[
     at a time (the last partial batch of an epoch is skipped); a function of the step alone, so
     a resumed run continues at the next batch."""
     epoch, k = batch_position(num_examples, per_step, step)
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    gen = torch.Generator().manual_seed(epoch_order_seed(seed, epoch))
     return torch.randperm(num_examples, generator=gen)[k * per_step : (k + 1) * per_step].tolist()
 
 

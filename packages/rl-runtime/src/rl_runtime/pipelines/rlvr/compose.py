@@ -21,6 +21,7 @@ from rl_envs.rewards.router import RewardRouterSpec, reward_router_spec
 from rl_runtime.cli.app_main import Composed
 from rl_runtime.compose.losses import response_budget
 from rl_runtime.compose.model_rewards import ModelRewardPlan, build_model_rewards
+from rl_runtime.compose.run_settings import data_files
 from rl_runtime.run.plan import compose_here
 
 
@@ -120,12 +121,6 @@ TEXT_ONLY_TEMPLATES = ("qwen2-vl",)
 """Templates of multimodal models that render text only here (rows with images are refused)."""
 
 
-def _files(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    return (value,) if isinstance(value, str) else tuple(value)
-
-
 REWARD_DOMAIN_KEYS = (
     "reward_fn", "worker_cls", "tag_included", "format_pattern", "timeout_s", "reward_type",
 )  # fmt: skip
@@ -205,11 +200,11 @@ def build_held_out(cfg: Any, response_length: int) -> _HeldOut:
     from rl_runtime.compose.sampling import build_sampling
 
     data, val = cfg.actor_train.data_args, cfg.validation
-    files, template = _files(data.eval_file_name), data.template
+    files, template = data_files(data.eval_file_name), data.template
     files_key = "actor_train.data_args.eval_file_name"
     gen, max_new = cfg.actor_infer.generating_args, response_length
     if val is not None:
-        val_files = _files(val.data_args.file_name)
+        val_files = data_files(val.data_args.file_name)
         if val_files and files:
             raise ValueError(
                 "validation.data_args.file_name and actor_train.data_args.eval_file_name both "
@@ -258,7 +253,7 @@ def build_rlvr(cfg: Any) -> RlvrPlan:
         raise ValueError(
             f"actor_train.data_args.template={data.template!r}: unknown; known: {list_templates()}"
         )
-    train_files = _files(data.file_name)
+    train_files = data_files(data.file_name)
     if not train_files:
         raise ValueError("actor_train.data_args.file_name: RLVR needs a training data file")
     group = cfg.num_return_sequences_in_group

@@ -15,6 +15,7 @@ from rl_runtime.pipelines.rlvr.metrics import (
     most_common_answer_accuracy,
 )
 from rl_runtime.pipelines.rlvr.rollout import GroupGenerator
+from rl_runtime.state import seeds
 
 
 def held_out_accuracy(
@@ -27,7 +28,7 @@ def held_out_accuracy(
 ) -> dict[str, float]:
     """On `prompts.val` (nothing without held-out prompts), after handing the devices to
     rollout: greedy (val/greedy/*, with `plan.val_greedy`) and sampled (val/accuracy = mean over
-    samples, val/pass@k, ...) accuracy, both seeded `seed * 100_003 + 1`, and
+    samples, val/pass@k, ...) accuracy, both seeded `rl_runtime.state.seeds.eval_seed(seed)`, and
     val/baseline_accuracy, timing/eval. With `failures` (the run's totals of the evaluations'
     failed reward calls by kind, updated): val/reward_failures/<kind>."""
     val = prompts.val
@@ -35,7 +36,7 @@ def held_out_accuracy(
         return {}
     t0 = time.perf_counter()
     cluster.enter_phase("rollout")
-    eval_seed = seed * 100_003 + 1
+    eval_seed = seeds.eval_seed(seed)
     out: dict[str, float] = {}
     if plan.val_greedy:
         sampling = plan.val_sampling(eval_seed, greedy=True)

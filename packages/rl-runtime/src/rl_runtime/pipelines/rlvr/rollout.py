@@ -25,17 +25,18 @@ from rl_runtime.pipelines.rlvr.metrics import (
     group_metrics,
 )
 from rl_runtime.pipelines.rlvr.scoring import Scored, Scorer
+from rl_runtime.state.seeds import generation_round_seed, sample_seed
 from rl_runtime.step.collate import shard_rows
 
 
 def generate(cluster: Any, prompts: list[list[int]], sampling: SamplingParams) -> list:
     """`sampling.n` results per prompt, `[len(prompts)][n]`, sharded over every engine; prompt i
-    samples with seed `sampling.seed * 1009 + i` (a function of the batch's seed and its place)."""
+    samples with seed `rl_runtime.state.seeds.sample_seed(sampling.seed, i)` (a function of the batch's seed and its place)."""
     requests = [
         GenerationRequest(
             request_id=str(i),
             prompt_ids=p,
-            sampling=msgspec.structs.replace(sampling, seed=(sampling.seed or 0) * 1009 + i),
+            sampling=msgspec.structs.replace(sampling, seed=sample_seed(sampling.seed or 0, i)),
         )
         for i, p in enumerate(prompts)
     ]
@@ -226,7 +227,7 @@ def rollout_batch(
     `prompts.sampler`, G samples each, scored, then DAPO's dynamic sampling (`fill_quotas`:
     zero-variance groups dropped, more drawn within the bound; with `domain_interleave_probs`
     each domain refills its own share). Generation round r samples with
-    seed `seed * 100_003 + index * 7 + (groups drawn before r) * 100_000_007`. Metrics:
+    seed `rl_runtime.state.seeds.generation_round_seed(seed, index, groups drawn before r)`. Metrics:
     dynamic_sampling/*, data/*, reward/* and response/* of every generated group (dropped ones
     included), timing/rollout_generate (engine seconds), `reward/failures_in_batch/<kind>` (the
     batch's failed reward calls, dropped groups' included; the recipe adds them up). Only
@@ -242,7 +243,7 @@ def rollout_batch(
 
     def generate_round(wanted: dict[str | None, int]) -> Generated:
         rows_index = prompts.sampler.draw(wanted)
-        round_seed = seed * 100_003 + index * 7 + len(drawn) * 100_000_007
+        round_seed = generation_round_seed(seed, index, len(drawn))
         sampling = msgspec.structs.replace(plan.sampling, seed=round_seed)
         rows = [train.rows[i] for i in rows_index]
         ids = [train.ids[i] for i in rows_index]
