@@ -28,15 +28,15 @@ def _app():
 
 def _composed(overrides: list[str]):
     main, pipeline = _app()
-    from rl_runtime.pipeline import compose_here
+    from rl_runtime.run.runner import compose_here
 
     cfg, app = main.load(main.DEFAULT_CONFIG, overrides)
     return SimpleNamespace(components=compose_here(cfg)), app, pipeline
 
 
 def _played_maps(ctx, pipeline, split: str, epochs: range) -> list[str]:
-    from rl_runtime.agentic_rollout import assignments, env_configs
-    from rl_runtime.envs import make_envs
+    from rl_runtime.pipelines.agentic.rollout import assignments, env_configs
+    from rl_runtime.step.envs import make_envs
 
     maps = []
     for epoch in epochs:

@@ -170,9 +170,9 @@ def test_rlvr_trajectories_carry_the_engines_per_token_versions():
     """A generation that continued under newer weights (partial rollout) is as old as its
     oldest token: the RLVR recipe hands the engine's token_versions to the staleness filter."""
     from rl_config.records import GenerationResult, oldest_weight_version
-    from rl_runtime.rlvr_data import Scored
-    from rl_runtime.rlvr_metrics import Group
-    from rl_runtime.rlvr_rollout import group_trajectories
+    from rl_runtime.pipelines.rlvr.data import Scored
+    from rl_runtime.pipelines.rlvr.metrics import Group
+    from rl_runtime.pipelines.rlvr.rollout import group_trajectories
 
     def result(versions: list[int]) -> GenerationResult:
         return GenerationResult(request_id="0", prompt_ids=[1, 2], output_ids=[3, 4, 5],
@@ -192,7 +192,7 @@ def test_each_run_moves_an_earlier_comparisons_summary_aside_when_it_starts_fres
 ):
     """output_dir/summary.json (both runs' figures) is the app's own file: it goes to each run
     as `app_outputs`, so the runner moves an earlier one into `previous-<UTC time>/` with that
-    run's own outputs when the run starts fresh (rl_runtime.previous_run), instead of the
+    run's own outputs when the run starts fresh (rl_runtime.run.previous_run), instead of the
     comparison overwriting it. The runs themselves are recorded here, not trained."""
     from rl_app_async import spec as app_main
     from rl_app_rlvr import spec as rlvr_app

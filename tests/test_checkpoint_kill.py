@@ -115,7 +115,7 @@ def _assert_equal(a, b, where: str) -> None:
 
 def _final_state(run: Path, key: Path) -> dict:
     """Everything the final checkpoint holds, read after verifying its signature."""
-    from rl_runtime.checkpoint import CheckpointManager
+    from rl_runtime.state.checkpoint import CheckpointManager
     from rl_train.checkpoint import verify
 
     mgr = CheckpointManager(run / "ckpt", keep_last=None, key_file=key)

@@ -46,12 +46,12 @@ def _name(path: Path) -> str:
 def _compose(app: str, cfg) -> Any:
     """What an app composes: dpo its own plan; rlvr the shared components and its RLVR plan."""
     if app == "dpo":
-        from rl_runtime.compose.dpo import compose_dpo
+        from rl_runtime.pipelines.dpo.compose import compose_dpo
 
         return _plain(compose_dpo(cfg, device_kind="cpu"))
     got = _plain(compose(cfg, device_kind="cpu"))
     if app == "rlvr":
-        from rl_runtime.compose.rlvr import build_rlvr
+        from rl_runtime.pipelines.rlvr.compose import build_rlvr
 
         got["rlvr"] = _plain(build_rlvr(cfg))
     return got

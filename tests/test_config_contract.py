@@ -20,7 +20,7 @@ from rl_config.loading import compose_config
 from rl_config.schema import ExperimentConfig
 from rl_runtime.compose import compose
 from rl_runtime.compose.envs import PROMPT_KEYS
-from rl_runtime.compose.rlvr import build_rlvr
+from rl_runtime.pipelines.rlvr.compose import build_rlvr
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLES = ("actor_train", "actor_infer", "reference", "critic")
@@ -355,6 +355,7 @@ RLVR_VARIANTS: list[dict[str, Any]] = [
     ALGO,
     {"actor_train": {"pg_variant": "gspo"}},
     {"use_pg_clip_range": False},
+    _merge(CRITIC, {"value_clip": 0.5}),  # PPO with GAE: a critic beside the actor
     VALIDATION := {
         "actor_train": {"data_args": {"eval_file_name": None}},
         "validation": {"data_args": {"file_name": "val.jsonl", "template": "qwen3"},

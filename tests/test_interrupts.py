@@ -100,7 +100,7 @@ def test_a_signal_ends_a_ray_run_in_order_and_says_how_to_resume(tmp_path, signu
 
 DRIVER = """
 import os, sys, time
-from rl_runtime.ray_setup import RayOptions, start_ray
+from rl_runtime.cluster.ray_setup import RayOptions, start_ray
 start_ray(RayOptions(num_cpus=1))
 import ray
 

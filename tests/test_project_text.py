@@ -7,13 +7,18 @@ data recorded from upstream projects (ROLL's and verl's configs, kept byte for b
   `.ci/...`, a package's `src/...`), every upper-case `NAME.md` and every relative Markdown link
   exists. A path resolves against the repository root, the citing file's package, or the citing
   file's folder.
-Runs in well under a second; no imports of the packages.
+- every dotted module path of this workspace it names (`rl_runtime.compose.rlvr`,
+  `rl_rollout.tiny_model.build_tiny_model`) exists: a module or package, then, if more follows, a
+  name the module defines. CHANGELOGs are exempt (they record where things were).
+Runs in a second or two; nothing is imported (module files are parsed).
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -40,6 +45,17 @@ MD_LINK = re.compile(r"\]\(([^)#\s]+)")
 PLACEHOLDER = re.compile(r"^apps/(?:x|X|demo|<name>)$")
 # Every package and app has these: the name alone means "the one of the package in question".
 GENERIC = {"README.md", "CHANGELOG.md"}
+
+
+# Workspace packages by import name: the libraries and the apps.
+PACKAGES = {
+    p.name: p
+    for pattern in ("packages/*/src/rl_*", "apps/*/src/rl_app_*")
+    for p in ROOT.glob(pattern)
+}
+MODULE_PATH = re.compile(r"(?<![\w.])((?:" + "|".join(sorted(PACKAGES)) + r")(?:\.\w+)+)")
+# Dotted names that are not module paths: entry-point groups.
+NOT_MODULES = {"rl_config.deep_check"}
 
 
 def _tracked() -> list[str]:
@@ -88,6 +104,34 @@ def _exists(ref: str, citing: str) -> bool:
     return False
 
 
+ANCHORED_LINK = re.compile(r"\]\(([^)#\s]*)#([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces -> '-'."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+@cache
+def anchors(path: Path) -> frozenset[str]:
+    text = path.read_text(encoding="utf-8")
+    text = re.sub(r"```.*?```", "", text, flags=re.S)  # a `# comment` in a code block is no heading
+    return frozenset(slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M))
+
+
+def missing_anchors(name: str, text: str) -> list[str]:
+    """`file:line: link` for each `[..](page.md#anchor)` whose page has no such heading."""
+    if not name.endswith(".md"):
+        return []
+    out = []
+    for m in ANCHORED_LINK.finditer(text):
+        target = (ROOT / name).parent / m.group(1) if m.group(1) else ROOT / name
+        if target.suffix == ".md" and target.is_file() and m.group(2) not in anchors(target):
+            out.append(f"{name}:{_line(text, m)}: {m.group(1)}#{m.group(2)}")
+    return out
+
+
 def _line(text: str, match: re.Match[str]) -> int:
     return text.count("\n", 0, match.start()) + 1
 
@@ -107,6 +151,53 @@ def missing_references(name: str, text: str) -> list[str]:
     ]
 
 
+@cache
+def _names_defined(path: Path) -> frozenset[str]:
+    """Top-level and nested names a module file defines or imports (parsed, not imported)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return frozenset()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return frozenset(names)
+
+
+def module_exists(dotted: str) -> bool:
+    """`rl_x.a.b.c`: packages `a`, `b` ... as far as they are folders, then a module file or a
+    name the package's `__init__.py` defines; a dunder (`__file__`) always exists."""
+    parts = dotted.split(".")
+    base, i = PACKAGES[parts[0]], 1
+    while i < len(parts) and (base / parts[i]).is_dir():
+        base, i = base / parts[i], i + 1
+    if i == len(parts) or parts[i].startswith("__"):
+        return True
+    if (base / f"{parts[i]}.py").is_file():
+        if i + 1 == len(parts) or parts[i + 1].startswith("__"):
+            return True
+        return parts[i + 1] in _names_defined(base / f"{parts[i]}.py")
+    return parts[i] in _names_defined(base / "__init__.py")
+
+
+def missing_modules(name: str, text: str) -> list[str]:
+    """`file:line: module` for each workspace module path in `text` that does not exist."""
+    if name.endswith("CHANGELOG.md"):
+        return []
+    return [
+        f"{name}:{_line(text, m)}: {m.group(1)}"
+        for m in MODULE_PATH.finditer(text)
+        if m.group(1) not in NOT_MODULES and not module_exists(m.group(1))
+    ]
+
+
 def banned_mentions(name: str, text: str) -> list[str]:
     """`file:line: what (text)` for each mention of a number or note a reader cannot open."""
     return [
@@ -119,6 +210,19 @@ def banned_mentions(name: str, text: str) -> list[str]:
 def test_no_reference_to_a_missing_file(texts: dict[str, str]) -> None:
     found = [hit for name, text in texts.items() for hit in missing_references(name, text)]
     assert not found, "references to files that do not exist:\n" + "\n".join(found)
+
+
+def test_no_link_to_a_missing_heading(texts: dict[str, str]) -> None:
+    found = [hit for name, text in texts.items() for hit in missing_anchors(name, text)]
+    assert not found, "links to headings that do not exist:\n" + "\n".join(found)
+
+
+def test_no_reference_to_a_missing_module(texts: dict[str, str]) -> None:
+    found = [hit for name, text in texts.items() for hit in missing_modules(name, text)]
+    assert not found, (
+        "module paths that do not exist (moved or renamed? name the new place):\n"
+        + "\n".join(found)
+    )
 
 
 def test_no_tracker_or_private_note_numbers(texts: dict[str, str]) -> None:

@@ -18,7 +18,7 @@ RUNNABLE = {
     "rl-algos": ["tensor([ 0.7071, -0.7071,  0.0000,  0.0000])", "'approx_kl', 'clip_frac'"],
     "rl-config": ["rollout_batch_sise: unknown key; did you mean 'rollout_batch_size'?"],
     "rl-envs": ["-0.1 True False"],
-    "rl-rollout": [],
+    "rl-rollout": ["2 0"],
     "rl-train": ["1.0"],
 }
 HEAVY = {"rl-rollout", "rl-train"}  # build and load a model: ~15 s each
@@ -27,6 +27,7 @@ LONGER = {
     "rl-algos": ["tensor([ 0.7071, -0.7071,  0.0000,  0.0000])", "'approx_kl', 'clip_frac'"],
     "rl-config": ["rollout_batch_sise: unknown key; did you mean 'rollout_batch_size'?"],
     "rl-envs": [],
+    "rl-rollout": [],
 }
 
 

@@ -1,4 +1,4 @@
-"""rl_runtime.resume_guard's patterns for the apps' own sections (`rlvr_app:`, `agentic_app:`,
+"""rl_runtime.run.resume_guard's patterns for the apps' own sections (`rlvr_app:`, `agentic_app:`,
 `dpo_app:`) name keys those sections have: a renamed option cannot leave its rule behind."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from fnmatch import fnmatchcase
 from typing import Any
 
-from rl_runtime.resume_guard import RESUME_NOTED, RESUME_REFUSED, app_record
+from rl_runtime.run.resume_guard import RESUME_NOTED, RESUME_REFUSED, app_record
 
 
 def _leaves(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:

@@ -15,10 +15,10 @@ import pytest
 from rl_app_rlvr.options import WarmupOptions
 from rl_envs.rewards.router import reward_router_spec
 from rl_envs.tasks.arith import problems, split, write_arith_parquet
-from rl_runtime.compose.rlvr import DataPlan
-from rl_runtime.rlvr_data import RowSampler, load_prompts
-from rl_runtime.rlvr_metrics import _quantile
-from rl_runtime.rlvr_warmup import reasoning_words
+from rl_runtime.pipelines.rlvr.compose import DataPlan
+from rl_runtime.pipelines.rlvr.data import RowSampler, load_prompts
+from rl_runtime.pipelines.rlvr.metrics import _quantile
+from rl_runtime.pipelines.rlvr.warmup import reasoning_words
 from tests.app_loading import app_main, assert_planned
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,7 +183,7 @@ def _roll_rlvr() -> list[str]:
 
 
 # vLLM workers of 2 devices (tensor_parallel_size 2) on the devices of the 1-device training
-# workers (ROLL's usual layout): planned as a mixed colocation (rl_runtime.placement)
+# workers (ROLL's usual layout): planned as a mixed colocation (rl_runtime.cluster.placement)
 MIXED_COLOCATION = {
     "head/examples/ascend_examples/qwen3_30b_rlvr_fsdp2.yaml",
     "head/examples/qwen3-30BA3B-rlvr_fsdp2/rlvr_config.yaml",
@@ -380,7 +380,7 @@ def _needing_estimators() -> list[str]:
     """The registry's estimators that need more than rewards and that RLVR runs (gae's critic is
     refused by name): each needs its own wiring (greedy baselines, per-turn step rows)."""
     from rl_algos.advantages import list_estimators
-    from rl_runtime.advantages import estimator_needs
+    from rl_runtime.step.advantages import estimator_needs
 
     return [n for n in list_estimators() if estimator_needs(n) - {"values"} and n != "gae"]
 
@@ -465,8 +465,8 @@ def test_custom_reward_function_from_the_config_scores_in_the_sandbox(tmp_path, 
     the first failure of its kind is printed with the function's error (only counted before:
     a reward function that raised on every response trained on with no word of why)."""
     from rl_config.loading import load_app_config
-    from rl_runtime.compose.rlvr import build_rlvr
-    from rl_runtime.rlvr_data import Scorer
+    from rl_runtime.pipelines.rlvr.compose import build_rlvr
+    from rl_runtime.pipelines.rlvr.data import Scorer
 
     fn = tmp_path / "my_reward.py"
     fn.write_text(
@@ -542,10 +542,10 @@ def test_failed_reward_calls_are_screened_out_of_training_and_bounded():
     from types import SimpleNamespace
 
     from rl_config.records import GenerationResult
-    from rl_runtime.failures import TooManyFailuresError, screen_failures
-    from rl_runtime.rlvr_data import Scored
-    from rl_runtime.rlvr_metrics import Group
-    from rl_runtime.rlvr_rollout import group_trajectories, scored_rewards
+    from rl_runtime.pipelines.rlvr.data import Scored
+    from rl_runtime.pipelines.rlvr.metrics import Group
+    from rl_runtime.pipelines.rlvr.rollout import group_trajectories, scored_rewards
+    from rl_runtime.step.failures import TooManyFailuresError, screen_failures
 
     result = GenerationResult(request_id="0", prompt_ids=[1], output_ids=[3, 4],
                               output_log_probs=[-1.0] * 2, finish_reason="stop",
@@ -574,9 +574,9 @@ def test_difficulty_mask_trains_only_groups_strictly_inside_its_thresholds():
     from types import SimpleNamespace
 
     from rl_config.records import GenerationResult
-    from rl_runtime.rlvr_data import Scored
-    from rl_runtime.rlvr_metrics import Group
-    from rl_runtime.rlvr_rollout import group_trajectories, within_difficulty
+    from rl_runtime.pipelines.rlvr.data import Scored
+    from rl_runtime.pipelines.rlvr.metrics import Group
+    from rl_runtime.pipelines.rlvr.rollout import group_trajectories, within_difficulty
 
     result = GenerationResult(request_id="0", prompt_ids=[1], output_ids=[3, 4],
                               output_log_probs=[-1.0] * 2, finish_reason="stop",
@@ -626,7 +626,7 @@ def test_rlvr_code_domain_scores_row_tests_in_the_sandbox_and_counts_failures(tm
     rows = _run_app(out / "run", "--no-ray", **common)
     steps = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in steps] == [1, 2]  # 2 steps x 4 prompts: every row once
-    for r in steps:  # failed samples are not trained on (rl_runtime.failures)
+    for r in steps:  # failed samples are not trained on (rl_runtime.step.failures)
         assert r["data/train_prompts"] == 8
         assert r["rollout/num_trajectories"] == 16 - r["failures/episodes"]
         assert 0.0 <= r["reward/domain/code/mean"] <= 1.0

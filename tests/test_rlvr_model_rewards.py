@@ -92,7 +92,7 @@ def test_roll_multi_domain_example_judges_scores_crossthinkqa_and_refuses_ifeval
 
 def test_judge_keys_are_checked_by_name(tmp_path):
     from rl_config.loading import load_app_config
-    from rl_runtime.compose.rlvr import build_rlvr
+    from rl_runtime.pipelines.rlvr.compose import build_rlvr
 
     config = APP / "configs" / "cpu_default.yaml"
     base = ["rewards.j.reward_fn=llm_judge", "rewards.j.model_args.model_name_or_path=/m",

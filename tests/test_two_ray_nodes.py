@@ -37,7 +37,7 @@ LAYOUT = {
 
 @pytest.fixture()
 def two_nodes(monkeypatch):
-    from rl_runtime.ray_setup import set_ray_env_defaults
+    from rl_runtime.cluster.ray_setup import set_ray_env_defaults
 
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     set_ray_env_defaults()
@@ -93,10 +93,10 @@ def test_training_and_rollout_pinned_to_two_ray_nodes(two_nodes, tmp_path):
     from rl_config.records import GenerationRequest, SamplingParams
     from rl_config.schema import ExperimentConfig
     from rl_rollout.tiny_model import build_tiny_model
-    from rl_runtime.cluster import Cluster, WeightSync
+    from rl_runtime.cluster.cluster import Cluster, WeightSync
+    from rl_runtime.cluster.ray_setup import RayOptions
     from rl_runtime.compose import compose
     from rl_runtime.compose.roles import role_specs
-    from rl_runtime.ray_setup import RayOptions
 
     model = build_tiny_model(tmp_path / "tiny_model", seed=0)
     components = compose(ExperimentConfig.model_validate(_config(model, tmp_path / "inproc")))

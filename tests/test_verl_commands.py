@@ -90,6 +90,26 @@ async_training.staleness_threshold=0.5 async_training.trigger_parameter_sync_ste
 async_training.require_batches=1 async_training.partial_rollout=True
 async_training.use_rollout_log_probs=True"""
 
+# python3 -m verl.trainer.main_ppo ... (verl's examples/ppo_trainer/run_gemma.sh: PPO, GAE, a critic;
+# its batches halved twice for the 256-row file here)
+PPO_GAE = """algorithm.adv_estimator=gae data.train_files={train} data.val_files={test}
+data.train_batch_size=128 data.max_prompt_length=1024 data.max_response_length=512
+data.filter_overlong_prompts=True data.truncation='error' actor_rollout_ref.model.path={model}
+actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.model.use_remove_padding=False
+actor_rollout_ref.actor.ppo_mini_batch_size=32 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
+actor_rollout_ref.actor.fsdp_config.param_offload=False
+actor_rollout_ref.actor.fsdp_config.optimizer_offload=False actor_rollout_ref.actor.use_kl_loss=False
+actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4
+actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.name=vllm
+actor_rollout_ref.rollout.gpu_memory_utilization=0.4 critic.optim.lr=1e-5
+critic.model.use_remove_padding=False critic.model.path={model}
+critic.model.enable_gradient_checkpointing=False critic.ppo_micro_batch_size_per_gpu=4
+critic.model.fsdp_config.param_offload=False critic.model.fsdp_config.optimizer_offload=False
+algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.logger='["console","wandb"]'
+trainer.project_name='verl_example' trainer.experiment_name='gemma2b_function_rm'
+trainer.n_gpus_per_node=2 trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=10
+trainer.total_epochs=15 trainer.device={device}"""
+
 SMALL = {  # the scripts' `$@`: batches and lengths a 2-core CPU trains in seconds
     "main_ppo": f"data.train_batch_size=8 {A}.actor.ppo_mini_batch_size=4 {A}.rollout.n=2 "
     f"{A}.actor.ppo_micro_batch_size_per_gpu=2 data.max_response_length=16 "
@@ -98,11 +118,16 @@ SMALL = {  # the scripts' `$@`: batches and lengths a 2-core CPU trains in secon
     "data.max_response_length=16 trainer.total_training_steps=2",
     "fully_async": f"{A}.actor.ppo_mini_batch_size=4 async_training.trigger_parameter_sync_step=2 "
     f"{A}.rollout.n=2 data.max_response_length=16 rollout.total_rollout_steps=16",
+    "ppo_gae": f"data.train_batch_size=8 {A}.actor.ppo_mini_batch_size=4 "
+    f"{A}.actor.ppo_micro_batch_size_per_gpu=2 critic.ppo_micro_batch_size_per_gpu=2 "
+    "data.max_response_length=16 trainer.total_training_steps=2 "
+    "trainer.logger=console trainer.test_freq=-1 trainer.val_before_train=False",
 }
 COMMANDS = {
     "main_ppo": ("rlvr", None, MAIN_PPO),
     "one_step_off": ("async", "recipe.one_step_off_policy.main_ppo", ONE_STEP_OFF),
     "fully_async": ("async", "recipe.fully_async_policy.fully_async_main", FULLY_ASYNC),
+    "ppo_gae": ("rlvr", None, PPO_GAE),
 }
 
 
@@ -155,9 +180,12 @@ def test_verl_command_dry_runs_with_the_translation_table(name, gsm8k, monkeypat
         assert "kl_loss_type = k3" in out and "asynchronous: None" in out
     elif name == "one_step_off":
         assert "max_staleness=1," in out and "partial_rollout=False" in out
-    else:  # 16 syncs x 1 x 32 prompts a weight version; ceil(0.5) = 1 version ahead
+    elif name == "fully_async":  # 16 syncs x 1 x 32 prompts a version; ceil(.5) = 1 ahead
         assert "rollout_batch_size = 512" in out
         assert "max_staleness=1," in out and "partial_rollout=True" in out
+    else:  # a critic beside the actor: 32 prompts x 1 sample / 2 ranks, micro 4 -> 4
+        assert "adv_estimator = gae" in out and "critic.model_args.model_name_or_path" in out
+        assert "critic.training_args.gradient_accumulation_steps = 4" in out
 
 
 def test_verl_reward_model_command_dry_runs_with_a_reward_model_role(
@@ -204,6 +232,10 @@ def test_verl_command_trains_two_steps_on_the_cpu(name, gsm8k, monkeypatch, caps
     assert "step 2/2" in out
     summary = json.loads(next(tmp_path.glob("output/*/*/summary.json")).read_text())
     assert summary["step"] == 2 and summary["weight_version"] == 2, summary
+    if name == "ppo_gae":  # the critic trained beside the actor, every step
+        rows = [json.loads(line) for line in next(tmp_path.glob("output/*/*/logs/*.jsonl")).open()]
+        steps = [r for r in rows if "critic/loss" in r]
+        assert [r["step"] for r in steps] == [1, 2], rows
 
 
 @pytest.mark.slow

@@ -36,7 +36,7 @@ def test_the_shim_records_the_verl_entry_a_script_runs(tmp_path):
             ],
         )
     ]
-    paths = {"model": "/m", "train": "/t.parquet", "test": "/v.parquet", "ckpt": "/c"}
+    paths = {"model": "/m", "rm": "/rm", "train": "/t.parquet", "test": "/v.parquet", "ckpt": "/c"}
     assert localise(calls[0].argv, paths) == [
         "data.train_files=/t.parquet",
         "actor_rollout_ref.model.path=/m",

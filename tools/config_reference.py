@@ -141,8 +141,8 @@ def _load(app: str) -> dict[str, Any]:
 def readers() -> dict[str, set[str]]:
     """Dotted key -> the modules whose code reads it while composing the shipped configs."""
     from rl_runtime.compose import compose
-    from rl_runtime.compose.dpo import compose_dpo
-    from rl_runtime.compose.rlvr import build_rlvr
+    from rl_runtime.pipelines.dpo.compose import compose_dpo
+    from rl_runtime.pipelines.rlvr.compose import build_rlvr
 
     seen: dict[str, set[str]] = defaultdict(set)
 

@@ -49,7 +49,7 @@ HOST_PROBLEM_KEYS = ("pretrain", "placement", "data_args.file_name", "data_args.
                      "model_name_or_path", "reward_pretrain")  # fmt: skip
 """Preflight problems of this host, not of the config (a dry run still prints the whole plan)."""
 
-MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path",
+MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path",
               "actor_rollout_ref.model.tokenizer_path", "critic.model.tokenizer_path",
               "reward_model.model.input_tokenizer")  # fmt: skip
 
@@ -144,7 +144,8 @@ def write_shims(folder: Path) -> Path:
 
 def localise(argv: Iterable[str], paths: dict[str, str]) -> list[str]:
     """The arguments with the user's local paths: data files, model paths, checkpoint folder;
-    then ``trainer.device=cpu``. ``paths``: ``model``, ``train``, ``test``, ``ckpt``."""
+    then ``trainer.device=cpu``. ``paths``: ``model``, ``rm`` (a reward model), ``train``,
+    ``test``, ``ckpt``."""
     out = []
     for arg in argv:
         key, sep, _ = arg.lstrip("+").partition("=")
@@ -154,6 +155,8 @@ def localise(argv: Iterable[str], paths: dict[str, str]) -> list[str]:
             arg = f"data.val_files={paths['test']}"
         elif sep and key in MODEL_KEYS:
             arg = f"{arg.partition('=')[0]}={paths['model']}"
+        elif sep and key == "reward_model.model.path":
+            arg = f"{arg.partition('=')[0]}={paths['rm']}"
         elif sep and key == "trainer.default_local_dir":
             arg = f"trainer.default_local_dir={paths['ckpt']}"
         elif sep and key == "trainer.device":
@@ -218,12 +221,14 @@ def reason_kind(reason: str) -> str:
 
 
 def make_inputs(root: Path) -> dict[str, str]:
-    """A tiny model and GSM8K-format parquet files (8192 training rows: the scripts' largest
+    """A tiny model, a tiny reward model and GSM8K-format parquet files (8192 training rows: the scripts' largest
     batch, 4096 prompts, makes two steps an epoch; 8 held-out problems)."""
     from rl_envs.tasks.convert import convert_file
     from rl_rollout.tiny_model import build_tiny_model
+    from rl_rollout.tiny_reward_models import build_tiny_reward_model
 
     model = build_tiny_model(root / "model")
+    rm = build_tiny_reward_model(root / "rm")
     for split, n in (("train", 8192), ("test", 8)):
         rows = [
             {"question": f"What is {i} plus 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}
@@ -233,6 +238,7 @@ def make_inputs(root: Path) -> dict[str, str]:
         convert_file(str(root / f"{split}.jsonl"), str(root / f"{split}.parquet"), "gsm8k", split)
     return {
         "model": str(model),
+        "rm": str(rm),
         "train": str(root / "train.parquet"),
         "test": str(root / "test.parquet"),
         "ckpt": str(root / "ckpt"),

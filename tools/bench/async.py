@@ -8,7 +8,7 @@ Workload: apps/rlvr's CPU default (`max 3 8 1 5 =` -> `#### 8`, tiny model) in a
 (rl_app_async.compare.CPU_DEFAULTS: actor_train + reference on CPU bundle 0, actor_infer on bundle 1, IS
 correction on), changed (`LONG_TAIL`) so response lengths have a heavy tail up to the cap: the
 supervised warm-up's demonstrations are `<k x " then">#### <answer>` with k drawn from a discrete
-Pareto, P(k >= K) = (1 + K) ** -0.7, capped at 56 words (rl_runtime.rlvr_warmup.reasoning_words; 56 + "#### 8"
+Pareto, P(k >= K) = (1 + K) ** -0.7, capped at 56 words (rl_runtime.pipelines.rlvr.warmup.reasoning_words; 56 + "#### 8"
 + eos = 61 tokens, within response_length 64). The policy samples the same shape at first: step 1
 median 8 tokens, 90th percentile 41-47, max 63 (`response_length_*` in the output); RL then
 shortens it (measured below). 16 prompts x 8 samples per step, dynamic sampling off so that every
@@ -30,7 +30,7 @@ the running rows' KV cache). `--quick`: 3 steps and 16 held-out prompts x 1 samp
 check (its ratios mean nothing: the first async step has nothing to overlap with).
 
 Threads and the synchronous baselines. The machine has 2 cores. A worker runs torch with the whole
-CPUs of its bundle (rl_runtime.ray_setup.worker_threads; the driver: OMP_NUM_THREADS=1). In the
+CPUs of its bundle (rl_runtime.cluster.ray_setup.worker_threads; the driver: OMP_NUM_THREADS=1). In the
 common layout each bundle reserves one CPU, so every worker has one thread; `sync` uses that layout
 too, so its rollout phase uses one core and its training phase the other, the same per-phase
 resources as the asynchronous runs, which overlap the two phases on the two cores (like for like:
@@ -534,7 +534,7 @@ LONG_TAIL = {
 QUICK = {"val_batch_size": 16, "val_n_sample": 1}
 
 #: both roles on one bundle of both CPUs (colocated, taking turns): each phase runs torch with 2
-#: threads (rl_runtime.ray_setup.worker_threads), the strongest synchronous layout on 2 cores
+#: threads (rl_runtime.cluster.ray_setup.worker_threads), the strongest synchronous layout on 2 cores
 COLOCATED = ("num_gpus_per_node=1", "actor_infer.device_mapping=[0]", "rlvr_app.cpu_per_bundle=2")
 
 
@@ -668,7 +668,7 @@ def watch_steps(cpu: Any, log_dir: str, last: int, done: threading.Event) -> Non
 
 def thread_counts() -> dict[str, Any]:
     """Torch threads of this (driver) process (each run's workers: `worker_torch_threads` in its
-    figures, the whole CPUs of a bundle: rl_runtime.ray_setup.worker_threads)."""
+    figures, the whole CPUs of a bundle: rl_runtime.cluster.ray_setup.worker_threads)."""
     import torch
 
     return {"driver_torch_threads": torch.get_num_threads(),
@@ -725,7 +725,7 @@ def run_once(name: str, overrides: list[str], out_dir: str, steps: int) -> dict[
     """One run of `RUNS[name]` under `out_dir/<name>`: its figures (see module docstring)."""
     from rl_app_async.compare import run_overrides, run_summary, step_rows
     from rl_app_rlvr.spec import DEFAULT_CONFIG, compose, load, run
-    from rl_runtime.ray_setup import worker_threads
+    from rl_runtime.cluster.ray_setup import worker_threads
 
     staleness, partial, layout = RUNS[name]
     run_args = run_overrides([*overrides, *layout], out_dir, name, staleness)

@@ -40,7 +40,7 @@ def make_rows(pairs: int, length: int, seed: int = 0) -> list[dict[str, str]]:
 
 
 def our_batch(rows, tok):
-    from rl_runtime.preference_data import Example, collate
+    from rl_runtime.pipelines.dpo.data import Example, collate
 
     eos = [tok.eos_token_id]
     examples = [

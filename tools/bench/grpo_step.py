@@ -204,7 +204,7 @@ class OurGRPOStep:
         from transformers import AutoTokenizer
 
         from rl_rollout import build_engine
-        from rl_runtime.advantages import AdvantageConfig
+        from rl_runtime.step.advantages import AdvantageConfig
         from rl_train import ModelArgs, TrainingArgs, build_backend
         from rl_train.losses import ActorLossConfig
 
@@ -245,8 +245,8 @@ class OurGRPOStep:
     def step(self, prompts: list[str], index: int) -> dict[str, float]:
         """One GRPO step on `prompts`; wall seconds per phase and in all (`seconds`)."""
         from rl_config.records import GenerationRequest, SamplingParams
-        from rl_runtime.advantages import compute_advantages
-        from rl_runtime.collate import collate_trajectories
+        from rl_runtime.step.advantages import compute_advantages
+        from rl_runtime.step.collate import collate_trajectories
 
         args, phases = self.args, Phases()
         t0 = time.perf_counter()

@@ -307,7 +307,6 @@ def test_fully_async_staleness_partial_rollout_and_its_step(
         (f"{A}.rollout.engine_kwargs.trtllm.batch_wait_timeout_iters=2", "TensorRT-LLM"),
         (f"{A}.model.exclude_modules=[lm_head]", "LoRA"),
         (f"{A}.actor.freeze_vision_tower=True", "vision-language"),
-        ("reward_model.rollout.name=vllm", "generative reward model"),
         ("reward_model.strategy=megatron", "Megatron"),
         ("algorithm.adv_estimator=optimal_token_baseline", "not implemented"),
         (f"{A}.actor.policy_loss.loss_mode=bypass_mode", "not implemented"),
@@ -518,7 +517,7 @@ def test_reward_model_enable_is_one_reward_model_domain_on_the_trainers_devices(
     rm = ["reward_model.enable=True", "reward_model.model.path=/models/rm"]
     d = _ok(*rm, "reward_model.micro_batch_size_per_gpu=4", "trainer.n_gpus_per_node=2",
             "reward_model.model.input_tokenizer=/models/policy", "reward_model.use_dynamic_bsz=True",
-            "custom_reward_function.path=/r.py")  # fmt: skip
+            "reward_model.use_reward_loop=False", "custom_reward_function.path=/r.py")  # fmt: skip
     assert d["rewards"] == {"reward_model": {
         "reward_fn": "reward_model", "model_args": {"model_name_or_path": "/models/rm", "dtype": "bf16"},
         "device_mapping": d["actor_train"]["device_mapping"], "infer_batch_size": 4}}  # fmt: skip
@@ -536,3 +535,20 @@ def test_reward_model_enable_is_one_reward_model_domain_on_the_trainers_devices(
     refused = _refused(*rm, "reward_model.enable_resource_pool=True", "reward_model.max_length=512")
     assert "shares the trainer's devices" in refused["reward_model.enable_resource_pool"]
     assert "not truncated" in refused["reward_model.max_length"]
+
+
+def test_reward_loop_serving_a_reward_model_is_its_score_a_custom_function_is_refused():
+    """verl's reward loop (reward_model.use_reward_loop, its default) serves the reward model with
+    reward_model.rollout.name and reads its one-label score: the same reward_model domain.
+    With a custom_reward_function the loop hands the served model to that function (a
+    generative reward model): refused by name. The legacy worker returns the model's scores."""
+    rm = ["reward_model.enable=True", "reward_model.model.path=/models/rm"]
+    d = _ok(
+        *rm, "reward_model.rollout.name=vllm", "reward_model.rollout.tensor_model_parallel_size=2"
+    )
+    assert d["rewards"]["reward_model"]["reward_fn"] == "reward_model"
+    custom = ["custom_reward_function.path=/r.py", "reward_model.rollout.name=vllm"]
+    assert "generative reward model" in _refused(*rm, *custom)["custom_reward_function.path"]
+    legacy = _ok(*rm, "reward_model.use_reward_loop=False", "custom_reward_function.path=/r.py")
+    assert "custom_reward_function" not in legacy
+    assert _ok("reward_model.rollout.name=vllm").get("rewards") is None  # enable=False

@@ -4,7 +4,7 @@ import torch
 from rl_algos.advantages import list_estimators
 from rl_config.records import Trajectory, Turn
 from rl_config.schema.algorithm import STD_FREE_ESTIMATORS
-from rl_runtime.advantages import (
+from rl_runtime.step.advantages import (
     AdvantageConfig,
     clip_row_values,
     compute_advantages,
@@ -12,7 +12,7 @@ from rl_runtime.advantages import (
     reward_clip_site,
     step_rows,
 )
-from rl_runtime.collate import collate_trajectories
+from rl_runtime.step.collate import collate_trajectories
 
 
 def _traj(tid, group, tag, reward, n_turns=1, obs=(7,)):

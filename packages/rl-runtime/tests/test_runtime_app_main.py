@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_runtime.app_main import AppSpec, Composed, app_main
-from rl_runtime.app_options import AppRunOptions
+from rl_runtime.cli.app_main import AppSpec, Composed, app_main
+from rl_runtime.cli.app_options import AppRunOptions
 
 
 @dataclass
@@ -38,7 +38,7 @@ def _spec(tmp_path: Path, *, refusals=(), fail: Exception | None = None, runs: l
     config.write_text(f"pretrain: {model}\nx_app:\n  greeting: hello\n" + config_text)
 
     def compose(cfg, options, flags):
-        from rl_runtime.pipeline import compose_here
+        from rl_runtime.run.runner import compose_here
 
         return Composed(compose_here(cfg), plan="PLAN", notes=("a note",), details="DETAILS",
                         refusals=tuple(refusals))  # fmt: skip
@@ -102,12 +102,12 @@ def test_errors_of_a_run_name_their_kind(tmp_path, capsys):
     unverified = CheckpointError("resume_from_checkpoint: no valid checkpoint under /etc/passwd")
     assert app_main(_spec(tmp_path, fail=unverified), []) == 1  # was a traceback
     assert capsys.readouterr().err == f"checkpoint error: {unverified}\n"
-    from rl_runtime.run_lock import RunDirectoryInUseError
+    from rl_runtime.run.run_lock import RunDirectoryInUseError
 
     in_use = RunDirectoryInUseError("output directory /x is in use by another run (pid 7)")
     assert app_main(_spec(tmp_path, fail=in_use), []) == 1
     assert capsys.readouterr().err == f"error: {in_use}\n"
-    from rl_runtime.pipeline import NothingTrainedError
+    from rl_runtime.run.runner import NothingTrainedError
 
     nothing = NothingTrainedError("every one of the run's 2 steps was skipped")
     assert app_main(_spec(tmp_path, fail=nothing), []) == 1  # no results table
@@ -192,7 +192,7 @@ def test_a_signal_during_a_run_is_a_report_and_its_exit_code(tmp_path, capsys, n
     import signal
     import time
 
-    from rl_runtime.interrupts import RunInterrupted
+    from rl_runtime.run.interrupts import RunInterrupted
 
     def run(cfg, options, composed, flags):  # what the Runner raises once it has stopped
         try:
@@ -200,7 +200,7 @@ def test_a_signal_during_a_run_is_a_report_and_its_exit_code(tmp_path, capsys, n
             time.sleep(5)
         except RunInterrupted as exc:
             exc.step, exc.checkpoint = 2, "/out/ckpt/step-000002"
-            from rl_runtime.interrupts import resume_command
+            from rl_runtime.run.interrupts import resume_command
 
             exc.resume_command = resume_command(exc.checkpoint)
             raise

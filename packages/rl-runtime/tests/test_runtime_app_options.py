@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from rl_runtime.app_options import TinyModelOptions, strict_options
+from rl_runtime.cli.app_options import TinyModelOptions, strict_options
 
 
 @dataclass
@@ -50,7 +50,7 @@ def test_a_tiny_model_it_cannot_build_is_refused_naming_the_section(shape, error
 
 
 def test_an_app_section_extends_the_shared_run_options():
-    from rl_runtime.app_options import AppRunOptions
+    from rl_runtime.cli.app_options import AppRunOptions
 
     @dataclass
     class _Section(AppRunOptions):

@@ -9,15 +9,16 @@ import time
 import pytest
 
 from rl_config.records import Trajectory
-from rl_runtime.async_producer import RolloutProducer
-from rl_runtime.async_queue import (
+from rl_runtime.asynchrony.producer import RolloutProducer
+from rl_runtime.asynchrony.queue import (
     AsyncTimeoutError,
     PendingBatch,
     QueueClosed,
     RolloutBatch,
     SampleQueue,
 )
-from rl_runtime.staleness import LagStats, StalenessError, filter_stale
+from rl_runtime.asynchrony.staleness import LagStats, StalenessError, filter_stale
+from rl_runtime.run.recipe import Recipe
 
 
 def traj(group: str, version: int, token_versions: list[int] | None = None, k: int = 0):
@@ -359,7 +360,7 @@ def test_a_posted_update_returns_at_once_and_lands_between_batches():
 def train_posting_each_step(
     engine: Engine, staleness: int, steps: int, train_s: float, generate_s: float
 ) -> list[bool]:
-    """A trainer that posts each step's weights as the runner does (rl_runtime.pipeline
+    """A trainer that posts each step's weights as the runner does (rl_runtime.run.runner
     `Context._push_weights`: wait for a running delivery, stage, post; the delivery opens the
     gate); returns whether each post superseded one still waiting."""
     q = SampleQueue(10)
@@ -606,7 +607,7 @@ class FakeCluster:
         return self.colocated
 
 
-class SplitRecipe:
+class SplitRecipe(Recipe):
     def rollout(self, ctx, index):
         return RolloutBatch(index, [])
 
@@ -617,7 +618,7 @@ class SplitRecipe:
 def _training(recipe, colocated=(), samples_per_batch=2):
     from types import SimpleNamespace
 
-    from rl_runtime.async_training import AsyncTraining
+    from rl_runtime.asynchrony.training import AsyncTraining
     from rl_runtime.compose import AsyncPlan
 
     plan = AsyncPlan(max_staleness=1, queue_samples=2 * samples_per_batch, wait_timeout_s=5.0,
@@ -637,7 +638,7 @@ def test_async_training_refuses_colocated_engines_and_unsplit_recipes():
 
 
 def test_a_checkpoint_whose_async_bookkeeping_disagrees_is_refused():
-    from rl_runtime.async_training import restore_rollout_state
+    from rl_runtime.asynchrony.training import restore_rollout_state
 
     loaded: list[dict] = []
 
@@ -664,10 +665,10 @@ def test_trainer_progress_never_goes_back():
     assert producer._gate_open(3) and not producer._gate_open(4)
 
 
-class ScreeningRecipe:
+class ScreeningRecipe(Recipe):
     """Batches of 4 samples of one group, the sample `k == 1` of each one whose reward call
     failed; `learn` is the recipes' own path up to train_step: failed episodes screened out
-    (rl_runtime.failures), the rest collated, `rollout_metrics` of what is trained."""
+    (rl_runtime.step.failures), the rest collated, `rollout_metrics` of what is trained."""
 
     def rollout(self, ctx, index):
         from rl_config.records import Turn
@@ -679,9 +680,9 @@ class ScreeningRecipe:
         return RolloutBatch(index, samples)
 
     def learn(self, ctx, batch):
-        from rl_runtime.collate import collate_trajectories
-        from rl_runtime.failures import screen_failures
-        from rl_runtime.metrics import rollout_metrics
+        from rl_runtime.step.collate import collate_trajectories
+        from rl_runtime.step.failures import screen_failures
+        from rl_runtime.step.metrics import rollout_metrics
 
         screened = screen_failures(batch.trajectories, max_failed_fraction=0.5)
         collated = collate_trajectories(screened.kept, pad_token_id=0)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rl_runtime.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
+from rl_runtime.state.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
 from rl_train.signing import CheckpointError, load_key
 from rl_train.testing import MALFORMED_SIGNATURES, plant_malformed_signature
 
@@ -192,7 +192,7 @@ def test_a_key_in_an_unsafe_place_is_refused(tmp_path, monkeypatch, where):
 
 
 def test_every_file_fsynced_before_marker_and_prune_after_durable(tmp_path, monkeypatch):
-    import rl_runtime.checkpoint as rc
+    import rl_runtime.state.checkpoint as rc
 
     mgr = CheckpointManager(tmp_path, keep_last=1)
     _save(mgr, 1)
@@ -229,7 +229,7 @@ def test_worker_processes_seed_every_rng_stream():
 
     code = (
         "import random, numpy as np, torch\n"
-        "from rl_runtime.workers import _init_process\n"
+        "from rl_runtime.cluster.workers import _init_process\n"
         "_init_process({}, 5)\n"
         "print(random.random(), float(np.random.rand()), float(torch.rand(1)))\n"
     )
@@ -290,7 +290,7 @@ FULL_DISK_SCRIPT = """
 import json, sys
 from pathlib import Path
 import torch
-from rl_runtime.checkpoint import CheckpointManager, CheckpointSpaceError, RunState
+from rl_runtime.state.checkpoint import CheckpointManager, CheckpointSpaceError, RunState
 root, key = Path(sys.argv[1]), sys.argv[2]
 mgr = CheckpointManager(root / "ck", keep_last=None, key_file=key)
 small = lambda d: torch.save(torch.zeros(16), d / "model.pt")
@@ -343,7 +343,7 @@ def test_enospc_at_the_write_layer_is_reported_and_cleaned_up(tmp_path, monkeypa
     """Anywhere (no mount needed): the file write of the save fails with ENOSPC."""
     import errno
 
-    from rl_runtime.checkpoint import CheckpointSpaceError
+    from rl_runtime.state.checkpoint import CheckpointSpaceError
 
     mgr = CheckpointManager(tmp_path / "ck", keep_last=None)
     first = _save(mgr, 1)

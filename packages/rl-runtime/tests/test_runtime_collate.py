@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from rl_config.records import Trajectory, Turn
-from rl_runtime.collate import collate_trajectories
+from rl_runtime.step.collate import collate_trajectories
 
 
 def _traj(tid, group, prompt, turns, reward=1.0, success=True):

@@ -1,4 +1,4 @@
-"""rl_runtime.compose.dpo: a preference key the chosen loss does not read is warned about."""
+"""rl_runtime.pipelines.dpo.compose: a preference key the chosen loss does not read is warned about."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from rl_config.schema import ExperimentConfig
-from rl_runtime.compose.dpo import compose_dpo
+from rl_runtime.pipelines.dpo.compose import compose_dpo
 
 DATA = {"actor_train": {"data_args": {"file_name": "train.jsonl"}}}
 

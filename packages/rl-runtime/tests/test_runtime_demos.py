@@ -7,7 +7,7 @@ import pytest
 from rl_config.records import GenerationRequest, SamplingParams
 from rl_envs import make_env
 from rl_envs.solvers import solve
-from rl_runtime.demos import ScriptedEngine, tags_without_solver
+from rl_runtime.pipelines.agentic.demos import ScriptedEngine, tags_without_solver
 
 
 class _CharTokenizer:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from rl_runtime.doctor import _load, check_config, main
-from rl_runtime.ray_setup import device_env_defaults
+from rl_runtime.cli.doctor import _load, check_config, main
+from rl_runtime.cluster.ray_setup import device_env_defaults
 from rl_sync.doctor import HostFacts, NpuSmi
 
 ROOT = Path(__file__).resolve().parents[3]

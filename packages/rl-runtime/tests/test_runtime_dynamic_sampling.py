@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl_runtime.dynamic_sampling import fill_groups, has_signal
+from rl_runtime.pipelines.rlvr.dynamic_sampling import fill_groups, has_signal
 
 
 class Source:

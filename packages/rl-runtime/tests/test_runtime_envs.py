@@ -1,6 +1,7 @@
 import pytest
 
-from rl_runtime.envs import GroupSeededEnv, env_assignments, make_envs, member_seed
+from rl_runtime.state.seeds import member_seed
+from rl_runtime.step.envs import GroupSeededEnv, env_assignments, make_envs
 
 
 def _assign(**kw):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_runtime.checkpoint import CheckpointManager, RunState
-from rl_runtime.export import MODEL_PATH_KEY, main
+from rl_runtime.cli.export import MODEL_PATH_KEY, main
+from rl_runtime.state.checkpoint import CheckpointManager, RunState
 from rl_train.dist import spawn
 from rl_train.testing import make_batch, train_worker
 

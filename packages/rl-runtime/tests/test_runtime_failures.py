@@ -7,8 +7,8 @@ import torch
 from rl_algos.aggregate import aggregate
 from rl_algos.losses import ppo_clip
 from rl_config.records import Trajectory, Turn
-from rl_runtime.collate import collate_trajectories
-from rl_runtime.failures import (
+from rl_runtime.step.collate import collate_trajectories
+from rl_runtime.step.failures import (
     SandboxCounters,
     TooManyFailuresError,
     merge_counts,
@@ -163,7 +163,7 @@ def test_an_evaluations_sandbox_counts_are_its_own_while_training_grades_at_once
 
 
 def test_failure_and_sandbox_metrics_are_trackable(tmp_path):
-    from rl_runtime.tracking import Tracker
+    from rl_runtime.track.tracking import Tracker
 
     screened = screen_failures([_traj("ok"), _traj("err", failed=True)], 0.5)
     tracker = Tracker("stdout", str(tmp_path), {})
@@ -183,10 +183,10 @@ def test_evaluation_sandbox_calls_are_not_counted_as_the_next_training_steps(tmp
 
     from rl_config.records import SamplingParams
     from rl_rollout.tiny_model import build_tiny_model
-    from rl_runtime.agentic_rollout import play, sandbox_stats
-    from rl_runtime.placement import plan_placement
-    from rl_runtime.worker_group import WorkerGroup
-    from rl_runtime.workers import RolloutWorker
+    from rl_runtime.cluster.placement import plan_placement
+    from rl_runtime.cluster.worker_group import WorkerGroup
+    from rl_runtime.cluster.workers import RolloutWorker
+    from rl_runtime.pipelines.agentic.rollout import play, sandbox_stats
 
     model = str(build_tiny_model(tmp_path / "tiny", seed=0))
     infer = WorkerGroup.create(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl_runtime.gain import proportion_gain, success_gains
+from rl_runtime.pipelines.agentic.gain import proportion_gain, success_gains
 
 
 def test_proportion_gain_by_hand():

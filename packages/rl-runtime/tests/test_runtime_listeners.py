@@ -1,7 +1,7 @@
 """A default run listens on loopback only: the embedded Ray cluster, the TrainWorkers' default
 process group (gloo's pairs; its store is a node-local file, no listener) and rl-sync's
 weight-sync store. Checked by reading the kernel's
-socket table for this process and its descendants (`rl_runtime.listeners`)."""
+socket table for this process and its descendants (`rl_runtime.cluster.listeners`)."""
 
 import os
 import socket
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rl_runtime.listeners import exposed, listening_sockets
+from rl_runtime.cluster.listeners import exposed, listening_sockets
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -58,9 +58,9 @@ def test_non_loopback_store_host_is_left_to_torch():
 @pytest.mark.xdist_group("ray")
 def test_default_ray_run_listens_on_loopback_only(tmp_path):
     from rl_rollout.tiny_model import build_tiny_model
-    from rl_runtime.cluster import Cluster, RoleSpec
-    from rl_runtime.ray_setup import RayOptions
-    from rl_runtime.workers import TrainWorker
+    from rl_runtime.cluster.cluster import Cluster, RoleSpec
+    from rl_runtime.cluster.ray_setup import RayOptions
+    from rl_runtime.cluster.workers import TrainWorker
 
     model = str(build_tiny_model(tmp_path / "tiny"))
     spec = RoleSpec(
@@ -92,7 +92,7 @@ def test_default_ray_run_listens_on_loopback_only(tmp_path):
 
 
 def test_joining_a_cluster_uses_its_addresses_and_embedded_binds_loopback():
-    from rl_runtime.ray_setup import RayOptions, ray_init_kwargs
+    from rl_runtime.cluster.ray_setup import RayOptions, ray_init_kwargs
 
     joined = ray_init_kwargs(RayOptions(), "10.1.2.3:6379")
     assert joined["address"] == "10.1.2.3:6379"

@@ -1,8 +1,8 @@
 import msgspec
 
 from rl_config.records import Trajectory
-from rl_runtime.collate import collate_trajectories
-from rl_runtime.metrics import rollout_metrics, val_metrics
+from rl_runtime.step.collate import collate_trajectories
+from rl_runtime.step.metrics import rollout_metrics, val_metrics
 
 
 def _traj(tid, response_versions, prompt_version=None):

@@ -13,9 +13,9 @@ import torch
 
 from rl_config.records import SamplingParams
 from rl_envs.rewards import RewardInput
+from rl_runtime.cluster.placement import plan_placement
 from rl_runtime.compose.model_rewards import ModelRewardPlan
-from rl_runtime.model_rewards import ModelScorer, question_of
-from rl_runtime.placement import plan_placement
+from rl_runtime.step.model_rewards import ModelScorer, question_of
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ CHATS = [
 def test_reward_model_scores_equal_a_direct_forward_in_any_batch(models):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from rl_runtime.reward_workers import RewardModelWorker
+    from rl_runtime.cluster.reward_workers import RewardModelWorker
 
     worker = RewardModelWorker(rank=0, world_size=1, dist_env={}, model_path=models["rm"])
     batched, single = worker.score(CHATS, 3), worker.score(CHATS, 1)
@@ -59,7 +59,7 @@ def test_reward_model_scores_equal_a_direct_forward_in_any_batch(models):
 
 def test_a_causal_lm_is_refused_as_a_reward_model(models, tmp_path):
     from rl_rollout.tiny_model import default_tiny_model_dir
-    from rl_runtime.reward_workers import RewardModelWorker
+    from rl_runtime.cluster.reward_workers import RewardModelWorker
 
     with pytest.raises(ValueError, match="not a sequence-classification model"):
         RewardModelWorker(
@@ -79,8 +79,8 @@ def _plan(kind: str, path: str, devices=(0,), **kw) -> ModelRewardPlan:
 
 
 def _start(plans, num_devices=1):
-    from rl_runtime.cluster import Cluster
-    from rl_runtime.reward_workers import reward_role_spec
+    from rl_runtime.cluster.cluster import Cluster
+    from rl_runtime.cluster.reward_workers import reward_role_spec
 
     specs = [reward_role_spec(p.role_plan(), p.model_path, 0) for p in plans]
     return Cluster.start(specs, num_devices=num_devices, use_ray=False, rpc_timeout=120)
@@ -168,8 +168,8 @@ def test_episode_end_scores_add_to_the_last_turn_and_failures_are_screened(model
     unreadable verdict fails the episode's reward, which screening then drops and counts."""
     from transformers import AutoTokenizer
 
-    from rl_runtime.episode_rewards import EpisodeScorer
-    from rl_runtime.failures import screen_failures
+    from rl_runtime.pipelines.agentic.episode_rewards import EpisodeScorer
+    from rl_runtime.step.failures import screen_failures
 
     tok = AutoTokenizer.from_pretrained(models["rm"])
     yes = _plan("llm_judge", models["yes"], tags=("A",))

@@ -1,4 +1,4 @@
-"""rl_runtime.model_source: a model is a local directory, a hub id in a local cache, or the tiny
+"""rl_runtime.run.model_source: a model is a local directory, a hub id in a local cache, or the tiny
 model an app builds where it says so; anything else is an error naming the key, and nothing is
 built, downloaded or overwritten in its place."""
 
@@ -11,7 +11,18 @@ from pathlib import Path
 import pytest
 
 from rl_config.errors import ConfigError
-from rl_runtime.model_source import check_policy_model, policy_model, resolve_model
+from rl_runtime.run.model_source import policy_model, resolve_model, tiny_model_to_build
+
+
+def check_policy_model(pretrain: str, *, build_at: str | None = None,
+                       key: str = "build_tiny_model") -> list:  # fmt: skip
+    """What `policy_model` would refuse, without building anything: the issues (empty: fine)."""
+    try:
+        if not tiny_model_to_build(pretrain, build_at, key):
+            resolve_model(pretrain, key="pretrain")
+    except ConfigError as exc:
+        return list(exc.issues)
+    return []
 
 
 def _model_dir(path: Path) -> Path:
@@ -107,7 +118,7 @@ def test_a_directory_at_the_build_path_that_is_not_a_tiny_model_is_never_overwri
 
 
 def test_build_tiny_model_true_is_refused_with_what_it_takes():
-    from rl_runtime.app_options import AppRunOptions
+    from rl_runtime.cli.app_options import AppRunOptions
 
     with pytest.raises(ValueError, match="expected the directory to build a tiny model in"):
         AppRunOptions.from_mapping({"build_tiny_model": True})

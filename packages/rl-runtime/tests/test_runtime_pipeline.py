@@ -1,4 +1,4 @@
-"""rl_runtime.pipeline.Runner with a fake recipe and in-process fake workers: cadence (the last
+"""rl_runtime.run.runner.Runner with a fake recipe and in-process fake workers: cadence (the last
 step logs, evaluates and saves), teardown after an exception, resume (first line, step, weight
 version, recipe state; a changed seed or estimator refused), summary.json and the resolved
 config; one run per output directory (two real processes)."""
@@ -18,10 +18,11 @@ import torch
 
 from rl_config.errors import ConfigError
 from rl_config.schema import ExperimentConfig
-from rl_runtime.cluster import RoleSpec
+from rl_runtime.cluster.cluster import RoleSpec
 from rl_runtime.compose import compose
-from rl_runtime.pipeline import Runner, RunOptions
-from rl_runtime.run_lock import LOCK_NAME, RunDirectoryInUseError, run_directory_lock
+from rl_runtime.run.recipe import Recipe
+from rl_runtime.run.run_lock import LOCK_NAME, RunDirectoryInUseError, run_directory_lock
+from rl_runtime.run.runner import Runner, RunOptions
 
 
 class FakeTrainer:
@@ -77,7 +78,7 @@ class FakeEngine:
     def shutdown(self) -> None: ...
 
 
-class FakeRecipe:
+class FakeRecipe(Recipe):
     def __init__(self, fail_at: int | None = None) -> None:
         self.fail_at = fail_at
         self.calls: list[tuple[str, int]] = []
@@ -202,7 +203,7 @@ def test_a_resumed_runs_curves_show_the_whole_run_once(tmp_path, monkeypatch):
     trained again): the uninterrupted run's points, each step once."""
     plotted = []
     monkeypatch.setattr(
-        "rl_runtime.curves.write_curves", lambda history, path, **_: plotted.append(history)
+        "rl_runtime.track.curves.write_curves", lambda history, path, **_: plotted.append(history)
     )
     _run(tmp_path / "full", FakeRecipe(), logging_steps=1, save_steps=3)
     with pytest.raises(RuntimeError, match="boom"):  # steps 1-4 logged, checkpoint at 3
@@ -249,7 +250,7 @@ class SummarisingRecipe(FakeRecipe):
         return {"val/success_rate": float(ctx.step > 0), "val/reward": float("nan")}
 
     def summary(self, before: dict, after: dict) -> dict:
-        from rl_runtime.gain import success_gains
+        from rl_runtime.pipelines.agentic.gain import success_gains
 
         return success_gains(before, after, ("val/success_rate",), n=8)
 
@@ -453,7 +454,7 @@ def test_a_fresh_run_moves_an_earlier_runs_results_aside(tmp_path, capsys):
     out = tmp_path / "out"
     options = {"app_outputs": (str(tmp_path / "comparison.json"),)}
     _run(tmp_path, FakeRecipe(), options, max_steps=5)  # logs 2, 4, 5; checkpoints 3, 5
-    (out / "hf_model").mkdir()  # as an export writes it (rl_runtime.export)
+    (out / "hf_model").mkdir()  # as an export writes it (rl_runtime.cli.export)
     (out / "hf_model" / "config.json").write_text("{}")
     (tmp_path / "comparison.json").write_text("earlier comparison")  # the app's own file
     earlier_curves = (out / "curves.png").read_bytes()
@@ -500,7 +501,7 @@ class RecipeWithBaselines(FakeRecipe):
 
 
 def test_baselines_and_summary_reach_summary_json_and_the_table(tmp_path, capsys):
-    from rl_runtime.pipeline import print_result
+    from rl_runtime.run.runner import print_result
 
     _, result = _run(tmp_path, RecipeWithBaselines())
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -528,7 +529,7 @@ def _two_device_config(**roles: list[int]) -> ExperimentConfig:
 def test_without_ray_a_training_role_of_several_ranks_is_refused_by_name():
     """--no-ray puts every worker in one process: a 2-rank actor_train used to wait for its
     second rank until rpc_timeout (900 s in the CPU defaults), then fail with a hint to raise it."""
-    from rl_runtime.pipeline import check_in_process
+    from rl_runtime.run.runner import check_in_process
 
     two_ranks = compose(_two_device_config(actor_train=[0, 1], actor_infer=[0]))
     with pytest.raises(ConfigError, match=r"actor_train\.device_mapping: 2 ranks") as err:
@@ -542,7 +543,7 @@ def test_without_ray_a_training_role_of_several_ranks_is_refused_by_name():
 def test_without_ray_partial_rollout_is_refused_by_name_before_anything_starts():
     """`async.partial_rollout` with --no-ray was refused only when asynchronous training
     started, after the warm-up and the pre-RL evaluation, as a traceback."""
-    from rl_runtime.pipeline import check_in_process
+    from rl_runtime.run.runner import check_in_process
 
     cfg = _two_device_config(actor_train=[0], actor_infer=[1])
     data = {**cfg.model_dump(exclude_unset=True), "async": {"max_staleness": 1}}
@@ -555,7 +556,7 @@ def test_without_ray_partial_rollout_is_refused_by_name_before_anything_starts()
 
 
 def test_without_ray_the_keys_only_ray_reads_are_warned_about_by_name():
-    from rl_runtime.pipeline import check_in_process
+    from rl_runtime.run.runner import check_in_process
 
     cfg = _two_device_config(actor_train=[0], actor_infer=[1])
     assert check_in_process(compose(cfg), use_ray=False) == []
@@ -580,7 +581,7 @@ def test_without_ray_the_keys_only_ray_reads_are_warned_about_by_name():
 
 
 # ------------------------------------------------------------ one run per output directory
-# rl_runtime.run_lock, with two real processes: a second Runner on a directory a live run holds
+# rl_runtime.run.run_lock, with two real processes: a second Runner on a directory a live run holds
 # fails at once, naming the directory and the holder's pid, before it moves or writes anything
 # there; the lock goes with the holder (finished or killed).
 TESTS = Path(__file__).resolve().parent
@@ -667,7 +668,7 @@ def test_a_second_run_sharing_only_the_checkpoint_dir_fails_naming_it(tmp_path):
 
 
 def test_a_checkpoint_dir_inside_the_output_dir_takes_one_lock(tmp_path):
-    from rl_runtime.run_lock import directories_to_lock
+    from rl_runtime.run.run_lock import directories_to_lock
 
     out = tmp_path / "out"
     assert directories_to_lock(out, out / "checkpoints") == [out.resolve()]
@@ -777,7 +778,7 @@ class SkippingRecipe(FakeRecipe):
 
 
 def test_a_step_that_kept_no_group_says_skipped_and_is_counted(tmp_path, capsys):
-    from rl_runtime.pipeline import print_result
+    from rl_runtime.run.runner import print_result
 
     _, result = _run(tmp_path, SkippingRecipe({1, 3}))
     out = capsys.readouterr().out
@@ -798,7 +799,7 @@ def test_skipped_steps_are_the_whole_runs_across_a_resume(tmp_path):
 
 
 def test_a_run_that_trained_on_nothing_ends_with_an_error(tmp_path):
-    from rl_runtime.pipeline import NothingTrainedError
+    from rl_runtime.run.runner import NothingTrainedError
 
     with pytest.raises(NothingTrainedError, match="every one of the run's 5 steps was skipped"):
         _run(tmp_path, SkippingRecipe())
@@ -822,8 +823,8 @@ class SignalledRecipe(FakeRecipe):
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_ends_the_run_in_order_with_the_last_durable_checkpoint(tmp_path, signum, code):
-    from rl_runtime import interrupts
-    from rl_runtime.interrupts import RunInterrupted
+    from rl_runtime.run import interrupts
+    from rl_runtime.run.interrupts import RunInterrupted
 
     monkey_command = ("uv", "run", "apps/x", "max_steps=5", "resume_from_checkpoint=false")
     interrupts._command = monkey_command
@@ -850,9 +851,9 @@ def test_a_signal_ends_the_run_in_order_with_the_last_durable_checkpoint(tmp_pat
 def test_the_last_line_and_summary_say_where_everything_went(tmp_path, capsys, monkeypatch):
     """The run's last line lists where checkpoints, logs, TensorBoard, curves, summary and the
     exported model went (before: curves and hf_model only); summary.json records them. The
-    model is exported from the last checkpoint (rl_runtime.export, what `rl-export` runs; the
+    model is exported from the last checkpoint (rl_runtime.cli.export, what `rl-export` runs; the
     fake trainer's checkpoints hold no model, so a stand-in writes it)."""
-    from rl_runtime.pipeline import print_result
+    from rl_runtime.run.runner import print_result
 
     exported = []
 
@@ -861,7 +862,7 @@ def test_the_last_line_and_summary_say_where_everything_went(tmp_path, capsys, m
         Path(out_dir).mkdir(parents=True)
         return Path(out_dir)
 
-    monkeypatch.setattr("rl_runtime.export.export_checkpoint", export_checkpoint)
+    monkeypatch.setattr("rl_runtime.cli.export.export_checkpoint", export_checkpoint)
     out = tmp_path / "out"
     _, result = _run(tmp_path, FakeRecipe(), {"export_hf": True}, max_steps=2)
     assert exported == [str(out / "checkpoints" / "step-000002")]
@@ -881,7 +882,7 @@ def test_a_key_named_by_the_config_is_hidden_from_sandboxed_calls(tmp_path, monk
     `checkpoint_config.key_file` was readable by a non-root call. The run now passes it to the
     sandbox pools of the driver and of every worker (`RL_SANDBOX_HIDE`)."""
     from rl_envs.sandbox.credentials import HIDE_VARIABLE, secret_paths
-    from rl_runtime.pipeline import sandbox_hidden_env
+    from rl_runtime.run.runner import sandbox_hidden_env
 
     monkeypatch.delenv(HIDE_VARIABLE, raising=False)
     monkeypatch.setenv(HIDE_VARIABLE, "")  # restored after the test

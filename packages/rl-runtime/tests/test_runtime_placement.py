@@ -2,7 +2,7 @@ from collections import defaultdict
 
 import pytest
 
-from rl_runtime.placement import NODE_RESOURCE_SHARE, plan_placement, worker_device_env
+from rl_runtime.cluster.placement import NODE_RESOURCE_SHARE, plan_placement, worker_device_env
 
 
 def test_roll_sokoban_layout_is_disaggregated():
@@ -247,8 +247,8 @@ def test_mixed_colocation_starts_on_ray_with_virtual_devices():
     """A 2-device engine worker and 1-device trainers on the same 2 virtual devices: Ray reserves
     the group's 2 CPU bundles (0.5 CPU each, a 1-CPU Ray), every worker starts in them and sees
     its devices through CUDA_VISIBLE_DEVICES (Ray's override off), the engine both of them."""
-    from rl_runtime.cluster import Cluster, RoleSpec
-    from rl_runtime.ray_setup import RayOptions
+    from rl_runtime.cluster.cluster import Cluster, RoleSpec
+    from rl_runtime.cluster.ray_setup import RayOptions
 
     specs = [
         RoleSpec("actor_train", SeesDevices, [0, 1]),

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from rl_runtime.compose.dpo import PreferenceData
-from rl_runtime.preference_data import PreferenceDataError, collate, load_preferences
+from rl_runtime.pipelines.dpo.compose import PreferenceData
+from rl_runtime.pipelines.dpo.data import PreferenceDataError, collate, load_preferences
 
 
 @pytest.fixture(scope="module")

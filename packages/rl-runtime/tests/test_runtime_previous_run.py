@@ -1,11 +1,11 @@
-"""rl_runtime.previous_run: an earlier run's results moved aside, nothing lost."""
+"""rl_runtime.run.previous_run: an earlier run's results moved aside, nothing lost."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from rl_runtime.previous_run import earlier_run_outputs, set_aside_previous_run
-from rl_runtime.tracking import earlier_run_logs
+from rl_runtime.run.previous_run import earlier_run_outputs, set_aside_previous_run
+from rl_runtime.track.tracking import earlier_run_logs
 
 WHEN = datetime(2026, 11, 24, 14, 5, 9, tzinfo=timezone.utc)
 

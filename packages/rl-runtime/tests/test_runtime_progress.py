@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from rl_runtime.curves import write_curves
-from rl_runtime.timing import StepProgress
+from rl_runtime.track.curves import write_curves
+from rl_runtime.track.timing import StepProgress
 
 
 def test_one_line_per_step_without_a_terminal():
@@ -41,7 +41,7 @@ def test_curves_draw_baselines_only_on_their_metric(tmp_path, monkeypatch):
 def test_summary_table_has_every_rows_columns():
     from rich.console import Console
 
-    from rl_runtime.timing import summary_table
+    from rl_runtime.track.timing import summary_table
 
     rows = {"baseline": {"sampled": 0.2}, "after": {"sampled": 0.5, "greedy": 0.7}}
     console = Console(width=120, record=True)
@@ -53,7 +53,7 @@ def test_summary_table_has_every_rows_columns():
 def test_a_long_phase_prints_plain_progress_lines_and_a_short_one_nothing():
     import time
 
-    from rl_runtime.timing import long_phase
+    from rl_runtime.track.timing import long_phase
 
     buf = io.StringIO()
     with long_phase("evaluation", after_s=0.05, every_s=0.1, stream=buf):
@@ -85,7 +85,7 @@ def _plotted(monkeypatch):
 def test_rlvr_curves_show_the_batch_before_dynamic_sampling_and_held_out_accuracy(
     tmp_path, monkeypatch
 ):
-    from rl_runtime.curves import PANELS
+    from rl_runtime.track.curves import PANELS
 
     drawn = _plotted(monkeypatch)
     history = [

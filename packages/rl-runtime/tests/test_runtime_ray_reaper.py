@@ -1,4 +1,4 @@
-"""rl_runtime.ray_reaper with real processes standing in for a Ray session (no Ray): a driver,
+"""rl_runtime.cluster.ray_reaper with real processes standing in for a Ray session (no Ray): a driver,
 its child naming the session directory (the raylet), and that child's child (an agent the
 raylet started, which Ray does not tie to the driver)."""
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="r
 
 DRIVER = """
 import subprocess, sys, time
-from rl_runtime.ray_reaper import start_reaper
+from rl_runtime.cluster.ray_reaper import start_reaper
 session, end_raylet = sys.argv[1], sys.argv[2] == "1"
 raylet = subprocess.Popen([sys.executable, "-c", '''
 import subprocess, sys, time

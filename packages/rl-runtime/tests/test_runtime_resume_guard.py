@@ -1,4 +1,4 @@
-"""rl_runtime.resume_guard: which config changes a resume refuses, warns about, or passes."""
+"""rl_runtime.run.resume_guard: which config changes a resume refuses, warns about, or passes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from rl_config.contract import declared, schema_keys
 from rl_config.errors import ConfigError
 from rl_config.schema import ExperimentConfig
-from rl_runtime.resume_guard import (
+from rl_runtime.run.resume_guard import (
     PIPELINE_RESUME_REFUSED,
     RESUME_NOTED,
     RESUME_REFUSED,

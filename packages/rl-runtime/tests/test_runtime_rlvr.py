@@ -18,12 +18,16 @@ from rl_config.schema import ExperimentConfig
 from rl_envs.tasks.arith import write_arith_parquet
 from rl_envs.tasks.data import TaskRow
 from rl_rollout.templates import get_template
-from rl_runtime.async_queue import PendingBatch, RolloutBatch, finished
-from rl_runtime.compose.rlvr import RlvrPlan, build_rlvr
-from rl_runtime.rlvr_data import RowSampler, Scored, Scorer, load_rlvr_prompts
-from rl_runtime.rlvr_eval import held_out_accuracy
-from rl_runtime.rlvr_metrics import add_batch_failures, extra_metrics, most_common_answer_accuracy
-from rl_runtime.rlvr_rollout import GroupGenerator, rollout_batch
+from rl_runtime.asynchrony.queue import PendingBatch, RolloutBatch, finished
+from rl_runtime.pipelines.rlvr.compose import RlvrPlan, build_rlvr
+from rl_runtime.pipelines.rlvr.data import RowSampler, Scored, Scorer, load_rlvr_prompts
+from rl_runtime.pipelines.rlvr.eval import held_out_accuracy
+from rl_runtime.pipelines.rlvr.metrics import (
+    add_batch_failures,
+    extra_metrics,
+    most_common_answer_accuracy,
+)
+from rl_runtime.pipelines.rlvr.rollout import GroupGenerator, rollout_batch
 
 SEED = 42
 
@@ -119,7 +123,7 @@ def test_overlong_held_out_prompts_are_counted_and_printed(arith, tok, tmp_path,
 
 
 def test_truncate_prompt_keeps_the_side_verl_keeps():
-    from rl_runtime.rlvr_data import truncate_prompt
+    from rl_runtime.pipelines.rlvr.data import truncate_prompt
 
     ids = [1, 2, 3, 4, 5, 6, 7]
     assert truncate_prompt(ids, 4, "left") == [4, 5, 6, 7]
@@ -389,9 +393,9 @@ def test_remax_rollout_scores_one_greedy_baseline_per_prompt_and_keeps_groups_it
 
 def test_remax_group_whose_baseline_reward_call_failed_is_screened_out_and_counted(arith, tok):
     """A group without a baseline cannot be trained on: its samples are marked failed with the
-    baseline's kind (rl_runtime.failures screens them out) and the failed baseline call counts
+    baseline's kind (rl_runtime.step.failures screens them out) and the failed baseline call counts
     into the run's totals."""
-    from rl_runtime.failures import failure_kind
+    from rl_runtime.step.failures import failure_kind
 
     plan = _plan([arith[0]], arith[1], adv_estimator="remax",
                  reward_normalization={"method": "identity"},
@@ -518,8 +522,8 @@ def test_trajectories_carry_the_rows_tag_column_for_grouping_by_tags(tok, tmp_pa
     """ROLL's jsonl rows have a `tag` column and no data_source: the trajectories' tag is the
     row's tag, so `reward_normalization.grouping: tags` normalises per tag (it grouped by the
     data_source, `unknown` for every such row: the whole batch) and env/<tag>/* is per tag."""
-    from rl_runtime.advantages import group_keys
-    from rl_runtime.collate import collate_trajectories
+    from rl_runtime.step.advantages import group_keys
+    from rl_runtime.step.collate import collate_trajectories
 
     rows = [{"prompt": f"{d} {i} =", "ground_truth": "1", "tag": d}
             for d in ("a", "b") for i in range(4)]  # fmt: skip
@@ -627,7 +631,7 @@ def _group(source: str, domain: str | None, rewards: list[float], acc: Sequence[
     `acc` when given."""
     from types import SimpleNamespace
 
-    from rl_runtime.rlvr_metrics import Group
+    from rl_runtime.pipelines.rlvr.metrics import Group
 
     results = [GenerationResult(request_id="0", prompt_ids=[1], output_ids=[2], finish_reason="stop",
                                 output_log_probs=[0.0], weight_version=0) for _ in rewards]  # fmt: skip
@@ -643,7 +647,7 @@ def test_per_source_and_per_domain_rewards_only_where_they_say_more_than_the_tot
     only repeated reward/mean: `reward/unknown/mean` for every jsonl run without a data_source).
     Several sources or domains, or a name the user gave (a row's data_source, a `rewards`
     domain): every one (hand-computed means)."""
-    from rl_runtime.rlvr_metrics import group_metrics
+    from rl_runtime.pipelines.rlvr.metrics import group_metrics
 
     one = group_metrics([_group("unknown", "custom", [1.0, 0.0])])
     assert not [k for k in one if k.startswith(("reward/unknown/", "reward/domain/"))], one
@@ -658,7 +662,7 @@ def test_per_source_and_per_domain_rewards_only_where_they_say_more_than_the_tot
 def test_a_domain_with_metrics_of_its_own_gets_its_extras():
     """`reward/domain/<domain>/extra/<name>` beside the batch's `reward/extra/<name>` (means of
     the samples that returned it, hand-computed)."""
-    from rl_runtime.rlvr_metrics import group_metrics
+    from rl_runtime.pipelines.rlvr.metrics import group_metrics
 
     mixed = group_metrics([_group("s", "a", [1.0, 1.0], [True, True]),
                            _group("s", "b", [0.0, 0.5], [False, False]),
@@ -674,7 +678,7 @@ def test_a_custom_reward_file_that_cannot_be_used_is_named_by_its_key(tmp_path):
     `custom_reward_function` (compose_rlvr's refusal: a dry run lists it, a run stops before it
     builds anything); the run built the model and warmed it up, then ended in a traceback from
     the reward router."""
-    from rl_runtime.compose.rlvr import custom_reward_problem
+    from rl_runtime.pipelines.rlvr.compose import custom_reward_problem
 
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps({"prompt": "1 =", "ground_truth": "1"}) + "\n")

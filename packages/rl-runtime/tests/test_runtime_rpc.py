@@ -2,9 +2,9 @@ import time
 
 import pytest
 
-from rl_runtime.placement import plan_placement
-from rl_runtime.rpc import RemoteCallError, RpcTimeoutError, call
-from rl_runtime.worker_group import WorkerGroup
+from rl_runtime.cluster.placement import plan_placement
+from rl_runtime.cluster.rpc import RemoteCallError, RpcTimeoutError, call
+from rl_runtime.cluster.worker_group import WorkerGroup
 
 
 class Echo:
@@ -129,8 +129,8 @@ def test_local_worker_group_calls_are_bounded_by_rpc_timeout():
 
 TORN_DOWN_WITH_TORCH = """
 import time, torch
-from rl_runtime.placement import plan_placement
-from rl_runtime.worker_group import WorkerGroup
+from rl_runtime.cluster.placement import plan_placement
+from rl_runtime.cluster.worker_group import WorkerGroup
 
 class Heavy:  # its teardown runs torch ops (each releases the GIL), as a model's does
     def __init__(self, rank, world_size, dist_env):
@@ -183,8 +183,8 @@ def test_local_worker_releases_its_object_on_stop():
 def test_ray_worker_groups_placement_timeout_and_errors():
     import ray
 
-    from rl_runtime.ray_setup import RayOptions, shutdown_ray, start_ray
-    from rl_runtime.worker_group import PlacementGroups
+    from rl_runtime.cluster.ray_setup import RayOptions, shutdown_ray, start_ray
+    from rl_runtime.cluster.worker_group import PlacementGroups
 
     resources = start_ray(RayOptions(num_cpus=2, env_vars={"RL_TEST_FLAG": "1"}))
     try:

@@ -1,5 +1,5 @@
 """The weight sync's transport: shared memory where every engine shares the CPU trainer's node
-(rl_runtime.sync_transport), broadcast otherwise; and a real Ray run of each, the engine holding
+(rl_runtime.cluster.sync_transport), broadcast otherwise; and a real Ray run of each, the engine holding
 exactly the trainer's weights after every sync."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from rl_config.errors import ConfigError
-from rl_runtime.sync_transport import SHM_HEADROOM, choose_sync_transport, staging_room
+from rl_runtime.cluster.sync_transport import SHM_HEADROOM, choose_sync_transport, staging_room
 
 MB = 2**20
 
@@ -70,7 +70,7 @@ def test_broadcast_when_asked_even_where_shared_memory_would_work():
 def test_the_key_reaches_the_cluster_settings_and_warns_without_ray():
     from rl_config.schema import ExperimentConfig
     from rl_runtime.compose.run_settings import build_cluster
-    from rl_runtime.pipeline import check_in_process
+    from rl_runtime.run.runner import check_in_process
 
     base = {"pretrain": "/tmp/model"}
     cfg = ExperimentConfig.model_validate({**base, "weight_sync_transport": "broadcast"})
@@ -110,10 +110,10 @@ def test_a_ray_sync_carries_the_trainers_exact_weights(requested, strategy, rank
     import torch
 
     from rl_rollout.tiny_model import build_tiny_model
-    from rl_runtime.cluster import Cluster, RoleSpec, WeightSync
-    from rl_runtime.collate import shard_rows
-    from rl_runtime.ray_setup import RayOptions
-    from rl_runtime.workers import RolloutWorker, TrainWorker
+    from rl_runtime.cluster.cluster import Cluster, RoleSpec, WeightSync
+    from rl_runtime.cluster.ray_setup import RayOptions
+    from rl_runtime.cluster.workers import RolloutWorker, TrainWorker
+    from rl_runtime.step.collate import shard_rows
     from rl_train.testing import make_batch
 
     model = str(build_tiny_model(tmp_path / "tiny", seed=0))

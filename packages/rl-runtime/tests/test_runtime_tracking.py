@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from rl_runtime.timing import PhaseTimer
-from rl_runtime.tracking import Tracker, read_metrics, rewind_metrics
+from rl_runtime.track.timing import PhaseTimer
+from rl_runtime.track.tracking import Tracker, read_metrics, rewind_metrics
 
 
 def test_tracker_writes_jsonl_stdout_and_tensorboard(tmp_path):
@@ -126,7 +126,7 @@ def test_outputs_are_not_written_through_a_symlink_planted_as_their_temporary_fi
     """summary.json and a rewound metrics.jsonl were written to `<name>.tmp`, a fixed name:
     a symlink planted under it (by anything that could write the output directory) had the
     run overwrite the file it points to."""
-    from rl_runtime.summary_json import write_summary
+    from rl_runtime.track.summary_json import write_summary
 
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rl_rollout.tiny_model import build_tiny_model
-from rl_runtime.workers import TrainWorker
+from rl_runtime.cluster.workers import TrainWorker
 from rl_train.args import LogprobSampling, TrainingArgs
 from rl_train.testing import make_batch, nll_loss
 

@@ -1,5 +1,5 @@
 """WeightSync's address: the sync group meets on the trainer's node (and the transport follows
-the layout: rl_runtime.sync_transport).
+the layout: rl_runtime.cluster.sync_transport).
 
 The decision is tested here with workers that report a given node and record the rendezvous they
 are asked to join (local workers run one call at a time, so a real group cannot form between
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from rl_runtime.cluster import WeightSync
-from rl_runtime.placement import plan_placement
-from rl_runtime.sync_address import LOOPBACK, NodeAddress, choose_sync_host
-from rl_runtime.worker_group import WorkerGroup
+from rl_runtime.cluster.cluster import WeightSync
+from rl_runtime.cluster.placement import plan_placement
+from rl_runtime.cluster.sync_address import LOOPBACK, NodeAddress, choose_sync_host
+from rl_runtime.cluster.worker_group import WorkerGroup
 
 
 def test_choose_sync_host():
@@ -106,7 +106,7 @@ def test_sync_group_meets_on_the_trainer_node(
 
 
 def test_sync_local_addr_is_this_nodes_address_off_loopback():
-    from rl_runtime.sync_address import node_address, sync_local_addr
+    from rl_runtime.cluster.sync_address import node_address, sync_local_addr
 
     assert sync_local_addr("127.0.0.1") is None  # rl_sync pins gloo to loopback itself
     assert sync_local_addr("10.1.2.3") == node_address().ip  # without Ray: ("local", loopback)
@@ -119,7 +119,7 @@ def test_in_process_sync_hands_the_trainers_own_tensors_and_the_engine_keeps_cop
     import torch
 
     from rl_rollout.tiny_model import build_tiny_model
-    from rl_runtime.workers import RolloutWorker, TrainWorker
+    from rl_runtime.cluster.workers import RolloutWorker, TrainWorker
     from rl_train.args import TrainingArgs
     from rl_train.testing import make_batch
 
@@ -212,7 +212,7 @@ def _transfer_groups(reported=None):
 def test_a_deferred_sync_is_checked_when_it_settles():
     """`sync(settle=False)` returns without the engines' verdict; a wrong committed version is
     an error at `settle` (or at the next sync, which settles the one before it first)."""
-    from rl_runtime.cluster import WeightSyncError
+    from rl_runtime.cluster.cluster import WeightSyncError
 
     train, infer = _transfer_groups(reported=0)  # the engine reports it kept version 0
     try:

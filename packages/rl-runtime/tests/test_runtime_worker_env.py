@@ -9,15 +9,15 @@ import os
 import pytest
 import torch
 
-from rl_runtime.cluster import Cluster, RoleSpec
-from rl_runtime.ray_setup import RayOptions, worker_threads
+from rl_runtime.cluster.cluster import Cluster, RoleSpec
+from rl_runtime.cluster.ray_setup import RayOptions, worker_threads
 
 
 class Probe:
-    """Starts like rl_runtime.workers' classes (`_init_process`) and reports what it got."""
+    """Starts like rl_runtime.cluster.workers' classes (`_init_process`) and reports what it got."""
 
     def __init__(self, rank, world_size, dist_env):
-        from rl_runtime.workers import _init_process
+        from rl_runtime.cluster.workers import _init_process
 
         _init_process(dist_env, seed=0)
 

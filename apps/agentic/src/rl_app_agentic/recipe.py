@@ -1,10 +1,10 @@
-"""The agentic recipe (ROLL's AgenticPipeline) on rl_runtime.pipeline's Runner.
+"""The agentic recipe (ROLL's AgenticPipeline) on rl_runtime.run.runner's Runner.
 
 One step: `rollout` (AgentLoop over env groups, + greedy baseline rollouts for estimators that
-need them) then `learn` (screen failed episodes, collate, then rl_runtime.policy_update:
+need them) then `learn` (screen failed episodes, collate, then rl_runtime.step.policy_update:
 log-probs, advantages, train, weight sync); model rewards score the episodes at their end
-(rl_runtime.episode_rewards). With `async:` the Runner runs `rollout` ahead on its producer thread
-(rl_runtime.async_training). Evaluation: sampled and greedy validation episodes. Before training: an optional supervised
+(rl_runtime.pipelines.agentic.episode_rewards). With `async:` the Runner runs `rollout` ahead on its producer thread
+(rl_runtime.asynchrony.training). Evaluation: sampled and greedy validation episodes. Before training: an optional supervised
 warm-up on solver demonstrations. `RolloutOnlyRecipe` dumps trajectories instead of training.
 Setup, cadence, checkpoints, logging and teardown belong to the Runner; config translation to
 rl_runtime.compose.
@@ -16,15 +16,23 @@ import time
 from typing import Any
 
 from rl_app_agentic.options import AppOptions
-from rl_runtime.advantages import restore_kl_controller
-from rl_runtime.agentic_rollout import assignments, env_configs, play, play_split, sandbox_stats
-from rl_runtime.async_queue import RolloutBatch
-from rl_runtime.collate import collate_trajectories
-from rl_runtime.failures import screen_failures
-from rl_runtime.gain import success_gains
-from rl_runtime.metrics import rollout_metrics, val_metrics
-from rl_runtime.pipeline import Context, engine_weight_diff
-from rl_runtime.policy_update import update_policy
+from rl_runtime.asynchrony.queue import RolloutBatch
+from rl_runtime.pipelines.agentic.gain import success_gains
+from rl_runtime.pipelines.agentic.rollout import (
+    assignments,
+    env_configs,
+    play,
+    play_split,
+    sandbox_stats,
+)
+from rl_runtime.run.recipe import Recipe
+from rl_runtime.run.runner import Context, engine_weight_diff
+from rl_runtime.state.seeds import demo_env_seed
+from rl_runtime.step.advantages import restore_kl_controller
+from rl_runtime.step.collate import collate_trajectories
+from rl_runtime.step.failures import screen_failures
+from rl_runtime.step.metrics import rollout_metrics, val_metrics
+from rl_runtime.step.policy_update import update_policy
 
 STDOUT_KEYS = (
     "env/success_rate",
@@ -39,7 +47,7 @@ STDOUT_KEYS = (
 )
 
 
-class AgenticRecipe:
+class AgenticRecipe(Recipe):
     def __init__(self, app: AppOptions, model_path: str, model_rewards: tuple = ()) -> None:
         self.app = app
         self.model_path = model_path
@@ -58,7 +66,7 @@ class AgenticRecipe:
         )
         self.kl_ctl = ctx.components.kl.build()
         if self.model_rewards:
-            from rl_runtime.episode_rewards import EpisodeScorer
+            from rl_runtime.pipelines.agentic.episode_rewards import EpisodeScorer
 
             self.score_episodes = EpisodeScorer(ctx.cluster, self.model_rewards, tok)
 
@@ -137,7 +145,7 @@ class AgenticRecipe:
     def demonstrations(self, ctx: Context) -> list:
         """The warm-up's solver-played episodes: on the training tags only (so on training maps,
         when the env splits by content), from seeds of their own ("demo" split)."""
-        from rl_runtime.demos import solver_demonstrations
+        from rl_runtime.pipelines.agentic.demos import solver_demonstrations
 
         w, c = self.app.warmup, ctx.components
         assert c.train_envs is not None
@@ -146,7 +154,7 @@ class AgenticRecipe:
             tags=list(c.train_envs.tags),
             env_configs=env_configs(c),
             num_episodes=w.episodes,
-            base_seed=c.seed + 1_000_000,
+            base_seed=demo_env_seed(c.seed),
             max_tokens_per_step=c.agent.max_tokens_per_step,
             max_sequence_length=c.sequence_length,
             action_noise=w.action_noise,
@@ -155,7 +163,7 @@ class AgenticRecipe:
 
     def before_training(self, ctx: Context) -> dict[str, float]:
         """Supervised warm-up on BFS-solver demonstrations (agentic_app.warmup), then a sync."""
-        from rl_runtime.sft_warmup import supervised_warmup
+        from rl_runtime.step.sft_warmup import supervised_warmup
 
         w, c = self.app.warmup, ctx.components
         if w.steps <= 0 or c.train_envs is None:
@@ -169,7 +177,7 @@ class AgenticRecipe:
     def baselines(self, ctx: Context) -> dict[str, dict[str, float]]:
         """Blind policies on the validation maps (random moves, best fixed move sequence),
         scored like `evaluate`'s sampled success; FrozenLake (non-slippery) only, {} else."""
-        from rl_runtime.agentic_rollout import frozen_lake_baselines
+        from rl_runtime.pipelines.agentic.rollout import frozen_lake_baselines
 
         rows, self.distinct_val_maps = frozen_lake_baselines(ctx.components)
         return rows

@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 
 from rl_app_agentic.options import AppOptions
-from rl_runtime.app_main import AppSpec, Composed, app_main, load_app
+from rl_runtime.cli.app_main import AppSpec, Composed, app_main, load_app
 
 APP_DIR = Path(__file__).resolve().parents[2]
 """apps/agentic (its configs/ folder)."""
@@ -24,10 +24,10 @@ def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
     refusal (it would end the run after its start with no demonstration to learn from)."""
     import dataclasses
 
-    from rl_runtime.agentic_rollout import env_configs
     from rl_runtime.compose.model_rewards import build_episode_rewards
-    from rl_runtime.demos import tags_without_solver
-    from rl_runtime.pipeline import compose_here
+    from rl_runtime.pipelines.agentic.demos import tags_without_solver
+    from rl_runtime.pipelines.agentic.rollout import env_configs
+    from rl_runtime.run.runner import compose_here
 
     rollout_only = "rollout_only" in flags
     components = compose_here(cfg, rollout_only=rollout_only)
@@ -55,8 +55,8 @@ def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
 def run(cfg, app: AppOptions, composed: Composed, flags: frozenset[str]):
     """The agentic recipe (or, with --rollout-only, trajectories dumped to JSONL) on the Runner."""
     from rl_app_agentic.recipe import STDOUT_KEYS, AgenticRecipe
-    from rl_runtime.agentic_rollout import RolloutOnlyRecipe
-    from rl_runtime.pipeline import Runner, RunOptions
+    from rl_runtime.pipelines.agentic.rollout import RolloutOnlyRecipe
+    from rl_runtime.run.runner import Runner, RunOptions
 
     rollout_only = "rollout_only" in flags
     path = app.model_path(cfg.pretrain, cfg.system_envs)

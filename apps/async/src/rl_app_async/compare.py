@@ -99,7 +99,7 @@ def run_overrides(base: list[str], output_dir: str, mode: str, staleness: int) -
 
 def step_rows(log_dir: str) -> list[dict[str, Any]]:
     """The run's training-step rows of its metrics.jsonl (none without the file)."""
-    from rl_runtime.tracking import read_metrics
+    from rl_runtime.track.tracking import read_metrics
 
     rows = read_metrics(log_dir) if (Path(log_dir) / "metrics.jsonl").exists() else []
     return [r for r in rows if r.get("step", 0) > 0 and "train/loss" in r]

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         import dataclasses
 
         from rl_app_rlvr.spec import SPEC
-        from rl_runtime.app_main import app_main
+        from rl_runtime.cli.app_main import app_main
 
         spec = dataclasses.replace(SPEC, prog="apps/async", verl_entry=VERL_ENTRY,
                                    description=__doc__ or "")  # fmt: skip
@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     from rl_app_rlvr.spec import DEFAULT_CONFIG, compose, data_errors, load
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
-    from rl_runtime.interrupts import RunInterrupted
-    from rl_runtime.pipeline import NothingTrainedError, check_embedded_cpus, plan_text
-    from rl_runtime.preflight import check_devices, preflight
+    from rl_runtime.run.interrupts import RunInterrupted
+    from rl_runtime.run.preflight import check_devices, preflight
+    from rl_runtime.run.runner import NothingTrainedError, check_embedded_cpus, plan_text
 
     try:
         args = parse_app_args(
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if refusals:
         print(f"config error: {'; '.join(refusals)}", file=sys.stderr)
         return 1
-    from rl_runtime.summary_json import write_summary
+    from rl_runtime.track.summary_json import write_summary
 
     summary: dict = {"max_staleness": staleness}
     results = {}
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     for mode, (run_cfg, app, composed) in runs.items():
         print(f"=== {mode} run (async.max_staleness={0 if mode == 'sync' else staleness})")
         # the pre-RL policy is the same in both runs: evaluate it once. A fresh run moves an
-        # earlier comparison's summary.json aside with its own outputs (rl_runtime.previous_run)
+        # earlier comparison's summary.json aside with its own outputs (rl_runtime.run.previous_run)
         try:
             results[mode] = rlvr.run(run_cfg, app, composed, eval_before=mode == "sync",
                                 app_outputs=(str(out / "summary.json"),))  # fmt: skip
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     write_summary(out / "summary.json", summary)
     from rich.console import Console
 
-    from rl_runtime.timing import summary_table
+    from rl_runtime.track.timing import summary_table
 
     console = Console(width=160)
     console.print(summary_table("synchronous vs asynchronous RLVR", table_rows(summary)))

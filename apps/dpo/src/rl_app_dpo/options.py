@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rl_runtime.app_options import AppRunOptions
+from rl_runtime.cli.app_options import AppRunOptions
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""The offline preference recipe (ROLL's DPO pipeline) on rl_runtime.pipeline's Runner.
+"""The offline preference recipe (ROLL's DPO pipeline) on rl_runtime.run.runner's Runner.
 
-Setup: tokenize the preference files once (rl_runtime.preference_data), then, with
+Setup: tokenize the preference files once (rl_runtime.pipelines.dpo.data), then, with
 `precompute_ref_log_probs`, the reference worker's summed log-probs of every row, cached for the
 run (the reference is frozen, so every epoch would give the same values). One step: the next
 batch of the seeded epoch order (a function of the step alone: a resumed run continues at the
@@ -18,15 +18,16 @@ import torch
 
 from rl_app_dpo.options import AppOptions
 from rl_envs.tasks import require_files
-from rl_runtime.pipeline import Context
-from rl_runtime.preference_data import PreferenceSet, collate, load_preferences
-from rl_runtime.preference_step import (
+from rl_runtime.pipelines.dpo.data import PreferenceSet, collate, load_preferences
+from rl_runtime.pipelines.dpo.step import (
     add_reference,
     batch_index,
     batch_position,
     held_out_metrics,
     reference_logps,
 )
+from rl_runtime.run.recipe import Recipe
+from rl_runtime.run.runner import Context
 
 STDOUT_KEYS = (
     "train/loss",
@@ -38,7 +39,7 @@ STDOUT_KEYS = (
 )
 
 
-class DPORecipe:
+class DPORecipe(Recipe):
     def __init__(self, app: AppOptions, model_path: str) -> None:
         self.app = app
         self.model_path = model_path
@@ -113,7 +114,7 @@ class DPORecipe:
         add_reference(ctx, t, examples, self.ref_cache.get("val"), idx, self.pad_token_id)
         out = held_out_metrics(ctx, t)
         if self.app.greedy_eval_prompts and "answer" in examples[0].meta:
-            from rl_runtime.dpo_arithmetic import greedy_correct
+            from rl_runtime.pipelines.dpo.arithmetic import greedy_correct
 
             named = ctx.cluster["actor_train"].call_all("named_tensors")[0]
             shown = examples[: self.app.greedy_eval_prompts]

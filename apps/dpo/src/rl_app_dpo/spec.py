@@ -3,7 +3,7 @@
 With no arguments: the CPU default (configs/cpu_default.yaml) — a tiny model built locally,
 generated arithmetic preference pairs (the correct last digit of A+1 chosen, a wrong digit
 rejected; held-out numbers A never in training, though their last digits recur: a learned rule
-on new numbers, see rl_runtime.dpo_arithmetic), DPO; it prints held-out preference accuracy and
+on new numbers, see rl_runtime.pipelines.dpo.arithmetic), DPO; it prints held-out preference accuracy and
 greedy-answer correctness before and after (also in output_dir/summary.json).
 """
 
@@ -13,8 +13,8 @@ from functools import partial
 from pathlib import Path
 
 from rl_app_dpo.options import AppOptions
-from rl_runtime.app_main import AppSpec, Composed, app_main, load_app
-from rl_runtime.preference_data import PreferenceDataError
+from rl_runtime.cli.app_main import AppSpec, Composed, app_main, load_app
+from rl_runtime.pipelines.dpo.data import PreferenceDataError
 
 APP_DIR = Path(__file__).resolve().parents[2]
 """apps/dpo (its configs/ folder)."""
@@ -23,8 +23,8 @@ DEFAULT_CONFIG = APP_DIR / "configs" / "cpu_default.yaml"
 
 def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
     """The preference components; `dpo_app.generate_arithmetic` needs one file to write each."""
-    from rl_runtime.compose.dpo import compose_dpo
-    from rl_runtime.pipeline import machine_kwargs
+    from rl_runtime.pipelines.dpo.compose import compose_dpo
+    from rl_runtime.run.runner import machine_kwargs
 
     d = cfg.actor_train.data_args
     if app.generate_arithmetic and not (
@@ -32,12 +32,12 @@ def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
     ):
         raise ValueError("dpo_app.generate_arithmetic needs one data_args.file_name and one "
                          "data_args.eval_file_name to write")  # fmt: skip
-    from rl_runtime.preference_data import first_rows_problem
-    from rl_runtime.preflight import FIRST_ROWS, DataFiles
+    from rl_runtime.compose.run_settings import data_files
+    from rl_runtime.pipelines.dpo.data import first_rows_problem
+    from rl_runtime.run.preflight import FIRST_ROWS, DataFiles
 
-    def files(value: str | list[str] | None) -> tuple[str, ...]:
-        return () if not value or app.generate_arithmetic else tuple(
-            [value] if isinstance(value, str) else value)  # fmt: skip
+    def files(value: str | list[str] | None) -> tuple[str, ...]:  # generated: nothing to read yet
+        return () if not value or app.generate_arithmetic else data_files(value)
 
     components = compose_dpo(cfg, **machine_kwargs())
     plan = components.preference.data
@@ -53,11 +53,11 @@ def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
 def run(cfg, app: AppOptions, composed: Composed, flags: frozenset[str]):
     """Build what the config asks to build (tiny model, generated pairs), then the DPO recipe."""
     from rl_app_dpo.recipe import STDOUT_KEYS, DPORecipe
-    from rl_runtime.pipeline import Runner, RunOptions
+    from rl_runtime.run.runner import Runner, RunOptions
 
     path = app.model_path(cfg.pretrain, cfg.system_envs)
     if app.generate_arithmetic:
-        from rl_runtime.dpo_arithmetic import write_pairs
+        from rl_runtime.pipelines.dpo.arithmetic import write_pairs
 
         d, a = cfg.actor_train.data_args, app.arithmetic
         write_pairs(d.file_name, d.eval_file_name, a.train_rows, a.eval_rows, a.seed)

@@ -2,16 +2,16 @@
 
 The experiment itself is validated by rl_config (ROLL key names); `rlvr_app:` holds what only this
 app needs: generating the CPU default's arithmetic data, building the tiny model, the supervised
-warm-up (rl_runtime.rlvr_warmup.WarmupOptions), Ray vs in-process.
+warm-up (rl_runtime.pipelines.rlvr.warmup.WarmupOptions), Ray vs in-process.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rl_runtime.app_options import AppRunOptions
-from rl_runtime.rlvr_data import ArithDataOptions
-from rl_runtime.rlvr_warmup import WarmupOptions
+from rl_runtime.cli.app_options import AppRunOptions
+from rl_runtime.pipelines.rlvr.data import ArithDataOptions
+from rl_runtime.pipelines.rlvr.warmup import WarmupOptions
 
 
 @dataclass

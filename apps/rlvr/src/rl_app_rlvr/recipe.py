@@ -1,13 +1,13 @@
-"""The RLVR recipe (ROLL's RLVRPipeline, verl's GRPO/DAPO trainer) on rl_runtime.pipeline's Runner.
+"""The RLVR recipe (ROLL's RLVRPipeline, verl's GRPO/DAPO trainer) on rl_runtime.run.runner's Runner.
 
 One step: `rollout` (draw prompts from the resumable sampler -> G samples per prompt on the
 actor_infer engines -> sandboxed rewards (+ DAPO overlong penalty) -> dynamic sampling:
 drop zero-variance groups, refill up to a bound) then `learn` (collate -> old / reference
 log-probs -> advantages (reward normalisation, reward_clip, estimator by name) -> train -> weight
 sync). With `async:` the Runner
-runs `rollout` ahead on its producer thread (rl_runtime.async_training). Evaluation: held-out
+runs `rollout` ahead on its producer thread (rl_runtime.asynchrony.training). Evaluation: held-out
 prompts, greedy accuracy and pass@k with val_n_sample samples. Before training: an optional
-supervised warm-up on the training answers. The parts: rl_runtime.rlvr_data (prompts, sampler,
+supervised warm-up on the training answers. The parts: rl_runtime.pipelines.rlvr.data (prompts, sampler,
 scorer), rlvr_rollout (generation, dynamic sampling), rlvr_eval (held-out accuracy).
 """
 
@@ -17,16 +17,17 @@ from collections import Counter
 from typing import Any
 
 from rl_app_rlvr.options import AppOptions
-from rl_runtime.advantages import restore_kl_controller
-from rl_runtime.async_queue import PendingBatch, RolloutBatch, finished
-from rl_runtime.compose.rlvr import RlvrPlan
-from rl_runtime.model_rewards import model_scorers
-from rl_runtime.pipeline import Context
-from rl_runtime.policy_update import learn_on_groups
-from rl_runtime.rlvr_data import RlvrPrompts, Scorer, load_rlvr_prompts
-from rl_runtime.rlvr_eval import held_out_accuracy
-from rl_runtime.rlvr_metrics import add_batch_failures
-from rl_runtime.rlvr_rollout import GroupGenerator, rollout_batch
+from rl_runtime.asynchrony.queue import PendingBatch, RolloutBatch, finished
+from rl_runtime.pipelines.rlvr.compose import RlvrPlan
+from rl_runtime.pipelines.rlvr.data import RlvrPrompts, Scorer, load_rlvr_prompts
+from rl_runtime.pipelines.rlvr.eval import held_out_accuracy
+from rl_runtime.pipelines.rlvr.metrics import add_batch_failures
+from rl_runtime.pipelines.rlvr.rollout import GroupGenerator, rollout_batch
+from rl_runtime.run.recipe import Recipe
+from rl_runtime.run.runner import Context
+from rl_runtime.step.advantages import restore_kl_controller
+from rl_runtime.step.model_rewards import model_scorers
+from rl_runtime.step.policy_update import learn_on_groups
 
 STDOUT_KEYS = ("reward/mean", "reward/accuracy", "val/greedy/accuracy", "val/pass@k",
                "dynamic_sampling/dropped_groups", "response/length_mean", "train/pg_loss",
@@ -35,7 +36,7 @@ PROGRESS_KEYS = ("reward/accuracy", "reward/mean", "val/accuracy",
                  "dynamic_sampling/dropped_groups", "async/lag_mean")  # fmt: skip
 
 
-class RlvrRecipe:
+class RlvrRecipe(Recipe):
     def __init__(self, app: AppOptions, plan: RlvrPlan, model_path: str) -> None:
         self.app, self.plan, self.model_path = app, plan, model_path
         self.kl_ctl: Any = None
@@ -99,14 +100,14 @@ class RlvrRecipe:
 
     def rollout(self, ctx: Context, index: int) -> RolloutBatch | PendingBatch:
         """Step `index`'s scored groups after dynamic sampling, as trajectories, and the rollout
-        metrics (rl_runtime.rlvr_rollout.rollout_batch; asynchronous training runs this on the
+        metrics (rl_runtime.pipelines.rlvr.rollout.rollout_batch; asynchronous training runs this on the
         producer thread, which scores a batch while the next one generates)."""
         return rollout_batch(ctx.cluster, self.generator, self.prompts, self.plan,
                              seed=ctx.components.seed, index=index,
                              defer_scoring=True)  # fmt: skip
 
     def learn(self, ctx: Context, batch: RolloutBatch) -> dict[str, float]:
-        """Train on `batch` and sync the weights (rl_runtime.policy_update.learn_on_groups);
+        """Train on `batch` and sync the weights (rl_runtime.step.policy_update.learn_on_groups);
         its failed reward calls join the run's totals (`reward/failures/<kind>`)."""
         metrics = learn_on_groups(ctx, batch, self.kl_ctl, pad_token_id=self.pad_token_id)
         metrics.update(add_batch_failures(batch.metrics, self.reward_failures))
@@ -123,7 +124,7 @@ class RlvrRecipe:
 
     # ------------------------------------------------------------------------ warm-up
     def before_training(self, ctx: Context) -> dict[str, float]:
-        """Supervised warm-up on the training answers (rl_runtime.rlvr_warmup.warm_up)."""
-        from rl_runtime.rlvr_warmup import warm_up
+        """Supervised warm-up on the training answers (rl_runtime.pipelines.rlvr.warmup.warm_up)."""
+        from rl_runtime.pipelines.rlvr.warmup import warm_up
 
         return warm_up(ctx, self.prompts.train, self.tokenizer, self.app.warmup, self.pad_token_id)

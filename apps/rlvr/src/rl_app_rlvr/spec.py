@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from rl_app_rlvr.options import AppOptions
-from rl_runtime.app_main import AppSpec, Composed, app_main, load_app
-from rl_runtime.rlvr_metrics import summary_row
+from rl_runtime.cli.app_main import AppSpec, Composed, app_main, load_app
+from rl_runtime.pipelines.rlvr.metrics import summary_row
 
 APP_DIR = Path(__file__).resolve().parents[2]
 """apps/rlvr (its configs/ folder)."""
@@ -26,13 +26,13 @@ DEFAULT_CONFIG = APP_DIR / "configs" / "cpu_default.yaml"
 
 
 def compose(cfg: Any, app: Any = None, flags: frozenset[str] = frozenset()) -> Composed:
-    """The shared components and the RLVR plan (rl_runtime.compose.rlvr.compose_rlvr); generated
+    """The shared components and the RLVR plan (rl_runtime.pipelines.rlvr.compose.compose_rlvr); generated
     arithmetic data no data key reads is a refusal (ArithDataOptions.unread_by)."""
     from dataclasses import replace
 
     from rl_envs.tasks.arith import arith_parquet_paths
-    from rl_runtime.compose.rlvr import compose_rlvr
-    from rl_runtime.rlvr_data import preflight_data
+    from rl_runtime.pipelines.rlvr.compose import compose_rlvr
+    from rl_runtime.pipelines.rlvr.data import preflight_data
 
     composed = compose_rlvr(cfg)
     generated = (
@@ -57,7 +57,7 @@ def run(cfg: Any, app: AppOptions, composed: Composed, flags: frozenset[str] = f
     `eval_before` overrides `rlvr_app.eval_before_training`; `app_outputs`: files the caller
     writes for this run (RunOptions.app_outputs)."""
     from rl_app_rlvr.recipe import PROGRESS_KEYS, STDOUT_KEYS, RlvrRecipe
-    from rl_runtime.pipeline import Runner, RunOptions
+    from rl_runtime.run.runner import Runner, RunOptions
 
     path = prepare(cfg, app)
     options = RunOptions.from_app(

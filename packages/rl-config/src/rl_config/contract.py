@@ -178,9 +178,10 @@ IGNORED: dict[str, str] = {
     "custom_envs.*.max_tokens_per_step": "turns use the top-level max_tokens_per_step",
     # parts a role does not use
     "actor_infer.model_args.lora_*": "the engines generate with the weights actor_train syncs "
-    "(its adapter merged)",
+    "(its adapter merged, or loaded by request with vLLM's strategy_config.enable_lora)",
     "actor_infer.model_args.adapter_name_or_path": "the engines generate with the weights "
-    "actor_train syncs (its adapter merged)",
+    "actor_train syncs (its adapter merged, or loaded by request with vLLM's "
+    "strategy_config.enable_lora)",
     "reference.model_args.lora_*": "the reference is not trained (a LoRA actor's reference is "
     "its base model: the actor with its adapter disabled)",
     "actor_infer.infer_batch_size": "the engine batches its requests itself",
@@ -234,9 +235,6 @@ RLVR_IGNORED: dict[str, str] = {
     "(ROLL's examples write ${reward_pretrain} there)",
     "actor_train.training_args.num_train_epochs": "ROLL's RLVR pipeline runs max_steps steps "
     "and repeats the prompts as needed (as ROLL, it does not read it)",
-    "critic.*": "the RLVR pipeline has no critic (a critic section is refused: use a "
-    "critic-free estimator such as grpo, rloo, reinforce_plus_plus)",
-    "value_clip": "the RLVR pipeline has no critic",
     **{
         f"{role}.data_args.*": "only actor_train.data_args are read (RLVR data and template)"
         for role in ("actor_infer", "reference", "critic")
@@ -374,7 +372,7 @@ PIPELINE_IGNORED: dict[str, dict[str, str]] = {
 """Per pipeline kind: keys of other pipelines, a warning only in a config of that kind."""
 
 PIPELINE_CONSUMED: dict[str, tuple[str, ...]] = {
-    # read by rl_runtime.compose.rlvr (apps/rlvr); rl_envs.rewards.router.reward_router_spec
+    # read by rl_runtime.pipelines.rlvr.compose (apps/rlvr); rl_envs.rewards.router.reward_router_spec
     # reads worker_cls to pick a domain's reward
     "rlvr": (
         "rewards.*.worker_cls",

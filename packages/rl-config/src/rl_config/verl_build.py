@@ -949,7 +949,7 @@ def _reward_model(out: Any) -> bool:
     pool), `micro_batch_size_per_gpu` responses per forward. Returns whether it is on."""
     g = out.get
     if not _bool(g("reward_model.enable")):
-        for key in RM_KEYS:
+        for key in (*RM_KEYS, "reward_model.rollout.name"):
             if key in out.given:
                 out.noop(key, "read only with reward_model.enable")
         return False
@@ -974,6 +974,19 @@ def _reward_model(out: Any) -> bool:
     micro = [k for k in RM_KEYS[1:3] if g(k) is not None]
     if micro:
         out.set(micro[:1], f"{d}.infer_batch_size", out.integer(micro[0]), "responses per forward")
+    loop = g("reward_model.use_reward_loop")  # verl's default: the reward loop
+    if (loop is None or _bool(loop)) and g("custom_reward_function.path"):
+        from rl_config.verl_rules import GENRM
+
+        out.refuse("custom_reward_function.path", GENRM)
+    engine = g("reward_model.rollout.name")
+    if "reward_model.rollout.name" in out.given and engine not in (None, "???"):
+        out.noop(
+            "reward_model.rollout.name",
+            f"verl's reward loop serves the reward model with {engine} and reads its one-label "
+            "score (a discriminative model); the reward_model domain's worker computes that "
+            "score with a forward pass",
+        )
     return True
 
 

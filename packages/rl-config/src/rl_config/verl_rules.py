@@ -73,11 +73,12 @@ ULYSSES = (
     "a memory knob here: Ulysses sequence parallelism is not implemented, each device holds whole "
     "sequences and is a data-parallel rank (the same samples per optimizer step)"
 )
-LORA = "LoRA on the critic is not translated (the RLVR pipeline trains no critic)"
+LORA = "LoRA on the critic is not translated (the critic trains all its weights)"
 RM = "reward_model.enable: a reward model scores every response (rewards.reward_model)"
 GENRM = (
-    "verl's generative reward model (reward loop rollout) is not translated; a judge is a "
-    "rewards domain with reward_fn: llm_judge in this stack's config"
+    "with reward_model.enable and verl's reward loop, this function scores with the served reward "
+    "model (a generative reward model): not translated; a judge is a rewards domain with "
+    "reward_fn: llm_judge in this stack's config"
 )
 PROFILER = "verl's profilers (nsys, npu, torch) are not run here; the run trains the same"
 MULTI_TURN = "verl's multi-turn tool rollout is not translated (apps/agentic runs multi-turn envs)"
@@ -423,7 +424,7 @@ RULES: dict[str, Rule] = {
     ),
     "reward_model.model.trust_remote_code": only("remote model code is not run"),
     "reward_model.model.external_lib": only("external model libraries are not imported"),
-    "reward_model.rollout.name": only(GENRM, lambda v: unset(v) or v == "???"),
+    "reward_model.rollout.name": derived(RM),
     "reward_model.reward_manager": derived("reward"),
     "reward_model.launch_reward_fn_async": noop("rewards are scored in a sandbox pool"),
     "reward_model.use_reward_loop": noop("rule rewards are scored by the reward router"),
@@ -537,7 +538,7 @@ PATTERNS: list[tuple[str, Rule]] = [
     ("critic.rollout_n", noop("verl copies rollout.n here")),
     ("critic.loss_agg_mode", noop("the critic aggregates like the actor (loss_agg_mode)")),
     ("reward_model.model.*", noop("the reward model's loading options (memory, speed)")),
-    ("reward_model.rollout.*", noop("read only with reward_model.rollout.name")),
+    ("reward_model.rollout.*", noop("the reward model's serving options (memory, speed)")),
     ("reward_model.*", noop("a memory, speed or profiling option of the reward model")),
     ("actor_rollout_ref.actor.fsdp_config.*", noop("an FSDP option with no counterpart here")),
 ]

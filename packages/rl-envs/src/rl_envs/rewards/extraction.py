@@ -95,12 +95,6 @@ def single_answer(candidates: list[str]) -> str | None:
     return candidates[-1]
 
 
-def last_number(text: str) -> str | None:
-    """The last number in the text (thousands commas removed)."""
-    matches = _NUMBER_RE.findall(text)
-    return matches[-1].replace(",", "") if matches else None
-
-
 def final_number(text: str) -> str | None:
     """GSM8K flexible answer: the last number, unless it ends a list of two or more different
     numbers (``"1 2 3 ... 10"``, ``"41, 42 or 43"``), which names no single answer."""

@@ -26,6 +26,7 @@ from rl_runtime.compose.components import (
     EnvManagerPlan,
     EnvSpec,
     RolePlan,
+    RunComponents,
     TrackerSettings,
 )
 from rl_runtime.compose.envs import build_env_manager, build_env_specs
@@ -54,6 +55,7 @@ __all__ = [
     "EnvManagerPlan",
     "EnvSpec",
     "RolePlan",
+    "RunComponents",
     "TrackerSettings",
     "build_actor_loss",
     "build_advantage",

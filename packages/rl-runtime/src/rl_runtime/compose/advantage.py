@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from rl_runtime.advantages import AdvantageConfig, KLControlConfig, estimator_needs
+from rl_runtime.step.advantages import AdvantageConfig, KLControlConfig, estimator_needs
 
 GROUPING_ALIASES = {"state": "traj_group_id"}
 """ROLL's reward-normalisation grouping names -> ours."""
@@ -30,7 +30,7 @@ def build_advantage(cfg: Any) -> AdvantageConfig:
 
 
 def estimator_keys_read(estimator: str) -> dict[str, bool]:
-    """Which of the estimator-specific config keys `estimator` reads (rl_runtime.advantages
+    """Which of the estimator-specific config keys `estimator` reads (rl_runtime.step.advantages
     passes each by its signature): `lambd` and `gamma` (GAE with a critic; `gamma` also by
     token-discounting estimators), and GiGPO's `step_reward_gamma`, `episode_reward_weight`,
     `step_reward_weight` (step-wise estimators)."""

@@ -16,7 +16,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class AsyncPlan:
-    """Rollout running ahead of training (rl_runtime.async_training).
+    """Rollout running ahead of training (rl_runtime.asynchrony.training).
 
     max_staleness: weight versions a sample may lag behind the trainer (trainer_version -
     oldest_weight_version(sample) <= max_staleness, older samples are dropped and counted);
@@ -51,7 +51,8 @@ def build_async(cfg: Any, samples_per_step: int, warnings: list[str]) -> AsyncPl
                 f"async.queue_size={queue} has no effect: max_staleness is 0 (synchronous)"
             )
         return None
-    queue = int(queue) if queue is not None else samples_per_step * staleness
+    # unset: rl_config's default, one step's samples per version of staleness (its one home)
+    queue = int(queue)
     if queue < samples_per_step:
         raise ValueError(
             f"async.queue_size={queue} is smaller than one step's batch ({samples_per_step} "

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from rl_config.records import SamplingParams
-from rl_runtime.advantages import AdvantageConfig, KLControlConfig
 from rl_runtime.compose.async_plan import AsyncPlan
+from rl_runtime.state.seeds import batch_sampling_seed
+from rl_runtime.step.advantages import AdvantageConfig, KLControlConfig
 from rl_train.args import ModelArgs, TrainingArgs
 from rl_train.losses import ActorLossConfig, CriticLossConfig
 
@@ -110,12 +111,36 @@ class ClusterSettings:
     node_resources: tuple[str, ...] | None = None
     #: address of the weight-sync store on the trainer's node; None: chosen from the nodes
     sync_host: str | None = None
-    #: `weight_sync_transport`: auto | broadcast | shared_memory (rl_runtime.sync_transport)
+    #: `weight_sync_transport`: auto | broadcast | shared_memory (rl_runtime.cluster.sync_transport)
     sync_transport: str = "auto"
 
 
+class RunComponents(Protocol):
+    """What the Runner, its Context and the cluster read of a pipeline's components: every
+    pipeline's components class subclasses it (`Components`: agentic and RLVR; DPO's
+    `DPOComponents`), adding its own plan."""
+
+    exp_name: str
+    seed: int
+    output_dir: str
+    pretrain: str | None
+    roles: tuple[RolePlan, ...]
+    cadence: Cadence
+    checkpoint: CheckpointSettings
+    tracker: TrackerSettings
+    cluster: ClusterSettings
+    sizes: dict[str, int]
+    warnings: tuple[str, ...]
+    asynchronous: AsyncPlan | None
+    """Rollout running ahead of training (None: synchronous; rl_runtime.asynchrony.training)."""
+    reference_from_actor: bool
+
+    def role(self, name: str) -> RolePlan | None:
+        return next((r for r in self.roles if r.role == name), None)
+
+
 @dataclass(frozen=True)
-class Components:
+class Components(RunComponents):
     """Everything a run is built from (see module docstring); `--dry-run` prints it."""
 
     exp_name: str
@@ -138,23 +163,20 @@ class Components:
     cluster: ClusterSettings
     sizes: dict[str, int]
     max_failed_fraction: float = 0.5
-    """Stop training when a batch has a larger share of failed episodes (rl_runtime.failures)."""
+    """Stop training when a batch has a larger share of failed episodes (rl_runtime.step.failures)."""
     sandbox_allow_weak_isolation: bool = False
     """Let untrusted reward/tool code run without network namespaces (rl-envs sandbox)."""
     warnings: tuple[str, ...] = field(default=())
     asynchronous: AsyncPlan | None = None
-    """Rollout running ahead of training (None: synchronous; rl_runtime.async_training)."""
+    """Rollout running ahead of training (None: synchronous; rl_runtime.asynchrony.training)."""
     reference_from_actor: bool = False
     """The reference log-probs are actor_train's with its LoRA adapter disabled (the reference
     is its base model; no reference worker: rl_runtime.compose.roles.reference_from_actor)."""
 
-    def role(self, name: str) -> RolePlan | None:
-        return next((r for r in self.roles if r.role == name), None)
-
     def sampling(self, split: str, epoch: int, greedy: bool = False) -> SamplingParams:
         """Sampling of one rollout batch: the configured params (greedy when `greedy` or
         `do_sample: false`), a seed from (seed, epoch, split)."""
-        seed = self.seed * 100_003 + epoch * 7 + (0 if split == "train" else 1)
+        seed = batch_sampling_seed(self.seed, split, epoch)
         params = msgspec.structs.replace(self.base_sampling, seed=seed)
         if greedy:
             params = msgspec.structs.replace(params, temperature=0.0, top_p=1.0, top_k=-1)

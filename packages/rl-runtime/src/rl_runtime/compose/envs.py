@@ -110,7 +110,7 @@ def _set_once(
 
 def _construction_issues(tag: str, env_type: str, config: dict[str, Any]) -> list[ConfigIssue]:
     """What building the env of `custom_envs.<tag>` with `config` (rl_envs.make_env, as
-    rl_runtime.envs.make_envs does) raises, as config issues: an unknown option at its key
+    rl_runtime.step.envs.make_envs does) raises, as config issues: an unknown option at its key
     (`custom_envs.<tag>.env_config.<key>`, with the close option names and all of them), any
     other error at `custom_envs.<tag>.env_config`. [] when it builds."""
     import difflib

@@ -6,7 +6,6 @@ import math
 from typing import Any
 
 from rl_config.errors import ConfigError, ConfigIssue
-from rl_runtime.compose.rlvr import rlvr_response_length
 from rl_train.losses import (
     CLIP_RANGE_OPTION,
     DUAL_CLIP_OPTION,
@@ -16,6 +15,11 @@ from rl_train.losses import (
     ISWeightConfig,
     clip_kwargs,
 )
+
+
+def response_budget(cfg: Any) -> int:
+    """Response tokens at most: `response_length`, else `actor_infer.generating_args.max_new_tokens`."""
+    return cfg.response_length or cfg.actor_infer.generating_args.max_new_tokens
 
 
 def loss_norm_constant(cfg: Any, pipeline: str | None, max_new_tokens: int) -> float:
@@ -31,7 +35,7 @@ def loss_norm_constant(cfg: Any, pipeline: str | None, max_new_tokens: int) -> f
     the prompt and the env's observation tokens, which are never trained on; the generation
     budget is the bound of the trained (response_mask) tokens, as MAX_TOKENS is in Dr.GRPO."""
     if pipeline != "agentic":
-        return float(rlvr_response_length(cfg))
+        return float(response_budget(cfg))
     manager, envs = cfg.train_env_manager, cfg.custom_envs
     turns = [envs[tag].max_steps for tag in (manager.tags if manager else ()) if tag in envs]
     if not turns:

@@ -12,6 +12,13 @@ from rl_runtime.compose.components import (
 )
 
 
+def data_files(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """A `data_args.file_name`-style value (one path, a list of paths, or unset) as a tuple."""
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 def build_cadence(cfg: Any) -> Cadence:
     return Cadence(
         max_steps=cfg.max_steps,
@@ -34,7 +41,7 @@ def build_checkpoint(cfg: Any) -> CheckpointSettings:
 
 def build_tracker(cfg: Any, warnings: list[str]) -> TrackerSettings:
     """The tracker's settings; appends a warning per `tracker_kwargs` key its backends ignore."""
-    from rl_runtime.tracking import KWARGS_BACKENDS, unread_tracker_kwargs
+    from rl_runtime.track.tracking import KWARGS_BACKENDS, unread_tracker_kwargs
 
     kwargs = dict(cfg.tracker_kwargs)
     warnings += [

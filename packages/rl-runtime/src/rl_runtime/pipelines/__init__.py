@@ -1,0 +1,1 @@
+"""One subpackage per pipeline (agentic, rlvr, dpo): its compose plan, data, rollout, evaluation and metrics."""

@@ -1,0 +1,1 @@
+"""What a run saves to resume: checkpoints and run state."""

@@ -1,0 +1,54 @@
+"""The supervised warm-up before RL that apps/agentic and apps/rlvr share: imitate demonstrations
+(solver-played episodes, or training answers) with actor_train's own optimizer, then start RL from
+fresh optimizer moments and the LR schedule at its first step, and sync the weights to the
+engines."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from rl_runtime.step.collate import collate_trajectories
+
+
+def supervised_warmup(
+    ctx: Any,
+    demos: list,
+    *,
+    steps: int,
+    batch_size: int,
+    learning_rate: float | None = None,
+    max_length: int | None = None,
+    log_every: int = 5,
+    pad_token_id: int = 0,
+) -> dict[str, float]:
+    """`steps` SFT steps on random `batch_size`-row batches of the `demos` trajectories (drawn
+    with a generator seeded by the run seed), at the constant `learning_rate` when given (else
+    actor_train's), whatever actor_train's LR schedule says, logged every `log_every` steps as
+    `warmup/*` at negative steps (the warm-up precedes step 0). Then actor_train starts afresh
+    (`TrainWorker.restart_schedule`): its Adam moments are reset (the warm-up's large SFT
+    gradients would shrink RL's first updates) and its schedule (`warmup_steps`, decay to
+    `max_steps`) begins at RL's first step, not used up by the warm-up's; a reference role takes
+    the warmed-up weights (`Context.adopt_policy_as_reference`: KL terms are to the policy RL
+    starts from); the weights are synced. Returns `warmup/seconds`, `warmup/demos`."""
+    ctx.check_warm_up_allowed()  # before any step, not after the warm-up
+    t0 = time.perf_counter()
+    batch = collate_trajectories(demos, pad_token_id=pad_token_id, max_length=max_length)
+    gen = torch.Generator().manual_seed(ctx.components.seed)
+    actor = ctx.cluster["actor_train"]
+    ctx.cluster.enter_phase("train")
+    actor.call_all("hold_learning_rate", learning_rate or None)
+    for i in range(steps):
+        rows = torch.randperm(batch.batch_size, generator=gen)[:batch_size]
+        last = ctx.train("actor_train", {k: v[rows] for k, v in batch.tensors.items()}, "sft")
+        if i % log_every == 0 or i == steps - 1:
+            ctx.log({f"warmup/{k}": v for k, v in last.items() if isinstance(v, int | float)},
+                    -(steps - i))  # fmt: skip
+            print(f"warm-up {i + 1}/{steps} | loss={last.get('actor/loss', float('nan')):.3f}"
+                  f" | {time.perf_counter() - t0:.0f}s", flush=True)  # fmt: skip
+    actor.call_all("restart_schedule")
+    ctx.adopt_policy_as_reference()
+    ctx.sync_weights()
+    return {"warmup/seconds": time.perf_counter() - t0, "warmup/demos": float(batch.batch_size)}

@@ -1,0 +1,1 @@
+"""What a run reports: experiment tracking, timing, curves, summary.json."""
