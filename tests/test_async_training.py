@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,54 @@ def test_agentic_pipeline_trains_one_step_off_by_config(tmp_path):
         assert r["sync/staged"] == 1.0  # staged, delivered between batches, then compared
     assert "val/success_rate" in steps[-1]
     assert sorted(p.name for p in (out / "ckpt").iterdir()) == ["step-000002", "step-000003"]
+
+
+def test_agentic_lora_actor_and_critic_train_one_step_off(tmp_path):
+    """apps/agentic one step off with LoRA on the actor and on a GAE critic, and a KL loss whose
+    reference is the actor's base model (its adapter disabled, no reference worker): every
+    staged sync carries the adapter only and leaves the engines holding the trainer's merged
+    weights; the checkpoints hold the actor's adapter and the critic's adapter and value head,
+    not the frozen base weights."""
+    import subprocess
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from tests.test_agentic_e2e import APP as AGENTIC
+    from tests.test_agentic_e2e import CONFIG as AGENTIC_CONFIG
+    from tests.test_agentic_e2e import _overrides as agentic
+
+    out = tmp_path / "agentic_lora"
+    lora = "{lora_target: all-linear, lora_rank: 4}"
+    critic = ("{model_args: " + lora + ", training_args: {per_device_train_batch_size: 8}, "
+              "device_mapping: [0], strategy_args: {strategy_name: fsdp2_train, "
+              "strategy_config: {}}}")  # fmt: skip
+    extra = {"async.max_staleness": 1, "max_steps": 3, "eval_steps": 0, "save_steps": 1000,
+             "agentic_app.export_hf": "false", **LAYOUT, "agentic_app.num_cpus": 2,
+             "agentic_app.warmup.steps": 0, "adv_estimator": "gae", "use_kl_loss": "true",
+             "kl_loss_coef": 0.1, "actor_train.model_args.lora_target": "all-linear",
+             "actor_train.model_args.lora_rank": 4, "+critic": critic}  # fmt: skip
+    cmd = [sys.executable, str(AGENTIC), "--config", str(AGENTIC_CONFIG), *agentic(out, **extra)]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "no reference worker starts" in proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0 and "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert max(r["async/lag_max"] for r in steps) == 1
+    model = tmp_path / "tiny_model" / "model.safetensors"
+    for r in steps:
+        assert r["sync/max_abs_diff"] == 0.0 and r["sync/staged"] == 1.0
+        assert 0 < r["sync/bytes"] < model.stat().st_size / 10  # the adapter only
+        assert math.isfinite(r["critic/vf_loss"]) and math.isfinite(r["train/loss"])
+
+    def saved(role: str) -> set[str]:
+        (ckpt,) = (out / "ckpt" / "step-000003" / role).glob("step_*")
+        meta = FileSystemReader(str(ckpt / "model_optim")).read_metadata().state_dict_metadata
+        return {k.removeprefix("model.") for k in meta if k.startswith("model.")}
+
+    assert saved("actor_train") and all(".lora_" in k for k in saved("actor_train"))
+    critic_keys = saved("critic")
+    assert {k for k in critic_keys if ".lora_" not in k} == {"score.weight", "score.bias"}
 
 
 def test_a_resumed_one_step_off_run_continues_the_run_totals_exactly(tmp_path):

@@ -165,3 +165,35 @@ def test_bad_app_options_are_config_errors_in_a_dry_run(override, error, capsys)
 
     assert app_main("dpo")(["--dry-run", override]) == 1
     assert capsys.readouterr().err.startswith(f"config error: {error}")
+
+
+@pytest.mark.slow
+def test_lora_dpo_trains_the_adapter_against_its_base_model(tmp_path):
+    """DPO with a LoRA adapter: no reference worker; the reference log-probs are actor_train's
+    with its adapter disabled, cached or on the fly alike. Step 1 starts at the reference (peft's
+    B = 0): every margin 0 and the sigmoid loss ln 2; step 2 has moved away from it (a reference
+    that followed the policy would give ln 2 again). The exported model is the merged one: base
+    names, norms and embeddings untouched, adapted weights moved."""
+    from safetensors.torch import load_file
+
+    lora = {
+        "actor_train.model_args.lora_target": "all-linear",
+        "actor_train.model_args.lora_rank": 4,
+        "actor_train.training_args.learning_rate": 1e-2,
+    }
+    cached = _run(tmp_path / "cached", precompute_ref_log_probs="true", **lora)
+    fly = _run(tmp_path / "fly", precompute_ref_log_probs="false", **lora)
+    assert [r["step"] for r in cached] == [1, 2]
+    for a, b in zip(cached, fly, strict=True):
+        for key in ("train/loss", "train/rewards/margins", "train/logps/chosen"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-7), key
+    first, second = cached
+    assert first["train/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert first["train/rewards/margins"] == pytest.approx(0.0, abs=1e-6)
+    assert abs(second["train/loss"] - math.log(2)) > 1e-4
+    assert abs(second["train/rewards/margins"]) > 1e-4
+    before = load_file(str(tmp_path / "tiny_model" / "model.safetensors"))
+    after = load_file(str(tmp_path / "cached" / "hf_model" / "model.safetensors"))
+    assert after.keys() == before.keys()
+    assert all(before[k].equal(after[k]) for k in before if "norm" in k or "embed" in k)
+    assert any(not before[k].equal(after[k]) for k in before if "proj" in k)

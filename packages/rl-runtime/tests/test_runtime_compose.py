@@ -660,7 +660,7 @@ def test_a_lora_key_without_lora_target_is_an_error_naming_it():
         _components({"actor_train": {"model_args": {"lora_rank": 4}}})
 
 
-def test_weight_syncs_carry_the_adapter_only_to_engines_that_merge_it(tmp_path):
+def test_weight_syncs_carry_the_adapter_only_to_engines_that_take_it(tmp_path):
     from rl_runtime.compose import role_specs
 
     (tmp_path / "config.json").write_text("{}")  # a model directory, as role_specs checks
@@ -676,5 +676,23 @@ def test_weight_syncs_carry_the_adapter_only_to_engines_that_merge_it(tmp_path):
 
     assert adapter_only(LORA_ACTOR)  # the HF engine merges the adapter into its base weights
     vllm = {"actor_infer": {"strategy_args": {"strategy_name": "vllm"}}}
-    assert not adapter_only(_merge(LORA_ACTOR, vllm))  # vLLM gets the merged weights
+    assert not adapter_only(_merge(LORA_ACTOR, vllm))  # vLLM without LoRA: merged weights
+    merged = _components(_merge(LORA_ACTOR, vllm))
+    assert any("enable_lora is off" in w for w in merged.warnings)
+    lora_vllm = {"actor_infer": {"strategy_args": {"strategy_name": "vllm",
+                                                   "strategy_config": {"enable_lora": True}}}}  # fmt: skip
+    assert adapter_only(_merge(LORA_ACTOR, lora_vllm))  # vLLM loads the adapter by request
+    by_request = _components(_merge(LORA_ACTOR, lora_vllm))
+    # rank 4 -> the smallest max_lora_rank vLLM takes that holds it
+    assert by_request.role("actor_infer").strategy_config == {"enable_lora": True,
+                                                              "max_lora_rank": 8}  # fmt: skip
+    rank_40 = _merge(lora_vllm, {"actor_train": {"model_args": {"lora_target": "all-linear",
+                                                                "lora_rank": 40}}})  # fmt: skip
+    assert _components(rank_40).role("actor_infer").strategy_config["max_lora_rank"] == 64
+    own = _merge(rank_40, {"actor_infer": {"strategy_args": {"strategy_config": {
+        "max_lora_rank": 128}}}})  # fmt: skip
+    assert _components(own).role("actor_infer").strategy_config["max_lora_rank"] == 128
+    unused = _components(lora_vllm)
+    assert any("trains no LoRA adapter" in w for w in unused.warnings)
+    assert not adapter_only(lora_vllm)
     assert not adapter_only({})  # no adapter

@@ -177,6 +177,51 @@ def test_a_lora_checkpoint_exports_as_the_merged_model(tiny_model_path, tmp_path
     assert all(torch.equal(got[k], want[k]) for k in set(got) & set(want))
 
 
+def test_a_lora_checkpoint_exports_as_a_peft_adapter_directory(tiny_model_path, tmp_path):
+    """rl-export --adapter of a LoRA checkpoint writes the peft adapter directory the live
+    trainer's export_adapter writes (tensors bit for bit); peft loads it on the base model and
+    reproduces the trainer's log-probs. A checkpoint of full fine-tuning, or of a critic (its
+    value head is not adapter), is refused by name."""
+    import json
+
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from rl_train.checkpoint_export import export_adapter_dir
+    from rl_train.modeling import token_outputs
+
+    backend = _actor(tiny_model_path)
+    backend.train_step(make_batch(4, 16, seed=3), nll_loss)
+    ckpt = backend.save_checkpoint(tmp_path / "ckpt", 1)
+    out = export_adapter_dir(ckpt, tmp_path / "adapter", base_model=tiny_model_path)
+    assert {p.name for p in out.iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
+    live = backend.export_adapter(tmp_path / "live")
+    got = load_file(str(out / "adapter_model.safetensors"))
+    want = load_file(str(live / "adapter_model.safetensors"))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"]) == (4, 8)
+    assert config["base_model_name_or_path"] == tiny_model_path
+    batch = make_batch(6, 16, seed=5)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(base, str(out)).eval()
+    with torch.no_grad():
+        loaded = token_outputs(peft_model, batch, role="actor").log_probs
+    trained = _log_probs(backend.forward(batch))
+    torch.testing.assert_close(loaded, trained, atol=1e-6, rtol=0)
+    assert (trained - _log_probs(backend.forward_base(batch))).abs().max() > 1e-3
+    full = _actor(tiny_model_path, {})
+    full_ckpt = full.save_checkpoint(tmp_path / "full", 1)
+    with pytest.raises(ValueError, match="holds no LoRA adapter"):
+        export_adapter_dir(full_ckpt, tmp_path / "nope")
+    critic = _actor(tiny_model_path, role="critic")
+    critic_ckpt = critic.save_checkpoint(tmp_path / "critic", 1)
+    with pytest.raises(ValueError, match=r"besides its LoRA adapter \(first score\."):
+        export_adapter_dir(critic_ckpt, tmp_path / "nope")
+    assert not (tmp_path / "nope").exists()
+
+
 def test_merge_is_base_plus_scaled_b_times_a():
     """Hand-derived: W0 = I, A = [[1, 2]], B = [[1], [0]], scale 0.5 -> W = I + 0.5 [[1, 2], [0, 0]]."""
     named = [

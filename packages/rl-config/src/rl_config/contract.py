@@ -178,9 +178,10 @@ IGNORED: dict[str, str] = {
     "custom_envs.*.max_tokens_per_step": "turns use the top-level max_tokens_per_step",
     # parts a role does not use
     "actor_infer.model_args.lora_*": "the engines generate with the weights actor_train syncs "
-    "(its adapter merged)",
+    "(its adapter merged, or loaded by request with vLLM's strategy_config.enable_lora)",
     "actor_infer.model_args.adapter_name_or_path": "the engines generate with the weights "
-    "actor_train syncs (its adapter merged)",
+    "actor_train syncs (its adapter merged, or loaded by request with vLLM's "
+    "strategy_config.enable_lora)",
     "reference.model_args.lora_*": "the reference is not trained (a LoRA actor's reference is "
     "its base model: the actor with its adapter disabled)",
     "actor_infer.infer_batch_size": "the engine batches its requests itself",

@@ -138,6 +138,12 @@ STRATEGY_CONFIG_KEYS = frozenset({
 })  # fmt: skip
 
 
+def hf_takes_adapters(strategy_config: dict[str, Any]) -> bool:
+    """HFEngine always takes adapter-only updates (it merges them into its base weights)."""
+    del strategy_config
+    return True
+
+
 def hf_option_problems(strategy_config: dict[str, Any]) -> dict[str, str]:
     """``{key: why}`` for each strategy_config key HFEngine does not take (with the closest
     known one); empty when all are known."""

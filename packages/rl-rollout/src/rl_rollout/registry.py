@@ -15,7 +15,13 @@ import torch
 
 from rl_rollout.engine import Engine
 
-__all__ = ["build_engine", "engine_option_problems", "list_engines", "register_engine"]
+__all__ = [
+    "build_engine",
+    "engine_option_problems",
+    "engine_takes_adapters",
+    "list_engines",
+    "register_engine",
+]
 
 EngineFactory = Callable[..., Engine]
 
@@ -36,25 +42,53 @@ _OPTION_CHECKS: dict[str, str | OptionCheck] = {
 }
 
 
+AdapterCheck = Callable[[dict[str, Any]], bool]
+"""``strategy_config -> whether the engine takes adapter-only weight updates`` (rl_sync.adapter)."""
+
+# name -> "module:attr" (lazy) or a check; an engine registered without one gets merged weights
+_ADAPTER_CHECKS: dict[str, str | AdapterCheck] = {
+    "hf_infer": "rl_rollout.hf_engine:hf_takes_adapters",
+    "vllm": "rl_rollout.vllm_lora:vllm_takes_adapters",
+}
+
+
 def register_engine(
-    name: str, factory: EngineFactory | str, option_check: OptionCheck | str | None = None
+    name: str,
+    factory: EngineFactory | str,
+    option_check: OptionCheck | str | None = None,
+    adapter_check: AdapterCheck | str | None = None,
 ) -> None:
     """Register an engine factory ``(model_path, strategy_config, *, dtype, device, seed)`` and,
-    optionally, the check of its strategy_config (`engine_option_problems`)."""
+    optionally, the check of its strategy_config (`engine_option_problems`) and whether it takes
+    adapter-only weight updates (`engine_takes_adapters`)."""
     if name in _ENGINES:
         raise ValueError(f"engine {name!r} is already registered")
     _ENGINES[name] = factory
     if option_check is not None:
         _OPTION_CHECKS[name] = option_check
+    if adapter_check is not None:
+        _ADAPTER_CHECKS[name] = adapter_check
+
+
+def _lazy(entry: Any) -> Any:
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return entry
+
+
+def engine_takes_adapters(name: str, strategy_config: dict[str, Any]) -> bool:
+    """Whether engine ``name`` started with ``strategy_config`` takes a LoRA trainer's
+    adapter-only weight updates (rl_sync.adapter); otherwise it is sent the merged weights.
+    Imports neither vLLM nor a model."""
+    check = _ADAPTER_CHECKS.get(name)
+    return bool(_lazy(check)(strategy_config)) if check is not None else False
 
 
 def engine_option_problems(name: str, strategy_config: dict[str, Any]) -> dict[str, str]:
     """``{key: why}`` for each strategy_config key engine ``name`` would refuse when it starts
     (empty: all accepted, or the engine registered no check). Imports neither vLLM nor a model."""
-    check = _OPTION_CHECKS.get(name)
-    if isinstance(check, str):
-        module, _, attr = check.partition(":")
-        check = getattr(importlib.import_module(module), attr)
+    check = _lazy(_OPTION_CHECKS.get(name))
     return check(strategy_config) if check is not None else {}
 
 

@@ -14,6 +14,11 @@ Nothing here compares device strings.
   :class:`rl_rollout.vllm_worker_ext.RLWorkerExtension`, which reloads them in place through
   vLLM's layer-wise ``reload_weights`` (re-running kernel-specific weight processing); nothing
   touches the disk. (A device-IPC / collective path from rl_sync can replace the bytes later.)
+- LoRA: with ``strategy_config.enable_lora: true`` an adapter-only update (:mod:`rl_sync.adapter`)
+  is loaded by request: written as a peft adapter directory (:mod:`rl_rollout.vllm_lora`) in the
+  engine's private temporary directory, added with ``add_lora`` under a new id, and every
+  generation after the swap carries its ``LoRARequest``; the base weights stay as loaded and the
+  previous adapter is removed. A full update drops the adapter (the weights then are the model).
 - Partial rollout: ``stage_weights`` schedules a swap on the engine loop and returns. The swap
   aborts the vLLM requests in flight (their tokens so far are kept), loads the weights, resets the
   prefix cache and bumps the version; each interrupted sample is then resubmitted with
@@ -42,7 +47,9 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
-from collections.abc import Coroutine, Iterable
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,6 +70,7 @@ from rl_rollout.vllm_compat import (
     sampled_log_probs,
     to_vllm_sampling_params,
 )
+from rl_rollout.vllm_lora import is_adapter_payload, write_adapter_dir
 from rl_rollout.vllm_options import vllm_option_problems
 
 __all__ = ["VLLMEngine", "to_vllm_sampling_params"]
@@ -186,6 +194,14 @@ class VLLMEngine:
             **cfg,
         )
         self.max_model_len = int(cfg["max_model_len"])
+        self.model_path = str(model_path)
+        #: adapter-only updates are loaded by request (vLLM's LoRA; see module docstring)
+        self.lora_enabled = bool(self.args.enable_lora)
+        self._lora: Any = None  # the live adapter's LoRARequest (None: the weights alone)
+        self._lora_ids = itertools.count(1)
+        self._lora_root = (
+            Path(tempfile.mkdtemp(prefix="rl-vllm-lora-")) if self.lora_enabled else None
+        )
         self._version = 0
         self._asleep = 0
         # on the engine loop: request_id -> the vLLM request ids of its segments in flight
@@ -201,7 +217,11 @@ class VLLMEngine:
         self._swaps: dict[int, concurrent.futures.Future[None]] = {}
         self.stats = {"generated_tokens": 0, "weight_swaps": 0, "interrupted_requests": 0}
         self._runner = LoopThread("vllm-engine", call_timeout_s)
-        self.llm: Any = self._call(self._create(), "vLLM engine start")
+        try:
+            self.llm: Any = self._call(self._create(), "vLLM engine start")
+        except BaseException:
+            self._remove_lora_root()
+            raise
 
     async def _create(self) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -275,7 +295,7 @@ class VLLMEngine:
         await self._weights_live.wait()  # no segment starts while a swap is under way
         if req.request_id in self._user_aborted:
             return
-        version = self._version
+        version, lora = self._version, self._lora
         done = len(samples[indices[0]].ids)  # a continuation has one sample
         if done:
             vllm_id = f"{req.request_id}#{next(self._segment_ids)}"
@@ -287,7 +307,7 @@ class VLLMEngine:
         self._inflight[req.request_id].add(vllm_id)
         try:
             async for out in self.llm.generate(
-                TokensPrompt(prompt_token_ids=prompt), params, vllm_id
+                TokensPrompt(prompt_token_ids=prompt), params, vllm_id, lora_request=lora
             ):
                 for comp in out.outputs:
                     sample = samples[indices[comp.index]]
@@ -334,7 +354,8 @@ class VLLMEngine:
 
     def stage_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
         """Schedule a swap to `version` on the engine loop and return its ticket at once (see
-        module docstring). The tensors are packed into safetensors bytes here (copied)."""
+        module docstring). The tensors are packed into safetensors bytes here (copied); an
+        adapter-only update is written as a peft adapter directory here."""
         if self._asleep:
             raise EngineAsleepError(
                 "VLLMEngine.update_weights() while asleep; call wake_up() first"
@@ -353,16 +374,64 @@ class VLLMEngine:
             tensors[name] = host
         self._staged_tickets += 1
         ticket = self._staged_tickets
+        if is_adapter_payload(tensors, lora_enabled=self.lora_enabled):
+            load = self._adapter_loader(tensors, ticket)
+        else:
+            load = self._weights_loader(save(tensors))
         self._swaps = {t: f for t, f in self._swaps.items() if not f.done()}
-        self._swaps[ticket] = self._runner.submit(self._swap(save(tensors), int(version), ticket))
+        self._swaps[ticket] = self._runner.submit(self._swap(load, int(version), ticket))
         return ticket
+
+    def _weights_loader(self, payload: bytes) -> Callable[[], Awaitable[None]]:
+        """The swap's load step for full weights (safetensors bytes): load them in every worker;
+        a live adapter is dropped (the full weights are the model now)."""
+
+        async def load() -> None:
+            await self.llm.collective_rpc("rl_load_weights", args=(payload,))
+            old, self._lora = self._lora, None
+            await self._remove_adapter(old)
+
+        return load
+
+    def _adapter_loader(
+        self, tensors: dict[str, torch.Tensor], ticket: int
+    ) -> Callable[[], Awaitable[None]]:
+        """Write the adapter payload `tensors` as a peft directory; return the swap's load step
+        (add it to vLLM under a new id, make it the live adapter, remove the previous one)."""
+        from vllm.lora.request import LoRARequest
+
+        assert self._lora_root is not None
+        lora_id = next(self._lora_ids)
+        path = write_adapter_dir(
+            tensors,
+            self._lora_root / f"adapter-{lora_id}",
+            self.model_path,
+            int(self.args.max_lora_rank),
+        )
+        request = LoRARequest(f"rl-policy-{lora_id}", lora_id, str(path))
+
+        async def load() -> None:
+            if not await self.llm.add_lora(request):
+                raise RuntimeError(f"vLLM did not load the adapter of ticket {ticket} ({path})")
+            old, self._lora = self._lora, request
+            await self._remove_adapter(old)
+
+        return load
+
+    async def _remove_adapter(self, old: Any) -> None:
+        """On the engine loop: remove adapter `old` (a LoRARequest no longer live; None: none)
+        from vLLM, and its directory."""
+        if old is None:
+            return
+        await self.llm.remove_lora(old.lora_int_id)
+        shutil.rmtree(old.lora_path, ignore_errors=True)
 
     @property
     def applied_ticket(self) -> int:
         """The ticket of the last staged weights that went live."""
         return self._applied_ticket
 
-    async def _swap(self, payload: bytes, version: int, ticket: int) -> None:
+    async def _swap(self, load: Callable[[], Awaitable[None]], version: int, ticket: int) -> None:
         """On the engine loop: interrupt the requests in flight, load, reset the prefix cache."""
         async with self._swap_lock:
             self._weights_live.clear()
@@ -371,7 +440,7 @@ class VLLMEngine:
                 self._interrupted.update(running)
                 if running:
                     await self.llm.abort(running)
-                await self.llm.collective_rpc("rl_load_weights", args=(payload,))
+                await load()
                 if self.args.enable_prefix_caching:  # cached KV came from the old weights
                     await self.llm.reset_prefix_cache()
                 self._version = version
@@ -428,6 +497,11 @@ class VLLMEngine:
             self._call(_shutdown(), "vLLM shutdown")
         finally:
             self._runner.stop()
+            self._remove_lora_root()
+
+    def _remove_lora_root(self) -> None:
+        if self._lora_root is not None:
+            shutil.rmtree(self._lora_root, ignore_errors=True)
 
     def state_dict_for_check(self) -> dict[str, torch.Tensor]:
         """Live weights under HF names (from worker 0; tensor_parallel_size=1). On the CPU, linear

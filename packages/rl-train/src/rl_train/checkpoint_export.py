@@ -2,6 +2,7 @@
 
     weights = checkpoint_weights(ckpt_dir)          # verified first, every backend's format
     export_weights(weights, base_model, out_dir)     # config.json, model.safetensors, tokenizer
+    export_adapter_dir(ckpt_dir, out_dir)            # a LoRA checkpoint: a peft adapter directory
 
 A checkpoint directory is untrusted input: `checkpoint_weights` verifies it (the COMMITTED
 marker, the signed manifest, every file's hash: :func:`rl_train.checkpoint.verify`) before
@@ -16,8 +17,8 @@ unpickled. Formats:
   ``mp_rank_00_model_states.pt``, read as the trainer computes with it; ZeRO-3 keeps only
   partitions (``zero_pp_rank_<r>_mp_rank_00_*``), merged by DeepSpeed's ``zero_to_fp32`` from a private copy of the verified files.
 
-The steps between reading and writing run in `EXPORT_STEPS` order, each `(weights, checkpoint)
--> weights`: a LoRA checkpoint's adapter becomes an adapter payload (`scale_adapters`), which
+The steps between reading and writing run in `EXPORT_STEPS` order, each `(weights, checkpoint,
+verified files) -> weights`: a LoRA checkpoint's adapter becomes an adapter payload (`scale_adapters`), which
 `export_weights` merges into the base model's weights.
 """
 
@@ -37,6 +38,8 @@ from rl_train.export import _finish, _fresh_tmp, _model_with, hf_name
 
 KeyFile = str | os.PathLike[str] | None
 Weights = dict[str, torch.Tensor]
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def checkpoint_weights(ckpt_dir: str | os.PathLike[str], *, key_file: KeyFile = None) -> Weights:
@@ -45,17 +48,22 @@ def checkpoint_weights(ckpt_dir: str | os.PathLike[str], *, key_file: KeyFile = 
     :class:`~rl_train.signing.CheckpointError` naming the first problem otherwise."""
     path = Path(ckpt_dir)
     files = ckpt.verify(path, key_file=key_file)
-    if (path / "model_optim").is_dir():
-        weights = _dcp_weights(path, files)
-    elif (path / "deepspeed").is_dir():
-        weights = _deepspeed_weights(path, files)
-    else:
-        raise ckpt.CheckpointError(
-            f"checkpoint {path} holds neither model_optim/ (native, FSDP2) nor deepspeed/"
-        )
+    weights = _saved_weights(path, files)
     for step in EXPORT_STEPS:
-        weights = step(weights, path)
+        weights = step(weights, path, files)
     return weights
+
+
+def _saved_weights(path: Path, files: dict[str, str]) -> Weights:
+    """The HF-named tensors the verified checkpoint ``path`` holds, as saved (with LoRA: the
+    adapter under peft's module names, and a critic's value head)."""
+    if (path / "model_optim").is_dir():
+        return _dcp_weights(path, files)
+    if (path / "deepspeed").is_dir():
+        return _deepspeed_weights(path, files)
+    raise ckpt.CheckpointError(
+        f"checkpoint {path} holds neither model_optim/ (native, FSDP2) nor deepspeed/"
+    )
 
 
 def _dcp_weights(path: Path, files: dict[str, str]) -> Weights:
@@ -115,7 +123,7 @@ def _zero3_weights(path: Path, files: dict[str, str]) -> Weights:
     return {hf_name(k): v.detach().clone() for k, v in state.items()}
 
 
-def scale_adapters(weights: Weights, checkpoint: Path) -> Weights:
+def scale_adapters(weights: Weights, checkpoint: Path, files: dict[str, str]) -> Weights:
     """A LoRA checkpoint (its adapter and the other trained tensors only; the base weights are
     the model's it started from) as an adapter payload (:mod:`rl_sync.adapter`: each module's A
     and ``alpha / r`` times B), the scale read from the checkpoint's verified
@@ -136,7 +144,7 @@ def scale_adapters(weights: Weights, checkpoint: Path) -> Weights:
             out[name] = tensor
     if not parts:
         return weights
-    config = _adapter_config(checkpoint)
+    config = _adapter_config(checkpoint, files)
     rank, alpha = int(config["r"]), float(config["lora_alpha"])
     scale = alpha / (rank**0.5 if config.get("use_rslora") else rank)
     for module, pair in parts.items():
@@ -147,18 +155,18 @@ def scale_adapters(weights: Weights, checkpoint: Path) -> Weights:
     return out
 
 
-def _adapter_config(checkpoint: Path) -> dict[str, Any]:
+def _adapter_config(checkpoint: Path, files: dict[str, str]) -> dict[str, Any]:
+    """The verified checkpoint's ``adapter_config.json`` (``files``: what it verified)."""
     import json
 
     path = checkpoint / "adapter_config.json"
-    files = ckpt.verify(checkpoint)
-    if not path.is_file():
+    if ADAPTER_CONFIG not in files:
         raise ckpt.CheckpointError(f"checkpoint {checkpoint} holds LoRA tensors but no {path.name}")
     with ckpt.open_verified(checkpoint, path, files) as f:
         return json.loads(f.read())
 
 
-EXPORT_STEPS: list[Callable[[Weights, Path], Weights]] = [scale_adapters]
+EXPORT_STEPS: list[Callable[[Weights, Path, dict[str, str]], Weights]] = [scale_adapters]
 """What runs on a checkpoint's weights between reading and writing, in order."""
 
 
@@ -211,4 +219,49 @@ def export_weights(
     tmp = _fresh_tmp(out)
     model.save_pretrained(str(tmp), safe_serialization=True)
     _finish(tmp, out, base)
+    return out
+
+
+def export_adapter_dir(
+    ckpt_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    base_model: str | os.PathLike[str] | None = None,
+    key_file: KeyFile = None,
+) -> Path:
+    """Write the LoRA adapter of the training checkpoint ``ckpt_dir`` as a peft adapter
+    directory ``out_dir`` (``adapter_config.json``, ``adapter_model.safetensors``: what
+    ``peft.PeftModel.from_pretrained`` and ``model_args.adapter_name_or_path`` load), verified
+    first, atomically; ``base_model`` is recorded as the adapter's base model. A checkpoint
+    without an adapter, or that trained more than the adapter (a critic's value head), is an
+    error: a peft adapter directory holds the adapter only."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from rl_train.lora import adapter_tensors, is_adapter_name
+
+    path = Path(ckpt_dir)
+    files = ckpt.verify(path, key_file=key_file)
+    weights = _saved_weights(path, files)
+    others = sorted(name for name in weights if not is_adapter_name(name))
+    if len(others) == len(weights):
+        raise ValueError(
+            f"checkpoint {path} holds no LoRA adapter (every weight was trained): export the "
+            "model instead"
+        )
+    if others:
+        raise ValueError(
+            f"checkpoint {path} trained {len(others)} tensors besides its LoRA adapter (first "
+            f"{others[0]}), which a peft adapter directory cannot hold: export the merged model"
+        )
+    config = _adapter_config(path, files)
+    if base_model is not None:
+        config["base_model_name_or_path"] = str(base_model)
+    tensors = {k: v.contiguous() for k, v in adapter_tensors(iter(weights.items()))}
+    out = Path(out_dir)
+    tmp = _fresh_tmp(out)
+    (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
+    save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    _finish(tmp, out, None)
     return out

@@ -202,10 +202,13 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
         for name, t in b
     }
     out = Path(spec["out"])
-    if spec.get("forward_check"):
-        batch = make_batch(**spec["batch"])
-        fwd = backend.forward(shard_rows(batch, rank, world, args.mini_batch_size))
-        torch.save({"log_probs": fwd.log_probs}, out / f"forward_rank{rank}.pt")
+    if spec.get("forward_check"):  # with LoRA also the base model's (adapter disabled)
+        batch = shard_rows(make_batch(**spec["batch"]), rank, world, args.mini_batch_size)
+        seen = {"log_probs": backend.forward(batch).log_probs, "rows": batch["input_ids"]}
+        if getattr(backend, "has_adapters", False):
+            seen["base_log_probs"] = backend.forward_base(batch).log_probs
+            seen["log_probs_after_base"] = backend.forward(batch).log_probs
+        torch.save(seen, out / f"forward_rank{rank}.pt")
     if spec.get("export_dir"):
         backend.export_hf(spec["export_dir"])
     if rdist.rank() == 0 or spec.get("all_ranks_write"):

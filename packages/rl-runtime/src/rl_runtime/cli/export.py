@@ -1,7 +1,10 @@
-"""`rl-export CHECKPOINT OUT_DIR [--base-model DIR] [--role actor_train] [--key-file FILE]`:
+"""`rl-export CHECKPOINT OUT_DIR [--adapter] [--base-model DIR] [--role actor_train] [--key-file FILE]`:
 a checkpoint -> a Hugging Face model directory (config.json, model.safetensors, tokenizer) that
 `AutoModelForCausalLM.from_pretrained` loads, for every training backend (native and FSDP2:
-torch.distributed.checkpoint; DeepSpeed ZeRO-0 to 3) and every pipeline.
+torch.distributed.checkpoint; DeepSpeed ZeRO-0 to 3) and every pipeline. A LoRA role's
+checkpoint exports as the merged model, or with `--adapter` as a peft adapter directory
+(adapter_config.json, adapter_model.safetensors) that `peft.PeftModel.from_pretrained` loads on
+the base model.
 
 CHECKPOINT is a run's checkpoint (`<checkpoint dir>/step-<N>`), the directory holding them
 (its newest valid one), or a training checkpoint of one role (`.../actor_train/step_<N>`, then
@@ -36,19 +39,26 @@ def export_checkpoint(
     base_model: str | os.PathLike[str] | None = None,
     role: str = "actor_train",
     key_file: KeyFile = None,
+    adapter: bool = False,
 ) -> Path:
-    """Write the `role` model of `checkpoint` as an HF model directory `out_dir`; returns it.
-    A :class:`~rl_train.signing.CheckpointError` names what does not verify."""
+    """Write the `role` model of `checkpoint` as an HF model directory `out_dir` (`adapter`:
+    its LoRA adapter as a peft adapter directory); returns it. A
+    :class:`~rl_train.signing.CheckpointError` names what does not verify."""
     from rl_train import checkpoint as train_ckpt
-    from rl_train.checkpoint_export import checkpoint_weights, export_weights
+    from rl_train.checkpoint_export import checkpoint_weights, export_adapter_dir, export_weights
     from rl_train.signing import CheckpointError
+
+    def write(found: Path, base: str | os.PathLike[str]) -> Path:
+        if adapter:
+            return export_adapter_dir(found, out_dir, base_model=base, key_file=key_file)
+        return export_weights(checkpoint_weights(found, key_file=key_file), base, out_dir)
 
     path = Path(checkpoint)
     if _role_checkpoint(path):
         if base_model is None:
             raise ValueError(f"{path} is one role's checkpoint: give the model it was trained "
                              "from (--base-model)")  # fmt: skip
-        return export_weights(checkpoint_weights(path, key_file=key_file), base_model, out_dir)
+        return write(path, base_model)
     runs = CheckpointManager(path, keep_last=None, key_file=key_file)
     run = runs.resolve(str(path))
     assert run is not None  # resolve raises when nothing verifies
@@ -65,7 +75,7 @@ def export_checkpoint(
                 f"checkpoint {run} does not say which model its run started from (pretrain: "
                 f"{base!r}, not a local model directory from here): give it (--base-model)"
             )
-    return export_weights(checkpoint_weights(found, key_file=key_file), str(base), out_dir)
+    return write(found, str(base))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,19 +88,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-model", help="the model the run started from (config, tokenizer)")
     parser.add_argument("--role", default="actor_train", help="the role whose model to export")
     parser.add_argument("--key-file", help="the key that signed the checkpoint")
+    parser.add_argument(
+        "--adapter",
+        action="store_true",
+        help="a LoRA checkpoint's adapter as a peft adapter directory (not the merged model)",
+    )
     args = parser.parse_args(argv)
     from rl_train.signing import CheckpointError
 
     try:
         out = export_checkpoint(args.checkpoint, args.out_dir, base_model=args.base_model,
-                                role=args.role, key_file=args.key_file)  # fmt: skip
+                                role=args.role, key_file=args.key_file,
+                                adapter=args.adapter)  # fmt: skip
     except CheckpointError as exc:
         print(f"checkpoint error: {exc}", file=sys.stderr)
         return 1
     except (ValueError, FileNotFoundError) as exc:
         print(f"export error: {exc}", file=sys.stderr)
         return 1
-    print(f"exported {args.checkpoint} ({args.role}) -> {out}")
+    what = "adapter" if args.adapter else "model"
+    print(f"exported {args.checkpoint} ({args.role} {what}) -> {out}")
     return 0
 
 

@@ -148,6 +148,8 @@ def build_role(
         dtype=DTYPE_NAMES[w.model_args.dtype],
     )
     if role == "actor_infer":
+        if sa.strategy_name == "vllm":
+            engine_lora_options(cfg, common["strategy_config"], warnings)
         check_engine_options(sa.strategy_name, common["strategy_config"])
         mode = common["strategy_config"].get("logprobs_mode")
         warnings.extend(rollout_log_prob_warnings(cfg, mode))
@@ -242,10 +244,44 @@ def build_lora(m: Any, role: str) -> LoraSettings | None:
 
 def sync_adapter_only(components: Components) -> bool:
     """Whether weight syncs carry actor_train's LoRA adapter only (rl_sync.adapter): it trains
-    one and the engines merge it themselves (the HF engine; vLLM gets the merged weights)."""
+    one and the engine takes adapters (`rl_rollout.registry.engine_takes_adapters`: the HF
+    engine merges them, vLLM with `enable_lora` loads them by request); otherwise the engines
+    get the merged weights."""
+    from rl_rollout.registry import engine_takes_adapters
+
     actor, infer = components.role("actor_train"), components.role("actor_infer")
     lora = actor is not None and actor.model_args is not None and actor.model_args.lora is not None
-    return lora and infer is not None and infer.strategy_name == "hf_infer"
+    return (
+        lora
+        and infer is not None
+        and engine_takes_adapters(infer.strategy_name, infer.strategy_config)
+    )
+
+
+def engine_lora_options(cfg: Any, strategy_config: dict[str, Any], warnings: list[str]) -> None:
+    """vLLM's LoRA options for a LoRA-trained actor, in place: with `enable_lora` an unset
+    `max_lora_rank` becomes the smallest vLLM takes for actor_train's `lora_rank` (an adapter
+    from `adapter_name_or_path` brings its own rank: vLLM's default applies, and the engine
+    names the key if it is too small); without it a warning says vLLM gets merged weights."""
+    from rl_rollout.vllm_lora import vllm_max_lora_rank
+
+    actor = getattr(cfg, "actor_train", None)
+    lora = None if actor is None else build_lora(actor.model_args, "actor_train")
+    key = "actor_infer.strategy_args.strategy_config"
+    if not strategy_config.get("enable_lora"):
+        if lora is not None:
+            warnings.append(
+                f"{key}.enable_lora is off: each weight sync sends vLLM the merged model (full "
+                "size); enable_lora: true loads actor_train's LoRA adapter by request instead"
+            )
+        return
+    if lora is None:
+        warnings.append(
+            f"{key}.enable_lora: actor_train trains no LoRA adapter, so vLLM gets full weights "
+            "and its LoRA support is unused"
+        )
+    elif "max_lora_rank" not in strategy_config and lora.adapter_path is None:
+        strategy_config["max_lora_rank"] = vllm_max_lora_rank(lora.rank)
 
 
 def reference_from_actor(cfg: Any) -> bool:
