@@ -28,6 +28,7 @@ LONGER = {
     "rl-config": ["rollout_batch_sise: unknown key; did you mean 'rollout_batch_size'?"],
     "rl-envs": [],
     "rl-rollout": [],
+    "rl-train": ["1.0"],
 }
 
 

@@ -236,3 +236,27 @@ def test_verl_command_trains_two_steps_on_the_cpu(name, gsm8k, monkeypatch, caps
         rows = [json.loads(line) for line in next(tmp_path.glob("output/*/*/logs/*.jsonl")).open()]
         steps = [r for r in rows if "critic/loss" in r]
         assert [r["step"] for r in steps] == [1, 2], rows
+
+
+@pytest.mark.slow
+def test_verl_reward_model_command_trains_two_steps_scored_by_the_reward_model(
+    gsm8k, monkeypatch, capsys, tmp_path
+):
+    """verl's quick start with `reward_model.enable=True` and a local reward model, on one
+    device: every response is scored by the reward model (its domain's rewards in each step's
+    metrics, none failed), two steps train."""
+    from rl_rollout.tiny_reward_models import build_tiny_reward_model
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RL_DEVICE", "cpu")
+    rm = build_tiny_reward_model(tmp_path / "rm")
+    app, argv = _argv("main_ppo", gsm8k, "cpu", *SMALL["main_ppo"].split(), f"{A}.rollout.name=hf",
+                      "trainer.n_gpus_per_node=1", "reward_model.enable=True",
+                      f"reward_model.model.path={rm}")  # fmt: skip
+    assert app_main(app)(argv) == 0, capsys.readouterr().err
+    logs = next(tmp_path.glob("output/*/*/logs/metrics.jsonl"))
+    steps = [r for r in map(json.loads, logs.read_text().splitlines()) if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert "reward/domain/reward_model/mean" in r
+        assert r["reward/domain/reward_model/failed"] == 0 and r["reward/failed"] == 0

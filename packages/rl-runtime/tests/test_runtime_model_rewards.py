@@ -163,8 +163,8 @@ def _episode(tok, tag: str, i: int, reward: float = -0.1, failed: bool = False):
 
 def test_episode_end_scores_add_to_the_last_turn_and_failures_are_screened(models):
     """Agentic episode-end scoring: the judge's yes (1.0) is added to the last turn's reward and
-    the episode's reward of its tag's episodes only (another tag's and a failed episode are not
-    scored); the reward model's score is its forward of (first prompt, the rest) decoded; an
+    the episode's reward of its tag's episodes only (another tag's and failed episodes, an env
+    grader's failure included, are not scored); the reward model's score is its forward of (first prompt, the rest) decoded; an
     unreadable verdict fails the episode's reward, which screening then drops and counts."""
     from transformers import AutoTokenizer
 
@@ -179,11 +179,14 @@ def test_episode_end_scores_add_to_the_last_turn_and_failures_are_screened(model
     try:
         eps = [_episode(tok, "A", 0), _episode(tok, "A", 1, failed=True), _episode(tok, "B", 2),
                _episode(tok, "C", 3), _episode(tok, "D", 4)]  # fmt: skip
+        graded_badly = _episode(tok, "A", 5)  # its env's grader failed: screened anyway
+        graded_badly.turns[0].info = {"reward_failed": True}
+        eps.append(graded_badly)
         metrics = EpisodeScorer(cluster, [yes, rm, maybe], tok)(eps)
-        a, a_failed, b, c, d = eps
+        a, a_failed, b, c, d, _ = eps
         assert [t.reward for t in a.turns] == pytest.approx([-0.1, 0.9])
         assert a.episode_reward == pytest.approx(0.8)
-        for t in (a_failed, d):  # not scored
+        for t in (a_failed, d, graded_badly):  # not scored
             assert [x.reward for x in t.turns] == [-0.1, -0.1] and t.episode_reward == -0.2
         worker = cluster["reward_r"].workers[0]._obj
         text = tok.decode(b.token_ids, skip_special_tokens=True)
@@ -197,7 +200,7 @@ def test_episode_end_scores_add_to_the_last_turn_and_failures_are_screened(model
         assert metrics["reward/model/d/mean"] == 1.0 and metrics["reward/model/d/scored"] == 1
         assert metrics["reward/model/m/failed"] == 1 and "reward/model/m/mean" not in metrics
         screened = screen_failures(eps, 1.0)
-        assert c not in screened.kept and screened.metrics["failures/reward_failures"] == 1
+        assert c not in screened.kept and screened.metrics["failures/reward_failures"] == 2
     finally:
         cluster.shutdown()
 

@@ -8,10 +8,10 @@ of the episode's last turn (so it sits on that turn's last model token, `rewards
 critic's returns as for a group estimator) and to `episode_reward`. A score the model could not
 give (timeout, worker error, unreadable verdict, non-finite score) marks the last turn's
 reward as failed (`info["reward_failed"]`): the episode is screened out of training and counted
-(rl_runtime.step.failures), never trained on with the env's reward alone. Failed episodes are not
-scored. One scoring at a time: asynchronous training scores its rollouts on the producer thread
-while an evaluation scores on the trainer's, and a role that shares devices sleeps after each
-scoring.
+(rl_runtime.step.failures), never trained on with the env's reward alone. Failed episodes
+(rl_runtime.step.failures) are not scored. One scoring at a time: asynchronous training scores
+its rollouts on the producer thread while an evaluation scores on the trainer's, and a role that
+shares devices sleeps after each scoring.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from rl_envs.rewards.manager import RewardInput
 from rl_runtime.compose.model_rewards import ModelRewardPlan
+from rl_runtime.step.failures import failure_kind
 from rl_runtime.step.model_rewards import ModelScorer
 
 
@@ -39,7 +40,8 @@ class EpisodeScorer:
         `mean` of the scores given, `scored` and `failed` episode counts."""
         metrics: dict[str, float] = {}
         for plan, scorer in self.scorers:
-            chosen = [t for t in trajectories if t.tag in plan.tags and not t.failed and t.turns]
+            chosen = [t for t in trajectories
+                      if t.tag in plan.tags and t.turns and failure_kind(t) is None]  # fmt: skip
             if not chosen:
                 continue
             with self._lock:
