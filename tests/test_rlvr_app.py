@@ -794,3 +794,39 @@ def test_a_custom_reward_file_that_cannot_be_used_stops_the_run_before_it_builds
         err.startswith("config error: custom_reward_function (path=") and "'compute_score'" in err
     )
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_lora_rlvr_trains_the_adapter_with_kl_to_its_base_model(tmp_path):
+    """RLVR with a LoRA adapter and a KL term: no reference worker starts, the reference
+    log-probs are actor_train's with its adapter disabled. At step 1 the policy is still its base
+    model (peft's B = 0), so the KL term is exactly 0; at step 2 the adapter has moved it. The
+    checkpoint holds the adapter (and its optimizer state) only, no reference copy, and the
+    exported model is the merged one: norms and embeddings untouched, adapted weights moved."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint import FileSystemReader
+
+    out = tmp_path / "lora"
+    rows = _run_app(out, "--no-ray", **{
+        "actor_train.model_args.lora_target": "all-linear", "actor_train.model_args.lora_rank": 4,
+        "actor_train.training_args.learning_rate": 1e-2, "use_kl_loss": "true",
+        "kl_loss_coef": 0.1, "rlvr_app.warmup.steps": 0, "dynamic_sampling.enable": "false",
+        "save_steps": 2, "eval_steps": 100,
+        # the untrained model may solve nothing (every advantage 0): the entropy term still moves it
+        "entropy_loss_coef": 0.1,
+    })  # fmt: skip
+    trained = {r["step"]: r for r in rows if "train/kl_loss" in r}
+    assert sorted(trained) == [1, 2]
+    assert trained[1]["train/kl_loss"] == pytest.approx(0.0, abs=1e-7)
+    assert trained[2]["train/kl_loss"] > 1e-7
+    step_dir = out / "ckpt" / "step-000002"
+    assert not (step_dir / "reference").exists()
+    (ckpt,) = (step_dir / "actor_train").glob("step_*")
+    saved = FileSystemReader(str(ckpt / "model_optim")).read_metadata().state_dict_metadata
+    model_keys = [k for k in saved if k.startswith("model.")]
+    assert model_keys and all(".lora_" in k for k in model_keys), model_keys[:5]
+    before = load_file(str(tmp_path / "tiny_model" / "model.safetensors"))
+    after = load_file(str(out / "hf_model" / "model.safetensors"))
+    assert after.keys() == before.keys()
+    assert all(before[k].equal(after[k]) for k in before if "norm" in k or "embed" in k)
+    assert any(not before[k].equal(after[k]) for k in before if "proj" in k)
