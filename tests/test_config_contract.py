@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
 
 from rl_config.contract import IGNORED, PIPELINE_CONSUMED, UNSUPPORTED, declared, schema_keys
+from rl_config.key_reads import KeyReads
 from rl_config.loading import compose_config
 from rl_config.schema import ExperimentConfig
 from rl_runtime.compose import compose
@@ -42,37 +42,6 @@ ALGO = {
     "train_infer_correction": {"is_weight": {"enabled": True}},
 }
 KL = {"init_kl_coef": 0.1, "add_token_level_kl": True, "use_kl_loss": True, "kl_loss_coef": 0.1}
-
-
-class Trace:
-    """Proxy of a pydantic config: records the dotted key of every schema field read."""
-
-    def __init__(self, obj: BaseModel, path: str, seen: set[str]) -> None:
-        object.__setattr__(self, "_obj", obj)
-        object.__setattr__(self, "_path", path)
-        object.__setattr__(self, "_seen", seen)
-
-    @property
-    def __wrapped__(self) -> BaseModel:
-        return self._obj
-
-    def __getattr__(self, name: str) -> Any:
-        obj, path, seen = self._obj, self._path, self._seen
-        value = getattr(obj, name)
-        info = type(obj).model_fields.get(name)
-        if info is None:
-            return value
-        key = f"{path}{info.alias or name}"
-        if isinstance(value, BaseModel):
-            return Trace(value, key + ".", seen)
-        if (
-            isinstance(value, dict)
-            and value
-            and all(isinstance(v, BaseModel) for v in value.values())
-        ):
-            return {k: Trace(v, key + ".*.", seen) for k, v in value.items()}
-        seen.add(key)
-        return value
 
 
 @functools.cache
@@ -104,10 +73,10 @@ def _variants() -> list[dict[str, Any]]:
 
 
 def _consumed() -> set[str]:
-    seen: set[str] = set()
+    seen: dict[str, set[str]] = {}
     for data in _variants():
-        compose(Trace(ExperimentConfig.model_validate(data), "", seen))
-    return seen
+        compose(KeyReads(ExperimentConfig.model_validate(data), seen))
+    return set(seen)
 
 
 def test_every_schema_key_is_consumed_or_declared():
@@ -376,13 +345,13 @@ RLVR_VARIANTS: list[dict[str, Any]] = [
 
 def _rlvr_consumed() -> tuple[set[str], set[str]]:
     """(keys compose(pipeline="rlvr") or build_rlvr read, keys build_rlvr reads)."""
-    seen: set[str] = set()
-    own: set[str] = set()
+    seen: dict[str, set[str]] = {}
+    own: dict[str, set[str]] = {}
     for extra in RLVR_VARIANTS:
         cfg = ExperimentConfig.model_validate(_merge(_data(RLVR), extra))
-        compose(Trace(cfg, "", seen), pipeline="rlvr")
-        build_rlvr(Trace(cfg, "", own))
-    return seen | own, own
+        compose(KeyReads(cfg, seen), pipeline="rlvr")
+        build_rlvr(KeyReads(cfg, own))
+    return set(seen) | set(own), set(own)
 
 
 def test_rlvr_every_schema_key_is_consumed_or_declared():

@@ -23,11 +23,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
 from pydantic.fields import PydanticUndefined
 
 from rl_config.contract import CHANGES_WHAT_IS_TRAINED, declared, schema_keys
 from rl_config.explain import explain
+from rl_config.key_reads import KeyReads
 from rl_config.loading import compose_config
 from rl_config.roll_compat import KEY_ALIASES, ROLL_IGNORED, ROLL_NOT_SUPPORTED
 from rl_config.schema import ExperimentConfig
@@ -94,37 +94,6 @@ RLVR_VARIANTS: list[dict[str, Any]] = [
 ]
 
 
-class _Trace:
-    """A config behind a proxy: records, per dotted key, the modules of the lines reading it."""
-
-    def __init__(self, obj: BaseModel, path: str, seen: dict[str, set[str]]) -> None:
-        object.__setattr__(self, "_obj", obj)
-        object.__setattr__(self, "_path", path)
-        object.__setattr__(self, "_seen", seen)
-
-    @property
-    def __wrapped__(self) -> BaseModel:
-        return self._obj
-
-    def __getattr__(self, name: str) -> Any:
-        obj, path, seen = self._obj, self._path, self._seen
-        value = getattr(obj, name)
-        info = type(obj).model_fields.get(name)
-        if info is None:
-            return value
-        key = f"{path}{info.alias or name}"
-        if isinstance(value, BaseModel):
-            return _Trace(value, key + ".", seen)
-        if (
-            isinstance(value, dict)
-            and value
-            and all(isinstance(v, BaseModel) for v in value.values())
-        ):
-            return {k: _Trace(v, key + ".*.", seen) for k, v in value.items()}
-        seen[key].add(sys._getframe(1).f_globals.get("__name__", "?"))
-        return value
-
-
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for k, v in extra.items():
@@ -147,7 +116,7 @@ def readers() -> dict[str, set[str]]:
     seen: dict[str, set[str]] = defaultdict(set)
 
     def traced(data: dict[str, Any]) -> Any:
-        return _Trace(ExperimentConfig.model_validate(data), "", seen)
+        return KeyReads(ExperimentConfig.model_validate(data), seen)
 
     agentic = _load("agentic")
     for data in [agentic, *(_merge(agentic, extra) for extra in AGENTIC_VARIANTS)]:
