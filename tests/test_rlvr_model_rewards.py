@@ -1,6 +1,7 @@
 """Model rewards through apps/rlvr: a generative judge and a reward model, each on a role of
 its own placed by device_mapping, score RLVR rollouts end to end (2 CPU steps, tiny local
-models); ROLL's llm_judge examples dry-run after `rl-config convert` with their paths changed;
+models); ROLL's llm_judge examples dry-run after `rl-config convert` with their paths changed,
+and the 8-GPU judge example trains 2 CPU steps with its devices and sizes overridden;
 the keys of a model domain are read, not warned about."""
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ JUDGE_EXAMPLES = (
 )
 
 
-def _converted(name: str, tmp_path: Path) -> list[str]:
+def _converted(name: str, tmp_path: Path, or_verdict: str | None = None) -> list[str]:
     """ROLL's example converted (megatron -> fsdp2) with its paths changed to local ones (the
-    tiny policy, a scripted judge, small data files in its tags, outputs under `tmp_path`), as
-    a user would before running it here; returns the app's arguments for a dry run."""
+    tiny policy, a scripted judge saying yes, or either verdict with `or_verdict`, small data
+    files in its tags, outputs under `tmp_path`), as a user would before running it here;
+    returns the app's arguments for a dry run."""
     from rl_config.convert import convert_file, dump
     from rl_rollout.tiny_model import default_tiny_model_dir
     from rl_rollout.tiny_reward_models import build_scripted_judge
@@ -39,7 +41,7 @@ def _converted(name: str, tmp_path: Path) -> list[str]:
     policy = str(default_tiny_model_dir())
     data["pretrain"] = data["reward_pretrain"] = policy
     data["rewards"]["llm_judge"]["model_args"]["model_name_or_path"] = str(
-        build_scripted_judge(tmp_path / "judge", "yes")
+        build_scripted_judge(tmp_path / "judge", "yes", or_verdict=or_verdict)
     )
     tags = [t for domain in data["rewards"].values() for t in domain.get("tag_included", [])]
     rows = [{"messages": [{"role": "user", "content": f"question {i}"}], "ground_truth": "A",
@@ -66,6 +68,42 @@ def test_roll_judge_example_dry_runs_with_a_judge_role_on_its_devices(tmp_path, 
         assert f"rewards.llm_judge.{key}" not in stdout  # read, not "has no effect"
     assert "rewards.llm_judge.model_args.attn_implementation has no effect" in stdout
     assert "refus" not in (stdout + err).lower()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_roll_judge_example_trains_two_cpu_steps_with_tiny_models(tmp_path):
+    """ROLL's 8-GPU llm_judge example, converted, with local paths and what a CPU host needs
+    changed on the command line (2 devices: the policy's roles on one, the judge on the other;
+    HF engines; small batches): a judge that says yes or no at random scores every response,
+    nothing fails, and the groups it splits train the policy (optimizer steps taken)."""
+    args = _converted(JUDGE_EXAMPLES[0], tmp_path, or_verdict="no")
+    args.remove("--dry-run")
+    out = tmp_path / "out"
+    cpu = ["max_steps=2", "eval_steps=100", "save_steps=1000", "track_with=stdout",
+           f"tracker_kwargs.log_dir={out / 'logs'}", "validation=null", "num_gpus_per_node=2",
+           "actor_train.device_mapping=[0]", "actor_infer.device_mapping=[0]",
+           "reference.device_mapping=[0]", "rewards.llm_judge.device_mapping=[1]",
+           "actor_infer.strategy_args={strategy_name: hf_infer}",
+           "rewards.llm_judge.strategy_args={strategy_name: hf_infer}",
+           "rewards.llm_judge.generating_args.max_new_tokens=4", "rollout_batch_size=4",
+           "num_return_sequences_in_group=4", "prompt_length=64", "response_length=8",
+           "actor_train.training_args.per_device_train_batch_size=4",
+           "actor_train.training_args.gradient_accumulation_steps=2",
+           # the random tiny policy never ends a response: ROLL's mask of truncated ones would
+           # leave nothing to train on
+           "max_len_mask=false"]  # fmt: skip
+    args = [a for a in args if not a.startswith("rlvr_app.num_cpus=")] + ["rlvr_app.num_cpus=2"]
+    proc = subprocess.run([sys.executable, str(APP), *args, *cpu], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=1500)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0 and "reward/domain/llm_judge/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["reward/domain/llm_judge/failed"] == 0 and r["reward/failed"] == 0 for r in steps)
+    judged = [r["reward/domain/llm_judge/mean"] for r in steps]
+    assert 0 < sum(judged) / 2 < 1, judged  # yes and no, not one verdict throughout
+    assert sum(r["train/optimizer_steps"] for r in steps) >= 1
 
 
 def test_roll_multi_domain_example_judges_scores_crossthinkqa_and_refuses_ifeval_by_name(

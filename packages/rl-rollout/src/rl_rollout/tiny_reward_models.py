@@ -50,11 +50,17 @@ def build_tiny_reward_model(out_dir: str | os.PathLike[str], *, seed: int = 0) -
 
 
 def build_scripted_judge(
-    out_dir: str | os.PathLike[str], verdict: str = "yes", *, seed: int = 0
+    out_dir: str | os.PathLike[str],
+    verdict: str = "yes",
+    *,
+    seed: int = 0,
+    or_verdict: str | None = None,
 ) -> Path:
     """A tiny causal model that answers every chat with `verdict` (see module docstring), saved
-    with its tokenizer in `out_dir` (replaced). ValueError when `verdict`'s tokens repeat or
-    include the generation prompt's last token (a chain of distinct tokens is needed)."""
+    with its tokenizer in `out_dir` (replaced). With `or_verdict`, its first token is as likely
+    as `verdict`'s: sampled, the judge says either, half the time each (greedy, the one of the
+    lower token id). ValueError when the verdicts' tokens repeat or include the generation
+    prompt's last token (chains of distinct tokens are needed)."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
@@ -64,25 +70,31 @@ def build_scripted_judge(
     chat = [{"role": "user", "content": "x"}]
     prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     trigger = tokenizer(prompt, add_special_tokens=False)["input_ids"][-1]
-    tokens = tokenizer(verdict, add_special_tokens=False)["input_ids"]
-    chain = [trigger, *tokens, tokenizer.eos_token_id]
-    if len(set(chain[:-1])) != len(chain) - 1:
-        raise ValueError(f"verdict {verdict!r}: its tokens {tokens} repeat or end the prompt")
+    verdicts = [verdict] if or_verdict is None else [verdict, or_verdict]
+    tokens = [tokenizer(v, add_special_tokens=False)["input_ids"] for v in verdicts]
+    # transitions token -> next: the trigger branches to each verdict, each verdict ends the turn
+    chains = [[trigger, *t, tokenizer.eos_token_id] for t in tokens]
+    inner = [trigger] + [token for t in tokens for token in t]
+    if len(set(inner)) != len(inner):
+        raise ValueError(f"verdicts {verdicts}: their tokens {tokens} repeat or end the prompt")
+    dim = {token: k for k, token in enumerate(inner)}  # one embedding dimension per token
     config = Qwen2Config.from_pretrained(base)
     config.tie_word_embeddings = False
     model: Any = Qwen2ForCausalLM(config).float()
     hidden = config.hidden_size
-    if len(chain) > hidden:
-        raise ValueError(f"verdict {verdict!r}: {len(tokens)} tokens, more than {hidden - 1}")
+    if len(inner) > hidden:
+        raise ValueError(f"verdicts {verdicts}: {len(inner) - 1} tokens, more than {hidden - 1}")
     with torch.no_grad():
         for layer in model.model.layers:  # every layer adds 0 to the residual stream
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
         model.model.embed_tokens.weight.zero_()
         model.lm_head.weight.zero_()
-        for k, (token, nxt) in enumerate(itertools.pairwise(chain)):
-            model.model.embed_tokens.weight[token, k] = 1.0  # RMSNorm makes it sqrt(hidden)
-            model.lm_head.weight[nxt, k] = 20.0
+        for chain in chains:
+            for token, nxt in itertools.pairwise(chain):
+                k = dim[token]
+                model.model.embed_tokens.weight[token, k] = 1.0  # RMSNorm makes it sqrt(hidden)
+                model.lm_head.weight[nxt, k] = 20.0
     shutil.rmtree(out, ignore_errors=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
