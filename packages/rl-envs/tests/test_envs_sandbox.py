@@ -30,8 +30,11 @@ HOSTILE = {
     "os_exit": ("import os\n"
                 "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
                 "    os._exit(0)\n", "crashed"),
+    # 100 MB in 1 KB lines: the output cap (1 MiB) ends it long before the deadline, even on a
+    # loaded host (one 100 MB string took longer than the 1.5 s deadline to build there)
     "prints_100mb": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
-                     "    try:\n        print('x' * 100_000_000)\n    except OSError:\n        pass\n"
+                     "    try:\n        for _ in range(100_000):\n            print('x' * 1000)\n"
+                     "    except OSError:\n        pass\n"
                      "    return 1.0\n", "output_too_large"),
     "returns_nan": ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
                     "    return float('nan')\n", "not_finite"),
