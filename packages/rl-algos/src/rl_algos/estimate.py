@@ -119,7 +119,8 @@ def step_rows(
             if not bool(step_mask.any()):
                 prev_end = end
                 continue
-            context = input_ids[b, prev_end:start].numpy().tobytes()
+            # the observation's token ids as bytes (torch only: rl-algos does not need numpy)
+            context = ",".join(map(str, input_ids[b, prev_end:start].tolist())).encode()
             digest = hashlib.blake2b(context, digest_size=8).digest()
             row_of.append(b)
             steps.append(k)
