@@ -24,11 +24,15 @@ class _DataError(Exception):
 
 @functools.cache
 def _tiny_model() -> str:
+    import atexit
+    import shutil
     import tempfile
 
     from rl_rollout.tiny_model import build_tiny_model
 
-    return str(build_tiny_model(Path(tempfile.mkdtemp(prefix="app-main-model-")) / "model"))
+    root = tempfile.mkdtemp(prefix="app-main-model-")
+    atexit.register(shutil.rmtree, root, True)  # one per test process, removed when it ends
+    return str(build_tiny_model(Path(root) / "model"))
 
 
 def _spec(tmp_path: Path, *, refusals=(), fail: Exception | None = None, runs: list | None = None,
