@@ -125,6 +125,52 @@ def test_dry_run_plans_the_teacher_and_refuses_dynamic_sampling(capsys):
     assert "dynamic_sampling.enable: drops groups" in out + err
 
 
+def test_off_policy_options_are_checked_by_name():
+    from rl_runtime.pipelines.distill.off_policy import OffPolicyOptions
+
+    assert OffPolicyOptions(source="data", files="a.jsonl, b.parquet").file_list == (
+        "a.jsonl", "b.parquet")  # fmt: skip
+    for kwargs, match in (({"source": "sft"}, "off_policy.source='sft'"),
+                          ({"source": "data"}, "off_policy.files"),
+                          ({"source": "teacher", "files": "a.jsonl"}, "off_policy.files"),
+                          ({"source": "teacher", "steps": 0}, "off_policy.steps=0")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            OffPolicyOptions(**kwargs)
+
+
+def test_off_policy_given_rows_train_on_the_response_and_teacher_samples_end_in_eos(tmp_path):
+    """Given prompt/response rows go through rl_runtime.step.sft_data (the response trained on,
+    the prompt not); the teacher's samples keep the prompt's token ids and train on what the
+    teacher generated, up to its eos."""
+    from transformers import AutoTokenizer
+
+    from rl_rollout.tiny_model import default_tiny_model_dir
+    from rl_runtime.pipelines.distill.off_policy import (
+        OffPolicyOptions,
+        given_examples,
+        teacher_examples,
+    )
+
+    model = str(default_tiny_model_dir())
+    tok = AutoTokenizer.from_pretrained(model)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"instruction": "max 3 8 1 5 =", "output": "#### 8"}\n')
+    opts = OffPolicyOptions(source="data", files=str(rows))
+    (example,), counts = given_examples(opts, tok)
+    assert counts["rows"] == 1
+    trained = [i for i, m in zip(example.token_ids, example.loss_mask, strict=True) if m]
+    assert "#### 8" in tok.decode(trained) and "max" not in tok.decode(trained)
+    prompt = tok("max 3 8 1 5 =")["input_ids"]
+    opts = OffPolicyOptions(source="teacher", samples_per_prompt=3, temperature=1.0)
+    samples = teacher_examples(opts, model, [prompt, prompt[:3]], tok, 6, seed=0)
+    assert len(samples) == 6
+    for e in samples:
+        p = e.loss_mask.index(True)
+        assert list(e.token_ids[:p]) in (prompt, prompt[:3]) and all(e.loss_mask[p:])
+        n = len(e.token_ids) - p
+        assert 1 <= n <= 6 and (n == 6 or e.token_ids[-1] == tok.eos_token_id)
+
+
 OPD = ROOT / "packages/rl-config/tests/data/roll/head/examples/qwen3-8B-onpolicy-distill-megatron"
 
 
@@ -165,9 +211,9 @@ def test_converted_roll_opd_examples_dry_run_with_paths_changed(
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
 def test_distill_two_steps_end_to_end(tmp_path):
-    """Two on-policy distillation steps in-process: the teacher is built, every sampled token is
-    scored by it, the student trains on the negated reverse KL and syncs, held-out accuracy is
-    measured before and after (summary.json)."""
+    """The teacher is built, the student is trained off-policy on its samples, then two
+    on-policy steps in-process: every sampled token is scored by the teacher, the student
+    trains on the negated reverse KL and syncs; held-out accuracy before and after."""
     out = tmp_path / "run"
     args = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
@@ -179,13 +225,16 @@ def test_distill_two_steps_end_to_end(tmp_path):
         "num_return_sequences_in_group": 4, "val_batch_size": 8, "val_n_sample": 2,
         "actor_train.training_args.per_device_train_batch_size": 8,
         "actor_train.training_args.gradient_accumulation_steps": 2,
-        "distill_app.warmup.steps": 2, "distill_app.warmup.batch_size": 8,
-        "distill_app.warmup.demos": 16,
+        # off-policy first: SFT on the teacher's samples of 8 prompts (replaces the warm-up)
+        "distill_app.warmup.steps": 0, "distill_app.off_policy.source": "teacher",
+        "distill_app.off_policy.max_prompts": 8, "distill_app.off_policy.steps": 2,
+        "distill_app.off_policy.batch_size": 8,
     }  # fmt: skip
     cmd = [sys.executable, str(APP), "--no-ray", *(f"{k}={v}" for k, v in args.items())]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert (tmp_path / "teacher" / "distill_teacher.json").is_file()
+    assert "warm-up 2/2" in proc.stdout  # the off-policy SFT steps
     rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0 and "distill/reverse_kl" in r]
     assert [r["step"] for r in steps] == [1, 2]

@@ -22,13 +22,16 @@ class DistillPlan:
     teachers: TeachersPlan
 
 
-def compose_distill(composed: Composed, cfg: Any, teachers: Any) -> Composed:
+def compose_distill(composed: Composed, cfg: Any, app: Any) -> Composed:
     """`composed` (RLVR's, rl_runtime.pipelines.rlvr.compose.compose_rlvr) with the teachers'
     roles and a `DistillPlan`; ValueError naming the teacher key at fault."""
     import pprint
 
     plan = DistillPlan(
-        composed.plan, build_teachers(teachers, tuple(cfg.reference.device_mapping or [0]))
+        composed.plan,
+        build_teachers(
+            app.teachers if app is not None else {}, tuple(cfg.reference.device_mapping or [0])
+        ),
     )
     roles = (*composed.components.roles, *(teacher_role(t, cfg) for t in plan.teachers.teachers))
     components = dataclasses.replace(composed.components, roles=roles)

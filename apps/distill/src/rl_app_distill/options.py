@@ -3,7 +3,7 @@
 The experiment (prompts, the student's sampling and training, held-out data) is an RLVR config
 validated by rl_config (ROLL key names); `distill_app:` holds the teachers
 (rl_runtime.pipelines.distill.teachers: `teachers`), the CPU default's teacher
-build (`teacher_build`), and what apps/rlvr's options hold (arithmetic data, the student's tiny
+build (`teacher_build`), off-policy distillation before the on-policy steps (`off_policy`), and what apps/rlvr's options hold (arithmetic data, the student's tiny
 model, its short supervised warm-up, Ray vs in-process).
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 
 from rl_app_distill.teacher import TeacherBuildOptions
 from rl_app_rlvr.options import AppOptions as RlvrAppOptions
+from rl_runtime.pipelines.distill.off_policy import OffPolicyOptions
 
 
 @dataclass
@@ -24,10 +25,13 @@ class AppOptions(RlvrAppOptions):
     #: (rl_runtime.pipelines.distill.teachers)
     teachers: dict[str, Any] = field(default_factory=dict)
     teacher_build: TeacherBuildOptions = field(default_factory=TeacherBuildOptions)
+    #: off-policy distillation before the on-policy steps: SFT on given data or on the
+    #: teacher's samples (rl_runtime.pipelines.distill.off_policy); replaces `warmup`
+    off_policy: OffPolicyOptions = field(default_factory=OffPolicyOptions)
 
     def built_models(self) -> tuple[str, ...]:
         out = self.teacher_build.out_dir
         return (out,) if out is not None else ()
 
 
-__all__ = ["AppOptions", "TeacherBuildOptions"]
+__all__ = ["AppOptions", "OffPolicyOptions", "TeacherBuildOptions"]

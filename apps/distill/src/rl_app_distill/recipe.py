@@ -7,7 +7,7 @@ student's actor_infer engines -> rewards, kept as the accuracy metric) then `lea
 (rl_runtime.pipelines.distill.step.learn_distill: the student's and the teachers' log-probs of
 every sampled token -> per-token advantage = -kl_coef * reverse KL -> actor_train's policy loss
 -> weight sync). Evaluation: RLVR's held-out accuracy. Before training: RLVR's optional
-supervised warm-up of the student.
+supervised warm-up of the student, or off-policy distillation (`distill_app.off_policy`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,33 @@ PROGRESS_KEYS = ("distill/reverse_kl", "reward/accuracy", "val/accuracy")
 
 
 class DistillRecipe(RlvrRecipe):
+    app: AppOptions
+
     def __init__(self, app: AppOptions, plan: DistillPlan, model_path: str) -> None:
         super().__init__(app, plan.rlvr, model_path)
         self.teachers = plan.teachers
+
+    def before_training(self, ctx: Context) -> dict[str, float]:
+        """Off-policy distillation (`distill_app.off_policy`: SFT on given data or on the
+        teacher's samples), else RLVR's supervised warm-up."""
+        from rl_runtime.pipelines.distill import off_policy as off
+
+        options = self.app.off_policy
+        if options.source == "none":
+            return super().before_training(ctx)
+        if options.source == "data":
+            examples, counts = off.given_examples(options, self.tokenizer)
+        else:
+            from rl_runtime.run.model_source import resolve_model
+
+            first = self.teachers.teachers[0]
+            path = resolve_model(first.model_path, key=f"distill_app.teachers.{first.name}.model")
+            examples = off.teacher_examples(options, path, self.prompts.train.ids,
+                                            self.tokenizer, self.plan.response_length,
+                                            ctx.components.seed)  # fmt: skip
+            counts = {"examples": len(examples)}
+        metrics = off.train_off_policy(ctx, examples, options, self.pad_token_id)
+        return {**metrics, **{f"warmup/off_policy_{k}": float(v) for k, v in counts.items()}}
 
     def learn(self, ctx: Context, batch: RolloutBatch) -> dict[str, float]:
         """Train the student toward its teachers on `batch` and sync the weights

@@ -21,6 +21,7 @@ from rl_app_distill.options import AppOptions
 from rl_app_rlvr import spec as rlvr_spec
 from rl_runtime.cli.app_main import AppSpec, Composed, app_main, load_app
 from rl_runtime.pipelines.rlvr.metrics import summary_row
+from rl_runtime.step.sft_data import SFTDataError
 
 APP_DIR = Path(__file__).resolve().parents[2]
 """apps/distill (its configs/ folder)."""
@@ -33,7 +34,7 @@ def compose(cfg: Any, app: Any = None, flags: frozenset[str] = frozenset()) -> C
     from rl_app_distill.compose import compose_distill
 
     composed = rlvr_spec.compose(cfg, app, flags)
-    return compose_distill(composed, cfg, app.teachers if app is not None else {})
+    return compose_distill(composed, cfg, app)
 
 
 def run(cfg: Any, app: AppOptions, composed: Composed, flags: frozenset[str] = frozenset()) -> Any:
@@ -78,7 +79,7 @@ SPEC = AppSpec(
     summary_row=summary_row,
     before_label="before distillation",
     after_label="after distillation",
-    data_errors=rlvr_spec.data_errors(),
+    data_errors=(*rlvr_spec.data_errors(), SFTDataError),
 )
 load = partial(load_app, SPEC)
 main = partial(app_main, SPEC)
