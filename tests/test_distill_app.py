@@ -171,6 +171,33 @@ def test_off_policy_given_rows_train_on_the_response_and_teacher_samples_end_in_
         assert 1 <= n <= 6 and (n == 6 or e.token_ids[-1] == tok.eos_token_id)
 
 
+def test_a_built_teacher_is_reused_rebuilt_on_other_options_and_never_over_a_foreign_dir(tmp_path):
+    from rl_runtime.cli.app_options import TinyModelOptions
+    from rl_runtime.pipelines.distill.teacher_build import TeacherBuildOptions, build_teacher
+    from rl_runtime.step.sft_data import SFTExample
+
+    small = TinyModelOptions(hidden_size=64, num_layers=1, num_heads=1, intermediate_size=64)
+
+    made: list[int] = []
+
+    def examples(tok):
+        made.append(1)
+        ids = tok("max 3 8 =#### 8")["input_ids"]
+        return [SFTExample(tuple(ids), tuple([False] * 4 + [True] * (len(ids) - 4)))] * 3
+
+    opts = TeacherBuildOptions(out_dir=str(tmp_path / "t"), tiny_model=small, steps=2, batch_size=2)
+    first = build_teacher(opts, examples, {"seed": 0})
+    assert first["teacher_build/loss"] > 0 and (tmp_path / "t" / "distill_teacher.json").is_file()
+    assert build_teacher(opts, examples, {"seed": 0}) == {} and len(made) == 1  # reused
+    assert build_teacher(opts, examples, {"seed": 1}) and len(made) == 2  # rebuilt
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "weights.bin").write_text("x")
+    foreign = TeacherBuildOptions(out_dir=str(tmp_path / "mine"), steps=1)
+    with pytest.raises(ValueError, match="is not a teacher this app built"):
+        build_teacher(foreign, examples, {"seed": 0})
+    assert (tmp_path / "mine" / "weights.bin").read_text() == "x"
+
+
 OPD = ROOT / "packages/rl-config/tests/data/roll/head/examples/qwen3-8B-onpolicy-distill-megatron"
 
 

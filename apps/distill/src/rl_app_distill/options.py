@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_app_distill.teacher import TeacherBuildOptions
 from rl_app_rlvr.options import AppOptions as RlvrAppOptions
 from rl_runtime.pipelines.distill.off_policy import OffPolicyOptions
+from rl_runtime.pipelines.distill.teacher_build import TeacherBuildOptions
 
 
 @dataclass

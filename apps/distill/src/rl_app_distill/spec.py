@@ -41,7 +41,7 @@ def run(cfg: Any, app: AppOptions, composed: Composed, flags: frozenset[str] = f
     """Data and student (apps/rlvr's `prepare`), the teacher (`distill_app.teacher_build`), the
     tokenizer check, then the distillation recipe on the Runner."""
     from rl_app_distill.recipe import PROGRESS_KEYS, STDOUT_KEYS, DistillRecipe
-    from rl_app_distill.teacher import build_teacher
+    from rl_app_distill.teacher import build_arith_teacher
     from rl_config.errors import ConfigError, ConfigIssue
     from rl_runtime.pipelines.distill.teachers import check_tokenizers
     from rl_runtime.run.options import RunOptions
@@ -50,7 +50,7 @@ def run(cfg: Any, app: AppOptions, composed: Composed, flags: frozenset[str] = f
     path = rlvr_spec.prepare(cfg, app)
     plan = composed.plan
     if app.teacher_build.out_dir is not None:
-        build_teacher(app.teacher_build, plan.rlvr, cfg.seed)
+        build_arith_teacher(app.teacher_build, plan.rlvr, cfg.seed)
     try:
         check_tokenizers(path, plan.teachers.teachers)
     except ValueError as exc:
