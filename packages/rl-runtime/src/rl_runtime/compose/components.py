@@ -36,6 +36,8 @@ class RolePlan:
     reward: str | None = None
     #: its chat template (data_args.template)
     template: str | None = None
+    #: HF model config attributes the role's model is built with (model_args.model_config_kwargs)
+    config_overrides: dict[str, Any] = field(default_factory=dict)
 
     @property
     def trains(self) -> bool:
