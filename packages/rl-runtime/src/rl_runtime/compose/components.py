@@ -41,6 +41,8 @@ class RolePlan:
     backend: str | None = None
     #: the config key naming this role's model where `model_key`'s rule does not apply
     model_config_key: str | None = None
+    #: HF model config attributes the role's model is built with (model_args.model_config_kwargs)
+    config_overrides: dict[str, Any] = field(default_factory=dict)
 
     @property
     def trains(self) -> bool:
