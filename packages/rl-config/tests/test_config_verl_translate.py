@@ -584,3 +584,25 @@ def test_remote_code_sandbox_is_the_local_sandbox_marked_as_a_substitution():
         "naive, dapo or prime"
         in _refused("reward_model.reward_manager=batch")["reward_model.reward_manager"]
     )
+
+
+def test_model_config_override_goes_to_every_role_that_builds_the_model():
+    """verl's override_config (attributes as keys, or a mapping): set on the actor's model in
+    the trainer, the rollout engine and the reference (when there is one); the critic's on the
+    critic; an empty one changes nothing; a value that is not a mapping is refused."""
+    key = f"{A}.model.override_config"
+    d = _ok(f"+{key}.max_position_embeddings=32768", f"+{key}.rope_scaling.factor=2.0")
+    want = {"max_position_embeddings": 32768, "rope_scaling": {"factor": 2.0}}
+    for role in ("actor_train", "actor_infer"):
+        assert d[role]["model_args"]["model_config_kwargs"] == want
+    assert "reference" not in d  # no KL: verl builds no reference, neither does this
+    kl = _ok(f"{key}={{max_position_embeddings: 64}}", f"{A}.actor.use_kl_loss=True")
+    assert kl["reference"]["model_args"]["model_config_kwargs"] == {"max_position_embeddings": 64}
+    gae = _ok("algorithm.adv_estimator=gae", "critic.model.path=/models/critic", "critic.ppo_micro_batch_size_per_gpu=4",
+              f"{key}.max_position_embeddings=64", "critic.model.override_config.max_position_embeddings=96")  # fmt: skip
+    assert gae["critic"]["model_args"]["model_config_kwargs"] == {"max_position_embeddings": 96}
+    assert gae["actor_train"]["model_args"]["model_config_kwargs"] == {
+        "max_position_embeddings": 64
+    }
+    assert "model_config_kwargs" not in _ok(f"{key}={{}}")["actor_train"]["model_args"]
+    assert "mapping" in _refused(f"{key}=7")[key]

@@ -173,6 +173,41 @@ def build(out: Any, mode: str, count_rows: Any) -> None:
     _rollout(out, n, response_len, dtype)
     _async(out, mode)
     _reward(out)
+    roles = ("actor_train", "actor_infer", "reference" if "reference" in out.data else "")
+    _model_config(out, f"{A}.model.override_config", tuple(r for r in roles if r))
+    _model_config(out, "critic.model.override_config", ("critic",) if "critic" in out.data else ())
+
+
+def _model_config(out: Any, prefix: str, roles: tuple[str, ...]) -> None:
+    """verl's `model.override_config` (a mapping, or its attributes as keys: `+...override_config.
+    max_position_embeddings=32768`): HF config attributes verl sets on the model it builds ->
+    `<role>.model_args.model_config_kwargs` of each role that builds that model (the actor's:
+    trainer, rollout engine and reference), where they are checked against the model's config
+    (an unknown attribute is an error naming it)."""
+    given = [k for k in out.given if k == prefix or k.startswith(prefix + ".")]
+    values: dict[str, Any] = {}
+    for key in given:
+        value = out.given[key]
+        if key == prefix:
+            if not isinstance(value, dict):
+                out.refuse(key, "expected a mapping of model config attributes")
+                continue
+            values.update(value)
+            continue
+        *parents, last = key[len(prefix) + 1 :].split(".")
+        node = values
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    if not values or not roles:
+        why = "empty: no model config attribute is overridden" if not values else "no critic"
+        for key in given:
+            if key not in out.covered:
+                out.noop(key, why)
+        return
+    for role in roles:
+        out.set(given, f"{role}.model_args.model_config_kwargs", values,
+                "set on the HF model config before the weights load")  # fmt: skip
 
 
 def _devices(out: Any, mode: str, nodes: int, gpus: int) -> None:
