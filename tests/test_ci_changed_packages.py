@@ -19,6 +19,11 @@ PACKAGES = {"low": [], "mid": ["low"], "top": ["mid", "low"], "solo": []}
 ALL = sorted(PACKAGES)
 
 
+def _src(name: str) -> str:
+    """A source file of package `name` in the temporary workspace."""
+    return f"packages/{name}/src/code.py"
+
+
 def _git(repo: Path, *args: str, date: str = "2026-01-10T12:00:00") -> str:
     env = {**os.environ, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date,
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
@@ -43,8 +48,8 @@ def repo(tmp_path: Path) -> Path:
         )
     (tmp_path / "uv.lock").write_text("lock\n")
     (tmp_path / "conftest.py").write_text("import pytest\n")
-    (tmp_path / "apps").mkdir()
-    (tmp_path / "apps" / "app.py").write_text("y = 1\n")
+    (tmp_path / "other").mkdir()  # outside packages/, like apps/ and tools/
+    (tmp_path / "other" / "app.py").write_text("y = 1\n")
     _git(tmp_path, "init", "-q")
     _git(tmp_path, "add", "-A")
     _git(tmp_path, "commit", "-qm", "base")
@@ -77,10 +82,10 @@ def _change(repo: Path, path: str, date: str = "2026-01-11T12:00:00") -> None:
 
 def test_a_change_chooses_its_package_and_the_packages_depending_on_it(repo):
     base = _git(repo, "rev-parse", "HEAD")
-    _change(repo, "packages/mid/src/code.py")
+    _change(repo, _src("mid"))
     chosen, why = _choose(repo, RL_CI_BASE=base)
     assert chosen == ["mid", "top"], why
-    assert "mid: packages/mid/src/code.py changed" in why
+    assert f"mid: {_src('mid')} changed" in why
     assert "top: depends on mid" in why
     assert "low: unchanged, not tested alone" in why and "solo: unchanged" in why
 
@@ -88,10 +93,10 @@ def test_a_change_chooses_its_package_and_the_packages_depending_on_it(repo):
 def test_the_recorded_base_is_read_and_a_change_outside_packages_chooses_none(repo):
     _record_base(repo)
     assert _choose(repo)[0] == []
-    _change(repo, "apps/app.py")
+    _change(repo, "other/app.py")
     chosen, why = _choose(repo)
     assert chosen == [] and "2 file(s) changed since" in why, why  # the marker, the app
-    _change(repo, "packages/low/src/code.py")
+    _change(repo, _src("low"))
     assert _choose(repo)[0] == ["low", "mid", "top"]
 
 
@@ -121,8 +126,8 @@ def test_a_full_run_an_unknown_base_or_none_chooses_every_package(repo):
 
 def test_a_base_more_than_a_week_old_is_a_weekly_full_run(repo):
     base = _git(repo, "rev-parse", "HEAD")
-    _change(repo, "apps/app.py", date="2026-01-17T11:00:00")  # 6.96 days later
+    _change(repo, "other/app.py", date="2026-01-17T11:00:00")  # 6.96 days later
     assert _choose(repo, RL_CI_BASE=base)[0] == []
-    _change(repo, "apps/app.py", date="2026-01-17T13:00:00")  # 7.04 days later
+    _change(repo, "other/app.py", date="2026-01-17T13:00:00")  # 7.04 days later
     chosen, why = _choose(repo, RL_CI_BASE=base)
     assert chosen == ALL and "weekly full run" in why, why
