@@ -98,6 +98,10 @@ def _match(key: str, pattern: str) -> bool:
 
 # A changed value per consumed key (where the default rule below would not validate).
 CHANGES: dict[str, Any] = {
+    **{
+        f"{r}.model_args.model_config_kwargs": {"max_position_embeddings": 64}
+        for r in ("actor_train", "actor_infer", "reference", "critic")
+    },
     "rollout_batch_size": 128,
     "train_env_manager.num_env_groups": 32,
     "train_env_manager.group_size": 2,

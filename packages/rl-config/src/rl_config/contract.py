@@ -86,7 +86,6 @@ UNSUPPORTED: dict[str, str] = {
     "adapter into a model directory and give that as reference.model_args.model_name_or_path)",
     "*.model_args.model_type": "classification/TRL heads are chosen by role (critic = value head)",
     "*.model_args.num_labels": "the critic's value head has one output",
-    "*.model_args.model_config_kwargs": "model config overrides are not applied",
     "*.model_args.trust_remote_code": "remote model code is never run",
     "*.model_args.gradient_checkpointing_use_reentrant": "checkpointing is always non-reentrant",
     "*.use_dynamic_batching_in_infer": "dynamic batching of forward passes is not implemented",

@@ -194,6 +194,16 @@ def megatron_keys(data: dict[str, Any]) -> list[str]:
 def missing_pipeline_issue(data: dict[str, Any]) -> ConfigIssue | None:
     """The one error of a config of a ROLL pipeline this stack does not have (distillation,
     SFT: ``ROLL_PIPELINES_NOT_IMPLEMENTED``); None for any other config."""
+    from rl_config.convert_opd import is_opd
+
+    if is_opd(data):
+        return ConfigIssue(
+            "teacher",
+            "this is a config of ROLL's on-policy distillation (student_train, student_infer, "
+            "teacher); apps/distill runs it once rewritten in its form: "
+            + CONVERT_HINT.format(file="FILE")
+            + ", then uv run apps/distill --config OUT",
+        )
     for pipeline, markers in ROLL_PIPELINES_NOT_IMPLEMENTED.items():
         found = [key for key in markers if key in data]
         if found:

@@ -80,6 +80,7 @@ GENRM = (
     "model (a generative reward model): not translated; a judge is a rewards domain with "
     "reward_fn: llm_judge in this stack's config"
 )
+OVERRIDE = "HF model config attributes: model_args.model_config_kwargs"
 PROFILER = "verl's profilers (nsys, npu, torch) are not run here; the run trains the same"
 MULTI_TURN = "verl's multi-turn tool rollout is not translated (apps/agentic runs multi-turn envs)"
 MEMORY = "a memory knob: this stack sizes its own micro-batches"
@@ -313,7 +314,7 @@ RULES: dict[str, Rule] = {
     f"{_A}.model.trust_remote_code": only("remote model code is never run"),
     f"{_A}.model.custom_chat_template": only("the tokenizer's chat template is used"),
     f"{_A}.model.external_lib": only("external model libraries are not imported"),
-    f"{_A}.model.override_config": only("model config overrides are not applied"),
+    f"{_A}.model.override_config": derived(OVERRIDE),
     f"{_A}.model.enable_gradient_checkpointing": derived("activation checkpointing"),
     f"{_A}.model.enable_activation_offload": only("activation offload is not implemented"),
     f"{_A}.model.use_remove_padding": derived("packed forward"),
@@ -431,9 +432,9 @@ RULES: dict[str, Rule] = {
     "reward_model.reward_loop_source": noop("rule rewards are scored by the reward router"),
     "reward_model.reward_loop_module_path": only("custom reward loops are not loaded"),
     "reward_model.reward_loop_class_name": noop("read only with reward_loop_module_path"),
-    "reward_model.sandbox_fusion.url": only("remote sandboxes are not used (rl-envs sandbox)"),
-    "reward_model.sandbox_fusion.max_concurrent": noop("read only with sandbox_fusion.url"),
-    "reward_model.sandbox_fusion.memory_limit_mb": noop("read only with sandbox_fusion.url"),
+    "reward_model.sandbox_fusion.url": derived("code rows' tests: the local rl-envs sandbox"),
+    "reward_model.sandbox_fusion.max_concurrent": derived("read with sandbox_fusion.url"),
+    "reward_model.sandbox_fusion.memory_limit_mb": derived("read with sandbox_fusion.url"),
     "reward_model.reward_kwargs.max_resp_len": noop("the response length is max_response_length"),
     "reward_model.reward_kwargs.overlong_buffer_cfg.enable": to("overlong_penalty.enable"),
     "reward_model.reward_kwargs.overlong_buffer_cfg.len": to("overlong_penalty.buffer_length"),
@@ -497,6 +498,9 @@ RULES: dict[str, Rule] = {
 }
 
 PATTERNS: list[tuple[str, Rule]] = [
+    (f"{_A}.model.override_config.*", derived(OVERRIDE)),
+    ("critic.model.override_config", derived(OVERRIDE)),
+    ("critic.model.override_config.*", derived(OVERRIDE)),
     ("*._target_", noop("verl's config class")),
     ("*.megatron", refuse(MEGATRON)),
     ("*.megatron.*", refuse(MEGATRON)),

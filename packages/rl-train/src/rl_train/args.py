@@ -216,6 +216,10 @@ class ModelArgs:
     of the optimizer; a prefix that matches no parameter is an error naming the key."""
     lora: LoraSettings | None = None
     """LoRA adapter of a trained role (:mod:`rl_train.lora`); None: every weight is trained."""
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    """HF model config attributes set before the weights load (``model_args.model_config_kwargs``,
+    applied by :func:`rl_config.model_config.apply_model_config_overrides`: an unknown attribute
+    is an error naming it)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -242,6 +246,8 @@ def parse_model_args(obj: Any = None) -> ModelArgs:
         disable_gradient_checkpointing=True if disable_gc is None else bool(disable_gc),
         freeze_module_prefix=parse_prefixes(raw.get("freeze_module_prefix")),
         lora=lora if isinstance(lora := raw.get("lora"), LoraSettings) else parse_lora(raw),
+        # ModelArgs' field, or ROLL's key in a mapping
+        config_overrides=dict(raw.get("config_overrides") or raw.get("model_config_kwargs") or {}),
         extra=raw,
     )
 

@@ -48,8 +48,12 @@ def load_model(
     dtype ``model_args.dtype`` (FSDP2 loads fp32 master weights that compute in bf16).
     ``fused_lm_head``: actor/reference get a :class:`~rl_train.fused_head.LogProbHead` (log-probs
     from hidden states, no ``[N, V]`` logits; see :func:`resolve_fused_lm_head`).
-    ``model_args.lora`` (actor/critic): LoRA adapters on the frozen model (:mod:`rl_train.lora`)."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    ``model_args.lora`` (actor/critic): LoRA adapters on the frozen model (:mod:`rl_train.lora`).
+    ``model_args.config_overrides``: HF config attributes set before the weights load
+    (:func:`rl_config.model_config.apply_model_config_overrides`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from rl_config.model_config import apply_model_config_overrides
 
     check_role(role)
     attn = resolve_attn_implementation(
@@ -59,15 +63,18 @@ def load_model(
         register_varlen_attention()
     kwargs: dict = {"dtype": dtype, "trust_remote_code": False, "attn_implementation": attn}
     torch.manual_seed(seed)
+    overrides = model_args.config_overrides
     if role == "critic":
-        from transformers import AutoConfig
-
         config = AutoConfig.from_pretrained(str(model_path), num_labels=1, trust_remote_code=False)
+        apply_model_config_overrides(config, overrides)
         config.classifier_dropout = 0.0
         model = AutoModelForTokenClassification.from_pretrained(
             str(model_path), config=config, **kwargs
         )
     else:
+        if overrides:
+            config = AutoConfig.from_pretrained(str(model_path), trust_remote_code=False)
+            kwargs["config"] = apply_model_config_overrides(config, overrides)
         model = AutoModelForCausalLM.from_pretrained(str(model_path), **kwargs)
         if fused_lm_head:
             install_log_prob_head(model)

@@ -112,7 +112,10 @@ class ModelArgs(StrictModel):
     )
     model_config_kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Extra keyword arguments applied to the HF model config before loading.",
+        description="HF model config attributes set before the weights load, e.g. "
+        "{max_position_embeddings: 32768}: in the trainers, the rollout engines (vLLM: "
+        "hf_overrides) and the exported config.json. A name the model's config does not have is "
+        "an error naming it.",
     )
     freeze_module_prefix: str | None = Field(
         default=None,

@@ -146,6 +146,7 @@ def build_role(
         strategy_config=dict(sa.strategy_config or {}),
         model_path=w.model_args.model_name_or_path,
         dtype=DTYPE_NAMES[w.model_args.dtype],
+        config_overrides=dict(w.model_args.model_config_kwargs),
     )
     if role == "actor_infer":
         if sa.strategy_name == "vllm":
@@ -172,6 +173,7 @@ def build_role(
         freeze_module_prefix=(
             () if role == "reference" else parse_prefixes(w.model_args.freeze_module_prefix)
         ),
+        config_overrides=dict(w.model_args.model_config_kwargs),
     )
     share_prompt = False if role == "critic" else shared_prompt_forward(w, role, model_args)
     sampling = rollout_sampling_distribution(cfg) if logprob_sampling is None else logprob_sampling
@@ -331,6 +333,7 @@ def role_specs(components: Components, model_path: str, agent_mode: str = "locks
                     mode=agent_mode,
                 ),
                 sandbox_allow_weak_isolation=components.sandbox_allow_weak_isolation,
+                config_overrides=r.config_overrides,
             )
             specs.append(  # 2 calls at once: a weight sync can land during a rollout
                 RoleSpec(
@@ -344,7 +347,7 @@ def role_specs(components: Components, model_path: str, agent_mode: str = "locks
             )
             continue
         kwargs = dict(
-            role=BACKEND_ROLE[r.role],
+            role=r.backend or BACKEND_ROLE[r.role],
             sync_adapter_only=r.role == "actor_train" and sync_adapter_only(components),
             model_path=path,
             strategy_name=r.strategy_name,

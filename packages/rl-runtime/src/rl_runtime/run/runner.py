@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_runtime.asynchrony.training import open_rollout_gate
-from rl_runtime.cli.export import MODEL_PATH_KEY
+from rl_runtime.cli.export import MODEL_CONFIG_KEY, MODEL_PATH_KEY
 from rl_runtime.compose import RunComponents, role_specs
 from rl_runtime.run.checks import sandbox_hidden_env
 from rl_runtime.run.context import Context
@@ -176,6 +176,9 @@ class Runner:
             WARMED_UP_KEY: ctx.warmed_up,
             SKIPPED_STEPS_KEY: self.skipped_steps,
             MODEL_PATH_KEY: self.options.model_path,  # what rl-export builds the model from
+            MODEL_CONFIG_KEY: {  # and the config overrides its config.json carries
+                r.role: r.config_overrides for r in self.components.roles if r.config_overrides
+            },
         }
         if self.asynchronous is not None:
             from rl_runtime.asynchrony.training import STATE_KEY
