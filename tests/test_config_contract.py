@@ -492,7 +492,13 @@ def test_install_commands_name_extras_the_workspace_has():
 
 # ------------------------------------------------------------------------- output directories
 APP_CONFIGS = sorted((ROOT / "apps").glob("*/configs/*.yaml"))  # not configs/examples: ROLL's
-APP_SECTIONS = {"agentic": "agentic_app", "rlvr": "rlvr_app", "dpo": "dpo_app", "sft": "sft_app"}
+APP_SECTIONS = {
+    "agentic": "agentic_app",
+    "rlvr": "rlvr_app",
+    "dpo": "dpo_app",
+    "sft": "sft_app",
+    "distill": "distill_app",
+}
 
 
 @pytest.mark.parametrize("path", APP_CONFIGS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
