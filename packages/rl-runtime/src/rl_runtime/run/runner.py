@@ -166,7 +166,9 @@ class Runner:
 
     # ------------------------------------------------------------------------ checkpoints
     def _optimizer_roles(self) -> list[str]:
-        return [r.role for r in self.components.roles if r.loss is not None]
+        """The roles with an optimizer (checkpointed and restored): actor_train and critic,
+        whatever their configured loss (SFT's actor_train has none: it trains with `"sft"`)."""
+        return [r.role for r in self.components.roles if r.role in ("actor_train", "critic")]
 
     def save(self) -> Path:
         ctx = self.ctx
