@@ -18,7 +18,7 @@ from torch import nn
 from rl_train import batching
 from rl_train import dist as rdist
 from rl_train.args import LogprobSampling, ModelArgs, TrainingArgs
-from rl_train.faults import fault_point
+from rl_train.faults import fault_active, fault_point, poison_parameter
 from rl_train.guard import NonFiniteGuard, any_rank_true, is_finite
 from rl_train.losses import forward_sampling, reads_old_log_probs
 from rl_train.modeling import check_role, token_outputs
@@ -289,6 +289,8 @@ class BackendCore:
                     grad_norms.append(grad_norm)
                 for key, value in step_sums.items():
                     sums[key] = sums.get(key, 0.0) + value
+        if fault_active("train.nan_weight", self.global_step):
+            poison_parameter(self._module())
         keys = sorted(sums)
         totals = rdist.all_reduce_sum([sums[k] for k in keys], None)
         elapsed = time.perf_counter() - t0

@@ -384,7 +384,7 @@ def role_specs(components: Components, model_path: str, agent_mode: str = "locks
             )
             continue
         kwargs = dict(
-            role=BACKEND_ROLE[r.role],
+            role=r.backend or BACKEND_ROLE[r.role],
             sync_adapter_only=r.role == "actor_train" and sync_adapter_only(components),
             model_path=path,
             strategy_name=r.strategy_name,

@@ -129,9 +129,17 @@ def model_issues(
         except ConfigError as exc:
             problems += exc.issues
             checked[pretrain] = None
+    from rl_runtime.cli.app_options import AppRunOptions
+
+    made = app.built_models() if isinstance(app, AppRunOptions) else ()
+    built = {Path(d).expanduser().resolve() for d in made}
     for role in components.roles:
         name = role.model_path
         if name is None or name in checked:
+            continue
+        if Path(name).expanduser().resolve() in built:
+            checked[name] = None
+            notes.append(f"{role.model_key} {name}: built by the app before the run")
             continue
         role_key = role.model_key
         try:

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from rl_runtime.run.context import Context
 from rl_runtime.step.advantages import compute_advantages, reward_kl_coef, update_kl_controller
 from rl_runtime.step.collate import CollatedBatch
+from rl_train.faults import fault_active
 
 
 def update_policy(ctx: Context, batch: CollatedBatch, kl_controller: Any) -> dict[str, float]:
@@ -55,6 +58,8 @@ def update_policy(ctx: Context, batch: CollatedBatch, kl_controller: Any) -> dic
             sum_pi_squared=t.get("sum_pi_squared"),
         )
         t["advantages"], t["returns"] = adv["advantages"], adv["returns"]
+    if fault_active("step.nan_advantage", ctx.step + 1):  # test fault: a NaN reaches the loss
+        t["advantages"] = poisoned_advantages(t["advantages"], t["response_mask"])
     metrics = update_kl_controller(kl_controller, adv, t["response_mask"])
     if "reward_clip_frac" in adv:  # ROLL logs it as critic/reward_clip_frac
         metrics["train/reward_clip_frac"] = float(adv["reward_clip_frac"])
@@ -94,6 +99,15 @@ def learn_on_groups(
     metrics.update(rollout_metrics(screened.kept, collated))
     metrics.update(ctx.timer.metrics())
     return metrics
+
+
+def poisoned_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`advantages` `[B, T]` with a NaN at the first response token of row 0 (test fault
+    `step.nan_advantage@N`, rl_train.faults: pipeline step N trains on it)."""
+    out = advantages.clone()
+    cols = mask[0].nonzero()
+    out[0, int(cols[0]) if len(cols) else 0] = float("nan")
+    return out
 
 
 def prefixed(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
