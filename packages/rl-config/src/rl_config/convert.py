@@ -183,7 +183,7 @@ def convert_file(path: str | Path, target: Target) -> Conversion:
     from omegaconf import OmegaConf
 
     from rl_config.loading import _compose, _referenced_roots, _schema_keys, compose_config
-    from rl_config.roll_compat import ROLL_IGNORED, ROLL_NOT_SUPPORTED
+    from rl_config.roll_compat import ROLL_IGNORED, ROLL_NOT_SUPPORTED, SFT_ROLE
 
     file = Path(path).expanduser().resolve()
     composed = compose_config(file, keep_variables=True)
@@ -192,7 +192,7 @@ def convert_file(path: str | Path, target: Target) -> Conversion:
     conversion = convert_data({str(k): v for k, v in unresolved.items()}, composed.data, target)
     # variables stay only when a kept key refers to them (directly or through other variables)
     data = conversion.data
-    known = _schema_keys() | set(ROLL_IGNORED) | set(ROLL_NOT_SUPPORTED) | {APP_SECTION}
+    known = _schema_keys() | set(ROLL_IGNORED) | set(ROLL_NOT_SUPPORTED) | {APP_SECTION, SFT_ROLE}
     keep = {k for k in data if k in known}
     while True:
         more = _referenced_roots({k: data[k] for k in keep}) & set(data) - keep

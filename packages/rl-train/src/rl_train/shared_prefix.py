@@ -292,7 +292,7 @@ def shared_prompt_log_probs(
             attention = torch.cat([prefix_mask, own_valid.long()], dim=1)
         else:  # no row has a prefix (one-token prompts): a plain forward of the rows
             cache, attention = None, own_valid.long()
-        lp, ent = _log_probs_forward(
+        lp, ent, _ = _log_probs_forward(
             model,
             labels,
             need_entropy,

@@ -170,7 +170,8 @@ class TrainingArgs(StrictModel):
     num_train_epochs: int = Field(
         default=1,
         ge=1,
-        description="Passes over each rollout batch per pipeline step for this worker.",
+        description="Passes over each rollout batch per pipeline step for this worker; SFT: "
+        "passes over the training rows (steps = epochs x rows // rows per step, as ROLL).",
     )
 
 
@@ -318,6 +319,12 @@ class WorkerConfig(StrictModel):
     )
     topr_negative_weight: float = Field(
         default=1.0, ge=0, description="TOPR loss weight of negative-reward samples."
+    )
+    use_sequence_packing: bool = Field(
+        default=False,
+        description="SFT: train on packed micro-batches (padding removed, the rows concatenated "
+        "with position ids restarting per row, so no row attends to another); other pipelines "
+        "pack with strategy_config.packed_forward.",
     )
     use_dynamic_batching_in_train: bool = Field(
         default=False,

@@ -134,6 +134,7 @@ class Runner:
             resumed_at=self.resumed_step,
         )
         self.ctx.tracker.history.extend(self.resumed_rows)
+        self.ctx.recorder = self._recorder()
         if cluster.has("actor_train") and cluster.has("actor_infer"):
             self.ctx.sync = WeightSync(
                 cluster["actor_train"],
@@ -147,9 +148,27 @@ class Runner:
         self.recipe.setup(self.ctx)
         return self.ctx
 
+    def _recorder(self) -> Any:
+        """The learn-call recorder `record_steps` asks for (None: none)."""
+        kind, every = self.components.cadence.record_steps
+        if kind == "none":
+            return None
+        from rl_runtime.state.recorder import RECORDS_DIR, StepRecorder
+        from rl_runtime.state.step_record import config_hash
+
+        return StepRecorder(
+            kind,
+            every,
+            Path(self.components.output_dir) / RECORDS_DIR,
+            config_hash=config_hash(config_record(self.cfg)),
+            key_file=self.components.checkpoint.key_file,
+        )
+
     # ------------------------------------------------------------------------ checkpoints
     def _optimizer_roles(self) -> list[str]:
-        return [r.role for r in self.components.roles if r.loss is not None]
+        """The roles with an optimizer (checkpointed and restored): actor_train and critic,
+        whatever their configured loss (SFT's actor_train has none: it trains with `"sft"`)."""
+        return [r.role for r in self.components.roles if r.role in ("actor_train", "critic")]
 
     def save(self) -> Path:
         ctx = self.ctx
