@@ -66,13 +66,20 @@ def _batch(seed: int) -> dict[str, torch.Tensor]:
     return batch
 
 
-def _run(model: str, root: Path, kind: str, every: int, steps: int, **kw: Any) -> StepRecorder:
-    """`steps` learn calls of a fresh trainer through a recorder (pipeline steps 1..steps)."""
+def _run(
+    model: str, root: Path, kind: str, every: int, steps: int, nan_at: int = 0, **kw: Any
+) -> StepRecorder:
+    """`steps` learn calls of a fresh trainer through a recorder (pipeline steps 1..steps);
+    step `nan_at` trains on advantages with a NaN (what `step.nan_advantage@N` does)."""
+    from rl_runtime.step.policy_update import poisoned_advantages
+
     worker = _worker(model, **kw)
     group = OneRank(worker)
     recorder = StepRecorder(kind, every, root, config_hash="c0ffee", key_file=None)
     for step in range(1, steps + 1):
         batch = _batch(step)
+        if step == nan_at:
+            batch["advantages"] = poisoned_advantages(batch["advantages"], batch["response_mask"])
         recorder.train(group, "actor_train", [batch], "default", step=step, weight_version=step,
                        run=lambda b=batch: [worker.train_step(dict(b))])  # fmt: skip
     worker.shutdown()
@@ -156,6 +163,19 @@ def test_a_nan_injected_by_a_fault_is_recorded_and_located(tiny, tmp_path, monke
     assert "anomaly module: model.layers.0.input_layernorm" in capsys.readouterr().out
 
 
+def test_a_nan_advantage_is_recorded_and_named(tiny, tmp_path):
+    """A NaN advantage at step 2: the guard skips that update (step 3 is finite again), only
+    step 2 is recorded, and --detect-anomaly names the batch tensor, no module."""
+    recorder = _run(tiny, tmp_path / "records", "nonfinite", 0, 3, nan_at=2)
+    assert [s for s, *_ in recorder.written] == [2]
+    result = replay(tmp_path / "records" / "step-2", detect_anomaly=True)
+    assert result.record.metric_values()["actor/skipped_steps"] == 1.0
+    assert result.anomaly["batch"].startswith("advantages (1 non-finite, first at [0, ")
+    assert "module" not in result.anomaly
+    assert "returned nan" in result.anomaly["backward"]
+    assert replay(tmp_path / "records" / "step-2").bit_exact
+
+
 def test_a_tampered_record_is_refused_naming_the_file(recorded, tmp_path, capsys):
     import shutil
 
@@ -192,3 +212,4 @@ def test_record_steps_refuses_the_triggers_it_does_not_implement():
         parse_record_steps("reward_collapse")
     with pytest.raises(ValueError, match="expected none, every:N"):
         parse_record_steps("every:0")
+

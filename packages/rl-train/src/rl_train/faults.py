@@ -6,7 +6,9 @@ preempted node would. Unset (always, outside tests), a fault point is one dictio
 The kill test of the checkpoints uses it to die mid-step, mid-save and right after a save.
 ``train.nan_weight@N`` is not a kill: a train step that ends at optimizer step N sets the first
 element of the model's first ``*norm.weight`` parameter to NaN (:func:`poison_parameter`), so
-the next step trains on a non-finite weight, as a corrupted update would leave it.
+the next step trains on a non-finite weight, as a corrupted update would leave it;
+``step.nan_advantage@N`` (rl_runtime.step.policy_update) gives pipeline step N's actor update an
+advantage that is NaN, as a reward function returning NaN would.
 """
 
 from __future__ import annotations

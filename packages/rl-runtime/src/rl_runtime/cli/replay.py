@@ -10,9 +10,9 @@ identical (bit-exact; the throughput metric `*/response_tokens_per_s` is wall-cl
 compared). `--set KEY=VALUE` replays with one argument changed (a field of the loss config, e.g.
 `clip_ratio_high` or `kl_loss_coef`, or of the training arguments, e.g. `learning_rate`;
 `loss.X` / `training.X` to say which) and prints each difference. `--detect-anomaly` replays
-under `torch.autograd.detect_anomaly` with a forward hook on every module, and reports the first
-module whose output is non-finite (and its non-finite parameters) and the first backward
-function that returned a non-finite gradient.
+under `torch.autograd.detect_anomaly` with a forward hook on every module, and reports the
+recorded batch tensors holding NaN/inf, the first module whose output is non-finite (and its
+non-finite parameters) and the first backward function that returned a non-finite gradient.
 
 STEP_DIR is `<output_dir>/records/step-<N>` (with several roles recorded, `--role` picks one;
 default actor_train) or `.../step-<N>/<role>`. A record is untrusted input: its files are
@@ -185,6 +185,18 @@ def _nonfinite(value: Any) -> bool:
     return False
 
 
+def nonfinite_inputs(batch: dict[str, torch.Tensor]) -> dict[str, str]:
+    """`{"batch": ...}` naming the recorded batch's tensors that hold NaN/inf (how many, and
+    the first index), or {} when all are finite."""
+    found = []
+    for key in sorted(batch):
+        t = batch[key]
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = (~torch.isfinite(t)).nonzero()
+            found.append(f"{key} ({len(bad)} non-finite, first at {bad[0].tolist()})")
+    return {"batch": "; ".join(found)} if found else {}
+
+
 @contextmanager
 def watch_nonfinite(model: torch.nn.Module, found: dict[str, str]) -> Iterator[None]:
     """Forward hooks on every module of `model`: the first whose output is non-finite is noted
@@ -241,6 +253,7 @@ def replay(
             torch.set_rng_state(rng)
         anomaly: dict[str, str] = {}
         if detect_anomaly:
+            anomaly.update(nonfinite_inputs(batch))
             metrics = _replay_watched(worker, batch, record.loss, anomaly)
         else:
             metrics = worker.train_step(batch, record.loss)
@@ -292,7 +305,9 @@ def report(result: ReplayResult) -> str:
         f"  {'weight checksum':40s} recorded {r.weight_checksum[:14]}  replayed "
         f"{result.weight_checksum[:14]}  {'identical' if same else 'DIFFERS'}"
     )
-    for key in ("module", "module_type", "inputs", "nonfinite_parameters", "backward"):
+    if result.anomaly and "module" not in result.anomaly:
+        lines.append("  anomaly: no module's forward output is non-finite")
+    for key in ("batch", "module", "module_type", "inputs", "nonfinite_parameters", "backward"):
         if key in result.anomaly:
             lines.append(f"  anomaly {key}: {result.anomaly[key]}")
     if result.anomaly == {} and result.change is None:
