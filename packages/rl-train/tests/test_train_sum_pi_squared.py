@@ -27,10 +27,13 @@ def _actor(path, **extra):
     return rl_train.build_backend("hf_infer", role="actor", model_path=path, training_args=args)
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
-def test_the_actor_forward_returns_sum_pi_squared_of_its_distribution(tiny_model_path, packed):
-    backend = _actor(tiny_model_path, use_sequence_packing=packed)
-    batch = make_batch(4, 16, seed=5)
+@pytest.mark.parametrize("path", ["padded", "packed", "shared_prompt"])
+def test_the_actor_forward_returns_sum_pi_squared_of_its_distribution(tiny_model_path, path):
+    kind = {"use_sequence_packing": path == "packed", "share_prompt_forward": path != "packed"}
+    if path == "padded":
+        kind["share_prompt_forward"] = False
+    backend = _actor(tiny_model_path, **kind)
+    batch = make_batch(4, 16, seed=5, group_size=2)
     out = backend.forward(batch)
     assert out.sum_pi_squared is not None and out.log_probs is not None
     with torch.no_grad():
@@ -39,12 +42,15 @@ def test_the_actor_forward_returns_sum_pi_squared_of_its_distribution(tiny_model
     p = torch.softmax(logits[:, :-1].float() / 0.7, dim=-1)
     valid = batch["attention_mask"][:, 1:].float()
     want = torch.cat([torch.zeros(4, 1), (p * p).sum(-1) * valid], dim=1)
+    if path == "shared_prompt":  # the prompt columns of this path's outputs are 0
+        want = want * batch["response_mask"]
     torch.testing.assert_close(out.sum_pi_squared, want, atol=1e-5, rtol=1e-5)
     plain = rl_train.build_backend("hf_infer", role="actor", model_path=tiny_model_path,
                                    training_args={"per_device_train_batch_size": 4,
                                                   "logprob_sampling": {"temperature": 0.7}})  # fmt: skip
     assert plain.forward(batch).sum_pi_squared is None
-    torch.testing.assert_close(out.log_probs, plain.forward(batch).log_probs)
+    if path != "shared_prompt":
+        torch.testing.assert_close(out.log_probs, plain.forward(batch).log_probs)
 
 
 def test_a_truncated_distribution_or_a_fused_head_is_refused(tiny_model_path):

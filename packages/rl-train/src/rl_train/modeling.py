@@ -242,8 +242,6 @@ def token_outputs(
     sampling = LogprobSampling() if sampling is None else sampling
     if share_prompt and packed:
         raise ValueError("share_prompt_forward cannot be combined with sequence packing")
-    if need_sum_pi_squared and share_prompt:
-        raise ValueError("sum_pi_squared is not computed by the shared-prompt forward")
     sps_out: torch.Tensor | None = None
     full_t = int(batch["input_ids"].shape[1])
     trimmed = trim_padding(batch)
@@ -287,13 +285,14 @@ def token_outputs(
             raise ValueError("share_prompt_forward: the critic's value forward has no shared path")
         if "response_mask" not in trimmed:
             raise ValueError("share_prompt_forward needs the batch's response_mask")
-        lp, ent = shared_prompt_log_probs(
+        lp, ent, sps_out = shared_prompt_log_probs(
             model,
             ids,
             mask,
             trimmed["response_mask"],
             need_entropy=need_entropy,
             sampling=sampling,
+            need_sum_pi_squared=need_sum_pi_squared,
         )
         result = ForwardOutput(log_probs=lp, entropy=ent)
     else:

@@ -50,12 +50,11 @@ def needs_sum_pi_squared(cfg: Any) -> bool:
 
 
 def check_sum_pi_squared(
-    strategy_config: dict[str, Any], share_prompt: bool, sampling: Any, warnings: list[str]
+    strategy_config: dict[str, Any], sampling: Any, warnings: list[str]
 ) -> None:
     """The actor's forward computes `sum_pi_squared` from its logits: the fused log-prob head
     (which never forms them) is turned off, with a warning, unless the config turns it on (an
-    error naming the key); a shared-prompt forward or a top-k/top-p truncated distribution is
-    an error naming its key."""
+    error naming the key); a top-k/top-p truncated distribution is an error."""
     key = "actor_train.strategy_args.strategy_config.fused_lm_head"
     why = "adv_estimator=optimal_token_baseline reads sum_pi_squared from the actor's logits"
     if strategy_config.get("fused_lm_head") is True:
@@ -63,8 +62,6 @@ def check_sum_pi_squared(
     if "fused_lm_head" not in strategy_config:
         strategy_config["fused_lm_head"] = False
         warnings.append(f"{key}: false ({why}; the [N, V] logits are formed)")
-    if share_prompt:
-        raise ValueError(f"actor_train.share_prompt_forward: {why}: not the shared-prompt forward")
     if sampling.top_k is not None or sampling.top_p is not None:
         raise ValueError(
             f"{why}, of the sampling distribution: top-k/top-p truncation (generating_args) is "
@@ -212,7 +209,7 @@ def build_role(
     sampling = rollout_sampling_distribution(cfg) if logprob_sampling is None else logprob_sampling
     sum_pi_squared = role == "actor_train" and needs_sum_pi_squared(cfg)
     if sum_pi_squared:
-        check_sum_pi_squared(strategy_config, share_prompt, sampling, warnings)
+        check_sum_pi_squared(strategy_config, sampling, warnings)
     world = max(1, len(mapping) // per_worker)
     t = w.training_args
     training = None
