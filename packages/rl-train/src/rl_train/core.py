@@ -110,6 +110,17 @@ class BackendCore:
         )
 
     def _eval_forward(self, mb: Batch) -> ForwardOutput:
+        if self.role == "actor" and self.args.sum_pi_squared:
+            return token_outputs(
+                self.model,
+                self._to_device(mb),
+                role=self.role,
+                packed=self.packed,
+                need_entropy=True,
+                need_sum_pi_squared=True,
+                sampling=self.args.logprob_sampling,
+                share_prompt=self.args.share_prompt_forward,
+            )
         return self._train_forward(mb)
 
     def _check_forward_options(self, model: nn.Module) -> None:
@@ -170,7 +181,9 @@ class BackendCore:
             groups = [list(range(i, min(i + step, n))) for i in range(0, n, step)]
         target = _max_over_ranks(len(groups))
         t = int(batch["input_ids"].shape[1])
-        result = {k: torch.zeros(n, t) for k in ("log_probs", "entropy", "values")}
+        result = {
+            k: torch.zeros(n, t) for k in ("log_probs", "entropy", "values", "sum_pi_squared")
+        }
         seen: set[str] = set()
         for i in range(target):
             idx = groups[i] if i < len(groups) else (groups[-1] if groups else [0])

@@ -20,11 +20,9 @@ from rl_runtime.state.seeds import worker_seed
 
 def _outputs(out: Any) -> dict[str, torch.Tensor]:
     """A backend's `ForwardOutput` as CPU float32 tensors by name (those it has)."""
-    return {
-        k: v.detach().float().cpu()
-        for k, v in (("log_probs", out.log_probs), ("entropy", out.entropy), ("values", out.values))
-        if v is not None
-    }
+    named = (("log_probs", out.log_probs), ("entropy", out.entropy), ("values", out.values),
+             ("sum_pi_squared", out.sum_pi_squared))  # fmt: skip
+    return {k: v.detach().float().cpu() for k, v in named if v is not None}
 
 
 class TrainWorker:
