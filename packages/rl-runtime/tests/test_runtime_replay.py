@@ -91,6 +91,10 @@ def recorded(tiny, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("run") / "records"
     recorder = _run(tiny, root, "every", 2, 3)
     assert [(s, r) for s, r, *_ in recorder.written] == [(2, "actor_train")]
+    assert recorder.step_metrics(1) == {}
+    size = recorder.step_metrics(2)["record/bytes"]
+    files = root / "step-2" / "actor_train"
+    assert size == sum(f.stat().st_size for f in files.iterdir() if f.is_file()) > 0
     return root
 
 
@@ -212,4 +216,3 @@ def test_record_steps_refuses_the_triggers_it_does_not_implement():
         parse_record_steps("reward_collapse")
     with pytest.raises(ValueError, match="expected none, every:N"):
         parse_record_steps("every:0")
-

@@ -17,8 +17,8 @@ non-finite parameters) and the first backward function that returned a non-finit
 STEP_DIR is `<output_dir>/records/step-<N>` (with several roles recorded, `--role` picks one;
 default actor_train) or `.../step-<N>/<role>`. A record is untrusted input: its files are
 checked against its metadata, its checkpoint against its signed manifest (the run's checkpoint
-key: `--key-file`, default as the run's). Records of one rank are replayed; a 2-rank record is
-refused.
+key: `--key-file`, default as the run's). A record of several ranks replays in as many gloo
+processes (`--detect-anomaly`: one rank only).
 """
 
 from __future__ import annotations
@@ -144,8 +144,9 @@ def apply_change(spec: dict[str, Any], assignment: str) -> tuple[str, Any]:
     return f"{'loss' if found[0] == 'loss_config' else 'training'}.{name}", value
 
 
-def build_trainer(spec: dict[str, Any]) -> Any:
-    """A one-rank TrainWorker built as the record's trainer spec says."""
+def build_trainer(spec: dict[str, Any], rank: int = 0, world_size: int = 1) -> Any:
+    """A TrainWorker (rank `rank` of `world_size`: RANK/WORLD_SIZE in the environment) built as
+    the record's trainer spec says."""
     import msgspec
 
     from rl_runtime.cluster.train_worker import TrainWorker
@@ -162,8 +163,8 @@ def build_trainer(spec: dict[str, Any]) -> Any:
     except (msgspec.ValidationError, ValueError, TypeError) as err:
         raise RecordError(f"the recorded trainer arguments do not build: {err}") from None
     return TrainWorker(
-        rank=0,
-        world_size=1,
+        rank=rank,
+        world_size=world_size,
         dist_env={},
         role=spec["backend_role"],
         model_path=str(model),
@@ -237,13 +238,15 @@ def replay(
 
     directory = find_record(step_dir, role)
     record, tensors = read_record(directory)
-    if record.trainer.world_size != 1:
-        raise RecordError(
-            f"{directory}: a record of {record.trainer.world_size} ranks; replay of more than "
-            "one rank is not implemented"
-        )
     spec = msgspec.to_builtins(record.trainer)
     applied = apply_change(spec, change) if change else None
+    anomaly: dict[str, str] = {}
+    world = record.trainer.world_size
+    if world > 1:
+        if detect_anomaly:
+            raise RecordError(f"{directory}: --detect-anomaly replays one rank; this has {world}")
+        metrics, checksum = _replay_ranks(directory, spec, key_file, world)
+        return ReplayResult(record, directory, metrics, checksum, applied, anomaly)
     batch, rng = split_rank_tensors(tensors[0])
     worker = build_trainer(spec)
     try:
@@ -251,7 +254,6 @@ def replay(
         torch.set_num_threads(record.trainer.num_threads)
         if rng is not None:
             torch.set_rng_state(rng)
-        anomaly: dict[str, str] = {}
         if detect_anomaly:
             anomaly.update(nonfinite_inputs(batch))
             metrics = _replay_watched(worker, batch, record.loss, anomaly)
@@ -261,6 +263,47 @@ def replay(
     finally:
         worker.shutdown()
     return ReplayResult(record, directory, dict(metrics), checksum, applied, anomaly)
+
+
+def _replay_ranks(
+    directory: Path, spec: dict[str, Any], key_file: str | None, world: int
+) -> tuple[dict[str, float], str]:
+    """The replay of a record of `world` ranks: as many gloo processes (rl_train.dist.spawn),
+    each on its own rows and RNG state; rank 0's metrics and the weight checksum."""
+    import tempfile
+
+    from rl_train.dist import spawn
+
+    with tempfile.TemporaryDirectory(prefix="rl-replay-") as tmp:
+        out = Path(tmp) / "rank0.json"
+        env = {"OMP_NUM_THREADS": str(spec["num_threads"])}
+        spawn(_replay_rank, world, str(directory), spec, key_file, str(out), env=env)
+        result = json.loads(out.read_text())
+    return {k: float.fromhex(v) for k, v in result["metrics"].items()}, result["checksum"]
+
+
+def _replay_rank(
+    rank: int, directory: str, spec: dict[str, Any], key_file: str | None, out: str
+) -> None:
+    """One rank of `_replay_ranks` (module level: spawned)."""
+    from rl_runtime.state.step_record import hex_metrics
+
+    record, tensors = read_record(Path(directory))
+    batch, rng = split_rank_tensors(tensors[rank])
+    worker = build_trainer(spec, rank=rank, world_size=record.trainer.world_size)
+    try:
+        worker.load_checkpoint(str(Path(directory) / CHECKPOINT_DIR), key_file=key_file)
+        torch.set_num_threads(record.trainer.num_threads)
+        if rng is not None:
+            torch.set_rng_state(rng)
+        metrics = worker.train_step(batch, record.loss)
+        checksum = worker.weight_checksum()
+        if rank == 0:
+            Path(out).write_text(
+                json.dumps({"metrics": hex_metrics(metrics), "checksum": checksum})
+            )
+    finally:
+        worker.shutdown()
 
 
 def _replay_watched(worker: Any, batch: dict, loss: str, found: dict[str, str]) -> dict:

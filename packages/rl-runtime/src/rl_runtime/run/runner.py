@@ -325,6 +325,8 @@ class Runner:
                 ctx.timer.reset()
                 t0 = time.perf_counter()
                 metrics = step(ctx)
+                if ctx.recorder is not None:  # the size and time of this step's records
+                    metrics.update(ctx.recorder.step_metrics(ctx.step + 1))
                 ctx.step += 1
                 skipped = skip_reason(metrics)
                 self.skipped_steps += skipped is not None

@@ -59,6 +59,7 @@ class StepRecorder:
         *,
         config_hash: str,
         key_file: str | None,
+        writes: bool = True,
     ) -> None:
         if kind not in ("every", "nonfinite"):
             raise ValueError(f"record_steps kind {kind!r}: every or nonfinite")
@@ -66,10 +67,24 @@ class StepRecorder:
         self.root = Path(root)
         self.config_hash = config_hash
         self.key_file = key_file
+        #: whether this process writes records: False on the other ranks of a role that records
+        #: from inside its own processes (each rank runs `train`, `group.call_all` gathers)
+        self.writes = writes
         self._done: set[tuple[int, str]] = set()
         self._specs: dict[str, dict[str, Any]] = {}
         #: (step, role, bytes of the record's files, seconds spent recording) of each record
         self.written: list[tuple[int, str, int, float]] = []
+
+    def step_metrics(self, step: int) -> dict[str, float]:
+        """`record/bytes` (the records' tensor and metadata files, the checkpoint apart) and
+        `record/seconds` (the time recording added) of pipeline step `step`; {} if none."""
+        rows = [(size, secs) for s, _role, size, secs in self.written if s == step]
+        if not rows:
+            return {}
+        return {
+            "record/bytes": float(sum(r[0] for r in rows)),
+            "record/seconds": sum(r[1] for r in rows),
+        }
 
     def wants(self, step: int, role: str, loss: str) -> bool:
         if loss != "default" or (step, role) in self._done:
@@ -94,7 +109,8 @@ class StepRecorder:
         self._done.add((step, role))
         t0 = time.perf_counter()
         pending = self.root / PENDING_DIR / role
-        shutil.rmtree(pending, ignore_errors=True)
+        if self.writes:
+            shutil.rmtree(pending, ignore_errors=True)
         checkpoint = pending / "checkpoint"
         group.call_all("save_checkpoint", str(checkpoint), step - 1, key_file=self.key_file)
         rngs = group.call_all("rng_state")
@@ -104,9 +120,12 @@ class StepRecorder:
         metrics = run()
         t1 = time.perf_counter()
         if self.kind == "nonfinite" and not anomalous(metrics[0]):
-            shutil.rmtree(pending, ignore_errors=True)
+            if self.writes:
+                shutil.rmtree(pending, ignore_errors=True)
             return metrics[0]
         checksum = group.call_all("weight_checksum")[0]
+        if not self.writes:
+            return metrics[0]
         record = StepRecord(
             format=FORMAT,
             step=step,
