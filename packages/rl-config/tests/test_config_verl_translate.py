@@ -552,3 +552,35 @@ def test_reward_loop_serving_a_reward_model_is_its_score_a_custom_function_is_re
     legacy = _ok(*rm, "reward_model.use_reward_loop=False", "custom_reward_function.path=/r.py")
     assert "custom_reward_function" not in legacy
     assert _ok("reward_model.rollout.name=vllm").get("rewards") is None  # enable=False
+
+
+def test_remote_code_sandbox_is_the_local_sandbox_marked_as_a_substitution():
+    """verl's default scorer sends the code rows (codecontests, apps, codeforces, taco) to the
+    sandbox at sandbox_fusion.url: here a code_sandbox domain for those data sources (10 s per
+    test, verl's default), verl_default for the rest, every row of the table saying so; prime
+    (parallel scoring) is the reward router's workers. A memory limit other than the local
+    sandbox's is refused; verl uses the sandbox only with its default scorer."""
+    fusion = ["reward_model.sandbox_fusion.url=https://sandbox.example/run_code",
+              "reward_model.sandbox_fusion.max_concurrent=128", "reward_model.reward_manager=prime"]  # fmt: skip
+    t = _t(*fusion)
+    assert t.refused == []
+    assert t.data["rewards"] == {
+        "verl_default": {"reward_fn": "verl_default"},
+        "code_sandbox": {"reward_fn": "code_sandbox", "timeout_s": 10.0,
+                         "tag_included": ["codecontests", "apps", "codeforces", "taco"]},
+    }  # fmt: skip
+    notes = [r.note for r in t.rows if r.sources == ("reward_model.sandbox_fusion.url",)]
+    assert any("SUBSTITUTED" in n and "sandbox.example" in n for n in notes)
+    by_key = {r.sources[0]: r.note for r in t.rows if not r.target}
+    assert "concurrent" in by_key["reward_model.sandbox_fusion.max_concurrent"]
+    assert "in parallel" in by_key["reward_model.reward_manager"]
+    memory = "reward_model.sandbox_fusion.memory_limit_mb"
+    assert "1024 MB" in _refused(*fusion, f"{memory}=2048")[memory]
+    assert _ok(*fusion, f"{memory}=1024")["rewards"]["code_sandbox"]["timeout_s"] == 10.0
+    custom = _t(*fusion, "custom_reward_function.path=/r.py")
+    assert custom.refused == [] and "rewards" not in custom.data
+    assert "default scorer" in {r.sources[0]: r.note for r in custom.rows}[fusion[0].split("=")[0]]
+    assert (
+        "naive, dapo or prime"
+        in _refused("reward_model.reward_manager=batch")["reward_model.reward_manager"]
+    )

@@ -211,6 +211,18 @@ def test_router_spec_refuses_what_it_cannot_score(tmp_path):
     assert reward_router_spec(None, {"path": None}).default_domain == "verl_default"
 
 
+def test_a_verl_default_domain_takes_the_rows_no_other_domain_does():
+    """verl's remote code sandbox, translated: code data sources to code_sandbox, every other
+    row to verl's dispatch by data_source (without math_rule, which ROLL's rows default to)."""
+    spec = reward_router_spec(
+        {"verl_default": {"reward_fn": "verl_default"},
+         "code_sandbox": {"reward_fn": "code_sandbox", "tag_included": ["apps", "taco"]}}
+    )  # fmt: skip
+    assert spec.default_domain == "verl_default"
+    assert spec.domain_of(None, "taco") == "code_sandbox"
+    assert spec.domain_of(None, "numina_olympiads") == "verl_default"
+
+
 def test_custom_file_signature_is_checked_without_running(tmp_path):
     marker = tmp_path / "ran"
     path = _write(tmp_path, "bad.py", f"open({str(marker)!r}, 'w').close()\n"

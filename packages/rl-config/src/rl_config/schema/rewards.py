@@ -72,7 +72,8 @@ class RewardDomain(StrictModel):
     tag_included: list[str] = Field(
         default_factory=list,
         description="Row tags (data_args.tag column, else data_source) scored by this domain. "
-        "Rows whose tag is in no domain go to math_rule when configured (as ROLL).",
+        "Rows whose tag is in no domain go to math_rule when configured (as ROLL), else to a "
+        "verl_default domain when configured.",
     )
     format_pattern: str | None = Field(
         default=None,

@@ -30,7 +30,8 @@ code_sandbox, ``CrossThinkQARuleRewardWorker`` -> crossthinkqa, ``LLMJudgeReward
 llm_judge), else by the domain's own name. Without a ``rewards`` section every row goes to one domain: ``custom`` when
 ``custom_reward_function.path`` is set, else ``verl_default``. A row's domain: its ``domain``
 field, else the domain whose ``tag_included`` holds its tag or data source, else
-``default_domain`` (``math_rule`` if configured, as ROLL; else the only domain).
+``default_domain`` (``math_rule`` if configured, as ROLL; else a ``verl_default`` domain, verl's
+dispatch by data source; else the only domain).
 """
 
 from __future__ import annotations
@@ -232,6 +233,8 @@ def reward_router_spec(
             "reward_fn: custom on a domain, or drop the rewards section)"
         )
     default = "math_rule" if "math_rule" in domains else None
+    if default is None:  # verl's dispatch by data_source takes the rows no other domain does
+        default = next((d for d, s in domains.items() if s.reward_fn == "verl_default"), None)
     if default is None and len(domains) == 1 and not unsupported:
         default = next(iter(domains))
     return RewardRouterSpec(domains, custom, default, unsupported)
