@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("app", ["agentic", "rlvr", "dpo", "async"])
+@pytest.mark.parametrize("app", ["agentic", "rlvr", "dpo", "async", "distill", "sft"])
 def test_help_describes_the_app(app):
     spec = ROOT / "apps" / app / "src" / f"rl_app_{app}" / "spec.py"  # what __main__.py runs
     doc = ast.get_docstring(ast.parse(spec.read_text()))

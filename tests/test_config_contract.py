@@ -98,6 +98,11 @@ def _match(key: str, pattern: str) -> bool:
 
 # A changed value per consumed key (where the default rule below would not validate).
 CHANGES: dict[str, Any] = {
+    "record_steps": "every:2",
+    **{
+        f"{r}.model_args.model_config_kwargs": {"max_position_embeddings": 64}
+        for r in ("actor_train", "actor_infer", "reference", "critic")
+    },
     "rollout_batch_size": 128,
     "train_env_manager.num_env_groups": 32,
     "train_env_manager.group_size": 2,
@@ -488,7 +493,13 @@ def test_install_commands_name_extras_the_workspace_has():
 
 # ------------------------------------------------------------------------- output directories
 APP_CONFIGS = sorted((ROOT / "apps").glob("*/configs/*.yaml"))  # not configs/examples: ROLL's
-APP_SECTIONS = {"agentic": "agentic_app", "rlvr": "rlvr_app", "dpo": "dpo_app"}
+APP_SECTIONS = {
+    "agentic": "agentic_app",
+    "rlvr": "rlvr_app",
+    "dpo": "dpo_app",
+    "sft": "sft_app",
+    "distill": "distill_app",
+}
 
 
 @pytest.mark.parametrize("path", APP_CONFIGS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
@@ -509,8 +520,11 @@ def test_a_shipped_app_config_writes_under_its_output_dir(path: Path, tmp_path: 
         **{
             f"actor_train.data_args.{k}": getattr(cfg.actor_train.data_args, k, None)
             for k in ("file_name", "eval_file_name")
-            if path.parent.parent.name == "dpo"
+            if path.parent.parent.name in ("dpo", "sft")
         },
+        "validation.data_args.file_name": cfg.validation.data_args.file_name
+        if cfg.validation
+        else None,
     }
     for key, value in written.items():
         for one in value if isinstance(value, list) else [value]:

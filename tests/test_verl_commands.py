@@ -260,3 +260,24 @@ def test_verl_reward_model_command_trains_two_steps_scored_by_the_reward_model(
     for r in steps:
         assert "reward/domain/reward_model/mean" in r
         assert r["reward/domain/reward_model/failed"] == 0 and r["reward/failed"] == 0
+
+
+def test_a_model_config_override_dry_runs_and_a_misspelt_one_stops_naming_it(
+    gsm8k, monkeypatch, capsys
+):
+    """`+actor_rollout_ref.model.override_config.<attribute>`: the trainer's, the engine's and
+    the reference's model_config_kwargs; an attribute the model's config lacks stops the dry run
+    at preflight, naming the key."""
+    monkeypatch.chdir(gsm8k["root"])
+    monkeypatch.setenv("RL_DEVICE", "cpu")
+    key = f"{A}.model.override_config"
+    app, argv = _argv("main_ppo", gsm8k, "cpu", "--dry-run", f"+{key}.max_position_embeddings=4096")
+    assert app_main(app)(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    for role in ("actor_train", "actor_infer", "reference"):
+        assert f'{role}.model_args.model_config_kwargs = {{"max_position_embeddings": 4096}}' in out
+    assert out.count("config_overrides={'max_position_embeddings': 4096}") >= 3  # the plans
+    app, argv = _argv("main_ppo", gsm8k, "cpu", "--dry-run", f"+{key}.max_postion_embeddings=64")
+    assert app_main(app)(argv) == 1
+    err = capsys.readouterr().err
+    assert "actor_train.model_args.model_config_kwargs.max_postion_embeddings: not an" in err

@@ -37,12 +37,13 @@ from rl_config.verl_rules import RULES
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "config.md"
 REGENERATE = "uv run python tools/config_reference.py"
-PIPELINES = ("agentic", "rlvr", "dpo")
+PIPELINES = ("agentic", "rlvr", "dpo", "sft")
 ROLES = ("actor_train", "actor_infer", "reference", "critic")
 APP_CONFIGS = {
     "agentic": ROOT / "apps/agentic/configs/cpu_default.yaml",
     "rlvr": ROOT / "apps/rlvr/configs/cpu_default.yaml",
     "dpo": ROOT / "apps/dpo/configs/cpu_default.yaml",
+    "sft": ROOT / "apps/sft/configs/cpu_default.yaml",
 }
 # Settings under which compose reads more keys (each alone, on the agentic default).
 _DECAY = {"training_args": {"lr_scheduler_type": "cosine"}}
@@ -112,6 +113,7 @@ def readers() -> dict[str, set[str]]:
     from rl_runtime.compose import compose
     from rl_runtime.pipelines.dpo.compose import compose_dpo
     from rl_runtime.pipelines.rlvr.compose import build_rlvr
+    from rl_runtime.pipelines.sft.compose import compose_sft
 
     seen: dict[str, set[str]] = defaultdict(set)
 
@@ -127,6 +129,8 @@ def readers() -> dict[str, set[str]]:
         compose(cfg, device_kind="cpu", pipeline="rlvr")
         build_rlvr(cfg)
     compose_dpo(traced(_load("dpo")), device_kind="cpu")
+    sft = _merge(_load("sft"), {"validation": {"data_args": {"template": "qwen2_5"}}})
+    compose_sft(traced(sft), device_kind="cpu")
     return seen
 
 
@@ -209,7 +213,7 @@ def render() -> str:
         "- **takes effect in**: the module whose code reads the key while the shipped app configs "
         "(and variants that switch on the critic, KL, clipping, LoRA, asynchrony, reward domains, a "
         "validation set) are composed.",
-        "- **status**, per pipeline (agentic, rlvr, dpo): *consumed* (read by the composition layer), "
+        "- **status**, per pipeline (agentic, rlvr, dpo, sft): *consumed* (read by the composition layer), "
         "*refused* (a value other than the default is an error naming the key, before anything "
         "starts) or *warned* (no effect here; a value other than the default is a warning).",
         "- `ROLE` sections (`actor_train`, `actor_infer`, `reference`, `critic`) share one "

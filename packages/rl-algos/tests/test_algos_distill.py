@@ -10,6 +10,7 @@ import torch
 
 from rl_algos.distill import (
     average_teachers,
+    combine_teachers,
     distill_advantages,
     reverse_kl_loss,
     reverse_kl_per_token,
@@ -77,3 +78,35 @@ def test_advantages_equal_a_plain_loop() -> None:
 def test_shapes_must_agree() -> None:
     with pytest.raises(ValueError, match="shapes differ"):
         reverse_kl_per_token(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3))
+
+
+def test_combined_teachers_equal_rolls_sum_of_weighted_kls() -> None:
+    """ROLL adds each covering teacher's `kl_coef * (student - teacher)`; the mixture gives the
+    same advantages (plain loop), routing and averaging as special cases."""
+    g = torch.Generator().manual_seed(1)
+    k, b, t = 3, 4, 5
+    teachers = -torch.rand(k, b, t, generator=g) * 2
+    student = -torch.rand(b, t, generator=g) * 2
+    mask = torch.rand(b, t, generator=g) > 0.2
+    coefs = torch.tensor([[1.0, 0.0, 0.5, 0.0], [0.0, 2.0, 0.5, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    mixed, total = combine_teachers(teachers, coefs)
+    got = distill_advantages(student, mixed, mask, total)
+    want = torch.zeros(b, t)
+    for row in range(b):
+        for pos in range(t):
+            if mask[row, pos]:
+                for i in range(k):
+                    kl = float(student[row, pos]) - float(teachers[i, row, pos])
+                    want[row, pos] -= float(coefs[i, row]) * kl
+    torch.testing.assert_close(got, want)
+    assert total.tolist() == [1.0, 2.0, 2.0, 0.0]
+    # routing: one teacher per row
+    onehot = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    index = torch.tensor([0, 1, 2, 0])
+    torch.testing.assert_close(
+        combine_teachers(teachers, onehot)[0], route_teachers(teachers, index)
+    )
+    # averaging: every teacher on every row
+    torch.testing.assert_close(
+        combine_teachers(teachers, torch.ones(k, b))[0], average_teachers(teachers)
+    )

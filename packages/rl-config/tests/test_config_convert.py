@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rl_config import ConfigError, load_config
+from rl_config.convert import FSDP2_STRATEGY_CONFIG as FSDP2_CONFIG
 from rl_config.convert import convert_file
 
 MEGATRON_YAML = """\
@@ -151,3 +152,49 @@ def test_convert_cli_refuses_overwriting_input(megatron_yaml: Path) -> None:
         main(["convert", str(megatron_yaml), "--strategy", "fsdp2", "-o", str(megatron_yaml)]) == 1
     )
     assert "megatron_train" in megatron_yaml.read_text()
+
+
+OPD = Path(__file__).parent / "data/roll/head/examples/qwen3-8B-onpolicy-distill-megatron"
+
+
+def test_roll_on_policy_distillation_converts_to_apps_distill_form():
+    """ROLL's OPD examples: student_* become actor_*, the teacher(s) distill_app.teachers with
+    ROLL's tag routing and opd_kl_coef, the teachers' Megatron strategy the reference's FSDP2
+    (each named teacher converted too); before, convert silently dropped student_* and teacher
+    (not schema keys) and wrote an RLVR config without them."""
+    single = convert_file(OPD / "onpolicy_distill_config.yaml", "fsdp2")
+    data = single.data
+    assert not {"student_train", "student_infer", "teacher"} & set(data)
+    assert data["actor_train"]["strategy_args"]["strategy_name"] == "fsdp2_train"
+    assert data["actor_infer"]["strategy_args"]["strategy_name"] == "vllm"
+    assert data["reference"] == {"strategy_args": {"strategy_name": "fsdp2_train",
+                                                   "strategy_config": FSDP2_CONFIG}}  # fmt: skip
+    assert data["distill_app"]["teachers"] == {"default": {
+        "model": "Qwen/Qwen3-32B", "dtype": "bf16", "tags": [], "kl_coef": 1.0,
+        "device_mapping": "list(range(0,16))", "infer_batch_size": 1}}  # fmt: skip
+    assert "student_train -> actor_train (ROLL's OPD mapping)" in single.notes
+    assert (
+        "dropped teacher.sequence_packing_args (not read by apps/distill's teachers)"
+        in single.notes
+    )
+    multi = convert_file(OPD / "multi_teacher_onpolicy_distill_config.yaml", "fsdp2").data
+    teachers = multi["distill_app"]["teachers"]
+    assert {n: (t["tags"], t["kl_coef"]) for n, t in teachers.items()} == {
+        "teacher_32B": (["math_dapo"], 1.0), "teacher_14B": (["KodCode"], 1.0)}  # fmt: skip
+    assert multi["reference"]["strategy_args"]["strategy_name"] == "fsdp2_train"
+
+
+def test_rolls_mixed_opd_is_refused_by_name(tmp_path):
+    src = OPD / "onpolicy_distill_config.yaml"
+    path = tmp_path / "mixed.yaml"
+    path.write_text(src.read_text() + "\nuse_opd: true\n")
+    with pytest.raises(ConfigError, match="use_opd"):
+        convert_file(path, "fsdp2")
+
+
+def test_an_unconverted_roll_opd_config_names_the_conversion():
+    with pytest.raises(ConfigError) as info:
+        load_config(OPD / "onpolicy_distill_config.yaml")
+    (issue,) = info.value.issues
+    assert issue.path == "teacher" and "rl-config convert FILE" in issue.message
+    assert "uv run apps/distill --config OUT" in issue.message

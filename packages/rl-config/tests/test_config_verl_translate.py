@@ -308,7 +308,7 @@ def test_fully_async_staleness_partial_rollout_and_its_step(
         (f"{A}.model.exclude_modules=[lm_head]", "LoRA"),
         (f"{A}.actor.freeze_vision_tower=True", "vision-language"),
         ("reward_model.strategy=megatron", "Megatron"),
-        ("algorithm.adv_estimator=optimal_token_baseline", "not implemented"),
+        ("algorithm.adv_estimator=tir_optimal_token_baseline", "not implemented"),
         (f"{A}.actor.policy_loss.loss_mode=bypass_mode", "not implemented"),
         ("trainer.logger=['console','mlflow']", "mlflow"),
         ("data.truncation=sideways", "error, left, right or middle"),
@@ -584,3 +584,42 @@ def test_remote_code_sandbox_is_the_local_sandbox_marked_as_a_substitution():
         "naive, dapo or prime"
         in _refused("reward_model.reward_manager=batch")["reward_model.reward_manager"]
     )
+
+
+def test_model_config_override_goes_to_every_role_that_builds_the_model():
+    """verl's override_config (attributes as keys, or a mapping): set on the actor's model in
+    the trainer, the rollout engine and the reference (when there is one); the critic's on the
+    critic; an empty one changes nothing; a value that is not a mapping is refused."""
+    key = f"{A}.model.override_config"
+    d = _ok(f"+{key}.max_position_embeddings=32768", f"+{key}.rope_scaling.factor=2.0")
+    want = {"max_position_embeddings": 32768, "rope_scaling": {"factor": 2.0}}
+    for role in ("actor_train", "actor_infer"):
+        assert d[role]["model_args"]["model_config_kwargs"] == want
+    assert "reference" not in d  # no KL: verl builds no reference, neither does this
+    kl = _ok(f"{key}={{max_position_embeddings: 64}}", f"{A}.actor.use_kl_loss=True")
+    assert kl["reference"]["model_args"]["model_config_kwargs"] == {"max_position_embeddings": 64}
+    gae = _ok("algorithm.adv_estimator=gae", "critic.model.path=/models/critic", "critic.ppo_micro_batch_size_per_gpu=4",
+              f"{key}.max_position_embeddings=64", "critic.model.override_config.max_position_embeddings=96")  # fmt: skip
+    assert gae["critic"]["model_args"]["model_config_kwargs"] == {"max_position_embeddings": 96}
+    assert gae["actor_train"]["model_args"]["model_config_kwargs"] == {
+        "max_position_embeddings": 64
+    }
+    assert "model_config_kwargs" not in _ok(f"{key}={{}}")["actor_train"]["model_args"]
+    assert "mapping" in _refused(f"{key}=7")[key]
+
+
+def test_optimal_token_baseline_reads_the_actors_sum_pi_squared():
+    """verl's OTB asserts actor.calculate_sum_pi_squared; here the actor's old-log-prob forward
+    computes it for the estimator. Without the flag, or with IS-weighted baselines, refused."""
+    otb = ["algorithm.adv_estimator=optimal_token_baseline"]
+    t = _t(*otb, f"{A}.actor.calculate_sum_pi_squared=True")
+    assert t.refused == []
+    assert t.data["adv_estimator"] == "optimal_token_baseline"
+    assert t.data["reward_normalization"]["method"] == "identity"
+    notes = {r.sources[0]: r.note for r in t.rows if not r.target}
+    assert "sum pi^2" in notes[f"{A}.actor.calculate_sum_pi_squared"]
+    key = f"{A}.actor.calculate_sum_pi_squared"
+    assert "verl asserts it too" in _refused(*otb)[key]
+    is_key = "algorithm.rollout_correction.rollout_is"
+    assert "IS-weighted" in _refused(*otb, f"{key}=True", f"{is_key}=token")[is_key]
+    assert _t(f"{key}=True").refused == []  # grpo: verl only logs a metric from it

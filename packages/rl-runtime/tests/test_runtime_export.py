@@ -97,3 +97,27 @@ def test_a_tampered_or_unsigned_checkpoint_is_refused_before_it_is_read(tmp_path
     err = capsys.readouterr().err
     assert err.startswith("checkpoint error:") and "step-000002" in err
     assert not (tmp_path / "hf").exists()
+
+
+def test_the_runs_model_config_override_is_in_the_exported_config(tmp_path, tiny_model):
+    """A run trained with model_args.model_config_kwargs: its checkpoint records them, and the
+    config.json rl-export writes carries them (the trainer's own export does too)."""
+    import json
+
+    import rl_train
+    from rl_runtime.cli.export import MODEL_CONFIG_KEY
+
+    override = {"max_position_embeddings": 77}
+    backend = rl_train.build_backend("hf_infer", role="actor", model_path=tiny_model,
+                                     training_args={"per_device_train_batch_size": 4},
+                                     model_args={"model_config_kwargs": override})  # fmt: skip
+    backend.save_checkpoint(tmp_path / "role", 2)
+    state = RunState(step=2, weight_version=2, env_seed_epoch=2,
+                     extra={MODEL_PATH_KEY: tiny_model, MODEL_CONFIG_KEY: {"actor_train": override}})  # fmt: skip
+    run = CheckpointManager(tmp_path / "checkpoints").save(
+        state, lambda d: shutil.copytree(tmp_path / "role", d / "actor_train")
+    )
+    assert main([str(run), str(tmp_path / "hf")]) == 0
+    assert (
+        json.loads((tmp_path / "hf" / "config.json").read_text())["max_position_embeddings"] == 77
+    )

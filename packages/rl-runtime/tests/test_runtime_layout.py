@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "rl_runtime"
-PIPELINES = ("agentic", "rlvr", "dpo")
+PIPELINES = ("agentic", "rlvr", "dpo", "distill", "sft")
 
 
 def _imported(path: Path) -> set[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from rl_train.args import ModelArgs
 from rl_train.fused_head import install_log_prob_head
@@ -101,6 +102,14 @@ def test_entropy_matches(model):
     _assert_equivalent(model, CASES["groups_of_different_prompt_lengths"](), entropy=True)
 
 
+CACHE_THROUGH_CHECKPOINTING = hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache")
+
+
+@pytest.mark.skipif(
+    not CACHE_THROUGH_CHECKPOINTING,
+    reason="transformers < 5 drops a checkpointed layer's cache: share_prompt_forward with "
+    "gradient checkpointing is refused there (test_checkpointed_shared_prompt_is_refused_...)",
+)
 def test_fused_head_and_gradient_checkpointing(tiny_model_path):
     """LogProbHead (labels per row, no [N, V] logits) and a checkpointed replay of every layer:
     the prefix cache must survive the backward recompute unchanged."""
@@ -109,6 +118,21 @@ def test_fused_head_and_gradient_checkpointing(tiny_model_path):
     enable_gradient_checkpointing(m)
     m.train()
     _assert_equivalent(m, CASES["groups_of_different_prompt_lengths"](), entropy=True)
+
+
+def test_checkpointed_shared_prompt_is_refused_before_transformers_5(tiny_model_path, monkeypatch):
+    """transformers 4.57 (vllm-ascend 0.11's) has no ``_can_checkpoint_with_cache`` and silently
+    drops the prefix cache of a checkpointed layer in training (every shared-prompt log-prob was
+    wrong): refused by name. Simulated on transformers 5 by removing the switch."""
+    monkeypatch.delattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache", raising=False)
+    m = load_model(tiny_model_path, "actor", ModelArgs(attn_implementation="sdpa"))
+    enable_gradient_checkpointing(m)
+    m.train()
+    batch = CASES["groups_of_different_prompt_lengths"]()
+    with pytest.raises(RuntimeError, match=r"share_prompt_forward with checkpointed .* >= 5"):
+        token_outputs(m, batch, role="actor", share_prompt=True)
+    with torch.no_grad():  # no backward replay: nothing to refuse
+        token_outputs(m, batch, role="actor", share_prompt=True)
 
 
 def test_multi_turn_rows_share_only_the_first_segment(model):

@@ -97,8 +97,34 @@ def average_teachers(
     return (w[:, None, None] * teacher_log_probs).sum(0)
 
 
+def combine_teachers(
+    teacher_log_probs: torch.Tensor, coefs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Several teachers per row, ROLL's rule: the advantage is `-sum_k coefs[k, b] * (student -
+    teacher_k)`, which equals `distill_advantages(student, mixed, mask, total)` with
+
+        mixed[b] = sum_k coefs[k, b] * teacher_k[b] / total[b],   total[b] = sum_k coefs[k, b]
+
+    Returns `(mixed [B, T], total [B])`. teacher_log_probs: `[K, B, T]` (a teacher's rows it
+    does not teach may hold anything finite); coefs: `[K, B]` >= 0, each teacher's KL
+    coefficient on the rows it teaches, 0 elsewhere. Routing is one nonzero per column;
+    averaging, equal coefficients summing to the KL coefficient. A row with total 0 gets the
+    plain mean (its advantages are 0 anyway)."""
+    if coefs.shape != teacher_log_probs.shape[:2]:
+        raise ValueError(
+            f"coefs has shape {tuple(coefs.shape)}, expected {tuple(teacher_log_probs.shape[:2])}"
+        )
+    if bool((coefs < 0).any()):
+        raise ValueError("coefs must be >= 0")
+    c = coefs.to(teacher_log_probs.dtype)
+    total = c.sum(0)
+    weights = torch.where(total > 0, c / total.clamp(min=1e-30), 1.0 / c.shape[0])
+    return (weights[:, :, None] * teacher_log_probs).sum(0), total
+
+
 __all__ = [
     "average_teachers",
+    "combine_teachers",
     "distill_advantages",
     "reverse_kl_loss",
     "reverse_kl_per_token",

@@ -124,7 +124,8 @@ def _convert(args: argparse.Namespace) -> int:
         return 1
 
     from rl_config.convert import convert_file, dump
-    from rl_config.loading import load_config
+    from rl_config.convert_opd import APP_SECTION
+    from rl_config.loading import load_app_config, load_config
 
     out = Path(args.output)
     if out.suffix != ".yaml":
@@ -143,7 +144,10 @@ def _convert(args: argparse.Namespace) -> int:
     for note in conversion.notes:
         print(f"note: {note}", file=sys.stderr)
     try:
-        load_config(out)
+        if APP_SECTION in conversion.data:  # apps/distill's form: its section is no experiment key
+            load_app_config(out, section=APP_SECTION)
+        else:
+            load_config(out)
     except ConfigError as exc:
         print(f"wrote {out}, but it does not pass check:\n{exc}", file=sys.stderr)
         return 1

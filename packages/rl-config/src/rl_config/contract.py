@@ -19,7 +19,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 
-from rl_config.roll_compat import DPO_KEYS
+from rl_config.roll_compat import DPO_KEYS, SFT_KEYS
 from rl_config.schema_walk import is_model, unwrap
 
 ROLES = ("actor_train", "actor_infer", "reference", "critic")
@@ -86,7 +86,6 @@ UNSUPPORTED: dict[str, str] = {
     "adapter into a model directory and give that as reference.model_args.model_name_or_path)",
     "*.model_args.model_type": "classification/TRL heads are chosen by role (critic = value head)",
     "*.model_args.num_labels": "the critic's value head has one output",
-    "*.model_args.model_config_kwargs": "model config overrides are not applied",
     "*.model_args.trust_remote_code": "remote model code is never run",
     "*.model_args.gradient_checkpointing_use_reentrant": "checkpointing is always non-reentrant",
     "*.use_dynamic_batching_in_infer": "dynamic batching of forward passes is not implemented",
@@ -366,10 +365,92 @@ DPO_IGNORED: dict[str, str] = {
 }
 """Keys with no effect in a DPO config (a warning when set)."""
 
+SFT_TOP_KEYS = (*SFT_KEYS, "global_template")
+"""Top-level keys only the SFT pipeline (apps/sft) reads."""
+_SFT_ONLY = "SFT only (set ROLE.data_args.template for a chat template)"
+for _table in (AGENTIC_IGNORED, RLVR_IGNORED, DPO_IGNORED):
+    _table.update(dict.fromkeys(SFT_TOP_KEYS, _SFT_ONLY))
+    _table["*.use_sequence_packing"] = "SFT only (other pipelines pack with " + (
+        "strategy_config.packed_forward)"
+    )
+
+
+def _sft_reason(dpo_reason: str) -> str:
+    """A DPO_IGNORED reason for the same key in an SFT config (both train on fixed data)."""
+    if "loss_type" in dpo_reason:
+        return (
+            "an RL (policy-gradient) key: SFT minimises the trained tokens' negative log-likelihood"
+        )
+    if "preference labels" in dpo_reason or "no rewards" in dpo_reason:
+        return "no rewards in SFT (the responses are the data)"
+    if dpo_reason.startswith("RLVR only"):
+        return "RLVR only (SFT evaluates the held-out loss, without generating)"
+    if "truncation_mode" in dpo_reason:
+        return "an example must fit sequence_length (a longer one keeps its start)"
+    text = dpo_reason.replace("fixed preference dataset", "fixed dataset")
+    return text.replace("DPO pipeline", "SFT pipeline").replace("DPO", "SFT")
+
+
+SFT_IGNORED: dict[str, str] = {
+    **{
+        k: _sft_reason(v)
+        for k, v in DPO_IGNORED.items()
+        if k not in ("validation.*", "reward_pretrain", *SFT_TOP_KEYS, "*.use_sequence_packing")
+        and not k.startswith("actor_train.data_args.")
+        and k not in ("init_kl_coef", "add_token_level_kl", "use_kl_loss", "kl_loss_coef")
+    },
+    "rollout_batch_size": "the SFT batch is per_device_train_batch_size rows x "
+    "gradient_accumulation_steps x ranks (as ROLL's SFT pipeline)",
+    "val_batch_size": "every held-out row is evaluated",
+    "ppo_epochs": "one optimizer step per SFT step (gradient accumulation over the full batch)",
+    **dict.fromkeys(PREFERENCE_KEYS, "DPO only (offline preference pipeline)"),
+    # every reference key but model_args.model_name_or_path (derived from pretrain)
+    "reference.[!m]*": "SFT trains without a reference model",
+    "reference.model_args.[!m]*": "SFT trains without a reference model",
+    "reference.model_args.model_[!n]*": "SFT trains without a reference model",
+    "init_kl_coef": "SFT has no KL term (no reference model)",
+    "add_token_level_kl": "SFT has no KL term (no reference model)",
+    "use_kl_loss": "SFT has no KL term (no reference model)",
+    "kl_loss_coef": "SFT has no KL term (no reference model)",
+    "reward_pretrain": "no reward model in SFT",
+    "actor_train.data_args.eval_file_name": "held-out rows come from validation.data_args."
+    "file_name (as ROLL's SFT pipeline)",
+    "actor_train.data_args.dataset_type": "the loader follows the file suffix (.jsonl/.json/"
+    ".parquet)",
+    "actor_train.data_args.prompt": "prompt/response rows use prompt_key, query_key, "
+    "response_key and system_key",
+    "actor_train.data_args.response": "prompt/response rows use response_key",
+    "actor_train.data_args.tag": "SFT rows have no domain tags",
+    "actor_train.data_args.id": "rows are numbered by their position in the file",
+    "actor_train.data_args.domain_interleave_probs": "SFT rows have no domain tags",
+    "actor_train.data_args.preprocessing_num_workers": "rows are tokenized once in the driver",
+    "actor_train.data_args.cache_path": "rows are tokenized once per run (no cache)",
+    "validation.generating_args.*": "SFT evaluates the held-out loss (nothing is generated)",
+    "validation.eval_steps": "evaluation runs every top-level eval_steps",
+    **{
+        f"validation.data_args.{key}": "held-out rows are read with the training columns "
+        "(prompt_key, response_key, actor_train.data_args.messages)"
+        for key in (
+            "prompt",
+            "messages",
+            "response",
+            "tag",
+            "id",
+            "domain_interleave_probs",
+            "eval_file_name",
+            "dataset_type",
+            "preprocessing_num_workers",
+            "cache_path",
+        )
+    },
+}
+"""Keys with no effect in an SFT config (a warning when set)."""
+
 PIPELINE_IGNORED: dict[str, dict[str, str]] = {
     "agentic": AGENTIC_IGNORED,
     "rlvr": RLVR_IGNORED,
     "dpo": DPO_IGNORED,
+    "sft": SFT_IGNORED,
 }
 """Per pipeline kind: keys of other pipelines, a warning only in a config of that kind."""
 
@@ -419,6 +500,13 @@ PIPELINE_CONSUMED: dict[str, tuple[str, ...]] = {
         ),
     ),
 }
+PIPELINE_CONSUMED["sft"] = (
+    # read by rl_runtime.pipelines.sft.compose (apps/sft)
+    "actor_train.training_args.num_train_epochs",
+    "actor_train.use_sequence_packing",
+    "validation.data_args.file_name",
+    "validation.data_args.template",
+)
 """Per pipeline kind: key patterns that pipeline consumes although ``UNSUPPORTED`` or ``IGNORED``
 declare them for the others (e.g. RLVR's ``dynamic_sampling.*``)."""
 

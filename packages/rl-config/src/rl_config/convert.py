@@ -11,6 +11,7 @@ What changes, per role that uses a Megatron strategy:
   consumes the same number of samples;
 * every other Megatron option is dropped, with one note per key.
 
+A config of ROLL's on-policy distillation is rewritten for apps/distill (rl_config.convert_opd).
 ``actor_infer`` on SGLang becomes vLLM (``mem_fraction_static`` -> ``gpu_memory_utilization``).
 The rest of the file is kept as written, ``${...}`` interpolations included (secrets read with
 ``${oc.env:...}`` stay references); the defaults list is merged in, so the output stands alone.
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from rl_config.convert_opd import APP_SECTION, convert_opd, is_opd
 from rl_config.errors import ConfigError, ConfigIssue
 from rl_config.ranges import parse_device_list
 from rl_config.roll_compat import MEGATRON_ONLY, MEGATRON_PARALLEL_SIZES
@@ -159,10 +161,15 @@ def convert_data(
     data = {k: v for k, v in unresolved.items() if k not in ("defaults", "hydra")}
     notes: list[str] = []
     roles = megatron_roles(resolved)
-    if not roles:
+    if not roles and not is_opd(resolved):
         notes.append("no role uses a Megatron strategy; nothing to convert")
     for role in roles:
         _convert_role(role, data[role], resolved[role], target, notes)
+    if is_opd(resolved):  # named teachers are roles one level down; then apps/distill's form
+        named = resolved["teacher"] if "teacher" not in roles else {}
+        for name in megatron_roles(named) if isinstance(named, dict) else ():
+            _convert_role(f"teacher.{name}", data["teacher"][name], named[name], target, notes)
+        convert_opd(data, resolved, notes)
     infer = resolved.get("actor_infer")
     if isinstance(infer, dict):
         name = (infer.get("strategy_args") or {}).get("strategy_name")
@@ -176,7 +183,7 @@ def convert_file(path: str | Path, target: Target) -> Conversion:
     from omegaconf import OmegaConf
 
     from rl_config.loading import _compose, _referenced_roots, _schema_keys, compose_config
-    from rl_config.roll_compat import ROLL_IGNORED, ROLL_NOT_SUPPORTED
+    from rl_config.roll_compat import ROLL_IGNORED, ROLL_NOT_SUPPORTED, SFT_ROLE
 
     file = Path(path).expanduser().resolve()
     composed = compose_config(file, keep_variables=True)
@@ -185,7 +192,8 @@ def convert_file(path: str | Path, target: Target) -> Conversion:
     conversion = convert_data({str(k): v for k, v in unresolved.items()}, composed.data, target)
     # variables stay only when a kept key refers to them (directly or through other variables)
     data = conversion.data
-    keep = {k for k in data if k in _schema_keys() | set(ROLL_IGNORED) | set(ROLL_NOT_SUPPORTED)}
+    known = _schema_keys() | set(ROLL_IGNORED) | set(ROLL_NOT_SUPPORTED) | {APP_SECTION, SFT_ROLE}
+    keep = {k for k in data if k in known}
     while True:
         more = _referenced_roots({k: data[k] for k in keep}) & set(data) - keep
         if not more:

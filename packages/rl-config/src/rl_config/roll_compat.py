@@ -54,7 +54,6 @@ ROLL_NOT_SUPPORTED: dict[str, str] = {
     "sandbox",
     "reward_system_config": "ROLL's remote reward system; rewards are scored in the local "
     "rl-envs sandbox",
-    "global_template": "ROLL's prompt template override; set ROLE.data_args.template",
     "error_max_len_clip": "ROLL's clipping of failed long responses is not implemented",
     "use_topr_neg_loss_coef": "ROLL's TOPR negative-sample coefficient; use "
     "actor_train.topr_negative_weight",
@@ -76,8 +75,6 @@ ROLL_NOT_SUPPORTED: dict[str, str] = {
     "ROLE.model_args.device_map": "HF device_map placement is not used; devices come from "
     "ROLE.device_mapping",
     "ROLE.offload_nccl": "ROLL's NCCL buffer offload",
-    "ROLE.use_sequence_packing": "sequence packing is not implemented (use "
-    "use_dynamic_batching_in_train for token-budget micro-batches)",
     "ROLE.sequence_packing_args": "sequence packing is not implemented",
     "ROLE.data_args.custom_data_kwargs_func": "ROLL's dataset hook",
     "ROLE.data_args.image_*": _VL,
@@ -222,7 +219,6 @@ ROLL_PIPELINES_NOT_IMPLEMENTED: dict[str, tuple[str, ...]] = {
         "kd_objective",
         "distill_loss_weight",
     ),
-    "SFT": ("sft_train",),
 }
 """ROLL pipelines this stack does not have -> the top-level keys that mark a config of one (the
 config is refused with one message naming them, before its keys are judged one by one)."""
@@ -251,3 +247,9 @@ DPO_KEYS = (
 )
 """Top-level keys that mark a DPO config (ROLL's five and ours) (its batch is per_device × accumulation × ranks;
 rollout_batch_size is not used)."""
+
+SFT_ROLE = "sft_train"
+"""ROLL's SFT training section: read as actor_train (rl_config.roll_keys.rename_sft_role)."""
+
+SFT_KEYS = ("prompt_key", "query_key", "response_key", "system_key")
+"""Top-level keys that mark an SFT config (ROLL's SFT pipeline), beside an `sft_train` section."""

@@ -23,6 +23,8 @@ from rl_config.roll_compat import (
     ROLL_NOT_SUPPORTED,
     ROLL_PIPELINES_NOT_IMPLEMENTED,
     ROLL_UNSUPPORTED_VALUES,
+    SFT_KEYS,
+    SFT_ROLE,
     STRATEGY_ALIASES,
     VALUE_ALIASES,
 )
@@ -31,12 +33,39 @@ CONVERT_HINT = "rl-config convert {file} --strategy fsdp2|deepspeed -o OUT"
 
 
 def pipeline_kind(data: dict[str, Any]) -> str:
-    """agentic (has train_env_manager), dpo (has a DPO key) or rlvr."""
+    """agentic (has train_env_manager), dpo (has a DPO key), sft (has an SFT key or an
+    `sft_train` section) or rlvr."""
     if data.get("train_env_manager") is not None:
         return "agentic"
     if any(key in data for key in DPO_KEYS):
         return "dpo"
+    if any(key in data for key in (*SFT_KEYS, SFT_ROLE)):
+        return "sft"
     return "rlvr"
+
+
+def sft_role_issue(data: dict[str, Any]) -> ConfigIssue | None:
+    """The error of a config with both ROLL's `sft_train` and `actor_train` (the same role)."""
+    if SFT_ROLE in data and "actor_train" in data:
+        return ConfigIssue(
+            SFT_ROLE,
+            "sft_train and actor_train are both set: ROLL's SFT section is this stack's "
+            "actor_train; keep one of them",
+        )
+    return None
+
+
+def rename_sft_role(data: dict[str, Any]) -> tuple[dict[str, Any], list[ConfigIssue]]:
+    """ROLL's SFT section `sft_train` as `actor_train` (the policy being trained), with a note
+    (a config with both: `sft_role_issue`, unchanged here). The config stays marked SFT:
+    `response_key` is written with its default when no SFT key is set (`pipeline_kind`)."""
+    if SFT_ROLE not in data or "actor_train" in data:
+        return data, []
+    out = {("actor_train" if k == SFT_ROLE else k): v for k, v in data.items()}
+    if not any(key in out for key in SFT_KEYS):
+        out["response_key"] = "output"
+    note = ConfigIssue(SFT_ROLE, "ROLL's SFT training section; read as actor_train")
+    return out, [note]
 
 
 def unsupported_values(data: dict[str, Any]) -> list[ConfigIssue]:
@@ -165,6 +194,16 @@ def megatron_keys(data: dict[str, Any]) -> list[str]:
 def missing_pipeline_issue(data: dict[str, Any]) -> ConfigIssue | None:
     """The one error of a config of a ROLL pipeline this stack does not have (distillation,
     SFT: ``ROLL_PIPELINES_NOT_IMPLEMENTED``); None for any other config."""
+    from rl_config.convert_opd import is_opd
+
+    if is_opd(data):
+        return ConfigIssue(
+            "teacher",
+            "this is a config of ROLL's on-policy distillation (student_train, student_infer, "
+            "teacher); apps/distill runs it once rewritten in its form: "
+            + CONVERT_HINT.format(file="FILE")
+            + ", then uv run apps/distill --config OUT",
+        )
     for pipeline, markers in ROLL_PIPELINES_NOT_IMPLEMENTED.items():
         found = [key for key in markers if key in data]
         if found:
@@ -172,7 +211,9 @@ def missing_pipeline_issue(data: dict[str, Any]) -> ConfigIssue | None:
                 found[0],
                 f"this is a config of ROLL's {pipeline} pipeline ({', '.join(found)}), which is "
                 "not implemented in this stack; its pipelines are agentic (apps/agentic), RLVR "
-                "(apps/rlvr, apps/async) and DPO (apps/dpo)",
+                "(apps/rlvr, apps/async), DPO (apps/dpo) and on-policy distillation "
+                "(apps/distill: ROLL's student_train/student_infer/teacher configs after "
+                "rl-config convert; off-policy only as SFT on teacher samples or given data)",
             )
     return None
 

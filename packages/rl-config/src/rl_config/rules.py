@@ -99,6 +99,10 @@ def check_fsdp2_options(cfg: ExperimentConfig) -> Issues:
     return issues
 
 
+OFFLINE_PIPELINES = ("dpo", "sft")
+"""Pipelines that train on a fixed dataset: no rollout, no advantages; a step's batch is
+per_device_train_batch_size x gradient_accumulation_steps x ranks."""
+
 _ABSENT = object()
 
 
@@ -278,7 +282,7 @@ def check_batches(cfg: ExperimentConfig) -> Issues:
 
     Not for DPO configs: their batch is per_device_train_batch_size × accumulation × ranks."""
     issues: Issues = []
-    if cfg.pipeline_kind == "dpo":
+    if cfg.pipeline_kind in OFFLINE_PIPELINES:
         return issues
     samples = cfg.samples_per_step
     unit = (
@@ -311,7 +315,7 @@ def _generating_args(cfg: ExperimentConfig) -> GeneratingArgs | None:
     """actor_infer's sampling options, or None where nothing generates: a DPO run trains on a
     fixed dataset and ignores actor_infer (rl_config.contract.DPO_IGNORED), so its defaults
     (max_new_tokens 128) must not refuse e.g. a DPO sequence_length of 100."""
-    return None if cfg.pipeline_kind == "dpo" else cfg.actor_infer.generating_args
+    return None if cfg.pipeline_kind in OFFLINE_PIPELINES else cfg.actor_infer.generating_args
 
 
 def check_lengths(cfg: ExperimentConfig) -> Issues:
@@ -814,7 +818,7 @@ def collect_warnings(cfg: ExperimentConfig) -> list[str]:
         out += _check_template(f"custom_envs.{tag}.agent_template", env.agent_template)[1]
     from rl_config.contract import contract_issues, pipeline_kind
 
-    rl = pipeline_kind(cfg) != "dpo"  # a DPO batch is its own (no rollout, no advantages)
+    rl = pipeline_kind(cfg) not in OFFLINE_PIPELINES  # their batch is their own (no rollout)
     samples = cfg.samples_per_step
     for role, worker in cfg.workers().items():
         if role not in TRAIN_ROLES or not rl:

@@ -173,6 +173,62 @@ def build(out: Any, mode: str, count_rows: Any) -> None:
     _rollout(out, n, response_len, dtype)
     _async(out, mode)
     _reward(out)
+    roles = ("actor_train", "actor_infer", "reference" if "reference" in out.data else "")
+    _model_config(out, f"{A}.model.override_config", tuple(r for r in roles if r))
+    _model_config(out, "critic.model.override_config", ("critic",) if "critic" in out.data else ())
+
+
+def _sum_pi_squared(out: Any, estimator: str) -> None:
+    """verl's optimal token baseline reads the actor's `sum_pi_squared` (it asserts
+    `actor.calculate_sum_pi_squared=True`); here the actor's old-log-prob forward computes it
+    whenever the estimator needs it. verl scales the baseline's weights by the rollout IS weights
+    when `rollout_correction.rollout_is` is on: not implemented, refused by name."""
+    key = f"{ACTOR}.calculate_sum_pi_squared"
+    on = _bool(out.get(key))
+    if estimator == "optimal_token_baseline":
+        if not on:
+            out.refuse(key, "optimal_token_baseline needs it (verl asserts it too)")
+        else:
+            out.noop(key, "the actor's old-log-prob forward computes sum pi^2 for the estimator")
+        is_key = "algorithm.rollout_correction.rollout_is"
+        if out.get(is_key) not in (None, False, "null", "None"):
+            out.refuse(is_key, "optimal_token_baseline with IS-weighted baselines is not "
+                       "implemented")  # fmt: skip
+    elif on:
+        out.noop(key, "with this estimator verl only logs a variance metric from it (not "
+                 "computed here; the training is the same)")  # fmt: skip
+
+
+def _model_config(out: Any, prefix: str, roles: tuple[str, ...]) -> None:
+    """verl's `model.override_config` (a mapping, or its attributes as keys: `+...override_config.
+    max_position_embeddings=32768`): HF config attributes verl sets on the model it builds ->
+    `<role>.model_args.model_config_kwargs` of each role that builds that model (the actor's:
+    trainer, rollout engine and reference), where they are checked against the model's config
+    (an unknown attribute is an error naming it)."""
+    given = [k for k in out.given if k == prefix or k.startswith(prefix + ".")]
+    values: dict[str, Any] = {}
+    for key in given:
+        value = out.given[key]
+        if key == prefix:
+            if not isinstance(value, dict):
+                out.refuse(key, "expected a mapping of model config attributes")
+                continue
+            values.update(value)
+            continue
+        *parents, last = key[len(prefix) + 1 :].split(".")
+        node = values
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    if not values or not roles:
+        why = "empty: no model config attribute is overridden" if not values else "no critic"
+        for key in given:
+            if key not in out.covered:
+                out.noop(key, why)
+        return
+    for role in roles:
+        out.set(given, f"{role}.model_args.model_config_kwargs", values,
+                "set on the HF model config before the weights load")  # fmt: skip
 
 
 def _devices(out: Any, mode: str, nodes: int, gpus: int) -> None:
@@ -635,6 +691,7 @@ def _loss(out: Any) -> None:
         ours == "gae",
         "verl whitens GAE advantages over the batch" if ours == "gae" else "",
     )
+    _sum_pi_squared(out, ours)
     out.set(["algorithm.gamma"], "gamma", out.number("algorithm.gamma"))
     if ours == "gae":
         out.set(["algorithm.lam"], "lambd", out.number("algorithm.lam"))

@@ -157,7 +157,12 @@ _MODEL = {
     "model.use_fused_kernels": _to(
         "actor_train.strategy_args.strategy_config.fused_lm_head", note=_FSDP2
     ),
-    "model.override_config": _none("model config overrides are not applied"),
+    "model.override_config": _to(
+        *(
+            f"{r}.model_args.model_config_kwargs"
+            for r in ("actor_train", "actor_infer", "reference")
+        )
+    ),
     "model.trust_remote_code": _none("remote model code is never run"),
     "model.lora_rank": _none("LoRA training is not implemented"),
     "model.lora_alpha": _none("LoRA training is not implemented"),
@@ -242,6 +247,7 @@ VERL_SECTIONS: dict[str, dict[str, Counterpart]] = {
     "critic": {
         **_trainer_role("critic"),
         "model.path": _to("critic.model_args.model_name_or_path"),
+        "model.override_config": _to("critic.model_args.model_config_kwargs"),
         "model.enable_gradient_checkpointing": _to(
             "critic.model_args.disable_gradient_checkpointing",
             note="inverted; checkpointing is on by default",

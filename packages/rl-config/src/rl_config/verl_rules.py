@@ -80,6 +80,7 @@ GENRM = (
     "model (a generative reward model): not translated; a judge is a rewards domain with "
     "reward_fn: llm_judge in this stack's config"
 )
+OVERRIDE = "HF model config attributes: model_args.model_config_kwargs"
 PROFILER = "verl's profilers (nsys, npu, torch) are not run here; the run trains the same"
 MULTI_TURN = "verl's multi-turn tool rollout is not translated (apps/agentic runs multi-turn envs)"
 MEMORY = "a memory knob: this stack sizes its own micro-batches"
@@ -203,7 +204,7 @@ RULES: dict[str, Rule] = {
     f"{_A}.actor.use_remove_padding": noop(SPEED),
     f"{_A}.actor.entropy_from_logits_with_chunking": noop(MEMORY),
     f"{_A}.actor.entropy_checkpointing": noop(MEMORY),
-    f"{_A}.actor.calculate_sum_pi_squared": only("sum-pi-squared statistics are not computed"),
+    f"{_A}.actor.calculate_sum_pi_squared": derived("optimal_token_baseline's statistic"),
     f"{_A}.actor.sum_pi_squared_checkpointing": noop(MEMORY),
     f"{_A}.actor.use_rollout_log_probs": derived("old log-probs"),
     # reference
@@ -313,7 +314,7 @@ RULES: dict[str, Rule] = {
     f"{_A}.model.trust_remote_code": only("remote model code is never run"),
     f"{_A}.model.custom_chat_template": only("the tokenizer's chat template is used"),
     f"{_A}.model.external_lib": only("external model libraries are not imported"),
-    f"{_A}.model.override_config": only("model config overrides are not applied"),
+    f"{_A}.model.override_config": derived(OVERRIDE),
     f"{_A}.model.enable_gradient_checkpointing": derived("activation checkpointing"),
     f"{_A}.model.enable_activation_offload": only("activation offload is not implemented"),
     f"{_A}.model.use_remove_padding": derived("packed forward"),
@@ -497,6 +498,9 @@ RULES: dict[str, Rule] = {
 }
 
 PATTERNS: list[tuple[str, Rule]] = [
+    (f"{_A}.model.override_config.*", derived(OVERRIDE)),
+    ("critic.model.override_config", derived(OVERRIDE)),
+    ("critic.model.override_config.*", derived(OVERRIDE)),
     ("*._target_", noop("verl's config class")),
     ("*.megatron", refuse(MEGATRON)),
     ("*.megatron.*", refuse(MEGATRON)),

@@ -185,8 +185,11 @@ class HFEngine:
         device: str | torch.device | None = None,
         seed: int = 0,
         trust_remote_code: bool = False,
+        config_overrides: dict[str, Any] | None = None,
     ) -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from rl_config.model_config import apply_model_config_overrides
 
         cfg = dict(strategy_config or {})
         problems = hf_option_problems(cfg)
@@ -202,11 +205,18 @@ class HFEngine:
             device = torch_device()
         self.device = torch.device(device)
         self.model_path = str(model_path)
+        extra: dict[str, Any] = {}
+        if config_overrides:  # the model's config with the role's overrides
+            config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=remote_code)
+            extra["config"] = apply_model_config_overrides(
+                config, config_overrides, "actor_infer.model_args.model_config_kwargs"
+            )
         self.model: Any = AutoModelForCausalLM.from_pretrained(
             self.model_path,
             dtype=resolve_dtype(dtype),
             attn_implementation=engine_attn_implementation(cfg.get("attn_implementation")),
             trust_remote_code=remote_code,
+            **extra,
         )
         self.model.to(self.device).eval()
         self.max_num_seqs = int(cfg.get("max_num_seqs", 64))

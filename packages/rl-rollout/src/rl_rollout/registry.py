@@ -7,6 +7,7 @@ are imported lazily so that ``import rl_rollout`` never imports vLLM.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,20 @@ def build_engine(
     dtype: str | torch.dtype | None = "float32",
     device: str | torch.device | None = None,
     seed: int = 0,
+    config_overrides: dict[str, Any] | None = None,
 ) -> Engine:
-    """Build the engine registered as ``strategy_name``."""
+    """Build the engine registered as ``strategy_name``. ``config_overrides``: HF model config
+    attributes the engine's model is built with (``model_args.model_config_kwargs``), passed to
+    the factory as ``config_overrides`` only when given (an engine registered without that
+    argument is an error naming it then)."""
     factory = _resolve(strategy_name)
-    return factory(model_path, dict(strategy_config or {}), dtype=dtype, device=device, seed=seed)
+    kwargs: dict[str, Any] = dict(dtype=dtype, device=device, seed=seed)
+    if config_overrides:
+        params = inspect.signature(factory).parameters
+        if "config_overrides" not in params:
+            raise ValueError(
+                f"actor_infer.model_args.model_config_kwargs: engine {strategy_name!r} does not "
+                "take model config overrides"
+            )
+        kwargs["config_overrides"] = dict(config_overrides)
+    return factory(model_path, dict(strategy_config or {}), **kwargs)

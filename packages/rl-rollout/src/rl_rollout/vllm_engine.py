@@ -130,6 +130,32 @@ class _Sample:
     stop_reason: str | int | None = None
 
 
+def checked_hf_overrides(
+    model_path: str | Path,
+    overrides: dict[str, Any],
+    given: Any = None,
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
+    """The role's model config override as vLLM's ``hf_overrides`` (vLLM sets them on the HF
+    config it builds the model from and derives its limits from that config), each name checked
+    on the model's config first (:func:`rl_config.model_config.check_model_config_overrides`;
+    vLLM itself would store an unknown name unread). ``strategy_config.hf_overrides`` as well is
+    an error: one source."""
+    from transformers import AutoConfig
+
+    from rl_config.model_config import check_model_config_overrides
+
+    key = "actor_infer.model_args.model_config_kwargs"
+    if given:
+        raise ValueError(
+            f"{key} and actor_infer.strategy_args.strategy_config.hf_overrides are both set: "
+            f"give the model config override once ({key})"
+        )
+    config = AutoConfig.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
+    check_model_config_overrides(config, overrides, key)
+    return dict(overrides)
+
+
 class VLLMEngine:
     """vLLM generation behind the Engine protocol (see module docstring).
 
@@ -151,6 +177,7 @@ class VLLMEngine:
         device: str | torch.device | None = None,
         seed: int = 0,
         trust_remote_code: bool = False,
+        config_overrides: dict[str, Any] | None = None,
     ) -> None:
         self.vllm_series = installed_vllm_series()  # an unsupported vLLM is refused by name
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -180,6 +207,10 @@ class VLLMEngine:
         if cfg["enable_sleep_mode"] and not self.sleep_mode_supported:
             raise ValueError(
                 "strategy_config.enable_sleep_mode: this vLLM platform has no sleep mode"
+            )
+        if config_overrides:  # vLLM's hf_overrides, the names checked on the model's config
+            cfg["hf_overrides"] = checked_hf_overrides(
+                model_path, config_overrides, cfg.get("hf_overrides"), remote_code
             )
         dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else "auto"
         self.args = AsyncEngineArgs(

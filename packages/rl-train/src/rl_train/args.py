@@ -110,6 +110,11 @@ class TrainingArgs:
     distribution (temperature, top-k, top-p: :class:`LogprobSampling`), so the trained policy is
     the one that samples and the train-inference ratio compares like with like. The default is
     the raw model. A mapping of its fields is accepted."""
+    sum_pi_squared: bool = False
+    """The actor's no-grad :meth:`forward` also returns ``sum_pi_squared [B, T]``: ``sum_v pi(v)^2``
+    of the same distribution as its log-probs (rl_algos.logprobs.sum_pi_squared_from_logits), for
+    the optimal token baseline. It needs the logits (no fused log-prob head) and no top-k/top-p
+    truncation."""
     max_consecutive_nonfinite: int = 3
     """Stop training with an error after this many optimizer steps in a row were skipped."""
     seed: int = 42
@@ -216,6 +221,10 @@ class ModelArgs:
     of the optimizer; a prefix that matches no parameter is an error naming the key."""
     lora: LoraSettings | None = None
     """LoRA adapter of a trained role (:mod:`rl_train.lora`); None: every weight is trained."""
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    """HF model config attributes set before the weights load (``model_args.model_config_kwargs``,
+    applied by :func:`rl_config.model_config.apply_model_config_overrides`: an unknown attribute
+    is an error naming it)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -242,6 +251,8 @@ def parse_model_args(obj: Any = None) -> ModelArgs:
         disable_gradient_checkpointing=True if disable_gc is None else bool(disable_gc),
         freeze_module_prefix=parse_prefixes(raw.get("freeze_module_prefix")),
         lora=lora if isinstance(lora := raw.get("lora"), LoraSettings) else parse_lora(raw),
+        # ModelArgs' field, or ROLL's key in a mapping
+        config_overrides=dict(raw.get("config_overrides") or raw.get("model_config_kwargs") or {}),
         extra=raw,
     )
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -195,19 +195,27 @@ def _merged_into_base(weights: Weights, base: Path, config: Any, model_class: An
 
 
 def export_weights(
-    weights: Weights, base_model: str | os.PathLike[str], out_dir: str | os.PathLike[str]
+    weights: Weights,
+    base_model: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``weights`` (HF-named full tensors) as an HF causal-LM directory of
     ``base_model``'s architecture and config, with its tokenizer files: ``config.json``,
     ``model.safetensors``, tokenizer; atomically (a temporary directory renamed into place).
     Every parameter of the architecture must be in ``weights``; a tensor it does not have is an
-    error naming it."""
+    error naming it. ``config_overrides``: the run's model config override
+    (``model_args.model_config_kwargs``), which the written ``config.json`` carries."""
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rl_config.model_config import apply_model_config_overrides
 
     base = Path(base_model)
     if not (base / "config.json").is_file():
         raise FileNotFoundError(f"base model {base}: no config.json (a local HF model directory)")
     config = AutoConfig.from_pretrained(str(base), trust_remote_code=False)
+    apply_model_config_overrides(config, config_overrides or {})
     with torch.device("meta"):
         model_class: Any = type(AutoModelForCausalLM.from_config(config))
     weights = _merged_into_base(weights, base, config, model_class)

@@ -148,6 +148,23 @@ class _PrefixLayer(DynamicLayer):
         return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
 
 
+def _require_cache_through_checkpointing(layers: list[nn.Module]) -> None:
+    """transformers before 5 (4.57 is vllm-ascend 0.11's) drops the cache argument of every
+    checkpointed decoder layer in training, with only a warning: the rows' pass would run without
+    their prefix. Refused there, naming the way out."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    if layers and not hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache"):
+        import transformers
+
+        raise RuntimeError(
+            f"{KEY} with checkpointed decoder layers (gradient checkpointing, or FSDP2's prefix "
+            f"pass) needs transformers >= 5: transformers {transformers.__version__} drops the "
+            "prefix cache of a checkpointed layer in training; turn off gradient checkpointing "
+            f"(model_args.disable_gradient_checkpointing) or {KEY}, or upgrade transformers"
+        )
+
+
 @contextmanager
 def _prefix_checkpointed_under_fsdp2(model: nn.Module) -> Iterator[None]:
     """Checkpoint the prefix pass of FSDP2-sharded decoder layers that are not checkpointed.
@@ -174,6 +191,7 @@ def _prefix_checkpointed_under_fsdp2(model: nn.Module) -> Iterator[None]:
     if not (layers and model.training and torch.is_grad_enabled()):
         yield
         return
+    _require_cache_through_checkpointing(layers)
     # the prefix's _RecordLayer cache is replay-safe, so the cache argument may stay
     replay = {"gradient_checkpointing": True, "_can_checkpoint_with_cache": True,
               "_gradient_checkpointing_func": partial(checkpoint, use_reentrant=False)}  # fmt: skip
@@ -200,6 +218,8 @@ def _cache_through_checkpointing(model: nn.Module) -> Iterator[None]:
         for m in model.modules()
         if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing
     ]
+    if model.training and torch.is_grad_enabled():
+        _require_cache_through_checkpointing(layers)
     for layer in layers:
         layer._can_checkpoint_with_cache = True
     try:
@@ -247,10 +267,11 @@ def shared_prompt_log_probs(
     *,
     need_entropy: bool,
     sampling: LogprobSampling,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log p(ids[b, t] | ids[b, :t]) and entropy, ``[B, T]`` each (with grad), for right-padded
-    ``ids/mask/response_mask [B, T]``; 0 on column 0, the prompt columns and padding. See the
-    module docstring."""
+    need_sum_pi_squared: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Log p(ids[b, t] | ids[b, :t]), entropy and (``need_sum_pi_squared``) ``sum_v pi(v)^2``,
+    ``[B, T]`` each (the first two with grad), for right-padded ``ids/mask/response_mask
+    [B, T]``; 0 on column 0, the prompt columns and padding. See the module docstring."""
     from rl_train.modeling import _log_probs_forward
 
     b, t = ids.shape
@@ -272,11 +293,12 @@ def shared_prompt_log_probs(
             attention = torch.cat([prefix_mask, own_valid.long()], dim=1)
         else:  # no row has a prefix (one-token prompts): a plain forward of the rows
             cache, attention = None, own_valid.long()
-        lp, ent = _log_probs_forward(
+        lp, ent, sps = _log_probs_forward(
             model,
             labels,
             need_entropy,
             sampling,
+            need_sum_pi_squared,
             input_ids=row_ids,
             attention_mask=attention,
             position_ids=cols,
@@ -290,4 +312,8 @@ def shared_prompt_log_probs(
         out = x.new_zeros(b, t + 1).scatter(1, target, x * label_valid)
         return out[:, :t]
 
-    return place(lp.float()), (None if ent is None else place(ent.float()))
+    return (
+        place(lp.float()),
+        None if ent is None else place(ent.float()),
+        None if sps is None else place(sps.float()),
+    )

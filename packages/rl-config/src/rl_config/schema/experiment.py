@@ -19,6 +19,7 @@ from rl_config.schema.async_ import AsyncConfig
 from rl_config.schema.pipeline import PipelineFields
 from rl_config.schema.preference import PreferenceFields
 from rl_config.schema.rewards import CustomRewardFunction, RewardDomain
+from rl_config.schema.sft import SFTFields
 from rl_config.schema.validation import ValidationConfig
 from rl_config.schema.worker import GeneratingArgs, StrategyArgs, WorkerConfig
 
@@ -43,7 +44,7 @@ class RuleViolations(ValueError):
         super().__init__("; ".join(str(i) for i in issues))
 
 
-class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
+class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields, SFTFields):
     """A complete, validated experiment config (ROLL-compatible key names).
 
     Build it with ``ExperimentConfig.model_validate(mapping)`` or ``rl_config.load_config(path)``;
@@ -125,6 +126,8 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
         (with notes)."""
         from rl_config.roll_keys import (
             pipeline_or_megatron_issue,
+            rename_sft_role,
+            sft_role_issue,
             strip_roll_keys,
             unsupported_values,
         )
@@ -132,6 +135,10 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
 
         if not isinstance(data, dict):
             return handler(data)
+        issue = sft_role_issue(data)
+        if issue is not None:
+            raise RuleViolations([issue])
+        data, sft_notes = rename_sft_role(data)
         issue = pipeline_or_megatron_issue(data)
         if issue is not None:
             raise RuleViolations([issue])
@@ -142,7 +149,7 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
             raise RuleViolations(refused)
         data, notes = strip_roll_keys(data)
         cfg = handler(data)
-        cfg._roll_notes = notes
+        cfg._roll_notes = sft_notes + notes
         return cfg
 
     # ----------------------------------------------------------------------------- derived values
@@ -239,7 +246,8 @@ class ExperimentConfig(AlgorithmFields, PipelineFields, PreferenceFields):
 
     @property
     def pipeline_kind(self) -> str:
-        """agentic (train_env_manager set), dpo (ROLL DPO keys present) or rlvr."""
+        """agentic (train_env_manager set), dpo (ROLL DPO keys present), sft (ROLL SFT keys or
+        an `sft_train` section) or rlvr."""
         return "agentic" if self.is_agentic else self._pipeline_kind
 
     @property

@@ -112,7 +112,10 @@ class ModelArgs(StrictModel):
     )
     model_config_kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Extra keyword arguments applied to the HF model config before loading.",
+        description="HF model config attributes set before the weights load, e.g. "
+        "{max_position_embeddings: 32768}: in the trainers, the rollout engines (vLLM: "
+        "hf_overrides) and the exported config.json. A name the model's config does not have is "
+        "an error naming it.",
     )
     freeze_module_prefix: str | None = Field(
         default=None,
@@ -167,7 +170,8 @@ class TrainingArgs(StrictModel):
     num_train_epochs: int = Field(
         default=1,
         ge=1,
-        description="Passes over each rollout batch per pipeline step for this worker.",
+        description="Passes over each rollout batch per pipeline step for this worker; SFT: "
+        "passes over the training rows (steps = epochs x rows // rows per step, as ROLL).",
     )
 
 
@@ -315,6 +319,12 @@ class WorkerConfig(StrictModel):
     )
     topr_negative_weight: float = Field(
         default=1.0, ge=0, description="TOPR loss weight of negative-reward samples."
+    )
+    use_sequence_packing: bool = Field(
+        default=False,
+        description="SFT: train on packed micro-batches (padding removed, the rows concatenated "
+        "with position ids restarting per row, so no row attends to another); other pipelines "
+        "pack with strategy_config.packed_forward.",
     )
     use_dynamic_batching_in_train: bool = Field(
         default=False,

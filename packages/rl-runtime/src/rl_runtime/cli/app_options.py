@@ -115,6 +115,11 @@ class AppRunOptions:
             )
         return strict_options(cls, raw, cls.SECTION)
 
+    def built_models(self) -> tuple[str, ...]:
+        """Model directories the app builds before the run (besides `build_tiny_model`): a
+        preflight takes them as present (the CPU defaults' teachers)."""
+        return ()
+
     def model_path(self, pretrain: str, system_envs: dict[str, Any] | None = None) -> str:
         """The policy model's local directory: the tiny model built (or reused) at `pretrain`
         when `build_tiny_model` names that directory, else `pretrain` resolved

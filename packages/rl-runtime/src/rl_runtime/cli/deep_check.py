@@ -62,6 +62,19 @@ def deep_check(
                                        ("actor_train.data_args.eval_file_name", d.eval_file_name))
                     if value
                 )  # fmt: skip
+        elif kind == "sft":
+            from rl_runtime.pipelines.sft.compose import compose_sft
+
+            components = compose_sft(cfg, **machine_kwargs())
+            if not raw.get("generate_arithmetic"):
+                held = cfg.validation.data_args.file_name if cfg.validation else None
+                data = tuple(
+                    DataFiles(key, (value,) if isinstance(value, str) else tuple(value))
+                    for key, value in (("actor_train.data_args.file_name",
+                                        cfg.actor_train.data_args.file_name),
+                                       ("validation.data_args.file_name", held))
+                    if value
+                )  # fmt: skip
         else:
             from rl_runtime.run.plan import compose_here
 

@@ -11,7 +11,7 @@ CHECKPOINT is a run's checkpoint (`<checkpoint dir>/step-<N>`), the directory ho
 with --base-model). Everything is verified before it is read (rl_runtime.state.checkpoint: the run's
 signed manifest; rl_train.checkpoint_export: the role's): a checkpoint directory is untrusted
 input. The architecture, config and tokenizer come from the model the run started from (the
-checkpoint records it), or from --base-model.
+checkpoint records it, with the run's model config override), or from --base-model.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from rl_runtime.state.checkpoint import STATE_FILE, RunCheckpoints
 from rl_train.checkpoint_store import dir_step
@@ -27,6 +28,8 @@ from rl_train.checkpoint_store import dir_step
 KeyFile = str | os.PathLike[str] | None
 #: the run checkpoint's record of the model its policy started from (an absolute path)
 MODEL_PATH_KEY = "model_path"
+#: its record of each role's model config override (model_args.model_config_kwargs)
+MODEL_CONFIG_KEY = "model_config_overrides"
 
 
 def _role_checkpoint(path: Path) -> bool:
@@ -51,10 +54,11 @@ def export_checkpoint(
     from rl_train.checkpoint_export import checkpoint_weights, export_adapter_dir, export_weights
     from rl_train.signing import CheckpointError
 
-    def write(found: Path, base: str | os.PathLike[str]) -> Path:
+    def write(found: Path, base: str | os.PathLike[str], overrides: Any = None) -> Path:
         if adapter:
             return export_adapter_dir(found, out_dir, base_model=base, key_file=key_file)
-        return export_weights(checkpoint_weights(found, key_file=key_file), base, out_dir)
+        weights = checkpoint_weights(found, key_file=key_file)
+        return export_weights(weights, base, out_dir, config_overrides=overrides)
 
     path = Path(checkpoint)
     if _role_checkpoint(path):
@@ -78,7 +82,7 @@ def export_checkpoint(
                 f"checkpoint {run} does not say which model its run started from (pretrain: "
                 f"{base!r}, not a local model directory from here): give it (--base-model)"
             )
-    return write(found, str(base))
+    return write(found, str(base), (state.extra.get(MODEL_CONFIG_KEY) or {}).get(role))
 
 
 def main(argv: list[str] | None = None) -> int:

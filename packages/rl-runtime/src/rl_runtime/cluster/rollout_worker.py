@@ -31,6 +31,7 @@ class RolloutWorker:
         env_configs: Mapping[str, Mapping[str, Any]] | None = None,
         agent_kwargs: Mapping[str, Any] | None = None,
         sandbox_allow_weak_isolation: bool = False,
+        config_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         _init_process(dist_env, worker_seed(seed, "rollout", rank))
         from transformers import AutoTokenizer
@@ -48,6 +49,7 @@ class RolloutWorker:
             dict(strategy_config or {}),
             dtype=dtype,
             seed=engine_seed(seed, rank),
+            config_overrides=dict(config_overrides or {}),
         )
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.env_configs = {k: dict(v) for k, v in (env_configs or {}).items()}

@@ -36,6 +36,13 @@ class RolePlan:
     reward: str | None = None
     #: its chat template (data_args.template)
     template: str | None = None
+    #: the rl-train backend role of a role outside `BACKEND_ROLE` (a distillation teacher runs
+    #: `reference`: log-probs only); None: `BACKEND_ROLE[role]`
+    backend: str | None = None
+    #: the config key naming this role's model where `model_key`'s rule does not apply
+    model_config_key: str | None = None
+    #: HF model config attributes the role's model is built with (model_args.model_config_kwargs)
+    config_overrides: dict[str, Any] = field(default_factory=dict)
 
     @property
     def trains(self) -> bool:
@@ -44,6 +51,8 @@ class RolePlan:
     @property
     def model_key(self) -> str:
         """The config key that names this role's model (a model reward's: its domain's)."""
+        if self.model_config_key is not None:
+            return self.model_config_key
         if self.reward is not None:  # role reward_<domain>
             return f"rewards.{self.role.removeprefix('reward_')}.model_args.model_name_or_path"
         return f"{self.role}.model_args.model_name_or_path"
@@ -83,6 +92,8 @@ class Cadence:
     logging_steps: int
     eval_steps: int
     save_steps: int
+    #: `record_steps`: (kind, every) of rl_config.schema.pipeline.parse_record_steps
+    record_steps: tuple[str, int] = ("none", 0)
 
 
 @dataclass(frozen=True)

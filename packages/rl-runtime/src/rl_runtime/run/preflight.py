@@ -5,7 +5,8 @@ anything is built, moved or started) and `rl-preflight` (the deep check of a con
 
 * models: the policy model (`pretrain`, or the tiny model the app builds: rl_runtime.run.model_source)
   and every role's own `model_args.model_name_or_path`, each resolvable to a local directory
-  with a tokenizer;
+  with a tokenizer, and each role's model config override (`model_args.model_config_kwargs`)
+  naming attributes its model's config has;
 * data: every data file the app reads is present and its first rows parse (`DataFiles`);
 * devices: a device kind asked for (`RL_DEVICE` in the environment or in `system_envs`) is
   present on this host, and an embedded Ray cluster holds the devices and CPUs the placement
@@ -128,9 +129,17 @@ def model_issues(
         except ConfigError as exc:
             problems += exc.issues
             checked[pretrain] = None
+    from rl_runtime.cli.app_options import AppRunOptions
+
+    made = app.built_models() if isinstance(app, AppRunOptions) else ()
+    built = {Path(d).expanduser().resolve() for d in made}
     for role in components.roles:
         name = role.model_path
         if name is None or name in checked:
+            continue
+        if Path(name).expanduser().resolve() in built:
+            checked[name] = None
+            notes.append(f"{role.model_key} {name}: built by the app before the run")
             continue
         role_key = role.model_key
         try:
@@ -147,7 +156,31 @@ def model_issues(
                     "save the tokenizer with the model (tokenizer.save_pretrained)",
                 )
             )
+    problems += model_config_issues(components, {n: p for n, p in checked.items() if p}, pretrain)
     return problems, notes
+
+
+def model_config_issues(
+    components: Any, resolved: Mapping[str, str], pretrain: str | None
+) -> list[ConfigIssue]:
+    """Each role's model config override (`<role>.model_args.model_config_kwargs`) checked on its
+    model's config when that is a local directory here (the loaders check it again)."""
+    from transformers import AutoConfig
+
+    from rl_config.model_config import check_model_config_overrides
+
+    problems: list[ConfigIssue] = []
+    for role in components.roles:
+        path = resolved.get(role.model_path or pretrain or "")
+        if not role.config_overrides or path is None or not (Path(path) / "config.json").is_file():
+            continue
+        key = f"{role.role}.model_args.model_config_kwargs"
+        try:
+            config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+            check_model_config_overrides(config, role.config_overrides, key)
+        except ValueError as exc:
+            problems.append(ConfigIssue(key, str(exc)))
+    return problems
 
 
 def data_issues(data: Sequence[DataFiles]) -> list[ConfigIssue]:

@@ -120,6 +120,7 @@ RESUME_REFUSED: dict[str, str] = {
     "*_app.tiny_model.*": _MODEL,
     **{f"rlvr_app.arith_data.{k}": _PROMPTS for k in _ARITH_DATA},
     "dpo_app.arithmetic.*": _PROMPTS,
+    "sft_app.arithmetic.*": _PROMPTS,
     "adv_estimator": _OBJECTIVE,
 }
 """Keys whose change breaks a resume -> why (refused, each named)."""
@@ -130,7 +131,23 @@ _PAIRS = (
     "order); the resumed run would not continue at the checkpointed run's next batch"
 )
 
+_SFT_ROWS = (
+    "the training examples and each step's batch derive from it (which rows load, how they are "
+    "tokenized and cut; step k trains on the k-th slice of the seeded epoch order); the resumed "
+    "run would not continue at the checkpointed run's next batch"
+)
+
 PIPELINE_RESUME_REFUSED: dict[str, dict[str, str]] = {
+    "sft": {
+        "sequence_length": _SFT_ROWS,
+        "prompt_key": _SFT_ROWS,
+        "query_key": _SFT_ROWS,
+        "response_key": _SFT_ROWS,
+        "system_key": _SFT_ROWS,
+        "global_template": _SFT_ROWS,
+        "actor_train.training_args.per_device_train_batch_size": _SFT_ROWS,
+        "actor_train.training_args.gradient_accumulation_steps": _SFT_ROWS,
+    },
     "dpo": {
         "sequence_length": _PAIRS,
         "truncation_mode": _PAIRS,

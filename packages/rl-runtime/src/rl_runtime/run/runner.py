@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_runtime.asynchrony.training import open_rollout_gate
-from rl_runtime.cli.export import MODEL_PATH_KEY
+from rl_runtime.cli.export import MODEL_CONFIG_KEY, MODEL_PATH_KEY
 from rl_runtime.compose import RunComponents, role_specs
 from rl_runtime.run.checks import sandbox_hidden_env
 from rl_runtime.run.context import Context
@@ -134,6 +134,7 @@ class Runner:
             resumed_at=self.resumed_step,
         )
         self.ctx.tracker.history.extend(self.resumed_rows)
+        self.ctx.recorder = self._recorder()
         if cluster.has("actor_train") and cluster.has("actor_infer"):
             self.ctx.sync = WeightSync(
                 cluster["actor_train"],
@@ -147,9 +148,27 @@ class Runner:
         self.recipe.setup(self.ctx)
         return self.ctx
 
+    def _recorder(self) -> Any:
+        """The learn-call recorder `record_steps` asks for (None: none)."""
+        kind, every = self.components.cadence.record_steps
+        if kind == "none":
+            return None
+        from rl_runtime.state.recorder import RECORDS_DIR, StepRecorder
+        from rl_runtime.state.step_record import config_hash
+
+        return StepRecorder(
+            kind,
+            every,
+            Path(self.components.output_dir) / RECORDS_DIR,
+            config_hash=config_hash(config_record(self.cfg)),
+            key_file=self.components.checkpoint.key_file,
+        )
+
     # ------------------------------------------------------------------------ checkpoints
     def _optimizer_roles(self) -> list[str]:
-        return [r.role for r in self.components.roles if r.loss is not None]
+        """The roles with an optimizer (checkpointed and restored): actor_train and critic,
+        whatever their configured loss (SFT's actor_train has none: it trains with `"sft"`)."""
+        return [r.role for r in self.components.roles if r.role in ("actor_train", "critic")]
 
     def save(self) -> Path:
         ctx = self.ctx
@@ -174,6 +193,9 @@ class Runner:
             WARMED_UP_KEY: ctx.warmed_up,
             SKIPPED_STEPS_KEY: self.skipped_steps,
             MODEL_PATH_KEY: self.options.model_path,  # what rl-export builds the model from
+            MODEL_CONFIG_KEY: {  # and the config overrides its config.json carries
+                r.role: r.config_overrides for r in self.components.roles if r.config_overrides
+            },
         }
         if self.asynchronous is not None:
             from rl_runtime.asynchrony.training import STATE_KEY
@@ -303,6 +325,8 @@ class Runner:
                 ctx.timer.reset()
                 t0 = time.perf_counter()
                 metrics = step(ctx)
+                if ctx.recorder is not None:  # the size and time of this step's records
+                    metrics.update(ctx.recorder.step_metrics(ctx.step + 1))
                 ctx.step += 1
                 skipped = skip_reason(metrics)
                 self.skipped_steps += skipped is not None

@@ -41,6 +41,8 @@ METRIC_PREFIXES = (
     "response/",
     "dynamic_sampling/",
     "data/",
+    # on-policy distillation (apps/distill): the student's reverse KL to its teachers
+    "distill/",
 )
 
 
