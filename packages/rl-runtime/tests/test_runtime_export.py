@@ -114,7 +114,7 @@ def test_the_runs_model_config_override_is_in_the_exported_config(tmp_path, tiny
     backend.save_checkpoint(tmp_path / "role", 2)
     state = RunState(step=2, weight_version=2, env_seed_epoch=2,
                      extra={MODEL_PATH_KEY: tiny_model, MODEL_CONFIG_KEY: {"actor_train": override}})  # fmt: skip
-    run = CheckpointManager(tmp_path / "checkpoints").save(
+    run = RunCheckpoints(tmp_path / "checkpoints").save_run(
         state, lambda d: shutil.copytree(tmp_path / "role", d / "actor_train")
     )
     assert main([str(run), str(tmp_path / "hf")]) == 0
