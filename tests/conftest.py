@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 
@@ -9,3 +11,26 @@ def checkpoint_key_file(tmp_path_factory):
 
     with throwaway_checkpoint_key(tmp_path_factory.mktemp("ckpt_key")) as path:
         yield path
+
+
+@pytest.fixture(scope="session")
+def shared_tiny_model(tmp_path_factory) -> Path:
+    """The default tiny model (`rl_rollout.tiny_model.build_tiny_model`'s defaults, which is what
+    the apps' `build_tiny_model` option builds), built once per test process (xdist worker)."""
+    from rl_rollout.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.getbasetemp() / "shared_tiny_model")
+
+
+@pytest.fixture(autouse=True)
+def _tiny_model_built_once(request):
+    """A slow test's `tmp_path/tiny_model` links to the session's default tiny model. The app
+    launches build their model there (`<app>.build_tiny_model`, `pretrain`); each finds it
+    complete and loads it instead of building its own (~2 s of CPU per test). Nothing writes
+    into a model directory; a build with other parameters there replaces the link with a
+    directory of its own (rl_rollout.tiny_model.build_tiny_model), the shared model untouched."""
+    if request.node.get_closest_marker("slow") is None or "tmp_path" not in request.fixturenames:
+        return
+    tmp_path = request.getfixturevalue("tmp_path")
+    shared = request.getfixturevalue("shared_tiny_model")
+    (tmp_path / "tiny_model").symlink_to(shared, target_is_directory=True)

@@ -96,6 +96,13 @@ def test_algos_quick_prints_one_json_row_per_case():
 
 
 @pytest.mark.slow
+def test_record_step_one_pair_prints_the_ratio():
+    out = run_bench("record_step.py", "--steps", "1", "--rows", "4", "--tokens", "16")
+    assert re.search(r"record_bytes_per_step=\d+ checkpoint_bytes_per_step=\d+", out), out
+    assert re.match(r"record_ratio=[\d.]+$", last_line(out))
+
+
+@pytest.mark.slow
 def test_old_log_probs_one_repeat_prints_the_ratio():
     out = run_bench("old_log_probs.py", "--repeats", "1")
     assert re.search(r"whole [\d.]+ s, after_first [\d.]+ s per train_step", out), out

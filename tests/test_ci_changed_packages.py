@@ -19,6 +19,58 @@ PACKAGES = {"low": [], "mid": ["low"], "top": ["mid", "low"], "solo": []}
 ALL = sorted(PACKAGES)
 
 
+# uv.lock's shape: `low` needs `numpy` (and `tomli` in its `test` group), `solo` needs `regex`,
+# the workspace's `dev` group `ruff`; `app-only` is what only an app needs
+LOCK = """version = 1
+
+[[package]]
+name = "low"
+version = "0.1.0"
+dependencies = [{ name = "numpy" }]
+dev-dependencies = { test = [{ name = "tomli" }] }
+
+[[package]]
+name = "solo"
+version = "0.1.0"
+dependencies = [{ name = "regex" }]
+
+[[package]]
+name = "rl-workspace"
+source = { virtual = "." }
+dev-dependencies = { dev = [{ name = "ruff" }] }
+
+[[package]]
+name = "numpy"
+version = "2.0.0"
+
+[[package]]
+name = "tomli"
+version = "2.0.0"
+
+[[package]]
+name = "regex"
+version = "2024.1.1"
+
+[[package]]
+name = "ruff"
+version = "0.8.0"
+
+[[package]]
+name = "app-only"
+version = "1.0.0"
+"""
+ROOT_PYPROJECT = """[project]
+name = "rl-workspace"
+requires-python = ">=3.11"
+
+[tool.uv.sources]
+low = { workspace = true }
+
+[tool.pytest.ini_options]
+addopts = ["-ra"]
+"""
+
+
 def _src(name: str) -> str:
     """A source file of package `name` in the temporary workspace."""
     return f"packages/{name}/src/code.py"
@@ -46,8 +98,10 @@ def repo(tmp_path: Path) -> Path:
         (pkg / "pyproject.toml").write_text(
             f'[project]\nname = "{name}"\nversion = "0.1"\ndependencies = [{listed}]\n'
         )
-    (tmp_path / "uv.lock").write_text("lock\n")
+    (tmp_path / "uv.lock").write_text(LOCK)
+    (tmp_path / "pyproject.toml").write_text(ROOT_PYPROJECT)
     (tmp_path / "conftest.py").write_text("import pytest\n")
+    (tmp_path / ".ci" / "package-test").write_text("#!/bin/sh\n")
     (tmp_path / "other").mkdir()  # outside packages/, like apps/ and tools/
     (tmp_path / "other" / "app.py").write_text("y = 1\n")
     _git(tmp_path, "init", "-q")
@@ -106,7 +160,47 @@ def test_uncommitted_and_untracked_files_count_as_changes(repo):
     assert _choose(repo, RL_CI_BASE=base)[0] == ["solo"]
 
 
-@pytest.mark.parametrize("path", ["uv.lock", "conftest.py"])
+def _edit(repo: Path, path: str, old: str, new: str) -> None:
+    file = repo / path
+    assert old in file.read_text()
+    file.write_text(file.read_text().replace(old, new))
+    _git(repo, "commit", "-qam", f"edit {path}", date="2026-01-11T12:00:00")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ('version = "2.0.0"\n\n[[package]]\nname = "tomli"', 'version = "2.1.0"\n\n'
+         '[[package]]\nname = "tomli"', ["low", "mid", "top"]),  # low's dependency
+        ('name = "tomli"\nversion = "2.0.0"', 'name = "tomli"\nversion = "2.2.0"',
+         ["low", "mid", "top"]),  # low's test group
+        ('version = "2024.1.1"', 'version = "2025.1.1"', ["solo"]),
+        ('version = "0.8.0"', 'version = "0.9.0"', ALL),  # the workspace's dev group
+        ('version = "1.0.0"', 'version = "1.1.0"', []),  # an app's own dependency
+    ],
+)  # fmt: skip
+def test_a_lock_change_chooses_the_packages_whose_locked_dependencies_changed(
+    repo, old, new, expected
+):
+    base = _git(repo, "rev-parse", "HEAD")
+    _edit(repo, "uv.lock", old, new)
+    chosen, why = _choose(repo, RL_CI_BASE=base)
+    assert chosen == expected, why
+    if expected and expected != ALL:
+        assert f"{expected[0]}: its locked" in why
+
+
+def test_only_the_root_pyprojects_test_settings_and_groups_choose_every_package(repo):
+    base = _git(repo, "rev-parse", "HEAD")
+    _edit(repo, "pyproject.toml", "low = { workspace = true }",
+          "low = { workspace = true }\napp = { workspace = true }")  # fmt: skip
+    assert _choose(repo, RL_CI_BASE=base)[0] == []  # a new workspace member
+    _edit(repo, "pyproject.toml", '["-ra"]', '["-ra", "-q"]')
+    chosen, why = _choose(repo, RL_CI_BASE=base)
+    assert chosen == ALL and "pyproject.toml [tool.pytest] changed" in why, why
+
+
+@pytest.mark.parametrize("path", ["conftest.py", ".ci/package-test"])
 def test_a_file_every_package_reads_chooses_every_package(repo, path):
     base = _git(repo, "rev-parse", "HEAD")
     _change(repo, path)

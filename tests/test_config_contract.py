@@ -98,6 +98,7 @@ def _match(key: str, pattern: str) -> bool:
 
 # A changed value per consumed key (where the default rule below would not validate).
 CHANGES: dict[str, Any] = {
+    "record_steps": "every:2",
     **{
         f"{r}.model_args.model_config_kwargs": {"max_position_embeddings": 64}
         for r in ("actor_train", "actor_infer", "reference", "critic")

@@ -462,6 +462,7 @@ def test_registry() -> None:
         "grpo_passk",
         "gigpo",
         "step_reinforce",
+        "optimal_token_baseline",
     ):
         assert callable(get_estimator(name))
     assert get_estimator("grpo") is A.grpo
@@ -469,3 +470,61 @@ def test_registry() -> None:
         register_estimator("grpo")(A.rloo)
     with pytest.raises(KeyError, match="known"):
         get_estimator("nope")
+
+
+# --------------------------------------------------------------------------- optimal token baseline
+
+
+def _otb_loop(scores, mask, index, lp, sp, eps=1e-8):
+    """Optimal token baseline, one row, group and response position at a time (the spec)."""
+    b = mask.shape[0]
+    cols = [[t for t in range(mask.shape[1]) if mask[i, t]] for i in range(b)]
+    g, w = [], []
+    for i in range(b):
+        tail, acc, gi, wi = 0.0, 0.0, [], []
+        for t in reversed(cols[i]):
+            tail += float(scores[i]) if t == cols[i][-1] else 0.0
+            gi.insert(0, tail)
+        for t in cols[i]:
+            acc += 1 - 2 * math.exp(float(lp[i, t])) + float(sp[i, t])
+            wi.append(acc)
+        g.append(gi)
+        w.append(wi)
+    adv = torch.zeros(mask.shape, dtype=torch.float64)
+    for i in range(b):
+        group = [k for k in range(b) if index[k] == index[i]]
+        for j, t in enumerate(cols[i]):
+            base = 0.0
+            if len(group) > 1:
+                rows = [k for k in group if j < len(cols[k])]
+                num = sum(g[k][j] * w[k][j] for k in rows)
+                base = num / (sum(w[k][j] for k in rows) + eps)
+            adv[i, t] = g[i][j] - base
+    return adv
+
+
+def test_optimal_token_baseline_hand_derived_values():
+    """The docstring's example: B = [0.5 / 1.25, 0.5 / 1.75]; row 1's response starts one column
+    later (a longer prompt): positions count response tokens. Row 2 is a group of one: A = G."""
+    mask = torch.tensor([[1, 1, 0], [0, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    pi = torch.tensor([[0.5, 1.0, 1.0], [1.0, 0.25, 0.5], [0.3, 1.0, 1.0]])
+    sp = torch.tensor([[0.5, 1.0, 0.0], [0.0, 0.25, 0.5], [0.4, 0.0, 0.0]])
+    adv, ret = A.optimal_token_baseline(
+        torch.tensor([1.0, 0.0, 2.0]), mask, torch.tensor([0, 0, 1]),
+        old_log_probs=pi.log(), sum_pi_squared=sp,
+    )  # fmt: skip
+    want = torch.tensor([[0.6, 5 / 7, 0.0], [0.0, -0.4, -2 / 7], [2.0, 0.0, 0.0]])
+    torch.testing.assert_close(adv, want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1, 0], [0, 0, 0], [2, 0, 0]]))
+
+
+def test_optimal_token_baseline_equals_the_plain_loop():
+    gen = torch.Generator().manual_seed(0)
+    B, T = 9, 7
+    mask = torch.rand(B, T, generator=gen) > 0.3  # ragged, gapped responses, one may be empty
+    scores = torch.randn(B, generator=gen, dtype=torch.float64)
+    index = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 3])
+    lp = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
+    sp = torch.rand(B, T, generator=gen, dtype=torch.float64)
+    adv, _ = A.optimal_token_baseline(scores, mask, index, old_log_probs=lp, sum_pi_squared=sp)
+    torch.testing.assert_close(adv, _otb_loop(scores, mask, index, lp, sp), atol=1e-9, rtol=1e-9)

@@ -25,7 +25,7 @@ from rl_algos.rewards import clip_rewards, normalize_rewards
 
 # estimators defined without a group std (rl_config.schema.algorithm.STD_FREE_ESTIMATORS)
 STD_FREE = {"dr_grpo", "rloo", "reinforce_pp", "reinforce_plus_plus", "reinforce_pp_baseline",
-            "reinforce_plus_plus_baseline", "remax", "opo", "gpg"}  # fmt: skip
+            "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "optimal_token_baseline"}  # fmt: skip
 
 
 def test_grpo_puts_each_rows_group_z_score_on_its_model_tokens():
@@ -126,7 +126,7 @@ def test_step_rows_one_per_model_turn_with_shared_observations_as_one_anchor():
 
 
 def _composed(rewards, mask, groups, name, *, method, clip, kl_coef, lp, ref, values, base,
-              steps, whiten, adv_clip):  # fmt: skip
+              steps, whiten, adv_clip, sp=None):  # fmt: skip
     """The composition of rl_algos' parts `estimate_advantages` replaces, call by call."""
     needs, fn = estimator_needs(name), get_estimator(name)
     params = inspect.signature(fn).parameters
@@ -157,6 +157,8 @@ def _composed(rewards, mask, groups, name, *, method, clip, kl_coef, lp, ref, va
         if "baseline_scores" in needs:
             b = normalize_rewards(base, grouping="group", index=groups, method=method)
             kw["baseline_scores"] = clip_rewards(b, clip) if at_scores else b
+        if "sum_pi_squared" in needs:
+            kw.update(old_log_probs=lp, sum_pi_squared=sp)
         adv, ret = fn(token, mask, groups, **kw)
         if clip is not None and not at_scores:
             c, _ = clip_row_values(adv.float(), mask, clip)
@@ -189,18 +191,20 @@ def test_one_call_equals_the_composition_of_the_parts(name, clip, kl_coef, white
     ids = torch.randint(0, 4, (B, T), generator=gen)
     tok_rewards = torch.rand(B, T, generator=gen)
     steps = step_rows(mask, turn, tok_rewards, ids, [[(2, 4), (4, 6)]] * B)
+    sp = torch.rand(B, T, generator=gen)
     method = "identity" if name in STD_FREE else "mean_std"
     needs = estimator_needs(name)
     kl_coef = 0.0 if "step_rows" in needs else kl_coef  # step-wise: turn rewards, no token KL
     want_adv, want_ret = _composed(
         rewards, mask, groups, name, method=method, clip=clip, kl_coef=kl_coef, lp=lp, ref=ref,
-        values=values, base=base, steps=steps, whiten=whiten, adv_clip=adv_clip,
+        values=values, base=base, steps=steps, whiten=whiten, adv_clip=adv_clip, sp=sp,
     )  # fmt: skip
     out = estimate_advantages(
         rewards, mask, groups, name, method=method, reward_clip=clip, kl_coef=kl_coef,
         log_probs=lp, ref_log_probs=ref, values=values if "values" in needs else None,
         baseline_scores=base if "baseline_scores" in needs else None,
         steps=steps if "step_rows" in needs else None, step_gamma=0.95,
+        sum_pi_squared=sp if "sum_pi_squared" in needs else None,
         whiten=whiten, advantage_clip=adv_clip,
     )  # fmt: skip
     assert torch.equal(out["advantages"], want_adv)
@@ -211,10 +215,14 @@ def test_what_an_estimator_needs_is_asked_for_by_name():
     assert estimator_needs("gae") == {"values"}
     assert estimator_needs("remax") == {"baseline_scores"}
     assert estimator_needs("gigpo") == {"step_rows"}
+    assert estimator_needs("optimal_token_baseline") == {"sum_pi_squared"}
     mask = torch.ones(2, 2, dtype=torch.bool)
     with pytest.raises(ValueError, match="needs critic values"):
         estimate_advantages(torch.ones(2), mask, torch.zeros(2, dtype=torch.long), "gae")
     with pytest.raises(ValueError, match="needs baseline_scores"):
         estimate_advantages(torch.ones(2), mask, torch.zeros(2, dtype=torch.long), "remax")
+    with pytest.raises(ValueError, match="needs the old policy's log_probs and sum_pi_squared"):
+        estimate_advantages(torch.ones(2), mask, torch.zeros(2, dtype=torch.long),
+                            "optimal_token_baseline", log_probs=torch.zeros(2, 2))  # fmt: skip
     with pytest.raises(ValueError, match="needs log_probs and ref_log_probs"):
         estimate_advantages(torch.ones(2), mask, torch.zeros(2, dtype=torch.long), kl_coef=0.1)

@@ -308,7 +308,7 @@ def test_fully_async_staleness_partial_rollout_and_its_step(
         (f"{A}.model.exclude_modules=[lm_head]", "LoRA"),
         (f"{A}.actor.freeze_vision_tower=True", "vision-language"),
         ("reward_model.strategy=megatron", "Megatron"),
-        ("algorithm.adv_estimator=optimal_token_baseline", "not implemented"),
+        ("algorithm.adv_estimator=tir_optimal_token_baseline", "not implemented"),
         (f"{A}.actor.policy_loss.loss_mode=bypass_mode", "not implemented"),
         ("trainer.logger=['console','mlflow']", "mlflow"),
         ("data.truncation=sideways", "error, left, right or middle"),
@@ -606,3 +606,20 @@ def test_model_config_override_goes_to_every_role_that_builds_the_model():
     }
     assert "model_config_kwargs" not in _ok(f"{key}={{}}")["actor_train"]["model_args"]
     assert "mapping" in _refused(f"{key}=7")[key]
+
+
+def test_optimal_token_baseline_reads_the_actors_sum_pi_squared():
+    """verl's OTB asserts actor.calculate_sum_pi_squared; here the actor's old-log-prob forward
+    computes it for the estimator. Without the flag, or with IS-weighted baselines, refused."""
+    otb = ["algorithm.adv_estimator=optimal_token_baseline"]
+    t = _t(*otb, f"{A}.actor.calculate_sum_pi_squared=True")
+    assert t.refused == []
+    assert t.data["adv_estimator"] == "optimal_token_baseline"
+    assert t.data["reward_normalization"]["method"] == "identity"
+    notes = {r.sources[0]: r.note for r in t.rows if not r.target}
+    assert "sum pi^2" in notes[f"{A}.actor.calculate_sum_pi_squared"]
+    key = f"{A}.actor.calculate_sum_pi_squared"
+    assert "verl asserts it too" in _refused(*otb)[key]
+    is_key = "algorithm.rollout_correction.rollout_is"
+    assert "IS-weighted" in _refused(*otb, f"{key}=True", f"{is_key}=token")[is_key]
+    assert _t(f"{key}=True").refused == []  # grpo: verl only logs a metric from it

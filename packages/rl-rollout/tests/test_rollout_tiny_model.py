@@ -65,6 +65,27 @@ def test_deterministic_and_idempotent(tmp_path: Path, tiny_model_dir: Path) -> N
     assert _digest(again / "model.safetensors") == _digest(other / "model.safetensors")
 
 
+def test_a_link_to_a_built_model_is_reused_or_replaced_never_followed(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A link to a complete model with the same parameters is that model; a link to one with
+    other parameters is replaced by a directory of its own, and the linked model stays whole
+    (before, the build failed: a directory cannot replace a link)."""
+    shared_files = {p.name: p.stat().st_mtime_ns for p in tiny_model_dir.iterdir()}
+    same = tmp_path / "same"
+    same.symlink_to(tiny_model_dir, target_is_directory=True)
+    assert build_tiny_model(same, seed=0) == same and same.is_symlink()
+    other = tmp_path / "other"
+    other.symlink_to(tiny_model_dir, target_is_directory=True)
+    built = build_tiny_model(other, hidden_size=64, num_heads=1, intermediate_size=64)
+    assert built == other and not other.is_symlink()
+    assert AutoModelForCausalLM.from_pretrained(other).config.hidden_size == 64
+    assert {p.name: p.stat().st_mtime_ns for p in tiny_model_dir.iterdir()} == shared_files
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere", target_is_directory=True)
+    assert not build_tiny_model(dangling, hidden_size=64, num_heads=1).is_symlink()
+
+
 def test_rejects_small_head_dim(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="head_dim"):
         build_tiny_model(tmp_path / "bad", hidden_size=64, num_heads=2)

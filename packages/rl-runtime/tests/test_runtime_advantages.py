@@ -308,6 +308,9 @@ def _setting(name: str) -> dict:
         kwargs["values"] = torch.linspace(-1.0, 1.0, mask.numel()).reshape(mask.shape)
     if "baseline_scores" in needs:
         kwargs["baseline_scores"] = torch.tensor([0.5, 0.5, 0.5, 0.5, 0.2, 0.2, 0.2, 0.2])
+    if "sum_pi_squared" in needs:  # the actor's statistics (optimal_token_baseline)
+        kwargs["log_probs"] = -torch.linspace(0.1, 2.0, mask.numel()).reshape(mask.shape)
+        kwargs["sum_pi_squared"] = torch.linspace(0.2, 0.9, mask.numel()).reshape(mask.shape)
     return {"batch": batch, "method": method, "kwargs": kwargs}
 
 

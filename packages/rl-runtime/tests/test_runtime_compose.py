@@ -168,3 +168,25 @@ def test_segment_level_correction_is_refused_by_name():
     tic = {"train_infer_correction": {"is_weight": {"enabled": True, "weight_type": "segment"}}}
     with pytest.raises(ValueError, match="is_weight.weight_type"):
         _components(tic)
+
+
+def test_optimal_token_baseline_has_the_actor_compute_sum_pi_squared_from_logits():
+    """The estimator reads the actor's sum_pi_squared: the actor's training args ask its forward
+    for it, and the fused log-prob head (no logits) is turned off with a warning, or refused by
+    name when the config turns it on; other estimators leave both alone."""
+    otb = {
+        "adv_estimator": "optimal_token_baseline",
+        "reward_normalization": {"method": "identity"},
+    }
+    comp = _components(otb)
+    actor = comp.role("actor_train")
+    assert actor.training_args.sum_pi_squared is True
+    assert actor.strategy_config["fused_lm_head"] is False
+    assert any("fused_lm_head: false" in w for w in comp.warnings)
+    plain = _components().role("actor_train")
+    assert plain.training_args.sum_pi_squared is False
+    assert "fused_lm_head" not in plain.strategy_config
+    on = {"actor_train": {"strategy_args": {"strategy_name": "fsdp2_train",
+                                            "strategy_config": {"fused_lm_head": True}}}}  # fmt: skip
+    with pytest.raises((ConfigError, ValueError), match="fused_lm_head: true"):
+        _components({**otb, **on})

@@ -52,6 +52,7 @@ __all__ = [
     "grpo_passk",
     "list_estimators",
     "opo",
+    "optimal_token_baseline",
     "register_estimator",
     "reinforce_pp",
     "reinforce_pp_baseline",
@@ -743,6 +744,68 @@ def step_reinforce(
     )
     adv = masked_discounted_returns(_token_rewards(normed, mask), mask, token_gamma)
     return adv, adv
+
+
+@register_estimator("optimal_token_baseline")
+@torch.no_grad()
+def optimal_token_baseline(
+    scores: Tensor,
+    response_mask: Tensor,
+    index: GroupIndex,
+    *,
+    old_log_probs: Tensor,
+    sum_pi_squared: Tensor,
+    epsilon: float = 1e-8,
+) -> tuple[Tensor, Tensor]:
+    """Optimal token baseline (OTB, verl's ``optimal_token_baseline``): a baseline per group and
+    response position, the returns weighted by each row's accumulated path variance.
+
+    For row ``i`` at its ``t``-th response token (positions count response tokens, so rows whose
+    responses start at different columns are aligned; masked-out tokens are skipped):
+
+    * ``G_t`` the reward-to-go (undiscounted), ``pi_t = exp(old_log_probs_t)`` the probability of
+      the sampled token, ``w_t = 1 - 2 pi_t + sum_pi_squared_t`` (``||e_token - pi||^2``, the
+      squared norm of the log-softmax gradient's logit part: a per-token variance proxy);
+    * ``W_t = w_1 + ... + w_t`` (the path variance so far);
+    * ``B_t = sum_i G_{i,t} W_{i,t} / (sum_i W_{i,t} + epsilon)`` over the rows of the group that
+      have a ``t``-th token; ``A_t = G_t - B_t``. A group of one row keeps ``A = G``.
+
+    Example (hand-derived): one group, outcome scores ``[1, 0]``, two tokens each; row 0 with
+    ``pi = [0.5, 1]``, ``sum_pi_squared = [0.5, 1]`` (``w = [0.5, 0]``, ``W = [0.5, 0.5]``), row 1
+    with ``pi = [0.25, 0.5]``, ``sum_pi_squared = [0.25, 0.5]`` (``w = [0.75, 0.5]``,
+    ``W = [0.75, 1.25]``): ``B = [0.5 / 1.25, 0.5 / 1.75] = [0.4, 2/7]``, so row 0 gets
+    ``[0.6, 5/7]`` and row 1 ``[-0.4, -2/7]``.
+
+    Args:
+        scores: ``[B]`` outcome (on the last response token) or ``[B, T]`` token rewards.
+        response_mask: ``[B, T]``.  index: ``[B]`` group of each row.
+        old_log_probs: ``[B, T]`` log-probs of the sampled tokens under the policy that sampled
+            them.  sum_pi_squared: ``[B, T]`` ``sum_v pi(v)^2`` of that policy at each token.
+        epsilon: added to the denominator.
+    Returns:
+        ``(advantages [B, T], returns [B, T])``: the returns are ``G``.
+    """
+    mask = _check_mask(response_mask)
+    for name, t in (("old_log_probs", old_log_probs), ("sum_pi_squared", sum_pi_squared)):
+        if t.shape != mask.shape:
+            raise ValueError(f"{name} {tuple(t.shape)} != response_mask {tuple(mask.shape)}")
+    rewards = _token_rewards(scores, mask)
+    dt = _float_dtype(rewards, old_log_probs, sum_pi_squared)
+    returns = masked_discounted_returns(rewards.to(dt), mask, 1.0)  # [B, T], 0 outside the mask
+    w = 1.0 - 2.0 * old_log_probs.to(dt).exp() + sum_pi_squared.to(dt)
+    slot, rank = compaction(mask)  # column j of a compacted row: its j-th response token
+    m = compact(mask.to(dt), slot)
+    g_c = compact(returns, slot)
+    w_c = compact(torch.where(mask, w, torch.zeros((), dtype=dt)), slot).cumsum(1) * m
+    ids, g = group_ids(index, mask.shape[0], mask.device)
+    new = partial(torch.zeros, dtype=dt, device=mask.device)
+    num = new(g, mask.shape[1]).index_add_(0, ids, g_c * w_c)
+    den = new(g, mask.shape[1]).index_add_(0, ids, w_c) + epsilon
+    count = new(g).index_add_(0, ids, torch.ones_like(ids, dtype=dt))
+    baseline = (num / den).index_select(0, ids) * (count.index_select(0, ids) > 1).unsqueeze(-1)
+    adv = (g_c - baseline).gather(1, rank)
+    zero = torch.zeros((), dtype=dt)
+    return torch.where(mask, adv, zero), returns
 
 
 register_estimator("reinforce_pp")(reinforce_pp)

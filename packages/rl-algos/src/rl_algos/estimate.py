@@ -13,7 +13,8 @@ Shapes: ``B`` rows (samples), ``T`` tokens, ``S`` step rows (one per model turn 
    ``kl_coef * KL(kl_kind)`` is subtracted per token (`rl_algos.kl_control.apply_kl_penalty`).
 4. The estimator, by name from the registry (`rl_algos.advantages.get_estimator`); its signature
    says what it needs (`estimator_needs`): critic ``values`` (gae), greedy ``baseline_scores``
-   (remax), per-turn step rows (`step_rows`: gigpo, step_reinforce); group estimators get
+   (remax), per-turn step rows (`step_rows`: gigpo, step_reinforce), the old policy's
+   ``log_probs`` and ``sum_pi_squared`` (optimal_token_baseline); group estimators get
    ``group_ids`` as their ``index``.
 5. Whitening (`rl_algos.aggregate.masked_whiten`), then ``advantage_clip``; zero outside the mask.
 """
@@ -36,7 +37,9 @@ from rl_algos.rewards import clip_rewards, normalize_rewards
 def estimator_needs(name: str) -> frozenset[str]:
     """What the registered estimator `name` needs beyond scores, mask and groups, read from its
     signature: ``values`` (a critic), ``baseline_scores`` (greedy rollouts), ``step_rows``
-    (per-turn rows). An unknown name raises the registry's KeyError listing the names."""
+    (per-turn rows), ``sum_pi_squared`` (the old policy's ``log_probs`` and ``sum_v pi(v)^2``
+    per token: optimal_token_baseline). An unknown name raises the registry's KeyError listing
+    the names."""
     params = inspect.signature(get_estimator(name)).parameters
     needs = set()
     if "values" in params:
@@ -45,6 +48,8 @@ def estimator_needs(name: str) -> frozenset[str]:
         needs.add("baseline_scores")
     if "step_rewards" in params:
         needs.add("step_rows")
+    if "sum_pi_squared" in params:
+        needs.add("sum_pi_squared")
     return frozenset(needs)
 
 
@@ -158,6 +163,7 @@ def estimate_advantages(
     values: Tensor | None = None,
     baseline_scores: Tensor | None = None,
     steps: Mapping[str, Tensor] | None = None,
+    sum_pi_squared: Tensor | None = None,
     step_gamma: float = 0.95,
     step_weight: float = 1.0,
     episode_weight: float = 1.0,
@@ -180,6 +186,9 @@ def estimate_advantages(
         baseline_scores: ``[B]`` episode rewards of greedy rollouts of the same prompts (remax),
             normalised (and clamped) like the scores.
         steps: the step rows (`step_rows`) of a step-wise estimator.
+        sum_pi_squared: ``[B, T]`` ``sum_v pi(v)^2`` of the old policy per token; with
+            ``log_probs`` (that policy's log-probs of the sampled tokens) for
+            optimal_token_baseline.
         step_gamma, step_weight, episode_weight: the step-wise estimators' discount across turns
             and GiGPO's step/episode weights.
 
@@ -256,6 +265,12 @@ def estimate_advantages(
             kwargs["baseline_scores"] = (
                 clip_rewards(baseline, reward_clip) if clip_scores else baseline
             )
+        if "sum_pi_squared" in needs:
+            if log_probs is None or sum_pi_squared is None:
+                raise ValueError(
+                    f"adv_estimator={estimator} needs the old policy's log_probs and sum_pi_squared"
+                )
+            kwargs["old_log_probs"], kwargs["sum_pi_squared"] = log_probs, sum_pi_squared
         adv, ret = fn(rewards, mask, group_ids, **kwargs)
         if reward_clip is not None and not clip_scores:  # the estimator's per-row value
             clipped_adv, hit = clip_row_values(adv.to(torch.float32), mask, reward_clip)

@@ -41,6 +41,7 @@ __all__ = [
     "log_probs_from_hidden",
     "log_probs_from_logits",
     "log_probs_from_logits_chunked",
+    "sum_pi_squared_from_logits",
     "truncation_keep_mask",
 ]
 
@@ -344,6 +345,33 @@ def log_probs_from_logits_chunked(
         flat_logits, flat_labels, chunk, temperature, with_entropy, top_k, top_p
     )
     return lp.reshape(shape), (ent.reshape(shape) if with_entropy else None)
+
+
+@torch.no_grad()
+def sum_pi_squared_from_logits(
+    logits: Tensor, *, chunk_size: int | None = None, temperature: float = 1.0
+) -> Tensor:
+    """``sum_v pi(v)^2`` of ``pi = softmax(logits / temperature)`` per position, chunked (never
+    float32 ``[N, V]``): ``exp(logsumexp(2 z) - 2 logsumexp(z))``. No gradient (a statistic of
+    the policy that sampled, for rl_algos.advantages.optimal_token_baseline). Example: logits
+    ``[0, ln 3]`` give ``pi = [1/4, 3/4]`` and ``1/16 + 9/16 = 0.625``.
+
+    Args:
+        logits: ``[..., V]``.
+    Returns:
+        ``[...]`` float32, in ``[1/V, 1]``.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    chunk = _auto_chunk(flat.shape[-1], chunk_size, flat.device)
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+    for start in range(0, flat.shape[0], chunk):
+        z = flat[start : start + chunk].to(_compute_dtype(flat.dtype))
+        if temperature != 1.0:
+            z = z / temperature
+        out[start : start + chunk] = (
+            torch.logsumexp(2.0 * z, dim=-1) - 2.0 * torch.logsumexp(z, dim=-1)
+        ).exp()
+    return out.reshape(logits.shape[:-1])
 
 
 def entropy_from_logits_chunked(

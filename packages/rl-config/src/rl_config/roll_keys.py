@@ -211,7 +211,9 @@ def missing_pipeline_issue(data: dict[str, Any]) -> ConfigIssue | None:
                 found[0],
                 f"this is a config of ROLL's {pipeline} pipeline ({', '.join(found)}), which is "
                 "not implemented in this stack; its pipelines are agentic (apps/agentic), RLVR "
-                "(apps/rlvr, apps/async) and DPO (apps/dpo)",
+                "(apps/rlvr, apps/async), DPO (apps/dpo) and on-policy distillation "
+                "(apps/distill: ROLL's student_train/student_infer/teacher configs after "
+                "rl-config convert; off-policy only as SFT on teacher samples or given data)",
             )
     return None
 

@@ -178,6 +178,27 @@ def build(out: Any, mode: str, count_rows: Any) -> None:
     _model_config(out, "critic.model.override_config", ("critic",) if "critic" in out.data else ())
 
 
+def _sum_pi_squared(out: Any, estimator: str) -> None:
+    """verl's optimal token baseline reads the actor's `sum_pi_squared` (it asserts
+    `actor.calculate_sum_pi_squared=True`); here the actor's old-log-prob forward computes it
+    whenever the estimator needs it. verl scales the baseline's weights by the rollout IS weights
+    when `rollout_correction.rollout_is` is on: not implemented, refused by name."""
+    key = f"{ACTOR}.calculate_sum_pi_squared"
+    on = _bool(out.get(key))
+    if estimator == "optimal_token_baseline":
+        if not on:
+            out.refuse(key, "optimal_token_baseline needs it (verl asserts it too)")
+        else:
+            out.noop(key, "the actor's old-log-prob forward computes sum pi^2 for the estimator")
+        is_key = "algorithm.rollout_correction.rollout_is"
+        if out.get(is_key) not in (None, False, "null", "None"):
+            out.refuse(is_key, "optimal_token_baseline with IS-weighted baselines is not "
+                       "implemented")  # fmt: skip
+    elif on:
+        out.noop(key, "with this estimator verl only logs a variance metric from it (not "
+                 "computed here; the training is the same)")  # fmt: skip
+
+
 def _model_config(out: Any, prefix: str, roles: tuple[str, ...]) -> None:
     """verl's `model.override_config` (a mapping, or its attributes as keys: `+...override_config.
     max_position_embeddings=32768`): HF config attributes verl sets on the model it builds ->
@@ -670,6 +691,7 @@ def _loss(out: Any) -> None:
         ours == "gae",
         "verl whitens GAE advantages over the batch" if ours == "gae" else "",
     )
+    _sum_pi_squared(out, ours)
     out.set(["algorithm.gamma"], "gamma", out.number("algorithm.gamma"))
     if ours == "gae":
         out.set(["algorithm.lam"], "lambd", out.number("algorithm.lam"))

@@ -204,7 +204,7 @@ RULES: dict[str, Rule] = {
     f"{_A}.actor.use_remove_padding": noop(SPEED),
     f"{_A}.actor.entropy_from_logits_with_chunking": noop(MEMORY),
     f"{_A}.actor.entropy_checkpointing": noop(MEMORY),
-    f"{_A}.actor.calculate_sum_pi_squared": only("sum-pi-squared statistics are not computed"),
+    f"{_A}.actor.calculate_sum_pi_squared": derived("optimal_token_baseline's statistic"),
     f"{_A}.actor.sum_pi_squared_checkpointing": noop(MEMORY),
     f"{_A}.actor.use_rollout_log_probs": derived("old log-probs"),
     # reference

@@ -213,7 +213,7 @@ ESTIMATORS: dict[str, str | None] = {
     "opo": "opo",
     "grpo_passk": "grpo_passk",
     "gpg": "gpg",
-    "optimal_token_baseline": None,
+    "optimal_token_baseline": "optimal_token_baseline",
     "tir_optimal_token_baseline": None,
 }
 """verl's advantage estimators -> this stack's (None: not implemented)."""

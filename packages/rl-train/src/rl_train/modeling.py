@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rl_algos.logprobs import log_probs_from_logits_chunked
+from rl_algos.logprobs import log_probs_from_logits_chunked, sum_pi_squared_from_logits
 from rl_train.args import LogprobSampling, ModelArgs
 from rl_train.attention import (
     VARLEN,
@@ -178,19 +178,31 @@ def _log_probs_forward(
     labels: torch.Tensor,
     need_entropy: bool,
     sampling: LogprobSampling,
+    need_sum_pi_squared: bool = False,
     **inputs: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Forward ``inputs`` and return log p(labels) and entropy of the ``sampling`` distribution,
-    ``[B, L]`` each, for the ``[B, L]`` positions of the forward (labels < 0 give 0). With a
-    :class:`LogProbHead` installed the head computes them from hidden states; otherwise from the
-    ``[B, L, V]`` logits, chunked (a truncated distribution is sorted chunk by chunk too)."""
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Forward ``inputs`` and return log p(labels), entropy and (``need_sum_pi_squared``)
+    ``sum_v pi(v)^2`` of the ``sampling`` distribution, ``[B, L]`` each, for the ``[B, L]``
+    positions of the forward (labels < 0 give 0). With a :class:`LogProbHead` installed the head
+    computes the first two from hidden states; otherwise from the ``[B, L, V]`` logits, chunked
+    (a truncated distribution is sorted chunk by chunk too)."""
     head = log_prob_head(model)
+    if need_sum_pi_squared:
+        if head is not None:
+            raise ValueError(
+                "sum_pi_squared needs the logits: set actor_train.strategy_args.strategy_config."
+                "fused_lm_head: false"
+            )
+        if sampling.top_k is not None or sampling.top_p is not None:
+            raise ValueError(
+                "sum_pi_squared of a top-k/top-p truncated distribution is not implemented"
+            )
     if head is not None:
         with log_prob_request(head, labels, sampling=sampling, with_entropy=need_entropy):
             out = model(use_cache=False, **inputs).logits  # [B, L, 2]
-        return out[..., 0], (out[..., 1] if need_entropy else None)
+        return out[..., 0], (out[..., 1] if need_entropy else None), None
     logits = model(use_cache=False, **inputs).logits
-    return log_probs_from_logits_chunked(
+    lp, ent = log_probs_from_logits_chunked(
         logits,
         labels,
         temperature=sampling.temperature,
@@ -198,6 +210,11 @@ def _log_probs_forward(
         top_p=sampling.top_p,
         with_entropy=need_entropy,
     )
+    sps = None
+    if need_sum_pi_squared:
+        sps = sum_pi_squared_from_logits(logits, temperature=sampling.temperature)
+        sps = torch.where(labels >= 0, sps, torch.zeros_like(sps))
+    return lp, ent, sps
 
 
 def token_outputs(
@@ -209,6 +226,7 @@ def token_outputs(
     need_entropy: bool = False,
     sampling: LogprobSampling | None = None,
     share_prompt: bool = False,
+    need_sum_pi_squared: bool = False,
 ) -> ForwardOutput:
     """Forward ``batch`` through ``model`` and return aligned ``[B, T]`` outputs (with grad).
 
@@ -219,10 +237,12 @@ def token_outputs(
     With ``share_prompt=True`` (actor/reference, padded) each distinct prompt of the batch runs
     once (:mod:`rl_train.shared_prefix`); the prompt columns of the log-probs are then 0.
     Log-probs and entropy are those of the ``sampling`` distribution (None: the raw model).
+    ``need_sum_pi_squared`` (actor, no grad): also ``sum_pi_squared`` of that distribution.
     """
     sampling = LogprobSampling() if sampling is None else sampling
     if share_prompt and packed:
         raise ValueError("share_prompt_forward cannot be combined with sequence packing")
+    sps_out: torch.Tensor | None = None
     full_t = int(batch["input_ids"].shape[1])
     trimmed = trim_padding(batch)
     ids = trimmed["input_ids"]
@@ -248,27 +268,31 @@ def token_outputs(
         else:
             # the last position predicts nothing: an ignored label (its output is dropped below)
             labels = torch.cat([packed_ids[:, 1:], packed_ids.new_full((1, 1), -1)], dim=1)
-            lp, ent = _log_probs_forward(model, labels, need_entropy, sampling, **inputs)
-            lp = torch.cat([lp.new_zeros(1), lp.reshape(-1)[:-1]]).index_fill(0, starts, 0.0)
-            ent_aligned = None
-            if ent is not None:
-                ent_aligned = torch.cat([ent.new_zeros(1), ent.reshape(-1)[:-1]]).index_fill(
-                    0, starts, 0.0
-                )
-                ent_aligned = unpack(ent_aligned, layout)
-            result = ForwardOutput(log_probs=unpack(lp, layout), entropy=ent_aligned)
+            lp, ent, sps = _log_probs_forward(
+                model, labels, need_entropy, sampling, need_sum_pi_squared, **inputs
+            )
+
+            def aligned(x: torch.Tensor | None) -> torch.Tensor | None:
+                if x is None:
+                    return None
+                x = torch.cat([x.new_zeros(1), x.reshape(-1)[:-1]]).index_fill(0, starts, 0.0)
+                return unpack(x, layout)
+
+            result = ForwardOutput(log_probs=aligned(lp), entropy=aligned(ent))
+            sps_out = aligned(sps)
     elif share_prompt:
         if role == "critic":
             raise ValueError("share_prompt_forward: the critic's value forward has no shared path")
         if "response_mask" not in trimmed:
             raise ValueError("share_prompt_forward needs the batch's response_mask")
-        lp, ent = shared_prompt_log_probs(
+        lp, ent, sps_out = shared_prompt_log_probs(
             model,
             ids,
             mask,
             trimmed["response_mask"],
             need_entropy=need_entropy,
             sampling=sampling,
+            need_sum_pi_squared=need_sum_pi_squared,
         )
         result = ForwardOutput(log_probs=lp, entropy=ent)
     else:
@@ -279,19 +303,27 @@ def token_outputs(
             result = ForwardOutput(values=values)
         else:
             labels = torch.cat([ids[:, 1:], ids.new_full((b, 1), -1)], dim=1)
-            lp, ent = _log_probs_forward(
-                model, labels, need_entropy, sampling, input_ids=ids, attention_mask=mask
+            lp, ent, sps = _log_probs_forward(
+                model,
+                labels,
+                need_entropy,
+                sampling,
+                need_sum_pi_squared,
+                input_ids=ids,
+                attention_mask=mask,
             )
             lp, ent = lp[:, :-1], (None if ent is None else ent[:, :-1])
             result = ForwardOutput(
                 log_probs=_shift_right(lp) * valid,
                 entropy=None if ent is None else _shift_right(ent) * valid,
             )
+            sps_out = None if sps is None else _shift_right(sps[:, :-1]) * valid
+    result = ForwardOutput(result.log_probs, result.entropy, result.values, sps_out)
     if t < full_t:
         result = ForwardOutput(
             *(
                 None if x is None else nn.functional.pad(x, (0, full_t - t))
-                for x in (result.log_probs, result.entropy, result.values)
+                for x in (result.log_probs, result.entropy, result.values, result.sum_pi_squared)
             )
         )
     return result

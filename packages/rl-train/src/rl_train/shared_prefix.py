@@ -267,10 +267,11 @@ def shared_prompt_log_probs(
     *,
     need_entropy: bool,
     sampling: LogprobSampling,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log p(ids[b, t] | ids[b, :t]) and entropy, ``[B, T]`` each (with grad), for right-padded
-    ``ids/mask/response_mask [B, T]``; 0 on column 0, the prompt columns and padding. See the
-    module docstring."""
+    need_sum_pi_squared: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Log p(ids[b, t] | ids[b, :t]), entropy and (``need_sum_pi_squared``) ``sum_v pi(v)^2``,
+    ``[B, T]`` each (the first two with grad), for right-padded ``ids/mask/response_mask
+    [B, T]``; 0 on column 0, the prompt columns and padding. See the module docstring."""
     from rl_train.modeling import _log_probs_forward
 
     b, t = ids.shape
@@ -292,11 +293,12 @@ def shared_prompt_log_probs(
             attention = torch.cat([prefix_mask, own_valid.long()], dim=1)
         else:  # no row has a prefix (one-token prompts): a plain forward of the rows
             cache, attention = None, own_valid.long()
-        lp, ent = _log_probs_forward(
+        lp, ent, sps = _log_probs_forward(
             model,
             labels,
             need_entropy,
             sampling,
+            need_sum_pi_squared,
             input_ids=row_ids,
             attention_mask=attention,
             position_ids=cols,
@@ -310,4 +312,8 @@ def shared_prompt_log_probs(
         out = x.new_zeros(b, t + 1).scatter(1, target, x * label_valid)
         return out[:, :t]
 
-    return place(lp.float()), (None if ent is None else place(ent.float()))
+    return (
+        place(lp.float()),
+        None if ent is None else place(ent.float()),
+        None if sps is None else place(sps.float()),
+    )

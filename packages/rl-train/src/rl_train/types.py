@@ -25,12 +25,16 @@ class ForwardOutput:
     log_probs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    #: ``sum_v pi(v)^2`` of the log-probs' distribution at each token (column 0 is 0)
+    sum_pi_squared: torch.Tensor | None = None
 
     def detach_cpu(self) -> ForwardOutput:
         def _d(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.detach().float().cpu()
 
-        return ForwardOutput(_d(self.log_probs), _d(self.entropy), _d(self.values))
+        return ForwardOutput(
+            _d(self.log_probs), _d(self.entropy), _d(self.values), _d(self.sum_pi_squared)
+        )
 
 
 @dataclass(frozen=True)

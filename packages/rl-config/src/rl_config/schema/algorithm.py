@@ -24,6 +24,7 @@ AdvEstimatorName = Literal[
     "grpo_passk",
     "gigpo",
     "step_reinforce",
+    "optimal_token_baseline",
 ]
 #: Estimators defined on raw rewards with a baseline of their own and no per-group std: a
 #: reward_normalization that divides by the group std first changes the algorithm (dr_grpo
@@ -39,6 +40,7 @@ STD_FREE_ESTIMATORS = frozenset(
         "remax",
         "opo",
         "gpg",
+        "optimal_token_baseline",
     }
 )
 STD_SCALING_METHODS = ("mean_std", "asym_clip")
@@ -152,7 +154,7 @@ class AlgorithmFields(StrictModel):
         "the registry): gae (needs a critic), grpo, dr_grpo, reinforce, rloo, reinforce_pp "
         "(= reinforce_plus_plus), reinforce_pp_baseline (= reinforce_plus_plus_baseline), remax "
         "(greedy baseline rollouts), opo, gpg, grpo_passk, gigpo (per-turn steps), step_reinforce (ROLL's per-step "
-        "REINFORCE: each turn's discounted return, normalised). Reward normalisation (reward_normalization) runs first; group estimators use its groups. dr_grpo, rloo, reinforce_pp(_baseline), remax, opo and gpg bring their own baseline and no group std: they need reward_normalization.method identity (or mean).",
+        "REINFORCE: each turn's discounted return, normalised), optimal_token_baseline (a baseline per group and response position, weighted by each row's accumulated variance proxy 1 - 2 pi + sum pi^2 from the trainer's log-probs). Reward normalisation (reward_normalization) runs first; group estimators use its groups. dr_grpo, rloo, reinforce_pp(_baseline), remax, opo, gpg and optimal_token_baseline bring their own baseline and no group std: they need reward_normalization.method identity (or mean).",
     )
     ppo_epochs: int = Field(
         default=1,

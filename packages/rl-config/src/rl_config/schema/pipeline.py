@@ -9,6 +9,29 @@ from pydantic import Field, field_validator
 from rl_config.schema.base import StrictModel
 from rl_config.schema.worker import stringify_env_values
 
+#: `record_steps` triggers that are not implemented, by name: what each would detect
+RECORD_NOT_IMPLEMENTED = {
+    "spike": "a loss or grad-norm spike beyond k sigma of a running window",
+    "reward_collapse": "a collapse of the mean reward",
+}
+
+
+def parse_record_steps(value: str) -> tuple[str, int]:
+    """`record_steps` as `(kind, every)`: ("none", 0), ("every", N) or ("nonfinite", 0).
+    A ValueError names a malformed or not implemented value."""
+    text = value.strip()
+    kind, _, arg = text.partition(":")
+    if text in ("none", "nonfinite"):
+        return text, 0
+    if kind == "every" and arg.strip().isdigit() and int(arg) >= 1:
+        return "every", int(arg)
+    if kind in RECORD_NOT_IMPLEMENTED:
+        raise ValueError(
+            f"record_steps={value!r}: recording on {RECORD_NOT_IMPLEMENTED[kind]} is not "
+            "implemented; use every:N or nonfinite"
+        )
+    raise ValueError(f"record_steps={value!r}: expected none, every:N (N >= 1) or nonfinite")
+
 
 class CheckpointConfig(StrictModel):
     """Where checkpoints go (ROLL ``checkpoint_config``)."""
@@ -74,6 +97,14 @@ class PipelineFields(StrictModel):
         default=50,
         ge=1,
         description="Save a checkpoint every save_steps pipeline steps (and at the end).",
+    )
+    record_steps: str = Field(
+        default="none",
+        description="Record learn calls for `rl-replay` under <output_dir>/records/step-<N>/: "
+        "none; every:N (every N-th step, its trainer state saved just before it); nonfinite "
+        "(a step whose loss or grad norm is NaN/inf: the state before every step is saved and "
+        "kept only for such a step, a checkpoint write per step). Loss/grad-norm spike and "
+        "reward-collapse triggers are not implemented (refused by name).",
     )
     max_ckpt_to_keep: int = Field(
         default=0, ge=0, description="Checkpoints kept on disk, newest first; 0 = keep all."
@@ -237,6 +268,12 @@ class PipelineFields(StrictModel):
                 f"OMP_NUM_THREADS={threads!r}: expected a whole number >= 1 (the torch threads "
                 "of every worker; unset: the whole CPUs of the worker's bundle)"
             )
+        return value
+
+    @field_validator("record_steps", mode="after")
+    @classmethod
+    def _record_steps(cls, value: str) -> str:
+        parse_record_steps(value)
         return value
 
     @field_validator("resume_from_checkpoint", mode="before")

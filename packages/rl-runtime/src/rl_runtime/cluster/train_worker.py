@@ -20,11 +20,9 @@ from rl_runtime.state.seeds import worker_seed
 
 def _outputs(out: Any) -> dict[str, torch.Tensor]:
     """A backend's `ForwardOutput` as CPU float32 tensors by name (those it has)."""
-    return {
-        k: v.detach().float().cpu()
-        for k, v in (("log_probs", out.log_probs), ("entropy", out.entropy), ("values", out.values))
-        if v is not None
-    }
+    named = (("log_probs", out.log_probs), ("entropy", out.entropy), ("values", out.values),
+             ("sum_pi_squared", out.sum_pi_squared))  # fmt: skip
+    return {k: v.detach().float().cpu() for k, v in named if v is not None}
 
 
 class TrainWorker:
@@ -81,6 +79,7 @@ class TrainWorker:
     def _build_backend(self, model_path: str) -> Any:
         from rl_train import build_backend
 
+        self._model_path = model_path
         return build_backend(self._strategy_name, model_path=model_path, **self._backend_args)
 
     def ready(self) -> bool:
@@ -183,6 +182,40 @@ class TrainWorker:
             else:
                 out.extend((n, t.detach()) for n, t in bucket)
         return out
+
+    def replay_spec(self) -> dict[str, Any]:
+        """How this rank's trainer was built, as plain data (rl_runtime.state.step_record.
+        TrainerSpec): what `rl-replay` builds it again from."""
+        import msgspec
+
+        args = self._backend_args
+        loss = args["loss_config"]
+        return {
+            "strategy_name": self._strategy_name,
+            "model_path": self._model_path,
+            "backend_role": self.role,
+            "world_size": int(getattr(self.backend, "world_size", 1)),
+            "strategy_config": msgspec.to_builtins(args["strategy_config"]),
+            "training_args": msgspec.to_builtins(args["training_args"] or {}),
+            "model_args": msgspec.to_builtins(args["model_args"] or {}),
+            "loss_config_type": None if loss is None else type(loss).__name__,
+            "loss_config": None if loss is None else msgspec.to_builtins(loss),
+            "num_threads": torch.get_num_threads(),
+            "torch_version": str(torch.__version__),
+        }
+
+    def rng_state(self) -> torch.Tensor:
+        """This process's torch CPU RNG state, `[N]` uint8 (what a recorded step starts from)."""
+        from rl_runtime.state.step_record import rng_tensor
+
+        return rng_tensor()
+
+    def weight_checksum(self) -> str:
+        """sha256 of the full weights (rl_runtime.state.step_record.weight_checksum). Collective:
+        every rank of the role calls it."""
+        from rl_runtime.state.step_record import weight_checksum
+
+        return weight_checksum(self.named_tensors())
 
     def state_dict_for_check(self) -> dict[str, torch.Tensor]:
         return dict(self.named_tensors())

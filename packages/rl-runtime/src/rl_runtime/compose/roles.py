@@ -40,6 +40,35 @@ def attn_implementation(
     return chosen
 
 
+def needs_sum_pi_squared(cfg: Any) -> bool:
+    """Whether the advantage estimator (`adv_estimator`) reads the actor's `sum_pi_squared`
+    (rl_algos.estimate.estimator_needs: optimal_token_baseline)."""
+    from rl_algos.estimate import estimator_needs
+
+    estimator = getattr(cfg, "adv_estimator", None)
+    return estimator is not None and "sum_pi_squared" in estimator_needs(estimator)
+
+
+def check_sum_pi_squared(
+    strategy_config: dict[str, Any], sampling: Any, warnings: list[str]
+) -> None:
+    """The actor's forward computes `sum_pi_squared` from its logits: the fused log-prob head
+    (which never forms them) is turned off, with a warning, unless the config turns it on (an
+    error naming the key); a top-k/top-p truncated distribution is an error."""
+    key = "actor_train.strategy_args.strategy_config.fused_lm_head"
+    why = "adv_estimator=optimal_token_baseline reads sum_pi_squared from the actor's logits"
+    if strategy_config.get("fused_lm_head") is True:
+        raise ValueError(f"{key}: true, but {why}: set it false")
+    if "fused_lm_head" not in strategy_config:
+        strategy_config["fused_lm_head"] = False
+        warnings.append(f"{key}: false ({why}; the [N, V] logits are formed)")
+    if sampling.top_k is not None or sampling.top_p is not None:
+        raise ValueError(
+            f"{why}, of the sampling distribution: top-k/top-p truncation (generating_args) is "
+            "not implemented for it"
+        )
+
+
 def shared_prompt_forward(w: Any, role: str, model_args: ModelArgs) -> bool:
     """`<role>.share_prompt_forward`, refused (naming the key) where rl-train's shared-prompt
     forward cannot run: a packed forward or an attention kernel other than sdpa/eager."""
@@ -138,12 +167,13 @@ def build_role(
     # training workers use one device each (rl_config's rules refuse anything else)
     per_worker = 1 if role in ("actor_train", "critic") else w.num_gpus_per_worker
     sa = w.strategy_args
+    strategy_config: dict[str, Any] = dict(sa.strategy_config or {})
     common = dict(
         role=role,
         device_mapping=mapping,
         devices_per_worker=per_worker,
         strategy_name=sa.strategy_name,
-        strategy_config=dict(sa.strategy_config or {}),
+        strategy_config=strategy_config,
         model_path=w.model_args.model_name_or_path,
         dtype=DTYPE_NAMES[w.model_args.dtype],
         config_overrides=dict(w.model_args.model_config_kwargs),
@@ -177,6 +207,9 @@ def build_role(
     )
     share_prompt = False if role == "critic" else shared_prompt_forward(w, role, model_args)
     sampling = rollout_sampling_distribution(cfg) if logprob_sampling is None else logprob_sampling
+    sum_pi_squared = role == "actor_train" and needs_sum_pi_squared(cfg)
+    if sum_pi_squared:
+        check_sum_pi_squared(strategy_config, sampling, warnings)
     world = max(1, len(mapping) // per_worker)
     t = w.training_args
     training = None
@@ -212,6 +245,7 @@ def build_role(
             infer_batch_size=w.infer_batch_size,
             share_prompt_forward=share_prompt,
             logprob_sampling=sampling,
+            sum_pi_squared=sum_pi_squared,
         )
     else:
         training = TrainingArgs(

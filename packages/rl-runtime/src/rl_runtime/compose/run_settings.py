@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl_config.schema.pipeline import parse_record_steps
 from rl_runtime.compose.components import (
     Cadence,
     CheckpointSettings,
@@ -25,6 +26,7 @@ def build_cadence(cfg: Any) -> Cadence:
         logging_steps=cfg.logging_steps,
         eval_steps=cfg.eval_steps,
         save_steps=cfg.save_steps,
+        record_steps=parse_record_steps(cfg.record_steps),
     )
 
 

@@ -49,6 +49,8 @@ class Context:
     #: RL starts from a supervised warm-up's policy, not `pretrain`
     #: (`adopt_policy_as_reference`); checkpoints then carry the reference role's weights
     warmed_up: bool = False
+    #: records learn calls for `rl-replay` (`record_steps`; rl_runtime.state.recorder)
+    recorder: Any = None
 
     def check_warm_up_allowed(self) -> None:
         """A supervised warm-up cannot run when the reference is actor_train's base model (its
@@ -123,8 +125,18 @@ class Context:
         from rl_runtime.step.collate import shard_rows
 
         group = self.cluster[role]
-        args = [(s, loss) for s in shard_rows(tensors, len(group.workers))]
-        return group.wait(group.submit_each("train_step", args), "train_step")[0]
+        shards = shard_rows(tensors, len(group.workers))
+
+        def run() -> list[dict]:
+            args = [(s, loss) for s in shards]
+            return group.wait(group.submit_each("train_step", args), "train_step")
+
+        if self.recorder is None:
+            return run()[0]
+        return self.recorder.train(
+            group, role, shards, loss, step=self.step + 1, weight_version=self.weight_version,
+            run=run,
+        )  # fmt: skip
 
     def log(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.tracker.log(metrics, step=self.step if step is None else step)

@@ -134,6 +134,7 @@ class Runner:
             resumed_at=self.resumed_step,
         )
         self.ctx.tracker.history.extend(self.resumed_rows)
+        self.ctx.recorder = self._recorder()
         if cluster.has("actor_train") and cluster.has("actor_infer"):
             self.ctx.sync = WeightSync(
                 cluster["actor_train"],
@@ -146,6 +147,22 @@ class Runner:
             )
         self.recipe.setup(self.ctx)
         return self.ctx
+
+    def _recorder(self) -> Any:
+        """The learn-call recorder `record_steps` asks for (None: none)."""
+        kind, every = self.components.cadence.record_steps
+        if kind == "none":
+            return None
+        from rl_runtime.state.recorder import RECORDS_DIR, StepRecorder
+        from rl_runtime.state.step_record import config_hash
+
+        return StepRecorder(
+            kind,
+            every,
+            Path(self.components.output_dir) / RECORDS_DIR,
+            config_hash=config_hash(config_record(self.cfg)),
+            key_file=self.components.checkpoint.key_file,
+        )
 
     # ------------------------------------------------------------------------ checkpoints
     def _optimizer_roles(self) -> list[str]:
@@ -308,6 +325,8 @@ class Runner:
                 ctx.timer.reset()
                 t0 = time.perf_counter()
                 metrics = step(ctx)
+                if ctx.recorder is not None:  # the size and time of this step's records
+                    metrics.update(ctx.recorder.step_metrics(ctx.step + 1))
                 ctx.step += 1
                 skipped = skip_reason(metrics)
                 self.skipped_steps += skipped is not None

@@ -21,7 +21,7 @@ from rl_runtime.step.collate import CollatedBatch
 
 GROUPINGS = ("traj_group_id", "tags", "batch")
 METHODS = ("mean_std", "mean", "asym_clip", "identity")
-NEEDS = ("values", "baseline_scores", "step_rows")
+NEEDS = ("values", "baseline_scores", "step_rows", "sum_pi_squared")
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,7 @@ def compute_advantages(
     ref_log_probs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     baseline_scores: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Advantages and returns `[B, T]` (zero outside `response_mask`) plus the normalised
     `scores [B]` the estimator took, with `kl_coef > 0` the per-token reward `kl [B, T]` and,
@@ -159,7 +160,8 @@ def compute_advantages(
 
     `values [B, T]`: critic values (estimators that need them); `baseline_scores [B]`: the
     episode rewards of greedy rollouts of the same envs (remax), normalised (and clamped) like
-    the scores."""
+    the scores. `sum_pi_squared [B, T]`: with `log_probs`, the actor's statistics the optimal
+    token baseline reads."""
     from rl_algos.estimate import estimate_advantages
 
     t = batch.tensors
@@ -181,6 +183,7 @@ def compute_advantages(
         values=values,
         baseline_scores=baseline_scores,
         steps=step_rows(batch) if "step_rows" in cfg.needs else None,
+        sum_pi_squared=sum_pi_squared,
         step_gamma=cfg.gigpo_gamma,
         step_weight=cfg.gigpo_step_weight,
         episode_weight=cfg.gigpo_episode_weight,

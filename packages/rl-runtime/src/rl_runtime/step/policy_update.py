@@ -1,7 +1,8 @@
 """The learning half of an RL step, shared by the recipes: a collated batch in, trained and
 synced weights out.
 
-    old log-probs  actor_train forward, only for a reward KL penalty (otherwise the trainer
+    old log-probs  actor_train forward, only for a reward KL penalty or an estimator that reads
+                   them with sum_pi_squared (optimal_token_baseline; otherwise the trainer
                    takes its own: the detached log-probs of its training forward for the
                    first optimizer step, a no-grad forward of its own for the rest; rl_train.core)
     ref log-probs  the reference role, when there is one (or actor_train with its LoRA adapter
@@ -17,9 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from rl_runtime.run.context import Context
 from rl_runtime.step.advantages import compute_advantages, reward_kl_coef, update_kl_controller
 from rl_runtime.step.collate import CollatedBatch
+from rl_train.faults import fault_active
 
 
 def update_policy(ctx: Context, batch: CollatedBatch, kl_controller: Any) -> dict[str, float]:
@@ -30,9 +34,12 @@ def update_policy(ctx: Context, batch: CollatedBatch, kl_controller: Any) -> dic
     t = dict(batch.tensors)
     cluster.enter_phase("train")
     kl_coef = reward_kl_coef(c.kl, kl_controller)
-    if kl_coef > 0:
+    if kl_coef > 0 or "sum_pi_squared" in c.advantage.needs:
         with timer.phase("old_log_probs"):
-            t["old_log_probs"] = ctx.forward("actor_train", t)["log_probs"]
+            old = ctx.forward("actor_train", t)
+            t["old_log_probs"] = old["log_probs"]
+            if "sum_pi_squared" in old:
+                t["sum_pi_squared"] = old["sum_pi_squared"]
     if ctx.has_reference():
         with timer.phase("ref_log_probs"):
             t["ref_log_probs"] = ctx.forward("reference", t)["log_probs"]
@@ -48,8 +55,11 @@ def update_policy(ctx: Context, batch: CollatedBatch, kl_controller: Any) -> dic
             ref_log_probs=t.get("ref_log_probs"),
             kl_coef=kl_coef,
             baseline_scores=t.get("baseline_rewards"),
+            sum_pi_squared=t.get("sum_pi_squared"),
         )
         t["advantages"], t["returns"] = adv["advantages"], adv["returns"]
+    if fault_active("step.nan_advantage", ctx.step + 1):  # test fault: a NaN reaches the loss
+        t["advantages"] = poisoned_advantages(t["advantages"], t["response_mask"])
     metrics = update_kl_controller(kl_controller, adv, t["response_mask"])
     if "reward_clip_frac" in adv:  # ROLL logs it as critic/reward_clip_frac
         metrics["train/reward_clip_frac"] = float(adv["reward_clip_frac"])
@@ -89,6 +99,15 @@ def learn_on_groups(
     metrics.update(rollout_metrics(screened.kept, collated))
     metrics.update(ctx.timer.metrics())
     return metrics
+
+
+def poisoned_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`advantages` `[B, T]` with a NaN at the first response token of row 0 (test fault
+    `step.nan_advantage@N`, rl_train.faults: pipeline step N trains on it)."""
+    out = advantages.clone()
+    cols = mask[0].nonzero()
+    out[0, int(cols[0]) if len(cols) else 0] = float("nan")
+    return out
 
 
 def prefixed(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
