@@ -35,7 +35,7 @@ from rl_runtime.run.report import NothingTrainedError, interrupted_summary, run_
 from rl_runtime.run.resume_guard import config_record
 from rl_runtime.run.run_lock import run_directories_lock
 from rl_runtime.run.start import announce, saved_reference, set_aside_and_record
-from rl_runtime.state.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
+from rl_runtime.state.checkpoint import RunCheckpoints, RunState, capture_rng, restore_rng
 from rl_runtime.state.seeds import seed_globals
 from rl_runtime.step.metrics import TRAINED_SAMPLES_KEY, skip_reason
 from rl_runtime.track.summary_json import write_summary
@@ -60,7 +60,7 @@ class Runner:
         self.components = components
         self.recipe = recipe
         self.options = options
-        self.ckpt: CheckpointManager | None = None
+        self.ckpt: RunCheckpoints | None = None
         self.ctx: Context | None = None
         self.baselines: dict[str, dict[str, float]] = {}
         self.asynchronous: Any = None  # rl_runtime.asynchrony.training.AsyncTraining, while running
@@ -208,7 +208,7 @@ class Runner:
             rng=capture_rng(),
             extra=extra,
         )
-        saved = self.ckpt.save(state, write)
+        saved = self.ckpt.save_run(state, write)
         self.last_checkpoint = str(saved)
         return saved
 
