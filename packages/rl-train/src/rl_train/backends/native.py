@@ -249,14 +249,20 @@ class NativeBackend(BackendCore):
         self._move(self.device)
 
 
+def fsdp2_averages_over_gloo() -> bool:
+    """Whether this torch's FSDP2 averages gradients over gloo (CPU) ranks (torch >= 2.10); on an
+    older torch ``fsdp2_train`` with several gloo ranks is refused."""
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    return version >= (2, 10)
+
+
 def _check_fsdp2_gradient_average(world_size: int) -> None:
     """FSDP2 averages gradients over ranks (the loss scaling above relies on it). On gloo (CPU)
     with torch 2.7.1 the ranks' gradients came out summed (grad norm x world size against one
     process; torch 2.10 averages): refused there rather than trained with the wrong scale."""
     if world_size < 2 or torch.distributed.get_backend() != "gloo":
         return
-    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-    if version < (2, 10):
+    if not fsdp2_averages_over_gloo():
         raise RuntimeError(
             f"fsdp2_train with {world_size} ranks on gloo (CPU) needs torch >= 2.10 (torch "
             f"{torch.__version__} sums FSDP2's gradients over gloo ranks instead of averaging "
