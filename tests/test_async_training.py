@@ -220,7 +220,7 @@ def test_agentic_lora_actor_and_critic_train_one_step_off(tmp_path):
         assert math.isfinite(r["critic/vf_loss"]) and math.isfinite(r["train/loss"])
 
     def saved(role: str) -> set[str]:
-        (ckpt,) = (out / "ckpt" / "step-000003" / role).glob("step_*")
+        (ckpt,) = (out / "ckpt" / "step-000003" / role).glob("step-*")
         meta = FileSystemReader(str(ckpt / "model_optim")).read_metadata().state_dict_metadata
         return {k.removeprefix("model.") for k in meta if k.startswith("model.")}
 

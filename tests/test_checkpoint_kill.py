@@ -115,13 +115,13 @@ def _assert_equal(a, b, where: str) -> None:
 
 def _final_state(run: Path, key: Path) -> dict:
     """Everything the final checkpoint holds, read after verifying its signature."""
-    from rl_runtime.state.checkpoint import CheckpointManager
+    from rl_runtime.state.checkpoint import RunCheckpoints
     from rl_train.checkpoint import verify
 
-    mgr = CheckpointManager(run / "ckpt", keep_last=None, key_file=key)
+    mgr = RunCheckpoints(run / "ckpt", keep_last=None, key_file=key)
     final = mgr.latest()
     assert final is not None and final.name == f"step-{MAX_STEPS:06d}", mgr.skipped
-    role = final / "actor_train" / f"step_{MAX_STEPS:08d}"
+    role = final / "actor_train" / f"step-{MAX_STEPS:06d}"
     verify(role, key_file=key)
     state = mgr.load_state(final)
     return {

@@ -568,3 +568,22 @@ def test_an_agentic_model_reward_domain_is_read_and_a_rule_domain_warned():
         "rewards.m.reward_fn",
         "rewards.m.tag_included",
     ]
+
+
+@pytest.mark.parametrize("app", ["agentic", "rlvr"])
+def test_reward_pretrain_is_read_as_the_critics_model_and_warned_about_otherwise(app):
+    """`reward_pretrain` is the critic's model where the critic names none (the schema fills
+    it in): no warning then; without a critic, or with the critic's own model, it is warned."""
+    from rl_config.contract import contract_issues
+    from rl_config.loading import load_app_config
+
+    def warned(*overrides: str) -> bool:
+        cfg, _ = load_app_config(ROOT / f"apps/{app}/configs/cpu_default.yaml",
+                                 ["reward_pretrain=/critic_model", *overrides],
+                                 section=f"{app}_app")  # fmt: skip
+        return any(w.startswith("reward_pretrain=") for w in contract_issues(cfg)[1])
+
+    critic = ["adv_estimator=gae", "critic.device_mapping=[0]"]
+    assert not warned(*critic)
+    assert warned()
+    assert warned(*critic, "critic.model_args.model_name_or_path=/own")

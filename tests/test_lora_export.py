@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rl_runtime.cli.export import MODEL_PATH_KEY, main
-from rl_runtime.state.checkpoint import CheckpointManager, RunState
+from rl_runtime.state.checkpoint import RunCheckpoints, RunState
 from rl_train.dist import spawn
 from rl_train.testing import train_worker
 
@@ -49,7 +49,7 @@ def test_zero3_lora_base_log_probs_and_adapter_export(tmp_path):
                             strategy_config={"zero_optimization": {"stage": 3}}))  # fmt: skip
     spawn(train_worker, 2, spec, env={"OMP_NUM_THREADS": "1"})
     state = RunState(step=2, weight_version=2, env_seed_epoch=2, extra={MODEL_PATH_KEY: tiny})
-    run = CheckpointManager(tmp_path / "checkpoints").save(
+    run = RunCheckpoints(tmp_path / "checkpoints").save_run(
         state, lambda d: shutil.copytree(role_root, d / "actor_train")
     )
     assert main([str(run), str(tmp_path / "adapter"), "--adapter"]) == 0

@@ -821,7 +821,7 @@ def test_lora_rlvr_trains_the_adapter_with_kl_to_its_base_model(tmp_path):
     assert trained[2]["train/kl_loss"] > 1e-7
     step_dir = out / "ckpt" / "step-000002"
     assert not (step_dir / "reference").exists()
-    (ckpt,) = (step_dir / "actor_train").glob("step_*")
+    (ckpt,) = (step_dir / "actor_train").glob("step-*")
     saved = FileSystemReader(str(ckpt / "model_optim")).read_metadata().state_dict_metadata
     model_keys = [k for k in saved if k.startswith("model.")]
     assert model_keys and all(".lora_" in k for k in model_keys), model_keys[:5]

@@ -174,8 +174,20 @@ def test_every_schema_key_is_read_by_the_sft_compose_or_declared_for_sft():
     keys = [k for k in schema_keys() if k not in derived]  # filled from pretrain (as in DPO)
     missing = [k for k in keys if k not in reads and declared(k, "sft") is None]
     assert not missing, f"neither read by compose_sft nor declared for sft: {missing}"
-    # the shared build_cluster reads it; without rollout engines it has no effect (warned)
-    both = sorted(
-        k for k in reads if declared(k, "sft") is not None and k != "weight_sync_transport"
-    )
+    # read by the shared build_cluster / build_role, without effect on SFT's loss (warned)
+    incidental = ("weight_sync_transport", "adv_estimator")
+    both = sorted(k for k in reads if declared(k, "sft") is not None and k not in incidental)
     assert not both, f"read by compose_sft but declared unsupported/ignored for sft: {both}"
+
+
+def test_deepspeed_and_lora_plan_through_the_app(capsys):
+    """The other rl-train backend and a LoRA adapter reach the SFT plan (same keys as RL)."""
+    code = app_main("sft")([
+        "--dry-run", "sft_train.strategy_args.strategy_name=deepspeed_train",
+        "sft_train.strategy_args.strategy_config={zero_optimization: {stage: 2}}",
+        "sft_train.model_args.lora_target=all-linear", "sft_train.model_args.lora_rank=8",
+    ])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert_planned(code, err)
+    assert "actor_train  strategy=deepspeed_train" in out
+    assert "lora=LoraSettings(rank=8" in out

@@ -216,6 +216,16 @@ def test_full_kl_matches_distributions() -> None:
         kl_penalty(torch.zeros(2, 3), torch.zeros(2, 3), "full")
 
 
+def test_pair_accuracy_counts_a_tie_as_half() -> None:
+    chosen, rejected = torch.tensor([1.0, 0.0, -1.0, 2.0]), torch.tensor([0.0, 0.0, 1.0, 2.0])
+    torch.testing.assert_close(L.pair_accuracy(chosen, rejected), torch.tensor([1, 0.5, 0, 0.5]))
+    # a policy equal to its reference: every DPO pair tied, accuracy 0.5, ties 1
+    same = L.dpo(torch.tensor([-1.0, -2.0]), torch.tensor([-3.0, -1.0]),
+                 torch.tensor([-1.0, -2.0]), torch.tensor([-3.0, -1.0]), beta=0.1)  # fmt: skip
+    assert same.stats["reward_accuracy"].item() == 0.5
+    assert same.stats["reward_ties"].item() == 1.0
+
+
 def test_preference_hand_values() -> None:
     t = lambda *x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
     out = L.dpo(t(-1.0), t(-3.0), t(-2.0), t(-2.0), beta=0.5)
@@ -224,6 +234,7 @@ def test_preference_hand_values() -> None:
         0.5
     ) and out.rejected_rewards.item() == pytest.approx(-0.5)
     assert out.stats["reward_accuracy"].item() == 1.0
+    assert out.stats["reward_ties"].item() == 0.0
     cdpo = L.dpo(t(-1.0), t(-3.0), t(-2.0), t(-2.0), beta=0.5, label_smoothing=0.1).losses.item()
     assert cdpo == pytest.approx(0.9 * 0.3132616875 + 0.1 * 1.3132616875)
     assert L.ipo(t(-1.0), t(-3.0), t(-2.0), t(-2.0), beta=0.5).losses.item() == pytest.approx(1.0)

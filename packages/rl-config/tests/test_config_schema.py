@@ -410,7 +410,15 @@ def test_config_async_rules() -> None:
         actor_infer={"device_mapping": [1]},
         **{"async": {"max_staleness": 1}},
     )
-    assert "shares devices [1]" in found["actor_infer.device_mapping"]
+    assert "shares devices [1] with actor_train" in found["actor_infer.device_mapping"]
+    found = issues_of(
+        num_gpus_per_node=2,
+        actor_train={"device_mapping": [0]},
+        actor_infer={"device_mapping": [1]},
+        reference={"device_mapping": [1]},
+        **{"async": {"max_staleness": 1}},
+    )
+    assert "shares devices [1] with reference" in found["actor_infer.device_mapping"]
     assert "async.partial_rollout" in issues_of(**{"async": {"partial_rollout": True}})
 
 

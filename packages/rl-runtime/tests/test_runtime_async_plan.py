@@ -72,8 +72,14 @@ def test_async_without_is_correction_warns_and_with_it_does_not():
 
 
 def test_a_role_colocated_with_the_engines_is_refused_for_async():
-    with pytest.raises(ValueError, match="reference.device_mapping shares devices \\[1\\]"):
-        _compose(_cfg(**{"async": {"max_staleness": 1}, "reference": {"device_mapping": [1]}}))
+    from rl_config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="shares devices \\[1\\] with reference"):
+        _cfg(**{"async": {"max_staleness": 1}, "reference": {"device_mapping": [1]}})
+    # actor_infer without a device_mapping passes the config check (placement is compose's):
+    # compose places it on device 0, with actor_train and the reference
+    with pytest.raises(ValueError, match="actor_train.device_mapping shares devices \\[0\\]"):
+        _compose(_cfg(**{"async": {"max_staleness": 1}, "actor_infer": {}}))
 
 
 @pytest.mark.parametrize(
@@ -121,7 +127,10 @@ def _training(recipe, colocated=(), samples_per_batch=2):
 
 
 def test_async_training_refuses_colocated_engines_and_unsplit_recipes():
-    with pytest.raises(RuntimeError, match=r"\['reference'\] sharing devices with actor_infer"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"\['reference'\] share devices with actor_infer: asynchronous training generates",
+    ):
         _training(SplitRecipe(), colocated=["reference"])
     with pytest.raises(TypeError, match="no `rollout`"):
         _training(object())

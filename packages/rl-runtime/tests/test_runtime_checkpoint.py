@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from rl_runtime.state.checkpoint import CheckpointManager, RunState, capture_rng, restore_rng
+from rl_runtime.state.checkpoint import RunCheckpoints, RunState, capture_rng, restore_rng
 from rl_train.signing import CheckpointError, load_key
 from rl_train.testing import MALFORMED_SIGNATURES, plant_malformed_signature
 
 
 def test_save_latest_and_prune(tmp_path):
-    mgr = CheckpointManager(tmp_path, keep_last=2)
+    mgr = RunCheckpoints(tmp_path, keep_last=2)
     for step in (1, 2, 3):
-        mgr.save(
+        mgr.save_run(
             RunState(step=step, weight_version=step, env_seed_epoch=step + 10),
             write=lambda d, s=step: (d / "model.txt").write_text(str(s)),
         )
@@ -29,15 +29,15 @@ def test_save_latest_and_prune(tmp_path):
 
 
 def test_interrupted_save_is_ignored_and_previous_kept(tmp_path):
-    mgr = CheckpointManager(tmp_path, keep_last=None)
-    mgr.save(RunState(step=1, weight_version=1, env_seed_epoch=1))
+    mgr = RunCheckpoints(tmp_path, keep_last=None)
+    mgr.save_run(RunState(step=1, weight_version=1, env_seed_epoch=1))
 
     def crash(d):
         (d / "half_written.bin").write_bytes(b"xx")
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError, match="disk full"):
-        mgr.save(RunState(step=2, weight_version=2, env_seed_epoch=2), write=crash)
+        mgr.save_run(RunState(step=2, weight_version=2, env_seed_epoch=2), write=crash)
     assert mgr.latest() == mgr.step_dir(1)
     # a failed save removes its partial directory; one left by a killed process goes at cleanup
     assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
@@ -52,19 +52,19 @@ def test_interrupted_save_is_ignored_and_previous_kept(tmp_path):
 
 
 def test_resave_same_step_replaces(tmp_path):
-    mgr = CheckpointManager(tmp_path)
-    mgr.save(RunState(step=4, weight_version=1, env_seed_epoch=0), lambda d: (d / "a").touch())
-    mgr.save(RunState(step=4, weight_version=2, env_seed_epoch=0), lambda d: (d / "b").touch())
+    mgr = RunCheckpoints(tmp_path)
+    mgr.save_run(RunState(step=4, weight_version=1, env_seed_epoch=0), lambda d: (d / "a").touch())
+    mgr.save_run(RunState(step=4, weight_version=2, env_seed_epoch=0), lambda d: (d / "b").touch())
     p = mgr.latest()
     assert p is not None and (p / "b").exists() and not (p / "a").exists()
     assert mgr.load_state(p).weight_version == 2
 
 
 def test_resolve(tmp_path):
-    mgr = CheckpointManager(tmp_path / "ck")
+    mgr = RunCheckpoints(tmp_path / "ck")
     assert mgr.resolve(False) is None
     assert mgr.resolve(True) is None  # nothing saved yet: start fresh
-    saved = mgr.save(RunState(step=7, weight_version=7, env_seed_epoch=7))
+    saved = mgr.save_run(RunState(step=7, weight_version=7, env_seed_epoch=7))
     assert mgr.resolve(True) == saved
     assert mgr.resolve(str(saved)) == saved
     assert mgr.resolve(str(tmp_path / "ck")) == saved
@@ -80,8 +80,8 @@ def test_rng_roundtrip_through_checkpoint(tmp_path):
     random.seed(1)
     np.random.seed(2)
     torch.manual_seed(3)
-    mgr = CheckpointManager(tmp_path)
-    saved = mgr.save(RunState(step=1, weight_version=0, env_seed_epoch=0, rng=capture_rng()))
+    mgr = RunCheckpoints(tmp_path)
+    saved = mgr.save_run(RunState(step=1, weight_version=0, env_seed_epoch=0, rng=capture_rng()))
     expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
     random.seed(99)
     np.random.seed(99)
@@ -95,7 +95,7 @@ def _save(mgr, step, payload=b"weights"):
         (d / "actor_train").mkdir()
         (d / "actor_train" / "shard.bin").write_bytes(payload + bytes([step]))
 
-    return mgr.save(RunState(step=step, weight_version=step, env_seed_epoch=step), write)
+    return mgr.save_run(RunState(step=step, weight_version=step, env_seed_epoch=step), write)
 
 
 def _forge_manifest(ckpt_dir):
@@ -111,7 +111,7 @@ def _forge_manifest(ckpt_dir):
 
 
 def test_latest_verifies_and_falls_back_naming_what_it_skipped(tmp_path, caplog):
-    mgr = CheckpointManager(tmp_path, keep_last=None)
+    mgr = RunCheckpoints(tmp_path, keep_last=None)
     for step in (1, 2, 3):
         _save(mgr, step)
     shard3 = mgr.step_dir(3) / "actor_train" / "shard.bin"
@@ -130,7 +130,7 @@ def test_latest_verifies_and_falls_back_naming_what_it_skipped(tmp_path, caplog)
 
 
 def test_resume_true_with_checkpoints_but_none_valid_is_an_error_naming_them(tmp_path):
-    mgr = CheckpointManager(tmp_path / "ck", keep_last=None)
+    mgr = RunCheckpoints(tmp_path / "ck", keep_last=None)
     assert mgr.resolve(True) is None  # nothing there at all: a fresh start
     mgr.root.mkdir()
     (mgr.root / ".tmp-step-000004-1").mkdir()  # an interrupted first save is not a checkpoint
@@ -149,19 +149,19 @@ def test_resume_true_with_checkpoints_but_none_valid_is_an_error_naming_them(tmp
 
 
 def test_key_file_option_signs_with_that_key(tmp_path):
-    mine = CheckpointManager(tmp_path / "ck", key_file=tmp_path / "mine.key")
+    mine = RunCheckpoints(tmp_path / "ck", key_file=tmp_path / "mine.key")
     saved = _save(mine, 1)
     assert mine.latest() == saved
     load_key(tmp_path / "theirs.key")  # another key that exists (a missing one is an error)
-    theirs = CheckpointManager(tmp_path / "ck", key_file=tmp_path / "theirs.key")
+    theirs = RunCheckpoints(tmp_path / "ck", key_file=tmp_path / "theirs.key")
     assert theirs.latest() is None
     assert "fails its HMAC check" in theirs.skipped[0][1]
     assert str(tmp_path / "theirs.key") in theirs.skipped[0][1]
 
 
 def test_a_missing_key_where_signed_checkpoints_exist_is_an_error_not_a_new_key(tmp_path):
-    _save(CheckpointManager(tmp_path / "ck", key_file=tmp_path / "mine.key"), 1)
-    lost = CheckpointManager(tmp_path / "ck", key_file=tmp_path / "lost.key")
+    _save(RunCheckpoints(tmp_path / "ck", key_file=tmp_path / "mine.key"), 1)
+    lost = RunCheckpoints(tmp_path / "ck", key_file=tmp_path / "lost.key")
     assert lost.latest() is None
     reason = lost.skipped[0][1]
     assert str(tmp_path / "lost.key") in reason and "step" in reason and "does not exist" in reason
@@ -187,14 +187,14 @@ def test_a_key_in_an_unsafe_place_is_refused(tmp_path, monkeypatch, where):
         monkeypatch.chdir(checkout)
         key, match = checkout / "keys" / "k.key", "inside the checkout"
     with pytest.raises(CheckpointError, match=match):
-        _save(CheckpointManager(tmp_path / "ck", key_file=key), 1)
+        _save(RunCheckpoints(tmp_path / "ck", key_file=key), 1)
     assert not key.exists()
 
 
 def test_every_file_fsynced_before_marker_and_prune_after_durable(tmp_path, monkeypatch):
-    import rl_runtime.state.checkpoint as rc
+    import rl_train.checkpoint_store as rc
 
-    mgr = CheckpointManager(tmp_path, keep_last=1)
+    mgr = RunCheckpoints(tmp_path, keep_last=1)
     _save(mgr, 1)
     events = []
     real_fsync, real_rmtree = os.fsync, rc.shutil.rmtree
@@ -245,7 +245,7 @@ def test_worker_processes_seed_every_rng_stream():
 @pytest.mark.timeout(60)  # a FIFO read without O_NONBLOCK would block here
 @pytest.mark.parametrize("form", MALFORMED_SIGNATURES)
 def test_malformed_signature_of_a_newer_checkpoint_resumes_from_the_older(tmp_path, form):
-    mgr = CheckpointManager(tmp_path, keep_last=None)
+    mgr = RunCheckpoints(tmp_path, keep_last=None)
     older, newer = _save(mgr, 1), _save(mgr, 2)
     plant_malformed_signature(newer, form)
     assert mgr.resolve(True) == older
@@ -254,7 +254,7 @@ def test_malformed_signature_of_a_newer_checkpoint_resumes_from_the_older(tmp_pa
 
 
 def test_renamed_signed_checkpoint_is_refused_and_never_prunes_the_real_ones(tmp_path):
-    mgr = CheckpointManager(tmp_path, keep_last=2)
+    mgr = RunCheckpoints(tmp_path, keep_last=2)
     for step in (1, 2):
         _save(mgr, step)
     shutil.copytree(mgr.step_dir(1), mgr.step_dir(9999))  # a replay, "newest" by name
@@ -267,8 +267,8 @@ def test_renamed_signed_checkpoint_is_refused_and_never_prunes_the_real_ones(tmp
 
 
 def test_checkpoint_of_another_run_or_a_symlink_is_not_taken_as_newest(tmp_path):
-    other = CheckpointManager(tmp_path / "other_run", keep_last=None)
-    mgr = CheckpointManager(tmp_path / "ck", keep_last=None)
+    other = RunCheckpoints(tmp_path / "other_run", keep_last=None)
+    mgr = RunCheckpoints(tmp_path / "ck", keep_last=None)
     _save(mgr, 1)
     shutil.copytree(_save(other, 4), mgr.step_dir(5))
     mgr.step_dir(6).symlink_to(_save(other, 6), target_is_directory=True)
@@ -279,7 +279,7 @@ def test_checkpoint_of_another_run_or_a_symlink_is_not_taken_as_newest(tmp_path)
 
 
 def test_step_names_other_than_ascii_digits_are_no_checkpoints(tmp_path):
-    mgr = CheckpointManager(tmp_path, keep_last=None)
+    mgr = RunCheckpoints(tmp_path, keep_last=None)
     saved = _save(mgr, 1)
     for name in ("step-0_9999", "step-+9999", "step-\u0669\u0669"):  # int() takes all three
         shutil.copytree(saved, tmp_path / name)
@@ -290,14 +290,14 @@ FULL_DISK_SCRIPT = """
 import json, sys
 from pathlib import Path
 import torch
-from rl_runtime.state.checkpoint import CheckpointManager, CheckpointSpaceError, RunState
+from rl_runtime.state.checkpoint import RunCheckpoints, CheckpointSpaceError, RunState
 root, key = Path(sys.argv[1]), sys.argv[2]
-mgr = CheckpointManager(root / "ck", keep_last=None, key_file=key)
+mgr = RunCheckpoints(root / "ck", keep_last=None, key_file=key)
 small = lambda d: torch.save(torch.zeros(16), d / "model.pt")
 big = lambda d: torch.save(torch.zeros(1 << 20), d / "model.pt")  # 4 MiB on a 2 MiB disk
-first = mgr.save(RunState(1, 1, 1), small)
+first = mgr.save_run(RunState(1, 1, 1), small)
 try:
-    mgr.save(RunState(2, 2, 2), big)
+    mgr.save_run(RunState(2, 2, 2), big)
     error = None
 except CheckpointSpaceError as exc:
     error = [exc.errno, str(exc)]
@@ -345,7 +345,7 @@ def test_enospc_at_the_write_layer_is_reported_and_cleaned_up(tmp_path, monkeypa
 
     from rl_runtime.state.checkpoint import CheckpointSpaceError
 
-    mgr = CheckpointManager(tmp_path / "ck", keep_last=None)
+    mgr = RunCheckpoints(tmp_path / "ck", keep_last=None)
     first = _save(mgr, 1)
 
     def full(directory):
@@ -353,7 +353,7 @@ def test_enospc_at_the_write_layer_is_reported_and_cleaned_up(tmp_path, monkeypa
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with pytest.raises(CheckpointSpaceError) as caught:
-        mgr.save(RunState(2, 2, 2), full)
+        mgr.save_run(RunState(2, 2, 2), full)
     report = {"error": [caught.value.errno, str(caught.value)], "first": str(first),
               "left": sorted(p.name for p in (tmp_path / "ck").iterdir()),
               "latest": str(mgr.latest())}  # fmt: skip

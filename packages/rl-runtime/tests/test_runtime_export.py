@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rl_runtime.cli.export import MODEL_PATH_KEY, main
-from rl_runtime.state.checkpoint import CheckpointManager, RunState
+from rl_runtime.state.checkpoint import RunCheckpoints, RunState
 from rl_train.dist import spawn
 from rl_train.testing import make_batch, train_worker
 
@@ -50,8 +50,8 @@ def _log_probs(model_dir: Path) -> torch.Tensor:
 def _run_checkpoint(tmp_path: Path, role_root: Path, model: str) -> Path:
     """A run's checkpoint (signed) holding the role's checkpoints, as the Runner saves one."""
     state = RunState(step=2, weight_version=2, env_seed_epoch=2, extra={MODEL_PATH_KEY: model})
-    manager = CheckpointManager(tmp_path / "checkpoints")
-    return manager.save(state, lambda d: shutil.copytree(role_root, d / "actor_train"))
+    manager = RunCheckpoints(tmp_path / "checkpoints")
+    return manager.save_run(state, lambda d: shutil.copytree(role_root, d / "actor_train"))
 
 
 @pytest.mark.slow
@@ -85,14 +85,14 @@ def test_an_exported_checkpoint_reproduces_the_trained_models_log_probs(
 
 def test_a_tampered_or_unsigned_checkpoint_is_refused_before_it_is_read(tmp_path, capsys):
     root = tmp_path / "role"
-    step = root / "step_00000002"
+    step = root / "step-000002"
     (step / "model_optim").mkdir(parents=True)
     (step / "model_optim" / ".metadata").write_bytes(b"not a pickle this project signed")
     (step / "COMMITTED").write_text('{"step": 2}')
     assert main([str(step), str(tmp_path / "hf"), "--base-model", str(tmp_path)]) == 1
     assert "checkpoint error:" in capsys.readouterr().err  # no manifest: nothing was unpickled
     run = _run_checkpoint(tmp_path, root, str(tmp_path))
-    (run / "actor_train" / "step_00000002" / "model_optim" / ".metadata").write_bytes(b"x")
+    (run / "actor_train" / "step-000002" / "model_optim" / ".metadata").write_bytes(b"x")
     assert main([str(run), str(tmp_path / "hf")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("checkpoint error:") and "step-000002" in err
@@ -114,7 +114,7 @@ def test_the_runs_model_config_override_is_in_the_exported_config(tmp_path, tiny
     backend.save_checkpoint(tmp_path / "role", 2)
     state = RunState(step=2, weight_version=2, env_seed_epoch=2,
                      extra={MODEL_PATH_KEY: tiny_model, MODEL_CONFIG_KEY: {"actor_train": override}})  # fmt: skip
-    run = CheckpointManager(tmp_path / "checkpoints").save(
+    run = RunCheckpoints(tmp_path / "checkpoints").save_run(
         state, lambda d: shutil.copytree(tmp_path / "role", d / "actor_train")
     )
     assert main([str(run), str(tmp_path / "hf")]) == 0

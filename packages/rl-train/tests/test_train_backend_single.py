@@ -368,10 +368,10 @@ def test_checkpoint_resume_is_bit_exact_and_falls_back(tiny_model_path, tmp_path
     for s, b in enumerate(batches[:2]):
         first.train_step(b, nll_loss)
         first.save_checkpoint(tmp_path, s + 1, {"epoch": s})
-    (tmp_path / ".tmp_step_00000009").mkdir()  # a crashed save is never picked
+    (tmp_path / ".tmp-step-000009").mkdir()  # a crashed save is never picked
     assert [p.name for p in ckpt.committed_checkpoints(tmp_path)] == [
-        "step_00000002",
-        "step_00000001",
+        "step-000002",
+        "step-000001",
     ]
     resumed = _backend(tiny_model_path, lr_scheduler_type="cosine", warmup_steps=1, max_steps=4)
     step, extra = resumed.load_checkpoint(tmp_path)
@@ -381,15 +381,15 @@ def test_checkpoint_resume_is_bit_exact_and_falls_back(tiny_model_path, tmp_path
     assert _max_diff(_params(straight), _params(resumed)) == 0.0
 
     # truncate a shard of the newest checkpoint: reported by name, previous one used
-    shard = next((tmp_path / "step_00000002" / "model_optim").glob("*.distcp"))
+    shard = next((tmp_path / "step-000002" / "model_optim").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])
     again = _backend(tiny_model_path)
     step, _ = again.load_checkpoint(tmp_path)
     assert step == 1
     report = again.last_load_report
-    assert report is not None and report.loaded.name == "step_00000001"
+    assert report is not None and report.loaded.name == "step-000001"
     assert shard.name in report.rejected[0][1] and "truncated" in report.rejected[0][1]
-    shutil.rmtree(tmp_path / "step_00000001")
+    shutil.rmtree(tmp_path / "step-000001")
     with pytest.raises(rl_train.CheckpointError, match=shard.name):
         _backend(tiny_model_path).load_checkpoint(tmp_path)
 

@@ -120,7 +120,7 @@ def test_crafted_checkpoint_runs_nothing_and_is_refused(
 def test_signed_with_another_key_or_unsigned_is_refused(trained, tmp_path, monkeypatch):
     saved = trained.save_checkpoint(tmp_path / "ck", 3, key_file=tmp_path / "a.key")
     ckpt.verify(saved, key_file=tmp_path / "a.key")
-    with pytest.raises(rl_train.CheckpointError, match="b.key does not exist, but .*step_00000003"):
+    with pytest.raises(rl_train.CheckpointError, match="b.key does not exist, but .*step-000003"):
         ckpt.verify(saved, key_file=tmp_path / "b.key")  # not a silently created new key
     assert not (tmp_path / "b.key").exists()
     signing.load_key(tmp_path / "b.key")
@@ -210,7 +210,7 @@ def test_every_file_fsynced_before_marker_and_prune_after_durable(tmp_path, monk
     for d in (tmp / "model_optim", tmp):
         assert str(d) in synced[:marker_at], d
     assert synced[marker_at + 1 :].count(str(root)) >= 1  # the rename is durable
-    prune_at = events.index(("rmtree", str(root / "step_00000001")))
+    prune_at = events.index(("rmtree", str(root / "step-000001")))
     root_synced_at = max(i for i, e in enumerate(events) if e == ("fsync", str(root)))
     assert root_synced_at < prune_at
     assert [p.name for p in ckpt.committed_checkpoints(root)] == [final.name]

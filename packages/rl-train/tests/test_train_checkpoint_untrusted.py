@@ -69,18 +69,18 @@ def test_renamed_signed_checkpoint_is_refused_and_never_prunes_the_real_ones(tmp
     root = tmp_path / "ck"
     for step in (1, 2, 3):
         _save(root, step)
-    os.rename(root / "step_00000001", root / "step_00009999")  # "newest" by name
+    os.rename(root / "step-000001", root / "step-009999")  # "newest" by name
     with pytest.raises(
         signing.CheckpointError,
-        match="step_00009999: MANIFEST.json is signed for step 1, but the directory is step 9999",
+        match="step-009999: MANIFEST.json is signed for step 1, but the directory is step 9999",
     ):
-        ckpt.verify(root / "step_00009999")
-    assert _resume(root)[0] == root / "step_00000003"
+        ckpt.verify(root / "step-009999")
+    assert _resume(root)[0] == root / "step-000003"
     _save(root, 4, keep_last=2)
     assert sorted(p.name for p in root.iterdir()) == [
-        "step_00000003",
-        "step_00000004",
-        "step_00009999",  # not counted as one of the two kept, and left alone
+        "step-000003",
+        "step-000004",
+        "step-009999",  # not counted as one of the two kept, and left alone
     ]
 
 
@@ -88,35 +88,35 @@ def test_checkpoint_from_another_run_under_a_newer_name_is_refused(tmp_path):
     other = _save(tmp_path / "other_run", 7)  # same user, same key
     root = tmp_path / "ck"
     _save(root, 1)
-    shutil.copytree(other, root / "step_00000008")
-    assert _resume(root)[0] == root / "step_00000001"
+    shutil.copytree(other, root / "step-000008")
+    assert _resume(root)[0] == root / "step-000001"
 
 
 def test_symlinked_step_directory_is_refused(tmp_path):
     other = _save(tmp_path / "other_run", 5)
     root = tmp_path / "ck"
     _save(root, 1)
-    (root / "step_00000005").symlink_to(other, target_is_directory=True)
-    with pytest.raises(signing.CheckpointError, match="step_00000005 is a symlink"):
-        ckpt.verify(root / "step_00000005")
-    assert _resume(root)[0] == root / "step_00000001"
+    (root / "step-000005").symlink_to(other, target_is_directory=True)
+    with pytest.raises(signing.CheckpointError, match="step-000005 is a symlink"):
+        ckpt.verify(root / "step-000005")
+    assert _resume(root)[0] == root / "step-000001"
 
 
 def test_planted_unsigned_directory_with_a_large_step_does_not_prune_real_ones(tmp_path):
     root = tmp_path / "ck"
     _save(root, 1)
-    for name in ("step_00009998", "step_00009999"):
+    for name in ("step-009998", "step-009999"):
         (root / name).mkdir()
         (root / name / ckpt.MARKER).write_text("{}")
     _save(root, 2, keep_last=2)
     _save(root, 3, keep_last=2)
     assert sorted(p.name for p in root.iterdir()) == [
-        "step_00000002",
-        "step_00000003",
-        "step_00009998",
-        "step_00009999",
+        "step-000002",
+        "step-000003",
+        "step-009998",
+        "step-009999",
     ]
-    assert _resume(root)[0] == root / "step_00000003"
+    assert _resume(root)[0] == root / "step-000003"
 
 
 def test_trust_signs_for_the_step_the_name_says(tmp_path, capsys):
@@ -128,4 +128,4 @@ def test_trust_signs_for_the_step_the_name_says(tmp_path, capsys):
     assert signing.main(["verify", str(saved)]) == 0
     with pytest.raises(SystemExit):
         signing.main(["trust", str(saved), "--step", "5"])
-    assert "step_00000004 is step 4" in capsys.readouterr().err
+    assert "step-000004 is step 4" in capsys.readouterr().err

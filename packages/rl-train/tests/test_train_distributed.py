@@ -156,7 +156,7 @@ def test_two_rank_fsdp2_checkpoint_resumes_on_one_unwrapped_rank(tiny_model_path
     )
     straight, resumed = _result(tmp_path / "straight"), _result(tmp_path / "resumed")
     assert straight["fsdp_wrapped"] is True and resumed["fsdp_wrapped"] is False
-    assert resumed["load_report"]["loaded"] == "step_00000002"
+    assert resumed["load_report"]["loaded"] == "step-000002"
     assert len(resumed["history"]) == 2
     for a, b in zip(straight["history"][2:], resumed["history"], strict=True):
         assert b["actor/loss"] == pytest.approx(a["actor/loss"], rel=1e-5)
@@ -274,7 +274,7 @@ def test_fsdp2_resume_bit_exact_and_truncated_shard_falls_back(tiny_model_path, 
     assert len(resumed["history"]) == 2
 
     # the older complete checkpoint, and the newer one with its rank-1 shard truncated
-    shard = ck / "step_00000002" / "model_optim" / "__1_0.distcp"
+    shard = ck / "step-000002" / "model_optim" / "__1_0.distcp"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     spawn(
         train_worker,
@@ -291,9 +291,9 @@ def test_fsdp2_resume_bit_exact_and_truncated_shard_falls_back(tiny_model_path, 
         env=ENV,
     )
     fallback = _result(tmp_path / "fallback")
-    assert fallback["load_report"]["loaded"] == "step_00000001"
+    assert fallback["load_report"]["loaded"] == "step-000001"
     ((rejected_name, reason),) = fallback["load_report"]["rejected"]
-    assert rejected_name == "step_00000002" and "__1_0.distcp" in reason and "truncated" in reason
+    assert rejected_name == "step-000002" and "__1_0.distcp" in reason and "truncated" in reason
     # resuming from step 1 (three more steps) reproduces the straight run too
     assert _max_diff(straight["params"], fallback["params"]) == 0.0
     assert len(fallback["history"]) == 3
@@ -327,14 +327,14 @@ def test_two_rank_resume_takes_the_configured_settings_and_loads_a_stateless_opt
         return [dict(common, weight_decay=0.1), dict(common, weight_decay=0.0)]
 
     stateless = resume("from_step_2")
-    assert stateless["load_report"]["loaded"] == "step_00000002"
+    assert stateless["load_report"]["loaded"] == "step-000002"
     # linear decay from 1e-4 to the floor 0.5e-4 over 10 steps: position 2 -> 0.9e-4
     assert stateless["load_report"]["optimizer"] == {"groups": settings(0.9e-4), "states": 0}
     assert [h.get("error") for h in stateless["history"]] == [None]
 
-    shutil.rmtree(ck / "step_00000002")
+    shutil.rmtree(ck / "step-000002")
     with_state = resume("from_step_1")
-    assert with_state["load_report"]["loaded"] == "step_00000001"
+    assert with_state["load_report"]["loaded"] == "step-000001"
     loaded = with_state["load_report"]["optimizer"]
     assert loaded["groups"] == settings(0.95e-4) and loaded["states"] > 0
     assert [h.get("error") for h in with_state["history"]] == [None, None]
@@ -376,7 +376,7 @@ def test_deepspeed_crafted_checkpoint_runs_nothing(tiny_model_path, tmp_path):
         ),
         env=ENV,
     )
-    saved = ck / "step_00000001"
+    saved = ck / "step-000001"
     spawn(
         train_worker,
         2,
@@ -391,7 +391,7 @@ def test_deepspeed_crafted_checkpoint_runs_nothing(tiny_model_path, tmp_path):
         ),
         env=ENV,
     )
-    assert _result(tmp_path / "ok")["load_report"]["loaded"] == "step_00000001"
+    assert _result(tmp_path / "ok")["load_report"]["loaded"] == "step-000001"
     sentinel = tmp_path / "PWNED"
     states = sorted(saved.rglob("*model_states.pt"))
     assert states, sorted(p.name for p in saved.rglob("*"))
@@ -444,7 +444,7 @@ def test_deepspeed_file_swapped_after_verification_is_never_unpickled(tiny_model
               ckpt_root=str(ck)),
         env=ENV,
     )  # fmt: skip
-    saved = ck / "step_00000001"
+    saved = ck / "step-000001"
     (states,) = saved.rglob("mp_rank_00_model_states.pt")
     sentinel, payload = tmp_path / "PWNED", tmp_path / "payload.pt"
     torch.save({"module": _Payload(sentinel)}, payload)

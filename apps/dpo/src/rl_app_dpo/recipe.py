@@ -133,8 +133,3 @@ class DPORecipe(Recipe):
                 f"the checkpoint was trained on {state['examples']} examples, the data now has "
                 f"{len(self.train.examples)}: resuming would not continue at the next batch"
             )
-
-
-def summary_row(metrics: dict[str, float]) -> dict[str, float | str]:
-    keys = ("rewards/accuracies", "rewards/margins", "loss", "greedy_correct")
-    return {k: float(metrics[f"val/{k}"]) for k in keys if f"val/{k}" in metrics}

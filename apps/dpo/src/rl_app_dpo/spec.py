@@ -70,7 +70,7 @@ def run(cfg, app: AppOptions, composed: Composed, flags: frozenset[str]):
 
 
 def summary_row(metrics: dict[str, float]) -> dict[str, float | str]:
-    keys = ("rewards/accuracies", "rewards/margins", "loss", "greedy_correct")
+    keys = ("rewards/accuracies", "rewards/ties", "rewards/margins", "loss", "greedy_correct")
     return {k: float(metrics[f"val/{k}"]) for k in keys if f"val/{k}" in metrics}
 
 
@@ -82,7 +82,7 @@ SPEC = AppSpec(
     options=AppOptions,
     compose=compose,
     run=run,
-    title="held-out pairs (rewards/accuracies: chosen reward > rejected reward)",
+    title="held-out pairs (rewards/accuracies: chosen reward > rejected reward, a tie counts 0.5)",
     summary_row=summary_row,
     before_label="before DPO",
     after_label="after DPO",

@@ -47,6 +47,7 @@ __all__ = [
     "kto",
     "list_policy_losses",
     "orpo",
+    "pair_accuracy",
     "ppo_clip",
     "register_policy_loss",
     "reinforce",
@@ -642,9 +643,19 @@ def _check_same(*named: tuple[str, Tensor]) -> None:
             raise ValueError(f"{name} {tuple(t.shape)} != {named[0][0]} {tuple(shape)}")
 
 
+def pair_accuracy(chosen: Tensor, rejected: Tensor) -> Tensor:
+    """Per pair [B]: 1 where the chosen reward is higher, 0.5 on a tie, 0 otherwise. Counting a
+    tie as a coin flip keeps a policy equal to its reference (every pair tied) at 0.5, not 0."""
+    return (chosen > rejected).float() + 0.5 * (chosen == rejected).float()
+
+
 def _pair_stats(chosen: Tensor, rejected: Tensor) -> dict[str, Tensor]:
     c, r = chosen.detach(), rejected.detach()
-    return {"reward_accuracy": (c > r).float().mean(), "reward_margin": (c - r).mean()}
+    return {
+        "reward_accuracy": pair_accuracy(c, r).mean(),
+        "reward_ties": (c == r).float().mean(),
+        "reward_margin": (c - r).mean(),
+    }
 
 
 def dpo(

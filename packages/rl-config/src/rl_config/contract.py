@@ -208,7 +208,8 @@ AGENTIC_IGNORED: dict[str, str] = {
     "prompt_length": "RLVR only (agentic prompts come from the envs)",
     "prompt_truncation": "RLVR only (agentic prompts come from the envs)",
     "response_length": "RLVR only (agentic turns use max_tokens_per_step)",
-    "reward_pretrain": "RLVR reward models are not used by agentic pipelines",
+    "reward_pretrain": "it is only the critic's model when critic.model_args.model_name_or_path "
+    "is unset, and this config has no such critic (agentic rewards come from the envs)",
     "reward_norm": "RLVR only (agentic pipelines use reward_normalization)",
     "norm_mean_type": "RLVR only (agentic pipelines use reward_normalization)",
     "norm_std_type": "RLVR only (agentic pipelines use reward_normalization)",
@@ -230,8 +231,9 @@ RLVR_IGNORED: dict[str, str] = {
     "max_tokens_per_step": "agentic only (RLVR responses use response_length)",
     "render_save_dir": "agentic only (RLVR has no env frames to render)",
     "max_running_requests": "the RLVR recipe sends each rollout batch to the engines at once",
-    "reward_pretrain": "a model reward's model is its domain's model_args.model_name_or_path "
-    "(ROLL's examples write ${reward_pretrain} there)",
+    "reward_pretrain": "it is only the critic's model when critic.model_args.model_name_or_path "
+    "is unset, and this config has no such critic; a model reward's model is its domain's "
+    "model_args.model_name_or_path (ROLL's examples write ${reward_pretrain} there)",
     "actor_train.training_args.num_train_epochs": "ROLL's RLVR pipeline runs max_steps steps "
     "and repeats the prompts as needed (as ROLL, it does not read it)",
     **{
@@ -648,6 +650,15 @@ def _model_reward_keys(cfg: BaseModel) -> set[str]:
     }
 
 
+def _critic_model_keys(cfg: BaseModel) -> set[str]:
+    """``reward_pretrain`` where it is the critic's model (the schema makes it the default of
+    ``critic.model_args.model_name_or_path``)."""
+    critic = getattr(cfg, "critic", None)
+    chosen = getattr(getattr(critic, "model_args", None), "model_name_or_path", None)
+    used = critic is not None and chosen == getattr(cfg, "reward_pretrain", None)
+    return {"reward_pretrain"} if used else set()
+
+
 def contract_issues(
     cfg: BaseModel, pipeline: str | None = None
 ) -> tuple[list[tuple[str, str]], list[str]]:
@@ -659,6 +670,7 @@ def contract_issues(
     warnings: list[str] = []
     pipeline = pipeline or pipeline_kind(cfg)
     model_fields = _model_reward_keys(cfg) if pipeline in (None, "rlvr", "agentic") else set()
+    model_fields |= _critic_model_keys(cfg)
     for key, pattern, value, default in _leaf_values(cfg):
         found = declared(pattern, pipeline) or declared(key, pipeline)
         if found is None or key in model_fields:

@@ -666,8 +666,25 @@ def check_lr_schedules(cfg: ExperimentConfig) -> Issues:
     return issues
 
 
-def _overlap(a: WorkerConfig, b: WorkerConfig) -> list[int]:
-    return sorted(set(a.device_mapping or []) & set(b.device_mapping or []))
+#: why asynchronous training refuses roles on actor_infer's devices (config check, compose and
+#: the runtime's own guard all say it)
+ASYNC_COLOCATION = (
+    "asynchronous training generates while the other roles run, and colocated engines would be "
+    "put to sleep mid-generation; give actor_infer its own devices"
+)
+
+
+def shared_with_infer(cfg: ExperimentConfig, unset: tuple[int, ...] = ()) -> dict[str, list[int]]:
+    """The roles whose devices overlap actor_infer's, with the devices shared (a role without a
+    device_mapping counts as on ``unset``: none for the config check, where placement is not
+    decided yet; device 0 for compose, which places it there)."""
+    infer = set(cfg.actor_infer.device_mapping or unset)
+    found = {}
+    for role, worker in cfg.workers().items():
+        shared = sorted(infer & set(worker.device_mapping or unset))
+        if role != "actor_infer" and shared:
+            found[role] = shared
+    return found
 
 
 def check_async(cfg: ExperimentConfig) -> Issues:
@@ -692,14 +709,14 @@ def check_async(cfg: ExperimentConfig) -> Issues:
                     "must be 1 (request scheduler) for asynchronous training",
                 )
             )
-        shared = _overlap(cfg.actor_infer, cfg.actor_train)
-        if shared:
-            partial = set(shared) == set(cfg.actor_train.device_mapping or [])
+        for role, shared in shared_with_infer(cfg).items():
+            partial = role == "actor_train" and set(shared) == set(
+                cfg.actor_train.device_mapping or []
+            )
             issues.append(
                 ConfigIssue(
                     "actor_infer.device_mapping",
-                    f"shares devices {shared} with actor_train; asynchronous training generates "
-                    "while training, so give actor_infer its own devices"
+                    f"shares devices {shared} with {role}; {ASYNC_COLOCATION}"
                     + (
                         " (ROLL's partial-GPU mode, actor_train's devices a subset of "
                         "actor_infer's, is not implemented)"

@@ -1,7 +1,8 @@
-"""Atomic, signed checkpoint directories: write into ``root/.tmp_step_<N>``, fsync every file,
-write the manifest (size and sha256 of every file) signed with HMAC-SHA256 under a key kept outside
-the directory (:mod:`rl_train.signing`), then the ``COMMITTED`` marker (fsynced), then rename to
-``root/step_<N>``, fsync ``root``, and only then prune older checkpoints.
+"""Collective checkpoint saves and loads of the trainer backends, in the one layout of
+:mod:`rl_train.checkpoint_store` (``root/step-<N>``, written as ``root/.tmp-step-<N>``): every
+file is fsynced, the manifest (size and sha256 of every file) signed with HMAC-SHA256 under a key
+kept outside the directory (:mod:`rl_train.signing`), then the ``COMMITTED`` marker, then the
+rename, and only then are older checkpoints pruned.
 
 A directory without the marker (a crash mid-save) is never picked. Loading verifies the signature
 and every file BEFORE anything in the directory is unpickled, names the first missing, truncated,
@@ -11,7 +12,6 @@ function here is collective-safe: rank 0 does the filesystem work, the others wa
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -27,66 +27,51 @@ from typing import IO, Any
 import torch
 
 from rl_train import dist as rdist
-from rl_train.durable import fsync_path, fsync_tree, write_durable
-from rl_train.faults import fault_point
-from rl_train.signing import (
-    CheckpointError,
-    load_key,
-    step_of_dir,
-    verify_manifest,
-    write_manifest,
+from rl_train.checkpoint_store import (
+    MARKER,
+    CheckpointManager,
+    CheckpointSpaceError,
+    dir_step,
+    install,
+    out_of_space,
+    seal,
+    space_error,
+    step_dir_name,
 )
+from rl_train.faults import fault_point
+from rl_train.signing import CheckpointError
 
 log = logging.getLogger(__name__)
-
-MARKER = "COMMITTED"
-_SEP = "_"
 
 __all__ = [
     "MARKER",
     "CheckpointError",
+    "CheckpointManager",
+    "CheckpointSpaceError",
     "LoadReport",
     "begin",
     "commit",
     "committed_checkpoints",
+    "dir_step",
     "latest_checkpoint",
     "load_newest_valid",
     "open_verified",
+    "step_dir_name",
     "verify",
 ]
 
 
-def step_dir_name(step: int) -> str:
-    return f"step{_SEP}{step:08d}"
-
-
-def dir_step(ckpt: Path) -> int | None:
-    """The step a checkpoint directory's name ``step_<N>`` says, or None for another name."""
-    return step_of_dir(ckpt.name, _SEP)
-
-
 def begin(root: str | Path, step: int) -> Path:
     """Create a fresh temporary directory for ``step`` (collective); returns its path."""
-    root = Path(root)
-    tmp = root / f".tmp_{step_dir_name(step)}"
+    store = CheckpointManager(root, keep_last=None)
+    tmp = store.tmp_dir(step)
     if rdist.rank() == 0:
-        root.mkdir(parents=True, exist_ok=True)
+        store.root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
     rdist.barrier()
     return tmp
-
-
-def seal(tmp: Path, step: int, key_file: str | os.PathLike[str] | None) -> None:
-    """Make ``tmp`` a complete checkpoint in place: fsync every file and directory, write the
-    signed manifest, then the marker, each fsynced (single process; no rename)."""
-    key = load_key(key_file, checkpoint_root=tmp.parent)
-    fsync_tree(tmp)
-    write_manifest(tmp, key, step=step, skip=(MARKER,))
-    fault_point("checkpoint.before_marker", step)
-    write_durable(tmp / MARKER, json.dumps({"step": step}).encode())
-    fsync_path(tmp)
 
 
 def commit(
@@ -97,64 +82,30 @@ def commit(
     keep_last: int | None = None,
     key_file: str | os.PathLike[str] | None = None,
 ) -> Path:
-    """Seal ``tmp`` as ``root/step_<N>`` (collective: call after every rank finished writing).
-    Older checkpoints beyond ``keep_last`` are removed only once the new one is durable."""
-    root = Path(root)
-    final = root / step_dir_name(step)
+    """Seal ``tmp`` as ``root/step-<N>`` (collective: call after every rank finished writing).
+    Older checkpoints beyond ``keep_last`` are removed only once the new one is durable. A full
+    disk removes ``tmp`` and raises :class:`CheckpointSpaceError` on rank 0."""
+    store = CheckpointManager(root, keep_last=keep_last, key_file=key_file)
+    final = store.step_dir(step)
     rdist.barrier()
     if rdist.rank() == 0:
-        seal(tmp, step, key_file)
-        if final.exists():  # re-saving a step: move the old one aside, then drop it
-            old = root / f".old_{final.name}"
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            fsync_path(root)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        fsync_path(root)
+        try:
+            seal(tmp, step, key_file)
+        except BaseException as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if out_of_space(exc, store.root):
+                raise space_error(exc, store.root, step, tmp) from exc
+            raise
+        install(tmp, final)
         fault_point("checkpoint.after_commit", step)
-        if keep_last:
-            newest_first = committed_checkpoints(root)
-            sizes_only = functools.partial(verify, hashes=False, key_file=key_file)
-            for stale in beyond_kept(newest_first, keep_last, sizes_only):
-                shutil.rmtree(stale, ignore_errors=True)
+        store.prune()
     rdist.barrier()
     return final
 
 
 def committed_checkpoints(root: str | Path) -> list[Path]:
-    """Committed ``step_<N>`` directories under ``root``, newest step first (not yet verified)."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        step = dir_step(child)
-        if step is not None and child.is_dir() and (child / MARKER).is_file():
-            found.append((step, child))
-    return [p for _, p in sorted(found, reverse=True)]
-
-
-def beyond_kept(
-    newest_first: list[Path], keep_last: int, verify_fn: Callable[[Path], object]
-) -> list[Path]:
-    """What pruning may remove: the checkpoints older than the ``keep_last`` newest that
-    ``verify_fn`` accepts (it raises :class:`CheckpointError` otherwise). Newer ones that do not
-    verify (a directory someone planted with a large step) count for nothing and are left alone,
-    so they never push a real one out."""
-    kept = 0
-    for i, cand in enumerate(newest_first):
-        if kept == keep_last:
-            return newest_first[i:]
-        try:
-            verify_fn(cand)
-        except CheckpointError:
-            continue
-        kept += 1
-    return []
+    """Committed checkpoint directories under ``root``, newest step first (not yet verified)."""
+    return CheckpointManager(root, keep_last=None).complete()[::-1]
 
 
 def latest_checkpoint(
@@ -162,34 +113,17 @@ def latest_checkpoint(
 ) -> Path | None:
     """The newest committed checkpoint under ``root`` that :func:`verify` accepts (others are
     logged, naming the problem), or None."""
-    for cand in committed_checkpoints(root):
-        try:
-            verify(cand, key_file=key_file)
-        except CheckpointError as err:
-            log.warning("skipping checkpoint: %s", err)
-            continue
-        return cand
-    return None
+    return CheckpointManager(root, keep_last=None, key_file=key_file).latest()
 
 
 def verify(
     ckpt: str | Path, *, hashes: bool = True, key_file: str | os.PathLike[str] | None = None
 ) -> dict[str, str]:
     """Raise :class:`CheckpointError` naming the first problem of checkpoint directory ``ckpt``
-    (no marker, a symlink, an unsigned, wrongly signed or malformed manifest, one signed for
-    another step than the name ``step_<N>`` says, a missing/truncated/corrupt/unlisted file);
-    returns ``{relative path: sha256}`` of its files."""
+    (see :meth:`CheckpointManager.verify`); returns ``{relative path: sha256}`` of its files."""
     ckpt = Path(ckpt)
-    if not ckpt.is_dir():
-        raise CheckpointError(f"checkpoint {ckpt} does not exist")
-    if not (ckpt / MARKER).is_file():
-        raise CheckpointError(f"checkpoint {ckpt} has no {MARKER} marker (incomplete save)")
-    return verify_manifest(
-        ckpt,
-        load_key(key_file, checkpoint_root=ckpt.parent),
-        step=dir_step(ckpt),
-        hashes=hashes,
-        skip=(MARKER,),
+    return CheckpointManager(ckpt.parent, keep_last=None, key_file=key_file).verify(
+        ckpt, hashes=hashes
     )
 
 
@@ -212,7 +146,7 @@ def load_newest_valid(
 ) -> tuple[Any, LoadReport]:
     """Verify candidates newest first (rank 0 decides, all ranks agree) and ``load_fn`` the first
     complete one; ``report.files`` (every rank) holds the verified hashes, for
-    :func:`open_verified`. ``root_or_ckpt`` is a root of ``step_<N>`` dirs or one checkpoint dir."""
+    :func:`open_verified`. ``root_or_ckpt`` is a root of ``step-<N>`` dirs or one checkpoint dir."""
     target = Path(root_or_ckpt)
     candidates = (
         [target]
@@ -241,7 +175,7 @@ def load_newest_valid(
         chosen, reasons, files = box[0], box[1], box[2]
     report.rejected = [(candidates[i], r) for i, r in enumerate(reasons)]
     if chosen < 0:
-        detail = "; ".join(reasons) if reasons else "no committed step_<N> directory"
+        detail = "; ".join(reasons) if reasons else "no committed step-<N> directory"
         raise CheckpointError(f"no complete checkpoint under {target}: {detail}")
     report.loaded = candidates[chosen]
     report.files = files

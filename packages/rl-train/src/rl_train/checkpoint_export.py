@@ -44,7 +44,7 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 def checkpoint_weights(ckpt_dir: str | os.PathLike[str], *, key_file: KeyFile = None) -> Weights:
     """HF-named full tensors (CPU) of the model in the training checkpoint ``ckpt_dir`` (a
-    ``step_<N>`` directory an rl_train backend saved), after verifying it; a
+    ``step-<N>`` directory an rl_train backend saved), after verifying it; a
     :class:`~rl_train.signing.CheckpointError` naming the first problem otherwise."""
     path = Path(ckpt_dir)
     files = ckpt.verify(path, key_file=key_file)

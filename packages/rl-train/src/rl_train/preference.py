@@ -24,6 +24,7 @@ from typing import ClassVar
 
 import torch
 
+from rl_algos.losses import pair_accuracy
 from rl_algos.preference import PreferenceInputs, get_preference_loss
 from rl_train.types import Batch, ForwardOutput, LossContext, LossFn, LossResult
 
@@ -154,12 +155,13 @@ def preference_metrics(
     desirable_total: float | torch.Tensor | None = None,
 ) -> dict:
     """Sums over the micro-batch divided by global counts (they add up to means):
-    ``rewards/{chosen,rejected,margins,accuracies}``, ``logps/{chosen,rejected}``.
+    ``rewards/{chosen,rejected,margins,accuracies,ties}``, ``logps/{chosen,rejected}``.
 
     Paired: every count is ``n`` pairs. Unpaired (KTO): ``chosen`` averages the desirable rows
     over their global count ``desirable_total`` (without it: the micro-batch's share of ``n``),
     ``rejected`` the undesirable ones over ``n - desirable_total``; ``margins`` is the difference
-    of the two means, ``accuracies`` the share of rows whose reward has the label's sign."""
+    of the two means, ``accuracies`` the share of rows whose reward has the label's sign (a tie
+    counts 0.5: :func:`rl_algos.losses.pair_accuracy`), ``ties`` the share of tied rows."""
     cr, rr = result.chosen_rewards.detach(), result.rejected_rewards.detach()
     logps = x.chosen_sum.detach()
     if paired:
@@ -179,7 +181,8 @@ def preference_metrics(
         "rewards/chosen": chosen,
         "rewards/rejected": rejected,
         "rewards/margins": chosen - rejected,
-        "rewards/accuracies": (cr > rr).float().sum() / n,
+        "rewards/accuracies": pair_accuracy(cr, rr).sum() / n,
+        "rewards/ties": (cr == rr).float().sum() / n,
         "logps/chosen": logps.sum() / n_chosen,
     }
     if rejected_logps is not None:

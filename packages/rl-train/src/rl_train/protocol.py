@@ -44,7 +44,7 @@ class TrainBackend(Protocol):
         *,
         key_file: str | Path | None = None,
     ) -> Path:
-        """Atomically write a resumable checkpoint ``root/step_<step>``, its manifest signed with
+        """Atomically write a resumable checkpoint ``root/step-<step>`` (rl_train.checkpoint_store), its manifest signed with
         the key in ``key_file`` (default: :func:`rl_train.signing.default_key_file`)."""
         ...
 

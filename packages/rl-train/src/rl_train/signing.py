@@ -242,13 +242,6 @@ def write_manifest(
     return files
 
 
-def step_of_dir(name: str, sep: str) -> int | None:
-    """The step in a checkpoint directory's name ``step<sep><digits>`` (rl_train's ``step_N``,
-    rl_runtime's ``step-N``), or None for any other name (ASCII digits only)."""
-    m = re.fullmatch(rf"step{re.escape(sep)}([0-9]+)", name)
-    return int(m.group(1)) if m else None
-
-
 def read_bounded(path: Path, limit: int, ckpt: Path, missing: str = "") -> bytes:
     """The bytes of ``path``, a regular file (not a symlink, FIFO or device) of at most ``limit``
     bytes; anything else is a :class:`CheckpointError` naming the file (``missing`` is added to
@@ -369,7 +362,7 @@ def verify_manifest(
 def main(argv: list[str] | None = None) -> int:
     """``python -m rl_train.signing trust DIR [--key-file F] [--step N]``: sign an existing
     checkpoint you trust (e.g. one written before checkpoints were signed) with this host's key,
-    for the step its name says (``step_N``/``step-N``) unless ``--step`` is given;
+    for the step its name says (``step-N``, or the earlier ``step_N``) unless ``--step`` is given;
     ``verify DIR`` checks one."""
     import argparse
 
@@ -380,9 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", type=int, default=None)
     args = parser.parse_args(argv)
     key = load_key(args.key_file)
-    named = step_of_dir(args.checkpoint.name, "_")
-    if named is None:
-        named = step_of_dir(args.checkpoint.name, "-")
+    from rl_train.checkpoint_store import dir_step
+
+    named = dir_step(args.checkpoint)
     if args.command == "trust":
         if None not in (named, args.step) and named != args.step:
             parser.error(f"--step {args.step}: {args.checkpoint.name} is step {named}")

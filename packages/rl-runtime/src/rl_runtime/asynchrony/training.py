@@ -19,6 +19,7 @@ import dataclasses
 import time
 from typing import Any
 
+from rl_config.rules import ASYNC_COLOCATION
 from rl_runtime.asynchrony.producer import RolloutProducer
 from rl_runtime.asynchrony.queue import SampleQueue
 from rl_runtime.asynchrony.staleness import LagStats, filter_stale
@@ -50,11 +51,7 @@ class AsyncTraining:
             )
         colocated = ctx.cluster.colocated_with_infer()
         if colocated:
-            raise RuntimeError(
-                f"asynchronous training with {colocated} sharing devices with actor_infer: the "
-                "engines would be put to sleep while they generate; give actor_infer its own "
-                "devices (device_mapping)"
-            )
+            raise RuntimeError(f"{colocated} share devices with actor_infer: {ASYNC_COLOCATION}")
         self.plan = plan
         self.recipe = recipe
         self.queue = SampleQueue(plan.queue_samples)

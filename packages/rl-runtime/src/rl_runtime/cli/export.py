@@ -7,7 +7,7 @@ checkpoint exports as the merged model, or with `--adapter` as a peft adapter di
 the base model.
 
 CHECKPOINT is a run's checkpoint (`<checkpoint dir>/step-<N>`), the directory holding them
-(its newest valid one), or a training checkpoint of one role (`.../actor_train/step_<N>`, then
+(its newest valid one), or a training checkpoint of one role (`.../actor_train/step-<N>`, then
 with --base-model). Everything is verified before it is read (rl_runtime.state.checkpoint: the run's
 signed manifest; rl_train.checkpoint_export: the role's): a checkpoint directory is untrusted
 input. The architecture, config and tokenizer come from the model the run started from (the
@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rl_runtime.state.checkpoint import CheckpointManager
+from rl_runtime.state.checkpoint import STATE_FILE, RunCheckpoints
+from rl_train.checkpoint_store import dir_step
 
 KeyFile = str | os.PathLike[str] | None
 #: the run checkpoint's record of the model its policy started from (an absolute path)
@@ -32,7 +33,9 @@ MODEL_CONFIG_KEY = "model_config_overrides"
 
 
 def _role_checkpoint(path: Path) -> bool:
-    return path.name.startswith("step_") or (path / "trainer_state.json").is_file()
+    """One role's trainer checkpoint, not a run's (which holds the run state and the roles)."""
+    named = dir_step(path) is not None and not (path / STATE_FILE).is_file()
+    return named or (path / "trainer_state.json").is_file()
 
 
 def export_checkpoint(
@@ -63,7 +66,7 @@ def export_checkpoint(
             raise ValueError(f"{path} is one role's checkpoint: give the model it was trained "
                              "from (--base-model)")  # fmt: skip
         return write(path, base_model)
-    runs = CheckpointManager(path, keep_last=None, key_file=key_file)
+    runs = RunCheckpoints(path, keep_last=None, key_file=key_file)
     run = runs.resolve(str(path))
     assert run is not None  # resolve raises when nothing verifies
     state = runs.load_state(run)

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from rl_config.rules import ASYNC_COLOCATION, shared_with_infer
+
 
 @dataclass(frozen=True)
 class AsyncPlan:
@@ -58,15 +60,10 @@ def build_async(cfg: Any, samples_per_step: int, warnings: list[str]) -> AsyncPl
             f"async.queue_size={queue} is smaller than one step's batch ({samples_per_step} "
             "samples): rollout could never queue a batch; set it to at least samples_per_step"
         )
-    infer = set(cfg.actor_infer.device_mapping or [0])
-    for role, worker in cfg.workers().items():
-        shared = sorted(infer & set(worker.device_mapping or [0]))
-        if role != "actor_infer" and shared:
-            raise ValueError(
-                f"{role}.device_mapping shares devices {shared} with actor_infer: asynchronous "
-                "training generates while the other roles run, and colocated engines would be "
-                "put to sleep mid-generation; give actor_infer its own devices"
-            )
+    for role, shared in shared_with_infer(cfg, unset=(0,)).items():
+        raise ValueError(
+            f"{role}.device_mapping shares devices {shared} with actor_infer: {ASYNC_COLOCATION}"
+        )
     if not correction.is_weight.enabled and not any(f.enabled for f in correction.filters):
         warnings.append(
             f"async.max_staleness={staleness} without train_infer_correction (is_weight or "

@@ -25,7 +25,7 @@ from rl_runtime.run.checks import check_in_process, check_optional_packages
 from rl_runtime.run.options import RunOptions
 from rl_runtime.run.previous_run import earlier_run_outputs, set_aside_previous_run
 from rl_runtime.run.resume_guard import check_resume, check_resume_step
-from rl_runtime.state.checkpoint import CheckpointManager, RunState
+from rl_runtime.state.checkpoint import RunCheckpoints, RunState
 from rl_runtime.track.tracking import earlier_run_logs, rewind_metrics, tracker_log_dir
 
 
@@ -35,7 +35,7 @@ class Start:
     resumed and its run state (None: a fresh run), and the resumed run's metric rows up to its
     checkpoint (its curves show the whole run)."""
 
-    ckpt: CheckpointManager | None = None
+    ckpt: RunCheckpoints | None = None
     resume: Path | None = None
     state: RunState | None = None
     resumed_rows: list[dict[str, float]] = field(default_factory=list)
@@ -57,7 +57,7 @@ def announce(cfg: Any, components: Components, options: RunOptions, pipeline: st
     resumed_rows: list[dict[str, float]] = []
     resume_warnings: list[str] = []
     if c.role("actor_train") is not None:
-        ckpt = CheckpointManager(
+        ckpt = RunCheckpoints(
             c.checkpoint.directory,
             keep_last=c.checkpoint.keep_last,
             key_file=c.checkpoint.key_file,
@@ -102,7 +102,7 @@ def set_aside_and_record(
     cfg: Any,
     components: Components,
     options: RunOptions,
-    ckpt: CheckpointManager | None,
+    ckpt: RunCheckpoints | None,
     fresh: bool,
 ) -> None:
     """Once the workers have started (nothing is moved by a run that did not start): a fresh
