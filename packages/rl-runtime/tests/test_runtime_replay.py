@@ -216,3 +216,22 @@ def test_record_steps_refuses_the_triggers_it_does_not_implement():
         parse_record_steps("reward_collapse")
     with pytest.raises(ValueError, match="expected none, every:N"):
         parse_record_steps("every:0")
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("dist")
+def test_a_two_rank_step_replays_bit_exactly_in_two_gloo_processes(tmp_path):
+    """fsdp2_train on 2 gloo ranks records step 2 (each rank's rows and RNG state, the sharded
+    checkpoint); rl-replay replays it in 2 processes to the same metrics and weights."""
+    from replay_ranks import record_two_steps
+
+    from rl_rollout.tiny_model import build_tiny_model
+    from rl_train.dist import spawn
+
+    model = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=1, intermediate_size=64)
+    root = tmp_path / "records"
+    spawn(record_two_steps, 2, str(model), str(root), "fsdp2_train", env={"OMP_NUM_THREADS": "1"})
+    result = replay(root / "step-2")
+    assert result.record.trainer.world_size == 2
+    assert sorted(result.record.files) == ["rank0.safetensors", "rank1.safetensors"]
+    assert result.bit_exact, result.differences()

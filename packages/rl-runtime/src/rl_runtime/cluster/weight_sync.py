@@ -221,6 +221,24 @@ class WeightSync:
         }
 
 
+def weight_sync_for(cluster: Any, components: Any, *, use_ray: bool) -> WeightSync | None:
+    """The run's trainer -> engine sync (None without both actor_train and actor_infer): a
+    broadcast group on Ray, direct calls in one process, with the cluster section's timeout,
+    bucket size, address and transport."""
+    if not (cluster.has("actor_train") and cluster.has("actor_infer")):
+        return None
+    settings = components.cluster
+    return WeightSync(
+        cluster["actor_train"],
+        cluster["actor_infer"],
+        mode="broadcast" if use_ray else "direct",
+        timeout_s=settings.rpc_timeout,
+        bucket_bytes=settings.sync_bucket_bytes,
+        host=settings.sync_host,
+        transport=settings.sync_transport,
+    )
+
+
 def _check_committed(version: int, versions: Sequence[int]) -> None:
     if any(v != version for v in versions):
         raise WeightSyncError(

@@ -30,13 +30,14 @@ from rl_runtime.compose.components import (
     TrackerSettings,
 )
 from rl_runtime.compose.envs import build_env_manager, build_env_specs
+from rl_runtime.compose.lora import reference_from_actor
 from rl_runtime.compose.losses import (
     build_actor_loss,
     build_critic_loss,
     build_is_correction,
     loss_norm_constant,
 )
-from rl_runtime.compose.roles import build_role, reference_from_actor, role_specs
+from rl_runtime.compose.roles import build_role, role_specs
 from rl_runtime.compose.run_settings import (
     build_cadence,
     build_checkpoint,

@@ -182,7 +182,7 @@ class Components(RunComponents):
     """Rollout running ahead of training (None: synchronous; rl_runtime.asynchrony.training)."""
     reference_from_actor: bool = False
     """The reference log-probs are actor_train's with its LoRA adapter disabled (the reference
-    is its base model; no reference worker: rl_runtime.compose.roles.reference_from_actor)."""
+    is its base model; no reference worker: rl_runtime.compose.lora.reference_from_actor)."""
 
     def sampling(self, split: str, epoch: int, greedy: bool = False) -> SamplingParams:
         """Sampling of one rollout batch: the configured params (greedy when `greedy` or

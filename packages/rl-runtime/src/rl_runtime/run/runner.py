@@ -36,6 +36,7 @@ from rl_runtime.run.resume_guard import config_record
 from rl_runtime.run.run_lock import run_directories_lock
 from rl_runtime.run.start import announce, saved_reference, set_aside_and_record
 from rl_runtime.state.checkpoint import RunCheckpoints, RunState, capture_rng, restore_rng
+from rl_runtime.state.recorder import recorder_for
 from rl_runtime.state.seeds import seed_globals
 from rl_runtime.step.metrics import TRAINED_SAMPLES_KEY, skip_reason
 from rl_runtime.track.summary_json import write_summary
@@ -95,7 +96,7 @@ class Runner:
     def _setup(self) -> Context:
         from rl_runtime.cluster.cluster import Cluster
         from rl_runtime.cluster.ray_setup import RayOptions
-        from rl_runtime.cluster.weight_sync import WeightSync
+        from rl_runtime.cluster.weight_sync import weight_sync_for
         from rl_sync.device import detect_device_kind, ray_resource_name
 
         c, o = self.components, self.options
@@ -134,35 +135,10 @@ class Runner:
             resumed_at=self.resumed_step,
         )
         self.ctx.tracker.history.extend(self.resumed_rows)
-        self.ctx.recorder = self._recorder()
-        if cluster.has("actor_train") and cluster.has("actor_infer"):
-            self.ctx.sync = WeightSync(
-                cluster["actor_train"],
-                cluster["actor_infer"],
-                mode="broadcast" if o.use_ray else "direct",
-                timeout_s=c.cluster.rpc_timeout,
-                bucket_bytes=c.cluster.sync_bucket_bytes,
-                host=c.cluster.sync_host,
-                transport=c.cluster.sync_transport,
-            )
+        self.ctx.recorder = recorder_for(c, config_record(self.cfg))
+        self.ctx.sync = weight_sync_for(cluster, c, use_ray=o.use_ray)
         self.recipe.setup(self.ctx)
         return self.ctx
-
-    def _recorder(self) -> Any:
-        """The learn-call recorder `record_steps` asks for (None: none)."""
-        kind, every = self.components.cadence.record_steps
-        if kind == "none":
-            return None
-        from rl_runtime.state.recorder import RECORDS_DIR, StepRecorder
-        from rl_runtime.state.step_record import config_hash
-
-        return StepRecorder(
-            kind,
-            every,
-            Path(self.components.output_dir) / RECORDS_DIR,
-            config_hash=config_hash(config_record(self.cfg)),
-            key_file=self.components.checkpoint.key_file,
-        )
 
     # ------------------------------------------------------------------------ checkpoints
     def _optimizer_roles(self) -> list[str]:

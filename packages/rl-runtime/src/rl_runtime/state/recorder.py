@@ -32,6 +32,23 @@ RECORDS_DIR = "records"
 PENDING_DIR = ".pending"
 
 
+def recorder_for(components: Any, config: dict[str, Any]) -> StepRecorder | None:
+    """The learn-call recorder the run's `record_steps` asks for (None: none); `config` is the
+    run's resolved config record (its hash goes into each record)."""
+    kind, every = components.cadence.record_steps
+    if kind == "none":
+        return None
+    from rl_runtime.state.step_record import config_hash
+
+    return StepRecorder(
+        kind,
+        every,
+        Path(components.output_dir) / RECORDS_DIR,
+        config_hash=config_hash(config),
+        key_file=components.checkpoint.key_file,
+    )
+
+
 def anomalous(metrics: dict[str, Any]) -> bool:
     """Whether a learn call's metrics show a non-finite loss or grad norm, or a skipped
     optimizer step (`<role>/skipped_steps`: the trainer's non-finite guard)."""

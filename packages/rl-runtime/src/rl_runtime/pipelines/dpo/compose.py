@@ -22,7 +22,8 @@ from rl_runtime.compose.components import (
     RunComponents,
     TrackerSettings,
 )
-from rl_runtime.compose.roles import build_role, reference_from_actor
+from rl_runtime.compose.lora import reference_from_actor
+from rl_runtime.compose.roles import build_role
 from rl_runtime.compose.run_settings import (
     build_cadence,
     build_checkpoint,
@@ -85,7 +86,7 @@ class DPOComponents(RunComponents):
     sizes: dict[str, int]
     warnings: tuple[str, ...] = field(default=())
     #: the reference log-probs are actor_train's with its LoRA adapter disabled (no reference
-    #: worker: rl_runtime.compose.roles.reference_from_actor)
+    #: worker: rl_runtime.compose.lora.reference_from_actor)
     reference_from_actor: bool = False
     #: DPO trains on a fixed dataset (no rollout): never asynchronous
     asynchronous: ClassVar[None] = None
