@@ -120,12 +120,9 @@ def test_sft_keys_elsewhere_and_both_sections_are_named(tmp_path):
         compose_sft(load_config(path))
 
 
-@pytest.mark.slow
-def test_the_app_trains_two_steps_end_to_end(tmp_path):
-    """2 steps of the CPU default on a few generated rows: held-out loss before and after,
-    checkpoint, summary.json, curves, hf_model/; the held-out loss goes down."""
-    out = tmp_path / "run"
-    overrides = {
+def _run_app(tmp_path: Path, out: Path, expect: int = 0, **extra: object):
+    """The CPU default on few generated rows, `extra` overrides on top; the subprocess."""
+    overrides: dict[str, object] = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
         "pretrain": tmp_path / "tiny", "sft_app.build_tiny_model": tmp_path / "tiny",
         "sft_train.data_args.file_name": tmp_path / "data" / "train.jsonl",
@@ -134,21 +131,67 @@ def test_the_app_trains_two_steps_end_to_end(tmp_path):
         "sft_train.training_args.per_device_train_batch_size": 4,
         "sft_train.training_args.learning_rate": 3e-3,
         "sft_app.arithmetic.train_rows": 16, "sft_app.arithmetic.eval_rows": 8,
+        **extra,
     }  # fmt: skip
     cmd = [sys.executable, str(APP), "--config", str(CONFIG)]
     cmd += [f"{k}={v}" for k, v in overrides.items()]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
+
+
+def _trained(out: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "train/loss" in r]
+
+
+@pytest.mark.slow
+def test_the_app_trains_two_steps_end_to_end(tmp_path):
+    """2 steps of the CPU default on a few generated rows: held-out loss before and after,
+    checkpoint, summary.json, curves, hf_model/; the held-out loss goes down."""
+    out = tmp_path / "run"
+    _run_app(tmp_path, out)
     summary = json.loads((out / "summary.json").read_text())
     before, after = summary["eval_before"], summary["eval_after"]
     assert after["val/loss"] < before["val/loss"]
     assert after["val/perplexity"] == pytest.approx(2.718281828 ** after["val/loss"], rel=1e-9)
     assert (out / "hf_model" / "config.json").is_file()
     assert list((out / "ckpt").glob("step-000002/actor_train"))
-    rows = [json.loads(x) for x in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
-    trained = [r for r in rows if "train/loss" in r]
+    trained = _trained(out)
     assert [r["step"] for r in trained] == [1, 2]
     assert all(r["train/tokens"] > 0 for r in trained)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_at_the_next_batch_with_the_same_numbers(tmp_path):
+    """16 rows, 4 per step: 4 steps are one epoch; a run stopped after step 2 and resumed from
+    its checkpoint trains steps 3 and 4 on the uninterrupted run's batches, with its losses."""
+    _run_app(tmp_path, tmp_path / "full", max_steps=4, eval_steps=0)
+    full = _trained(tmp_path / "full")
+    part = tmp_path / "part"
+    _run_app(tmp_path, part, max_steps=2, eval_steps=0)
+    _run_app(tmp_path, part, max_steps=4, eval_steps=0, resume_from_checkpoint="true")
+    resumed = {r["step"]: r for r in _trained(part) if r["step"] > 2}
+    assert sorted(resumed) == [3, 4]
+    for r in full[2:]:
+        assert resumed[r["step"]]["train/loss"] == pytest.approx(r["train/loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_malformed_rows_stop_the_run_before_it_starts_naming_file_and_row(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    rows = [{"instruction": "a", "output": "1"}, {"messages": [{"role": "user", "content": "b"}]}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    proc = _run_app(
+        tmp_path, out, expect=1, **{"sft_app.generate_arithmetic": "false",
+                                    "sft_train.data_args.file_name": data,
+                                    "validation.data_args.file_name": data},
+    )  # fmt: skip
+    assert not out.exists()  # the preflight's refusal: before anything starts
+    assert f"{data}: malformed row(s) among the first 8: row 1: 'messages' (line 2): no " in (
+        proc.stderr
+    ), proc.stderr
 
 
 def test_every_schema_key_is_read_by_the_sft_compose_or_declared_for_sft():

@@ -332,7 +332,11 @@ def report(result: ReplayResult) -> str:
     ]
     if result.change is not None:
         lines.append(f"  with {result.change[0]} = {result.change[1]!r}")
-    for key, recorded, replayed in result.compared():
+    compared = result.compared()
+    if result.anomaly and not result.metrics:
+        lines.append("  (the replay stopped at the first non-finite gradient: no metrics)")
+        compared = []
+    for key, recorded, replayed in compared:
         same = replayed is not None and recorded.hex() == replayed.hex()
         delta = (
             ""

@@ -43,6 +43,8 @@ METRIC_PREFIXES = (
     "data/",
     # on-policy distillation (apps/distill): the student's reverse KL to its teachers
     "distill/",
+    # recorded learn calls (record_steps): each record's size and the time recording took
+    "record/",
 )
 
 
