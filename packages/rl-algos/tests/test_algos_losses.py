@@ -219,6 +219,9 @@ def test_full_kl_matches_distributions() -> None:
 def test_pair_accuracy_counts_a_tie_as_half() -> None:
     chosen, rejected = torch.tensor([1.0, 0.0, -1.0, 2.0]), torch.tensor([0.0, 0.0, 1.0, 2.0])
     torch.testing.assert_close(L.pair_accuracy(chosen, rejected), torch.tensor([1, 0.5, 0, 0.5]))
+    # float noise is a tie, a real margin is not
+    noisy = L.pair_accuracy(torch.tensor([1e-6, 1e-3]), torch.tensor([-1e-6, 0.0]))
+    torch.testing.assert_close(noisy, torch.tensor([0.5, 1.0]))
     # a policy equal to its reference: every DPO pair tied, accuracy 0.5, ties 1
     same = L.dpo(torch.tensor([-1.0, -2.0]), torch.tensor([-3.0, -1.0]),
                  torch.tensor([-1.0, -2.0]), torch.tensor([-3.0, -1.0]), beta=0.1)  # fmt: skip

@@ -48,6 +48,7 @@ __all__ = [
     "list_policy_losses",
     "orpo",
     "pair_accuracy",
+    "pair_ties",
     "ppo_clip",
     "register_policy_loss",
     "reinforce",
@@ -643,17 +644,29 @@ def _check_same(*named: tuple[str, Tensor]) -> None:
             raise ValueError(f"{name} {tuple(t.shape)} != {named[0][0]} {tuple(shape)}")
 
 
-def pair_accuracy(chosen: Tensor, rejected: Tensor) -> Tensor:
-    """Per pair [B]: 1 where the chosen reward is higher, 0.5 on a tie, 0 otherwise. Counting a
-    tie as a coin flip keeps a policy equal to its reference (every pair tied) at 0.5, not 0."""
-    return (chosen > rejected).float() + 0.5 * (chosen == rejected).float()
+#: reward differences this small are ties: a policy equal to its reference, its log-probs
+#: computed in another layout (sharded ranks, another batch), differs from it by float noise
+TIE_ATOL = 1e-5
+
+
+def pair_ties(chosen: Tensor, rejected: Tensor, atol: float = TIE_ATOL) -> Tensor:
+    """Per pair [B]: 1 where the two rewards differ by at most ``atol``, else 0."""
+    return ((chosen - rejected).abs() <= atol).float()
+
+
+def pair_accuracy(chosen: Tensor, rejected: Tensor, atol: float = TIE_ATOL) -> Tensor:
+    """Per pair [B]: 1 where the chosen reward is higher, 0.5 on a tie (within ``atol``), 0
+    otherwise. Counting a tie as a coin flip keeps a policy equal to its reference (every pair
+    tied) at 0.5, not 0."""
+    tie = pair_ties(chosen, rejected, atol)
+    return (chosen > rejected).float() * (1 - tie) + 0.5 * tie
 
 
 def _pair_stats(chosen: Tensor, rejected: Tensor) -> dict[str, Tensor]:
     c, r = chosen.detach(), rejected.detach()
     return {
         "reward_accuracy": pair_accuracy(c, r).mean(),
-        "reward_ties": (c == r).float().mean(),
+        "reward_ties": pair_ties(c, r).mean(),
         "reward_margin": (c - r).mean(),
     }
 

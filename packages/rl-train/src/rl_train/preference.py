@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import torch
 
-from rl_algos.losses import pair_accuracy
+from rl_algos.losses import pair_accuracy, pair_ties
 from rl_algos.preference import PreferenceInputs, get_preference_loss
 from rl_train.types import Batch, ForwardOutput, LossContext, LossFn, LossResult
 
@@ -182,7 +182,7 @@ def preference_metrics(
         "rewards/rejected": rejected,
         "rewards/margins": chosen - rejected,
         "rewards/accuracies": pair_accuracy(cr, rr).sum() / n,
-        "rewards/ties": (cr == rr).float().sum() / n,
+        "rewards/ties": pair_ties(cr, rr).sum() / n,
         "logps/chosen": logps.sum() / n_chosen,
     }
     if rejected_logps is not None:
