@@ -180,28 +180,75 @@ def test_a_nan_advantage_is_recorded_and_named(tiny, tmp_path):
     assert replay(tmp_path / "records" / "step-2").bit_exact
 
 
-def test_a_tampered_record_is_refused_naming_the_file(recorded, tmp_path, capsys):
+def _tampered(recorded: Path, tmp_path: Path, name: str) -> Path:
+    """A copy of the recorded step-2 directory (named step-2, as recorded)."""
     import shutil
 
-    step = tmp_path / "step-2"
+    step = tmp_path / name / "step-2"
     shutil.copytree(recorded / "step-2", step)
-    tensors = step / "actor_train" / "rank0.safetensors"
-    data = bytearray(tensors.read_bytes())
-    data[-1] ^= 1
-    tensors.write_bytes(bytes(data))
-    with pytest.raises(RecordError, match="rank0.safetensors: sha256 does not match"):
+    return step
+
+
+def test_a_tampered_record_is_refused_naming_the_file(recorded, tmp_path, capsys):
+    """The record's signed manifest covers its batch, its metadata and its checkpoint: a byte
+    flipped in any of them, a field edited, a file added, the manifest re-written without the
+    key, or the record moved to another step's directory is refused, naming the file."""
+    from rl_train.signing import MANIFEST, SIGNATURE
+
+    assert read_record(recorded / "step-2" / "actor_train")[0].step == 2
+
+    def flip(path: Path, at: int = -1) -> None:
+        data = bytearray(path.read_bytes())
+        data[at] ^= 1
+        path.write_bytes(bytes(data))
+
+    step = _tampered(recorded, tmp_path, "batch")
+    flip(step / "actor_train" / "rank0.safetensors")
+    with pytest.raises(RecordError, match="file rank0.safetensors fails its sha256 check"):
         read_record(step / "actor_train")
     assert replay_main([str(step)]) == 2
     assert "rank0.safetensors" in capsys.readouterr().err
 
-    # metadata edited to match a changed shape: the file no longer matches it
-    shutil.rmtree(step)
-    shutil.copytree(recorded / "step-2", step)
+    # metadata: a field edited (the recorded loss), same size or not
+    step = _tampered(recorded, tmp_path, "meta")
     meta_path = step / "actor_train" / "record.json"
     meta = json.loads(meta_path.read_text())
-    meta["files"]["rank0.safetensors"]["tensors"]["batch.advantages"]["shape"] = [8, 13]
+    meta["metrics"]["actor/loss"] = (0.5).hex()
     meta_path.write_text(json.dumps(meta))
-    with pytest.raises(RecordError, match=r"rank0.safetensors: batch.advantages is"):
+    with pytest.raises(RecordError, match="file record.json has .* bytes, manifest says"):
+        read_record(step / "actor_train")
+
+    # the checkpoint the replay starts from: one byte of its weights
+    step = _tampered(recorded, tmp_path, "ckpt")
+    ckpt = step / "actor_train" / "checkpoint"
+    biggest = max((p for p in ckpt.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    flip(biggest, at=biggest.stat().st_size // 2)
+    rel = biggest.relative_to(step / "actor_train").as_posix()
+    with pytest.raises(RecordError, match=f"file {rel} fails its sha256 check"):
+        read_record(step / "actor_train")
+    assert replay_main([str(step)]) == 2
+    assert rel in capsys.readouterr().err
+
+    # a file slipped in; a manifest re-written to match a change, without the key
+    step = _tampered(recorded, tmp_path, "extra")
+    (step / "actor_train" / "rank1.safetensors").write_bytes(b"{}")
+    with pytest.raises(RecordError, match=f"file rank1.safetensors is not in {MANIFEST}"):
+        read_record(step / "actor_train")
+    step = _tampered(recorded, tmp_path, "resigned")
+    manifest = json.loads((step / "actor_train" / MANIFEST).read_text())
+    manifest["files"]["record.json"]["bytes"] += 1
+    (step / "actor_train" / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(RecordError, match=f"{MANIFEST} fails its HMAC check"):
+        read_record(step / "actor_train")
+
+    # moved to another step's directory; the signature removed
+    step = _tampered(recorded, tmp_path, "moved")
+    step.rename(step.with_name("step-3"))
+    with pytest.raises(RecordError, match="signed for step 2, but the directory is step 3"):
+        read_record(step.with_name("step-3") / "actor_train")
+    step = _tampered(recorded, tmp_path, "unsigned")
+    (step / "actor_train" / SIGNATURE).unlink()
+    with pytest.raises(RecordError, match=f"missing file {SIGNATURE}"):
         read_record(step / "actor_train")
 
 

@@ -16,8 +16,9 @@ non-finite parameters) and the first backward function that returned a non-finit
 
 STEP_DIR is `<output_dir>/records/step-<N>` (with several roles recorded, `--role` picks one;
 default actor_train) or `.../step-<N>/<role>`. A record is untrusted input: its files are
-checked against its metadata, its checkpoint against its signed manifest (the run's checkpoint
-key: `--key-file`, default as the run's). A record of several ranks replays in as many gloo
+checked against its signed manifest (rl_train.signing, the run's checkpoint key: `--key-file`,
+default as the run's), which covers its metadata, its batch files and its checkpoint; a record
+changed in any of them is refused naming the file. A record of several ranks replays in as many gloo
 processes (`--detect-anomaly`: one rank only).
 """
 
@@ -237,7 +238,7 @@ def replay(
     import msgspec
 
     directory = find_record(step_dir, role)
-    record, tensors = read_record(directory)
+    record, tensors = read_record(directory, key_file)
     spec = msgspec.to_builtins(record.trainer)
     applied = apply_change(spec, change) if change else None
     anomaly: dict[str, str] = {}
@@ -288,7 +289,7 @@ def _replay_rank(
     """One rank of `_replay_ranks` (module level: spawned)."""
     from rl_runtime.state.step_record import hex_metrics
 
-    record, tensors = read_record(Path(directory))
+    record, tensors = read_record(Path(directory), key_file)
     batch, rng = split_rank_tensors(tensors[rank])
     worker = build_trainer(spec, rank=rank, world_size=record.trainer.world_size)
     try:

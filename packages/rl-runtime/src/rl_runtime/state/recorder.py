@@ -161,7 +161,9 @@ class StepRecorder:
             {**{f"batch.{k}": v for k, v in shard.items()}, "rng.torch": rng}
             for shard, rng in zip(shards, rngs, strict=True)
         ]
-        out = write_record(self.root / f"step-{step}" / role, record, tensors, checkpoint)
+        out = write_record(
+            self.root / f"step-{step}" / role, record, tensors, checkpoint, key_file=self.key_file
+        )
         shutil.rmtree(pending, ignore_errors=True)
         spent += time.perf_counter() - t1
         self.written.append((step, role, record_size(out), spent))
