@@ -1,7 +1,9 @@
-"""Record and replay through a real app run: the agentic app (in-process workers) trains 3 steps
+"""Record and replay through real app runs (in-process workers). The agentic app trains 3 steps
 with `record_steps=nonfinite` while the test fault `step.nan_advantage@2` gives step 2 a NaN
 advantage; only step 2 is recorded, `rl-replay` reproduces it bit-exactly, and
-`--detect-anomaly` names the batch tensor the NaN came in with."""
+`--detect-anomaly` names the batch tensor the NaN came in with. The RLVR (GRPO) and DPO apps
+record step 2 with `record_steps=every:2`: the replay equals the logged step bit-exactly (loss,
+grad norm, every metric, the weight checksum)."""
 
 from __future__ import annotations
 
@@ -118,3 +120,71 @@ def test_a_deepspeed_step_replays_bit_exactly(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "bit-exact: yes" in out.stdout
+
+
+def _replayed_as_logged(out: Path, env: dict[str, str]) -> None:
+    """The record of step 2 under `out` replays bit-exactly (loss, grad norm, every metric, the
+    weights after the step), and its loss and grad norm are the ones the run logged."""
+    from rl_runtime.cli.replay import replay
+
+    records = out / "records"
+    assert sorted(p.name for p in records.iterdir() if not p.name.startswith(".")) == ["step-2"]
+    result = replay(records / "step-2")
+    assert result.bit_exact, result.differences()
+    rows = [json.loads(x) for x in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    logged = next(r for r in rows if r["step"] == 2 and "train/loss" in r)
+    recorded = result.record.metric_values()
+    for name in ("loss", "grad_norm"):
+        (key,) = [k for k in recorded if k.endswith("/" + name)]
+        assert recorded[key].hex() == float(logged["train/" + name]).hex(), name
+    assert logged["record/bytes"] > 0
+    cmd = [sys.executable, "-m", "rl_runtime.cli.replay", str(records / "step-2")]
+    plain = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert "bit-exact: yes" in plain.stdout
+
+
+@pytest.mark.slow
+def test_an_rlvr_step_is_recorded_and_replayed_bit_exactly(tmp_path):
+    app = ROOT / "apps" / "rlvr"
+    out = tmp_path / "run"
+    base = {
+        "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
+        "pretrain": tmp_path / "tiny_model", "rlvr_app.build_tiny_model": tmp_path / "tiny_model",
+        "track_with": "stdout", "max_steps": 2, "eval_steps": 1000, "save_steps": 1000,
+        "record_steps": "every:2", "rollout_batch_size": 4, "num_return_sequences_in_group": 4,
+        "actor_train.training_args.per_device_train_batch_size": 8,
+        "actor_train.training_args.gradient_accumulation_steps": 2,
+        "rlvr_app.warmup.steps": 0, "dynamic_sampling.enable": "false",
+    }  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(app), "--no-ray", "--config", str(app / "configs" / "cpu_default.yaml"),
+           *(f"{k}={v}" for k, v in base.items())]  # fmt: skip
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _replayed_as_logged(out, env)
+
+
+@pytest.mark.slow
+def test_a_dpo_step_is_recorded_and_replayed_bit_exactly(tmp_path):
+    app = ROOT / "apps" / "dpo"
+    out = tmp_path / "run"
+    base = {
+        "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
+        "pretrain": tmp_path / "tiny_model", "dpo_app.build_tiny_model": tmp_path / "tiny_model",
+        "actor_train.data_args.file_name": tmp_path / "data" / "train.jsonl",
+        "actor_train.data_args.eval_file_name": tmp_path / "data" / "heldout.jsonl",
+        "track_with": "stdout", "max_steps": 2, "eval_steps": 1000, "save_steps": 1000,
+        "record_steps": "every:2",
+        "actor_train.training_args.per_device_train_batch_size": 2,
+        "actor_train.training_args.gradient_accumulation_steps": 2,
+        "dpo_app.arithmetic.train_rows": 24, "dpo_app.arithmetic.eval_rows": 8,
+        "dpo_app.greedy_eval_prompts": 4, "dpo_app.eval_before_training": "false",
+        "dpo_app.use_ray": "false",
+    }  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(app), "--config", str(app / "configs" / "cpu_default.yaml"),
+           *(f"{k}={v}" for k, v in base.items())]  # fmt: skip
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _replayed_as_logged(out, env)

@@ -4,21 +4,28 @@
 A recorded call keeps the state before it: every rank of the role saves a training checkpoint
 (rl_train's layout, signed with the run's checkpoint key) just before the call, in
 `records/.pending/<role>/`, which moves into the record. `every:N` does that on every N-th step
-only; `nonfinite` on every step (a checkpoint write per step: its cost), kept only when the call
-reports a non-finite loss or grad norm, or skipped an optimizer step (the trainer's non-finite
-guard). Supervised warm-up calls (`loss="sft"`) are not recorded, nor a role's second call in
-one step.
+only. The anomaly triggers (`AnomalyWatch`) decide per call: `nonfinite` (a non-finite loss or
+grad norm, or a skipped optimizer step: the trainer's non-finite guard) and `spike:K` (a loss
+or grad norm more than K standard deviations from the mean of the role's previous
+`RECORD_WINDOW` finite values) are known only after the call, so the state is saved before every
+call (a checkpoint write per step: their cost) and kept only for a recorded one;
+`reward_collapse:K` (the batch's mean reward more than K standard deviations below the previous
+steps' mean) is known before the call, which alone saves the state only for a collapsed step.
+Supervised warm-up calls (`loss="sft"`) are not recorded, nor a role's second call in one step.
 """
 
 from __future__ import annotations
 
 import math
 import shutil
+import statistics
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rl_config.schema.pipeline import RECORD_MIN_HISTORY, RECORD_WINDOW
 from rl_runtime.state.step_record import (
     FORMAT,
     StepRecord,
@@ -35,7 +42,7 @@ PENDING_DIR = ".pending"
 def recorder_for(components: Any, config: dict[str, Any]) -> StepRecorder | None:
     """The learn-call recorder the run's `record_steps` asks for (None: none); `config` is the
     run's resolved config record (its hash goes into each record)."""
-    kind, every = components.cadence.record_steps
+    kind, every, triggers = components.cadence.record_steps
     if kind == "none":
         return None
     from rl_runtime.state.step_record import config_hash
@@ -46,6 +53,7 @@ def recorder_for(components: Any, config: dict[str, Any]) -> StepRecorder | None
         Path(components.output_dir) / RECORDS_DIR,
         config_hash=config_hash(config),
         key_file=components.checkpoint.key_file,
+        triggers=triggers,
     )
 
 
@@ -65,6 +73,93 @@ def anomalous(metrics: dict[str, Any]) -> bool:
     return False
 
 
+def _outlier(value: float, window: Sequence[float], k: float) -> tuple[float, float] | None:
+    """(mean, standard deviation) of `window` when `value` lies more than `k` of them from the
+    mean (a window of one value: any other value), else None; None too under
+    `RECORD_MIN_HISTORY` values."""
+    if len(window) < RECORD_MIN_HISTORY:
+        return None
+    mean, sd = statistics.fmean(window), statistics.pstdev(window)
+    return (mean, sd) if abs(value - mean) > k * sd and value != mean else None
+
+
+def mean_reward(shards: Sequence[dict[str, Any]]) -> float | None:
+    """The mean reward of a learn call's rows: `episode_rewards` `[B]`, else the token
+    `rewards` `[B, T]` summed per row; None for a batch without rewards (preference pairs)."""
+    rows = []
+    for shard in shards:
+        if "episode_rewards" in shard:
+            rows.append(shard["episode_rewards"].double().reshape(-1))
+        elif "rewards" in shard and shard["rewards"].dim() == 2:
+            rows.append(shard["rewards"].double().sum(-1))
+    if not rows:
+        return None
+    import torch
+
+    values = torch.cat(rows)
+    return float(values.mean()) if values.numel() else None
+
+
+class AnomalyWatch:
+    """The `record_steps` anomaly triggers of a run: per role, a window of the previous
+    `RECORD_WINDOW` finite losses, grad norms and mean rewards."""
+
+    def __init__(self, triggers: Sequence[tuple[str, float]]) -> None:
+        self.triggers = dict(triggers)
+        self._windows: dict[tuple[str, str], deque[float]] = {}
+
+    @property
+    def after_the_call(self) -> bool:
+        """Whether a trigger needs the call's metrics (then the state is saved before each)."""
+        return "nonfinite" in self.triggers or "spike" in self.triggers
+
+    def _window(self, role: str, name: str) -> deque[float]:
+        return self._windows.setdefault((role, name), deque(maxlen=RECORD_WINDOW))
+
+    def before(self, role: str, shards: Sequence[dict[str, Any]]) -> str | None:
+        """The reward-collapse reason of a call about to train on `shards`, or None (the mean
+        reward joins the window either way)."""
+        if "reward_collapse" not in self.triggers:
+            return None
+        reward = mean_reward(shards)
+        if reward is None or not math.isfinite(reward):
+            return None
+        window = self._window(role, "reward")
+        k = self.triggers["reward_collapse"]
+        found = _outlier(reward, window, k)
+        window.append(reward)
+        if found is None or reward > found[0]:
+            return None
+        return (
+            f"reward_collapse:{k:g} (mean reward {reward:.6g}, previous {RECORD_WINDOW} steps' "
+            f"mean {found[0]:.6g} sd {found[1]:.3g})"
+        )
+
+    def after(self, role: str, metrics: dict[str, Any]) -> str | None:
+        """The nonfinite or spike reason of a call that returned `metrics`, or None (its finite
+        loss and grad norm join the windows either way)."""
+        if "nonfinite" in self.triggers and anomalous(metrics):
+            return "nonfinite"
+        reason = None
+        k = self.triggers.get("spike")
+        for key in sorted(metrics):
+            name = key.rsplit("/", 1)[-1]
+            if name not in ("loss", "grad_norm") or not isinstance(metrics[key], int | float):
+                continue
+            value = float(metrics[key])
+            if not math.isfinite(value):
+                continue
+            window = self._window(role, key)
+            found = None if k is None else _outlier(value, window, k)
+            window.append(value)
+            if found is not None and reason is None:
+                reason = (
+                    f"spike:{k:g} ({key} {value:.6g}, previous {RECORD_WINDOW} values' mean "
+                    f"{found[0]:.6g} sd {found[1]:.3g})"
+                )
+        return reason
+
+
 class StepRecorder:
     """Records `Context.train` calls under `root` (`<output_dir>/records`)."""
 
@@ -76,11 +171,16 @@ class StepRecorder:
         *,
         config_hash: str,
         key_file: str | None,
+        triggers: Sequence[tuple[str, float]] = (),
         writes: bool = True,
     ) -> None:
-        if kind not in ("every", "nonfinite"):
-            raise ValueError(f"record_steps kind {kind!r}: every or nonfinite")
+        if kind not in ("every", "anomaly") or (kind == "anomaly") != bool(triggers):
+            raise ValueError(
+                f"record_steps kind {kind!r} with triggers {list(triggers)}: every (no "
+                "triggers) or anomaly (one or more)"
+            )
         self.kind, self.every = kind, every
+        self.watch = AnomalyWatch(triggers)
         self.root = Path(root)
         self.config_hash = config_hash
         self.key_file = key_file
@@ -106,7 +206,7 @@ class StepRecorder:
     def wants(self, step: int, role: str, loss: str) -> bool:
         if loss != "default" or (step, role) in self._done:
             return False
-        return self.kind == "nonfinite" or step % self.every == 0
+        return self.kind == "anomaly" or step % self.every == 0
 
     def train(
         self,
@@ -125,6 +225,10 @@ class StepRecorder:
             return run()[0]
         self._done.add((step, role))
         t0 = time.perf_counter()
+        reason = self.watch.before(role, shards) if self.kind == "anomaly" else None
+        if self.kind == "anomaly" and reason is None and not self.watch.after_the_call:
+            metrics = run()  # reward_collapse alone: decided before the call, no state saved
+            return metrics[0]
         pending = self.root / PENDING_DIR / role
         if self.writes:
             shutil.rmtree(pending, ignore_errors=True)
@@ -136,10 +240,13 @@ class StepRecorder:
         spent = time.perf_counter() - t0
         metrics = run()
         t1 = time.perf_counter()
-        if self.kind == "nonfinite" and not anomalous(metrics[0]):
-            if self.writes:
-                shutil.rmtree(pending, ignore_errors=True)
-            return metrics[0]
+        if self.kind == "anomaly":
+            after = self.watch.after(role, metrics[0])
+            reason = reason or after
+            if reason is None:
+                if self.writes:
+                    shutil.rmtree(pending, ignore_errors=True)
+                return metrics[0]
         checksum = group.call_all("weight_checksum")[0]
         if not self.writes:
             return metrics[0]
@@ -148,7 +255,7 @@ class StepRecorder:
             step=step,
             role=role,
             loss=loss,
-            trigger=self.kind if self.kind == "nonfinite" else f"every:{self.every}",
+            trigger=reason or f"every:{self.every}",
             weight_version=weight_version,
             config_hash=self.config_hash,
             checkpoint_step=step - 1,
