@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "agentic"
@@ -144,10 +145,8 @@ def _replayed_as_logged(out: Path, env: dict[str, str]) -> None:
     assert "bit-exact: yes" in plain.stdout
 
 
-@pytest.mark.slow
-def test_an_rlvr_step_is_recorded_and_replayed_bit_exactly(tmp_path):
+def _rlvr(tmp_path: Path, out: Path, **extra: object) -> subprocess.CompletedProcess:
     app = ROOT / "apps" / "rlvr"
-    out = tmp_path / "run"
     base = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
         "pretrain": tmp_path / "tiny_model", "rlvr_app.build_tiny_model": tmp_path / "tiny_model",
@@ -155,14 +154,52 @@ def test_an_rlvr_step_is_recorded_and_replayed_bit_exactly(tmp_path):
         "record_steps": "every:2", "rollout_batch_size": 4, "num_return_sequences_in_group": 4,
         "actor_train.training_args.per_device_train_batch_size": 8,
         "actor_train.training_args.gradient_accumulation_steps": 2,
-        "rlvr_app.warmup.steps": 0, "dynamic_sampling.enable": "false",
+        "rlvr_app.warmup.steps": 0, "dynamic_sampling.enable": "false", **extra,
     }  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(app), "--no-ray", "--config", str(app / "configs" / "cpu_default.yaml"),
            *(f"{k}={v}" for k, v in base.items())]  # fmt: skip
     run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    _replayed_as_logged(out, env)
+    return run
+
+
+@pytest.mark.slow
+def test_an_rlvr_step_is_recorded_and_replayed_bit_exactly(tmp_path):
+    """Also rollout replay: the run records its generations (`record_generations`); a second
+    run whose actor_infer is the `replay` engine (no model generates) serves them back and
+    trains on the same batches: its record of step 2 equals the first run's bit for bit (the
+    batch tensors, every metric, the weights after), and so do its logged losses."""
+    out = tmp_path / "run"
+    generations = tmp_path / "generations"
+    _rlvr(
+        tmp_path,
+        out,
+        **{"actor_infer.strategy_args.strategy_config.record_generations": generations},
+    )
+    _replayed_as_logged(out, {**os.environ, "OMP_NUM_THREADS": "1"})
+    assert sorted(generations.iterdir())  # one file per generate call
+
+    mocked = tmp_path / "mocked"
+    _rlvr(tmp_path, mocked, **{"actor_infer.strategy_args.strategy_name": "replay",
+                                "actor_infer.strategy_args.strategy_config.generations": generations})  # fmt: skip
+    from rl_runtime.state.step_record import read_record
+
+    first, first_tensors = read_record(out / "records" / "step-2" / "actor_train")
+    again, again_tensors = read_record(mocked / "records" / "step-2" / "actor_train")
+    assert sorted(first_tensors[0]) == sorted(again_tensors[0])
+    for key, tensor in first_tensors[0].items():
+        assert torch.equal(tensor, again_tensors[0][key]), key
+    assert again.metrics == first.metrics
+    assert again.weight_checksum == first.weight_checksum
+    losses = [
+        [
+            json.loads(x).get("train/loss")
+            for x in (o / "logs" / "metrics.jsonl").read_text().splitlines()
+        ]
+        for o in (out, mocked)
+    ]
+    assert losses[0] == losses[1] and any(v is not None for v in losses[0])
 
 
 @pytest.mark.slow
