@@ -74,6 +74,7 @@ def _run(
     nan_at: int = 0,
     scale: dict[int, float] | None = None,
     rewards: dict[int, float] | None = None,
+    chain_every: int = 50,
     **kw: Any,
 ) -> StepRecorder:
     """`steps` learn calls of a fresh trainer through a recorder (pipeline steps 1..steps);
@@ -86,7 +87,13 @@ def _run(
     group = OneRank(worker)
     kind, every, triggers = parse_record_steps(record_steps)
     recorder = StepRecorder(
-        kind, every, root, config_hash="c0ffee", key_file=None, triggers=triggers
+        kind,
+        every,
+        root,
+        config_hash="c0ffee",
+        key_file=None,
+        triggers=triggers,
+        chain_every=chain_every,
     )
     for step in range(1, steps + 1):
         batch = _batch(step)
@@ -99,6 +106,7 @@ def _run(
         recorder.train(group, "actor_train", [batch], "default", step=step, weight_version=step,
                        run=lambda b=batch: [worker.train_step(dict(b))])  # fmt: skip
     worker.shutdown()
+    recorder.close()  # the background writes done
     return recorder
 
 
@@ -107,8 +115,8 @@ def recorded(tiny, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("run") / "records"
     recorder = _run(tiny, root, "every:2", 3)
     assert [(s, r) for s, r, *_ in recorder.written] == [(2, "actor_train")]
-    assert recorder.step_metrics(1) == {}
-    size = recorder.step_metrics(2)["record/bytes"]
+    size = recorder.step_metrics(3)["record/bytes"]  # the records completed since last asked
+    assert recorder.step_metrics(4) == {}
     files = root / "step-2" / "actor_train"
     assert size == sum(f.stat().st_size for f in files.iterdir() if f.is_file()) > 0
     return root
@@ -194,6 +202,41 @@ def test_a_nan_advantage_is_recorded_and_named(tiny, tmp_path):
     assert "module" not in result.anomaly
     assert "returned nan" in result.anomaly["backward"]
     assert replay(tmp_path / "records" / "step-2").bit_exact
+
+
+def test_every_step_records_chain_to_a_checkpoint_every_n_steps(tiny, recorded, tmp_path):
+    """`every:1` with a checkpoint every 3 steps: steps 1 and 4 hold the state before them,
+    2-3 and 5 name their base and the records since; the replay of step 3 trains steps 1 and 2
+    first and is bit-exact, so is step 5's, and `--set` applies to the replayed step only. A
+    record of the chain missing or replaced (even by a validly signed one) is refused."""
+    import shutil
+
+    root = tmp_path / "records"
+    recorder = _run(tiny, root, "every:1", 5, chain_every=3)
+    assert [s for s, *_ in recorder.written] == [1, 2, 3, 4, 5]
+    owns = {s: (root / f"step-{s}" / "actor_train" / "checkpoint").is_dir() for s in range(1, 6)}
+    assert owns == {1: True, 2: False, 3: False, 4: True, 5: False}
+    for step in (3, 5):
+        result = replay(root / f"step-{step}")
+        assert result.record.base_step == (1 if step == 3 else 4)
+        assert sorted(result.record.previous, key=int) == (["1", "2"] if step == 3 else ["4"])
+        assert result.bit_exact, (step, result.differences())
+    doubled = replay(root / "step-3", change="rl_loss_coef=2.0")
+    base = doubled.record.metric_values()
+    assert doubled.metrics["actor/loss"] == 2 * base["actor/loss"]
+    assert doubled.metrics["actor/pg_loss"] == base["actor/pg_loss"]
+
+    copy = tmp_path / "copy" / "records"
+    shutil.copytree(root, copy)
+    shutil.rmtree(copy / "step-2")
+    with pytest.raises(
+        RecordError, match="needs every record since; .*step-2/actor_train is missing"
+    ):
+        replay(copy / "step-3")
+    # step 2 of another run (signed with the same key): not the record step 3 was chained to
+    shutil.copytree(recorded / "step-2", copy / "step-2")
+    with pytest.raises(RecordError, match="step-2/actor_train: its MANIFEST.json is not the one"):
+        replay(copy / "step-3")
 
 
 def _tampered(recorded: Path, tmp_path: Path, name: str) -> Path:

@@ -17,13 +17,17 @@ Supervised warm-up calls (`loss="sft"`) are not recorded, nor a role's second ca
 from __future__ import annotations
 
 import math
+import queue
 import shutil
 import statistics
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from rl_config.schema.pipeline import RECORD_MIN_HISTORY, RECORD_WINDOW
 from rl_runtime.state.step_record import (
@@ -31,12 +35,16 @@ from rl_runtime.state.step_record import (
     StepRecord,
     TrainerSpec,
     hex_metrics,
+    manifest_sha256,
     record_size,
     write_record,
 )
 
 RECORDS_DIR = "records"
 PENDING_DIR = ".pending"
+#: `every:1`: a record saves the state before its step every this many steps (its chain's
+#: base); the ones between replay from that base (StepRecorder)
+CHAIN_CHECKPOINT_EVERY = 50
 
 
 def recorder_for(components: Any, config: dict[str, Any]) -> StepRecorder | None:
@@ -160,8 +168,61 @@ class AnomalyWatch:
         return reason
 
 
+class RecordWriter:
+    """Writes records off the learn call's critical path: one background thread, in submission
+    order (a chained record reads the manifest of the one before it). A write's error is raised
+    by the next `submit` or by `flush`."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="step-record-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    job()
+            except BaseException as err:  # raised in the training thread by submit/flush
+                self._error = err
+            finally:
+                self._queue.task_done()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"writing a step record failed: {err!r}") from err
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._raise()
+        self._queue.put(job)
+
+    def flush(self) -> None:
+        """Wait until every submitted record is written (renamed into place) or failed."""
+        self._queue.join()
+        self._raise()
+
+    def close(self) -> None:
+        self._queue.join()
+        self._queue.put(None)
+        self._thread.join(timeout=60)
+        self._raise()
+
+
 class StepRecorder:
-    """Records `Context.train` calls under `root` (`<output_dir>/records`)."""
+    """Records `Context.train` calls under `root` (`<output_dir>/records`).
+
+    `every:1` chains: a record saves the state before its step only every
+    `CHAIN_CHECKPOINT_EVERY` steps (or after a gap); the records between name that one as their
+    base and bind each record since it by its manifest's sha256, and `rl-replay` replays those
+    steps first (each checked bit-exact). The checkpoint, saved with the trainer's collectives,
+    stays on the call's path; the record files are written and signed by a background thread
+    (`RecordWriter`): `step_metrics` reports a record once it is complete, `close` waits for all.
+    """
 
     def __init__(
         self,
@@ -173,6 +234,7 @@ class StepRecorder:
         key_file: str | None,
         triggers: Sequence[tuple[str, float]] = (),
         writes: bool = True,
+        chain_every: int = CHAIN_CHECKPOINT_EVERY,
     ) -> None:
         if kind not in ("every", "anomaly") or (kind == "anomaly") != bool(triggers):
             raise ValueError(
@@ -187,26 +249,61 @@ class StepRecorder:
         #: whether this process writes records: False on the other ranks of a role that records
         #: from inside its own processes (each rank runs `train`, `group.call_all` gathers)
         self.writes = writes
+        self.chain_every = chain_every
         self._done: set[tuple[int, str]] = set()
         self._specs: dict[str, dict[str, Any]] = {}
-        #: (step, role, bytes of the record's files, seconds spent recording) of each record
+        #: per role: (the base step of its chain, the last step it recorded)
+        self._chains: dict[str, tuple[int, int]] = {}
+        self._writer = RecordWriter() if writes else None
+        self._lock = threading.Lock()
+        #: (step, role, bytes of the record's files, seconds on the call's path) of each record
+        #: written (complete, renamed into place)
         self.written: list[tuple[int, str, int, float]] = []
+        self._reported = 0
 
-    def step_metrics(self, step: int) -> dict[str, float]:
-        """`record/bytes` (the records' tensor and metadata files, the checkpoint apart) and
-        `record/seconds` (the time recording added) of pipeline step `step`; {} if none."""
-        rows = [(size, secs) for s, _role, size, secs in self.written if s == step]
+    def step_metrics(self, step: int, *, wait: bool = False) -> dict[str, float]:
+        """`record/bytes` (the tensor, metadata and manifest files, the checkpoint apart) and
+        `record/seconds` (the time recording added to the learn calls) of the records completed
+        since the last call (`wait`: after waiting for all), reported at pipeline step `step`;
+        {} if none."""
+        if wait:
+            self.flush()
+        with self._lock:
+            rows = self.written[self._reported :]
+            self._reported = len(self.written)
         if not rows:
             return {}
         return {
-            "record/bytes": float(sum(r[0] for r in rows)),
-            "record/seconds": sum(r[1] for r in rows),
+            "record/bytes": float(sum(r[2] for r in rows)),
+            "record/seconds": sum(r[3] for r in rows),
         }
+
+    def flush(self) -> None:
+        """Wait until every record is written (and raise a failed write's error)."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            writer.close()
 
     def wants(self, step: int, role: str, loss: str) -> bool:
         if loss != "default" or (step, role) in self._done:
             return False
         return self.kind == "anomaly" or step % self.every == 0
+
+    def _base(self, step: int, role: str) -> int:
+        """The step whose record holds the state this one starts from (itself: save it)."""
+        chain = self._chains.get(role)
+        if (
+            self.kind != "every"
+            or chain is None
+            or chain[1] != step - 1
+            or step - chain[0] >= self.chain_every
+        ):
+            return step
+        return chain[0]
 
     def train(
         self,
@@ -229,14 +326,22 @@ class StepRecorder:
         if self.kind == "anomaly" and reason is None and not self.watch.after_the_call:
             metrics = run()  # reward_collapse alone: decided before the call, no state saved
             return metrics[0]
-        pending = self.root / PENDING_DIR / role
-        if self.writes:
-            shutil.rmtree(pending, ignore_errors=True)
-        checkpoint = pending / "checkpoint"
-        group.call_all("save_checkpoint", str(checkpoint), step - 1, key_file=self.key_file)
+        base = self._base(step, role)
+        pending = self.root / PENDING_DIR / role / str(step)
+        checkpoint: Path | None = None
+        if base == step:
+            if self.writes:
+                shutil.rmtree(pending, ignore_errors=True)
+            checkpoint = pending / "checkpoint"
+            group.call_all("save_checkpoint", str(checkpoint), step - 1, key_file=self.key_file)
         rngs = group.call_all("rng_state")
         if role not in self._specs:
             self._specs[role] = group.call_all("replay_spec")[0]
+        # the batch as the call gets it (the caller may reuse its tensors afterwards)
+        tensors = [
+            {**{f"batch.{k}": v.detach().cpu().clone() for k, v in shard.items()}, "rng.torch": rng}
+            for shard, rng in zip(shards, rngs, strict=True)
+        ]
         spent = time.perf_counter() - t0
         metrics = run()
         t1 = time.perf_counter()
@@ -248,7 +353,8 @@ class StepRecorder:
                     shutil.rmtree(pending, ignore_errors=True)
                 return metrics[0]
         checksum = group.call_all("weight_checksum")[0]
-        if not self.writes:
+        self._chains[role] = (base, step)
+        if self._writer is None:
             return metrics[0]
         record = StepRecord(
             format=FORMAT,
@@ -258,20 +364,30 @@ class StepRecorder:
             trigger=reason or f"every:{self.every}",
             weight_version=weight_version,
             config_hash=self.config_hash,
-            checkpoint_step=step - 1,
+            checkpoint_step=base - 1,
             trainer=TrainerSpec(**self._specs[role]),
             metrics=hex_metrics(metrics[0]),
             weight_checksum=checksum,
             files={},
+            base_step=base,
+            previous={},
         )
-        tensors = [
-            {**{f"batch.{k}": v for k, v in shard.items()}, "rng.torch": rng}
-            for shard, rng in zip(shards, rngs, strict=True)
-        ]
-        out = write_record(
-            self.root / f"step-{step}" / role, record, tensors, checkpoint, key_file=self.key_file
-        )
-        shutil.rmtree(pending, ignore_errors=True)
         spent += time.perf_counter() - t1
-        self.written.append((step, role, record_size(out), spent))
+
+        def write() -> None:
+            previous = {
+                str(s): manifest_sha256(self.root / f"step-{s}" / role) for s in range(base, step)
+            }
+            out = write_record(
+                self.root / f"step-{step}" / role,
+                msgspec.structs.replace(record, previous=previous),
+                tensors,
+                checkpoint,
+                key_file=self.key_file,
+            )
+            shutil.rmtree(pending, ignore_errors=True)
+            with self._lock:
+                self.written.append((step, role, record_size(out), spent))
+
+        self._writer.submit(write)
         return metrics[0]

@@ -105,6 +105,12 @@ class StepRecord(msgspec.Struct, frozen=True):
     metrics: dict[str, str]
     weight_checksum: str
     files: dict[str, FileEntry]
+    #: the step whose record holds `checkpoint/`, the state this replay starts from: this one's
+    #: own, or (a chain of `every:1` records) an earlier one's
+    base_step: int
+    #: the records from `base_step` to this one's step - 1, which the replay trains on first:
+    #: `{step: sha256 of that record's MANIFEST.json}` (binding their signed contents)
+    previous: dict[str, str]
 
     def metric_values(self) -> dict[str, float]:
         return {k: float.fromhex(v) for k, v in self.metrics.items()}
@@ -189,6 +195,14 @@ def write_record(
     return directory
 
 
+def manifest_sha256(directory: Path) -> str:
+    """sha256 of a record's `MANIFEST.json` (which names every file's sha256): what a later
+    record of the same chain binds it by."""
+    from rl_train.signing import MANIFEST, sha256_file
+
+    return sha256_file(directory / MANIFEST)
+
+
 def record_size(directory: Path) -> int:
     """Bytes of a record's files (tensor files, metadata and manifest; the checkpoint apart)."""
     return sum(
@@ -250,6 +264,13 @@ def _decode_meta(path: Path, data: bytes) -> StepRecord:
         raise RecordError(
             f"{path}: files {sorted(meta.files)} do not match world_size "
             f"{meta.trainer.world_size} (one rank<r>.safetensors per rank)"
+        )
+    if not 1 <= meta.base_step <= meta.step or sorted(meta.previous, key=int) != [
+        str(s) for s in range(meta.base_step, meta.step)
+    ]:
+        raise RecordError(
+            f"{path}: base_step {meta.base_step} and previous {sorted(meta.previous)} do not "
+            f"chain to step {meta.step}"
         )
     return meta
 
@@ -313,9 +334,41 @@ def read_record(
         _check_file(directory, rank_file(r), meta.files[rank_file(r)], files)
         for r in range(meta.trainer.world_size)
     ]
-    if not (directory / CHECKPOINT_DIR).is_dir():
-        raise RecordError(f"{directory}: no {CHECKPOINT_DIR}/ (the state before the step)")
+    own = (directory / CHECKPOINT_DIR).is_dir()
+    if own != (meta.base_step == meta.step):
+        raise RecordError(
+            f"{directory}: {'a' if own else 'no'} {CHECKPOINT_DIR}/, but the record's base step "
+            f"is {meta.base_step} (its own step {meta.step} holds the state before it iff equal)"
+        )
     return meta, tensors
+
+
+def read_chain(
+    directory: Path, meta: StepRecord, key_file: str | os.PathLike[str] | None = None
+) -> list[tuple[Path, StepRecord, list[dict[str, torch.Tensor]]]]:
+    """The records `meta`'s replay trains on before its own step (`meta.previous`, oldest
+    first): each verified (`read_record`), bound by its manifest's sha256, of the same run and
+    trainer; the first holds the checkpoint. [] for a record with its own checkpoint."""
+    out = []
+    for step in range(meta.base_step, meta.step):
+        other = directory.parent.parent / f"step-{step}" / directory.name
+        if not (other / RECORD_NAME).is_file():
+            raise RecordError(
+                f"{directory}: starts from the state of step {meta.base_step}'s record and needs "
+                f"every record since; {other} is missing"
+            )
+        record, tensors = read_record(other, key_file)
+        if manifest_sha256(other) != meta.previous[str(step)]:
+            raise RecordError(
+                f"{other}: its MANIFEST.json is not the one {directory / RECORD_NAME} was "
+                "chained to (replaced)"
+            )
+        if record.trainer != meta.trainer or record.config_hash != meta.config_hash:
+            raise RecordError(f"{other}: of another run or trainer than {directory}")
+        if step == meta.base_step and record.base_step != step:
+            raise RecordError(f"{other}: holds no checkpoint, but {directory} starts from it")
+        out.append((other, record, tensors))
+    return out
 
 
 def split_rank_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[dict, torch.Tensor | None]:
