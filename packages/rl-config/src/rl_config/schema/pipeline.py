@@ -132,7 +132,8 @@ class PipelineFields(StrictModel):
     record_steps: str = Field(
         default="none",
         description="Record learn calls for `rl-replay` under <output_dir>/records/step-<N>/: "
-        "none; every:N (every N-th step, its trainer state saved just before it); or anomaly "
+        "none; every:N (every N-th step, its trainer state saved just before it; every:1 saves "
+        "it every 50 steps and replays the records since); or anomaly "
         "triggers joined by '+': nonfinite (a NaN/inf loss or grad norm, or a skipped optimizer "
         "step), spike:K (a loss or grad norm more than K standard deviations from the mean of "
         "the role's previous 20 finite values, 5 at least), reward_collapse:K (a step's mean "
