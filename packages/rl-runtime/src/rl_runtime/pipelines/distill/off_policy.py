@@ -169,18 +169,10 @@ def train_off_policy(
 ) -> dict[str, float]:
     """`options.steps` SFT steps on `examples` (rl_runtime.step.sft_warmup.supervised_warmup,
     logged as `warmup/*`); `warmup/*` totals."""
-    from rl_config.records import Trajectory
     from rl_runtime.step.sft_warmup import supervised_warmup
 
     if not examples:
         raise ValueError("off_policy: no example to train on (every row dropped or empty)")
-    demos = [
-        Trajectory(traj_id=f"off-{i}", group_id=f"off-{i}", tag="off_policy", env_seed=i,
-                   token_ids=list(e.token_ids), prompt_length=e.loss_mask.index(True)
-                   if True in e.loss_mask else len(e.token_ids),
-                   response_mask=list(e.loss_mask), rollout_log_probs=[0.0] * len(e.token_ids))
-        for i, e in enumerate(examples)
-    ]  # fmt: skip
-    return supervised_warmup(ctx, demos, steps=options.steps, batch_size=options.batch_size,
+    return supervised_warmup(ctx, examples, steps=options.steps, batch_size=options.batch_size,
                              learning_rate=options.learning_rate, log_every=10,
                              pad_token_id=pad_token_id)  # fmt: skip
