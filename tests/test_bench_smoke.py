@@ -96,9 +96,11 @@ def test_algos_quick_prints_one_json_row_per_case():
 
 
 @pytest.mark.slow
-def test_record_step_one_pair_prints_the_ratio():
-    out = run_bench("record_step.py", "--steps", "1", "--rows", "4", "--tokens", "16")
-    assert re.search(r"record_bytes_per_step=\d+ checkpoint_bytes_per_step=\d+", out), out
+def test_record_step_one_round_prints_the_ratio():
+    out = run_bench(
+        "record_step.py", "--rounds", "1", "--block", "2", "--rows", "4", "--tokens", "16"
+    )
+    assert re.search(r"record_bytes_per_step=\d+ checkpoints=1 checkpoint_bytes_each=\d+", out), out
     assert re.match(r"record_ratio=[\d.]+$", last_line(out))
 
 

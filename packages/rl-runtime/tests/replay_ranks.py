@@ -54,4 +54,5 @@ def record_two_steps(rank: int, model: str, root: str, strategy: str) -> None:
         shards = shard_rows(full_batch(step), 2)
         recorder.train(group, "actor_train", shards, "default", step=step, weight_version=step,
                        run=lambda s=shards: group.gather(worker.train_step(dict(s[rank]))))  # fmt: skip
+    recorder.close()
     dist.barrier()

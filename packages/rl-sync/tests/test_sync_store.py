@@ -22,6 +22,7 @@ from rl_sync.store import (
     new_rendezvous_token,
     node_local_store,
     node_local_store_path,
+    remove_node_local_store,
     sweep_leaked_rendezvous,
 )
 from rl_sync.testing import killed_launchers_store, mp_context, store_rank_main
@@ -68,7 +69,7 @@ def test_listener_is_refused_where_it_cannot_be_used():
         create_store("127.0.0.1", other, 2, True, 10, listener=listener)
 
 
-def test_node_local_store_forms_a_two_rank_gloo_group_in_a_private_file_and_leaves_none():
+def test_node_local_store_forms_a_two_rank_gloo_group_in_a_private_file_the_launcher_removes():
     token = new_rendezvous_token()
     ctx = mp_context()
     results = ctx.Queue()
@@ -79,12 +80,16 @@ def test_node_local_store_forms_a_two_rank_gloo_group_in_a_private_file_and_leav
     for p in ranks:
         p.start()
     got = sorted(_reports(results, ranks))
-    for p in ranks:  # the last rank removes the file when its store goes, as it exits
+    for p in ranks:
         p.join(timeout=HANG_S)
     assert [p.exitcode for p in ranks] == [0, 0]
     # the ranks ran under umask 022; FileStore alone would have made the file 0644
     assert got == [("ok", 0, 3.0, 0o600), ("ok", 1, 3.0, 0o600)], got
-    assert not node_local_store_path(token).exists()  # the last rank's store removed it
+    # the launcher's part: the file may or may not have gone with the ranks' stores (their
+    # removal races); after remove_node_local_store it is gone, and a second call finds none
+    remove_node_local_store(token)
+    assert not node_local_store_path(token).exists()
+    assert remove_node_local_store(token) is False
 
 
 HANG_S = 300.0

@@ -90,7 +90,11 @@ def _assert_equivalent(model, batch: Batch, entropy: bool = False) -> None:
         assert torch.all(shared_ent[~keep] == 0)
     assert g_shared.keys() == g_plain.keys() and g_plain
     for name in g_plain:
-        torch.testing.assert_close(g_shared[name], g_plain[name], atol=1e-5, rtol=1e-4, msg=name)
+        # fp32 sums in another order: a prompt token's embedding gradient adds up every row's
+        # share at once instead of row by row, so its error grows with the gradient's size
+        # (12.6 here: 1.2e-5 apart on an AVX-512 CPU)
+        atol = max(1e-5, 2e-6 * float(g_plain[name].abs().max()))
+        torch.testing.assert_close(g_shared[name], g_plain[name], atol=atol, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -1,7 +1,11 @@
-"""Engines by name: ``build_engine("hf_infer" | "vllm", model_path, strategy_config, ...)``.
+"""Engines by name: ``build_engine("hf_infer" | "vllm" | "replay", model_path, strategy_config,
+...)``.
 
-Names follow ROLL's ``strategy_name`` values. Registering a name twice is an error. Engine modules
-are imported lazily so that ``import rl_rollout`` never imports vLLM.
+Names follow ROLL's ``strategy_name`` values (``replay``: recorded generations served again,
+rl_rollout.replay_engine). Registering a name twice is an error. Engine modules are imported
+lazily so that ``import rl_rollout`` never imports vLLM. Any engine's ``strategy_config`` may
+hold ``record_generations: DIR``: `build_engine` takes it out, builds the engine without it and
+records its generations there (`rl_rollout.replay_engine.RecordingEngine`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,11 @@ EngineFactory = Callable[..., Engine]
 _ENGINES: dict[str, str | EngineFactory] = {
     "hf_infer": "rl_rollout.hf_engine:HFEngine",
     "vllm": "rl_rollout.vllm_engine:VLLMEngine",
+    "replay": "rl_rollout.replay_engine:ReplayEngine",
 }
+
+#: the strategy_config key of every engine that records its generations (`build_engine`)
+RECORD_KEY = "record_generations"
 
 
 OptionCheck = Callable[[dict[str, Any]], dict[str, str]]
@@ -40,6 +48,7 @@ OptionCheck = Callable[[dict[str, Any]], dict[str, str]]
 _OPTION_CHECKS: dict[str, str | OptionCheck] = {
     "hf_infer": "rl_rollout.hf_engine:hf_option_problems",
     "vllm": "rl_rollout.vllm_options:vllm_option_problems",
+    "replay": "rl_rollout.replay_engine:replay_option_problems",
 }
 
 
@@ -89,8 +98,12 @@ def engine_takes_adapters(name: str, strategy_config: dict[str, Any]) -> bool:
 def engine_option_problems(name: str, strategy_config: dict[str, Any]) -> dict[str, str]:
     """``{key: why}`` for each strategy_config key engine ``name`` would refuse when it starts
     (empty: all accepted, or the engine registered no check). Imports neither vLLM nor a model."""
+    config = {k: v for k, v in strategy_config.items() if k != RECORD_KEY}
+    problems = {}
+    if RECORD_KEY in strategy_config and not isinstance(strategy_config[RECORD_KEY], str):
+        problems[RECORD_KEY] = "a directory path (where the generations are recorded)"
     check = _lazy(_OPTION_CHECKS.get(name))
-    return check(strategy_config) if check is not None else {}
+    return {**(check(config) if check is not None else {}), **problems}
 
 
 def list_engines() -> list[str]:
@@ -130,6 +143,8 @@ def build_engine(
     the factory as ``config_overrides`` only when given (an engine registered without that
     argument is an error naming it then)."""
     factory = _resolve(strategy_name)
+    config = dict(strategy_config or {})
+    record = config.pop(RECORD_KEY, None)
     kwargs: dict[str, Any] = dict(dtype=dtype, device=device, seed=seed)
     if config_overrides:
         params = inspect.signature(factory).parameters
@@ -139,4 +154,11 @@ def build_engine(
                 "take model config overrides"
             )
         kwargs["config_overrides"] = dict(config_overrides)
-    return factory(model_path, dict(strategy_config or {}), **kwargs)
+    engine = factory(model_path, config, **kwargs)
+    if record is None:
+        return engine
+    if not isinstance(record, str):
+        raise ValueError(f"strategy_config.{RECORD_KEY}={record!r}: a directory path")
+    from rl_rollout.replay_engine import RecordingEngine
+
+    return RecordingEngine(engine, record, seed)  # type: ignore[return-value]

@@ -127,8 +127,11 @@ def node_local_store(token: str, world_size: int) -> Store:
     of ``[A-Za-z0-9_-]``, random: :func:`new_rendezvous_token`; a guessable name could be
     planted). No port, no listener: nothing to race for and nothing another host can reach. The
     file is created 0600 (:func:`create_private_file`): other local users cannot read its keys. The
-    file is removed when the last rank's store object is destroyed; a launcher whose ranks may
-    not get there (killed, ``os._exit``) removes :func:`node_local_store_path` after them.
+    launcher removes the file after its ranks (:func:`remove_node_local_store`). ``FileStore``'s
+    own removal, by the last rank whose store is destroyed, is not to be relied on: it never
+    happens for a rank that is killed or leaves by ``os._exit``, and it races when two ranks leave
+    together (its "finished" and "references" counters are updated under separate locks, so each
+    rank can read that the other is still there).
 
     A group of one rank meets no one: it gets an in-memory ``HashStore`` and no file is made, so
     a killed single-rank worker (the common role size on one machine) leaves nothing behind."""
@@ -176,6 +179,17 @@ def node_local_store_path(token: str) -> Path:
             "(rl_sync.store.new_rendezvous_token)"
         )
     return Path(tempfile.gettempdir()) / f"{STORE_PREFIX}{token}"
+
+
+def remove_node_local_store(token: str) -> bool:
+    """Remove the store file of ``token`` on this node after its ranks have left; whether there
+    was one (a group of one rank, or ranks on another node, leave none here)."""
+    path = node_local_store_path(token)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def new_rendezvous_token() -> str:

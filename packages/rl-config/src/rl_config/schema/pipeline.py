@@ -9,28 +9,59 @@ from pydantic import Field, field_validator
 from rl_config.schema.base import StrictModel
 from rl_config.schema.worker import stringify_env_values
 
-#: `record_steps` triggers that are not implemented, by name: what each would detect
-RECORD_NOT_IMPLEMENTED = {
-    "spike": "a loss or grad-norm spike beyond k sigma of a running window",
-    "reward_collapse": "a collapse of the mean reward",
+#: `record_steps` anomaly triggers, by name: what each detects (K: a number of standard
+#: deviations, > 0; the window: the previous `RECORD_WINDOW` finite values of the same role,
+#: at least `RECORD_MIN_HISTORY` of them)
+RECORD_TRIGGERS = {
+    "nonfinite": "a NaN/inf loss or grad norm, or a skipped optimizer step",
+    "spike": "spike:K, a loss or grad norm more than K standard deviations from its window's mean",
+    "reward_collapse": "reward_collapse:K, a step's mean reward more than K standard deviations "
+    "below its window's mean",
 }
+RECORD_WINDOW = 20
+RECORD_MIN_HISTORY = 5
+
+RecordSteps = tuple[str, int, tuple[tuple[str, float], ...]]
 
 
-def parse_record_steps(value: str) -> tuple[str, int]:
-    """`record_steps` as `(kind, every)`: ("none", 0), ("every", N) or ("nonfinite", 0).
-    A ValueError names a malformed or not implemented value."""
+def parse_record_steps(value: str) -> RecordSteps:
+    """`record_steps` as `(kind, every, triggers)`: ("none", 0, ()), ("every", N, ()) or
+    ("anomaly", 0, ((name, K), ...)) for one or more of `nonfinite`, `spike:K`,
+    `reward_collapse:K` joined by `+` (K 0.0 for nonfinite). A ValueError names a malformed
+    value."""
     text = value.strip()
     kind, _, arg = text.partition(":")
-    if text in ("none", "nonfinite"):
-        return text, 0
-    if kind == "every" and arg.strip().isdigit() and int(arg) >= 1:
-        return "every", int(arg)
-    if kind in RECORD_NOT_IMPLEMENTED:
-        raise ValueError(
-            f"record_steps={value!r}: recording on {RECORD_NOT_IMPLEMENTED[kind]} is not "
-            "implemented; use every:N or nonfinite"
-        )
-    raise ValueError(f"record_steps={value!r}: expected none, every:N (N >= 1) or nonfinite")
+    if text == "none":
+        return "none", 0, ()
+    if kind == "every":
+        if arg.strip().isdigit() and int(arg) >= 1:
+            return "every", int(arg), ()
+        raise ValueError(f"record_steps={value!r}: every:N needs an integer N >= 1")
+    triggers: dict[str, float] = {}
+    for part in text.split("+"):
+        name, sep, raw = part.strip().partition(":")
+        if name not in RECORD_TRIGGERS:
+            raise ValueError(
+                f"record_steps={value!r}: {part.strip()!r} is not a trigger; expected none, "
+                f"every:N, or triggers joined by '+': {'; '.join(RECORD_TRIGGERS.values())}"
+            )
+        if name in triggers:
+            raise ValueError(f"record_steps={value!r}: {name} given twice")
+        if name == "nonfinite":
+            if sep:
+                raise ValueError(f"record_steps={value!r}: nonfinite takes no argument")
+            triggers[name] = 0.0
+            continue
+        try:
+            k = float(raw)
+        except ValueError:
+            k = float("nan")
+        if not sep or not (0.0 < k < float("inf")):
+            raise ValueError(
+                f"record_steps={value!r}: {name}:K needs K, a number of standard deviations > 0"
+            )
+        triggers[name] = k
+    return "anomaly", 0, tuple(triggers.items())
 
 
 class CheckpointConfig(StrictModel):
@@ -101,10 +132,14 @@ class PipelineFields(StrictModel):
     record_steps: str = Field(
         default="none",
         description="Record learn calls for `rl-replay` under <output_dir>/records/step-<N>/: "
-        "none; every:N (every N-th step, its trainer state saved just before it); nonfinite "
-        "(a step whose loss or grad norm is NaN/inf: the state before every step is saved and "
-        "kept only for such a step, a checkpoint write per step). Loss/grad-norm spike and "
-        "reward-collapse triggers are not implemented (refused by name).",
+        "none; every:N (every N-th step, its trainer state saved just before it; every:1 saves "
+        "it every 50 steps and replays the records since); or anomaly "
+        "triggers joined by '+': nonfinite (a NaN/inf loss or grad norm, or a skipped optimizer "
+        "step), spike:K (a loss or grad norm more than K standard deviations from the mean of "
+        "the role's previous 20 finite values, 5 at least), reward_collapse:K (a step's mean "
+        "reward more than K standard deviations below the previous 20 steps' mean). nonfinite "
+        "and spike save the state before every step (a checkpoint write per step) and keep it "
+        "only for a recorded step; reward_collapse alone saves it only for a collapsed step.",
     )
     max_ckpt_to_keep: int = Field(
         default=0, ge=0, description="Checkpoints kept on disk, newest first; 0 = keep all."

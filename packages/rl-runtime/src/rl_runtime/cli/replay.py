@@ -16,8 +16,9 @@ non-finite parameters) and the first backward function that returned a non-finit
 
 STEP_DIR is `<output_dir>/records/step-<N>` (with several roles recorded, `--role` picks one;
 default actor_train) or `.../step-<N>/<role>`. A record is untrusted input: its files are
-checked against its metadata, its checkpoint against its signed manifest (the run's checkpoint
-key: `--key-file`, default as the run's). A record of several ranks replays in as many gloo
+checked against its signed manifest (rl_train.signing, the run's checkpoint key: `--key-file`,
+default as the run's), which covers its metadata, its batch files and its checkpoint; a record
+changed in any of them is refused naming the file. A record of several ranks replays in as many gloo
 processes (`--detect-anomaly`: one rank only).
 """
 
@@ -40,6 +41,7 @@ from rl_runtime.state.step_record import (
     RECORD_NAME,
     RecordError,
     StepRecord,
+    read_chain,
     read_record,
     record_size,
     split_rank_tensors,
@@ -225,6 +227,49 @@ def watch_nonfinite(model: torch.nn.Module, found: dict[str, str]) -> Iterator[N
             handle.remove()
 
 
+def _ready_worker(
+    directory: Path,
+    record: StepRecord,
+    spec: dict[str, Any],
+    key_file: str | None,
+    scratch: Path,
+    rank: int = 0,
+) -> Any:
+    """A trainer built from `spec` in the state before `record`'s step: loaded from the
+    record's checkpoint, or from its chain's base, then trained on each record since (each
+    checked bit-exact against its recorded weights). With a changed `spec` the chain is replayed
+    as recorded and the state handed over through a checkpoint in `scratch`."""
+    import msgspec
+
+    world = record.trainer.world_size
+    chain = read_chain(directory, record, key_file)
+    base = chain[0][0] if chain else directory
+    recorded = msgspec.to_builtins(record.trainer)
+    worker = build_trainer(recorded if chain else spec, rank=rank, world_size=world)
+    try:
+        worker.load_checkpoint(str(base / CHECKPOINT_DIR), key_file=key_file)
+        for other, earlier, tensors in chain:
+            batch, rng = split_rank_tensors(tensors[rank])
+            torch.set_num_threads(earlier.trainer.num_threads)
+            if rng is not None:
+                torch.set_rng_state(rng)
+            worker.train_step(batch, earlier.loss)
+            if worker.weight_checksum() != earlier.weight_checksum:
+                raise RecordError(
+                    f"{other}: replaying the chain to step {record.step}, the weights after "
+                    f"step {earlier.step} differ from its record (not bit-exact here)"
+                )
+        if not chain or spec == recorded:
+            return worker
+        worker.save_checkpoint(str(scratch), record.step - 1, key_file=key_file)
+    finally:
+        if chain and spec != recorded:
+            worker.shutdown()
+    changed = build_trainer(spec, rank=rank, world_size=world)
+    changed.load_checkpoint(str(scratch), key_file=key_file)
+    return changed
+
+
 def replay(
     step_dir: str | Path,
     *,
@@ -234,10 +279,12 @@ def replay(
     key_file: str | None = None,
 ) -> ReplayResult:
     """Replay one recorded learn call (see the module docstring)."""
+    import tempfile
+
     import msgspec
 
     directory = find_record(step_dir, role)
-    record, tensors = read_record(directory)
+    record, tensors = read_record(directory, key_file)
     spec = msgspec.to_builtins(record.trainer)
     applied = apply_change(spec, change) if change else None
     anomaly: dict[str, str] = {}
@@ -248,20 +295,20 @@ def replay(
         metrics, checksum = _replay_ranks(directory, spec, key_file, world)
         return ReplayResult(record, directory, metrics, checksum, applied, anomaly)
     batch, rng = split_rank_tensors(tensors[0])
-    worker = build_trainer(spec)
-    try:
-        worker.load_checkpoint(str(directory / CHECKPOINT_DIR), key_file=key_file)
-        torch.set_num_threads(record.trainer.num_threads)
-        if rng is not None:
-            torch.set_rng_state(rng)
-        if detect_anomaly:
-            anomaly.update(nonfinite_inputs(batch))
-            metrics = _replay_watched(worker, batch, record.loss, anomaly)
-        else:
-            metrics = worker.train_step(batch, record.loss)
-        checksum = worker.weight_checksum()
-    finally:
-        worker.shutdown()
+    with tempfile.TemporaryDirectory(prefix="rl-replay-") as scratch:
+        worker = _ready_worker(directory, record, spec, key_file, Path(scratch) / "state")
+        try:
+            torch.set_num_threads(record.trainer.num_threads)
+            if rng is not None:
+                torch.set_rng_state(rng)
+            if detect_anomaly:
+                anomaly.update(nonfinite_inputs(batch))
+                metrics = _replay_watched(worker, batch, record.loss, anomaly)
+            else:
+                metrics = worker.train_step(batch, record.loss)
+            checksum = worker.weight_checksum()
+        finally:
+            worker.shutdown()
     return ReplayResult(record, directory, dict(metrics), checksum, applied, anomaly)
 
 
@@ -288,11 +335,11 @@ def _replay_rank(
     """One rank of `_replay_ranks` (module level: spawned)."""
     from rl_runtime.state.step_record import hex_metrics
 
-    record, tensors = read_record(Path(directory))
+    record, tensors = read_record(Path(directory), key_file)
     batch, rng = split_rank_tensors(tensors[rank])
-    worker = build_trainer(spec, rank=rank, world_size=record.trainer.world_size)
+    scratch = Path(out).parent / "state"
+    worker = _ready_worker(Path(directory), record, spec, key_file, scratch, rank=rank)
     try:
-        worker.load_checkpoint(str(Path(directory) / CHECKPOINT_DIR), key_file=key_file)
         torch.set_num_threads(record.trainer.num_threads)
         if rng is not None:
             torch.set_rng_state(rng)

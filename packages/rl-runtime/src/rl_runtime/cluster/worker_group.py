@@ -241,9 +241,9 @@ class WorkerGroup:
         self.workers = []
 
     def _remove_rendezvous(self) -> None:
-        """A killed worker never destroys its store: remove the rendezvous file if it is on this
-        node (with workers on another node it is not, and nothing happens)."""
+        """Remove the rendezvous file if it is on this node (rl_sync.store.remove_node_local_store:
+        the workers' own stores do not reliably remove it)."""
         if self.rendezvous_token is not None:
-            from rl_sync.store import node_local_store_path
+            from rl_sync.store import remove_node_local_store
 
-            node_local_store_path(self.rendezvous_token).unlink(missing_ok=True)
+            remove_node_local_store(self.rendezvous_token)

@@ -92,8 +92,8 @@ class Cadence:
     logging_steps: int
     eval_steps: int
     save_steps: int
-    #: `record_steps`: (kind, every) of rl_config.schema.pipeline.parse_record_steps
-    record_steps: tuple[str, int] = ("none", 0)
+    #: `record_steps`: (kind, every, triggers) of rl_config.schema.pipeline.parse_record_steps
+    record_steps: tuple[str, int, tuple[tuple[str, float], ...]] = ("none", 0, ())
 
 
 @dataclass(frozen=True)

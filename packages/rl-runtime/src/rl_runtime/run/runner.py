@@ -301,8 +301,9 @@ class Runner:
                 ctx.timer.reset()
                 t0 = time.perf_counter()
                 metrics = step(ctx)
-                if ctx.recorder is not None:  # the size and time of this step's records
-                    metrics.update(ctx.recorder.step_metrics(ctx.step + 1))
+                if ctx.recorder is not None:  # the records completed (all of them at the end)
+                    done = ctx.step + 1 == cad.max_steps
+                    metrics.update(ctx.recorder.step_metrics(ctx.step + 1, wait=done))
                 ctx.step += 1
                 skipped = skip_reason(metrics)
                 self.skipped_steps += skipped is not None
@@ -397,6 +398,9 @@ class Runner:
         if self.asynchronous is not None:  # before the cluster: its thread calls the engines
             self.asynchronous.stop()
             self.asynchronous = None
+        if ctx.recorder is not None:  # its writes finish before the workers go
+            recorder, ctx.recorder = ctx.recorder, None
+            recorder.close()
         if ctx.tracker is not None:
             ctx.tracker.close()
         if ctx.cluster is not None:
