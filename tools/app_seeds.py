@@ -5,7 +5,7 @@ RL (after the warm-up) and after RL, and of RL's gain, with a line naming the ma
     python tools/app_seeds.py rlvr --seeds 3             # seeds 1 2 3, ./output/app_seeds/rlvr
     python tools/app_seeds.py agentic --seed-list 1 2 --out DIR key=value ...
 
-Runs one seed at a time (each is a whole run of `uv run apps/APP`, here `python apps/APP`);
+Runs one seed at a time (each a whole run of the app, as `uv run apps/rlvr` runs, in Python);
 reuses a seed's finished summary.json unless --rerun. Each run's own output (per-step lines)
 goes to DIR/seed_S/run.log. A gain's standard error over seeds says how far another run of the
 same command lands (on this machine; a run is deterministic per machine and seed).
