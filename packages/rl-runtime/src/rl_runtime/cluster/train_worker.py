@@ -73,6 +73,8 @@ class TrainWorker:
         #: alternating ones for `export_weights_shared`
         self._ipc_sender: Any = None
         self._staging_sender: Any = None
+        #: `train_step(loss="kd")`'s loss config (`set_distill_loss`)
+        self._kd_config: Any = None
         #: the schedule's (base rates, multipliers) while `hold_learning_rate` holds the rate
         self._held_schedule: tuple[list[float], list[Any]] | None = None
 
@@ -115,15 +117,38 @@ class TrainWorker:
         a LoRA actor whose reference is its base model)."""
         return _outputs(self.backend.forward_base(batch))
 
+    def forward_topk(
+        self, batch: dict[str, torch.Tensor], k: int, temperature: float = 1.0
+    ) -> dict[str, torch.Tensor]:
+        """The model's top-`k` next-token distribution at every position (a distillation
+        teacher's; rl_train `forward_topk`): `{teacher_topk_log_probs, teacher_topk_ids}`,
+        `[B, T, k]` each."""
+        from rl_runtime.step.losses import TEACHER_IDS, TEACHER_LOG_PROBS
+
+        lp, ids = self.backend.forward_topk(batch, k, temperature)
+        return {TEACHER_LOG_PROBS: lp, TEACHER_IDS: ids}
+
+    def set_distill_loss(self, config: Any) -> None:
+        """The `KDLossConfig` (rl_runtime.step.losses) `train_step(loss="kd")` trains with."""
+        self._kd_config = config
+
     def train_step(self, batch: dict[str, torch.Tensor], loss: str = "default") -> dict:
         """One `train_step` with the backend's configured loss, or `loss="sft"` (warm-up: one
-        pass over the batch, whatever `ppo_epochs` says)."""
+        pass over the batch, whatever `ppo_epochs` says), or `loss="kd"` (one pass of
+        token-level distillation with the config `set_distill_loss` gave)."""
         if loss == "sft":
             from rl_runtime.step.losses import sft_loss_fn
 
             return dict(self.backend.train_step(batch, sft_loss_fn, epochs=1))
+        if loss == "kd":
+            from rl_runtime.step.losses import kd_loss_fn
+
+            config = self._kd_config
+            if config is None:
+                raise ValueError("train_step(loss='kd') before set_distill_loss")
+            return dict(self.backend.train_step(batch, kd_loss_fn(config), epochs=1))
         if loss != "default":
-            raise ValueError(f"unknown loss {loss!r}; use 'default' or 'sft'")
+            raise ValueError(f"unknown loss {loss!r}; use 'default', 'sft' or 'kd'")
         return dict(self.backend.train_step(batch))
 
     def hold_learning_rate(self, learning_rate: float | None = None) -> float:

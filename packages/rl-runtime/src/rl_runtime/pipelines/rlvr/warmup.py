@@ -122,13 +122,15 @@ def warm_up(
     ctx: Any, train: Any, tokenizer: Any, options: WarmupOptions, pad_token_id: int
 ) -> dict[str, float]:
     """apps/rlvr's supervised warm-up (none at `options.steps <= 0`): `demonstrations` of the
-    training prompts `train` (an rl_runtime.pipelines.rlvr.data.PromptSet), then
-    rl_runtime.step.sft_warmup.supervised_warmup (which also syncs the weights)."""
+    training prompts `train` (an rl_runtime.pipelines.rlvr.data.PromptSet) as SFT rows
+    (rl_runtime.step.sft_data), then rl_runtime.step.sft_warmup.supervised_warmup (which also
+    syncs the weights)."""
+    from rl_runtime.step.sft_data import examples_from_trajectories
     from rl_runtime.step.sft_warmup import supervised_warmup
 
     if options.steps <= 0:
         return {}
     demos = demonstrations(train.rows, train.ids, tokenizer, options, ctx.components.seed)
-    return supervised_warmup(ctx, demos, steps=options.steps, batch_size=options.batch_size,
+    return supervised_warmup(ctx, examples_from_trajectories(demos), steps=options.steps, batch_size=options.batch_size,
                              learning_rate=options.learning_rate, log_every=10,
                              pad_token_id=pad_token_id)  # fmt: skip
