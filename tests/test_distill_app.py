@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rl_config import ConfigError, load_config
 from rl_runtime.pipelines.distill.step import teacher_log_probs
 from rl_runtime.pipelines.distill.teachers import build_teachers, check_tokenizers
 from rl_runtime.step.collate import CollatedBatch
@@ -235,6 +236,74 @@ def test_converted_roll_opd_examples_dry_run_with_paths_changed(
         assert f"teacher_{t} strategy=fsdp2_train" in stdout
 
 
+OFFLINE = (ROOT / "packages/rl-config/tests/data/roll/head/examples/qwen2.5-7B-distill_megatron"
+           / "distill_megatron.yaml")  # fmt: skip
+
+
+def test_roll_offline_distill_example_is_refused_by_name_then_dry_runs_converted(tmp_path, capsys):
+    """ROLL's offline (token-level KL) distillation example: refused as it is with one message
+    naming the pipeline and the command; converted (`rl-config convert`) it is apps/distill's
+    mode off_policy with loss kd and ROLL's distill keys and batch (8 per device x 4 accumulated
+    x 1 data-parallel rank of 8 devices at tensor 2 x pipeline 2 x context 2), and it dry-runs
+    with only models, data and devices changed."""
+    from rl_config.convert import convert_file, dump
+    from rl_envs.tasks.arith import write_arith_parquet
+    from rl_rollout.tiny_model import default_tiny_model_dir
+
+    with pytest.raises(ConfigError) as info:
+        load_config(OFFLINE)
+    (issue,) = info.value.issues
+    assert issue.path == "student" and "offline distillation" in issue.message
+    assert "rl-config convert" in issue.message and "apps/distill" in issue.message
+    conversion = convert_file(OFFLINE, "fsdp2")
+    app = conversion.data["distill_app"]
+    assert app["mode"] == "off_policy" and app["teachers"]["default"]["model"] == (
+        "Qwen/Qwen2.5-14B-Instruct"
+    )
+    off = app["off_policy"]
+    assert (off["loss"], off["kd_objective"], off["logits_topk"], off["distill_loss_weight"]) == (
+        "kd", "forward_kl", 64, 0.85)  # fmt: skip
+    assert (off["prompt_key"], off["response_key"], off["batch_size"]) == (
+        "question_zh", "answer_zh", 32)  # fmt: skip
+    assert conversion.data["pretrain"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert "student" not in conversion.data and "teacher" not in conversion.data
+    out = tmp_path / "converted.yaml"
+    out.write_text(dump(conversion, str(OFFLINE), "fsdp2"))
+    write_arith_parquet(str(tmp_path / "data"), kind="max", val_fraction=0.3, seed=0)
+    rows = [{"question_zh": f"{i} + 1 = ?", "answer_zh": f"{i + 1}"} for i in range(40)]
+    (tmp_path / "kd.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = default_tiny_model_dir()
+    changed = [f"pretrain={model}", f"distill_app.teachers.default.model={model}",
+               "actor_train.device_mapping=list(range(0,1))",
+               "distill_app.teachers.default.device_mapping=list(range(0,1))",
+               f"actor_train.data_args.file_name=[{tmp_path}/data/train.parquet]",
+               f"validation.data_args.file_name=[{tmp_path}/data/test.parquet]",
+               "actor_train.data_args.messages=prompt",
+               f"distill_app.off_policy.files={tmp_path}/kd.jsonl"]  # fmt: skip
+    code = app_main("distill")(["--config", str(out), "--dry-run", *changed])
+    stdout, err = capsys.readouterr()
+    assert_planned(code, err)
+    assert "teacher_default strategy=fsdp2_train" in stdout
+    assert "mode: off_policy (each step: 32 rows, loss kd)" in stdout
+
+
+def test_off_policy_options_refuse_what_they_do_not_read():
+    from rl_app_distill.options import AppOptions
+
+    from rl_runtime.pipelines.distill.off_policy import OffPolicyOptions
+
+    with pytest.raises(ValueError, match="off_policy.kd_objective='reverse_kl': read with loss kd"):
+        OffPolicyOptions(kd_objective="reverse_kl")
+    with pytest.raises(ValueError, match="off_policy.kd_objective='tv'"):
+        OffPolicyOptions(loss="kd", kd_objective="tv")
+    with pytest.raises(ValueError, match="set distill_app.mode: off_policy"):
+        AppOptions(off_policy=OffPolicyOptions(source="teacher", loss="kd"))
+    with pytest.raises(ValueError, match="mode off_policy trains on its rows"):
+        AppOptions(mode="off_policy")
+    with pytest.raises(ValueError, match="off_policy.steps=10: read in mode on_policy only"):
+        AppOptions(mode="off_policy", off_policy=OffPolicyOptions(source="teacher", steps=10))
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
 def test_distill_two_steps_end_to_end(tmp_path):
@@ -272,3 +341,41 @@ def test_distill_two_steps_end_to_end(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     for part in ("eval_before", "eval_after"):
         assert summary[part]["val/num_prompts"] == 8
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_distill_off_policy_kd_two_steps_end_to_end(tmp_path):
+    """Mode off_policy with loss kd, in-process: the teacher is built and samples the training
+    prompts, then two steps each score a batch with the teacher's top-k and train the student on
+    the forward KL (plus the NLL) to it; held-out accuracy before and after."""
+    out = tmp_path / "run"
+    args = {
+        "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
+        "pretrain": tmp_path / "student", "distill_app.build_tiny_model": tmp_path / "student",
+        "distill_app.teacher_build.out_dir": tmp_path / "teacher",
+        "distill_app.teachers.arith.model": tmp_path / "teacher",
+        "distill_app.teacher_build.steps": 3, "distill_app.warmup.steps": 0,
+        "track_with": "stdout", "max_steps": 2, "eval_steps": 2, "save_steps": 1000,
+        "val_batch_size": 8, "val_n_sample": 2,
+        "distill_app.mode": "off_policy", "distill_app.off_policy.source": "teacher",
+        "distill_app.off_policy.loss": "kd", "distill_app.off_policy.max_prompts": 16,
+        "distill_app.off_policy.batch_size": 8, "distill_app.off_policy.logits_topk": 16,
+        "distill_app.off_policy.kd_objective": "reverse_kl",
+    }  # fmt: skip
+    cmd = [sys.executable, str(APP), "--no-ray", *(f"{k}={v}" for k, v in args.items())]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0 and "distill/forward_kl" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["distill/rows"] == 8 and r["distill/tokens"] > 0
+        assert r["distill/forward_kl"] > 0 and r["distill/reverse_kl"] > 0
+        # reverse_kl is the objective: the trained divergence is the reverse KL
+        assert r["distill/kd_loss"] == pytest.approx(r["distill/reverse_kl"], rel=1e-4)
+        assert math.isfinite(r["train/grad_norm"])
+    assert steps[1]["sync/weight_version"] == steps[0]["sync/weight_version"] + 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["eval_after"]["val/num_prompts"] == 8
+    assert (out / "curves.png").is_file()

@@ -262,7 +262,23 @@ def render() -> str:
         lines.append(f"| `{pattern}` | warned, not supported, value ignored: {_cell(reason)} |")
     for pattern, reason in ROLL_IGNORED.items():
         lines.append(f"| `{pattern}` | warned, ignored as ROLL ignores it: {_cell(reason)} |")
+    lines += _distill_lines()
     return "\n".join(lines) + "\n"
+
+
+def _distill_lines() -> list[str]:
+    from rl_config.contract import DISTILL_KEYS
+
+    lines = ["", "## ROLL distillation keys (apps/distill)", "",
+             "ROLL's on-policy (`student_train`, `student_infer`, `teacher`) and offline "
+             "(`student`, `teacher`, `kd_objective` ...) distillation keys are outside the "
+             "experiment schema: `rl-config convert` rewrites them into apps/distill's "
+             "`distill_app` section (`rl_config.convert_opd`, `rl_config.convert_ofd`), and a "
+             "config that still holds them is refused naming that command. `NAME`: a teacher's "
+             "name (`default` for ROLL's single `teacher`).", "",
+             "| ROLL key | read by apps/distill as |", "|---|---|"]  # fmt: skip
+    lines += [f"| `{key}` | {_cell(what)} |" for key, what in DISTILL_KEYS.items()]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

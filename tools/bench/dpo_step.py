@@ -54,7 +54,9 @@ def our_batch(rows, tok):
     return collate(examples, tok.pad_token_id, list(range(len(rows))))
 
 
-def run_ours(model: str, rows, steps: int, warmup: int, strategy: str) -> list[float]:
+def run_ours(
+    model: str, rows, steps: int, warmup: int, strategy: str, share: bool = False
+) -> list[float]:
     import torch
     from transformers import AutoTokenizer
 
@@ -75,6 +77,7 @@ def run_ours(model: str, rows, steps: int, warmup: int, strategy: str) -> list[f
             lr_scheduler_type="constant",
             max_steps=steps + warmup,
             infer_batch_size=2 * len(rows),
+            share_prompt_forward=share,
         ),
         loss_config=PreferenceLossConfig(loss_type="sigmoid", beta=0.1),
     )
@@ -119,6 +122,12 @@ def main() -> None:
     p.add_argument("--strategy", default="hf_infer")
     p.add_argument("--trl-python", default="/tmp/trl-dpo/bin/python")
     p.add_argument("--no-trl", action="store_true")
+    p.add_argument(
+        "--compare-shared",
+        action="store_true",
+        help="also run ours with share_prompt_forward (each pair's prompt once) in this process "
+        "and print the ratio shared/unshared",
+    )
     a = p.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from char_model import build_char_model  # tools/bench/ (the script's dir)
@@ -127,7 +136,12 @@ def main() -> None:
         build_char_model(a.model)
     rows = make_rows(a.pairs, a.length)
     trl = None if a.no_trl else run_trl(a.trl_python, a.model, rows, a.steps, a.warmup)
-    ours = run_ours(a.model, rows, a.steps, a.warmup, a.strategy)
+    ours = run_ours(a.model, rows, a.steps, a.warmup, a.strategy, share=False)
+    shared = (
+        run_ours(a.model, rows, a.steps, a.warmup, a.strategy, share=True)
+        if a.compare_shared
+        else None
+    )
     import torch
 
     print(f"device: {'cuda' if torch.cuda.is_available() else 'cpu'} "
@@ -135,6 +149,10 @@ def main() -> None:
     print(
         f"ours ({a.strategy}): median {statistics.median(ours):.4f} s/step  {[round(t, 4) for t in ours]}"
     )
+    if shared is not None:
+        print(f"ours with share_prompt_forward: median {statistics.median(shared):.4f} s/step  "
+              f"{[round(t, 4) for t in shared]}")  # fmt: skip
+        print(f"ratio shared/unshared = {statistics.median(shared) / statistics.median(ours):.3f}")
     if isinstance(trl, dict):
         med = statistics.median(trl["seconds_per_step"])
         print(f"TRL {trl['trl']} DPOTrainer: median {med:.4f} s/step  "

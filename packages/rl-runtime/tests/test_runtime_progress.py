@@ -102,6 +102,23 @@ def test_rlvr_curves_show_the_batch_before_dynamic_sampling_and_held_out_accurac
     assert any("[val/greedy/accuracy]" in x for x in accuracy)
 
 
+def test_distill_curves_have_a_reverse_kl_panel(tmp_path, monkeypatch):
+    from rl_runtime.track.curves import PANELS
+
+    drawn = _plotted(monkeypatch)
+    history = [
+        {"step": 1, "reward/accuracy": 0.2, "distill/reverse_kl": 1.5},
+        {"step": 2, "reward/accuracy": 0.3, "distill/reverse_kl": 0.9, "distill/forward_kl": 0.8,
+         "val/greedy/accuracy": 0.4},
+    ]  # fmt: skip
+    write_curves(history, tmp_path / "c.png", panels=PANELS["distill"])
+    kl = [label for ax, label, _ in drawn if ax.get_title().startswith("student to teacher")]
+    assert any("[distill/reverse_kl]" in x and "reverse KL" in x for x in kl)
+    assert any("[distill/forward_kl]" in x for x in kl)
+    accuracy = [label for ax, label, _ in drawn if ax.get_title() == "student's accuracy"]
+    assert any("[val/greedy/accuracy]" in x for x in accuracy)
+
+
 def test_agentic_training_and_validation_curves_are_drawn_distinctly(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 

@@ -176,3 +176,29 @@ def test_collate_right_pads_with_the_mask_aligned(tok):
     assert t["input_ids"].tolist() == [[5, 6, 7], [8, 9, 0]]
     assert t["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
     assert t["response_mask"].tolist() == [[False, True, True], [False, True, False]]
+
+
+@pytest.mark.parametrize("max_length", [None, 5])
+def test_warm_up_rows_from_trajectories_collate_as_trajectories_do(max_length):
+    """The warm-ups' demonstrations as SFT rows (examples_from_trajectories, then collate) give
+    the tensors collate_trajectories gave them before: ids, attention and the trained mask,
+    a failed demonstration trained on nowhere, long ones cut on the right."""
+    import torch
+
+    from rl_config.records import Trajectory
+    from rl_runtime.step.collate import collate_trajectories
+    from rl_runtime.step.sft_data import collate, examples_from_trajectories
+
+    def traj(ids: list[int], prompt: int, failed: bool = False) -> Trajectory:
+        return Trajectory(traj_id=f"t{len(ids)}", group_id="g", tag="x", env_seed=0,
+                          token_ids=ids, prompt_length=prompt,
+                          response_mask=[i >= prompt for i in range(len(ids))],
+                          rollout_log_probs=[0.0] * len(ids), failed=failed)  # fmt: skip
+
+    trajs = [traj([5, 6, 7, 8, 9, 10, 11], 3), traj([5, 6, 9], 2), traj([4, 3, 2, 1], 1, True)]
+    old = collate_trajectories(trajs, pad_token_id=0, max_length=max_length).tensors
+    new = collate(examples_from_trajectories(trajs, max_length), 0)
+    for key in ("input_ids", "attention_mask", "response_mask"):
+        assert torch.equal(new[key], old[key]), key
+        assert new[key].dtype == old[key].dtype, key
+    assert int(new["response_mask"][2].sum()) == 0

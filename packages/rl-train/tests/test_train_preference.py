@@ -147,3 +147,62 @@ def test_kto_metrics_average_each_label_over_its_own_rows():
     assert got["rewards/accuracies"] == pytest.approx(4 / 6)  # 0.5, 0.25 > 0; -0.5, -1 < 0
     assert got["logps/chosen"] == pytest.approx((-1 - 4 - 5) / 3)
     assert got["logps/rejected"] == pytest.approx((-2 - 3 - 6) / 3)
+
+
+def _dpo_steps(model_path: str, share: bool, loss_type: str, steps: int = 3):
+    """``steps`` train steps of one process on ``make_pairs(4)`` with or without the shared-prompt
+    forward: ``(metric history, parameters after)``."""
+    from rl_train.preference import sequence_logps
+    from rl_train.registry import build_backend
+
+    torch.manual_seed(0)
+    backend = build_backend(
+        "hf_infer",
+        role="actor",
+        model_path=model_path,
+        training_args=dict(
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
+            learning_rate=1e-3,
+            lr_scheduler_type="constant",
+            max_steps=max(steps, 1),
+            share_prompt_forward=share,
+        ),
+        loss_config=PreferenceLossConfig(loss_type=loss_type, beta=0.5),
+    )
+    batch = make_pairs(4, seed=3)
+    ref = backend.forward(batch).log_probs
+    assert ref is not None
+    batch["ref_logps"] = sequence_logps(ref, batch["response_mask"])[0]
+    batch["kl_reference"] = torch.zeros(len(batch["pair_id"]))
+    batch["desirable_total"] = batch["desirable"].sum().float().expand(len(batch["pair_id"]))
+    history = [backend.train_step(dict(batch)) for _ in range(steps)]
+    params = {n: p.detach().clone() for n, p in backend.model.named_parameters()}
+    return history, params
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "orpo"])
+def test_a_pairs_shared_prompt_runs_once_and_trains_as_the_plain_forward(
+    tiny_model_path, loss_type
+):
+    """Chosen and rejected of a pair start with the same prompt: with ``share_prompt_forward`` it
+    runs once per pair (the plan has one prefix per pair), and three updates end where the plain
+    forward's do (the loss, margin and every parameter; ORPO adds a likelihood term)."""
+    from rl_train.shared_prefix import plan_prefixes
+
+    pairs = make_pairs(4, seed=3)
+    plan = plan_prefixes(pairs["input_ids"], pairs["attention_mask"], pairs["response_mask"])
+    assert len(plan.first_rows) == 4 and plan.row_prefix.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    plain, p_plain = _dpo_steps(tiny_model_path, False, loss_type)
+    _, start = _dpo_steps(tiny_model_path, False, loss_type, steps=0)
+    shared, p_shared = _dpo_steps(tiny_model_path, True, loss_type)
+    for a, b in zip(plain, shared, strict=True):
+        for key in ("actor/loss", "actor/rewards/margins", "actor/grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert plain[-1]["actor/loss"] < plain[0]["actor/loss"]  # it trained
+    # Adam turns float noise in a near-zero gradient into steps of up to lr (1e-3), so the
+    # parameters are compared within a tenth of one step; a wrong gradient moves them by steps
+    moved = max(float((p - p0).abs().max()) for p, p0 in zip(p_plain.values(), start.values()))
+    assert moved > 2e-3
+    for name, p in p_plain.items():
+        torch.testing.assert_close(p_shared[name], p, atol=1e-4, rtol=0, msg=name)

@@ -163,14 +163,15 @@ class AgenticRecipe(Recipe):
 
     def before_training(self, ctx: Context) -> dict[str, float]:
         """Supervised warm-up on BFS-solver demonstrations (agentic_app.warmup), then a sync."""
+        from rl_runtime.step.sft_data import examples_from_trajectories
         from rl_runtime.step.sft_warmup import supervised_warmup
 
         w, c = self.app.warmup, ctx.components
         if w.steps <= 0 or c.train_envs is None:
             return {}
+        rows = examples_from_trajectories(self.demonstrations(ctx), c.sequence_length)
         return supervised_warmup(
-            ctx, self.demonstrations(ctx), steps=w.steps, batch_size=w.batch_size,
-            learning_rate=w.learning_rate, max_length=c.sequence_length,
+            ctx, rows, steps=w.steps, batch_size=w.batch_size, learning_rate=w.learning_rate,
             pad_token_id=self.pad_token_id,
         )  # fmt: skip
 

@@ -46,10 +46,24 @@ def compose_distill(composed: Composed, cfg: Any, app: Any) -> Composed:
             "difficulty_mask: masks groups by their mean reward; distillation learns from the "
             "teacher on every sampled group (set it false)"
         )
+    off = app.off_policy if app is not None else None
+    if (
+        off is not None
+        and app.mode == "off_policy"
+        and off.loss == "kd"
+        and len(plan.teachers.teachers) != 1
+    ):
+        refusals.append(
+            f"distill_app.teachers: off_policy.loss=kd distils one teacher's distribution; "
+            f"{len(plan.teachers.teachers)} are configured"
+        )
     details = (
         composed.details
         + "\nteachers: "
         + pprint.pformat(plan.teachers, width=98, sort_dicts=False).replace("\n", "\n  ")
     )
+    if off is not None and app.mode == "off_policy":
+        details += f"\nmode: off_policy (each step: {off.batch_size} rows, loss {off.loss})\n"
+        details += "off_policy: " + pprint.pformat(off, width=98).replace("\n", "\n  ")
     return dataclasses.replace(composed, components=components, plan=plan, details=details,
                                refusals=tuple(refusals))  # fmt: skip

@@ -58,7 +58,7 @@ def run(cfg: Any, app: AppOptions, composed: Composed, flags: frozenset[str] = f
     options = RunOptions.from_app(
         app, path, stdout_keys=STDOUT_KEYS, progress_keys=PROGRESS_KEYS,
         eval_before_training=app.eval_before_training,
-        derived={"prompt_length": plan.rlvr.prompt_length},
+        derived={"prompt_length": plan.rlvr.prompt_length}, curve_panels="distill",
     )  # fmt: skip
     recipe = DistillRecipe(app, plan, path)
     try:

@@ -1,4 +1,4 @@
-"""On-policy distillation: per-token reverse KL of the student to its teacher(s) on the student's
+"""Distillation math. On-policy: per-token reverse KL of the student to its teacher(s) on the student's
 own samples, and the per-token advantage it becomes (ROLL's on-policy distillation, verl's and
 NeMo-RL's, TRL's GKD with lambda = 1 and beta = 1).
 
@@ -11,6 +11,10 @@ whose expectation over y_t ~ pi_s is KL(pi_s || pi_t) at that prefix. Used as a 
 `-kl_t` with no discount (each token's own advantage), a policy-gradient step
 `-A_t * grad log pi_s(y_t)` lowers the reverse KL; `reverse_kl_loss` is the same quantity as a
 loss to minimise directly.
+
+Off-policy, token-level (`teacher_topk`, `kd_divergence`, `kd_loss`): the teacher's whole
+next-token distribution at every position of given or teacher-generated text, and ROLL's six
+`kd_objective` divergences of the student's to it (see the section below).
 
 Several teachers: each row's teacher is picked by its domain (`route_teachers`: a `[B]` index),
 or the teachers' log-probs are averaged with weights (`average_teachers`). Pure functions, torch
@@ -122,11 +126,158 @@ def combine_teachers(
     return (weights[:, :, None] * teacher_log_probs).sum(0), total
 
 
+# --- Off-policy, token-level distillation on the teacher's distribution ------------------------
+#
+# The teacher scores every position of a given (or teacher-generated) sequence; the student is
+# trained toward the teacher's whole next-token distribution there, not only the sampled token
+# (Hinton et al. 2015; ROLL's offline distill pipeline, `kd_objective`). With `logits_topk` k > 0
+# both distributions are restricted to the teacher's k most likely tokens and renormalised there
+# (ROLL's rule: the student's logits are gathered at the teacher's top-k ids, then softmaxed);
+# k = 0 keeps the whole vocabulary. Temperatures: the student's logits are divided by
+# `kd_temperature`, the teacher's by `kd_temperature * teacher_temperature`.
+#
+# Per position, with p the teacher's and q the student's distribution over those tokens:
+#
+#   forward_kl         KL(p || q) = sum p (log p - log q)               (mean-seeking)
+#   reverse_kl         KL(q || p) = sum q (log q - log p)               (mode-seeking)
+#   skewed_forward_kl  KL(p || l p + (1 - l) q),  l = skew_lambda
+#   skewed_reverse_kl  KL(q || (1 - l) p + l q)
+#   js_divergence      (KL(p || m) + KL(q || m)) / 2,  m = (p + q) / 2
+#   adaptive_kl        (g_head * forward + g_tail * reverse) / (g_head + g_tail): the teacher's
+#                      tokens in ascending order of probability, the "tail" those whose cumulative
+#                      teacher mass is <= adaptive_kl_alpha, g = sum |p - q| over each part
+#                      (detached); Wu et al. 2024, as ROLL computes it
+
+
+def teacher_topk(
+    teacher_logits: torch.Tensor, k: int, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The teacher's distribution restricted to its `k` most likely tokens and renormalised
+    there: `(log_probs [..., k], token ids [..., k])`, most likely first. `k = 0` (or k >= V):
+    the whole vocabulary (ids `0..V-1` in order). teacher_logits: `[..., V]`; `temperature`:
+    the logits are divided by it first (ROLL: `kd_temperature * teacher_temperature`)."""
+    if k < 0:
+        raise ValueError(f"k={k}: must be >= 0 (0: the whole vocabulary)")
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature}: must be > 0")
+    logits = teacher_logits.float() / temperature
+    v = logits.shape[-1]
+    if k == 0 or k >= v:
+        ids = torch.arange(v, device=logits.device).expand(logits.shape)
+        return torch.log_softmax(logits, -1), ids
+    top, ids = torch.topk(logits, k, dim=-1)
+    return torch.log_softmax(top, -1), ids
+
+
+def _forward_kl(q_log: torch.Tensor, p_log: torch.Tensor, **_: float) -> torch.Tensor:
+    return (p_log.exp() * (p_log - q_log)).sum(-1)
+
+
+def _reverse_kl(q_log: torch.Tensor, p_log: torch.Tensor, **_: float) -> torch.Tensor:
+    return (q_log.exp() * (q_log - p_log)).sum(-1)
+
+
+def _skewed_forward_kl(
+    q_log: torch.Tensor, p_log: torch.Tensor, *, skew_lambda: float, **_: float
+) -> torch.Tensor:
+    p = p_log.exp()
+    mixed = torch.log(skew_lambda * p + (1 - skew_lambda) * q_log.exp())
+    return (p * (p_log - mixed)).sum(-1)
+
+
+def _skewed_reverse_kl(
+    q_log: torch.Tensor, p_log: torch.Tensor, *, skew_lambda: float, **_: float
+) -> torch.Tensor:
+    q = q_log.exp()
+    mixed = torch.log((1 - skew_lambda) * p_log.exp() + skew_lambda * q)
+    return (q * (q_log - mixed)).sum(-1)
+
+
+def _js_divergence(q_log: torch.Tensor, p_log: torch.Tensor, **_: float) -> torch.Tensor:
+    p, q = p_log.exp(), q_log.exp()
+    m_log = torch.log((p + q) / 2)
+    return ((p * (p_log - m_log)).sum(-1) + (q * (q_log - m_log)).sum(-1)) / 2
+
+
+def _adaptive_kl(
+    q_log: torch.Tensor, p_log: torch.Tensor, *, adaptive_kl_alpha: float, **_: float
+) -> torch.Tensor:
+    p, q = p_log.exp(), q_log.exp()
+    p_sorted, order = p.sort(-1)  # ascending: the tail first
+    gap = (p_sorted - q.gather(-1, order)).abs()
+    tail = (p_sorted.cumsum(-1) <= adaptive_kl_alpha).to(p.dtype)
+    g_head = (gap * (1 - tail)).sum(-1).detach()
+    g_tail = (gap * tail).sum(-1).detach()
+    total = (g_head + g_tail).clamp(min=1e-30)
+    return (g_head * _forward_kl(q_log, p_log) + g_tail * _reverse_kl(q_log, p_log)) / total
+
+
+KD_OBJECTIVES = {
+    "forward_kl": _forward_kl,
+    "reverse_kl": _reverse_kl,
+    "adaptive_kl": _adaptive_kl,
+    "skewed_forward_kl": _skewed_forward_kl,
+    "skewed_reverse_kl": _skewed_reverse_kl,
+    "js_divergence": _js_divergence,
+}
+"""ROLL's `kd_objective` names -> per-position divergence of (student, teacher) log-probs."""
+
+
+def kd_divergence(
+    student_logits: torch.Tensor,
+    teacher_log_probs: torch.Tensor,
+    objective: str = "forward_kl",
+    *,
+    kd_temperature: float = 1.0,
+    adaptive_kl_alpha: float = 0.5,
+    skew_lambda: float = 0.1,
+) -> torch.Tensor:
+    """`[...]` per-position divergence of `objective` (a name of `KD_OBJECTIVES`) between the
+    student and the teacher.
+
+    student_logits: `[..., k]` the student's logits at the teacher's token ids (`teacher_topk`'s;
+    the whole vocabulary when k = V), softmaxed here over those k after dividing by
+    `kd_temperature`; teacher_log_probs: `[..., k]` `teacher_topk`'s log-probs. Differentiable
+    in `student_logits`."""
+    fn = KD_OBJECTIVES.get(objective)
+    if fn is None:
+        raise ValueError(f"kd_objective={objective!r}: one of {sorted(KD_OBJECTIVES)}")
+    if student_logits.shape != teacher_log_probs.shape:
+        raise ValueError(
+            f"shapes differ: student {tuple(student_logits.shape)}, teacher "
+            f"{tuple(teacher_log_probs.shape)}"
+        )
+    if kd_temperature <= 0:
+        raise ValueError(f"kd_temperature={kd_temperature}: must be > 0")
+    if not 0 < skew_lambda < 1:
+        raise ValueError(f"skew_lambda={skew_lambda}: must be in (0, 1)")
+    q_log = torch.log_softmax(student_logits.float() / kd_temperature, -1)
+    return fn(q_log, teacher_log_probs.float(), adaptive_kl_alpha=adaptive_kl_alpha,
+              skew_lambda=skew_lambda)  # fmt: skip
+
+
+def kd_loss(
+    divergence: torch.Tensor, mask: torch.Tensor, token_count: float | None = None
+) -> torch.Tensor:
+    """Scalar: `divergence [B, T]` summed over `mask`ed positions (True: the position's token is
+    trained on) divided by `token_count` (None: the mask's count; a global count when the batch
+    is a micro-batch of a larger one), 0 when nothing is masked."""
+    if divergence.shape != mask.shape:
+        raise ValueError(f"shapes differ: {tuple(divergence.shape)} vs mask {tuple(mask.shape)}")
+    m = mask.to(divergence.dtype)
+    count = m.sum() if token_count is None else torch.as_tensor(token_count, dtype=m.dtype)
+    return (divergence * m).sum() / count.clamp(min=1)
+
+
 __all__ = [
+    "KD_OBJECTIVES",
     "average_teachers",
     "combine_teachers",
     "distill_advantages",
+    "kd_divergence",
+    "kd_loss",
     "reverse_kl_loss",
     "reverse_kl_per_token",
     "route_teachers",
+    "teacher_topk",
 ]

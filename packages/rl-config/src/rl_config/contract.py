@@ -511,6 +511,50 @@ PIPELINE_CONSUMED["sft"] = (
 declare them for the others (e.g. RLVR's ``dynamic_sampling.*``)."""
 
 
+_TEACHER = "distill_app.teachers.NAME"
+_OFF = "distill_app.off_policy"
+DISTILL_KEYS: dict[str, str] = {
+    # ROLL's distillation keys (outside the experiment schema) -> what apps/distill reads them as
+    # once `rl-config convert` has rewritten the config (rl_config.convert_opd, convert_ofd); a
+    # config that still holds them is refused, naming the command (rl_config.roll_keys)
+    "teacher": f"{_TEACHER}: one section (named default) or a mapping of named teachers; each "
+    "on workers of its own (role teacher_NAME), running the reference section's strategy",
+    "teacher.model_args.model_name_or_path": f"{_TEACHER}.model (unset: teacher_pretrain, or "
+    "pretrain on-policy)",
+    "teacher.model_args.dtype": f"{_TEACHER}.dtype (fp32, bf16, fp16)",
+    "teacher.device_mapping": f"{_TEACHER}.device_mapping (unset: the reference's)",
+    "teacher.infer_batch_size": f"{_TEACHER}.infer_batch_size (its forward micro-batch)",
+    "teacher.training_args.per_device_train_batch_size": f"offline: {_TEACHER}.infer_batch_size "
+    "(ROLL's teacher forward micro-batch)",
+    "teacher.tag_included": f"{_TEACHER}.tags: the row tags the teacher teaches (none: every row)",
+    "teacher.opd_kl_coef": f"{_TEACHER}.kl_coef: its per-token reverse KL's weight on its rows",
+    "teacher.strategy_args": "reference.strategy_args (the first teacher's; every teacher runs it)",
+    "teacher_pretrain": f"offline: {_TEACHER}.model",
+    "student_pretrain": "offline: pretrain",
+    "student": "offline: actor_train",
+    "student_train": "on-policy: actor_train",
+    "student_infer": "on-policy: actor_infer",
+    "is_pure_opd": "on-policy: dropped (apps/distill is pure on-policy distillation)",
+    "use_opd": "refused: ROLL's mixed OPD (RL rewards plus the teacher KL) is not implemented",
+    "pure_opd_pipeline_type": "on-policy: rlvr only (agentic OPD is not implemented)",
+    "question_key": f"offline: {_OFF}.prompt_key",
+    "answer_key": f"offline: {_OFF}.response_key",
+    "kd_objective": f"offline: {_OFF}.kd_objective (forward_kl, reverse_kl, adaptive_kl, "
+    "skewed_forward_kl, skewed_reverse_kl, js_divergence: rl_algos.distill.KD_OBJECTIVES)",
+    "logits_topk": f"offline: {_OFF}.logits_topk (the teacher's top-k ids; 0: the whole vocabulary)",
+    "kd_temperature": f"offline: {_OFF}.kd_temperature (divides the student's and the teacher's logits)",
+    "teacher_temperature": f"offline: {_OFF}.teacher_temperature (divides the teacher's logits too)",
+    "distill_loss_weight": f"offline: {_OFF}.distill_loss_weight (the divergence's share; the "
+    "NLL's is 1 - it)",
+    "adaptive_kl_alpha": f"offline: {_OFF}.adaptive_kl_alpha (adaptive_kl's tail mass)",
+    "skew_lambda": f"offline: {_OFF}.skew_lambda (the skewed KLs' mixing weight)",
+    "distill_on_prompt": f"offline: {_OFF}.distill_on_prompt (train on the prompt tokens too)",
+    "logits_transfer_backend": "offline: dropped (the teacher's top-k reaches the student "
+    "through the driver)",
+}
+"""ROLL's distillation keys -> where apps/distill reads them (docs/config.md lists them)."""
+
+
 def declared(key: str, pipeline: str | None = None) -> tuple[str, str] | None:
     """``("unsupported" | "ignored", reason)`` for a dotted key, or None (consumed); with a
     ``pipeline`` kind, the keys that pipeline consumes are None and only its own

@@ -11,7 +11,8 @@ What changes, per role that uses a Megatron strategy:
   consumes the same number of samples;
 * every other Megatron option is dropped, with one note per key.
 
-A config of ROLL's on-policy distillation is rewritten for apps/distill (rl_config.convert_opd).
+A config of ROLL's on-policy distillation is rewritten for apps/distill (rl_config.convert_opd),
+one of its offline (token-level) distillation too (rl_config.convert_ofd).
 ``actor_infer`` on SGLang becomes vLLM (``mem_fraction_static`` -> ``gpu_memory_utilization``).
 The rest of the file is kept as written, ``${...}`` interpolations included (secrets read with
 ``${oc.env:...}`` stay references); the defaults list is merged in, so the output stands alone.
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from rl_config.convert_ofd import convert_offline_distill, is_offline_distill
 from rl_config.convert_opd import APP_SECTION, convert_opd, is_opd
 from rl_config.errors import ConfigError, ConfigIssue
 from rl_config.ranges import parse_device_list
@@ -161,7 +163,8 @@ def convert_data(
     data = {k: v for k, v in unresolved.items() if k not in ("defaults", "hydra")}
     notes: list[str] = []
     roles = megatron_roles(resolved)
-    if not roles and not is_opd(resolved):
+    offline = is_offline_distill(resolved)
+    if not roles and not is_opd(resolved) and not offline:
         notes.append("no role uses a Megatron strategy; nothing to convert")
     for role in roles:
         _convert_role(role, data[role], resolved[role], target, notes)
@@ -170,6 +173,8 @@ def convert_data(
         for name in megatron_roles(named) if isinstance(named, dict) else ():
             _convert_role(f"teacher.{name}", data["teacher"][name], named[name], target, notes)
         convert_opd(data, resolved, notes)
+    elif offline:
+        convert_offline_distill(data, resolved, notes)
     infer = resolved.get("actor_infer")
     if isinstance(infer, dict):
         name = (infer.get("strategy_args") or {}).get("strategy_name")

@@ -194,8 +194,18 @@ def megatron_keys(data: dict[str, Any]) -> list[str]:
 def missing_pipeline_issue(data: dict[str, Any]) -> ConfigIssue | None:
     """The one error of a config of a ROLL pipeline this stack does not have (distillation,
     SFT: ``ROLL_PIPELINES_NOT_IMPLEMENTED``); None for any other config."""
+    from rl_config.convert_ofd import is_offline_distill, is_vision_language
     from rl_config.convert_opd import is_opd
 
+    if is_offline_distill(data) and not is_vision_language(data):
+        return ConfigIssue(
+            "student",
+            "this is a config of ROLL's offline distillation pipeline (student, teacher, "
+            "kd_objective ...); apps/distill runs it (token-level KL on the teacher's logits) "
+            "once rewritten in its form: "
+            + CONVERT_HINT.format(file="FILE")
+            + ", then uv run apps/distill --config OUT",
+        )
     if is_opd(data):
         return ConfigIssue(
             "teacher",
@@ -213,7 +223,8 @@ def missing_pipeline_issue(data: dict[str, Any]) -> ConfigIssue | None:
                 "not implemented in this stack; its pipelines are agentic (apps/agentic), RLVR "
                 "(apps/rlvr, apps/async), DPO (apps/dpo) and on-policy distillation "
                 "(apps/distill: ROLL's student_train/student_infer/teacher configs after "
-                "rl-config convert; off-policy only as SFT on teacher samples or given data)",
+                "rl-config convert) and text distillation on the teacher's logits (apps/distill, "
+                "ROLL's student/teacher configs after rl-config convert)",
             )
     return None
 

@@ -18,10 +18,16 @@ from torch import nn
 from rl_train import batching
 from rl_train import dist as rdist
 from rl_train.args import LogprobSampling, ModelArgs, TrainingArgs
+from rl_train.export import hf_name
 from rl_train.faults import fault_active, fault_point, poison_parameter
 from rl_train.guard import NonFiniteGuard, any_rank_true, is_finite
 from rl_train.losses import forward_sampling, reads_old_log_probs
-from rl_train.modeling import check_role, token_outputs
+from rl_train.modeling import (
+    check_role,
+    logits_at_outputs,
+    teacher_topk_outputs,
+    token_outputs,
+)
 from rl_train.shared_prefix import check_shared_prompt
 from rl_train.types import Batch, ForwardOutput, LossContext, LossFn
 
@@ -198,6 +204,30 @@ class BackendCore:
         self._set_train_mode(True)
         return ForwardOutput(**{k: (v if k in seen else None) for k, v in result.items()})
 
+    @torch.no_grad()
+    def forward_topk(
+        self, batch: Batch, k: int, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """No-grad: the model's next-token distribution at every position restricted to its
+        ``k`` most likely tokens (0: all), ``(log_probs [B, T, k], ids [B, T, k])`` on CPU
+        (rl_train.modeling.teacher_topk_outputs), in micro-batches of ``infer_batch_size``
+        rows; every rank runs the same number of forwards."""
+        self._set_train_mode(False)
+        n = batching.batch_size(batch)
+        step = self.args.infer_batch_size
+        groups = [list(range(i, min(i + step, n))) for i in range(0, n, step)]
+        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for i in range(_max_over_ranks(len(groups))):
+            idx = groups[i] if i < len(groups) else (groups[-1] if groups else [0])
+            mb = self._to_device(batching.select(batch, idx))
+            out = teacher_topk_outputs(self.model, mb, k=k, temperature=temperature)
+            if i < len(groups):
+                parts.append(out)
+        self._set_train_mode(True)
+        if not parts:
+            raise ValueError(f"{self.role}: forward_topk of an empty batch")
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
     def train_step(
         self, batch: Batch, loss_fn: LossFn | None = None, *, epochs: int | None = None
     ) -> dict[str, float]:
@@ -221,6 +251,7 @@ class BackendCore:
         if passes < 1:
             raise ValueError(f"{self.role}: train_step epochs must be >= 1, got {passes}")
         sampling = forward_sampling(loss_fn, args.logprob_sampling)
+        logits_key: str | None = getattr(loss_fn, "logits_at", None)
         t0 = time.perf_counter()  # the old-policy forward counts as training time
         needs_old = reads_old_log_probs(loss_fn) and "old_log_probs" not in batch
         if needs_old and passes > 1:  # every row is revisited after the first step
@@ -270,7 +301,10 @@ class BackendCore:
                 nonfinite = False
                 step_sums: dict[str, float] = {}
                 for mb, counts in pairs:
-                    out = self._train_forward(mb, sampling)
+                    if logits_key is None:
+                        out = self._train_forward(mb, sampling)
+                    else:  # a distribution-level loss: the logits at the ids it names
+                        out = logits_at_outputs(self.model, self._to_device(mb), logits_key)
                     loss, metrics = loss_fn(self._to_device(mb), out, ctx)
                     if not counts:
                         loss = loss * 0.0
@@ -361,16 +395,32 @@ class BackendCore:
         return any_rank_true(flag)
 
     def iter_full_tensor_buckets(
-        self, bucket_bytes: int = 1 << 28
+        self, bucket_bytes: int = 1 << 28, *, tied_once: bool = False
     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """HF-named full tensors of the model in buckets of about ``bucket_bytes``; with LoRA
-        adapters, the merged model (:func:`rl_train.lora.merge_adapters`)."""
+        adapters, the merged model (:func:`rl_train.lora.merge_adapters`). ``tied_once``: leave
+        out the names of :meth:`tied_aliases` (what a weight sync sends: the engine's model ties
+        them as this one does; a state dict, an export or a checksum keeps every name)."""
         named = self._iter_full_tensors()
         if self.has_adapters:
             from rl_train.lora import merge_adapters, scalings
 
             named = merge_adapters(named, scalings(self._module()))
+        if tied_once:
+            aliases = self.tied_aliases()
+            named = ((name, tensor) for name, tensor in named if name not in aliases)
         yield from _buckets(named, bucket_bytes)
+
+    def tied_aliases(self) -> frozenset[str]:
+        """HF names under which a parameter appears again after its first name: a tied LM head
+        (``lm_head.weight`` is ``model.embed_tokens.weight`` when ``tie_word_embeddings``)."""
+        seen: set[int] = set()
+        aliases: set[str] = set()
+        for name, param in self._module().named_parameters(remove_duplicate=False):
+            if id(param) in seen:
+                aliases.add(hf_name(name))
+            seen.add(id(param))
+        return frozenset(aliases)
 
     def iter_adapter_buckets(
         self, bucket_bytes: int = 1 << 28

@@ -327,3 +327,63 @@ def token_outputs(
             )
         )
     return result
+
+
+def _padded_logits(model: nn.Module, batch: Batch) -> tuple[Batch, torch.Tensor, int]:
+    """``(trimmed batch, logits [B, t, V] of the padded forward, full width T)``: the forward
+    of the distribution-level paths below. They run padded whatever ``use_sequence_packing``
+    and ``share_prompt_forward`` say (both only change how the same numbers are computed), and
+    call the model without a log-prob request, so a fused lm_head answers plain logits."""
+    full_t = int(batch["input_ids"].shape[1])
+    trimmed = trim_padding(batch)
+    ids = trimmed["input_ids"]
+    mask = trimmed.get("attention_mask")
+    if mask is None:
+        mask = torch.ones_like(ids)
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    return trimmed, logits, full_t
+
+
+def _aligned3(x: torch.Tensor, valid: torch.Tensor, full_t: int) -> torch.Tensor:
+    """``[B, t-1, k]`` predictions for tokens 1..t-1 -> ``[B, T, k]`` aligned with the tokens
+    (column 0, padding columns and the trimmed tail 0)."""
+    x = torch.cat([x.new_zeros(x.shape[0], 1, x.shape[2]), x], dim=1) * valid[..., None]
+    return nn.functional.pad(x, (0, 0, 0, full_t - x.shape[1]))
+
+
+@torch.no_grad()
+def teacher_topk_outputs(
+    model: nn.Module, batch: Batch, *, k: int, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A teacher's next-token distribution at every position of ``batch``, restricted to its
+    ``k`` most likely tokens (k = 0: the whole vocabulary; rl_algos.distill.teacher_topk):
+    ``(log_probs [B, T, k], token ids [B, T, k])``, float32 and int64 on CPU, aligned with
+    ``input_ids`` like ``log_probs`` (column t: the distribution of token t given the tokens
+    before it; column 0 and padding: 0)."""
+    from rl_algos.distill import teacher_topk
+
+    trimmed, logits, full_t = _padded_logits(model, batch)
+    lp, ids = teacher_topk(logits[:, :-1], k, temperature)
+    valid = trimmed.get("attention_mask", torch.ones_like(trimmed["input_ids"])).to(lp.device)
+    lp = _aligned3(lp.float(), valid.float(), full_t)
+    ids = _aligned3(ids, valid.long(), full_t)
+    return lp.cpu(), ids.cpu()
+
+
+def logits_at_outputs(model: nn.Module, batch: Batch, ids_key: str) -> ForwardOutput:
+    """With grad: ``log_probs [B, T]`` of the tokens (the raw model's distribution) and
+    ``logits_at [B, T, k]``, the logits of the next-token prediction at each position gathered
+    at ``batch[ids_key] [B, T, k]`` (a teacher's top-k ids, aligned like
+    :func:`teacher_topk_outputs`; column 0 and padding 0)."""
+    if ids_key not in batch:
+        raise KeyError(f"the loss reads the logits at batch[{ids_key!r}] ([B, T, k] token ids)")
+    trimmed, logits, full_t = _padded_logits(model, batch)
+    ids = trimmed["input_ids"]
+    b = ids.shape[0]
+    valid = trimmed.get("attention_mask", torch.ones_like(ids)).to(logits.device)
+    labels = torch.cat([ids[:, 1:], ids.new_full((b, 1), -1)], dim=1)
+    lp, _ = log_probs_from_logits_chunked(logits, labels)
+    lp = nn.functional.pad(_shift_right(lp[:, :-1]) * valid, (0, full_t - ids.shape[1]))
+    index = trimmed[ids_key][:, 1:].long().to(logits.device)
+    at = logits[:, :-1].float().gather(-1, index)
+    return ForwardOutput(log_probs=lp, logits_at=_aligned3(at, valid.float(), full_t))

@@ -27,6 +27,9 @@ class ForwardOutput:
     values: torch.Tensor | None = None
     #: ``sum_v pi(v)^2`` of the log-probs' distribution at each token (column 0 is 0)
     sum_pi_squared: torch.Tensor | None = None
+    #: ``[B, T, k]`` logits of each token's prediction at the ids a loss asked for (a
+    #: teacher's top-k: rl_train.modeling.logits_at_outputs); training forwards only
+    logits_at: torch.Tensor | None = None
 
     def detach_cpu(self) -> ForwardOutput:
         def _d(t: torch.Tensor | None) -> torch.Tensor | None:

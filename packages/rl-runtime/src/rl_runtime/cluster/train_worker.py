@@ -73,6 +73,8 @@ class TrainWorker:
         #: alternating ones for `export_weights_shared`
         self._ipc_sender: Any = None
         self._staging_sender: Any = None
+        #: `train_step(loss="kd")`'s loss config (`set_distill_loss`)
+        self._kd_config: Any = None
         #: the schedule's (base rates, multipliers) while `hold_learning_rate` holds the rate
         self._held_schedule: tuple[list[float], list[Any]] | None = None
 
@@ -115,15 +117,38 @@ class TrainWorker:
         a LoRA actor whose reference is its base model)."""
         return _outputs(self.backend.forward_base(batch))
 
+    def forward_topk(
+        self, batch: dict[str, torch.Tensor], k: int, temperature: float = 1.0
+    ) -> dict[str, torch.Tensor]:
+        """The model's top-`k` next-token distribution at every position (a distillation
+        teacher's; rl_train `forward_topk`): `{teacher_topk_log_probs, teacher_topk_ids}`,
+        `[B, T, k]` each."""
+        from rl_runtime.step.losses import TEACHER_IDS, TEACHER_LOG_PROBS
+
+        lp, ids = self.backend.forward_topk(batch, k, temperature)
+        return {TEACHER_LOG_PROBS: lp, TEACHER_IDS: ids}
+
+    def set_distill_loss(self, config: Any) -> None:
+        """The `KDLossConfig` (rl_runtime.step.losses) `train_step(loss="kd")` trains with."""
+        self._kd_config = config
+
     def train_step(self, batch: dict[str, torch.Tensor], loss: str = "default") -> dict:
         """One `train_step` with the backend's configured loss, or `loss="sft"` (warm-up: one
-        pass over the batch, whatever `ppo_epochs` says)."""
+        pass over the batch, whatever `ppo_epochs` says), or `loss="kd"` (one pass of
+        token-level distillation with the config `set_distill_loss` gave)."""
         if loss == "sft":
             from rl_runtime.step.losses import sft_loss_fn
 
             return dict(self.backend.train_step(batch, sft_loss_fn, epochs=1))
+        if loss == "kd":
+            from rl_runtime.step.losses import kd_loss_fn
+
+            config = self._kd_config
+            if config is None:
+                raise ValueError("train_step(loss='kd') before set_distill_loss")
+            return dict(self.backend.train_step(batch, kd_loss_fn(config), epochs=1))
         if loss != "default":
-            raise ValueError(f"unknown loss {loss!r}; use 'default' or 'sft'")
+            raise ValueError(f"unknown loss {loss!r}; use 'default', 'sft' or 'kd'")
         return dict(self.backend.train_step(batch))
 
     def hold_learning_rate(self, learning_rate: float | None = None) -> float:
@@ -169,14 +194,15 @@ class TrainWorker:
         return optimizer, scheduler
 
     def named_tensors(
-        self, bucket_bytes: int = 1 << 28, host_copies: bool = True
+        self, bucket_bytes: int = 1 << 28, host_copies: bool = True, tied_once: bool = False
     ) -> list[tuple[str, torch.Tensor]]:
         """All HF-named full tensors: CPU copies (for the object store, checks and exports), or,
         with ``host_copies=False``, the backend's own tensors where they live (the in-process
         weight sync: an engine's `update_weights` copies what it keeps before it returns, so the
-        weights never round-trip through host memory on a device)."""
+        weights never round-trip through host memory on a device). ``tied_once``: a tied
+        parameter under its first name only (a weight sync; rl_train's `tied_aliases`)."""
         out: list[tuple[str, torch.Tensor]] = []
-        for bucket in self.backend.iter_full_tensor_buckets(bucket_bytes):
+        for bucket in self.backend.iter_full_tensor_buckets(bucket_bytes, tied_once=tied_once):
             if host_copies:
                 out.extend((n, t.detach().cpu().clone()) for n, t in bucket)
             else:
@@ -266,7 +292,7 @@ class TrainWorker:
         buckets = (
             self.backend.iter_adapter_buckets(bucket_bytes)
             if self.sync_adapter_only
-            else self.backend.iter_full_tensor_buckets(bucket_bytes)
+            else self.backend.iter_full_tensor_buckets(bucket_bytes, tied_once=True)
         )
         if self.rank != 0:
             for _bucket in buckets:
@@ -295,7 +321,7 @@ class TrainWorker:
 
             info["weight_bytes"] = sum(
                 t.numel() * t.element_size()
-                for bucket in self.backend.iter_full_tensor_buckets(bucket_bytes)
+                for bucket in self.backend.iter_full_tensor_buckets(bucket_bytes, tied_once=True)
                 for _name, t in bucket
             )
             info["shm_free_bytes"] = shm_free_bytes()

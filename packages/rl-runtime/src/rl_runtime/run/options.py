@@ -33,6 +33,8 @@ class RunOptions:
     #: the pipeline kind the app runs (agentic, rlvr, dpo: the app options' `PIPELINE`); a
     #: resume refuses the changed keys that kind reads (None: the config's `pipeline_kind`)
     pipeline: str | None = None
+    #: the `rl_runtime.track.curves.PANELS` key of the run's curves (None: `pipeline`'s)
+    curve_panels: str | None = None
     #: values the app derives from several config keys and reads for its data (apps/rlvr: the
     #: prompt budget); a checkpoint records them and a resume refuses a change (resume_guard)
     derived: dict[str, Any] = field(default_factory=dict)

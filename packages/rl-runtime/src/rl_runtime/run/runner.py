@@ -353,7 +353,7 @@ class Runner:
         png = write_curves(
             ctx.tracker.history,
             out / CURVES_NAME,
-            panels=PANELS.get(self.pipeline() or ""),
+            panels=PANELS.get(self.options.curve_panels or self.pipeline() or ""),
             title=self.components.exp_name,
             baselines={
                 f"{name}: {key}": value

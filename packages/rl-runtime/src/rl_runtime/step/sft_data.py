@@ -26,6 +26,7 @@ naming the file and the 0-based row numbers (and the JSON line). Too long rows (
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -283,3 +284,20 @@ def collate(examples: list[SFTExample], pad_token_id: int) -> dict[str, torch.Te
         attention[i, :n] = 1
         response[i, :n] = torch.tensor(e.loss_mask, dtype=torch.bool)
     return {"input_ids": input_ids, "attention_mask": attention, "response_mask": response}
+
+
+def examples_from_trajectories(
+    trajectories: Sequence[Any], max_length: int | None = None
+) -> list[SFTExample]:
+    """Trajectories (rl_config.records.Trajectory: a warm-up's demonstrations) as SFT rows: their
+    tokens, trained where their `response_mask` is True (a failed one trains on nothing), cut to
+    `max_length` tokens on the right; `collate` of them equals rl_runtime.step.collate's
+    `collate_trajectories` in `input_ids`, `attention_mask` and `response_mask`."""
+    if max_length is not None and max_length < 1:
+        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    out = []
+    for t in trajectories:
+        n = len(t.token_ids) if max_length is None else min(len(t.token_ids), max_length)
+        mask = [False] * n if t.failed else [bool(m) for m in t.response_mask[:n]]
+        out.append(SFTExample(tuple(t.token_ids[:n]), tuple(mask)))
+    return out

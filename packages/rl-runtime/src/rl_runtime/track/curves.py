@@ -4,7 +4,8 @@ Each pipeline plots its own headline metrics (`PANELS`, by pipeline kind): RLVR 
 batch's reward and accuracy over every generated group (before dynamic sampling drops any) and
 held-out accuracy; agentic training and validation success, drawn so that neither hides the
 other (training: a solid line; evaluations: dashed, with markers); DPO preference accuracy and
-reward margins, training and held-out. Every panel has axis labels and a legend naming what
+reward margins, training and held-out; distillation (apps/distill) the student's accuracy and its
+reverse (and, distilling on the teacher's logits, forward) KL to the teacher per token. Every panel has axis labels and a legend naming what
 each line is (`LABELS`).
 """
 
@@ -41,6 +42,13 @@ PANELS: dict[str, tuple[Panel, ...]] = {
         Panel("dynamic sampling", "groups per step",
               ("dynamic_sampling/generated_groups", "dynamic_sampling/kept_groups")),
     ),
+    "distill": (
+        Panel("student's accuracy", "accuracy",
+              ("reward/accuracy", "val/greedy/accuracy", "val/accuracy", "val/pass@k",
+               "val/baseline_accuracy")),
+        Panel("student to teacher, per trained token", "nats per token",
+              ("distill/reverse_kl", "distill/forward_kl")),
+    ),
     "dpo": (
         Panel("preference accuracy", "chosen scored above rejected",
               ("train/rewards/accuracies", "val/rewards/accuracies")),
@@ -64,6 +72,8 @@ LABELS = {
     "val/baseline_accuracy": "held-out, most common training answer",
     "dynamic_sampling/generated_groups": "generated",
     "dynamic_sampling/kept_groups": "kept (trained on)",
+    "distill/reverse_kl": "reverse KL(student || teacher)",
+    "distill/forward_kl": "forward KL(teacher || student) (token-level distillation)",
     "train/rewards/accuracies": "training batches",
     "val/rewards/accuracies": "held-out pairs",
     "train/rewards/margins": "training batches",

@@ -9,8 +9,12 @@ before (or instead of most of) the on-policy steps.
                       `generate` (fits the small teachers of a CPU run; a large teacher's samples
                       are given data), prompt tokens kept as the rollout renders them
 
-Then `steps` steps of `batch_size` rows through rl_runtime.step.sft_warmup.supervised_warmup
-(actor_train's SFT loss; the schedule restarts and the weights sync after).
+Then, with `loss: sft`, `steps` steps of `batch_size` rows through
+rl_runtime.step.sft_warmup.supervised_warmup (actor_train's SFT loss; the schedule restarts and
+the weights sync after). With `loss: kd` (token-level distillation on the teacher's logits,
+ROLL's offline distill pipeline; rl_runtime.pipelines.distill.kd) the rows are the pipeline's
+steps themselves (`distill_app.mode: off_policy`): each step the teacher scores a batch and the
+student is trained toward its top-k distribution at every trained position.
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 SOURCES = ("none", "data", "teacher")
+LOSSES = ("sft", "kd")
+#: the keys `loss: kd` reads (ROLL's offline distill names), with their defaults (ROLL's)
+KD_KEYS = {"kd_objective": "forward_kl", "logits_topk": 64, "kd_temperature": 1.0,
+           "teacher_temperature": 1.0, "distill_loss_weight": 0.5, "adaptive_kl_alpha": 0.5,
+           "skew_lambda": 0.1, "distill_on_prompt": False}  # fmt: skip
 
 
 @dataclass
@@ -40,10 +49,41 @@ class OffPolicyOptions:
     steps: int = 50
     batch_size: int = 32
     learning_rate: float | None = None
+    #: sft: the NLL of the rows' tokens; kd: token-level distillation on the teacher's logits
+    #: (the keys below; mode off_policy)
+    loss: str = "sft"
+    kd_objective: str = "forward_kl"
+    #: the teacher's k most likely tokens at each position, both distributions renormalised
+    #: there (0: the whole vocabulary)
+    logits_topk: int = 64
+    kd_temperature: float = 1.0
+    teacher_temperature: float = 1.0
+    distill_loss_weight: float = 0.5
+    adaptive_kl_alpha: float = 0.5
+    skew_lambda: float = 0.1
+    #: train on the prompt's tokens too (ROLL's distill_on_prompt)
+    distill_on_prompt: bool = False
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
             raise ValueError(f"off_policy.source={self.source!r}: one of {list(SOURCES)}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"off_policy.loss={self.loss!r}: one of {list(LOSSES)}")
+        if self.loss == "kd":
+            self.kd_config()  # its own checks, naming the key
+            if self.logits_topk < 0:
+                raise ValueError(f"off_policy.logits_topk={self.logits_topk}: must be >= 0")
+            if self.teacher_temperature <= 0:
+                raise ValueError(
+                    f"off_policy.teacher_temperature={self.teacher_temperature}: must be > 0"
+                )
+        else:
+            for key, default in KD_KEYS.items():
+                if getattr(self, key) != default:
+                    raise ValueError(
+                        f"off_policy.{key}={getattr(self, key)!r}: read with loss kd only "
+                        f"(loss is {self.loss})"
+                    )
         if self.source == "data" and not self.file_list:
             raise ValueError("off_policy.files: source data needs the data files")
         if self.source != "data" and self.files:
@@ -54,6 +94,19 @@ class OffPolicyOptions:
                 raise ValueError(f"off_policy.{name}={getattr(self, name)}: must be >= 1")
         if self.temperature < 0:
             raise ValueError(f"off_policy.temperature={self.temperature}: must be >= 0")
+
+    def kd_config(self) -> Any:
+        """The student's loss config (rl_runtime.step.losses.KDLossConfig); ValueError naming
+        the `off_policy.` key at fault."""
+        from rl_runtime.step.losses import KDLossConfig
+
+        try:
+            return KDLossConfig(objective=self.kd_objective, kd_temperature=self.kd_temperature,
+                                distill_loss_weight=self.distill_loss_weight,
+                                adaptive_kl_alpha=self.adaptive_kl_alpha,
+                                skew_lambda=self.skew_lambda)  # fmt: skip
+        except ValueError as exc:
+            raise ValueError(f"off_policy.{exc}") from None
 
     @property
     def file_list(self) -> tuple[str, ...]:
@@ -116,18 +169,10 @@ def train_off_policy(
 ) -> dict[str, float]:
     """`options.steps` SFT steps on `examples` (rl_runtime.step.sft_warmup.supervised_warmup,
     logged as `warmup/*`); `warmup/*` totals."""
-    from rl_config.records import Trajectory
     from rl_runtime.step.sft_warmup import supervised_warmup
 
     if not examples:
         raise ValueError("off_policy: no example to train on (every row dropped or empty)")
-    demos = [
-        Trajectory(traj_id=f"off-{i}", group_id=f"off-{i}", tag="off_policy", env_seed=i,
-                   token_ids=list(e.token_ids), prompt_length=e.loss_mask.index(True)
-                   if True in e.loss_mask else len(e.token_ids),
-                   response_mask=list(e.loss_mask), rollout_log_probs=[0.0] * len(e.token_ids))
-        for i, e in enumerate(examples)
-    ]  # fmt: skip
-    return supervised_warmup(ctx, demos, steps=options.steps, batch_size=options.batch_size,
+    return supervised_warmup(ctx, examples, steps=options.steps, batch_size=options.batch_size,
                              learning_rate=options.learning_rate, log_every=10,
                              pad_token_id=pad_token_id)  # fmt: skip
