@@ -191,7 +191,12 @@ def test_an_rlvr_step_is_recorded_and_replayed_bit_exactly(tmp_path):
     assert sorted(first_tensors[0]) == sorted(again_tensors[0])
     for key, tensor in first_tensors[0].items():
         assert torch.equal(tensor, again_tensors[0][key]), key
-    assert again.metrics == first.metrics
+    from rl_runtime.cli.replay import UNCOMPARED_SUFFIXES  # wall-clock throughput
+
+    def numbers(record):
+        return {k: v for k, v in record.metrics.items() if not k.endswith(UNCOMPARED_SUFFIXES)}
+
+    assert numbers(again) == numbers(first) and len(numbers(first)) > 10
     assert again.weight_checksum == first.weight_checksum
     losses = [
         [
