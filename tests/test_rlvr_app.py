@@ -14,11 +14,17 @@ import pytest
 
 from rl_app_rlvr.options import WarmupOptions
 from rl_envs.rewards.router import reward_router_spec
-from rl_envs.tasks.arith import problems, split, write_arith_parquet
+from rl_envs.tasks.arith import (
+    carry_mistake,
+    problems,
+    split,
+    sum_without_carry,
+    write_arith_parquet,
+)
 from rl_runtime.pipelines.rlvr.compose import DataPlan
 from rl_runtime.pipelines.rlvr.data import RowSampler, load_prompts
-from rl_runtime.pipelines.rlvr.metrics import _quantile
-from rl_runtime.pipelines.rlvr.warmup import reasoning_words
+from rl_runtime.pipelines.rlvr.metrics import _quantile, held_out_gains
+from rl_runtime.pipelines.rlvr.warmup import noisy_answer, reasoning_words
 from tests.app_loading import app_main, assert_planned
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +69,44 @@ def test_warmup_reasoning_padding_is_long_tailed_and_capped():
     assert reasoning_words(random.Random(0), 0, 1.0) == 0  # off
     with pytest.raises(ValueError, match="reasoning_tail"):
         WarmupOptions(reasoning_tail=0.0)
+
+
+def test_the_carry_teacher_forgets_carries_and_only_there():
+    """The carry mistake, derived by hand: the column that overflows keeps its last digit and the
+    next column does not get the 1; the leading column is written in full."""
+    import random
+
+    assert [sum_without_carry(a, b) for a, b in [(47, 38), (47, 68), (5, 7), (99, 99), (12, 34)]] == [
+        75, 105, 12, 188, 46]  # fmt: skip
+    assert carry_mistake("47+38=") == "75" and carry_mistake("12+34=") is None  # nothing carried
+    assert carry_mistake("max 1 2 3 4 =") is None
+    # about 45 % of the 2-digit sums carry from the units (45 of the 100 unit-digit pairs)
+    assert (
+        sum(carry_mistake(f"{a}+{b}=") is not None for a in range(100) for b in range(100)) == 4455
+    )
+    rng = random.Random(0)
+    answers = [noisy_answer("85", rng, 0.6, "carry", "47+38=") for _ in range(2000)]
+    assert set(answers) == {"85", "75"} and abs(answers.count("75") / 2000 - 0.6) < 0.03
+    assert {noisy_answer("46", rng, 1.0, "carry", "12+34=") for _ in range(20)} == {"46"}
+    with pytest.raises(ValueError, match="answer_error='drop': one of"):
+        WarmupOptions(answer_error="drop")
+
+
+def test_held_out_gains_carry_their_standard_errors():
+    """Greedy and pass@k gains are proportions over n prompts; the sampled accuracy's error is
+    its two evaluations' standard errors combined (hand-computed)."""
+    before = {"val/greedy/accuracy": 0.5, "val/greedy/num_prompts": 100.0, "val/accuracy": 0.4,
+              "val/accuracy_se": 0.03, "val/pass@k": 0.8, "val/num_prompts": 100.0}  # fmt: skip
+    after = {**before, "val/greedy/accuracy": 0.7, "val/accuracy": 0.6, "val/accuracy_se": 0.04,
+             "val/pass@k": 0.8}  # fmt: skip
+    gains = held_out_gains(before, after)
+    greedy = gains["gain val/greedy/accuracy"]
+    assert greedy["gain"] == 0.2 and greedy["se"] == round(math.sqrt((0.25 + 0.21) / 100), 4)
+    assert (
+        gains["gain val/accuracy"]["se"] == 0.05 and gains["gain val/accuracy"]["gain_in_se"] == 4.0
+    )
+    assert gains["gain val/pass@k"]["gain"] == 0.0 and gains["gain val/pass@k"]["gain_in_se"] == 0.0
+    assert held_out_gains(before, {}) == {}
 
 
 def test_response_length_quantiles_are_nearest_rank():

@@ -21,7 +21,7 @@ from rl_runtime.asynchrony.queue import PendingBatch, RolloutBatch, finished
 from rl_runtime.pipelines.rlvr.compose import RlvrPlan
 from rl_runtime.pipelines.rlvr.data import RlvrPrompts, load_rlvr_prompts
 from rl_runtime.pipelines.rlvr.eval import held_out_accuracy
-from rl_runtime.pipelines.rlvr.metrics import add_batch_failures
+from rl_runtime.pipelines.rlvr.metrics import add_batch_failures, held_out_gains
 from rl_runtime.pipelines.rlvr.rollout import GroupGenerator, rollout_batch
 from rl_runtime.pipelines.rlvr.scoring import Scorer
 from rl_runtime.run.context import Context
@@ -46,6 +46,8 @@ class RlvrRecipe(Recipe):
         #: (added up as `learn` takes each batch) and of the evaluations
         self.reward_failures: Counter[str] = Counter()
         self.eval_reward_failures: Counter[str] = Counter()
+        #: groups dynamic sampling generated and kept over the run's trained batches
+        self.groups: Counter[str] = Counter()
 
     # --------------------------------------------------------------------------- setup
     def setup(self, ctx: Context) -> None:
@@ -67,7 +69,7 @@ class RlvrRecipe(Recipe):
         return {"kl_controller": self.kl_ctl.state_dict(),
                 "reward_failures": dict(self.reward_failures),
                 "eval_reward_failures": dict(self.eval_reward_failures),
-                **self.rollout_state()}  # fmt: skip
+                "groups": dict(self.groups), **self.rollout_state()}  # fmt: skip
 
     def rollout_state(self) -> dict[str, Any]:
         """The rollout side's state: the prompt sampler's position (asynchronous rollout draws
@@ -83,6 +85,7 @@ class RlvrRecipe(Recipe):
         # a checkpoint from before the totals were saved: from 0
         self.reward_failures = Counter(state.get("reward_failures") or {})
         self.eval_reward_failures = Counter(state.get("eval_reward_failures") or {})
+        self.groups = Counter(state.get("groups") or {})
         if "sampler" in state:
             self.load_rollout_state(state)
 
@@ -112,6 +115,8 @@ class RlvrRecipe(Recipe):
         its failed reward calls join the run's totals (`reward/failures/<kind>`)."""
         metrics = learn_on_groups(ctx, batch, self.kl_ctl, pad_token_id=self.pad_token_id)
         metrics.update(add_batch_failures(batch.metrics, self.reward_failures))
+        for kind in ("generated", "kept"):
+            self.groups[kind] += int(batch.metrics.get(f"dynamic_sampling/{kind}_groups", 0))
         return metrics
 
     # --------------------------------------------------------------------- evaluation
@@ -122,6 +127,17 @@ class RlvrRecipe(Recipe):
         seed = ctx.components.seed
         return held_out_accuracy(ctx.cluster, self.generator, self.prompts, self.plan, seed,
                                  failures=self.eval_reward_failures)  # fmt: skip
+
+    def summary(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+        """RL's held-out gains with their standard errors (rl_runtime.pipelines.rlvr.metrics.
+        held_out_gains) and the share of generated groups dynamic sampling kept (summary.json,
+        final lines)."""
+        out = held_out_gains(before, after)
+        if self.groups["generated"]:
+            out["dynamic_sampling kept fraction"] = round(
+                self.groups["kept"] / self.groups["generated"], 4
+            )
+        return out
 
     # ------------------------------------------------------------------------ warm-up
     def before_training(self, ctx: Context) -> dict[str, float]:

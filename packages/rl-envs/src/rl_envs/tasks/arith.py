@@ -12,6 +12,7 @@ prompt per problem, so its prompts are distinct problems (independent for a stan
 from __future__ import annotations
 
 import itertools
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -37,6 +38,31 @@ def problems(kind: str, *, num_digits: int = 4, max_a: int = 99, max_b: int = 9)
     raise ValueError(
         f"rlvr_app.arith_data.kind={kind!r}: use {' or '.join(map(repr, ARITH_KINDS))}"
     )
+
+
+ADDITION = re.compile(r"^\s*(\d+)\s*\+\s*(\d+)\s*=\s*$")
+"""An `add` prompt, `a+b=`."""
+
+
+def sum_without_carry(a: int, b: int) -> int:
+    """`a + b` as a pupil who forgets to carry writes it: each column's digit sum mod 10, the
+    leading column's sum in full (`47+38` -> 75, `47+68` -> 105, `5+7` -> 12)."""
+    out, place = 0, 1
+    while a >= 10 or b >= 10:
+        out += ((a % 10 + b % 10) % 10) * place
+        a, b, place = a // 10, b // 10, place * 10
+    return out + (a + b) * place
+
+
+def carry_mistake(question: str) -> str | None:
+    """The forgotten-carry answer (`sum_without_carry`) of an `a+b=` question, None for any other
+    question or when nothing is carried (the mistake is then the right answer)."""
+    m = ADDITION.match(question)
+    if m is None:
+        return None
+    a, b = int(m.group(1)), int(m.group(2))
+    wrong = sum_without_carry(a, b)
+    return str(wrong) if wrong != a + b else None
 
 
 def split(items: list[Problem], val_fraction: float, seed: int) -> tuple[list, list]:

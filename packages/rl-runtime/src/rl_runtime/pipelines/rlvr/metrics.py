@@ -173,3 +173,28 @@ SUMMARY = {
 def summary_row(metrics: dict[str, float]) -> dict[str, float | str]:
     """Held-out accuracy columns of the before/after table."""
     return {name: float(metrics[key]) for name, key in SUMMARY.items() if key in metrics}
+
+
+def held_out_gains(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """`gain <key>` of each held-out accuracy both evaluations have: `gain` (after - before),
+    its standard error `se` and `gain_in_se`. Greedy accuracy and pass@k are proportions over
+    n prompts (rl_runtime.pipelines.agentic.gain.proportion_gain); the sampled accuracy (a mean
+    over each prompt's samples) takes its two evaluations' standard errors over prompts,
+    sqrt(se_before^2 + se_after^2). Both treat the evaluations as independent, which the same
+    held-out prompts make cautious (a paired difference would have a smaller error)."""
+    from rl_runtime.pipelines.agentic.gain import proportion_gain
+
+    out: dict[str, Any] = {}
+    for key, prefix in (("val/greedy/accuracy", "val/greedy"), ("val/accuracy", "val"),
+                        ("val/pass@k", "val")):  # fmt: skip
+        n = int(after.get(f"{prefix}/num_prompts", 0))
+        if key not in before or key not in after or not n:
+            continue
+        gain = proportion_gain(before[key], after[key], n)
+        if key == "val/accuracy" and {"val/accuracy_se"} <= before.keys() & after.keys():
+            se = math.hypot(before["val/accuracy_se"], after["val/accuracy_se"])
+            g = after[key] - before[key]
+            gain["se"] = round(se, 4)
+            gain["gain_in_se"] = round(g / se, 2) if se > 0 else gain["gain_in_se"]
+        out[f"gain {key}"] = gain
+    return out

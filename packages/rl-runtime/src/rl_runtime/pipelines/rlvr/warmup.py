@@ -13,6 +13,9 @@ from typing import Any
 
 from rl_config.records import Trajectory
 
+ANSWER_ERRORS = ("shift", "carry")
+"""The noisy teacher's mistakes (`WarmupOptions.answer_error`)."""
+
 
 @dataclass
 class WarmupOptions:
@@ -29,6 +32,10 @@ class WarmupOptions:
     response_template: str = "#### {answer}"
     #: probability that a demonstrated numeric answer is wrong on purpose (a noisy teacher)
     answer_noise: float = 0.0
+    #: the teacher's mistake (`ANSWER_ERRORS`): `shift` moves the answer by 1..9; `carry` writes
+    #: an `a+b=` sum without carrying (rl_envs.tasks.arith.sum_without_carry; a sum with no
+    #: carry, and any other question, is demonstrated right)
+    answer_error: str = "shift"
     #: `{reasoning}` is `reasoning_word` repeated k times, k long-tailed (`reasoning_words`, shape
     #: `reasoning_tail`), capped at `reasoning_max_words`; 0 = no padding. Teaches the policy a
     #: long-tailed response length.
@@ -47,6 +54,10 @@ class WarmupOptions:
             raise ValueError(
                 f"rlvr_app.warmup.answer_noise={self.answer_noise}: a probability in [0, 1]"
             )
+        if self.answer_error not in ANSWER_ERRORS:
+            raise ValueError(
+                f"rlvr_app.warmup.answer_error={self.answer_error!r}: one of {ANSWER_ERRORS}"
+            )
         if self.learning_rate is not None and self.learning_rate <= 0:
             raise ValueError(f"rlvr_app.warmup.learning_rate={self.learning_rate}: must be > 0")
         if self.reasoning_max_words < 0:
@@ -57,10 +68,19 @@ class WarmupOptions:
             raise ValueError(f"rlvr_app.warmup.reasoning_tail={self.reasoning_tail}: must be > 0")
 
 
-def noisy_answer(truth: Any, rng: random.Random, noise: float) -> str:
-    """The answer as text; with probability `noise` a numeric answer is moved by 1..9."""
+def noisy_answer(
+    truth: Any, rng: random.Random, noise: float, error: str = "shift", question: str = ""
+) -> str:
+    """The answer as text; with probability `noise` a mistake: `shift` moves a numeric answer by
+    1..9, `carry` gives the forgotten-carry sum of an `a+b=` `question` (when it has one)."""
+    from rl_envs.tasks.arith import carry_mistake
+
     text = str(truth)
-    if rng.random() >= noise or not text.lstrip("-").isdigit():
+    if rng.random() >= noise:
+        return text
+    if error == "carry":
+        return carry_mistake(question) or text
+    if not text.lstrip("-").isdigit():
         return text
     return str(int(text) + rng.choice([d for d in range(-9, 10) if d]))
 
@@ -81,7 +101,8 @@ def demonstrations(
     rng = random.Random(seed)
     out = []
     for row, prompt in zip(rows[: options.demos], prompt_ids, strict=False):
-        answer = noisy_answer(row.ground_truth, rng, options.answer_noise)
+        answer = noisy_answer(row.ground_truth, rng, options.answer_noise,
+                              options.answer_error, row.question)  # fmt: skip
         words = reasoning_words(rng, options.reasoning_max_words, options.reasoning_tail)
         text = options.response_template.format(
             answer=answer, reasoning=options.reasoning_word * words
