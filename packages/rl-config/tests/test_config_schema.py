@@ -119,7 +119,7 @@ def test_config_unknown_key_inside_dict_of_models() -> None:
     [
         ("actor_train", "megatron_train", "Megatron-LM is not implemented"),
         ("critic", "megatron_train", "Megatron-LM is not implemented"),
-        ("actor_infer", "sglang", "not supported; use vllm or hf_infer"),
+        ("actor_infer", "sglang", "not supported; use vllm, hf_infer or replay"),
         ("actor_infer", "deepspeed_train", "cannot be used for actor_infer"),
         ("actor_train", "vllm", "cannot be used for actor_train"),
         ("reference", "megatron_infer", "rl-config convert FILE --strategy fsdp2|deepspeed"),

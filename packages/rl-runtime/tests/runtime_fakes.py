@@ -23,7 +23,9 @@ class FakeTrainer:
     def ready(self) -> bool:
         return True
 
-    def named_tensors(self, bucket_bytes: int = 0, host_copies: bool = True) -> list:
+    def named_tensors(
+        self, bucket_bytes: int = 0, host_copies: bool = True, tied_once: bool = False
+    ) -> list:
         return [("w", self.w.clone())]
 
     def save_checkpoint(

@@ -546,3 +546,49 @@ def test_a_checkpoint_of_another_model_is_refused_before_anything_loads(
     with pytest.raises(rl_train.CheckpointError, match=error):
         here.load_checkpoint(tmp_path / "ckpt")
     assert _max_diff(before, _params(here)) == 0.0
+
+
+def test_a_weight_sync_sends_a_tied_lm_head_once(tiny_model_path, tmp_path):
+    """The tiny model ties its LM head to the embedding: a weight sync (``tied_once``) sends that
+    tensor once, under its first name; every other name and tensor as the full listing. An
+    engine holding the same tied model takes it whole (the copy into the embedding is the head's
+    too); an untied model loses nothing."""
+    from rl_rollout.hf_engine import HFEngine
+    from rl_rollout.tiny_model import build_tiny_model
+
+    backend = rl_train.build_backend(
+        "hf_infer",
+        role="actor",
+        model_path=tiny_model_path,
+        training_args=dict(per_device_train_batch_size=1, max_steps=1),
+    )
+    with torch.no_grad():  # a policy the engine does not hold yet
+        for p in backend.model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    every = {n: t.clone() for b in backend.iter_full_tensor_buckets(1 << 16) for n, t in b}
+    once = {n: t for b in backend.iter_full_tensor_buckets(1 << 16, tied_once=True) for n, t in b}
+    assert backend.tied_aliases() == {"lm_head.weight"}
+    assert set(every) - set(once) == {"lm_head.weight"}
+    assert torch.equal(every["lm_head.weight"], every["model.embed_tokens.weight"])
+    for name, tensor in once.items():
+        assert torch.equal(tensor, every[name]), name
+
+    engine = HFEngine(tiny_model_path, device="cpu")
+    try:
+        engine.update_weights(list(once.items()), version=1)
+        held = engine.model.state_dict()
+    finally:
+        engine.shutdown()
+    for name, tensor in every.items():  # the head too, through the tie
+        torch.testing.assert_close(held[name], tensor.to(held[name].dtype), rtol=0, atol=0)
+
+    untied = build_tiny_model(tmp_path / "untied", tie_word_embeddings=False)
+    plain = rl_train.build_backend(
+        "hf_infer",
+        role="actor",
+        model_path=str(untied),
+        training_args=dict(per_device_train_batch_size=1, max_steps=1),
+    )
+    assert plain.tied_aliases() == frozenset()
+    names = [n for b in plain.iter_full_tensor_buckets(1 << 16, tied_once=True) for n, _ in b]
+    assert "lm_head.weight" in names and len(names) == len(set(names)) == len(every)

@@ -18,6 +18,7 @@ from torch import nn
 from rl_train import batching
 from rl_train import dist as rdist
 from rl_train.args import LogprobSampling, ModelArgs, TrainingArgs
+from rl_train.export import hf_name
 from rl_train.faults import fault_active, fault_point, poison_parameter
 from rl_train.guard import NonFiniteGuard, any_rank_true, is_finite
 from rl_train.losses import forward_sampling, reads_old_log_probs
@@ -394,16 +395,32 @@ class BackendCore:
         return any_rank_true(flag)
 
     def iter_full_tensor_buckets(
-        self, bucket_bytes: int = 1 << 28
+        self, bucket_bytes: int = 1 << 28, *, tied_once: bool = False
     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """HF-named full tensors of the model in buckets of about ``bucket_bytes``; with LoRA
-        adapters, the merged model (:func:`rl_train.lora.merge_adapters`)."""
+        adapters, the merged model (:func:`rl_train.lora.merge_adapters`). ``tied_once``: leave
+        out the names of :meth:`tied_aliases` (what a weight sync sends: the engine's model ties
+        them as this one does; a state dict, an export or a checksum keeps every name)."""
         named = self._iter_full_tensors()
         if self.has_adapters:
             from rl_train.lora import merge_adapters, scalings
 
             named = merge_adapters(named, scalings(self._module()))
+        if tied_once:
+            aliases = self.tied_aliases()
+            named = ((name, tensor) for name, tensor in named if name not in aliases)
         yield from _buckets(named, bucket_bytes)
+
+    def tied_aliases(self) -> frozenset[str]:
+        """HF names under which a parameter appears again after its first name: a tied LM head
+        (``lm_head.weight`` is ``model.embed_tokens.weight`` when ``tie_word_embeddings``)."""
+        seen: set[int] = set()
+        aliases: set[str] = set()
+        for name, param in self._module().named_parameters(remove_duplicate=False):
+            if id(param) in seen:
+                aliases.add(hf_name(name))
+            seen.add(id(param))
+        return frozenset(aliases)
 
     def iter_adapter_buckets(
         self, bucket_bytes: int = 1 << 28

@@ -31,9 +31,10 @@ class TrainBackend(Protocol):
         ...
 
     def iter_full_tensor_buckets(
-        self, bucket_bytes: int = 1 << 28
+        self, bucket_bytes: int = 1 << 28, *, tied_once: bool = False
     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """HF-named full (unsharded) tensors in buckets of about ``bucket_bytes``, on every rank."""
+        """HF-named full (unsharded) tensors in buckets of about ``bucket_bytes``, on every rank;
+        with ``tied_once``, a tied parameter under its first name only (a weight sync)."""
         ...
 
     def save_checkpoint(

@@ -11,8 +11,9 @@ from rl_config.schema.base import StrictModel
 
 TRAIN_STRATEGIES = ("deepspeed_train", "fsdp2_train")
 """Strategies that can train (actor_train, critic)."""
-INFER_STRATEGIES = ("vllm", "hf_infer")
-"""Strategies that can generate (actor_infer)."""
+INFER_STRATEGIES = ("vllm", "hf_infer", "replay")
+"""Strategies that can generate (actor_infer); `replay` serves recorded generations
+(rl_rollout.replay_engine)."""
 FORWARD_STRATEGIES = ("hf_infer", "deepspeed_train", "fsdp2_train")
 """Strategies that can compute log-probs without training (reference)."""
 KNOWN_UNSUPPORTED_STRATEGIES = (
@@ -250,7 +251,8 @@ class StrategyArgs(StrictModel):
     strategy_name: str = Field(
         default=...,
         description="Backend. Training (actor_train, critic): deepspeed_train | fsdp2_train. "
-        "Generation (actor_infer): vllm | hf_infer. Reference: hf_infer | deepspeed_train | "
+        "Generation (actor_infer): vllm | hf_infer | replay (recorded generations served "
+        "again, strategy_config.generations). Reference: hf_infer | deepspeed_train | "
         "fsdp2_train. megatron_*, sglang, *_infer variants of ROLL are not supported.",
     )
     strategy_config: dict[str, Any] | None = Field(

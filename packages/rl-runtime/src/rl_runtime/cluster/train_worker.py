@@ -194,14 +194,15 @@ class TrainWorker:
         return optimizer, scheduler
 
     def named_tensors(
-        self, bucket_bytes: int = 1 << 28, host_copies: bool = True
+        self, bucket_bytes: int = 1 << 28, host_copies: bool = True, tied_once: bool = False
     ) -> list[tuple[str, torch.Tensor]]:
         """All HF-named full tensors: CPU copies (for the object store, checks and exports), or,
         with ``host_copies=False``, the backend's own tensors where they live (the in-process
         weight sync: an engine's `update_weights` copies what it keeps before it returns, so the
-        weights never round-trip through host memory on a device)."""
+        weights never round-trip through host memory on a device). ``tied_once``: a tied
+        parameter under its first name only (a weight sync; rl_train's `tied_aliases`)."""
         out: list[tuple[str, torch.Tensor]] = []
-        for bucket in self.backend.iter_full_tensor_buckets(bucket_bytes):
+        for bucket in self.backend.iter_full_tensor_buckets(bucket_bytes, tied_once=tied_once):
             if host_copies:
                 out.extend((n, t.detach().cpu().clone()) for n, t in bucket)
             else:
@@ -291,7 +292,7 @@ class TrainWorker:
         buckets = (
             self.backend.iter_adapter_buckets(bucket_bytes)
             if self.sync_adapter_only
-            else self.backend.iter_full_tensor_buckets(bucket_bytes)
+            else self.backend.iter_full_tensor_buckets(bucket_bytes, tied_once=True)
         )
         if self.rank != 0:
             for _bucket in buckets:
@@ -320,7 +321,7 @@ class TrainWorker:
 
             info["weight_bytes"] = sum(
                 t.numel() * t.element_size()
-                for bucket in self.backend.iter_full_tensor_buckets(bucket_bytes)
+                for bucket in self.backend.iter_full_tensor_buckets(bucket_bytes, tied_once=True)
                 for _name, t in bucket
             )
             info["shm_free_bytes"] = shm_free_bytes()

@@ -132,7 +132,8 @@ def weight_checksum(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     for name, tensor in sorted(named, key=lambda item: item[0]):
         t = tensor.detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():  # the tensor's own bytes, hashed in place (no copy)
+            h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
     return h.hexdigest()
 
 
