@@ -4,7 +4,7 @@ CPU bundles), with a long-tailed response-length distribution, with and without 
     uv run python tools/bench/async.py [--steps 8] [--runs NAME ...] [--quick] [--repeats N]
         [--out DIR] [k=v ...]
 
-Workload: apps/rlvr's CPU default (`max 3 8 1 5 =` -> `#### 8`, tiny model) in apps/async's layout
+Workload: apps/rlvr's earlier CPU default (`max 3 8 1 5 =` -> `#### 8`, tiny model) in apps/async's layout
 (rl_app_async.compare.CPU_DEFAULTS: actor_train + reference on CPU bundle 0, actor_infer on bundle 1, IS
 correction on), changed (`LONG_TAIL`) so response lengths have a heavy tail up to the cap: the
 supervised warm-up's demonstrations are `<k x " then">#### <answer>` with k drawn from a discrete

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rl_runtime.pipelines.agentic.gain import proportion_gain, success_gains
+from rl_runtime.pipelines.agentic.gain import success_gains
+from rl_runtime.track.gains import proportion_gain
 
 
 def test_proportion_gain_by_hand():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_runtime.pipelines.dpo.step import batch_index, batch_position
+from rl_runtime.step.epochs import batch_index, batch_position
 
 
 def test_each_epoch_is_a_permutation_consumed_in_order_and_the_partial_batch_skipped():

@@ -29,6 +29,18 @@ CPU_DEFAULTS: dict[str, Any] = {
     "train_infer_correction.is_weight.enabled": "true",
     "train_infer_correction.is_weight.upper_bound": 2.0,
     "output_dir": "./output/async_cpu",
+    # apps/rlvr's earlier CPU task, on which this app's and tools/bench/async.py's numbers were
+    # measured: the largest of four digits, a warm-up on a teacher whose answer is off by 1..9
+    # 30 % of the time (apps/rlvr's default is now two-digit sums and a teacher who forgets
+    # to carry, with a 200-step warm-up)
+    "rlvr_app.arith_data.kind": "max",
+    "rlvr_app.arith_data.num_digits": 4,
+    "rlvr_app.arith_data.val_fraction": 0.3,
+    "val_batch_size": 200,
+    "rlvr_app.warmup.steps": 40,
+    "rlvr_app.warmup.demos": 2048,
+    "rlvr_app.warmup.answer_noise": 0.3,
+    "rlvr_app.warmup.answer_error": "shift",
 }
 """Overrides of apps/rlvr's CPU default when apps/async runs without --config."""
 

@@ -19,15 +19,10 @@ import torch
 from rl_app_dpo.options import AppOptions
 from rl_envs.tasks import require_files
 from rl_runtime.pipelines.dpo.data import PreferenceSet, collate, load_preferences
-from rl_runtime.pipelines.dpo.step import (
-    add_reference,
-    batch_index,
-    batch_position,
-    held_out_metrics,
-    reference_logps,
-)
+from rl_runtime.pipelines.dpo.step import add_reference, held_out_metrics, reference_logps
 from rl_runtime.run.context import Context
 from rl_runtime.run.recipe import Recipe
+from rl_runtime.step.epochs import batch_index, batch_position
 
 STDOUT_KEYS = (
     "train/loss",

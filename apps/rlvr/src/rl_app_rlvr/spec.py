@@ -1,10 +1,11 @@
 """`uv run apps/rlvr [--config FILE] [key=value ...] [--dry-run] [--no-ray]`
 
-With no arguments: the CPU default (configs/cpu_default.yaml) — `max 3 8 1 5 =` prompts generated
-locally into parquet (held-out problems disjoint from training ones), a tiny model built locally, a short
-supervised warm-up on noisy answers, then GRPO with DAPO's clip-higher, token-mean loss and
-dynamic sampling; it prints held-out accuracy before and after RL with standard errors and a
-trivial baseline (also written to output_dir/summary.json).
+With no arguments: the CPU default (configs/cpu_default.yaml) — `47+38=` prompts (two-digit sums)
+generated locally into parquet (held-out problems disjoint from training ones), a tiny model built
+locally, a supervised warm-up on a teacher who often forgets to carry, then GRPO with DAPO's
+clip-higher, token-mean loss and dynamic sampling; it prints held-out accuracy (greedy, sampled,
+pass@k) before and after RL with standard errors, RL's gains and a trivial baseline (also written
+to output_dir/summary.json).
 ROLL's launcher form `--config_path DIR --config_name NAME key=value` works too.
 
 As functions other entry points reuse (apps/async runs them twice, tests in-process): compose a

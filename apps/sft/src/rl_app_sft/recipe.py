@@ -14,9 +14,10 @@ from typing import Any
 
 from rl_app_sft.options import AppOptions
 from rl_envs.tasks import require_files
-from rl_runtime.pipelines.sft.step import batch_index, batch_position, held_out_loss
+from rl_runtime.pipelines.sft.step import held_out_loss
 from rl_runtime.run.context import Context
 from rl_runtime.run.recipe import Recipe
+from rl_runtime.step.epochs import batch_index, batch_position
 from rl_runtime.step.sft_data import SFTSet, collate, load_sft
 
 STDOUT_KEYS = ("train/loss", "val/loss", "val/perplexity", "train/grad_norm", "timing/step")

@@ -3,7 +3,7 @@ ROLL's offline distill pipeline): the rows are given or the teacher's samples
 (rl_runtime.pipelines.distill.off_policy), not the student's.
 
 One step:
-    rows          `off_policy.batch_size` rows of the epoch order (rl_runtime.pipelines.sft.step
+    rows          `off_policy.batch_size` rows of the epoch order (rl_runtime.step.epochs
                   .batch_index: a function of the step, so a resumed run continues)
     teacher       its role (`teacher_<name>`, rl-train's reference backend) gives its top-k
                   next-token distribution at every position (`logits_topk`, temperatures
@@ -55,7 +55,7 @@ def kd_step(
     """Step `ctx.step` of off-policy distillation on `examples` (rl_runtime.step.sft_data
     `SFTExample`s); `distill/*` (with `loss: kd`: the forward and reverse KL of the student to
     the teacher on the trained tokens, before this step's update), `train/*`, `sync/*`."""
-    from rl_runtime.pipelines.sft.step import batch_index
+    from rl_runtime.step.epochs import batch_index
     from rl_runtime.step.sft_data import collate
 
     per_step = min(options.batch_size, len(examples))

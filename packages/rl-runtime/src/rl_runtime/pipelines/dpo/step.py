@@ -1,4 +1,4 @@
-"""The offline preference recipe's parts (apps/dpo): the seeded epoch order of batches, the
+"""The offline preference recipe's parts (apps/dpo; its batches: rl_runtime.step.epochs): the
 reference's summed log-probs (cached for the run or a forward per batch), KTO's reference point,
 and the held-out loss and reward metrics."""
 
@@ -10,26 +10,10 @@ import torch
 
 from rl_algos.preference import get_preference_loss
 from rl_runtime.pipelines.dpo.data import Example, collate
-from rl_runtime.state.seeds import epoch_order_seed
 from rl_train.preference import preference_inputs, preference_metrics, sequence_logps
 
 CHUNK = 256
 """Examples per reference forward when filling the cache."""
-
-
-def batch_position(num_examples: int, per_step: int, step: int) -> tuple[int, int]:
-    """`(epoch, batch within the epoch)` of pipeline step `step` (0-based): an epoch is
-    `num_examples // per_step` whole batches (its partial last batch is skipped)."""
-    return divmod(step, num_examples // per_step)
-
-
-def batch_index(num_examples: int, per_step: int, seed: int, step: int) -> list[int]:
-    """Examples of pipeline step `step`: seeded epoch permutations consumed in order, `per_step`
-    at a time (the last partial batch of an epoch is skipped); a function of the step alone, so
-    a resumed run continues at the next batch."""
-    epoch, k = batch_position(num_examples, per_step, step)
-    gen = torch.Generator().manual_seed(epoch_order_seed(seed, epoch))
-    return torch.randperm(num_examples, generator=gen)[k * per_step : (k + 1) * per_step].tolist()
 
 
 def reference_logps(ctx: Any, examples: list[Example], pad_token_id: int) -> torch.Tensor:

@@ -178,11 +178,11 @@ def summary_row(metrics: dict[str, float]) -> dict[str, float | str]:
 def held_out_gains(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     """`gain <key>` of each held-out accuracy both evaluations have: `gain` (after - before),
     its standard error `se` and `gain_in_se`. Greedy accuracy and pass@k are proportions over
-    n prompts (rl_runtime.pipelines.agentic.gain.proportion_gain); the sampled accuracy (a mean
+    n prompts (rl_runtime.track.gains.proportion_gain); the sampled accuracy (a mean
     over each prompt's samples) takes its two evaluations' standard errors over prompts,
     sqrt(se_before^2 + se_after^2). Both treat the evaluations as independent, which the same
     held-out prompts make cautious (a paired difference would have a smaller error)."""
-    from rl_runtime.pipelines.agentic.gain import proportion_gain
+    from rl_runtime.track.gains import proportion_gain
 
     out: dict[str, Any] = {}
     for key, prefix in (("val/greedy/accuracy", "val/greedy"), ("val/accuracy", "val"),

@@ -1,4 +1,4 @@
-"""The SFT recipe's parts: the seeded epoch order of batches and the held-out loss.
+"""The SFT recipe's held-out loss (its batches: rl_runtime.step.epochs).
 
 Held-out metrics (`val/*`): `loss`, the mean negative log-likelihood per trained token over
 every held-out row (the token-mean the training loss is), and `perplexity` = exp(loss); also
@@ -11,26 +11,10 @@ from typing import Any
 
 import torch
 
-from rl_runtime.state.seeds import epoch_order_seed
 from rl_runtime.step.sft_data import SFTExample, collate
 
 CHUNK = 64
 """Held-out rows per forward."""
-
-
-def batch_position(num_examples: int, per_step: int, step: int) -> tuple[int, int]:
-    """`(epoch, batch within the epoch)` of pipeline step `step` (0-based): an epoch is
-    `num_examples // per_step` whole batches (its partial last batch is skipped, as ROLL's
-    drop_last)."""
-    return divmod(step, num_examples // per_step)
-
-
-def batch_index(num_examples: int, per_step: int, seed: int, step: int) -> list[int]:
-    """Rows of pipeline step `step`: seeded epoch permutations consumed in order, `per_step` at
-    a time; a function of the step alone, so a resumed run continues at the next batch."""
-    epoch, k = batch_position(num_examples, per_step, step)
-    gen = torch.Generator().manual_seed(epoch_order_seed(seed, epoch))
-    return torch.randperm(num_examples, generator=gen)[k * per_step : (k + 1) * per_step].tolist()
 
 
 def held_out_loss(
