@@ -12,54 +12,17 @@ Runs one seed at a time (each is a whole run); reuses a seed's finished summary.
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "apps" / "agentic"
+import app_seeds  # tools/ (the script's dir): one run and the mean ± SE, shared with every app
+from app_seeds import mean_se
+
 SAMPLED, GREEDY = "val/success_rate", "val/greedy/success_rate"
 
 
 def run_seed(seed: int, out: Path, config: str | None, overrides: list[str], rerun: bool) -> dict:
     """One whole run with `seed=seed` under `out/seed_<seed>`; its summary.json."""
-    run_dir = out / f"seed_{seed}"
-    summary = run_dir / "summary.json"
-    if summary.exists() and not rerun:
-        return json.loads(summary.read_text())
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(APP), *(["--config", config] if config else [])]
-    cmd += [
-        f"seed={seed}",
-        f"output_dir={run_dir}",
-        f"logging_dir={run_dir / 'logs'}",
-        f"render_save_dir={run_dir / 'render'}",
-        f"checkpoint_config.output_dir={run_dir / 'checkpoints'}",
-        f"pretrain={out / 'tiny_model'}",
-        f"agentic_app.build_tiny_model={out / 'tiny_model'}",
-        *overrides,
-    ]
-    t0 = time.perf_counter()
-    with (run_dir / "run.log").open("w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        raise SystemExit(f"seed {seed} failed (exit {proc.returncode}); see {run_dir / 'run.log'}")
-    print(f"seed {seed}: done in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
-    return json.loads(summary.read_text())
-
-
-def mean_se(values: list[float]) -> str:
-    """`mean ± standard error of the mean` over seeds (`mean` alone for one seed)."""
-    if not values:
-        return "-"
-    m = statistics.fmean(values)
-    if len(values) < 2:
-        return f"{m:.3f}"
-    return f"{m:.3f} ± {statistics.stdev(values) / math.sqrt(len(values)):.3f}"
+    return app_seeds.run_seed("agentic", seed, out, config, overrides, rerun)
 
 
 def table(summaries: dict[int, dict]) -> str:
@@ -108,7 +71,7 @@ def table(summaries: dict[int, dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    ap.add_argument("--out", type=Path, default=ROOT / "output" / "agentic_seeds")
+    ap.add_argument("--out", type=Path, default=app_seeds.ROOT / "output" / "agentic_seeds")
     ap.add_argument("--config", default=None, help="experiment YAML (default: the CPU default)")
     ap.add_argument("--rerun", action="store_true", help="run seeds that already have a summary")
     ap.add_argument("overrides", nargs="*", help="key=value overrides for every run")
