@@ -538,11 +538,10 @@ def receive_into_engine(
 
 
 def send_from_backend(sender: WeightSender, backend: Any, version: int) -> SyncMetrics:
-    """Send a train backend's weights (``backend.iter_full_tensor_buckets``, a tied parameter
-    once) as one sync."""
+    """Send a train backend's weights (``backend.iter_full_tensor_buckets``) as one sync."""
 
     def named() -> Iterable[tuple[str, torch.Tensor]]:
-        for bucket in backend.iter_full_tensor_buckets(sender.packer.bucket_bytes, tied_once=True):
+        for bucket in backend.iter_full_tensor_buckets(sender.packer.bucket_bytes):
             yield from bucket
 
     return sender.send(named(), version)

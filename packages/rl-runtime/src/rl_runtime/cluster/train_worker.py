@@ -292,7 +292,7 @@ class TrainWorker:
         buckets = (
             self.backend.iter_adapter_buckets(bucket_bytes)
             if self.sync_adapter_only
-            else self.backend.iter_full_tensor_buckets(bucket_bytes, tied_once=True)
+            else self.backend.iter_full_tensor_buckets(bucket_bytes)
         )
         if self.rank != 0:
             for _bucket in buckets:
@@ -321,7 +321,7 @@ class TrainWorker:
 
             info["weight_bytes"] = sum(
                 t.numel() * t.element_size()
-                for bucket in self.backend.iter_full_tensor_buckets(bucket_bytes, tied_once=True)
+                for bucket in self.backend.iter_full_tensor_buckets(bucket_bytes)
                 for _name, t in bucket
             )
             info["shm_free_bytes"] = shm_free_bytes()

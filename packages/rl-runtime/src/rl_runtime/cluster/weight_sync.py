@@ -126,7 +126,7 @@ class WeightSync:
             metrics["sync/shared_memory"] = float(self.shared_memory)
         else:
             # in-process: the engines copy the trainer's own tensors (device to device)
-            named = self.train.call_rank0("named_tensors", self.bucket_bytes, False, True)
+            named = self.train.call_rank0("named_tensors", self.bucket_bytes, False)
             versions = self.infer.call_all("update_weights", named, version)
             _check_committed(version, versions)
             metrics = {"sync/bytes": float(sum(t.numel() * t.element_size() for _n, t in named))}
