@@ -243,12 +243,7 @@ def token_outputs(
     if share_prompt and packed:
         raise ValueError("share_prompt_forward cannot be combined with sequence packing")
     sps_out: torch.Tensor | None = None
-    full_t = int(batch["input_ids"].shape[1])
-    trimmed = trim_padding(batch)
-    ids = trimmed["input_ids"]
-    mask = trimmed.get("attention_mask")
-    if mask is None:
-        mask = torch.ones_like(ids)
+    trimmed, ids, mask, full_t = _trimmed_inputs(batch)
     b, t = ids.shape
     if packed:
         packed_ids, position_ids, layout = pack(ids, mask)
@@ -329,17 +324,24 @@ def token_outputs(
     return result
 
 
-def _padded_logits(model: nn.Module, batch: Batch) -> tuple[Batch, torch.Tensor, int]:
-    """``(trimmed batch, logits [B, t, V] of the padded forward, full width T)``: the forward
-    of the distribution-level paths below. They run padded whatever ``use_sequence_packing``
-    and ``share_prompt_forward`` say (both only change how the same numbers are computed), and
-    call the model without a log-prob request, so a fused lm_head answers plain logits."""
+def _trimmed_inputs(batch: Batch) -> tuple[Batch, torch.Tensor, torch.Tensor, int]:
+    """``(batch without its all-padding columns, its input_ids [B, t], attention mask [B, t]
+    (ones when the batch has none), the full width T)``."""
     full_t = int(batch["input_ids"].shape[1])
     trimmed = trim_padding(batch)
     ids = trimmed["input_ids"]
     mask = trimmed.get("attention_mask")
     if mask is None:
         mask = torch.ones_like(ids)
+    return trimmed, ids, mask, full_t
+
+
+def _padded_logits(model: nn.Module, batch: Batch) -> tuple[Batch, torch.Tensor, int]:
+    """``(trimmed batch, logits [B, t, V] of the padded forward, full width T)``: the forward
+    of the distribution-level paths below. They run padded whatever ``use_sequence_packing``
+    and ``share_prompt_forward`` say (both only change how the same numbers are computed), and
+    call the model without a log-prob request, so a fused lm_head answers plain logits."""
+    trimmed, ids, mask, full_t = _trimmed_inputs(batch)
     logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     return trimmed, logits, full_t
 
