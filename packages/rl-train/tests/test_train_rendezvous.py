@@ -10,13 +10,17 @@ import torch.distributed
 from rl_sync.store import loopback_interface, node_local_store_path
 from rl_train import dist as rdist
 from rl_train.dist import spawn
-from rl_train.testing import rendezvous_probe
+from rl_train.testing import rendezvous_probe, stalled_rank
 
 pytestmark = pytest.mark.xdist_group("dist")
 
 
+#: these ranks take seconds; a hang shows the stuck ranks' stacks long before pytest-timeout fires
+SPAWN_TIMEOUT_S = 180.0
+
+
 def test_spawned_ranks_meet_without_a_port_and_leave_no_store_file(tmp_path):
-    spawn(rendezvous_probe, 2, str(tmp_path))
+    spawn(rendezvous_probe, 2, str(tmp_path), timeout_s=SPAWN_TIMEOUT_S)
     seen = [json.loads((tmp_path / f"probe_rank{r}.json").read_text()) for r in range(2)]
     assert [s["sum"] for s in seen] == [3.0, 3.0]  # 1 + 2: both ranks took part
     assert [s["world"] for s in seen] == [2, 2]
@@ -37,7 +41,7 @@ def test_spawned_ranks_meet_without_a_port_and_leave_no_store_file(tmp_path):
 
 def test_a_single_rank_makes_no_store_file(tmp_path):
     """A group of one meets no one: no file, so none is left if the rank is killed."""
-    spawn(rendezvous_probe, 1, str(tmp_path))
+    spawn(rendezvous_probe, 1, str(tmp_path), timeout_s=SPAWN_TIMEOUT_S)
     seen = json.loads((tmp_path / "probe_rank0.json").read_text())
     assert seen["sum"] == 1.0 and seen["world"] == 1
     assert seen["token"] and not seen["store_file"]
@@ -47,10 +51,22 @@ def test_a_second_spawn_gets_a_fresh_rendezvous(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir()
     second.mkdir()
-    spawn(rendezvous_probe, 2, str(first))
-    spawn(rendezvous_probe, 2, str(second))
+    spawn(rendezvous_probe, 2, str(first), timeout_s=SPAWN_TIMEOUT_S)
+    spawn(rendezvous_probe, 2, str(second), timeout_s=SPAWN_TIMEOUT_S)
     tokens = {json.loads((d / "probe_rank0.json").read_text())["token"] for d in (first, second)}
     assert len(tokens) == 2
+
+
+def test_a_rank_that_overruns_the_timeout_shows_its_stack_and_is_killed(capfd):
+    """Rank 1 never returns: spawn names it (not rank 0, which finished), after its threads'
+    stacks were written to stderr, and leaves no process behind."""
+    import multiprocessing
+
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\] still running after 20 s"):
+        spawn(stalled_rank, 2, 1, timeout_s=20.0)
+    err = capfd.readouterr().err
+    assert "in stalled_rank" in err  # rank 1's frame, from its stack dump
+    assert multiprocessing.active_children() == []
 
 
 SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME", "HCCL_IF_IP")

@@ -270,6 +270,15 @@ def rendezvous_probe(rank: int, out: str) -> None:
     (Path(out) / f"probe_rank{rank}.json").write_text(json.dumps(seen))
 
 
+def stalled_rank(rank: int, stalled: int) -> None:
+    """A rank under :func:`rl_train.dist.spawn` that never returns if it is rank ``stalled``
+    (in ``time.sleep``, a frame its stack dump shows); the others return at once."""
+    import time
+
+    while rank == stalled:
+        time.sleep(0.1)
+
+
 def _loss_with_nan(mb: Batch, out: ForwardOutput, ctx: LossContext) -> LossResult:
     """NLL weighted by ``1 + 0 * advantages``: finite advantages leave it unchanged; a NaN in
     ``advantages`` (fault injection) makes the loss NaN."""
