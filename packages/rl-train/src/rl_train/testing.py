@@ -270,11 +270,14 @@ def rendezvous_probe(rank: int, out: str) -> None:
     (Path(out) / f"probe_rank{rank}.json").write_text(json.dumps(seen))
 
 
-def stalled_rank(rank: int, stalled: int) -> None:
+def stalled_rank(rank: int, stalled: int, ready: str) -> None:
     """A rank under :func:`rl_train.dist.spawn` that never returns if it is rank ``stalled``
-    (in ``time.sleep``, a frame its stack dump shows); the others return at once."""
+    (it creates the file ``ready``, then sleeps in this frame, which its stack dump shows); the
+    others return at once."""
     import time
 
+    if rank == stalled:
+        Path(ready).touch()
     while rank == stalled:
         time.sleep(0.1)
 
