@@ -288,6 +288,18 @@ def rendezvous_probe(rank: int, out: str) -> None:
     (Path(out) / f"probe_rank{rank}.json").write_text(json.dumps(seen))
 
 
+def stalled_rank(rank: int, stalled: int, ready: str) -> None:
+    """A rank under :func:`rl_train.dist.spawn` that never returns if it is rank ``stalled``
+    (it creates the file ``ready``, then sleeps in this frame, which its stack dump shows); the
+    others return at once."""
+    import time
+
+    if rank == stalled:
+        Path(ready).touch()
+    while rank == stalled:
+        time.sleep(0.1)
+
+
 def _loss_with_nan(mb: Batch, out: ForwardOutput, ctx: LossContext) -> LossResult:
     """NLL weighted by ``1 + 0 * advantages``: finite advantages leave it unchanged; a NaN in
     ``advantages`` (fault injection) makes the loss NaN."""
