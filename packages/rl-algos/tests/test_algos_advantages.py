@@ -528,3 +528,48 @@ def test_optimal_token_baseline_equals_the_plain_loop():
     sp = torch.rand(B, T, generator=gen, dtype=torch.float64)
     adv, _ = A.optimal_token_baseline(scores, mask, index, old_log_probs=lp, sum_pi_squared=sp)
     torch.testing.assert_close(adv, _otb_loop(scores, mask, index, lp, sp), atol=1e-9, rtol=1e-9)
+
+
+def test_gae_ignores_what_lies_outside_the_mask() -> None:
+    """Prompt and padding positions may hold anything (NaN, inf): the result is that of zeros."""
+    torch.manual_seed(0)
+    m = torch.zeros(3, 40, dtype=torch.bool)
+    m[0, 5:30] = m[1, 0:40] = m[2, 10:11] = True
+    r, v = torch.randn(3, 40), torch.randn(3, 40)
+    dirty_r = torch.where(m, r, torch.nan)
+    dirty_v = torch.where(m, v, torch.inf)
+    adv, ret = A.gae(dirty_r, dirty_v, m, 0.99, 0.95)
+    clean_adv, clean_ret = A.gae(torch.where(m, r, 0.0), torch.where(m, v, 0.0), m, 0.99, 0.95)
+    assert torch.equal(adv, clean_adv) and torch.equal(ret, clean_ret)
+    assert (adv[~m] == 0).all() and (ret[~m] == 0).all()
+
+
+def test_discounted_scan_with_powers_below_float32_range() -> None:
+    """discount 0.3: past ~70 steps its powers fall below float32's normal range (they are
+    dropped, not kept as slow denormals); the result still matches a plain float64 loop."""
+    from rl_algos._scan import discounted_reverse_cumsum
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 300)
+    got = discounted_reverse_cumsum(x, 0.3)
+    ref = torch.zeros(4, 300, dtype=torch.float64)
+    acc = torch.zeros(4, dtype=torch.float64)
+    for t in reversed(range(300)):
+        acc = x[:, t].double() + 0.3 * acc
+        ref[:, t] = acc
+    torch.testing.assert_close(got.double(), ref, atol=1e-6, rtol=1e-6)
+
+
+def test_discounted_scan_constants_made_in_inference_mode_serve_autograd() -> None:
+    """The scan's cached constants, first built inside ``torch.inference_mode``, can be saved for
+    backward by a later call on a tensor that requires grad."""
+    from rl_algos._scan import discounted_reverse_cumsum
+
+    with torch.inference_mode():
+        discounted_reverse_cumsum(torch.ones(2, 77), 0.77)
+    x = torch.ones(2, 77, requires_grad=True)
+    discounted_reverse_cumsum(x, 0.77).sum().backward()
+    assert x.grad is not None
+    # d/dx_s of sum_t out_t = sum_{t <= s} 0.77**(s - t): 1 at s = 0
+    assert x.grad[0, 0].item() == pytest.approx(1.0)
+    assert x.grad[0, 2].item() == pytest.approx(1 + 0.77 + 0.77**2)

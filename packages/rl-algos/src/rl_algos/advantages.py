@@ -132,8 +132,10 @@ def _single_segment_rows(mask: Tensor) -> bool:
     """True if every row's masked tokens form at most one contiguous run."""
     if mask.shape[1] < 2:
         return True
-    starts = (mask[:, 1:] & ~mask[:, :-1]).sum(-1) + mask[:, 0]
-    return bool((starts <= 1).all())
+    starts = torch.empty_like(mask)  # [B, T]: a run of masked tokens begins here
+    starts[:, :1] = mask[:, :1]
+    torch.gt(mask[:, 1:], mask[:, :-1], out=starts[:, 1:])
+    return bool((_row_lengths(starts, torch.int32) <= 1).all())
 
 
 def _row_lengths(mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -251,19 +253,24 @@ def gae(
     r, v = rewards.to(dt), values.to(dt)
     if _single_segment_rows(mask):
         # Each row's response is contiguous: the next response token of t is t + 1 (if masked),
-        # so no compaction is needed; deltas outside the mask are 0.
+        # so no compaction is needed. Every [B, T] pass costs ~0.1 ms at B=64, T=4096 on one
+        # thread: write each temporary once, then update it in place.
         zero = torch.zeros((), dtype=dt, device=v.device)
-        next_v = torch.zeros_like(v)
-        torch.where(mask[:, 1:], v[:, 1:], zero, out=next_v[:, :-1])
-        delta = torch.add(r, next_v, alpha=gamma).sub_(v)
-        adv = discounted_reverse_cumsum(torch.where(mask, delta, zero), gamma * lam)
-    else:
-        slot, rank = compaction(mask)
-        r_c, v_c = compact(r, slot), compact(v, slot)
-        next_v = torch.zeros_like(v_c)
-        next_v[:, :-1] = v_c[:, 1:]
-        delta = r_c + gamma * next_v - v_c
-        adv = discounted_reverse_cumsum(delta, gamma * lam).gather(1, rank)
+        v_resp = torch.where(mask, v, zero)  # V at response tokens, 0 elsewhere
+        delta = torch.empty_like(v_resp)
+        torch.add(r[:, :-1], v_resp[:, 1:], alpha=gamma, out=delta[:, :-1])
+        delta[:, -1:] = r[:, -1:]  # V = 0 after the last token
+        delta.sub_(v_resp)
+        torch.where(mask, delta, zero, out=delta)  # rewards and deltas outside: 0
+        adv = discounted_reverse_cumsum(delta, gamma * lam)
+        torch.where(mask, adv, zero, out=adv)
+        return adv, adv + v_resp
+    slot, rank = compaction(mask)
+    r_c, v_c = compact(r, slot), compact(v, slot)
+    next_v = torch.zeros_like(v_c)
+    next_v[:, :-1] = v_c[:, 1:]
+    delta = r_c + gamma * next_v - v_c
+    adv = discounted_reverse_cumsum(delta, gamma * lam).gather(1, rank)
     zero = torch.zeros((), dtype=dt, device=adv.device)
     adv = torch.where(mask, adv, zero)
     returns = torch.where(mask, adv + v, zero)

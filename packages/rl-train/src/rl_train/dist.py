@@ -9,8 +9,12 @@ CI: ``EADDRINUSE`` in a trainer's start on a loaded Ray machine)."""
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
+import signal
 import sys
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -30,6 +34,8 @@ from rl_sync.store import (
 
 #: env var naming the node-local rendezvous of a group launched on one node (see module docstring)
 RENDEZVOUS_ENV = "RL_RENDEZVOUS_TOKEN"
+#: the signal on which a spawned rank dumps its threads' stacks (:func:`spawn`'s timeout)
+STACK_DUMP_SIGNAL = signal.SIGUSR1
 
 
 def is_dist() -> bool:
@@ -112,6 +118,8 @@ def _entry(
     env: dict[str, str],
     args: tuple,
 ) -> None:
+    # the launcher asks a rank that overran spawn's timeout for every thread's stack (to stderr)
+    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
     os.environ.update(env)
     os.environ.update(
         {
@@ -136,15 +144,49 @@ def _entry(
 
 
 def spawn(
-    fn: Callable[..., Any], world: int, *args: Any, env: dict[str, str] | None = None
+    fn: Callable[..., Any],
+    world: int,
+    *args: Any,
+    env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
 ) -> None:
     """Run ``fn(rank, *args)`` in ``world`` fresh processes with RANK/WORLD_SIZE/LOCAL_RANK set
     and a fresh node-local rendezvous (torchrun-like, without a port); raises if any rank fails.
-    ``fn`` must be importable (module level)."""
+    ``fn`` must be importable (module level).
+
+    ``timeout_s``: if the ranks have not all finished by then, each one still running writes the
+    stack of every thread to its stderr (faulthandler), is killed, and :class:`TimeoutError`
+    names them; ``None`` waits as long as they run."""
     import torch.multiprocessing as mp
 
     token = new_rendezvous_token()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        mp.spawn(_entry, args=(fn, world, token, dict(env or {}), args), nprocs=world, join=True)
+        context = mp.start_processes(
+            _entry, args=(fn, world, token, dict(env or {}), args), nprocs=world, join=False,
+            start_method="spawn",
+        )  # fmt: skip
+        assert context is not None  # join=False returns the context
+        while not context.join(None if deadline is None else max(deadline - time.monotonic(), 0)):
+            if deadline is not None and time.monotonic() >= deadline:
+                stuck = _dump_and_kill(context.processes)
+                raise TimeoutError(
+                    f"spawn({getattr(fn, '__name__', fn)!r}, world={world}): rank(s) {stuck} "
+                    f"still running after {timeout_s:g} s; killed (their stacks are on stderr above)"
+                )
     finally:  # ranks leave with os._exit (or die): their store's file may be left behind
         node_local_store_path(token).unlink(missing_ok=True)
+
+
+def _dump_and_kill(processes: list[Any], grace_s: float = 5.0) -> list[int]:
+    """Ask each live process for its stacks, give them ``grace_s`` to write, kill them; the
+    ranks (indices) that were alive."""
+    stuck = [rank_ for rank_, p in enumerate(processes) if p.is_alive()]
+    for rank_ in stuck:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(processes[rank_].pid, STACK_DUMP_SIGNAL)
+    time.sleep(grace_s)
+    for rank_ in stuck:
+        processes[rank_].kill()
+        processes[rank_].join()
+    return stuck
