@@ -30,7 +30,7 @@ def checkpoint_key_file(tmp_path_factory):
         yield path
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def resumed_training_settings() -> dict:
     """Training args a resumed run gives that differ from the checkpointed run's in every
     optimizer and schedule setting (the resume tests assert they apply after the load): linear

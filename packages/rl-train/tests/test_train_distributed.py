@@ -1,7 +1,17 @@
 """Real 2-rank gloo runs (torch.multiprocessing spawn): FSDP2 and DeepSpeed ZeRO-2/3 reproduce
-single-process training, log-probs match HF, NaN skips on all ranks, bit-exact resume, fallback."""
+single-process training, log-probs match HF, NaN skips on all ranks, bit-exact resume, fallback.
 
+Most tests declare their training runs (``@runs``) instead of spawning them: the module's
+``trained`` fixture starts the runs of every selected test together, one spawn per phase and
+world size (rl_train.testing.train_runs), and each test then asserts on its own folder. A spawn
+per run started torch, transformers and DeepSpeed again in both ranks: 38 spawns in the slow
+step. A run that resumes another's checkpoint comes a phase later; a test's own step between
+runs (truncating a shard) is a ``Between`` of the phase it precedes. Runs that must fail, or
+that patch the process (``swap_after_verify``), still spawn alone inside their test."""
+
+import dataclasses
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +20,7 @@ import torch
 
 from rl_train.backends.native import fsdp2_averages_over_gloo
 from rl_train.dist import spawn
-from rl_train.testing import train_worker
+from rl_train.testing import train_runs, train_worker
 
 pytestmark = pytest.mark.xdist_group("dist")
 
@@ -62,6 +72,129 @@ def _spec(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One training run of a test: rl_train.testing.train_worker's ``spec`` on ``world`` ranks,
+    in ``phase`` (after every run of the phases before it)."""
+
+    world: int
+    spec: dict[str, Any]
+    phase: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Between:
+    """A test's own step between its runs, in the test process, before ``phase``'s runs."""
+
+    phase: int
+    step: Callable[[], None]
+
+
+Plan = Callable[[Path, str, dict[str, Any]], list[Run | Between]]
+"""(the test's folder, the tiny model's path, the test's parameters and the session fixtures
+``trained`` passes on) -> its runs and steps"""
+PLANS: dict[str, Plan] = {}
+
+
+def runs(plan: Plan):
+    """Declares a test's runs; the ``trained`` fixture gives the test its folder after them."""
+
+    def register(test):
+        PLANS[test.__name__] = plan
+        return test
+
+    return register
+
+
+def _skipped(item: pytest.Item) -> bool:
+    """Whether a skip or boolean skipif mark skips ``item`` (its runs are then not started)."""
+    if any(True for _ in item.iter_markers("skip")):
+        return True
+    for mark in item.iter_markers("skipif"):
+        conditions = [*mark.args, mark.kwargs.get("condition", False)]
+        if any(not isinstance(c, bool) for c in conditions):
+            raise TypeError(f"{item.nodeid}: give skipif a bool here, not {conditions!r}")
+        if any(conditions):
+            return True
+    return False
+
+
+class Trained:
+    """The runs of this module's selected tests (``@runs``), started at the first request."""
+
+    def __init__(
+        self, root: Path, model: str, items: list[pytest.Item], fixtures: dict[str, Any]
+    ) -> None:
+        self.root, self.model, self.fixtures = root, model, fixtures
+        self.items = {item.nodeid: item for item in items}
+        self.plans = {item.nodeid: PLANS[getattr(item, "originalname", item.name)]
+                      for item in items}  # fmt: skip
+        self.folders: dict[str, Path] = {}
+        self.failed: dict[str, str] = {}  # nodeid -> why its runs did not all complete
+        self.started = False
+
+    def folder(self, item: pytest.Item) -> Path:
+        if item.nodeid not in self.plans:
+            raise LookupError(f"{item.nodeid}: not a selected test with @runs")
+        if not self.started:
+            self.started = True
+            self._run_all()
+        if item.nodeid in self.failed:
+            pytest.fail(self.failed[item.nodeid], pytrace=False)
+        return self.folders[item.nodeid]
+
+    def _run_all(self) -> None:
+        steps: dict[str, list[Run | Between]] = {}
+        for i, (nodeid, plan) in enumerate(self.plans.items()):
+            folder = self.root / f"t{i:02d}"
+            folder.mkdir()
+            item = self.items[nodeid]
+            callspec = getattr(item, "callspec", None)
+            params = dict(callspec.params) if callspec is not None else {}
+            params.update(self.fixtures)
+            self.folders[nodeid] = folder
+            steps[nodeid] = plan(folder, self.model, params)
+        phases = sorted({s.phase for todo in steps.values() for s in todo})
+        for phase in phases:
+            for nodeid, todo in steps.items():
+                for s in todo:
+                    if isinstance(s, Between) and s.phase == phase and nodeid not in self.failed:
+                        try:
+                            s.step()
+                        except Exception as err:
+                            self.failed[nodeid] = f"its step before phase {phase} failed: {err!r}"
+            for world in (1, 2):
+                batch = [(nodeid, s) for nodeid, todo in steps.items() for s in todo
+                         if isinstance(s, Run) and s.phase == phase and s.world == world
+                         and nodeid not in self.failed]  # fmt: skip
+                if not batch:
+                    continue
+                try:
+                    spawn(train_runs, world, [s.spec for _, s in batch], env=ENV)
+                except Exception as err:  # every test of this spawn fails with the cause
+                    why = f"the shared {world}-rank spawn of phase {phase} failed: {err}"
+                    self.failed.update((nodeid, why) for nodeid, _ in batch)
+
+
+@pytest.fixture(scope="module")
+def trained(request, tiny_model_path, tmp_path_factory, resumed_training_settings) -> Trained:
+    selected = [
+        item
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module
+        and getattr(item, "originalname", item.name) in PLANS
+        and not _skipped(item)
+    ]
+    fixtures = {"resumed_training_settings": resumed_training_settings}  # for the plans
+    return Trained(tmp_path_factory.mktemp("dist"), tiny_model_path, selected, fixtures)
+
+
+@pytest.fixture
+def out(trained: Trained, request) -> Path:
+    """This test's folder, after its ``@runs`` (and those of the other selected tests)."""
+    return trained.folder(request.node)
+
+
 def _result(out: Path, rank: int = 0):
     return torch.load(out / f"result_rank{rank}.pt", weights_only=True)
 
@@ -88,20 +221,13 @@ def _check_matches_single(single: Path, multi: Path):
 
 @FSDP2_ON_GLOO_RANKS
 @pytest.mark.parametrize("cfg", [{}, {"fused_lm_head": True}], ids=["logits", "fused_head"])
-def test_fsdp2_two_ranks_match_single_process_and_hf_log_probs(
-    tiny_model_path, single_run, tmp_path, cfg
-):
-    spawn(
-        train_worker,
-        2,
-        _spec(tmp_path, tiny_model_path, "fsdp2_train", cfg, 2, forward_check=True),
-        env=ENV,
-    )
-    _check_matches_single(single_run, tmp_path)
+@runs(lambda d, m, p: [Run(2, _spec(d, m, "fsdp2_train", p["cfg"], 2, forward_check=True))])
+def test_fsdp2_two_ranks_match_single_process_and_hf_log_probs(single_run, out, cfg):
+    _check_matches_single(single_run, out)
     # each rank's forward of its rows equals the single-process forward of those rows
     full = torch.load(single_run / "forward_rank0.pt", weights_only=True)["log_probs"]
-    r0 = torch.load(tmp_path / "forward_rank0.pt", weights_only=True)["log_probs"]
-    r1 = torch.load(tmp_path / "forward_rank1.pt", weights_only=True)["log_probs"]
+    r0 = torch.load(out / "forward_rank0.pt", weights_only=True)["log_probs"]
+    r1 = torch.load(out / "forward_rank1.pt", weights_only=True)["log_probs"]
     torch.testing.assert_close(
         torch.cat([r0, r1]), torch.cat([full[:4], full[4:]]), atol=2e-5, rtol=1e-5
     )
@@ -109,22 +235,20 @@ def test_fsdp2_two_ranks_match_single_process_and_hf_log_probs(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cfg", [{}, ZERO0], ids=["no_zero_section", "zero0"])
-def test_deepspeed_without_zero_one_rank_matches_single_process(
-    tiny_model_path, single_run, tmp_path, cfg
-):
+@runs(lambda d, m, p: [Run(1, _spec(d, m, "deepspeed_train", p["cfg"], 1))])
+def test_deepspeed_without_zero_one_rank_matches_single_process(single_run, out, cfg):
     """ZeRO stage 0 (the default without a zero_optimization section) in fp32 steps a plain torch
     optimizer, whose norm DeepSpeed does not report: the step ran, with the single process's
     gradient norm (clipped by max_grad_norm as there), and trained the same weights."""
-    spawn(train_worker, 1, _spec(tmp_path, tiny_model_path, "deepspeed_train", cfg, 1), env=ENV)
-    _check_matches_single(single_run, tmp_path)
-    assert [h["actor/skipped_steps"] for h in _result(tmp_path)["history"]] == [0.0, 0.0]
+    _check_matches_single(single_run, out)
+    assert [h["actor/skipped_steps"] for h in _result(out)["history"]] == [0.0, 0.0]
 
 
-def test_fsdp2_one_rank_trains_the_plain_module_bit_exactly(tiny_model_path, single_run, tmp_path):
+@runs(lambda d, m, p: [Run(1, _spec(d, m, "fsdp2_train", {}, 1))])
+def test_fsdp2_one_rank_trains_the_plain_module_bit_exactly(single_run, out):
     """One rank has nothing to shard: fsdp2_train trains the module without FSDP2's hooks
     (rl_train.backends.native), with the single-process hf_infer run's results to the bit."""
-    spawn(train_worker, 1, _spec(tmp_path, tiny_model_path, "fsdp2_train", {}, 1), env=ENV)
-    plain, single = _result(tmp_path), _result(single_run)
+    plain, single = _result(out), _result(single_run)
     assert plain["fsdp_wrapped"] is False and single["fsdp_wrapped"] is False
     timing = "actor/response_tokens_per_s"
     assert [{k: v for k, v in h.items() if k != timing} for h in plain["history"]] == [
@@ -133,28 +257,24 @@ def test_fsdp2_one_rank_trains_the_plain_module_bit_exactly(tiny_model_path, sin
     assert _max_diff(plain["params"], single["params"]) == 0.0
 
 
+def _two_ranks_saved_then_one_resumes(d: Path, m: str, p: dict) -> list[Run | Between]:
+    ck = str(d / "ckpt")
+    two: dict[str, Any] = dict(strategy="fsdp2_train", cfg={}, world=2)
+    one: dict[str, Any] = dict(strategy="fsdp2_train", cfg={}, world=1)
+    return [
+        Run(2, _spec(d / "straight", m, **two, steps=4)),
+        Run(2, _spec(d / "first", m, **two, steps=2, save_at=2, ckpt_root=ck)),
+        Run(1, _spec(d / "resumed", m, **one, steps=4, resume_from=ck), phase=1),
+    ]
+
+
 @pytest.mark.slow
-def test_two_rank_fsdp2_checkpoint_resumes_on_one_unwrapped_rank(tiny_model_path, tmp_path):
+@runs(_two_ranks_saved_then_one_resumes)
+def test_two_rank_fsdp2_checkpoint_resumes_on_one_unwrapped_rank(out):
     """Sharded and unwrapped models save and load the same DCP checkpoint: one unwrapped rank
     loads what two FSDP2 ranks saved (model and Adam's moments, gathered on load) and continues
     as the two ranks would have."""
-    ck = tmp_path / "ckpt"
-    two = dict(strategy="fsdp2_train", cfg={}, world=2)
-    spawn(train_worker, 2, _spec(tmp_path / "straight", tiny_model_path, **two, steps=4), env=ENV)
-    spawn(
-        train_worker,
-        2,
-        _spec(tmp_path / "first", tiny_model_path, **two, steps=2, save_at=2, ckpt_root=str(ck)),
-        env=ENV,
-    )
-    one = dict(strategy="fsdp2_train", cfg={}, world=1)
-    spawn(
-        train_worker,
-        1,
-        _spec(tmp_path / "resumed", tiny_model_path, **one, steps=4, resume_from=str(ck)),
-        env=ENV,
-    )
-    straight, resumed = _result(tmp_path / "straight"), _result(tmp_path / "resumed")
+    straight, resumed = _result(out / "straight"), _result(out / "resumed")
     assert straight["fsdp_wrapped"] is True and resumed["fsdp_wrapped"] is False
     assert resumed["load_report"]["loaded"] == "step-000002"
     assert len(resumed["history"]) == 2
@@ -170,9 +290,9 @@ def test_two_rank_fsdp2_checkpoint_resumes_on_one_unwrapped_rank(tiny_model_path
     [ZERO0, ZERO2, ZERO3, {**ZERO3, "fused_lm_head": True}],
     ids=["zero0", "zero2", "zero3", "zero3_fused_head"],
 )
-def test_deepspeed_two_ranks_match_single_process(tiny_model_path, single_run, tmp_path, cfg):
-    spawn(train_worker, 2, _spec(tmp_path, tiny_model_path, "deepspeed_train", cfg, 2), env=ENV)
-    _check_matches_single(single_run, tmp_path)
+@runs(lambda d, m, p: [Run(2, _spec(d, m, "deepspeed_train", p["cfg"], 2))])
+def test_deepspeed_two_ranks_match_single_process(single_run, out, cfg):
+    _check_matches_single(single_run, out)
 
 
 @pytest.mark.slow
@@ -181,29 +301,19 @@ def test_deepspeed_two_ranks_match_single_process(tiny_model_path, single_run, t
     [("fsdp2_train", {}), ("deepspeed_train", ZERO2), ("deepspeed_train", ZERO0)],
     ids=["fsdp2", "zero2", "zero0"],
 )
-def test_nan_on_one_rank_skips_step_on_both(tiny_model_path, tmp_path, strategy, cfg):
-    spawn(
-        train_worker,
-        2,
-        _spec(
-            tmp_path,
-            tiny_model_path,
-            strategy,
-            cfg,
-            2,
-            steps=3,
-            nan_steps=[1],
-            nan_rank=1,
-            all_ranks_write=True,
-        ),
-        env=ENV,
-    )
+@runs(
+    lambda d, m, p: [
+        Run(2, _spec(d, m, p["strategy"], p["cfg"], 2, steps=3, nan_steps=[1], nan_rank=1,
+                     all_ranks_write=True))
+    ]
+)  # fmt: skip
+def test_nan_on_one_rank_skips_step_on_both(out, strategy, cfg):
     for rank in (0, 1):
-        hist = _result(tmp_path, rank)["history"]
+        hist = _result(out, rank)["history"]
         assert [h["actor/skipped_steps"] for h in hist] == [0.0, 1.0, 0.0]
         assert hist[-1]["actor/nonfinite_total"] == 1.0
         assert hist[-1]["actor/global_step"] == 2.0
-    assert _max_diff(_result(tmp_path, 0)["params"], _result(tmp_path, 1)["params"]) == 0.0
+    assert _max_diff(_result(out, 0)["params"], _result(out, 1)["params"]) == 0.0
 
 
 @pytest.mark.slow
@@ -212,17 +322,17 @@ def test_nan_on_one_rank_skips_step_on_both(tiny_model_path, tmp_path, strategy,
     [("deepspeed_train", ZERO2), ("deepspeed_train", ZERO0)],
     ids=["zero2", "zero0"],  # DeepSpeed keeps its own step counts; FSDP2: the core test
 )
-def test_a_step_without_a_trainable_token_is_as_if_it_never_came(
-    tiny_model_path, tmp_path, strategy, cfg
-):
+@runs(
+    lambda d, m, p: [
+        Run(2, _spec(d / name, m, p["strategy"], p["cfg"], 2, steps=3, **extra))
+        for name, extra in {"empty": dict(empty_steps=[1]), "omitted": dict(omit_steps=[1])}.items()
+    ]
+)
+def test_a_step_without_a_trainable_token_is_as_if_it_never_came(out, strategy, cfg):
     """A batch with every response masked out, on both ranks: skipped whole, so the weights,
     the optimizer's moments, DeepSpeed's micro-step count and the lr schedule after the next
     step are those of a run that never saw it (AdamW stepped on zero gradients before)."""
-    runs = {"empty": dict(empty_steps=[1]), "omitted": dict(omit_steps=[1])}
-    for name, extra in runs.items():
-        spec = _spec(tmp_path / name, tiny_model_path, strategy, cfg, 2, steps=3, **extra)
-        spawn(train_worker, 2, spec, env=ENV)
-    empty, omitted = _result(tmp_path / "empty"), _result(tmp_path / "omitted")
+    empty, omitted = _result(out / "empty"), _result(out / "omitted")
     assert [h["actor/optimizer_steps"] for h in empty["history"]] == [1.0, 0.0, 1.0]
     assert empty["history"][1]["actor/empty_mini_batches"] == 1.0
     assert empty["history"][-1]["actor/global_step"] == 2.0
@@ -230,67 +340,34 @@ def test_a_step_without_a_trainable_token_is_as_if_it_never_came(
     assert _max_diff(empty["params"], omitted["params"]) == 0.0
 
 
+def _resume_then_truncate_a_shard(d: Path, m: str, p: dict) -> list[Run | Between]:
+    """Straight 4 steps; a job that saves at steps 1 and 2, then its processes exit ("killed");
+    its resume; then, with the newer checkpoint's rank-1 shard truncated, a resume again."""
+    ck = d / "ckpt"
+
+    def truncate_newer_shard() -> None:
+        shard = ck / "step-000002" / "model_optim" / "__1_0.distcp"
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+
+    fsdp2: dict[str, Any] = dict(strategy="fsdp2_train", cfg={}, world=2)
+    return [
+        Run(2, _spec(d / "straight", m, **fsdp2, steps=4)),
+        Run(2, _spec(d / "first", m, **fsdp2, steps=2, save_at=[1, 2], ckpt_root=str(ck))),
+        Run(2, _spec(d / "resumed", m, **fsdp2, steps=4, resume_from=str(ck)), phase=1),
+        Between(2, truncate_newer_shard),
+        Run(2, _spec(d / "fallback", m, **fsdp2, steps=4, resume_from=str(ck)), phase=2),
+    ]
+
+
 @pytest.mark.slow
-def test_fsdp2_resume_bit_exact_and_truncated_shard_falls_back(tiny_model_path, tmp_path):
-    ck = tmp_path / "ckpt"
-    spawn(
-        train_worker,
-        2,
-        _spec(tmp_path / "straight", tiny_model_path, "fsdp2_train", {}, 2, steps=4),
-        env=ENV,
-    )
-    # the first job saves at steps 1 and 2, then its processes exit ("killed")
-    spawn(
-        train_worker,
-        2,
-        _spec(
-            tmp_path / "first",
-            tiny_model_path,
-            "fsdp2_train",
-            {},
-            2,
-            steps=2,
-            save_at=[1, 2],
-            ckpt_root=str(ck),
-        ),
-        env=ENV,
-    )
-    spawn(
-        train_worker,
-        2,
-        _spec(
-            tmp_path / "resumed",
-            tiny_model_path,
-            "fsdp2_train",
-            {},
-            2,
-            steps=4,
-            resume_from=str(ck),
-        ),
-        env=ENV,
-    )
-    straight, resumed = _result(tmp_path / "straight"), _result(tmp_path / "resumed")
+@runs(_resume_then_truncate_a_shard)
+def test_fsdp2_resume_bit_exact_and_truncated_shard_falls_back(out):
+    straight, resumed = _result(out / "straight"), _result(out / "resumed")
     assert _max_diff(straight["params"], resumed["params"]) == 0.0
     assert len(resumed["history"]) == 2
 
     # the older complete checkpoint, and the newer one with its rank-1 shard truncated
-    shard = ck / "step-000002" / "model_optim" / "__1_0.distcp"
-    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    spawn(
-        train_worker,
-        2,
-        _spec(
-            tmp_path / "fallback",
-            tiny_model_path,
-            "fsdp2_train",
-            {},
-            2,
-            steps=4,
-            resume_from=str(ck),
-        ),
-        env=ENV,
-    )
-    fallback = _result(tmp_path / "fallback")
+    fallback = _result(out / "fallback")
     assert fallback["load_report"]["loaded"] == "step-000001"
     ((rejected_name, reason),) = fallback["load_report"]["rejected"]
     assert rejected_name == "step-000002" and "__1_0.distcp" in reason and "truncated" in reason
@@ -299,41 +376,51 @@ def test_fsdp2_resume_bit_exact_and_truncated_shard_falls_back(tiny_model_path, 
     assert len(fallback["history"]) == 3
 
 
+def _saved_without_optimizer_state_then_resumed(d: Path, m: str, p: dict) -> list[Run | Between]:
+    """Saves at steps 1 and 2 (the optimizer's state dropped after step 2); resumes from step 2
+    with other training settings (conftest's resumed_training_settings); then, step 2 removed,
+    from step 1."""
+    ck = d / "ckpt"
+    first = _spec(d / "first", m, p["strategy"], p["cfg"], 2, steps=2,
+                  save_at=[1, 2], ckpt_root=str(ck), forget_optimizer_state_at=[2])  # fmt: skip
+
+    def resume(name: str, phase: int) -> Run:
+        spec = _spec(d / name, m, p["strategy"], p["cfg"], 2, steps=3, resume_from=str(ck))
+        spec["kwargs"]["training_args"].update(p["resumed_training_settings"])
+        return Run(2, spec, phase)
+
+    return [
+        Run(2, first),
+        resume("from_step_2", 1),
+        Between(2, lambda: shutil.rmtree(ck / "step-000002")),
+        resume("from_step_1", 2),
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy,cfg", [("fsdp2_train", {}), ("deepspeed_train", ZERO2)], ids=["fsdp2", "zero2"]
 )
+@runs(_saved_without_optimizer_state_then_resumed)
 def test_two_rank_resume_takes_the_configured_settings_and_loads_a_stateless_optimizer(
-    tiny_model_path, tmp_path, strategy, cfg, resumed_training_settings
+    out, strategy, cfg
 ):
     """Two ranks: a checkpoint written when the optimizer held no state (dropped after step 2,
     as a schedule restarted after a warm-up drops it) resumes, with no state; one with state
     resumes with it. Either way the optimizer's settings are the resuming config's (rate at
     the schedule's checkpointed position, betas, epsilon, weight decay), not the checkpoint's."""
-    ck = tmp_path / "ckpt"
-    first = _spec(tmp_path / "first", tiny_model_path, strategy, cfg, 2, steps=2,
-                  save_at=[1, 2], ckpt_root=str(ck), forget_optimizer_state_at=[2])  # fmt: skip
-    spawn(train_worker, 2, first, env=ENV)
-
-    def resume(name: str) -> dict:
-        spec = _spec(tmp_path / name, tiny_model_path, strategy, cfg, 2, steps=3,
-                     resume_from=str(ck))  # fmt: skip
-        spec["kwargs"]["training_args"].update(resumed_training_settings)
-        spawn(train_worker, 2, spec, env=ENV)
-        return _result(tmp_path / name)
 
     def settings(lr: float) -> list[dict]:
         common = dict(lr=pytest.approx(lr), betas=(0.8, 0.99), eps=1e-7)
         return [dict(common, weight_decay=0.1), dict(common, weight_decay=0.0)]
 
-    stateless = resume("from_step_2")
+    stateless = _result(out / "from_step_2")
     assert stateless["load_report"]["loaded"] == "step-000002"
     # linear decay from 1e-4 to the floor 0.5e-4 over 10 steps: position 2 -> 0.9e-4
     assert stateless["load_report"]["optimizer"] == {"groups": settings(0.9e-4), "states": 0}
     assert [h.get("error") for h in stateless["history"]] == [None]
 
-    shutil.rmtree(ck / "step-000002")
-    with_state = resume("from_step_1")
+    with_state = _result(out / "from_step_1")
     assert with_state["load_report"]["loaded"] == "step-000001"
     loaded = with_state["load_report"]["optimizer"]
     assert loaded["groups"] == settings(0.95e-4) and loaded["states"] > 0
@@ -350,8 +437,18 @@ class _Payload:
         return (os.system, (f"touch {self.sentinel}",))
 
 
+DS_CKPT = {"zero_optimization": {"stage": 2, "overlap_comm": False}}
+DS_TWO_RANKS: dict[str, Any] = dict(strategy="deepspeed_train", cfg=DS_CKPT, world=2)
+
+
 @pytest.mark.slow
-def test_deepspeed_crafted_checkpoint_runs_nothing(tiny_model_path, tmp_path):
+@runs(
+    lambda d, m, p: [
+        Run(2, _spec(d / "first", m, **DS_TWO_RANKS, steps=1, save_at=1, ckpt_root=str(d / "ck"))),
+        Run(2, _spec(d / "ok", m, **DS_TWO_RANKS, steps=1, resume_from=str(d / "ck")), phase=1),
+    ]
+)
+def test_deepspeed_crafted_checkpoint_runs_nothing(tiny_model_path, out):
     """DeepSpeed loads its files with torch.load(weights_only=False): a checkpoint whose model
     states file carries a pickle payload (and a manifest forged to match) runs nothing on resume
     and is refused naming MANIFEST.json; the untouched checkpoint resumes."""
@@ -359,40 +456,10 @@ def test_deepspeed_crafted_checkpoint_runs_nothing(tiny_model_path, tmp_path):
     import json
     import shutil
 
-    ck = tmp_path / "ck"
-    cfg = {"zero_optimization": {"stage": 2, "overlap_comm": False}}
-    spawn(
-        train_worker,
-        2,
-        _spec(
-            tmp_path / "first",
-            tiny_model_path,
-            "deepspeed_train",
-            cfg,
-            2,
-            steps=1,
-            save_at=1,
-            ckpt_root=str(ck),
-        ),
-        env=ENV,
-    )
+    ck = out / "ck"
     saved = ck / "step-000001"
-    spawn(
-        train_worker,
-        2,
-        _spec(
-            tmp_path / "ok",
-            tiny_model_path,
-            "deepspeed_train",
-            cfg,
-            2,
-            steps=1,
-            resume_from=str(ck),
-        ),
-        env=ENV,
-    )
-    assert _result(tmp_path / "ok")["load_report"]["loaded"] == "step-000001"
-    sentinel = tmp_path / "PWNED"
+    assert _result(out / "ok")["load_report"]["loaded"] == "step-000001"
+    sentinel = out / "PWNED"
     states = sorted(saved.rglob("*model_states.pt"))
     assert states, sorted(p.name for p in saved.rglob("*"))
     torch.save({"module": _Payload(sentinel)}, states[0])
@@ -405,20 +472,12 @@ def test_deepspeed_crafted_checkpoint_runs_nothing(tiny_model_path, tmp_path):
         if p.is_file() and p.name not in ("MANIFEST.json", "MANIFEST.hmac", "COMMITTED")
     }
     (saved / "MANIFEST.json").write_text(json.dumps({"format": 1, "step": 1, "files": files}))
-    shutil.rmtree(tmp_path / "ok")
+    shutil.rmtree(out / "ok")
     with pytest.raises(Exception):  # noqa: B017 - the rank's CheckpointError ends the spawn
         spawn(
             train_worker,
             2,
-            _spec(
-                tmp_path / "evil",
-                tiny_model_path,
-                "deepspeed_train",
-                cfg,
-                2,
-                steps=1,
-                resume_from=str(ck),
-            ),
+            _spec(out / "evil", tiny_model_path, **DS_TWO_RANKS, steps=1, resume_from=str(ck)),
             env=ENV,
         )
     assert not sentinel.exists(), "resuming executed the checkpoint's payload"
@@ -429,31 +488,27 @@ def test_deepspeed_crafted_checkpoint_runs_nothing(tiny_model_path, tmp_path):
 
 
 @pytest.mark.slow
-def test_deepspeed_file_swapped_after_verification_is_never_unpickled(tiny_model_path, tmp_path):
+@runs(
+    lambda d, m, p: [
+        Run(2, _spec(d / "first", m, **DS_TWO_RANKS, steps=1, save_at=1, ckpt_root=str(d / "ck")))
+    ]
+)
+def test_deepspeed_file_swapped_after_verification_is_never_unpickled(tiny_model_path, out):
     """Between rank 0's verification and DeepSpeed's loads, an attacker who can write the
     checkpoint directory renames a pickle payload over the model states file (which every rank
     reads): each rank hashes what it unpickles, so the resume fails naming the file and runs
     nothing."""
-    ck = tmp_path / "ck"
-    cfg = {"zero_optimization": {"stage": 2, "overlap_comm": False}}
-    two_ranks = dict(strategy="deepspeed_train", cfg=cfg, world=2)
-    spawn(
-        train_worker,
-        2,
-        _spec(tmp_path / "first", tiny_model_path, **two_ranks, steps=1, save_at=1,
-              ckpt_root=str(ck)),
-        env=ENV,
-    )  # fmt: skip
+    ck = out / "ck"
     saved = ck / "step-000001"
     (states,) = saved.rglob("mp_rank_00_model_states.pt")
-    sentinel, payload = tmp_path / "PWNED", tmp_path / "payload.pt"
+    sentinel, payload = out / "PWNED", out / "payload.pt"
     torch.save({"module": _Payload(sentinel)}, payload)
     swap = {"file": states.relative_to(saved).as_posix(), "replacement": str(payload)}
     with pytest.raises(Exception, match="changed after verification"):
         spawn(
             train_worker,
             2,
-            _spec(tmp_path / "evil", tiny_model_path, **two_ranks, steps=2, resume_from=str(ck),
+            _spec(out / "evil", tiny_model_path, **DS_TWO_RANKS, steps=2, resume_from=str(ck),
                   swap_after_verify=swap),
             env=ENV,
         )  # fmt: skip
@@ -472,6 +527,14 @@ def single_grouped_run(tiny_model_path, tmp_path_factory):
     return out
 
 
+def _shared_prompt_run(d: Path, m: str, p: dict) -> list[Run | Between]:
+    spec = _spec(d, m, p["strategy"], p["cfg"], 2, batch=GROUPED)
+    kwargs = spec["kwargs"]
+    assert isinstance(kwargs, dict)
+    kwargs["training_args"].update(SHARED)
+    return [Run(2, spec)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy,cfg",
@@ -483,19 +546,15 @@ def single_grouped_run(tiny_model_path, tmp_path_factory):
     ],
     ids=["fsdp2", "fsdp2_checkpointing", "zero2", "zero3_fused_head"],
 )
+@runs(_shared_prompt_run)
 def test_shared_prompt_forward_two_ranks_match_plain_single_process(
-    tiny_model_path, single_grouped_run, tmp_path, strategy, cfg
+    single_grouped_run, out, strategy, cfg
 ):
     """share_prompt_forward calls the model twice per micro-batch before backward: FSDP2 and
     DeepSpeed must still reduce the same gradients as the plain single-process forward. FSDP2
     without activation checkpointing once failed here: the prefix pass's gradients arrived after
     the layer's parameters were resharded (`storage of size 0`)."""
-    spec = _spec(tmp_path, tiny_model_path, strategy, cfg, 2, batch=GROUPED)
-    kwargs = spec["kwargs"]
-    assert isinstance(kwargs, dict)
-    kwargs["training_args"].update(SHARED)
-    spawn(train_worker, 2, spec, env=ENV)
-    _check_matches_single(single_grouped_run, tmp_path)
+    _check_matches_single(single_grouped_run, out)
 
 
 PPO = {"policy_loss": "ppo_clip", "clip_ratio_low": 0.02, "clip_ratio_high": 0.02}
@@ -514,21 +573,20 @@ def single_ppo_run(tiny_model_path, tmp_path_factory):
 @pytest.mark.parametrize(
     "strategy,cfg", [("fsdp2_train", {}), ("deepspeed_train", ZERO3)], ids=["fsdp2", "zero3"]
 )
+@runs(
+    lambda d, m, p: [
+        Run(2, _spec(d, m, p["strategy"], p["cfg"], 2, batch=TWO_MINIS, actor_loss=PPO))
+    ]
+)
 def test_implicit_old_policy_forward_two_ranks_match_single_process(
-    tiny_model_path, single_ppo_run, tmp_path, strategy, cfg
+    single_ppo_run, out, strategy, cfg
 ):
     """A policy loss over a batch without old log-probs, two mini-batches per call: each rank
     forwards only its later mini-batch's rows (a collective under FSDP2 and ZeRO-3) and takes the
     first one's from its training forward; the ranks must train like one process, clipping the
     second step against the same old policy."""
-    spawn(
-        train_worker,
-        2,
-        _spec(tmp_path, tiny_model_path, strategy, cfg, 2, batch=TWO_MINIS, actor_loss=PPO),
-        env=ENV,
-    )
-    _check_matches_single(single_ppo_run, tmp_path)
-    single, multi = _result(single_ppo_run)["history"], _result(tmp_path)["history"]
+    _check_matches_single(single_ppo_run, out)
+    single, multi = _result(single_ppo_run)["history"], _result(out)["history"]
     for a, b in zip(single, multi, strict=True):
         assert a["actor/optimizer_steps"] == b["actor/optimizer_steps"] == 2
         assert b["actor/clip_frac"] == pytest.approx(a["actor/clip_frac"], abs=1e-6)

@@ -223,6 +223,24 @@ def train_worker(rank: int, spec: dict[str, Any]) -> None:
         )
 
 
+def train_runs(rank: int, specs: list[dict[str, Any]]) -> None:
+    """:func:`train_worker` for each of ``specs`` in turn, in the same ranks: one process start
+    (the imports of torch, transformers and DeepSpeed, seconds per rank) and one process group
+    for all of them. Each run builds its own backend and writes its own results. A failing run
+    raises naming its ``out`` folder, and the runs after it do not run. ``swap_after_verify``
+    is refused: it patches ``rl_train.checkpoint`` for the rest of the process."""
+    import gc
+
+    for spec in specs:
+        if spec.get("swap_after_verify"):
+            raise ValueError("swap_after_verify patches the process: run it alone (train_worker)")
+        try:
+            train_worker(rank, spec)
+        except Exception as err:
+            raise RuntimeError(f"rank {rank}: the run writing to {spec['out']} failed") from err
+        gc.collect()
+
+
 def _swap_after_verify(file: str, replacement: str) -> None:
     """Attack simulation: right after a checkpoint is verified (rank 0), replace its ``file``
     (relative to the checkpoint directory) with ``replacement`` by a rename, as an attacker who
