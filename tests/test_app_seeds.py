@@ -69,3 +69,17 @@ def test_unknown_apps_and_seed_counts_are_refused(capsys):
     with pytest.raises(SystemExit):
         app_seeds.main(["rlvr", "--seeds", "0"])
     assert "--seeds 0: at least 1" in capsys.readouterr().err
+
+
+def test_overrides_may_follow_the_seed_list(tmp_path, monkeypatch):
+    """`APP --seed-list 1 2 --out DIR key=value` (the docstring's form): the overrides reach
+    every run and the seeds are the listed ones."""
+    runs = []
+
+    def fake_run_seed(app, seed, out, config, overrides, rerun):
+        runs.append((app, seed, out, overrides))
+        return _summary((0.4, 0.5), 1)
+
+    monkeypatch.setattr(app_seeds, "run_seed", fake_run_seed)
+    app_seeds.main(["agentic", "--seed-list", "1", "2", "--out", str(tmp_path), "max_steps=2"])
+    assert runs == [("agentic", s, tmp_path, ["max_steps=2"]) for s in (1, 2)]

@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=None, help="experiment YAML (default: the CPU default)")
     ap.add_argument("--rerun", action="store_true", help="run seeds that already have a summary")
     ap.add_argument("overrides", nargs="*", help="key=value overrides for every run")
-    args = ap.parse_args(argv)
+    # intermixed: `rlvr --seed-list 1 2 key=value` (a plain parse takes key=value for a seed)
+    args = ap.parse_intermixed_args(argv)
     if args.seeds < 1:
         ap.error(f"--seeds {args.seeds}: at least 1")
     seeds = args.seed_list or list(range(1, args.seeds + 1))

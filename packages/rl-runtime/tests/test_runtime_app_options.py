@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 
 import pytest
 
@@ -98,3 +99,19 @@ def test_values_of_their_fields_types_pass():
     app = strict_options(_Typed, {"steps": 3, "rate": 2, "use_ray": False, "name": "n"}, "x_app")
     assert app == _Typed(steps=3, rate=2, use_ray=False, name="n")
     assert strict_options(_Typed, {"rate": None}, "x_app").rate is None
+
+
+def test_the_tiny_models_initial_weight_scale_is_an_option_and_must_be_positive(tmp_path):
+    app = strict_options(_App, {"tiny_model": {"initializer_range": 0.02}}, "x_app")
+    assert app.tiny_model.initializer_range == 0.02 and _App().tiny_model.initializer_range == 0.1
+    with pytest.raises(ValueError, match=r"x_app\.tiny_model: initializer_range=0\.0: must be > 0"):
+        strict_options(_App, {"tiny_model": {"initializer_range": 0.0}}, "x_app")
+    from safetensors.torch import load_file
+
+    from rl_rollout.tiny_model import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m", **asdict(app.tiny_model))
+    assert json.loads((model / "config.json").read_text())["initializer_range"] == 0.02
+    weights = load_file(str(model / "model.safetensors"))
+    up = next(v for k, v in weights.items() if k.endswith("layers.0.mlp.up_proj.weight"))
+    assert 0.018 < float(up.std()) < 0.022  # 32,768 draws of N(0, 0.02^2): std within ~1 %

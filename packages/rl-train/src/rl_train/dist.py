@@ -9,6 +9,7 @@ CI: ``EADDRINUSE`` in a trainer's start on a loaded Ray machine)."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import os
@@ -131,16 +132,26 @@ def _entry(
     )
     try:
         fn(local_rank, *args)
-    finally:
-        if is_dist():
-            dist.destroy_process_group()
-    # Success: leave without interpreter teardown. c10d/gloo threads kept alive by lingering
-    # references (FSDP2's DeviceMesh holds the group) can otherwise abort the process at exit
-    # ("terminate called without an active exception") after the work is done. A failure above
-    # propagates normally, so torch.multiprocessing still reports it.
+    except BaseException:
+        # torch.multiprocessing records the error for the launcher, then exits the interpreter;
+        # cut that exit short before its teardown destroys the group (below)
+        atexit.register(_leave, 1)
+        raise
+    _leave(0)
+
+
+def _leave(code: int) -> None:
+    """End a spawned rank without destroying its process group or running the interpreter's
+    teardown. Destroying a gloo group can deadlock on torch 2.7: the group's destructor, run
+    with the GIL held, joins its worker threads, and a worker still freeing the last collective's
+    work needs the GIL to release that work's tensor (gdb showed exactly this in a rank of the
+    rendezvous test; about one spawn in 20 on 2 loaded cores). Teardown can also abort the
+    process ("terminate called without an active exception") when c10d/gloo threads are kept
+    alive by lingering references (FSDP2's DeviceMesh holds the group). The ranks' work is done
+    and the group's sockets close with the process."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def spawn(

@@ -22,9 +22,15 @@ class TinyModelOptions:
     num_kv_heads: int = 1
     intermediate_size: int = 256
     seed: int = 0
+    #: the standard deviation of the random initial weights (build_tiny_model's default 0.1;
+    #: Qwen's own is 0.02)
+    initializer_range: float = 0.1
 
     def __post_init__(self) -> None:
         from rl_rollout.tiny_model import check_tiny_model_shape
+
+        if not (math.isfinite(self.initializer_range) and self.initializer_range > 0):
+            raise ValueError(f"initializer_range={self.initializer_range}: must be > 0")
 
         check_tiny_model_shape(
             hidden_size=self.hidden_size, num_layers=self.num_layers, num_heads=self.num_heads,
