@@ -185,16 +185,13 @@ def convert_data(
 
 def convert_file(path: str | Path, target: Target) -> Conversion:
     """Compose ``path`` (defaults merged, interpolations kept) and convert it."""
-    from omegaconf import OmegaConf
 
-    from rl_config.loading import _compose, _referenced_roots, _schema_keys, compose_config
+    from rl_config.loading import _referenced_roots, _schema_keys, compose_config
     from rl_config.roll_compat import ROLL_IGNORED, ROLL_NOT_SUPPORTED, SFT_ROLE
 
     file = Path(path).expanduser().resolve()
-    composed = compose_config(file, keep_variables=True)
-    unresolved = OmegaConf.to_container(_compose(file), resolve=False)
-    assert isinstance(unresolved, dict)
-    conversion = convert_data({str(k): v for k, v in unresolved.items()}, composed.data, target)
+    composed = compose_config(file, keep_variables=True)  # composed once: data and unresolved
+    conversion = convert_data(composed.unresolved, composed.data, target)
     # variables stay only when a kept key refers to them (directly or through other variables)
     data = conversion.data
     known = _schema_keys() | set(ROLL_IGNORED) | set(ROLL_NOT_SUPPORTED) | {APP_SECTION, SFT_ROLE}

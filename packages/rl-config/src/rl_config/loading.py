@@ -53,6 +53,9 @@ class ComposedConfig:
     source: str | None = None
     notes: list[ConfigIssue] = field(default_factory=list)
     """Warnings of the loading itself (e.g. an unset environment variable read as null)."""
+    unresolved: dict[str, Any] = field(default_factory=dict)
+    """The composed mapping after the overrides, before interpolation (``${...}`` kept, the
+    variables in): what rl_config.convert rewrites, without composing the file again."""
 
 
 def library_search_path() -> list[Path]:
@@ -310,11 +313,13 @@ def compose_config(
     except ConfigError as exc:
         raise exc.with_source(str(file)) from None
     unresolved = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(unresolved, dict)
+    unresolved = {str(k): v for k, v in unresolved.items()}
     referenced = _referenced_roots(unresolved)
     notes = _unset_env_to_null(cfg, unresolved)
     data = _resolve(cfg, str(file))
     if keep_variables:
-        return ComposedConfig(data, {}, str(file), notes)
+        return ComposedConfig(data, {}, str(file), notes, unresolved)
     schema = _schema_keys()
     variables: dict[str, Any] = {}
     for key in list(data):
@@ -323,7 +328,7 @@ def compose_config(
         from_defaults = key not in own and key not in touched
         if from_defaults or key in referenced:
             variables[key] = data.pop(key)
-    return ComposedConfig(data, variables, str(file), notes)
+    return ComposedConfig(data, variables, str(file), notes, unresolved)
 
 
 def load_yaml_dict(path: str | Path, overrides: Iterable[str] = ()) -> dict[str, Any]:
