@@ -309,6 +309,35 @@ def test_a_config_that_expands_without_end_is_refused_by_name(write_yaml, files,
         load_config(paths[0])
 
 
+def test_the_bounds_check_parses_the_same_bytes_once_and_refuses_every_time(
+    write_yaml, monkeypatch
+) -> None:
+    """rl_config.yaml_bounds keeps the digests of the contents that passed: the same bytes again
+    (under any name) are not parsed again; a refused content is refused at each load."""
+    import uuid
+
+    import yaml
+
+    from rl_config import yaml_bounds
+
+    ok = write_yaml("ok.yaml", BASE + "shared: &s {a: 1}\nagain: *s\n")
+    bomb = write_yaml("bomb.yaml", BASE + _alias_bomb(7))
+    yaml_bounds.check_yaml_file(ok)
+    parsed: list[object] = []
+    compose = yaml.compose
+    monkeypatch.setattr(yaml, "compose", lambda *a, **k: parsed.append(a) or compose(*a, **k))
+    yaml_bounds.check_yaml_file(ok)
+    yaml_bounds.check_yaml_file(write_yaml("copy.yaml", ok.read_text()))
+    assert parsed == []
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="bomb.yaml: its aliases"):
+            yaml_bounds.check_yaml_file(bomb)
+    assert len(parsed) == 2
+    unseen = f"x: {uuid.uuid4().hex}\n"  # bytes no other test has checked in this process
+    yaml_bounds.check_yaml_file(write_yaml("other.yaml", BASE + unseen))
+    assert len(parsed) == 3
+
+
 def test_a_config_within_the_bounds_may_share_nodes_by_alias(write_yaml) -> None:
     """Aliases that stay small (ROLL shares DeepSpeed fragments this way) load as before."""
     text = BASE + "shared: &s {a: 1, b: [1, 2]}\nagain: *s\n"
