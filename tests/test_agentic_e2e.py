@@ -246,6 +246,23 @@ def test_a_solver_warm_up_on_envs_the_solver_cannot_play_is_refused_before_the_r
     assert "warm-up" not in capsys.readouterr().out
 
 
+def test_checking_the_replay_engines_weights_is_refused_before_the_run(tmp_path, capsys):
+    """The replay engine holds no weights: `check_sync_weights` with it failed at the first sync
+    ("engine parameters not in the trainer: []"), after the workers and the warm-up."""
+    replay = ["actor_infer.strategy_args.strategy_name=replay",
+              f"+actor_infer.strategy_args.strategy_config.generations={tmp_path}/generations",
+              f"output_dir={tmp_path}/out"]  # fmt: skip
+    assert app_main("agentic")([*replay, "agentic_app.check_sync_weights=true"]) == 1
+    err = capsys.readouterr().err
+    assert "config error: agentic_app.check_sync_weights=true: actor_infer's replay engine" in err
+    assert not (tmp_path / "out").exists()
+    # off by default: planned; the recorded generations this host lacks are named before the run
+    assert app_main("agentic")([*replay, "--dry-run"]) == 1
+    err = capsys.readouterr().err
+    assert "check_sync_weights" not in err
+    assert f"generations: generations directory {tmp_path}/generations does not exist" in err
+
+
 def test_model_rewards_place_their_role_and_rollout_only_refuses_them(tmp_path, capsys):
     """A reward model scoring episodes at their end gets its role (devices from its
     device_mapping); --rollout-only, whose dumps would carry the envs' rewards alone, refuses it

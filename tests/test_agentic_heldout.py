@@ -73,8 +73,9 @@ def test_no_validation_map_in_any_training_or_demonstration_batch(tiny_model):
     train = _played_maps(ctx, pipeline, "train", range(c.cadence.max_steps))
     demos = pipeline.AgenticRecipe(app, tiny_model).demonstrations(ctx)
     demo = _demo_maps(demos, AutoTokenizer.from_pretrained(tiny_model))
-    # 256 draws from the ~520 validation maps of 3x3 (the rest are training maps): ~160 distinct
-    assert len(val) >= 0.5 * c.sizes["val_episodes"]
+    # 1,024 draws from the ~600 validation maps of 3x3 (the rest are training maps), some far
+    # likelier than others: 342 distinct at seed 42
+    assert len(val) >= 0.3 * c.sizes["val_episodes"]
     assert len(train) == c.cadence.max_steps * c.sizes["samples_per_step"]
     # the successful ones: the default's noisy expert (action_noise 0.4) loses some episodes
     # (211 of 512 kept at seed 42)

@@ -71,11 +71,14 @@ def test_same_seed_same_validation_metrics(tmp_path):
 
 # A short run on the deterministic path (lockstep agent loop, the default's seed 42, in-process
 # so that a loaded machine's Ray start cannot time out): the default's warm-up (noisy expert) and
-# RL settings, 40 RL steps instead of 70, sampled evaluation only (256 validation episodes).
+# RL settings, 40 RL steps instead of 70, sampled evaluation only, on 256 validation episodes
+# (the default evaluates 1,024).
 LEARN = {
     "max_steps": 40,
     "eval_steps": 40,
     "agentic_app.eval_greedy": "false",
+    "val_env_manager.num_env_groups": 256,
+    "val_env_manager.num_groups_partition": "[256]",
 }
 
 

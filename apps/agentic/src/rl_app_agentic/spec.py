@@ -21,7 +21,8 @@ DEFAULT_CONFIG = APP_DIR / "configs" / "cpu_default.yaml"
 def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
     """The components, with a role per model reward scoring episodes at their end (the plan:
     their `ModelRewardPlan`s); a solver warm-up on training envs the solver cannot play is a
-    refusal (it would end the run after its start with no demonstration to learn from)."""
+    refusal (it would end the run after its start with no demonstration to learn from), and so is
+    comparing the replay engine's weights (it has none: the first sync would fail)."""
     import dataclasses
 
     from rl_runtime.compose.model_rewards import build_episode_rewards
@@ -31,6 +32,11 @@ def compose(cfg, app: AppOptions, flags: frozenset[str]) -> Composed:
 
     rollout_only = "rollout_only" in flags
     components = compose_here(cfg, rollout_only=rollout_only)
+    engine = cfg.actor_infer.strategy_args.strategy_name
+    if app.check_sync_weights and engine == "replay" and not rollout_only:
+        return Composed(components, refusals=(
+            "agentic_app.check_sync_weights=true: actor_infer's replay engine serves recorded "
+            "generations and holds no weights to compare with the trainer's; set it to false",))  # fmt: skip
     train, val = components.train_envs, components.val_envs
     tags = [*(train.tags if train else ()), *(val.tags if val else ())]
     rewards = build_episode_rewards(cfg, list(dict.fromkeys(tags)))

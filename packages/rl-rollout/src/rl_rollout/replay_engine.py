@@ -96,15 +96,25 @@ def _call_order(path: Path) -> tuple[int, int]:
         raise ReplayError(f"{path}: not a recorded call (<seed>-<call>{SUFFIX})") from None
 
 
+def generations_problem(directory: str | os.PathLike[str]) -> str | None:
+    """Why `directory` cannot serve recorded generations (missing, or no recorded call in it),
+    or None; the calls themselves are read and checked when the engine starts."""
+    root = Path(directory).expanduser()
+    if not root.is_dir():
+        return f"generations directory {root} does not exist"
+    if next(root.glob(f"*{SUFFIX}"), None) is None:
+        return f"{root}: no recorded generations (*{SUFFIX})"
+    return None
+
+
 def load_generations(directory: str | os.PathLike[str]) -> dict[bytes, deque[list]]:
     """Every recorded call under `directory`: per request key, the results of each recording
     of that request, oldest first."""
     root = Path(directory)
-    if not root.is_dir():
-        raise ReplayError(f"generations directory {root} does not exist")
+    problem = generations_problem(root)
+    if problem is not None:
+        raise ReplayError(problem)
     files = sorted(root.glob(f"*{SUFFIX}"), key=_call_order)
-    if not files:
-        raise ReplayError(f"{root}: no recorded generations (*{SUFFIX})")
     served: dict[bytes, deque[list]] = {}
     for path in files:
         if path.is_symlink() or path.stat().st_size > MAX_CALL_BYTES:

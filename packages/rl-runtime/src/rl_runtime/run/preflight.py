@@ -7,7 +7,8 @@ anything is built, moved or started) and `rl-preflight` (the deep check of a con
   and every role's own `model_args.model_name_or_path`, each resolvable to a local directory
   with a tokenizer, and each role's model config override (`model_args.model_config_kwargs`)
   naming attributes its model's config has;
-* data: every data file the app reads is present and its first rows parse (`DataFiles`);
+* data: every data file the app reads is present and its first rows parse (`DataFiles`), and
+  the replay engine's recorded generations are there (`engine_input_issues`);
 * devices: a device kind asked for (`RL_DEVICE` in the environment or in `system_envs`) is
   present on this host, and an embedded Ray cluster holds the devices and CPUs the placement
   reserves;
@@ -80,6 +81,7 @@ def preflight(
     problems += m_problems
     notes += m_notes
     problems += data_issues(data)
+    problems += engine_input_issues(cfg)
     devices = device_issues(system_envs)
     problems += devices
     if not devices and use_ray:
@@ -181,6 +183,21 @@ def model_config_issues(
         except ValueError as exc:
             problems.append(ConfigIssue(key, str(exc)))
     return problems
+
+
+def engine_input_issues(cfg: Any) -> list[ConfigIssue]:
+    """What an inference engine reads when it starts: the replay engine's recorded generations
+    (rl_rollout.replay_engine), present and holding recorded calls."""
+    from rl_rollout.replay_engine import generations_problem
+
+    infer = getattr(cfg, "actor_infer", None)
+    strategy = getattr(infer, "strategy_args", None)
+    if strategy is None or strategy.strategy_name != "replay":
+        return []
+    key = "actor_infer.strategy_args.strategy_config.generations"
+    directory = (strategy.strategy_config or {}).get("generations")
+    problem = generations_problem(directory) if isinstance(directory, str) else None
+    return [] if problem is None else [ConfigIssue(key, problem)]
 
 
 def data_issues(data: Sequence[DataFiles]) -> list[ConfigIssue]:
