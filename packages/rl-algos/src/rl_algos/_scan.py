@@ -34,23 +34,19 @@ def _scan_matrices(
     """The scan's constants (cached: a step computes GAE and returns with the same few shapes):
     ``decay [L, L]`` (``discount**(j - i)`` for ``j >= i``), ``carry_mat [nb, nb]``
     (``discount**(L * (b' - b - 1))`` for ``b' > b``) and ``tail [L]`` (``discount**(L - i)``).
-    Never written to by callers; made outside inference mode, so a later autograd call can use them."""
+    Never written to by callers; made outside inference mode, so a later autograd call can use
+    them."""
     with torch.inference_mode(False):
-        return _build_scan_matrices(discount, length, nb, dtype, device)
-
-
-def _build_scan_matrices(
-    discount: float, length: int, nb: int, dtype: torch.dtype, device: torch.device
-) -> tuple[Tensor, Tensor, Tensor]:
-    i = torch.arange(length)
-    diff = i[None, :] - i[:, None]  # [i, j] = j - i
-    steps = _power_table(discount, length + 1, dtype)  # discount**0 .. **length
-    decay = _powers(steps, diff, diff >= 0)
-    k = torch.arange(nb)
-    bdiff = k[None, :] - k[:, None]  # [b, b'] = b' - b
-    carry_mat = _powers(_power_table(discount, nb, dtype, stride=length), bdiff - 1, bdiff > 0)
-    tail = steps[length - i]
-    return decay.to(device), carry_mat.to(device), tail.to(device)
+        i = torch.arange(length)
+        diff = i[None, :] - i[:, None]  # [i, j] = j - i
+        steps = _power_table(discount, length + 1, dtype)  # discount**0 .. **length
+        decay = _powers(steps, diff, diff >= 0)
+        k = torch.arange(nb)
+        bdiff = k[None, :] - k[:, None]  # [b, b'] = b' - b
+        blocks = _power_table(discount, nb, dtype, stride=length)
+        carry_mat = _powers(blocks, bdiff - 1, bdiff > 0)
+        tail = steps[length - i]
+        return decay.to(device), carry_mat.to(device), tail.to(device)
 
 
 def discounted_reverse_cumsum(x: Tensor, discount: float, block: int = _BLOCK) -> Tensor:

@@ -185,7 +185,6 @@ def convert_data(
 
 def convert_file(path: str | Path, target: Target) -> Conversion:
     """Compose ``path`` (defaults merged, interpolations kept) and convert it."""
-
     from rl_config.loading import _referenced_roots, _schema_keys, compose_config
     from rl_config.roll_compat import ROLL_IGNORED, ROLL_NOT_SUPPORTED, SFT_ROLE
 

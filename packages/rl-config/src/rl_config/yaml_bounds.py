@@ -13,8 +13,9 @@ parsed node graph once per distinct node (shared nodes are counted from a memo),
 itself costs no more than the file's size. The check is a function of the file's bytes alone:
 the SHA-256 digests of the last ``PASSED_MEMO`` files that passed are kept, and the same bytes
 (a fragment every ROLL example's defaults list brings in; one file composed again) are not
-parsed again (the pure-Python parse was a sixth of a ROLL example's composition). Real configs (ROLL's examples: a few hundred values;
-DeepSpeed fragments shared by alias) stay far below both bounds.
+parsed again (the pure-Python parse was a sixth of a ROLL example's composition). Real configs
+(ROLL's examples: a few hundred values; DeepSpeed fragments shared by alias) stay far below both
+bounds.
 """
 
 from __future__ import annotations
