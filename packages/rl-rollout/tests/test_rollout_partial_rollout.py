@@ -87,9 +87,9 @@ async def _generate_with_update_midway(engine, named, version: int, after_tokens
 
 
 def test_update_midway_continues_with_exact_versions_and_log_probs(
-    engine, hf_reference_model
+    engine, hf_reference_model, logprob_atol
 ) -> None:
-    _check_update_midway(engine, hf_reference_model)
+    _check_update_midway(engine, hf_reference_model, logprob_atol)
 
 
 def test_hf_kv_recompute_in_token_budget_chunks(tiny_model_dir, hf_reference_model) -> None:
@@ -99,14 +99,14 @@ def test_hf_kv_recompute_in_token_budget_chunks(tiny_model_dir, hf_reference_mod
 
     engine = HFEngine(tiny_model_dir, {"max_num_batched_tokens": 40}, device="cpu", seed=0)
     try:
-        _check_update_midway(engine, hf_reference_model)
+        _check_update_midway(engine, hf_reference_model, atol=1e-3)
         assert engine.stats["weight_swaps"] == 2  # the update and the restore
         assert engine.stats["recomputed_tokens"] > 40  # more than one chunk of 40 tokens
     finally:
         engine.shutdown()
 
 
-def _check_update_midway(engine, hf_reference_model) -> None:
+def _check_update_midway(engine, hf_reference_model, atol: float) -> None:
     original = {k: v.detach().clone() for k, v in hf_reference_model.state_dict().items()}
     perturbed = {
         k: v
@@ -138,8 +138,8 @@ def _check_update_midway(engine, hf_reference_model) -> None:
             ref_new = _teacher_forced(hf_reference_model, got.prompt_ids, got.output_ids)
             hf_reference_model.load_state_dict(original)
             # every log-prob is the teacher-forced one of the weights that sampled the token
-            assert (lps[:k] - ref_old[:k]).abs().max().item() < 1e-3
-            assert (lps[k:] - ref_new[k:]).abs().max().item() < 1e-3
+            assert (lps[:k] - ref_old[:k]).abs().max().item() < atol
+            assert (lps[k:] - ref_new[k:]).abs().max().item() < atol
             # and the two policies really differ on the continuation (the check has teeth)
             assert (lps[k:] - ref_old[k:]).abs().max().item() > 1e-2
     finally:
