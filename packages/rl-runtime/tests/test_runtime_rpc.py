@@ -30,6 +30,11 @@ class Echo:
     def boom(self):
         raise KeyError("missing thing")
 
+    def in_ray_actor(self):
+        from rl_runtime.cluster.worker_process import in_ray_actor
+
+        return in_ray_actor()
+
 
 def test_call_passes_local_values_through():
     assert call(3, timeout=1) == 3
@@ -44,6 +49,7 @@ def test_local_worker_group_runs_in_process():
     out = group.call_all("whoami")
     assert [(r, w, env_rank) for r, w, env_rank, _ in out] == [(0, 2, "0"), (1, 2, "1")]
     assert group.wait(group.submit_each("slow", [(0,), (0,)]), "slow") == [0, 0]
+    assert group.call_all("in_ray_actor") == [False, False]  # shutdown destroys their group
     with pytest.raises(ValueError, match="2 workers"):
         group.submit_each("slow", [(0,)])
 
@@ -204,6 +210,11 @@ def test_ray_worker_groups_placement_timeout_and_errors():
         assert [o[3]["RANK"] for o in out] == ["0", "1"]
         assert {o[3]["WORLD_SIZE"] for o in out} == {"2"}
         assert infer.call_all("whoami")[0][:3] == (0, 1, "0")
+        # what TrainWorker.shutdown asks before it destroys its process group: only the actors
+        # (killed after it) skip that; the driver, where Ray runs too, does not
+        from rl_runtime.cluster.worker_process import in_ray_actor
+
+        assert train.call_all("in_ray_actor") == [True, True] and not in_ray_actor()
         with pytest.raises(RpcTimeoutError, match=r"actor_infer\.slow did not answer within 1 s"):
             infer.wait(infer.submit("slow", 30), "slow", timeout=1)
         with pytest.raises(RemoteCallError, match=r"actor_train\.boom failed remotely"):

@@ -147,6 +147,7 @@ def start_ray(options: RayOptions) -> dict[str, float]:
     if ray.is_initialized():
         return dict(ray.cluster_resources())
     _keep_node_address_local(loopback)
+    _keep_workers_in_this_environment()
     import signal
 
     from rl_runtime.run.interrupts import is_ours
@@ -199,6 +200,21 @@ def _keep_node_address_local(local: bool) -> None:
         os.environ.pop(LOCAL_ONLY_ENV, None)
         ray_constants.ENABLE_RAY_CLUSTER = not ray_constants.IS_WINDOWS_OR_OSX
         _forced_local = False
+
+
+def _keep_workers_in_this_environment() -> None:
+    """Ray read RAY_ENABLE_UV_RUN_RUNTIME_ENV into its constants at its first import; if that
+    import came before `set_ray_env_defaults` (a script or test module importing ray first), under
+    `uv run` every worker would start in a fresh copy of the project without its packages (workers
+    failing with "No module named 'ray'" until the call times out). Apply the default there too,
+    unless the user turned the hook on."""
+    from ray._private import ray_constants
+
+    if (
+        os.environ.get("RAY_ENABLE_UV_RUN_RUNTIME_ENV")
+        == QUIET_RAY_ENV["RAY_ENABLE_UV_RUN_RUNTIME_ENV"]
+    ):
+        ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
 
 
 def shutdown_ray() -> None:

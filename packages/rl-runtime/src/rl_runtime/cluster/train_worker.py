@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rl_runtime.cluster.worker_process import _init_process, _sync_metrics
+from rl_runtime.cluster.worker_process import _init_process, _sync_metrics, in_ray_actor
 from rl_runtime.state.seeds import worker_seed
 
 
@@ -391,7 +391,11 @@ class TrainWorker:
             if sender is not None:
                 sender.close()
         self._ipc_sender = self._staging_sender = None
-        if dist.is_available() and dist.is_initialized():
+        # A Ray actor's process is killed right after this call, which closes the group's sockets;
+        # destroying a gloo group can deadlock on torch 2.7 (rl_train.dist._leave says how), which
+        # cost the bounded shutdown call its full minute. In the driver's process (`--no-ray`)
+        # the group is destroyed, so that a later run there can start its own.
+        if dist.is_available() and dist.is_initialized() and not in_ray_actor():
             dist.destroy_process_group()
 
 

@@ -6,6 +6,7 @@ Ray's object store."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,16 @@ def _init_process(dist_env: Mapping[str, str], seed: int) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS") or 1)))
     seed_globals(seed)
+
+
+def in_ray_actor() -> bool:
+    """Whether this code runs in a Ray actor's process, which the worker group kills
+    (`ray.kill`) right after its `shutdown` call; False in the driver and its `--no-ray` worker
+    threads."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    return ray.get_runtime_context().get_actor_id() is not None
 
 
 def _sync_metrics(metrics: Any) -> dict[str, float]:
