@@ -25,6 +25,8 @@ class _DataError(Exception):
 @functools.cache
 def _tiny_model() -> str:
     import atexit
+    import contextlib
+    import io
     import shutil
     import tempfile
 
@@ -32,7 +34,10 @@ def _tiny_model() -> str:
 
     root = tempfile.mkdtemp(prefix="app-main-model-")
     atexit.register(shutil.rmtree, root, True)  # one per test process, removed when it ends
-    return str(build_tiny_model(Path(root) / "model"))
+    # built inside whichever test comes first: its save's progress bar must not reach that
+    # test's captured stderr, which several tests compare line for line
+    with contextlib.redirect_stderr(io.StringIO()):
+        return str(build_tiny_model(Path(root) / "model"))
 
 
 def _spec(tmp_path: Path, *, refusals=(), fail: Exception | None = None, runs: list | None = None,
