@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -29,3 +33,19 @@ def assert_planned(code: int, err: str) -> None:
     for problem in problems:
         key = problem.split(":", 1)[0]
         assert any(part in key for part in HOST_PROBLEM_KEYS), problem
+
+
+def run_in_process(name: str, argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """apps/`name`'s command line `argv` run in this process from `cwd`, as a finished process:
+    its exit code and what it printed to stdout and stderr."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with (
+        contextlib.chdir(cwd),
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):
+        try:
+            code = app_main(name)(argv)
+        except SystemExit as exit_:  # argparse's --help and usage errors
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())

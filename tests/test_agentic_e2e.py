@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.app_loading import app_main, assert_planned
+from tests.app_loading import app_main, assert_planned, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "agentic"
@@ -54,8 +54,14 @@ def _overrides(out: Path, **extra: object) -> list[str]:
 
 
 def _run_with_stdout(out: Path, *args: str, **extra: object) -> tuple[list[dict], str]:
-    cmd = [sys.executable, str(APP), "--config", str(CONFIG), *args, *_overrides(out, **extra)]
-    proc = subprocess.run(cmd, cwd=out.parent, capture_output=True, text=True, timeout=1500)
+    """The run's step rows and stdout: on Ray a subprocess, as a user runs it; with `--no-ray`
+    the same command line in this process (`run_in_process`)."""
+    argv = ["--config", str(CONFIG), *args, *_overrides(out, **extra)]
+    if "--no-ray" in args:
+        proc = run_in_process("agentic", argv, out.parent)
+    else:
+        proc = subprocess.run([sys.executable, str(APP), *argv], cwd=out.parent,
+                              capture_output=True, text=True, timeout=1500)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r["step"] > 0], proc.stdout
@@ -340,9 +346,9 @@ def test_sokoban_steps_through_the_pipeline(tmp_path):
     config = tmp_path / "sokoban.yaml"
     config.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "sokoban_run"
-    cmd = [sys.executable, str(APP), "--config", str(config), "--no-ray"]
-    cmd += _overrides(out, **{"agentic_app.eval_before_training": "true"})
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    argv = ["--config", str(config), "--no-ray"]
+    argv += _overrides(out, **{"agentic_app.eval_before_training": "true"})
+    proc = run_in_process("agentic", argv, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]

@@ -16,6 +16,7 @@ from rl_app_async.compare import (
     split_async_only,
     split_staleness,
 )
+from tests.app_loading import run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "async"
@@ -51,8 +52,7 @@ def test_partial_rollout_goes_to_the_async_run_only():
 def test_dry_run_with_partial_rollout_plans_it_for_the_async_run_only(tmp_path):
     """`uv run apps/async async.partial_rollout=true`: the synchronous run (max_staleness 0)
     would refuse the key, so only the asynchronous run gets it."""
-    proc = subprocess.run([sys.executable, str(APP), "--dry-run", "async.partial_rollout=true"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = run_in_process("async", ["--dry-run", "async.partial_rollout=true"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     sync, asyn = proc.stdout.split("=== async run")
     assert "asynchronous: None" in sync
@@ -90,9 +90,8 @@ def test_dry_run_shows_a_synchronous_and_an_asynchronous_plan(tmp_path):
 def test_each_run_logs_to_its_own_directory_even_with_tracker_kwargs_log_dir(tmp_path):
     """`tracker_kwargs.log_dir` overrides `logging_dir`: without the per-run override both runs
     would append to one metrics.jsonl and the lag figures (read per run) would be missing."""
-    proc = subprocess.run([sys.executable, str(APP), "--dry-run",
-                           f"tracker_kwargs.log_dir={tmp_path}/shared"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    argv = ["--dry-run", f"tracker_kwargs.log_dir={tmp_path}/shared"]
+    proc = run_in_process("async", argv, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     sync, asyn = proc.stdout.split("=== async run")
     assert "kwargs={'log_dir': './output/async_cpu/sync/logs'}" in sync
@@ -112,9 +111,7 @@ def test_dry_run_takes_max_staleness_from_the_config_file_unless_overridden(tmp_
     config = tmp_path / "async.yaml"
     config.write_text(yaml.safe_dump(data))
     for extra, expected in (([], 3), (["async.max_staleness=2"], 2)):
-        proc = subprocess.run([sys.executable, str(APP), "--dry-run", "--config", str(config),
-                               *extra], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=600)  # fmt: skip
+        proc = run_in_process("async", ["--dry-run", "--config", str(config), *extra], tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
         sync, asyn = proc.stdout.split("=== async run")
         assert "asynchronous: None" in sync
@@ -134,8 +131,7 @@ def test_dry_run_of_a_config_with_async_generation_ratio_plans_both_runs(tmp_pat
     data["async_generation_ratio"] = 2
     config = tmp_path / "ratio.yaml"
     config.write_text(yaml.safe_dump(data))
-    proc = subprocess.run([sys.executable, str(APP), "--dry-run", "--config", str(config)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = run_in_process("async", ["--dry-run", "--config", str(config)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     sync, asyn = proc.stdout.split("=== async run")
     assert "asynchronous: None" in sync
@@ -145,8 +141,7 @@ def test_dry_run_of_a_config_with_async_generation_ratio_plans_both_runs(tmp_pat
 def test_dry_run_refuses_more_cpus_than_its_ray_cluster_holds(tmp_path):
     """Two device bundles of 2 CPUs on the 2 CPUs apps/async's Ray cluster has: the run would
     wait rpc_timeout (900 s) for placement groups that can never be placed."""
-    proc = subprocess.run([sys.executable, str(APP), "--dry-run", "rlvr_app.cpu_per_bundle=2"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = run_in_process("async", ["--dry-run", "rlvr_app.cpu_per_bundle=2"], tmp_path)
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "placement: CPU: the placement needs 4 (2 device bundle(s) x cpu_per_bundle 2)" in (
         proc.stderr
@@ -158,9 +153,8 @@ def test_a_reward_domain_no_scorer_can_score_is_listed_by_a_dry_run_and_refused_
     traceback when the recipe built its scorer, after Ray and the workers had started."""
     judge = "rewards.judge.worker_cls=roll.GeneralRuleRewardWorker"  # IFEval
     for dry_run in (["--dry-run"], []):  # refused by name when the config is checked
-        proc = subprocess.run([sys.executable, str(APP), *dry_run, judge,
-                               f"output_dir={tmp_path}/out"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        argv = [*dry_run, judge, f"output_dir={tmp_path}/out"]
+        proc = run_in_process("async", argv, tmp_path)
         assert proc.returncode == 1, proc.stdout[-2000:]
         assert "rewards.judge.worker_cls: 'roll.GeneralRuleRewardWorker' is refused" in proc.stderr
         assert "Traceback" not in proc.stderr and "=== sync run" not in proc.stdout

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ from rl_config import ConfigError, load_config
 from rl_runtime.pipelines.distill.step import teacher_log_probs
 from rl_runtime.pipelines.distill.teachers import build_teachers, check_tokenizers
 from rl_runtime.step.collate import CollatedBatch
-from tests.app_loading import app_main, assert_planned
+from tests.app_loading import app_main, assert_planned, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "distill"
@@ -305,7 +303,6 @@ def test_off_policy_options_refuse_what_they_do_not_read():
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("ray")
 def test_distill_two_steps_end_to_end(tmp_path):
     """The teacher is built, the student is trained off-policy on its samples, then two
     on-policy steps in-process: every sampled token is scored by the teacher, the student
@@ -326,8 +323,8 @@ def test_distill_two_steps_end_to_end(tmp_path):
         "distill_app.off_policy.max_prompts": 8, "distill_app.off_policy.steps": 2,
         "distill_app.off_policy.batch_size": 8,
     }  # fmt: skip
-    cmd = [sys.executable, str(APP), "--no-ray", *(f"{k}={v}" for k, v in args.items())]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    argv = ["--no-ray", *(f"{k}={v}" for k, v in args.items())]
+    proc = run_in_process("distill", argv, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert (tmp_path / "teacher" / "distill_teacher.json").is_file()
     assert "warm-up 2/2" in proc.stdout  # the off-policy SFT steps
@@ -344,7 +341,6 @@ def test_distill_two_steps_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("ray")
 def test_distill_off_policy_kd_two_steps_end_to_end(tmp_path):
     """Mode off_policy with loss kd, in-process: the teacher is built and samples the training
     prompts, then two steps each score a batch with the teacher's top-k and train the student on
@@ -363,8 +359,8 @@ def test_distill_off_policy_kd_two_steps_end_to_end(tmp_path):
         "distill_app.off_policy.batch_size": 8, "distill_app.off_policy.logits_topk": 16,
         "distill_app.off_policy.kd_objective": "reverse_kl",
     }  # fmt: skip
-    cmd = [sys.executable, str(APP), "--no-ray", *(f"{k}={v}" for k, v in args.items())]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    argv = ["--no-ray", *(f"{k}={v}" for k, v in args.items())]
+    proc = run_in_process("distill", argv, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0 and "distill/forward_kl" in r]

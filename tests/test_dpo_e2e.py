@@ -1,6 +1,7 @@
-"""`apps/dpo` end to end (real subprocess, in-process workers): cached reference log-probs give the
-same run as on-the-fly ones, every loss type runs through the app, a resumed run continues at the
-next batch with the uninterrupted run's numbers, bad data is refused naming the rows."""
+"""`apps/dpo` end to end (its command line in this process, in-process workers; the dry runs in a
+subprocess, as `uv run apps/dpo` runs): cached reference log-probs give the same run as
+on-the-fly ones, every loss type runs through the app, a resumed run continues at the next batch
+with the uninterrupted run's numbers, bad data is refused naming the rows."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.app_loading import run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "dpo"
@@ -44,8 +47,7 @@ def _overrides(out: Path, **extra: object) -> list[str]:
 
 
 def _run(out: Path, **extra: object) -> list[dict]:
-    cmd = [sys.executable, str(APP), "--config", str(CONFIG), *_overrides(out, **extra)]
-    proc = subprocess.run(cmd, cwd=out.parent, capture_output=True, text=True, timeout=900)
+    proc = run_in_process("dpo", ["--config", str(CONFIG), *_overrides(out, **extra)], out.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r["step"] > 0 and "train/loss" in r]
@@ -96,13 +98,13 @@ def test_malformed_rows_fail_the_run_naming_them(tmp_path):
     rows = [{"prompt": "a", "chosen": "1", "rejected": "2"}, {"prompt": "b", "chosen": "x"}]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "run"
-    cmd = [
-        sys.executable, str(APP), "--config", str(CONFIG),
+    argv = [
+        "--config", str(CONFIG),
         *_overrides(out, **{"actor_train.data_args.file_name": str(data),
                             "actor_train.data_args.eval_file_name": str(data),
                             "dpo_app.generate_arithmetic": "false"}),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    proc = run_in_process("dpo", argv, tmp_path)
     assert proc.returncode == 1 and not out.exists()  # the preflight's: before anything starts
     assert (
         f"actor_train.data_args.file_name: {data}: malformed row(s) among the first 8: "
@@ -112,11 +114,11 @@ def test_malformed_rows_fail_the_run_naming_them(tmp_path):
 
 def test_a_missing_data_file_fails_the_run_naming_key_and_file(tmp_path):
     out = tmp_path / "run"
-    cmd = [
-        sys.executable, str(APP), "--config", str(CONFIG),
+    argv = [
+        "--config", str(CONFIG),
         *_overrides(out, **{"dpo_app.generate_arithmetic": "false"}),  # data/ was never written
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    proc = run_in_process("dpo", argv, tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert (  # the preflight's, before anything starts (nothing written under output_dir)
         "  - actor_train.data_args.file_name: dataset file not found: "
@@ -133,21 +135,15 @@ def test_dry_run_prints_the_preference_plan():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "loss_type='ipo'" in proc.stdout and "reference='cached'" in proc.stdout
-    bad = subprocess.run(
-        [sys.executable, str(APP), "--dry-run", "ipo=true", "loss_type=simpo"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    bad = run_in_process("dpo", ["--dry-run", "ipo=true", "loss_type=simpo"], ROOT)
     assert bad.returncode == 1 and "ipo: true contradicts loss_type='simpo'" in bad.stderr
 
 
 def test_generated_pairs_need_one_file_to_write_even_in_a_dry_run():
     """dpo_app.generate_arithmetic writes one train and one held-out file: a list of files is
     refused before anything is built, by a dry run too."""
-    proc = subprocess.run(
-        [sys.executable, str(APP), "--dry-run", "dpo_app.generate_arithmetic=true",
-         "actor_train.data_args.file_name=[a.jsonl,b.jsonl]"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    proc = run_in_process("dpo", ["--dry-run", "dpo_app.generate_arithmetic=true",
+                                  "actor_train.data_args.file_name=[a.jsonl,b.jsonl]"], ROOT)  # fmt: skip
     assert proc.returncode == 1, proc.stdout
     assert "config error: dpo_app.generate_arithmetic needs one data_args.file_name" in proc.stderr
 

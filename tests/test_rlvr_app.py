@@ -25,7 +25,7 @@ from rl_runtime.pipelines.rlvr.compose import DataPlan
 from rl_runtime.pipelines.rlvr.data import RowSampler, load_prompts
 from rl_runtime.pipelines.rlvr.metrics import _quantile, held_out_gains
 from rl_runtime.pipelines.rlvr.warmup import noisy_answer, reasoning_words
-from tests.app_loading import app_main, assert_planned
+from tests.app_loading import app_main, assert_planned, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "rlvr"
@@ -326,6 +326,10 @@ CONFIG = APP / "configs" / "cpu_default.yaml"
 
 def _run_app(out: Path, *args: str, expect_code: int = 0, procs: list | None = None,
              **extra: object) -> list[dict]:  # fmt: skip
+    """apps/rlvr's 2-step run of the CPU default into `out` (data and model beside it); its
+    logged step rows. On Ray a subprocess, as a user runs it; with `--no-ray` the same command
+    line in this process (`app_main`: no second interpreter to import torch into, ~6 s each).
+    `procs` collects the finished run's returncode, stdout and stderr."""
     base = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
         "pretrain": out.parent / "tiny_model",  # the data goes to ./output/rlvr_data in cwd
@@ -337,9 +341,12 @@ def _run_app(out: Path, *args: str, expect_code: int = 0, procs: list | None = N
         "rlvr_app.warmup.steps": 2, "rlvr_app.warmup.batch_size": 8, "rlvr_app.warmup.demos": 16,
         **extra,
     }  # fmt: skip
-    cmd = [sys.executable, str(APP), "--config", str(CONFIG), *args,
-           *(f"{k}={v}" for k, v in base.items())]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=out.parent, capture_output=True, text=True, timeout=1500)
+    argv = ["--config", str(CONFIG), *args, *(f"{k}={v}" for k, v in base.items())]
+    if "--no-ray" in args:
+        proc = run_in_process("rlvr", argv, cwd=out.parent)
+    else:
+        proc = subprocess.run([sys.executable, str(APP), *argv], cwd=out.parent,
+                              capture_output=True, text=True, timeout=1500)  # fmt: skip
     assert proc.returncode == expect_code, proc.stdout[-3000:] + proc.stderr[-6000:]
     if procs is not None:
         procs.append(proc)
@@ -487,13 +494,13 @@ def test_rlvr_dynamic_sampling_refills_within_its_bound(tmp_path):
 def test_missing_data_file_is_named_and_the_run_ends_cleanly(tmp_path):
     """A data file the config names but that does not exist: exit 1 with its path, no traceback
     (the recipe's sandbox pool was never made, and closing must not fail)."""
-    cmd = [sys.executable, str(APP), "--no-ray", "max_steps=1", "rlvr_app.arith_data.generate=false",
-           "rlvr_app.warmup.steps=0", f"pretrain={tmp_path / 'tiny_model'}",
-           f"rlvr_app.build_tiny_model={tmp_path / 'tiny_model'}",
-           f"output_dir={tmp_path / 'out'}", f"logging_dir={tmp_path / 'out' / 'logs'}",
-           f"checkpoint_config.output_dir={tmp_path / 'out' / 'ckpt'}",
-           "actor_train.data_args.file_name=missing_train.parquet"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    argv = ["--no-ray", "max_steps=1", "rlvr_app.arith_data.generate=false",
+            "rlvr_app.warmup.steps=0", f"pretrain={tmp_path / 'tiny_model'}",
+            f"rlvr_app.build_tiny_model={tmp_path / 'tiny_model'}",
+            f"output_dir={tmp_path / 'out'}", f"logging_dir={tmp_path / 'out' / 'logs'}",
+            f"checkpoint_config.output_dir={tmp_path / 'out' / 'ckpt'}",
+            "actor_train.data_args.file_name=missing_train.parquet"]  # fmt: skip
+    proc = run_in_process("rlvr", argv, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     # the preflight names it before any worker starts
     assert proc.stderr.startswith("config error: ")
@@ -784,24 +791,15 @@ def test_turning_on_kl_when_resuming_a_warmed_up_run_without_its_reference_is_re
     out = tmp_path / "run"
     _run_app(out, "--no-ray", **common)
     assert not (out / "ckpt" / "step-000001" / "reference").exists()
-    base = {
-        "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
-        "pretrain": tmp_path / "tiny_model", "track_with": "stdout", "max_steps": 2,
-        "rlvr_app.build_tiny_model": tmp_path / "tiny_model",
-        "save_steps": 1, "eval_steps": 100, "resume_from_checkpoint": "true", "use_kl_loss": "true",
-        "rollout_batch_size": 4, "num_return_sequences_in_group": 4, "val_batch_size": 8,
-        "actor_train.training_args.per_device_train_batch_size": 8,
-        "actor_train.training_args.gradient_accumulation_steps": 2, "rlvr_app.warmup.steps": 2,
-        "rlvr_app.warmup.batch_size": 8, "rlvr_app.warmup.demos": 16,
-        "dynamic_sampling.enable": "false",
-    }  # fmt: skip
-    cmd = [sys.executable, str(APP), "--config", str(CONFIG), "--no-ray",
-           *(f"{k}={v}" for k, v in base.items())]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    procs: list = []
+    resume = {"max_steps": 2, "resume_from_checkpoint": "true"}
+    _run_app(
+        out, "--no-ray", expect_code=1, procs=procs, **{**common, **resume, "use_kl_loss": "true"}
+    )
+    (proc,) = procs
     assert "config error" in proc.stderr and "step-000001" in proc.stderr
     assert "untrained pretrain model" in proc.stderr and "Traceback" not in proc.stderr
-    _run_app(out, "--no-ray", **{**common, "max_steps": 2, "resume_from_checkpoint": "true"})
+    _run_app(out, "--no-ray", **{**common, **resume})
 
 
 @pytest.mark.parametrize(

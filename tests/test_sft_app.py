@@ -6,15 +6,13 @@ trains 2 steps end to end with a checkpoint, held-out loss, summary.json, curves
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from rl_config import ConfigError, load_config
-from tests.app_loading import app_main, assert_planned
+from tests.app_loading import app_main, assert_planned, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "sft"
@@ -121,7 +119,8 @@ def test_sft_keys_elsewhere_and_both_sections_are_named(tmp_path):
 
 
 def _run_app(tmp_path: Path, out: Path, expect: int = 0, **extra: object):
-    """The CPU default on few generated rows, `extra` overrides on top; the subprocess."""
+    """The CPU default on few generated rows, `extra` overrides on top; the finished run (its
+    command line in this process: `run_in_process`)."""
     overrides: dict[str, object] = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
         "pretrain": tmp_path / "tiny", "sft_app.build_tiny_model": tmp_path / "tiny",
@@ -133,9 +132,8 @@ def _run_app(tmp_path: Path, out: Path, expect: int = 0, **extra: object):
         "sft_app.arithmetic.train_rows": 16, "sft_app.arithmetic.eval_rows": 8,
         **extra,
     }  # fmt: skip
-    cmd = [sys.executable, str(APP), "--config", str(CONFIG)]
-    cmd += [f"{k}={v}" for k, v in overrides.items()]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    argv = ["--config", str(CONFIG), *(f"{k}={v}" for k, v in overrides.items())]
+    proc = run_in_process("sft", argv, tmp_path)
     assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
 
