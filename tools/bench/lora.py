@@ -3,6 +3,7 @@ download: tools/bench/train.py's QWEN05B_SHAPE), measured in one run.
 
     .venv/bin/python tools/bench/lora.py                      # CPU, fp32, the 24-layer shape
     .venv/bin/python tools/bench/lora.py --layers 2 --steps 1 # quick
+    .venv/bin/python tools/bench/lora.py --layers 1 --vocab 8192 --steps 1  # a smoke run
     python tools/bench/lora.py --device cuda --dtype bf16     # one GPU
 
 Each mode trains in a fresh process (rl-train's hf_infer backend, one rank; the same batches:
@@ -143,6 +144,12 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--layers", type=int, default=QWEN05B_SHAPE["num_layers"])
+    parser.add_argument(
+        "--vocab",
+        type=int,
+        default=QWEN05B_SHAPE["padded_vocab_size"],
+        help="embedding rows (the shape's 151936 dominate a 1-layer model)",
+    )
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--target", default="all-linear")
     parser.add_argument("--batch", type=int, default=4, help="sequences per optimizer step")
@@ -155,12 +162,13 @@ def main() -> None:
     args = parser.parse_args()
     from rl_rollout.tiny_model import build_tiny_model
 
-    shape = {**QWEN05B_SHAPE, "num_layers": args.layers}
+    shape = {**QWEN05B_SHAPE, "num_layers": args.layers, "padded_vocab_size": args.vocab}
     with tempfile.TemporaryDirectory(prefix="bench_lora_") as work:
         model = str(build_tiny_model(Path(work) / "model", **shape))
         rows = run(args, model)
     print(
-        f"\n## LoRA vs full fine-tuning (Qwen2.5-0.5B shape, {args.layers} layers, {args.dtype}, "
+        f"\n## LoRA vs full fine-tuning (Qwen2.5-0.5B shape, {args.layers} layers, vocabulary "
+        f"{args.vocab}, {args.dtype}, "
         f"{args.device}, {args.batch} x {args.seq} tokens per step)\n"
     )
     print(table(rows))
