@@ -46,6 +46,6 @@ def run_in_process(name: str, argv: list[str], cwd: Path) -> subprocess.Complete
     ):
         try:
             code = app_main(name)(argv)
-        except SystemExit as exit_:  # argparse's --help and usage errors
-            code = exit_.code if isinstance(exit_.code, int) else 1
+        except SystemExit as exit_:  # argparse's --help (0) and usage errors (2)
+            code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
     return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())

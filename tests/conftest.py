@@ -37,13 +37,16 @@ def _tiny_model_built_once(request):
     (tmp_path / "tiny_model").symlink_to(shared, target_is_directory=True)
 
 
+#: the CPU defaults' embedded Ray cluster (loopback, 2 CPUs, a 200 MiB object store)
+SHARED_RAY = {"num_cpus": 2, "object_store_bytes": 200 * 1024**2}
+
+
 @pytest.fixture(scope="module")
 def _module_ray():
-    """An embedded Ray cluster for one test module, as the CPU defaults start theirs (loopback,
-    2 CPUs, a 200 MiB object store)."""
+    """An embedded Ray cluster for one test module, as the CPU defaults start theirs."""
     from rl_runtime.cluster.ray_setup import RayOptions, shutdown_ray, start_ray
 
-    start_ray(RayOptions(num_cpus=2, object_store_bytes=200 * 1024**2))
+    start_ray(RayOptions(**SHARED_RAY))
     yield
     shutdown_ray()
 
@@ -53,12 +56,17 @@ def shared_ray(_module_ray):
     """The module's Ray cluster, which the test's in-process runs join instead of each starting
     and stopping its own (~5 s a run on 2 cores): rl_runtime's Cluster leaves a Ray it did not
     start running. After the test every CPU of it is free again (no worker or placement group
-    of a run left behind), else the test fails."""
+    of a run left behind); else the test fails and the module's later tests get a fresh one."""
     import ray
+
+    from rl_runtime.cluster.ray_setup import RayOptions, shutdown_ray, start_ray
 
     yield
     deadline = time.monotonic() + 30.0
     while ray.available_resources().get("CPU", 0.0) < ray.cluster_resources().get("CPU", 0.0):
         if time.monotonic() > deadline:
-            pytest.fail(f"Ray resources still held after the test: {ray.available_resources()}")
+            held = ray.available_resources()
+            shutdown_ray()
+            start_ray(RayOptions(**SHARED_RAY))
+            pytest.fail(f"Ray resources still held after the test: {held}")
         time.sleep(0.2)
