@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import io
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,3 +50,15 @@ def run_in_process(name: str, argv: list[str], cwd: Path) -> subprocess.Complete
         except SystemExit as exit_:  # argparse's --help (0) and usage errors (2)
             code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
     return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
+
+
+def run_app(
+    name: str, argv: list[str], cwd: Path, *, as_subprocess: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """apps/`name`'s command line `argv` from `cwd`: in this process (`run_in_process`: no
+    second interpreter importing torch, ~6 s a run), or `as_subprocess`, as a user runs it."""
+    if not as_subprocess:
+        return run_in_process(name, argv, cwd)
+    app = Path(__file__).resolve().parents[1] / "apps" / name
+    return subprocess.run([sys.executable, str(app), *argv], cwd=cwd, capture_output=True,
+                          text=True, timeout=1500)  # fmt: skip

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.app_loading import app_main, assert_planned, run_in_process
+from tests.app_loading import app_main, assert_planned, run_app, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "agentic"
@@ -55,13 +55,9 @@ def _overrides(out: Path, **extra: object) -> list[str]:
 
 def _run_with_stdout(out: Path, *args: str, **extra: object) -> tuple[list[dict], str]:
     """The run's step rows and stdout: on Ray a subprocess, as a user runs it; with `--no-ray`
-    the same command line in this process (`run_in_process`)."""
+    the same command line in this process."""
     argv = ["--config", str(CONFIG), *args, *_overrides(out, **extra)]
-    if "--no-ray" in args:
-        proc = run_in_process("agentic", argv, out.parent)
-    else:
-        proc = subprocess.run([sys.executable, str(APP), *argv], cwd=out.parent,
-                              capture_output=True, text=True, timeout=1500)  # fmt: skip
+    proc = run_app("agentic", argv, out.parent, as_subprocess="--no-ray" not in args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r["step"] > 0], proc.stdout

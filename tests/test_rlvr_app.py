@@ -25,7 +25,7 @@ from rl_runtime.pipelines.rlvr.compose import DataPlan
 from rl_runtime.pipelines.rlvr.data import RowSampler, load_prompts
 from rl_runtime.pipelines.rlvr.metrics import _quantile, held_out_gains
 from rl_runtime.pipelines.rlvr.warmup import noisy_answer, reasoning_words
-from tests.app_loading import app_main, assert_planned, run_in_process
+from tests.app_loading import app_main, assert_planned, run_app, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "rlvr"
@@ -327,10 +327,9 @@ CONFIG = APP / "configs" / "cpu_default.yaml"
 def _run_app(out: Path, *args: str, expect_code: int = 0, procs: list | None = None,
              as_subprocess: bool = False, **extra: object) -> list[dict]:  # fmt: skip
     """apps/rlvr's 2-step run of the CPU default into `out` (data and model beside it); its
-    logged step rows. The command line runs in this process (`run_in_process`: no second
-    interpreter importing torch, ~6 s a run; on Ray it joins the test's `shared_ray` cluster
-    if it has one), or `as_subprocess`, as a user runs it. `procs` collects the finished run's
-    returncode, stdout and stderr."""
+    logged step rows (`run_app`: in this process, where a run on Ray joins the test's
+    `shared_ray` cluster if it has one, or `as_subprocess`). `procs` collects the finished
+    run's returncode, stdout and stderr."""
     base = {
         "output_dir": out, "logging_dir": out / "logs", "checkpoint_config.output_dir": out / "ckpt",
         "pretrain": out.parent / "tiny_model",  # the data goes to ./output/rlvr_data in cwd
@@ -343,11 +342,7 @@ def _run_app(out: Path, *args: str, expect_code: int = 0, procs: list | None = N
         **extra,
     }  # fmt: skip
     argv = ["--config", str(CONFIG), *args, *(f"{k}={v}" for k, v in base.items())]
-    if not as_subprocess:
-        proc = run_in_process("rlvr", argv, cwd=out.parent)
-    else:
-        proc = subprocess.run([sys.executable, str(APP), *argv], cwd=out.parent,
-                              capture_output=True, text=True, timeout=1500)  # fmt: skip
+    proc = run_app("rlvr", argv, out.parent, as_subprocess=as_subprocess)
     assert proc.returncode == expect_code, proc.stdout[-3000:] + proc.stderr[-6000:]
     if procs is not None:
         procs.append(proc)
