@@ -221,9 +221,13 @@ def test_an_npu_command_on_a_host_without_one_stops_naming_the_device(name, gsm8
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("shared_ray")
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_verl_command_trains_two_steps_on_the_cpu(name, gsm8k, monkeypatch, capsys, tmp_path):
-    """vLLM is not installed here: the scripts' `$@` also picks verl's HF rollout."""
+    """vLLM is not installed here: the scripts' `$@` also picks verl's HF rollout. The run
+    joins the module's Ray cluster, started before the test moved into `tmp_path`, as a
+    command joins a running cluster (RAY_ADDRESS): its relative checkpoint and output paths
+    name the same directories in the workers as in the driver."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RL_DEVICE", "cpu")  # the app exports trainer.device: restored after
     app, argv = _argv(name, gsm8k, "cpu", *SMALL[name].split(), f"{A}.rollout.name=hf")
@@ -239,6 +243,7 @@ def test_verl_command_trains_two_steps_on_the_cpu(name, gsm8k, monkeypatch, caps
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("shared_ray")
 def test_verl_reward_model_command_trains_two_steps_scored_by_the_reward_model(
     gsm8k, monkeypatch, capsys, tmp_path
 ):

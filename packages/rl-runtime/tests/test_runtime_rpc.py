@@ -36,6 +36,21 @@ class Echo:
         return in_ray_actor()
 
 
+class SetUpEcho(Echo):
+    """A worker that sets its process up as the runtime's workers do."""
+
+    def __init__(self, rank, world_size, dist_env):
+        from rl_runtime.cluster.worker_process import _init_process
+
+        _init_process(dist_env, seed=0)
+        super().__init__(rank, world_size, dist_env)
+
+    def cwd(self):
+        import os
+
+        return os.getcwd()
+
+
 def test_call_passes_local_values_through():
     assert call(3, timeout=1) == 3
     assert call([1, 2], timeout=1) == [1, 2]
@@ -186,7 +201,7 @@ def test_local_worker_releases_its_object_on_stop():
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
-def test_ray_worker_groups_placement_timeout_and_errors():
+def test_ray_worker_groups_placement_timeout_and_errors(tmp_path, monkeypatch):
     import ray
 
     from rl_runtime.cluster.ray_setup import RayOptions, shutdown_ray, start_ray
@@ -199,9 +214,14 @@ def test_ray_worker_groups_placement_timeout_and_errors():
             {"actor_train": [0, 1], "actor_infer": [1]}, num_devices=2, cpu_per_bundle=0.5
         )
         pgs = PlacementGroups(plan, timeout_s=60)
+        # the driver moves after Ray started (as a driver joining a running cluster is elsewhere):
+        # the actors work in the driver's directory, where its relative paths point
+        monkeypatch.chdir(tmp_path)
         train = WorkerGroup.create(
-            "actor_train", Echo, plan.roles["actor_train"], plan=plan, pgs=pgs, rpc_timeout=60
-        )
+            "actor_train", SetUpEcho, plan.roles["actor_train"], plan=plan, pgs=pgs,
+            rpc_timeout=60,
+        )  # fmt: skip
+        assert train.call_all("cwd") == [str(tmp_path)] * 2
         infer = WorkerGroup.create(
             "actor_infer", Echo, plan.roles["actor_infer"], plan=plan, pgs=pgs, rpc_timeout=60
         )

@@ -3,7 +3,8 @@
 `WorkerGroup.create(role, cls, placement, ...)` starts one worker per `WorkerSlot` of the role.
 Ray mode places each actor in its colocation group's placement group at its slot's bundle with a
 fraction of the device (GPU via `num_gpus`, NPU via the custom `NPU` resource, CPU otherwise),
-and, when the plan says so, the env var naming its devices (`placement.worker_device_env`).
+and, when the plan says so, the env var naming its devices (`placement.worker_device_env`); the
+actor enters the driver's working directory (rl_runtime.cluster.worker_process._init_process).
 Local mode (`mode="local"`) builds the same classes in this process, each on its own thread
 (`rl_runtime.cluster.local_worker.LocalWorker`), for `--no-ray` runs and unit tests; one call runs at a
 time, in submission order (as before, so seeded runs stay deterministic), and the driver waits for
@@ -13,6 +14,7 @@ it with the group's `rpc_timeout`. Every wait, in either mode, goes through `rl_
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import warnings
 from collections.abc import Sequence
@@ -24,6 +26,9 @@ from rl_runtime.cluster.placement import PlacementPlan, RolePlacement, worker_de
 from rl_runtime.cluster.rpc import RpcTimeoutError, call
 
 Mode = Literal["ray", "local"]
+#: the driver's working directory, which a Ray actor's process enters before anything else
+#: (rl_runtime.cluster.worker_process._init_process)
+DRIVER_CWD_ENV = "RL_DRIVER_CWD"
 
 
 def _wait_local(future: Future, role: str, method: str, timeout_s: float) -> Future:
@@ -139,7 +144,12 @@ class WorkerGroup:
                 "num_cpus": slot.cpus,
                 "name": f"{role}-{slot.rank}-{token[:12]}",
                 "runtime_env": {
-                    "env_vars": {**(env_vars or {}), **dist_env, **worker_device_env(plan, slot)}
+                    "env_vars": {
+                        **(env_vars or {}),
+                        **dist_env,
+                        **worker_device_env(plan, slot),
+                        DRIVER_CWD_ENV: os.getcwd(),
+                    }
                 },
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     placement_group=pgs.groups[placement.colocation_group],

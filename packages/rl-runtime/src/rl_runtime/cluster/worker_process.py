@@ -12,15 +12,25 @@ from typing import Any
 
 import torch
 
+from rl_runtime.cluster.worker_group import DRIVER_CWD_ENV
 from rl_runtime.state.seeds import seed_globals
 
 
 def _init_process(dist_env: Mapping[str, str], seed: int) -> None:
-    """Environment, threads and every global RNG stream of a worker process (torch, python,
-    numpy): unseeded, python's and numpy's would start from OS entropy in each process, so a run
-    could not be repeated nor a resumed worker match an uninterrupted one. Torch's threads:
-    ``OMP_NUM_THREADS``, which the cluster sets for its workers
-    (rl_runtime.cluster.ray_setup.worker_threads), else 1."""
+    """Working directory, environment, threads and every global RNG stream of a worker process
+    (torch, python, numpy): unseeded, python's and numpy's would start from OS entropy in each
+    process, so a run could not be repeated nor a resumed worker match an uninterrupted one.
+    Torch's threads: ``OMP_NUM_THREADS``, which the cluster sets for its workers
+    (rl_runtime.cluster.ray_setup.worker_threads), else 1.
+
+    A Ray actor starts in the directory its cluster was started from, which is not the driver's
+    after a `chdir` or on a cluster joined through RAY_ADDRESS: it enters the driver's
+    (`DRIVER_CWD_ENV`), so that a relative path in the config (checkpoints, records, outputs,
+    a key file) names the same directory in the driver and in every worker. A node without that
+    directory keeps its own (relative paths there need a shared file system anyway)."""
+    driver_cwd = os.environ.get(DRIVER_CWD_ENV)
+    if driver_cwd and os.path.isdir(driver_cwd):
+        os.chdir(driver_cwd)
     os.environ.update({k: str(v) for k, v in dist_env.items()})
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS") or 1)))
