@@ -105,6 +105,17 @@ def test_record_step_one_round_prints_the_ratio():
 
 
 @pytest.mark.slow
+def test_record_app_step_one_dpo_round_prints_the_ratio(tmp_path: Path):
+    out = run_bench("record_app_step.py", "--apps", "dpo", "--rounds", "1", "--steps", "3",
+                    "--no-ray", tmp=tmp_path)  # fmt: skip
+    # 2 measured steps per mode (the first apart); a record of every recorded step
+    assert re.search(r"dpo: 2 steps per mode: plain [\d.]+ s per step, recorded [\d.]+ s; "
+                     r"per round ratio [\d.]+; record [1-9]\d* bytes per step", out), out  # fmt: skip
+    assert re.match(r"dpo record_ratio=[\d.]+$", last_line(out))
+    assert len(list(tmp_path.glob("record-app-dpo-*/run-0-every1/records/step-*"))) == 3
+
+
+@pytest.mark.slow
 def test_old_log_probs_one_repeat_prints_the_ratio():
     out = run_bench("old_log_probs.py", "--repeats", "1")
     assert re.search(r"whole [\d.]+ s, after_first [\d.]+ s per train_step", out), out
