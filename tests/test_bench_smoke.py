@@ -163,8 +163,13 @@ DPO_TINY = ("--steps", "1", "--warmup", "0", "--pairs", "2", "--length", "8")
 
 @pytest.mark.slow
 def test_dpo_step_tiny_ends_with_the_median(tmp_path: Path):
-    out = run_bench("dpo_step.py", "--model", str(tmp_path / "char"), *DPO_TINY, "--no-trl")
-    assert "ours (hf_infer): median" in out
+    out = run_bench("dpo_step.py", "--model", str(tmp_path / "char"), *DPO_TINY, "--no-trl",
+                    "--compare-shared")  # fmt: skip
+    assert re.search(r"^arithmetic floor at the measured GEMM rate \(\d+ GFLOP/s\): unshared "
+                     r"\(as TRL\) [\d.]+ s, prompt shared [\d.]+ s$", out, re.M), out  # fmt: skip
+    for side in ("ours \\(hf_infer\\)", "ours with share_prompt_forward"):
+        assert re.search(rf"^{side}: median [\d.]+ s/step \([\d.]+x its floor\)", out, re.M), out
+    assert re.search(r"^ratio shared/unshared = [\d.]+$", out, re.M), out
     assert re.fullmatch(r"median_s_per_step=\d+\.\d+", last_line(out)), out
 
 

@@ -9,8 +9,23 @@ log-probs precomputed on both sides, one optimizer step per batch. Ours: rl_trai
 (`--strategy`, default hf_infer = the single-process path) running rl_train.preference's loss on
 the paired layout (chosen and rejected of a pair in one forward). TRL runs in a throw-away venv
 (`uv venv /tmp/trl-dpo && uv pip install --python /tmp/trl-dpo/bin/python trl torch==2.13.0`),
-never a dependency; without it only our side is measured (said on stdout). The last line is
-`median_s_per_step=<ours>`.
+never a dependency; without it only our side is measured (said on stdout). `--compare-shared`
+also runs ours with `share_prompt_forward` (each pair's prompt once, rl_train.shared_prefix; the
+same loss). Each side is printed against the arithmetic floor of its step (`step_gflop` at the
+GEMM rate measured in the run; unshared for TRL). The last line is `median_s_per_step=<ours>`.
+
+Measured 2026-11-29 12:50-12:58 on the quiet 2-core Intel Xeon, `--model /tmp/rl-bench-dpo-model
+--compare-shared`, TRL 1.16 in a throw-away venv, 10 steps a side (one invocation each):
+- TRL on this workspace's torch 2.13.0 / transformers 5.19.0 (`--trl-python /tmp/trl213/bin/python`,
+  see tools/bench/grpo_step.py): ours 2.571 s/step, shared 1.705, TRL 3.306; ours/TRL **0.778**,
+  shared/TRL **0.516**.
+- TRL on its own newer torch 2.15.0 (`uv pip install trl`): ours 2.326, shared 1.639, TRL 3.408;
+  ours/TRL 0.682, shared/TRL **0.481**.
+The floors (415 GFLOP unshared, 316 GFLOP shared, at ~330 GFLOP/s): 1.26 s and 0.96 s; shared
+runs at ~1.8x its floor, TRL at ~2.6x its own. In the shared step's profile (torch.profiler, one
+step, 1.85 s self CPU) the matrix products take 0.98 s (the floor's GEMM time), attention 0.25 s
+and elementwise multiplies 0.22 s (norms, rotary, SwiGLU and their backward): what is left to
+take is the elementwise work, which eager PyTorch runs one kernel per op.
 """
 
 from __future__ import annotations
@@ -24,6 +39,11 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+if __package__:  # imported as tools.bench.dpo_step (tests)
+    from .grpo_step import gemm_gflops, model_arithmetic
+else:  # run as a script: its folder is the first import path
+    from grpo_step import gemm_gflops, model_arithmetic
 
 
 def make_rows(pairs: int, length: int, seed: int = 0) -> list[dict[str, str]]:
@@ -52,6 +72,29 @@ def our_batch(rows, tok):
         for r in rows
     ]
     return collate(examples, tok.pad_token_id, list(range(len(rows))))
+
+
+def step_gflop(model_dir: str, pairs: int, prompt: int, response: int, *, shared: bool) -> float:
+    """The matrix products one DPO step cannot avoid, in GFLOP (tools/bench/grpo_step.py's
+    `step_gflop` counts the same way: 2 FLOP per multiply-add, a backward twice its forward,
+    causal attention over the real tokens, logits at the response positions; elementwise work
+    left out, so a lower bound). Unshared, as TRL runs it: each pair's prompt + chosen and
+    prompt + rejected, `prompt + response` tokens each. `shared` (share_prompt_forward): the
+    prompt less its last token once per pair, then each response with that last token."""
+    linear, head, layers, width = model_arithmetic(model_dir)
+    rows = 2 * pairs
+    if shared:
+        prefix, rest = prompt - 1, response + 1
+        fed = pairs * prefix + rows * rest
+        contexts = pairs * prefix * (prefix + 1) / 2 + rows * sum(
+            prefix + j for j in range(1, rest + 1)
+        )
+    else:
+        length = prompt + response
+        fed = rows * length
+        contexts = rows * length * (length + 1) / 2
+    forward = 2 * linear * fed + 4 * layers * width * contexts + 2 * head * rows * response
+    return 3 * forward / 1e9
 
 
 def run_ours(
@@ -143,23 +186,37 @@ def main() -> None:
         else None
     )
     import torch
+    from transformers import AutoConfig
 
     print(f"device: {'cuda' if torch.cuda.is_available() else 'cpu'} "
           f"threads={torch.get_num_threads()}; {a.pairs} pairs x ({a.length}+{a.length}) tokens")  # fmt: skip
-    print(
-        f"ours ({a.strategy}): median {statistics.median(ours):.4f} s/step  {[round(t, 4) for t in ours]}"
-    )
+    config = AutoConfig.from_pretrained(a.model)
+    rate = gemm_gflops(config.hidden_size, config.intermediate_size, torch.get_num_threads())
+    response = a.length + 1  # the EOS after each response
+    floors = {
+        share: step_gflop(a.model, a.pairs, a.length, response, shared=share) / rate
+        for share in (False, True)
+    }
+    print(f"arithmetic floor at the measured GEMM rate ({rate:.0f} GFLOP/s): unshared (as TRL) "
+          f"{floors[False]:.3f} s, prompt shared {floors[True]:.3f} s")  # fmt: skip
+    sides = [(f"ours ({a.strategy})", ours, floors[False])]
     if shared is not None:
-        print(f"ours with share_prompt_forward: median {statistics.median(shared):.4f} s/step  "
-              f"{[round(t, 4) for t in shared]}")  # fmt: skip
+        sides.append(("ours with share_prompt_forward", shared, floors[True]))
+    if isinstance(trl, dict):
+        sides.append((f"TRL {trl['trl']} DPOTrainer", trl["seconds_per_step"], floors[False]))
+    elif trl is not None:
+        print(trl)
+    for name, times, floor in sides:
+        med = statistics.median(times)
+        print(f"{name}: median {med:.4f} s/step ({med / floor:.2f}x its floor)  "
+              f"{[round(t, 4) for t in times]}")  # fmt: skip
+    if shared is not None:
         print(f"ratio shared/unshared = {statistics.median(shared) / statistics.median(ours):.3f}")
     if isinstance(trl, dict):
         med = statistics.median(trl["seconds_per_step"])
-        print(f"TRL {trl['trl']} DPOTrainer: median {med:.4f} s/step  "
-              f"{[round(t, 4) for t in trl['seconds_per_step']]}")  # fmt: skip
         print(f"ratio ours/TRL = {statistics.median(ours) / med:.3f}")
-    elif trl is not None:
-        print(trl)
+        if shared is not None:
+            print(f"ratio ours (share_prompt_forward)/TRL = {statistics.median(shared) / med:.3f}")
     print(f"median_s_per_step={statistics.median(ours):.6f}")
 
 

@@ -79,6 +79,16 @@ whichever library computes them (MKL 47, oneDNN 51, MKL's packed GEMM 50 GFLOP/s
 the step's 17 products; 2 threads barely beat 1 at that size), 1.3-1.8 s of generation; with
 attention (0.4 s in the update, 0.6-0.75 s in generation) that is 4.9-5.4 s before any norm,
 rotary, activation, sampling or optimizer kernel, against the target's 5.0 s.
+
+2026-11-29 12:56, quiet 2-core Intel Xeon (334 GFLOP/s at 2 threads), TRL 1.16 on the same torch
+2.13.0 and transformers 5.19.0 as this workspace (`uv venv /tmp/trl213 && uv pip install --python
+/tmp/trl213/bin/python trl torch==2.13.0 transformers==5.19.0`; with TRL's own newer torch 2.15
+its generation runs ~25% faster, 1.24 s, so the pair compares libraries only on one torch),
+`--steps 5 --trl --trl-python /tmp/trl213/bin/python`: ours 2.99 s/step (generation 1.46,
+update 1.51) against TRL's 3.29 (generation 1.64), paired median ratio **0.899** (0.885-0.983).
+Floor 0.85 s: ours at 3.54x it, TRL at 3.89x; the target (1.64 s) is 1.94x the floor, with the
+generation alone at 7x its floor (0.21 s): 128 decode steps of 64 rows, each ~11 ms against
+~1.6 ms of arithmetic at the large-GEMM rate.
 """
 
 from __future__ import annotations
@@ -145,12 +155,9 @@ def gemm_gflops(hidden: int, intermediate: int, threads: int, rows: int = 4096) 
     return 2 * rows * hidden * intermediate / best / 1e9
 
 
-def step_gflop(model_dir: Path, prompt_lengths: list[int], group: int, new_tokens: int):
-    """The arithmetic a GRPO step cannot avoid, in GFLOP: (generation, update). Matrix
-    products only (2 FLOP per multiply-add; a backward costs twice its forward), each distinct
-    prompt run once, sampled tokens fed once, logits only where sampled (generation) or scored
-    (update: the response positions), attention causal over the real tokens. Elementwise work
-    (norms, rotary, activations, softmax, the optimizer) is left out: a lower bound."""
+def model_arithmetic(model_dir: Path | str) -> tuple[int, int, int, int]:
+    """What a model's matrix products cost per token: (weights of the decoder body's linear
+    layers, weights of the output head, layers, attention width = heads x head_dim)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_dir)
@@ -159,11 +166,19 @@ def step_gflop(model_dir: Path, prompt_lengths: list[int], group: int, new_token
     body = model.get_decoder()
     linear = sum(m.weight.numel() for m in body.modules() if isinstance(m, torch.nn.Linear))
     head = model.get_output_embeddings().weight.numel()
-    layers, width = (
-        config.num_hidden_layers,
-        config.num_attention_heads
-        * getattr(config, "head_dim", config.hidden_size // config.num_attention_heads),
+    width = config.num_attention_heads * getattr(
+        config, "head_dim", config.hidden_size // config.num_attention_heads
     )
+    return linear, head, config.num_hidden_layers, width
+
+
+def step_gflop(model_dir: Path, prompt_lengths: list[int], group: int, new_tokens: int):
+    """The arithmetic a GRPO step cannot avoid, in GFLOP: (generation, update). Matrix
+    products only (2 FLOP per multiply-add; a backward costs twice its forward), each distinct
+    prompt run once, sampled tokens fed once, logits only where sampled (generation) or scored
+    (update: the response positions), attention causal over the real tokens. Elementwise work
+    (norms, rotary, activations, softmax, the optimizer) is left out: a lower bound."""
+    linear, head, layers, width = model_arithmetic(model_dir)
     prompt_tokens = sum(prompt_lengths)
     fed = prompt_tokens + len(prompt_lengths) * group * (new_tokens - 1)  # body forwards
     scored = len(prompt_lengths) * group * new_tokens  # logits
