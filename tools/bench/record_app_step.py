@@ -6,9 +6,9 @@ Per app, in one process: one run of the CPU default with its own supervised warm
 single step, whose trained policy (`hf_model`) is then the `pretrain` of every measured run
 (warm-up off), so every measured run starts from the policy the default's RL steps start from.
 Then `--rounds` pairs of runs of `--steps` steps each, plain (`record_steps=none`) and recorded
-(`record_steps=every:1`), alternating so that load from other processes hits both alike. A run's
-time is the sum of its steps' `timing/step` (metrics.jsonl), the first step apart (one-off
-costs of a fresh trainer). The recorder's background writer runs during the next step, so its
+(`record_steps=every:1`), alternating so that load from other processes hits both alike. A
+run's step time is the mean of its steps' `timing/step` (metrics.jsonl), the first step apart
+(the one-off costs of a fresh trainer, and the checkpoint a chain of records starts from). The recorder's background writer runs during the next step, so its
 work is inside that step's time; the last record's writing (one of `--steps`) is not counted.
 Evaluation is off. The apps run as `uv run apps/<app>` runs them, on Ray unless `--no-ray`.
 
@@ -16,8 +16,8 @@ Evaluation is off. The apps run as `uv run apps/<app>` runs them, on Ray unless 
         [--steps 8] [--no-ray]
 
 Per app the last line printed is `<app> record_ratio=<float>` (recorded / plain mean step
-time over all rounds), after each round's ratio (their spread is the noise of the measure). Measured numbers: the rl-runtime README ("Record and replay a training
-step").
+time over all rounds), after each round's ratio (their spread is the noise of the measure).
+Measured numbers: the rl-runtime README (record and replay).
 """
 
 from __future__ import annotations
