@@ -21,6 +21,9 @@ Measured 2026-11-29 12:50-12:58 on the quiet 2-core Intel Xeon, `--model /tmp/rl
   shared/TRL **0.516**.
 - TRL on its own newer torch 2.15.0 (`uv pip install trl`): ours 2.326, shared 1.639, TRL 3.408;
   ours/TRL 0.682, shared/TRL **0.481**.
+Then five invocations on TRL's same-torch venv (13:32-13:43, quiet): shared/TRL 0.536, 0.486,
+0.523, 0.548, 0.471, **median 0.523** (the target, 0.5, not met); ours/TRL unshared 0.688, 0.750,
+0.702, 0.718, 0.708, median 0.708; shared/unshared 0.65-0.78.
 The floors (415 GFLOP unshared, 316 GFLOP shared, at ~330 GFLOP/s): 1.26 s and 0.96 s; shared
 runs at ~1.8x its floor, TRL at ~2.6x its own. In the shared step's profile (torch.profiler, one
 step, 1.85 s self CPU) the matrix products take 0.98 s (the floor's GEMM time), attention 0.25 s
