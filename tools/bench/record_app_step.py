@@ -45,12 +45,11 @@ def run_app(app: str, argv: list[str], cwd: Path) -> None:
         raise SystemExit(f"{app} {' '.join(argv)} exited {code}:\n{out.getvalue()[-4000:]}")
 
 
-def step_seconds(output_dir: Path) -> list[float]:
-    """`timing/step` of each RL step of a run, in order (warm-up rows, logged at steps <= 0,
+def rl_step_rows(output_dir: Path) -> list[dict]:
+    """The logged rows of a run's RL steps, in order (warm-up rows, logged at steps <= 0,
     apart)."""
     rows = [json.loads(line) for line in (output_dir / "logs" / "metrics.jsonl").open()]
-    return [r["timing/step"] for r in sorted(rows, key=lambda r: r["step"])
-            if r["step"] > 0 and "timing/step" in r]  # fmt: skip
+    return sorted((r for r in rows if r["step"] > 0), key=lambda r: r["step"])
 
 
 def bench_app(app: str, *, rounds: int, steps: int, ray: bool, root: Path) -> float:
@@ -69,12 +68,11 @@ def bench_app(app: str, *, rounds: int, steps: int, ray: bool, root: Path) -> fl
             out = root / f"run-{r}-{record.replace(':', '')}"
             run_app(app, [*common, *pretrain, f"max_steps={steps}", f"output_dir={out}",
                           f"record_steps={record}"], root)  # fmt: skip
-            seconds = step_seconds(out)[1:]
+            rows = rl_step_rows(out)
+            seconds = [row["timing/step"] for row in rows[1:]]
             per_step[record] += seconds
             means[record] = statistics.mean(seconds)
-            if record != "none":
-                rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").open()]
-                record_bytes += [row["record/bytes"] for row in rows if "record/bytes" in row]
+            record_bytes += [row["record/bytes"] for row in rows if "record/bytes" in row]
         round_ratios.append(means["every:1"] / means["none"])
     plain, recorded = statistics.mean(per_step["none"]), statistics.mean(per_step["every:1"])
     print(f"{app}: {len(per_step['none'])} steps per mode: plain {plain:.4f} s per step, "
