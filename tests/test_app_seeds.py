@@ -83,3 +83,39 @@ def test_overrides_may_follow_the_seed_list(tmp_path, monkeypatch):
     monkeypatch.setattr(app_seeds, "run_seed", fake_run_seed)
     app_seeds.main(["agentic", "--seed-list", "1", "2", "--out", str(tmp_path), "max_steps=2"])
     assert runs == [("agentic", s, tmp_path, ["max_steps=2"]) for s in (1, 2)]
+
+
+def _async_summary(speedup: float, greedy_after: float, in_se: float) -> dict:
+    run = {
+        "samples_per_s": 200.0,
+        "heldout_greedy_accuracy": greedy_after,
+        "heldout_accuracy": 0.2,
+        "heldout_pass_at_k": 0.4,
+        "wall_seconds": 100.0,
+        "gains": {"greedy": {"gain": greedy_after - 0.15, "se": 0.03, "gain_in_se": in_se}},
+    }
+    faster = {**run, "samples_per_s": 200.0 * speedup, "lag_mean": 0.95, "wall_seconds": 90.0}
+    return {"sync": run, "async": faster, "speedup": speedup,
+            "heldout_before_rl": {"greedy": 0.15, "sampled": 0.1, "pass@k": 0.3}}  # fmt: skip
+
+
+def test_the_async_table_gives_each_run_and_the_speedup_over_seeds():
+    """apps/async's summary.json holds two runs: the table has a column per run, and the
+    speedup, the shared pre-RL evaluation and the lag under it."""
+    table = app_seeds.table("async", {1: _async_summary(1.6, 0.25, 3.0),
+                                      2: _async_summary(1.8, 0.35, 5.0)})  # fmt: skip
+    rows = {ln.split(" | ")[0].strip("| "): ln.split(" | ")[1:] for ln in table.splitlines()
+            if ln.startswith("| ")}  # fmt: skip
+    assert table.splitlines()[0] == "| apps/async (seeds 1, 2) | synchronous | asynchronous |"
+    # greedy gains 0.10 and 0.20: mean 0.15, standard error 0.0707 / sqrt(2) = 0.05
+    assert rows["greedy gain (after - before)"][0] == "0.150 ± 0.050"
+    assert rows["greedy gain in its standard errors (per run)"][1].startswith("4.000 ± 1.000")
+    assert rows["samples/s"][1].startswith("340.000 ± 20.000")  # 320 and 360
+    assert rows["sampled gain (after - before)"][0].startswith("-")  # no sampled gain given
+    # speedups 1.6 and 1.8: mean 1.7, standard error 0.1
+    assert "speedup (asynchronous / synchronous samples/s): 1.700 ± 0.100" in table
+    assert "(per seed: 1.600, 1.800)" in table
+    assert "held-out greedy before RL (both runs): 0.150 ± 0.000" in table
+    assert "asynchronous policy lag (mean, weight versions): 0.950 ± 0.000" in table
+    assert "wall per seed (both runs, without the install): 190s, 190s" in table
+    assert "machine: " in table

@@ -77,6 +77,56 @@ def test_summary_weights_the_lag_by_trained_samples():
     assert "lag_mean" not in run_summary(result, [])  # the synchronous run has no lag
 
 
+def test_summary_gives_each_runs_gain_over_the_shared_pre_rl_evaluation():
+    """Both runs' gains are over the one pre-RL evaluation, with their standard errors; the
+    table prints them as `+gain (k SE)`."""
+    from rl_app_async.compare import held_out, table_rows
+
+    before = {
+        "val/greedy/accuracy": 0.25,
+        "val/greedy/num_prompts": 100.0,
+        "val/accuracy": 0.2,
+        "val/accuracy_se": 0.03,
+        "val/num_prompts": 100.0,
+    }
+    after = {
+        "val/greedy/accuracy": 0.5,
+        "val/greedy/num_prompts": 100.0,
+        "val/accuracy": 0.3,
+        "val/accuracy_se": 0.04,
+        "val/num_prompts": 100.0,
+    }
+    result = SimpleNamespace(eval_after=after, step=2, wall_seconds=10.0,
+                             throughput={"samples_per_s": 4.0})  # fmt: skip
+    s = run_summary(result, [], before)
+    # greedy: a proportion over 100 prompts, se = sqrt((.25 * .75 + .5 * .5) / 100) = 0.0661
+    assert s["gains"]["greedy"]["gain"] == 0.25
+    assert s["gains"]["greedy"]["se"] == pytest.approx(0.0661, abs=1e-4)
+    # sampled: the two evaluations' standard errors, sqrt(.03^2 + .04^2) = 0.05: 0.1 = 2 SE
+    assert s["gains"]["sampled"]["se"] == pytest.approx(0.05) and s["gains"]["sampled"][
+        "gain_in_se"
+    ] == pytest.approx(2.0)
+    assert "pass@k" not in s["gains"]  # neither evaluation has it
+    assert run_summary(result, [])["gains"] == {}  # no pre-RL evaluation: no gain
+    assert held_out(before) == {"greedy": 0.25, "sampled": 0.2}
+    rows = table_rows({"max_staleness": 1, "sync": s, "async": s})
+    assert rows["greedy gain"]["sync"] == "+0.250 (3.8 SE)"
+    assert rows["sampled gain"]["async (max_staleness 1)"] == "+0.100 (2.0 SE)"
+    assert rows["samples_per_s"] == {"sync": 4.0, "async (max_staleness 1)": 4.0}
+
+
+def test_the_cpu_defaults_partial_rollout_is_left_out_without_ray(tmp_path):
+    """The CPU default's asynchronous run takes weight updates into generations in flight,
+    which needs Ray: with `rlvr_app.use_ray=false` the default leaves it out, while a user's
+    own `async.partial_rollout=true` is still refused by name."""
+    proc = run_in_process("async", ["--dry-run"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "partial_rollout=True" in proc.stdout.split("=== async run")[1]
+    proc = run_in_process("async", ["--dry-run", "rlvr_app.use_ray=false"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "partial_rollout=False" in proc.stdout.split("=== async run")[1]
+
+
 def test_dry_run_shows_a_synchronous_and_an_asynchronous_plan(tmp_path):
     proc = subprocess.run([sys.executable, str(APP), "--dry-run"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)  # fmt: skip

@@ -4,6 +4,7 @@ RL (after the warm-up) and after RL, and of RL's gain, with a line naming the ma
 
     python tools/app_seeds.py rlvr --seeds 3             # seeds 1 2 3, ./output/app_seeds/rlvr
     python tools/app_seeds.py agentic --seed-list 1 2 --out DIR key=value ...
+    python tools/app_seeds.py async --seeds 3            # both runs per seed, and the speedup
 
 Runs one seed at a time (each a whole run of the app, as `uv run apps/rlvr` runs, in Python);
 reuses a seed's finished summary.json unless --rerun. Each run's own output (per-step lines)
@@ -37,12 +38,14 @@ class AppSeeds:
     baseline, the same in every column it fills), `run_overrides(run_dir, shared_dir)`: the
     overrides that keep a seed's outputs in its own directory (what every seed may share, the
     tiny model and generated data, goes to `shared_dir`), `extras`: summary.json figures printed
-    under the table (name -> key of its `summary`)."""
+    under the table (name -> key of its `summary`); `lines`: the table's body for an app whose
+    summary.json has another shape (apps/async: two runs), given every seed's summary."""
 
     columns: dict[str, str]
     run_overrides: Callable[[Path, Path], list[str]]
     baselines: dict[str, str]
     extras: dict[str, str]
+    lines: Callable[[dict[int, dict]], list[str]] | None = None
 
 
 def _outputs(run_dir: Path) -> list[str]:
@@ -65,6 +68,47 @@ def _rlvr(run_dir: Path, shared: Path) -> list[str]:
             f"actor_train.data_args.eval_file_name={data / 'test.parquet'}"]  # fmt: skip
 
 
+def _async_lines(summaries: dict[int, dict]) -> list[str]:
+    """apps/async's table: each run's throughput, held-out accuracy after RL and gain over the
+    pre-RL policy (evaluated once, shared by the two runs), then the speedup over seeds."""
+    runs = {"sync": "synchronous", "async": "asynchronous"}
+    after = {"greedy": "heldout_greedy_accuracy", "sampled": "heldout_accuracy",
+             "pass@k": "heldout_pass_at_k"}  # fmt: skip
+    rows: dict[str, Callable[[dict], float | None]] = {"samples/s": lambda r: r["samples_per_s"]}
+    for name, key in after.items():
+        rows[f"held-out {name} after RL"] = lambda r, key=key: r.get(key)
+        rows[f"{name} gain (after - before)"] = (
+            lambda r, name=name: r.get("gains", {}).get(name, {}).get("gain"))  # fmt: skip
+        rows[f"{name} gain in its standard errors (per run)"] = (
+            lambda r, name=name: r.get("gains", {}).get(name, {}).get("gain_in_se"))  # fmt: skip
+
+    seeds = ", ".join(str(k) for k in summaries)
+    lines = [f"| apps/async (seeds {seeds}) | " + " | ".join(runs.values()) + " |",
+             "|---" * (len(runs) + 1) + "|"]  # fmt: skip
+    for label, get in rows.items():
+        cells = []
+        for mode in runs:
+            values = [get(s[mode]) for s in summaries.values()]
+            cells.append(mean_se([float(v) for v in values if v is not None]))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("")
+    speedups = [s["speedup"] for s in summaries.values() if s.get("speedup") is not None]
+    lines.append(f"speedup (asynchronous / synchronous samples/s): {mean_se(speedups)}"
+                 f" (per seed: {', '.join(f'{v:.3f}' for v in speedups)})")  # fmt: skip
+    for name in ("greedy", "sampled", "pass@k"):
+        before = [s["heldout_before_rl"][name] for s in summaries.values()
+                  if name in s.get("heldout_before_rl", {})]  # fmt: skip
+        if before:
+            lines.append(f"held-out {name} before RL (both runs): {mean_se(before)}")
+    lags = [s["async"]["lag_mean"] for s in summaries.values() if "lag_mean" in s["async"]]
+    if lags:
+        lines.append(f"asynchronous policy lag (mean, weight versions): {mean_se(lags)}")
+    walls = [sum(s[m]["wall_seconds"] for m in runs) for s in summaries.values()]
+    lines.append(f"mean ± standard error over {len(summaries)} seed(s); wall per seed (both "
+                 f"runs, without the install): {', '.join(f'{w:.0f}s' for w in walls)}")  # fmt: skip
+    return lines
+
+
 APPS = {
     "agentic": AppSeeds(
         columns={"sampled (T=1)": "val/success_rate", "greedy": "val/greedy/success_rate"},
@@ -82,6 +126,9 @@ APPS = {
         baselines={"trivial baseline (most frequent training answer)": "val/baseline_accuracy"},
         extras={"groups kept by dynamic sampling": "dynamic_sampling kept fraction"},
     ),
+    # apps/async runs apps/rlvr twice (its data and tiny model, shared by the seeds); its
+    # summary.json holds both runs (rl_app_async.compare.run_summary)
+    "async": AppSeeds(columns={}, run_overrides=_rlvr, baselines={}, extras={}, lines=_async_lines),
 }
 
 
@@ -135,6 +182,10 @@ def machine() -> str:
 def table(app: str, summaries: dict[int, dict]) -> str:
     """The markdown table over seeds (rows: baselines, before, after, gain, gain in SE)."""
     spec = APPS[app]
+    if spec.lines is not None:
+        lines = spec.lines(summaries)
+        lines.append(f"machine: {machine()}; {datetime.date.today().isoformat()}")
+        return "\n".join(lines)
     rows: dict[str, dict[str, list[float]]] = {}
 
     def add(row: str, column: str, value: float | None) -> None:

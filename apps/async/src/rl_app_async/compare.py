@@ -14,33 +14,30 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-CPU_DEFAULTS: dict[str, Any] = {
+ASYNC_LAYOUT: dict[str, Any] = {
     # rollout (actor_infer) on its own CPU bundle, training on the other: rollout can generate
     # while the trainer trains; the synchronous run uses the same layout (a like-for-like ratio)
     "num_gpus_per_node": 2,
     "actor_train.device_mapping": "[0]",
     "actor_infer.device_mapping": "[1]",
     "reference.device_mapping": "[0]",
-    # fewer steps than apps/rlvr's 30, so both runs fit ~10 min on a quiet 2-core machine
-    "max_steps": 20,
-    "eval_steps": 20,
-    "save_steps": 20,
     # importance weights against the engine's behaviour log-probs (both runs, like for like)
     "train_infer_correction.is_weight.enabled": "true",
     "train_infer_correction.is_weight.upper_bound": 2.0,
+}
+"""The placement (and IS correction) both runs share: also tools/bench/async.py's."""
+
+CPU_DEFAULTS: dict[str, Any] = {
+    **ASYNC_LAYOUT,
+    # apps/rlvr's task, warm-up and 30 steps, with the step balanced so that overlapping pays:
+    # rollout and training each take ~0.4 s of a synchronous step (one generation round of dynamic
+    # sampling instead of up to three; two passes over each batch instead of one); synchronously
+    # apps/rlvr's own step is rollout-bound (rollout 0.5 s, training 0.2 s: at most 1.4x)
+    "dynamic_sampling.max_num_gen_batches": 1,
+    "ppo_epochs": 2,
+    # the asynchronous run's weight updates reach the generations in flight (Ray only)
+    "async.partial_rollout": "true",
     "output_dir": "./output/async_cpu",
-    # apps/rlvr's earlier CPU task, on which this app's and tools/bench/async.py's numbers were
-    # measured: the largest of four digits, a warm-up on a teacher whose answer is off by 1..9
-    # 30 % of the time (apps/rlvr's default is now two-digit sums and a teacher who forgets
-    # to carry, with a 200-step warm-up)
-    "rlvr_app.arith_data.kind": "max",
-    "rlvr_app.arith_data.num_digits": 4,
-    "rlvr_app.arith_data.val_fraction": 0.3,
-    "val_batch_size": 200,
-    "rlvr_app.warmup.steps": 40,
-    "rlvr_app.warmup.demos": 2048,
-    "rlvr_app.warmup.answer_noise": 0.3,
-    "rlvr_app.warmup.answer_error": "shift",
 }
 """Overrides of apps/rlvr's CPU default when apps/async runs without --config."""
 
@@ -117,18 +114,37 @@ def step_rows(log_dir: str) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("step", 0) > 0 and "train/loss" in r]
 
 
-def run_summary(result: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """A run's figures: throughput, final held-out accuracy, and (async) policy lag."""
+#: held-out metrics the summary reports (name -> key of an evaluation's metrics)
+HELD_OUT = {"greedy": "val/greedy/accuracy", "sampled": "val/accuracy", "pass@k": "val/pass@k"}
+
+
+def held_out(metrics: dict[str, Any]) -> dict[str, float]:
+    """The `HELD_OUT` figures of one evaluation (those it has)."""
+    return {name: metrics[key] for name, key in HELD_OUT.items() if key in metrics}
+
+
+def run_summary(
+    result: Any, rows: list[dict[str, Any]], before: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A run's figures: throughput, final held-out accuracy, RL's gain over `before` (the
+    pre-RL evaluation both runs share: rl_runtime.pipelines.rlvr.metrics.held_out_gains, with
+    standard errors), and (async) policy lag."""
+    from rl_runtime.pipelines.rlvr.metrics import held_out_gains
+
     after = result.eval_after
     out: dict[str, Any] = {
         "samples_per_s": round(result.throughput.get("samples_per_s", 0.0), 3),
         "heldout_accuracy": after.get("val/accuracy"),
         "heldout_greedy_accuracy": after.get("val/greedy/accuracy"),
+        "heldout_pass_at_k": after.get("val/pass@k"),
         "steps": result.step,
         "samples_trained": result.throughput.get("samples_trained", 0.0),
         "loop_seconds": round(result.throughput.get("loop_seconds", 0.0), 1),
         "wall_seconds": round(result.wall_seconds, 1),
     }
+    gains = held_out_gains(before or {}, after)
+    out["gains"] = {name: gains[f"gain {key}"] for name, key in HELD_OUT.items()
+                    if f"gain {key}" in gains}  # fmt: skip
     lagged = [r for r in rows if "async/lag_mean" in r]
     if lagged:
         trained = sum(r["rollout/num_trajectories"] for r in lagged)
@@ -142,12 +158,20 @@ def run_summary(result: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table_rows(summary: dict[str, Any]) -> dict[str, dict[str, float | str]]:
-    """Rows of the side-by-side table (sync, async)."""
-    keys = ("samples_per_s", "heldout_accuracy", "heldout_greedy_accuracy", "loop_seconds",
-            "lag_mean", "lag_max", "dropped_stale_samples")  # fmt: skip
-    rows = {}
+    """Rows of the side-by-side table: a row per figure, a column per run (sync, async); a gain
+    reads `+0.108 (3.9 SE)`."""
+    keys = ("samples_per_s", "loop_seconds", "heldout_greedy_accuracy", "heldout_accuracy",
+            "heldout_pass_at_k", "lag_mean", "lag_max", "dropped_stale_samples")  # fmt: skip
+    rows: dict[str, dict[str, float | str]] = {}
     for mode in ("sync", "async"):
         run = summary[mode]
         label = mode if mode == "sync" else f"async (max_staleness {summary['max_staleness']})"
-        rows[label] = {k: run[k] for k in keys if run.get(k) is not None}
+        for k in keys:
+            if run.get(k) is not None:
+                rows.setdefault(k, {})[label] = run[k]
+        for name, gain in run.get("gains", {}).items():
+            in_se = gain.get("gain_in_se")
+            rows.setdefault(f"{name} gain", {})[label] = f"{gain['gain']:+.3f}" + (
+                f" ({in_se:.1f} SE)" if in_se is not None else ""
+            )
     return rows

@@ -5,7 +5,8 @@ Runs apps/rlvr's recipe twice on the same config and devices, synchronously
 of the config file, else 1 = one-step-off), and prints side by side the trained samples per second
 and the held-out accuracy; output_dir/summary.json holds `sync.*` and `async.*` (`samples_per_s`, `heldout_accuracy`, ...) and
 `speedup`. Without --config: apps/rlvr's CPU default with rollout and training on separate CPU
-bundles and 20 RL steps (rl_app_async.compare.CPU_DEFAULTS). key=value overrides apply to both runs.
+bundles and a step balanced between the two (rl_app_async.compare.CPU_DEFAULTS). key=value
+overrides apply to both runs.
 
 `uv run apps/async --verl [-m MODULE] KEY=VALUE ...` runs a verl asynchronous recipe command once,
 as verl would: `recipe.one_step_off_policy.main_ppo` (the default; `async.max_staleness: 1`) or
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from rl_app_async.compare import (
         CPU_DEFAULTS,
         async_staleness,
+        held_out,
         run_overrides,
         run_summary,
         split_async_only,
@@ -70,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             ([] if args.config != DEFAULT_CONFIG else defaults) + list(args.overrides)
         )
         base, async_only = split_async_only(base)
-        cfg, _ = load(args.config, base)
+        cfg, app0 = load(args.config, base)
+        if not app0.use_ray:  # the default's partial rollout needs Ray (a user's is refused)
+            async_only = [o for o in async_only if o not in defaults]
         staleness = async_staleness(given, cfg.async_.max_staleness)
         runs = {}
         for mode, bound in (("sync", 0), ("async", staleness)):
@@ -122,8 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         except RunInterrupted as exc:  # SIGINT / SIGTERM: the run stopped in order
             print(exc.report(), file=sys.stderr)
             return exc.exit_code
-        summary[mode] = run_summary(results[mode], step_rows(run_cfg.logging_dir))
+        before = results["sync"].eval_before  # the pre-RL policy, evaluated once
+        summary[mode] = run_summary(results[mode], step_rows(run_cfg.logging_dir), before)
     summary["heldout_accuracy_before_rl"] = results["sync"].eval_before.get("val/accuracy")
+    summary["heldout_before_rl"] = held_out(results["sync"].eval_before)
     if summary["sync"]["samples_per_s"]:
         summary["speedup"] = round(
             summary["async"]["samples_per_s"] / summary["sync"]["samples_per_s"], 3
@@ -135,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console(width=160)
     console.print(summary_table("synchronous vs asynchronous RLVR", table_rows(summary)))
+    before_rl = ", ".join(f"{k} {v:.3f}" for k, v in summary["heldout_before_rl"].items())
     console.print(
-        f"speedup (samples/s): {summary.get('speedup')}  held-out accuracy before RL: "
-        f"{summary['heldout_accuracy_before_rl']}  summary: {out / 'summary.json'}"
+        f"speedup (samples/s): {summary.get('speedup')}  held-out before RL: "
+        f"{before_rl or '-'}  summary: {out / 'summary.json'}"
     )
     return 0
