@@ -125,6 +125,12 @@ def test_the_cpu_defaults_partial_rollout_is_left_out_without_ray(tmp_path):
     proc = run_in_process("async", ["--dry-run", "rlvr_app.use_ray=false"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "partial_rollout=False" in proc.stdout.split("=== async run")[1]
+    # the user's own (the same text as the default's) stays, and both runs stop before any
+    # starts: not after the synchronous one
+    given = ["--dry-run", "rlvr_app.use_ray=false", "async.partial_rollout=true"]
+    proc = run_in_process("async", given, tmp_path)
+    assert proc.returncode == 1 and "async.partial_rollout: needs Ray" in proc.stderr
+    assert "=== sync run" not in proc.stdout
 
 
 def test_dry_run_shows_a_synchronous_and_an_asynchronous_plan(tmp_path):

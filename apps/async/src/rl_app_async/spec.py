@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from rl_app_rlvr.spec import DEFAULT_CONFIG, compose, data_errors, load
     from rl_config.cli_args import parse_app_args
     from rl_config.errors import ConfigError
-    from rl_runtime.run.checks import check_embedded_cpus
+    from rl_runtime.run.checks import check_embedded_cpus, check_in_process
     from rl_runtime.run.interrupts import RunInterrupted
     from rl_runtime.run.plan import plan_text
     from rl_runtime.run.preflight import check_devices, preflight
@@ -73,8 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         base, async_only = split_async_only(base)
         cfg, app0 = load(args.config, base)
-        if not app0.use_ray:  # the default's partial rollout needs Ray (a user's is refused)
-            async_only = [o for o in async_only if o not in defaults]
+        if not app0.use_ray and args.config == DEFAULT_CONFIG:
+            # the default's partial rollout needs Ray: left out (the defaults come first, so
+            # `remove` takes theirs; the same key given by the user stays, and is refused)
+            for item in split_async_only(defaults)[1]:
+                async_only.remove(item)
         staleness = async_staleness(given, cfg.async_.max_staleness)
         runs = {}
         for mode, bound in (("sync", 0), ("async", staleness)):
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             check_devices(run_cfg)
             runs[mode] = (run_cfg, app, compose(run_cfg, app))
             check_embedded_cpus(runs[mode][2].components, app)  # before Ray waits for them
+            check_in_process(runs[mode][2].components, app.use_ray)  # not after the sync run
             preflight(run_cfg, runs[mode][2].components, app=app, data=runs[mode][2].data,
                       use_ray=app.use_ray, num_cpus=app.num_cpus, cpu_per_bundle=app.cpu_per_bundle,
                       packages_required="dry_run" not in args.flags).raise_if_problems()  # fmt: skip
